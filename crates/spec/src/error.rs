@@ -1,0 +1,42 @@
+//! The crate's error type.
+
+/// Errors of speculative decoding.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// The verifier returned a number of positions that does not match the
+    /// draft: verifying K drafts needs exactly K+1 target rows.
+    #[error("verify returned {got} target rows for {drafts} drafts (expected drafts + 1)")]
+    TargetCount {
+        /// Number of drafted tokens.
+        drafts: usize,
+        /// Number of target rows (logits or probability vectors) supplied.
+        got: usize,
+    },
+    /// A drafter's probability rows do not match its drafted tokens.
+    #[error("drafter gave {got} probability rows for {drafts} drafts")]
+    DraftProbCount {
+        /// Number of drafted tokens.
+        drafts: usize,
+        /// Number of draft probability rows supplied.
+        got: usize,
+    },
+    /// A probability vector is not a distribution over the vocabulary.
+    #[error("probability row {row} is invalid: {reason}")]
+    BadDistribution {
+        /// Index of the offending row.
+        row: usize,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A drafted token id lies outside the vocabulary.
+    #[error("draft token {token} at index {index} is outside the vocabulary of {vocab}")]
+    TokenOutOfVocab {
+        /// Position in the draft.
+        index: usize,
+        /// The token id.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}

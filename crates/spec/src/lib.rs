@@ -1,0 +1,28 @@
+//! Speculative decoding for private inference.
+//!
+//! An encrypted verify pass costs about the same for one position as for
+//! many SIMD slots, so the client drafts K tokens cheaply, verifies all K+1
+//! positions in one batched forward pass (one round trip per adapted layer
+//! group) and keeps the longest acceptable prefix plus one bonus token.
+//!
+//! This crate holds the parts that do not depend on a model or on HE:
+//! - [`acceptance`]: greedy acceptance (longest matching prefix + bonus token)
+//!   and exact speculative sampling (Leviathan et al. 2023, "Fast Inference
+//!   from Transformers via Speculative Decoding", Algorithm 1; Chen et al.
+//!   2023), which makes the output follow the adapted model's distribution
+//!   exactly whatever the drafter proposes.
+//! - [`ngram`]: the prompt-lookup (n-gram) drafter, which costs nothing.
+//! - [`adaptive`]: choosing K per round from the observed acceptance rate
+//!   and the measured cost of a round.
+//!
+//! Design choice: acceptance works on plain probability vectors and token
+//! ids, so the same code serves the plaintext reference, the private path
+//! and the statistical tests; nothing here can tell whether the deltas came
+//! from a ciphertext.
+
+pub mod acceptance;
+pub mod adaptive;
+mod error;
+pub mod ngram;
+
+pub use error::SpecError;
