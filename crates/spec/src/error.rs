@@ -1,7 +1,7 @@
 //! The crate's error type.
 
 /// Errors of speculative decoding.
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
     /// The verifier returned a number of positions that does not match the
@@ -39,4 +39,12 @@ pub enum SpecError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// The generation was configured inconsistently (empty prompt, K = 0
+    /// with a drafter, …).
+    #[error("invalid generation settings: {0}")]
+    Config(String),
+    /// The forward pass, the sampler or the delta hook (in private mode: the
+    /// HE client or the transport) failed.
+    #[error(transparent)]
+    Model(#[from] cipherlora_model::ModelError),
 }

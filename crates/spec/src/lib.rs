@@ -12,6 +12,8 @@
 //!   2023), which makes the output follow the adapted model's distribution
 //!   exactly whatever the drafter proposes.
 //! - [`ngram`]: the prompt-lookup (n-gram) drafter, which costs nothing.
+//! - [`decode`]: the generation loop over a [`cipherlora_model::Model`]:
+//!   drafting, one verify pass per round through a delta hook, KV rollback.
 //! - [`adaptive`]: choosing K per round from the observed acceptance rate
 //!   and the measured cost of a round.
 //!
@@ -22,6 +24,7 @@
 
 pub mod acceptance;
 pub mod adaptive;
+pub mod decode;
 mod error;
 pub mod ngram;
 

@@ -1,0 +1,253 @@
+//! Speculative decoding on the real default model with the committed
+//! standard LoRA adapter (adapters/code-lora-r16), the plaintext LoRA hook
+//! standing in for the adapter server.
+//!
+//! 1. Greedy: for every drafter, with and without constant-K padding and
+//!    adaptive K, the output equals sequential greedy decoding of the
+//!    adapted model token for token.
+//! 2. Sampling: on the real model's distributions at fixed contexts, the
+//!    first token of a speculative round (base-model draft, exact
+//!    acceptance) follows the adapted model's softmax (χ² over the top
+//!    tokens plus a rest bucket), and a wrong acceptance rule fails.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use cipherlora_model::{
+    AttentionMask, DeltaHook, GenerateOptions, LoraAdapter, Model, NoAdapter, PlainLora, Sampler,
+    SamplingParams, Tokenizer, fetch, generate,
+};
+use cipherlora_spec::acceptance::{DraftProbs, accept_sampled, sample};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use statrs::distribution::{ChiSquared, ContinuousCDF};
+
+struct Fixture {
+    model: Model,
+    tokenizer: Tokenizer,
+    adapter: LoraAdapter,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let path = fetch::ensure_default_model().expect("default model");
+        let model = Model::load(&path).expect("load model");
+        let tokenizer = Tokenizer::for_model(&path).expect("tokenizer");
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../adapters/code-lora-r16");
+        let adapter = LoraAdapter::load(&dir, model.config()).expect("load adapter");
+        Fixture {
+            model,
+            tokenizer,
+            adapter,
+        }
+    })
+}
+
+/// Held-out code prompts (not from the training corpus).
+const PROMPTS: [&str; 3] = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "import os\n\ndef list_python_files(root):\n",
+    "class Stack:\n    def __init__(self):\n",
+];
+
+fn reference(f: &Fixture, prompt: &[u32], n: usize) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+    };
+    let mut hook = PlainLora::new(&f.adapter);
+    generate(&f.model, prompt, &opts, &mut hook, &mut |_| Ok(()))
+        .unwrap()
+        .tokens
+}
+
+fn speculative(
+    f: &Fixture,
+    prompt: &[u32],
+    n: usize,
+    drafter: DrafterKind,
+    k: usize,
+    pad: bool,
+    adaptive: bool,
+) -> decode::SpecOutput {
+    let cfg = SpecConfig {
+        drafter,
+        k,
+        adaptive,
+        pad_to_k: pad,
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+    };
+    let mut hook = PlainLora::new(&f.adapter);
+    let mut streamed = Vec::new();
+    let out = decode::generate(&f.model, prompt, &cfg, &mut hook, &mut |t| {
+        streamed.extend_from_slice(t);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        streamed, out.tokens,
+        "streamed tokens differ from the result"
+    );
+    out
+}
+
+#[test]
+fn greedy_speculative_output_equals_sequential_adapted_decoding() {
+    let f = fixture();
+    let n = 24;
+    let mut rounds_base = 0;
+    for text in PROMPTS {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let want = reference(f, &prompt, n);
+        assert_eq!(want.len(), n, "reference stopped early on {text:?}");
+        for (drafter, k, pad, adaptive) in [
+            (DrafterKind::None, 0, true, false),
+            (DrafterKind::Base, 4, true, false),
+            (DrafterKind::Base, 8, false, false),
+            (DrafterKind::Base, 8, true, true),
+            (DrafterKind::Ngram, 4, true, false),
+            (DrafterKind::Hybrid, 4, true, true),
+        ] {
+            let got = speculative(f, &prompt, n, drafter, k, pad, adaptive);
+            assert_eq!(
+                got.tokens, want,
+                "{drafter:?} K={k} pad={pad} adaptive={adaptive} on {text:?}"
+            );
+            if drafter == DrafterKind::None {
+                assert_eq!(got.stats.rounds, n, "no drafter: one round per token");
+            }
+            if drafter == DrafterKind::Base && k == 4 && pad {
+                rounds_base += got.stats.rounds;
+            }
+        }
+    }
+    // The adapter changes the output, so the base drafter must be rejected
+    // sometimes, yet speculation must still save rounds.
+    assert!(
+        rounds_base < PROMPTS.len() * n,
+        "base drafter never accepted anything"
+    );
+}
+
+#[test]
+fn adapter_changes_greedy_output_on_a_domain_prompt() {
+    let f = fixture();
+    let prompt = f.tokenizer.encode(PROMPTS[1]).unwrap();
+    let opts = GenerateOptions {
+        max_tokens: 32,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+    };
+    let base = generate(&f.model, &prompt, &opts, &mut NoAdapter, &mut |_| Ok(()))
+        .unwrap()
+        .tokens;
+    assert_ne!(base, reference(f, &prompt, 32));
+}
+
+/// Softmax rows (after the sampling transforms) of the last position.
+fn last_probs(
+    f: &Fixture,
+    prompt: &[u32],
+    hook: &mut dyn DeltaHook,
+    sampler: &Sampler,
+) -> Vec<f32> {
+    let mut cache = f.model.new_cache(prompt.len()).unwrap();
+    let logits = f
+        .model
+        .forward(prompt, &mut cache, &AttentionMask::Causal, hook)
+        .unwrap();
+    let row = logits
+        .get(prompt.len() - 1)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    sampler.probs(&row, prompt)
+}
+
+/// χ² p-value of first-token draws against `p`: the 12 most likely tokens
+/// are cells of their own, everything else one rest bucket.
+fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    let top = &order[..12];
+    let (mut chi2, mut rest_o, mut rest_e) = (0.0, draws as f64, 1.0);
+    for &t in top {
+        let e = draws as f64 * f64::from(p[t]);
+        let o = counts[t] as f64;
+        chi2 += (o - e).powi(2) / e;
+        rest_o -= o;
+        rest_e -= f64::from(p[t]);
+    }
+    let rest_e = draws as f64 * rest_e;
+    let cells = if rest_e >= 5.0 {
+        chi2 += (rest_o - rest_e).powi(2) / rest_e;
+        13
+    } else {
+        12
+    };
+    1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
+}
+
+#[test]
+fn speculative_sampling_follows_the_adapted_softmax_on_the_real_model() {
+    let f = fixture();
+    let sampler = Sampler::new(SamplingParams {
+        temperature: 1.0,
+        top_k: Some(40),
+        seed: 7,
+        ..SamplingParams::default()
+    })
+    .unwrap();
+    const DRAWS: usize = 10_000;
+    for (ctx_i, text) in PROMPTS.iter().enumerate() {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let p_full = last_probs(f, &prompt, &mut PlainLora::new(&f.adapter), &sampler);
+        let q_full = last_probs(f, &prompt, &mut NoAdapter, &sampler);
+        // Restrict both to the union of their supports (top-k leaves ~80 of
+        // 49,152 tokens): the same distributions, 600× cheaper to sample.
+        let support: Vec<usize> = (0..p_full.len())
+            .filter(|&t| p_full[t] > 0.0 || q_full[t] > 0.0)
+            .collect();
+        let p: Vec<f32> = support.iter().map(|&t| p_full[t]).collect();
+        let q: Vec<f32> = support.iter().map(|&t| q_full[t]).collect();
+        // The drafter's proposal must differ from the target for the test to bite.
+        let tv: f64 = p
+            .iter()
+            .zip(&q)
+            .map(|(a, b)| f64::from((a - b).abs()))
+            .sum::<f64>()
+            / 2.0;
+        assert!(
+            tv > 0.02,
+            "base and adapted distributions nearly equal (TV {tv})"
+        );
+        let next_row = p.clone(); // stands in for p_1; only the first token is tested
+        let mut rng = ChaCha20Rng::seed_from_u64(100 + ctx_i as u64);
+        let mut right = vec![0usize; p.len()];
+        let mut wrong = vec![0usize; p.len()];
+        for _ in 0..DRAWS {
+            let d = sample(&q, &mut rng);
+            let qs = [q.clone()];
+            let ps = [p.clone(), next_row.clone()];
+            let out = accept_sampled(&[d], DraftProbs::Sampled(&qs), &ps, &mut rng).unwrap();
+            right[out.tokens[0] as usize] += 1;
+            // Wrong rule: accept with min(1, p/q) but resample from p on rejection.
+            let u: f64 = rng.random();
+            let tok = if u * f64::from(q[d as usize]) < f64::from(p[d as usize]) {
+                d
+            } else {
+                sample(&p, &mut rng)
+            };
+            wrong[tok as usize] += 1;
+        }
+        let pv = chi2_p_value(&p, &right, DRAWS);
+        assert!(pv > 1e-3, "context {ctx_i}: exact rule rejected, p = {pv}");
+        let pw = chi2_p_value(&p, &wrong, DRAWS);
+        assert!(pw < 1e-4, "context {ctx_i}: wrong rule passed, p = {pw}");
+    }
+}
