@@ -1,0 +1,278 @@
+//! The shared, immutable evaluation context: NTT plans for every prime, RNS
+//! constants for rescaling and key switching, and the map between NTT output
+//! positions and evaluation points used to apply Galois automorphisms as slot
+//! permutations.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tfhe_ntt::prime64::Plan;
+
+use crate::error::{CkksError, Result};
+use crate::modular::{Modulus, ShoupConst};
+use crate::params::CkksParameters;
+use crate::pool::BufferPool;
+
+/// NTT plans and RNS constants for one parameter set. Build once with
+/// [`Context::new`] and share the `Arc`.
+///
+/// Prime indices: `0..=L` are the chain primes `q_i`, index `L + 1` is the
+/// special prime `P`.
+pub struct Context {
+    params: CkksParameters,
+    n: usize,
+    log_n: u32,
+    pub(crate) moduli: Vec<Modulus>,
+    plans: Vec<Plan>,
+    /// `N mod p` for every prime (plaintexts and keys are stored N-scaled).
+    pub(crate) n_mod: Vec<ShoupConst>,
+    /// `rescale_inv[l][i] = q_l^{-1} mod q_i` for `i < l`.
+    pub(crate) rescale_inv: Vec<Vec<ShoupConst>>,
+    /// `P^{-1} mod q_i`.
+    pub(crate) p_inv: Vec<ShoupConst>,
+    /// `P mod q_i`.
+    pub(crate) p_mod: Vec<ShoupConst>,
+    /// `ntt_exp[j]`: odd `e` such that NTT output `j` is the evaluation at `ψ^e`.
+    ntt_exp: Vec<u32>,
+    /// Inverse of `ntt_exp` over odd exponents `< 2N`.
+    exp_idx: Vec<u32>,
+    /// Reusable buffers for public polynomials.
+    pub(crate) pool: BufferPool,
+    digest: u64,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("degree", &self.n)
+            .field("moduli", &self.params.moduli())
+            .field("special", &self.params.special_moduli())
+            .finish()
+    }
+}
+
+impl Context {
+    /// Builds NTT plans (tfhe-ntt `prime64::Plan`: AVX-512 IFMA for primes
+    /// below 2^50, AVX-512/AVX2 otherwise) and RNS constants.
+    ///
+    /// # Errors
+    /// [`CkksError::InvalidParameters`] if a prime admits no NTT plan (cannot
+    /// happen for parameters from the builder).
+    pub fn new(params: CkksParameters) -> Result<Arc<Self>> {
+        let n = params.degree();
+        let all: Vec<u64> = params
+            .moduli()
+            .iter()
+            .chain(params.special_moduli())
+            .copied()
+            .collect();
+        let moduli: Vec<Modulus> = all.iter().map(|&q| Modulus::new(q)).collect();
+        let plans = all
+            .iter()
+            .map(|&q| Plan::try_new(n, q))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(CkksError::InvalidParameters {
+                reason: "no negacyclic NTT plan for a prime",
+            })?;
+        let n_mod = moduli.iter().map(|m| m.shoup(n as u64)).collect();
+        let l_max = params.max_level();
+        let rescale_inv = (0..=l_max)
+            .map(|l| {
+                (0..l)
+                    .map(|i| {
+                        let m = &moduli[i];
+                        m.shoup(m.inv(m.reduce(all[l])))
+                    })
+                    .collect()
+            })
+            .collect();
+        let p = all[l_max + 1];
+        let p_inv = (0..=l_max)
+            .map(|i| moduli[i].shoup(moduli[i].inv(moduli[i].reduce(p))))
+            .collect();
+        let p_mod = (0..=l_max).map(|i| moduli[i].shoup(p)).collect();
+
+        // Which evaluation point does each NTT output position hold? Transform
+        // the monomial X: output j is then ω_j = ψ^{e_j} itself.
+        let m0 = moduli[0];
+        let mut x = vec![0u64; n];
+        x[1] = 1;
+        plans[0].fwd(&mut x);
+        let psi = x[0];
+        let two_n = 2 * n;
+        let mut power_to_exp: HashMap<u64, u32> = HashMap::with_capacity(n);
+        let psi2 = m0.mul(psi, psi);
+        let mut cur = psi;
+        for k in 0..n {
+            power_to_exp.insert(cur, (2 * k + 1) as u32);
+            cur = m0.mul(cur, psi2);
+        }
+        let ntt_exp: Vec<u32> = x
+            .iter()
+            .map(|w| power_to_exp.get(w).copied())
+            .collect::<Option<Vec<_>>>()
+            .ok_or(CkksError::InvalidParameters {
+                reason: "NTT outputs are not the odd powers of a 2N-th root",
+            })?;
+        let mut exp_idx = vec![u32::MAX; two_n];
+        for (j, &e) in ntt_exp.iter().enumerate() {
+            exp_idx[e as usize] = j as u32;
+        }
+        Ok(Arc::new(Self {
+            digest: params.digest(),
+            params,
+            n,
+            log_n: n.trailing_zeros(),
+            moduli,
+            plans,
+            n_mod,
+            rescale_inv,
+            p_inv,
+            p_mod,
+            ntt_exp,
+            exp_idx,
+            pool: BufferPool::default(),
+        }))
+    }
+
+    /// Digest of N and the primes ([`CkksParameters::digest`]): objects of
+    /// one context carry it and operations refuse mixed contexts.
+    pub fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    /// [`CkksError::ParameterMismatch`] unless `digest` is this context's.
+    pub(crate) fn check(&self, digest: u64) -> Result<()> {
+        if digest == self.digest {
+            Ok(())
+        } else {
+            Err(CkksError::ParameterMismatch {
+                what: "object from another parameter set",
+            })
+        }
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &CkksParameters {
+        &self.params
+    }
+    /// Ring degree N.
+    pub fn degree(&self) -> usize {
+        self.n
+    }
+    /// log2 N.
+    pub fn log_degree(&self) -> u32 {
+        self.log_n
+    }
+    /// Number of slots N/2.
+    pub fn slots(&self) -> usize {
+        self.n / 2
+    }
+    /// Maximum level L.
+    pub fn max_level(&self) -> usize {
+        self.params.max_level()
+    }
+    /// Index of the special prime P among the context's primes.
+    pub(crate) fn sp(&self) -> usize {
+        self.params.max_level() + 1
+    }
+    /// The prime with index `i` (chain primes, then P).
+    pub(crate) fn prime(&self, i: usize) -> u64 {
+        self.moduli[i].q
+    }
+
+    /// Prime indices of a polynomial over `Q_l · P`.
+    pub(crate) fn qp_primes(&self, level: usize) -> impl Iterator<Item = usize> + Clone {
+        (0..=level).chain(std::iter::once(self.sp()))
+    }
+
+    /// Forward negacyclic NTT (coefficients → evaluations, tfhe-ntt's
+    /// bit-reversed order) modulo prime `i`. Input and output in `[0, q_i)`.
+    #[inline]
+    pub(crate) fn fwd(&self, i: usize, buf: &mut [u64]) {
+        self.plans[i].fwd(buf);
+    }
+
+    /// Inverse NTT (evaluations → coefficients) modulo prime `i`.
+    #[inline]
+    pub(crate) fn inv(&self, i: usize, buf: &mut [u64]) {
+        self.plans[i].inv(buf);
+        self.plans[i].normalize(buf);
+    }
+
+    /// `buf ← buf · N^{-1}` modulo prime `i` (SIMD).
+    #[inline]
+    pub(crate) fn normalize(&self, i: usize, buf: &mut [u64]) {
+        self.plans[i].normalize(buf);
+    }
+
+    /// `lhs ← lhs · rhs · N^{-1}` modulo prime `i` (SIMD). With `rhs` stored
+    /// N-scaled this is the plain product.
+    #[inline]
+    pub(crate) fn mul_scaled(&self, i: usize, lhs: &mut [u64], rhs_scaled: &[u64]) {
+        self.plans[i].mul_assign_normalize(lhs, rhs_scaled);
+    }
+
+    /// `acc ← acc + lhs · rhs` modulo prime `i` (SIMD).
+    #[inline]
+    pub(crate) fn mul_acc(&self, i: usize, acc: &mut [u64], lhs: &[u64], rhs: &[u64]) {
+        self.plans[i].mul_accumulate(acc, lhs, rhs);
+    }
+
+    /// `buf ← N · buf` modulo prime `i`, turning a canonical limb into the
+    /// N-scaled storage form.
+    pub(crate) fn scale_by_n(&self, i: usize, buf: &mut [u64]) {
+        let m = self.moduli[i];
+        let c = self.n_mod[i];
+        for x in buf.iter_mut() {
+            *x = m.mul_shoup(*x, c);
+        }
+    }
+
+    /// The Galois element `5^step mod 2N` of a left rotation by `step` slots
+    /// (negative steps rotate right).
+    pub fn galois_element(&self, step: i64) -> u64 {
+        let slots = self.slots() as i64;
+        let r = step.rem_euclid(slots) as u64;
+        let two_n = 2 * self.n as u64;
+        let mut g = 1u64;
+        let mut b = 5u64;
+        let mut e = r;
+        while e > 0 {
+            if e & 1 == 1 {
+                g = g * b % two_n;
+            }
+            b = b * b % two_n;
+            e >>= 1;
+        }
+        g
+    }
+
+    /// The inverse of Galois element `g` modulo 2N.
+    pub(crate) fn galois_inverse(&self, g: u64) -> u64 {
+        let two_n = 2 * self.n as u64;
+        // The group (Z/2N)^* has exponent N/2, so g^{-1} = g^{N/2 - 1}.
+        let mut r = 1u64;
+        let mut b = g % two_n;
+        let mut e = (self.n / 2 - 1) as u64;
+        while e > 0 {
+            if e & 1 == 1 {
+                r = r * b % two_n;
+            }
+            b = b * b % two_n;
+            e >>= 1;
+        }
+        r
+    }
+
+    /// The slot-level permutation of the automorphism `X ↦ X^g` in evaluation
+    /// form: `σ_g(a)[j] = a[perm[j]]` for every limb, because
+    /// `σ_g(a)(ψ^e) = a(ψ^{g·e})`.
+    pub(crate) fn galois_perm(&self, g: u64) -> Vec<u32> {
+        let two_n = 2 * self.n as u64;
+        self.ntt_exp
+            .iter()
+            .map(|&e| self.exp_idx[((e as u64 * g) % two_n) as usize])
+            .collect()
+    }
+}

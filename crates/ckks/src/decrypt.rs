@@ -1,0 +1,49 @@
+//! Decryption: `m = c0 + c1·s` in NTT form (one SIMD product per limb).
+
+use crate::ciphertext::Ciphertext;
+use crate::keys::SecretKey;
+use crate::plaintext::Plaintext;
+
+/// Decrypts ciphertexts with a secret key. The result is a plaintext to be
+/// decoded by [`crate::Encoder::decode`]; it must never be sent back to the
+/// server (IND-CPA-D, Li–Micciancio 2021).
+#[derive(Debug, Clone)]
+pub struct Decryptor {
+    sk: SecretKey,
+}
+
+impl Decryptor {
+    /// A decryptor holding (a clone of) the secret key.
+    pub fn new(sk: &SecretKey) -> Self {
+        Self { sk: sk.clone() }
+    }
+
+    /// Decrypts at the ciphertext's level and scale.
+    ///
+    /// # Panics
+    /// If the ciphertext belongs to another context than the key.
+    pub fn decrypt(&self, ct: &Ciphertext) -> Plaintext {
+        let ctx = &self.sk.ctx;
+        assert_eq!(
+            ctx.digest(),
+            ct.ctx.digest(),
+            "decrypt: ciphertext from another context"
+        );
+        let n = ctx.degree();
+        let mut data = ct.c1.clone();
+        for (i, limb) in data.chunks_exact_mut(n).enumerate() {
+            ctx.mul_scaled(i, limb, self.sk.scaled_limb(i));
+            let m = ctx.moduli[i];
+            for (x, &c) in limb.iter_mut().zip(&ct.c0[i * n..(i + 1) * n]) {
+                *x = m.add(*x, c);
+            }
+        }
+        Plaintext {
+            data,
+            level: ct.level,
+            scale: ct.scale,
+            n_scaled: false,
+            digest: ctx.digest(),
+        }
+    }
+}

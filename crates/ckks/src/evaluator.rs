@@ -1,0 +1,560 @@
+//! Homomorphic evaluation on NTT-form ciphertexts: addition, ct×pt products
+//! (single and lazily accumulated), rescaling, level dropping, rotations
+//! (plain and hoisted).
+//!
+//! Rescaling follows the full-RNS CKKS of Cheon–Han–Kim–Kim–Song (SAC 2018,
+//! §3.3, "RS"): `c ↦ (c − [c]_{q_l}) · q_l^{-1}` limb by limb, with the last
+//! limb brought back to coefficient form, lifted (balanced) to each other
+//! prime and re-transformed. Rotations use hybrid key switching (see
+//! the `keyswitch` module) and Halevi–Shoup hoisting (see [`crate::hoisting`]).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::ciphertext::Ciphertext;
+use crate::context::Context;
+use crate::error::{CkksError, Result};
+use crate::hoisting::{self, ExtendedCiphertext, HoistedCiphertext};
+use crate::keys::GaloisKeys;
+use crate::keyswitch::mod_up;
+use crate::plaintext::Plaintext;
+
+/// Relative tolerance under which two scales count as equal.
+pub const SCALE_TOLERANCE: f64 = 1e-9;
+
+pub(crate) fn check_scale(a: f64, b: f64) -> Result<()> {
+    if (a - b).abs() <= SCALE_TOLERANCE * a.abs().max(b.abs()) {
+        Ok(())
+    } else {
+        Err(CkksError::ScaleMismatch { left: a, right: b })
+    }
+}
+
+fn check_same(a: &Ciphertext, b: &Ciphertext) -> Result<()> {
+    a.ctx.check(b.ctx.digest())?;
+    if a.level != b.level {
+        return Err(CkksError::LevelMismatch {
+            left: a.level,
+            right: b.level,
+        });
+    }
+    check_scale(a.scale, b.scale)
+}
+
+/// Evaluates operations on ciphertexts of one context.
+///
+/// Single-threaded by default (what the microbenchmarks measure); with
+/// [`Evaluator::with_parallelism`] the ModUp digits of a rotation and the
+/// independent rotations of [`Evaluator::rotate_hoisted_many`] run on the
+/// rayon pool.
+#[derive(Debug, Clone)]
+pub struct Evaluator {
+    ctx: Arc<Context>,
+    parallel: bool,
+}
+
+/// Sums many ct×pt products at one level; see [`Evaluator::mul_accumulator`].
+///
+/// Each product is a fused SIMD multiply-add into the accumulator (tfhe-ntt
+/// `mul_accumulate`); plaintexts are N-scaled, so the `N^{-1}` normalisation
+/// every single product would need is deferred and applied once, in
+/// [`MulAccumulator::finish`].
+#[derive(Debug, Clone)]
+pub struct MulAccumulator {
+    ctx: Arc<Context>,
+    acc0: Vec<u64>,
+    acc1: Vec<u64>,
+    level: usize,
+    scale: Option<f64>,
+    terms: usize,
+}
+
+impl MulAccumulator {
+    /// Adds `ct × pt`.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelMismatch`] if `ct` is not at the accumulator's level
+    /// or `pt` is below it; [`CkksError::ScaleMismatch`] if the product's scale
+    /// differs from earlier terms'.
+    pub fn add_product(&mut self, ct: &Ciphertext, pt: &Plaintext) -> Result<()> {
+        self.ctx.check(ct.ctx.digest())?;
+        self.ctx.check(pt.digest)?;
+        if ct.level != self.level {
+            return Err(CkksError::LevelMismatch {
+                left: self.level,
+                right: ct.level,
+            });
+        }
+        if pt.level < self.level {
+            return Err(CkksError::LevelMismatch {
+                left: self.level,
+                right: pt.level,
+            });
+        }
+        let s = ct.scale * pt.scale;
+        match self.scale {
+            Some(prev) => check_scale(prev, s)?,
+            None => self.scale = Some(s),
+        }
+        let n = self.ctx.degree();
+        for i in 0..=self.level {
+            let r = i * n..(i + 1) * n;
+            let p = scaled_limb(&self.ctx, pt, i);
+            self.ctx
+                .mul_acc(i, &mut self.acc0[r.clone()], &ct.c0[r.clone()], &p);
+            self.ctx
+                .mul_acc(i, &mut self.acc1[r.clone()], &ct.c1[r], &p);
+        }
+        self.terms += 1;
+        Ok(())
+    }
+
+    /// Number of products added.
+    pub fn terms(&self) -> usize {
+        self.terms
+    }
+
+    /// The sum as a ciphertext of scale `ct.scale·pt.scale` (`None` if no
+    /// term was added).
+    pub fn finish(mut self) -> Option<Ciphertext> {
+        let scale = self.scale?;
+        let n = self.ctx.degree();
+        for i in 0..=self.level {
+            self.ctx.normalize(i, &mut self.acc0[i * n..(i + 1) * n]);
+            self.ctx.normalize(i, &mut self.acc1[i * n..(i + 1) * n]);
+        }
+        Some(Ciphertext {
+            ctx: self.ctx.clone(),
+            c0: self.acc0,
+            c1: self.acc1,
+            level: self.level,
+            scale,
+        })
+    }
+}
+
+/// Limb `i` of a plaintext in N-scaled form.
+fn scaled_limb<'a>(ctx: &Context, pt: &'a Plaintext, i: usize) -> Cow<'a, [u64]> {
+    let n = ctx.degree();
+    let limb = &pt.data[i * n..(i + 1) * n];
+    if pt.n_scaled {
+        Cow::Borrowed(limb)
+    } else {
+        let mut v = limb.to_vec();
+        ctx.scale_by_n(i, &mut v);
+        Cow::Owned(v)
+    }
+}
+
+impl Evaluator {
+    /// An evaluator for `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Self {
+        Self {
+            ctx: ctx.clone(),
+            parallel: false,
+        }
+    }
+
+    /// Turns rayon parallelism on or off (off by default).
+    pub fn with_parallelism(mut self, parallel: bool) -> Self {
+        self.parallel = parallel;
+        self
+    }
+
+    /// Several rotations of one hoisted input (in parallel if enabled).
+    ///
+    /// # Errors
+    /// [`CkksError::MissingGaloisKey`] for the first step without a key.
+    pub fn rotate_hoisted_many(
+        &self,
+        h: &HoistedCiphertext,
+        steps: &[i64],
+        gks: &GaloisKeys,
+    ) -> Result<Vec<Ciphertext>> {
+        use rayon::prelude::*;
+        if self.parallel {
+            steps
+                .par_iter()
+                .map(|&s| self.rotate_hoisted(h, s, gks))
+                .collect()
+        } else {
+            steps
+                .iter()
+                .map(|&s| self.rotate_hoisted(h, s, gks))
+                .collect()
+        }
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Galois elements needed for the given rotation steps (deduplicated,
+    /// identity removed), e.g. to tell a client which keys to generate.
+    pub fn required_galois_elements(&self, steps: &[i64]) -> Vec<u64> {
+        let mut g: Vec<u64> = steps
+            .iter()
+            .map(|&s| self.ctx.galois_element(s))
+            .filter(|&g| g != 1)
+            .collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
+
+    fn zip_limbs(
+        &self,
+        a: &mut [u64],
+        b: &[u64],
+        level: usize,
+        f: impl Fn(&crate::modular::Modulus, u64, u64) -> u64,
+    ) {
+        let n = self.ctx.degree();
+        crate::modular::vectorized(|| {
+            for i in 0..=level {
+                let m = self.ctx.moduli[i];
+                let r = i * n..(i + 1) * n;
+                for (x, &y) in a[r.clone()].iter_mut().zip(&b[r]) {
+                    *x = f(&m, *x, y);
+                }
+            }
+        })
+    }
+
+    /// `a ← a + b`.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    pub fn add_assign(&self, a: &mut Ciphertext, b: &Ciphertext) -> Result<()> {
+        self.ctx.check(a.ctx.digest())?;
+        check_same(a, b)?;
+        let l = a.level;
+        self.zip_limbs(&mut a.c0, &b.c0, l, |m, x, y| m.add(x, y));
+        self.zip_limbs(&mut a.c1, &b.c1, l, |m, x, y| m.add(x, y));
+        Ok(())
+    }
+
+    /// `a + b`.
+    ///
+    /// # Errors
+    /// As [`Self::add_assign`].
+    pub fn add(&self, a: &Ciphertext, b: &Ciphertext) -> Result<Ciphertext> {
+        let mut r = a.clone();
+        self.add_assign(&mut r, b)?;
+        Ok(r)
+    }
+
+    /// `a ← a − b`.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    pub fn sub_assign(&self, a: &mut Ciphertext, b: &Ciphertext) -> Result<()> {
+        self.ctx.check(a.ctx.digest())?;
+        check_same(a, b)?;
+        let l = a.level;
+        self.zip_limbs(&mut a.c0, &b.c0, l, |m, x, y| m.sub(x, y));
+        self.zip_limbs(&mut a.c1, &b.c1, l, |m, x, y| m.sub(x, y));
+        Ok(())
+    }
+
+    /// `a − b`.
+    ///
+    /// # Errors
+    /// As [`Self::sub_assign`].
+    pub fn sub(&self, a: &Ciphertext, b: &Ciphertext) -> Result<Ciphertext> {
+        let mut r = a.clone();
+        self.sub_assign(&mut r, b)?;
+        Ok(r)
+    }
+
+    /// `ct ← ct + pt` (same level ≤ pt level, same scale).
+    ///
+    /// # Errors
+    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    pub fn add_plain_assign(&self, ct: &mut Ciphertext, pt: &Plaintext) -> Result<()> {
+        self.ctx.check(ct.ctx.digest())?;
+        self.ctx.check(pt.digest)?;
+        if pt.level < ct.level {
+            return Err(CkksError::LevelMismatch {
+                left: ct.level,
+                right: pt.level,
+            });
+        }
+        check_scale(ct.scale, pt.scale)?;
+        let n = self.ctx.degree();
+        let mut limb = vec![0u64; n];
+        for i in 0..=ct.level {
+            crate::encrypt::canonical_limb(&self.ctx, pt, i, &mut limb);
+            let m = self.ctx.moduli[i];
+            for (x, &y) in ct.c0[i * n..(i + 1) * n].iter_mut().zip(&limb) {
+                *x = m.add(*x, y);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ct ← ct × pt`: scale multiplies, level unchanged (`pt.level ≥
+    /// ct.level`; extra plaintext limbs are ignored). One SIMD pass per limb.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelMismatch`] if the plaintext is below the ciphertext.
+    pub fn mul_plain_assign(&self, ct: &mut Ciphertext, pt: &Plaintext) -> Result<()> {
+        self.ctx.check(ct.ctx.digest())?;
+        self.ctx.check(pt.digest)?;
+        if pt.level < ct.level {
+            return Err(CkksError::LevelMismatch {
+                left: ct.level,
+                right: pt.level,
+            });
+        }
+        let n = self.ctx.degree();
+        for i in 0..=ct.level {
+            let p = scaled_limb(&self.ctx, pt, i);
+            let r = i * n..(i + 1) * n;
+            self.ctx.mul_scaled(i, &mut ct.c0[r.clone()], &p);
+            self.ctx.mul_scaled(i, &mut ct.c1[r], &p);
+        }
+        ct.scale *= pt.scale;
+        Ok(())
+    }
+
+    /// `ct × pt`.
+    ///
+    /// # Errors
+    /// As [`Self::mul_plain_assign`].
+    pub fn mul_plain(&self, ct: &Ciphertext, pt: &Plaintext) -> Result<Ciphertext> {
+        let mut r = ct.clone();
+        self.mul_plain_assign(&mut r, pt)?;
+        Ok(r)
+    }
+
+    /// An empty multiply-accumulator at `level`: `Σ ct_k × pt_k` with one
+    /// final normalisation.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelOutOfRange`].
+    pub fn mul_accumulator(&self, level: usize) -> Result<MulAccumulator> {
+        let max = self.ctx.max_level();
+        if level > max {
+            return Err(CkksError::LevelOutOfRange { level, max });
+        }
+        let len = (level + 1) * self.ctx.degree();
+        Ok(MulAccumulator {
+            ctx: self.ctx.clone(),
+            acc0: self.ctx.pool.take_zeroed(len),
+            acc1: self.ctx.pool.take_zeroed(len),
+            level,
+            scale: None,
+            terms: 0,
+        })
+    }
+
+    /// Rescale in place: divide by the last prime `q_l` with rounding; the
+    /// level drops by one and the scale is divided by `q_l`.
+    ///
+    /// # Errors
+    /// [`CkksError::CannotRescale`] at level 0.
+    pub fn rescale_assign(&self, ct: &mut Ciphertext) -> Result<()> {
+        self.ctx.check(ct.ctx.digest())?;
+        let l = ct.level;
+        if l == 0 {
+            return Err(CkksError::CannotRescale);
+        }
+        let ctx = &self.ctx;
+        let n = ctx.degree();
+        let ql = ctx.prime(l);
+        let mut last = vec![0u64; n];
+        let mut y = vec![0u64; n];
+        for poly in [&mut ct.c0, &mut ct.c1] {
+            last.copy_from_slice(&poly[l * n..(l + 1) * n]);
+            ctx.inv(l, &mut last);
+            for j in 0..l {
+                let m = ctx.moduli[j];
+                for (o, &v) in y.iter_mut().zip(&last) {
+                    *o = m.lift_centered(v, ql);
+                }
+                ctx.fwd(j, &mut y);
+                let qinv = ctx.rescale_inv[l][j];
+                for (x, &yv) in poly[j * n..(j + 1) * n].iter_mut().zip(&y) {
+                    *x = m.mul_shoup(*x + m.q - yv, qinv);
+                }
+            }
+            poly.truncate(l * n);
+        }
+        ct.level = l - 1;
+        ct.scale /= ql as f64;
+        Ok(())
+    }
+
+    /// Rescaled copy; see [`Self::rescale_assign`].
+    ///
+    /// # Errors
+    /// [`CkksError::CannotRescale`] at level 0.
+    pub fn rescale(&self, ct: &Ciphertext) -> Result<Ciphertext> {
+        let mut r = ct.clone();
+        self.rescale_assign(&mut r)?;
+        Ok(r)
+    }
+
+    /// Drops limbs down to `level` (no division: the scale is unchanged).
+    ///
+    /// # Errors
+    /// [`CkksError::LevelOutOfRange`] if `level` is above the ciphertext's.
+    pub fn drop_to_level_assign(&self, ct: &mut Ciphertext, level: usize) -> Result<()> {
+        self.ctx.check(ct.ctx.digest())?;
+        if level > ct.level {
+            return Err(CkksError::LevelOutOfRange {
+                level,
+                max: ct.level,
+            });
+        }
+        let len = (level + 1) * self.ctx.degree();
+        ct.c0.truncate(len);
+        ct.c1.truncate(len);
+        ct.level = level;
+        Ok(())
+    }
+
+    /// Copy dropped to `level`; see [`Self::drop_to_level_assign`].
+    ///
+    /// # Errors
+    /// As [`Self::drop_to_level_assign`].
+    pub fn drop_to_level(&self, ct: &Ciphertext, level: usize) -> Result<Ciphertext> {
+        let mut r = ct.clone();
+        self.drop_to_level_assign(&mut r, level)?;
+        Ok(r)
+    }
+
+    /// Precomputes the ModUp decomposition of `ct` for hoisted rotations
+    /// (`level + 1` inverse NTTs and `(level + 1)²` forward NTTs).
+    pub fn hoist(&self, ct: &Ciphertext) -> HoistedCiphertext {
+        // Built in the ciphertext's own context: a foreign ciphertext cannot
+        // make this panic; using the result with this evaluator is refused.
+        HoistedCiphertext {
+            ctx: ct.ctx.clone(),
+            c0: ct.ctx.pool.copy_of(&ct.c0),
+            digits: mod_up(&ct.ctx, &ct.c1, ct.level, self.parallel),
+            level: ct.level,
+            scale: ct.scale,
+        }
+    }
+
+    /// Left rotation by `step` slots of a hoisted input (negative: right).
+    /// Step 0 returns the input unchanged.
+    ///
+    /// # Errors
+    /// [`CkksError::MissingGaloisKey`].
+    pub fn rotate_hoisted(
+        &self,
+        h: &HoistedCiphertext,
+        step: i64,
+        gks: &GaloisKeys,
+    ) -> Result<Ciphertext> {
+        self.ctx.check(h.ctx.digest())?;
+        if self.ctx.galois_element(step) == 1 {
+            let n = self.ctx.degree();
+            let primes: Vec<usize> = self.ctx.qp_primes(h.level).collect();
+            // Identity: rebuild c1 from its own residues (digit i, limb i).
+            let mut c1 = self.ctx.pool.take(h.c0.len());
+            for (i, d) in h.digits.iter().enumerate() {
+                let k = primes.iter().position(|&p| p == i).unwrap_or(i);
+                c1[i * n..(i + 1) * n].copy_from_slice(&d[k * n..(k + 1) * n]);
+            }
+            return Ok(Ciphertext {
+                ctx: self.ctx.clone(),
+                c0: self.ctx.pool.copy_of(&h.c0),
+                c1,
+                level: h.level,
+                scale: h.scale,
+            });
+        }
+        self.ctx.check(gks.ctx.digest())?;
+        let key = gks.for_step(&self.ctx, step)?;
+        Ok(hoisting::rotate_hoisted(&self.ctx, h, key))
+    }
+
+    /// Left rotation by `step` slots (negative: right); one key switch.
+    ///
+    /// # Errors
+    /// [`CkksError::MissingGaloisKey`].
+    pub fn rotate(&self, ct: &Ciphertext, step: i64, gks: &GaloisKeys) -> Result<Ciphertext> {
+        self.ctx.check(ct.ctx.digest())?;
+        if self.ctx.galois_element(step) == 1 {
+            return Ok(ct.clone());
+        }
+        self.ctx.check(gks.ctx.digest())?;
+        let key = gks.for_step(&self.ctx, step)?;
+        Ok(hoisting::rotate_hoisted(&self.ctx, &self.hoist(ct), key))
+    }
+
+    /// Rotation of a hoisted input, kept over `Q·P` before ModDown (double
+    /// hoisting): sum several with [`Self::add_extended_assign`], then one
+    /// [`Self::mod_down`].
+    ///
+    /// # Errors
+    /// [`CkksError::MissingGaloisKey`] (step 0 is not supported here either:
+    /// use [`Self::extend`]).
+    pub fn rotate_hoisted_extended(
+        &self,
+        h: &HoistedCiphertext,
+        step: i64,
+        gks: &GaloisKeys,
+    ) -> Result<ExtendedCiphertext> {
+        self.ctx.check(h.ctx.digest())?;
+        self.ctx.check(gks.ctx.digest())?;
+        let key = gks.for_step(&self.ctx, step)?;
+        Ok(hoisting::rotate_hoisted_extended(&self.ctx, h, key))
+    }
+
+    /// The unrotated input over `Q·P` (`(P·c0, P·c1)`), to add to extended
+    /// rotations.
+    pub fn extend(&self, ct: &Ciphertext) -> ExtendedCiphertext {
+        let ctx = &ct.ctx;
+        let n = ctx.degree();
+        let len = (ct.level + 2) * n;
+        let mut e0 = vec![0u64; len];
+        let mut e1 = vec![0u64; len];
+        for j in 0..=ct.level {
+            let m = ctx.moduli[j];
+            let p = ctx.p_mod[j];
+            let r = j * n..(j + 1) * n;
+            for (o, &c) in e0[r.clone()].iter_mut().zip(&ct.c0[r.clone()]) {
+                *o = m.mul_shoup(c, p);
+            }
+            for (o, &c) in e1[r.clone()].iter_mut().zip(&ct.c1[r]) {
+                *o = m.mul_shoup(c, p);
+            }
+        }
+        ExtendedCiphertext {
+            e0,
+            e1,
+            level: ct.level,
+            scale: ct.scale,
+            digest: ctx.digest(),
+        }
+    }
+
+    /// `acc ← acc + x` over `Q·P`.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    pub fn add_extended_assign(
+        &self,
+        acc: &mut ExtendedCiphertext,
+        x: &ExtendedCiphertext,
+    ) -> Result<()> {
+        self.ctx.check(acc.digest)?;
+        self.ctx.check(x.digest)?;
+        hoisting::add_extended(&self.ctx, acc, x)
+    }
+
+    /// ModDown: divides an extended ciphertext by P (rounded) back to `Q`.
+    ///
+    /// # Errors
+    /// [`CkksError::ParameterMismatch`] for an object of another context.
+    pub fn mod_down(&self, x: &ExtendedCiphertext) -> Result<Ciphertext> {
+        self.ctx.check(x.digest)?;
+        Ok(hoisting::mod_down(&self.ctx, x))
+    }
+}

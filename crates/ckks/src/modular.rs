@@ -1,0 +1,239 @@
+//! Word-size modular arithmetic for primes below 2^62: Shoup multiplication
+//! by a precomputed constant, Barrett-style reduction, exponentiation and
+//! deterministic Miller–Rabin primality.
+//!
+//! Shoup's trick (V. Shoup, NTL; see also Harvey 2014, "Faster arithmetic for
+//! number-theoretic transforms", §2): to multiply many `a` by a fixed `w`,
+//! precompute `w' = ⌊w·2^64/q⌋`; then `a·w − ⌊a·w'/2^64⌋·q ∈ [0, 2q)`.
+
+/// A prime modulus `q < 2^62` with its reduction constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Modulus {
+    /// The prime.
+    pub q: u64,
+    /// `⌊2^64 / q⌋`, used to reduce any `u64`.
+    ratio: u64,
+}
+
+/// A constant `w < q` with its Shoup companion `⌊w·2^64/q⌋`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShoupConst {
+    /// The constant.
+    pub w: u64,
+    /// `⌊w·2^64/q⌋`.
+    pub w_shoup: u64,
+}
+
+impl Modulus {
+    /// Wraps a prime `q < 2^62`.
+    pub fn new(q: u64) -> Self {
+        debug_assert!(q > 2 && q < (1 << 62));
+        Self {
+            q,
+            ratio: ((1u128 << 64) / q as u128) as u64,
+        }
+    }
+
+    /// `x mod q` for any `u64` `x`.
+    #[inline(always)]
+    pub fn reduce(&self, x: u64) -> u64 {
+        let qhat = ((x as u128 * self.ratio as u128) >> 64) as u64;
+        let r = x.wrapping_sub(qhat.wrapping_mul(self.q));
+        // r ∈ [0, 2q): branch-free final correction.
+        r.min(r.wrapping_sub(self.q))
+    }
+
+    /// `x mod q` for a `u128` (slow path, set-up only).
+    #[inline]
+    pub fn reduce_u128(&self, x: u128) -> u64 {
+        (x % self.q as u128) as u64
+    }
+
+    /// `(a + b) mod q` for `a, b < q`.
+    #[inline(always)]
+    pub fn add(&self, a: u64, b: u64) -> u64 {
+        // Branch-free (min of s and s − q with wrap-around): vectorizes.
+        let s = a + b;
+        s.min(s.wrapping_sub(self.q))
+    }
+
+    /// `(a − b) mod q` for `a, b < q`.
+    #[inline(always)]
+    pub fn sub(&self, a: u64, b: u64) -> u64 {
+        let d = a.wrapping_sub(b);
+        d.min(d.wrapping_add(self.q))
+    }
+
+    /// `−a mod q` for `a < q` (branch-free).
+    #[inline(always)]
+    pub fn neg(&self, a: u64) -> u64 {
+        let d = self.q - a;
+        d.min(d.wrapping_sub(self.q))
+    }
+
+    /// `a·b mod q` (set-up path, one 128-bit remainder).
+    #[inline]
+    pub fn mul(&self, a: u64, b: u64) -> u64 {
+        self.reduce_u128(a as u128 * b as u128)
+    }
+
+    /// Precomputes the Shoup companion of `w` (reduced mod q first).
+    pub fn shoup(&self, w: u64) -> ShoupConst {
+        let w = self.reduce(w);
+        ShoupConst {
+            w,
+            w_shoup: (((w as u128) << 64) / self.q as u128) as u64,
+        }
+    }
+
+    /// `a·w mod q` for any `u64` `a`, with `w` precomputed by [`Modulus::shoup`].
+    #[inline(always)]
+    pub fn mul_shoup(&self, a: u64, c: ShoupConst) -> u64 {
+        let qhat = ((a as u128 * c.w_shoup as u128) >> 64) as u64;
+        let r = a.wrapping_mul(c.w).wrapping_sub(qhat.wrapping_mul(self.q));
+        r.min(r.wrapping_sub(self.q))
+    }
+
+    /// `a^e mod q`.
+    pub fn pow(&self, mut a: u64, mut e: u64) -> u64 {
+        let mut r = 1u64;
+        a = self.reduce(a);
+        while e > 0 {
+            if e & 1 == 1 {
+                r = self.mul(r, a);
+            }
+            a = self.mul(a, a);
+            e >>= 1;
+        }
+        r
+    }
+
+    /// `a^{-1} mod q` (q prime, a ≠ 0 mod q).
+    pub fn inv(&self, a: u64) -> u64 {
+        self.pow(a, self.q - 2)
+    }
+
+    /// Maps a signed value into `[0, q)` (branch-free: used on plaintext
+    /// coefficients).
+    #[inline(always)]
+    pub fn from_i64(&self, x: i64) -> u64 {
+        let r = self.reduce(x.unsigned_abs());
+        let mask = 0u64.wrapping_sub((x < 0) as u64);
+        (self.neg(r) & mask) | (r & !mask)
+    }
+
+    /// Centered lift of `x ∈ [0, src)` (a residue modulo `src`) into `[0, q)`:
+    /// the representative in `(−src/2, src/2]` is reduced modulo `q`.
+    #[inline(always)]
+    pub fn lift_centered(&self, x: u64, src: u64) -> u64 {
+        let negative = x > src / 2;
+        let mag = if negative { src - x } else { x };
+        let r = self.reduce(mag);
+        if negative { self.neg(r) } else { r }
+    }
+}
+
+/// Runs `f` compiled for the best instruction set available at run time
+/// (AVX-512, else AVX2, else baseline) so that LLVM can auto-vectorize the
+/// element-wise loops inside it (pulp's safe `vectorize`; `f` is inlined).
+#[inline(always)]
+pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(simd) = pulp::x86::V4::try_new() {
+            return simd.vectorize(f);
+        }
+        if let Some(simd) = pulp::x86::V3::try_new() {
+            return simd.vectorize(f);
+        }
+    }
+    f()
+}
+
+/// Deterministic Miller–Rabin for 64-bit integers (bases: the first 12 primes,
+/// sufficient for all n < 3.3·10^24).
+pub fn is_prime(n: u64) -> bool {
+    if n < 2 {
+        return false;
+    }
+    const BASES: [u64; 12] = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37];
+    for &p in &BASES {
+        if n.is_multiple_of(p) {
+            return n == p;
+        }
+    }
+    let mut d = n - 1;
+    let mut s = 0;
+    while d.is_multiple_of(2) {
+        d /= 2;
+        s += 1;
+    }
+    let mulm = |a: u64, b: u64| ((a as u128 * b as u128) % n as u128) as u64;
+    let powm = |mut a: u64, mut e: u64| {
+        let mut r = 1u64;
+        while e > 0 {
+            if e & 1 == 1 {
+                r = mulm(r, a);
+            }
+            a = mulm(a, a);
+            e >>= 1;
+        }
+        r
+    };
+    'outer: for &a in &BASES {
+        let mut x = powm(a, d);
+        if x == 1 || x == n - 1 {
+            continue;
+        }
+        for _ in 1..s {
+            x = mulm(x, x);
+            if x == n - 1 {
+                continue 'outer;
+            }
+        }
+        return false;
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const Q: u64 = (1 << 50) - 27 * (1 << 14) + 1;
+
+    #[test]
+    fn miller_rabin_matches_trial_division() {
+        let naive = |n: u64| {
+            n >= 2
+                && (2..)
+                    .take_while(|d| d * d <= n)
+                    .all(|d| !n.is_multiple_of(d))
+        };
+        for n in 0..5000u64 {
+            assert_eq!(is_prime(n), naive(n), "n = {n}");
+        }
+        assert!(is_prime(0xffff_ffff_ffff_ffc5)); // largest 64-bit prime
+        assert!(!is_prime(3_215_031_751)); // strong pseudoprime to bases 2,3,5,7
+    }
+
+    proptest! {
+        #[test]
+        fn shoup_and_reduce_match_u128(a in any::<u64>(), w in any::<u64>(), bits in 20u32..62) {
+            let q = ((1u64 << bits) - 1) | 1;
+            let m = Modulus::new(q);
+            prop_assert_eq!(m.reduce(a), a % q);
+            let c = m.shoup(w);
+            prop_assert_eq!(m.mul_shoup(a, c), ((a as u128 * (w % q) as u128) % q as u128) as u64);
+        }
+
+        #[test]
+        fn centered_lift_is_congruent(x in 0u64..Q, q2 in (1u64 << 30)..(1u64 << 61)) {
+            let m = Modulus::new(q2 | 1);
+            let signed: i128 = if x > Q / 2 { x as i128 - Q as i128 } else { x as i128 };
+            let expect = signed.rem_euclid((q2 | 1) as i128) as u64;
+            prop_assert_eq!(m.lift_centered(x, Q), expect);
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! A small pool of `u64` buffers for polynomial temporaries and ciphertext
+//! storage.
+//!
+//! Ciphertexts and key-switching temporaries are 64 KiB–1 MiB: above glibc's
+//! mmap threshold, so without reuse every operation pays fresh page faults
+//! (measured: about a third of a hoisted decomposition's time on this
+//! machine). SEAL avoids the same cost with its memory pools. Only buffers of
+//! public data (ciphertexts, evaluation temporaries) go through the pool;
+//! secret-key and plaintext buffers never do.
+
+use std::sync::Mutex;
+
+/// At most this many idle buffers are kept.
+const MAX_IDLE: usize = 48;
+
+/// Reusable buffers, shared through the [`crate::Context`].
+#[derive(Debug, Default)]
+pub(crate) struct BufferPool {
+    idle: Mutex<Vec<Vec<u64>>>,
+}
+
+impl BufferPool {
+    /// A buffer of `len` words with unspecified (stale, public) contents.
+    pub(crate) fn take(&self, len: usize) -> Vec<u64> {
+        let found = {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.iter()
+                .position(|b| b.capacity() >= len)
+                .map(|i| idle.swap_remove(i))
+        };
+        match found {
+            Some(mut v) => {
+                v.resize(len, 0);
+                v
+            }
+            None => vec![0; len],
+        }
+    }
+
+    /// A zero-filled buffer of `len` words.
+    pub(crate) fn take_zeroed(&self, len: usize) -> Vec<u64> {
+        let mut v = self.take(len);
+        v.fill(0);
+        v
+    }
+
+    /// A copy of `src` in a pooled buffer.
+    pub(crate) fn copy_of(&self, src: &[u64]) -> Vec<u64> {
+        let mut v = self.take(src.len());
+        v.copy_from_slice(src);
+        v
+    }
+
+    /// Returns a buffer for reuse.
+    pub(crate) fn give(&self, v: Vec<u64>) {
+        if v.capacity() < 1024 {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(v);
+        }
+    }
+}

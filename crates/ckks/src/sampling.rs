@@ -1,0 +1,174 @@
+//! Randomness: OS-seeded ChaCha20, ternary secrets, bounded discrete
+//! Gaussian errors (σ = 3.2, |e| ≤ 19 ≈ 6σ, as in the HE standard), and
+//! uniform polynomials expanded from a public 32-byte seed.
+//!
+//! Secret-dependent sampling is branch-free: the ternary sampler maps a
+//! 32-bit word to {−1, 0, 1} by a multiply-shift, the Gaussian sampler scans
+//! its whole cumulative table (CDT) with comparisons summed as integers.
+
+use std::sync::OnceLock;
+
+use rand::{CryptoRng, Rng, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+
+use crate::context::Context;
+use crate::error::{CkksError, Result};
+
+/// Standard deviation of the error distribution (HE standard: 8/√(2π) ≈ 3.19).
+pub const SIGMA: f64 = 3.2;
+/// Errors are bounded by `ERROR_BOUND` (≈ 6σ) in absolute value.
+pub const ERROR_BOUND: i64 = 19;
+
+/// A ChaCha20 generator seeded from the operating system (getrandom).
+///
+/// # Errors
+/// [`CkksError::Rng`] if the OS generator fails.
+pub fn os_rng() -> Result<ChaCha20Rng> {
+    Ok(ChaCha20Rng::from_seed(os_seed()?))
+}
+
+/// 32 bytes from the operating system's CSPRNG.
+///
+/// # Errors
+/// [`CkksError::Rng`] if the OS generator fails.
+pub fn os_seed() -> Result<[u8; 32]> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| CkksError::Rng(e.to_string()))?;
+    Ok(seed)
+}
+
+/// `n` ternary coefficients, uniform in {−1, 0, 1}.
+pub(crate) fn ternary<R: CryptoRng + ?Sized>(rng: &mut R, n: usize) -> Vec<i8> {
+    (0..n)
+        .map(|_| (((rng.next_u32() as u64 * 3) >> 32) as i8) - 1)
+        .collect()
+}
+
+fn cdt() -> &'static [u64; 2 * ERROR_BOUND as usize] {
+    static TABLE: OnceLock<[u64; 2 * ERROR_BOUND as usize]> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let w: Vec<f64> = (-ERROR_BOUND..=ERROR_BOUND)
+            .map(|k| (-(k * k) as f64 / (2.0 * SIGMA * SIGMA)).exp())
+            .collect();
+        let total: f64 = w.iter().sum();
+        let mut t = [0u64; 2 * ERROR_BOUND as usize];
+        let mut acc = 0.0;
+        for (i, slot) in t.iter_mut().enumerate() {
+            acc += w[i];
+            // P(X ≤ −B + i) scaled to 2^64.
+            *slot = ((acc / total) * 18_446_744_073_709_551_616.0).min(u64::MAX as f64) as u64;
+        }
+        t
+    })
+}
+
+/// `n` errors from the discrete Gaussian of width σ, truncated to ±19.
+pub(crate) fn gaussian<R: CryptoRng + ?Sized>(rng: &mut R, n: usize) -> Vec<i8> {
+    let t = cdt();
+    let words = random_words(rng, n);
+    crate::modular::vectorized(|| {
+        words
+            .iter()
+            .map(|&r| {
+                let mut above = 0i64;
+                for &c in t.iter() {
+                    above += (r >= c) as i64;
+                }
+                (above - ERROR_BOUND) as i8
+            })
+            .collect()
+    })
+}
+
+/// `n` uniform 64-bit words from one bulk draw of `8n` bytes.
+fn random_words<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<u64> {
+    let mut bytes = vec![0u8; 8 * n];
+    rng.fill_bytes(&mut bytes);
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+        .collect()
+}
+
+/// Writes small signed coefficients (|x| < q) into `[0, q)` without
+/// branching on their value.
+#[inline(always)]
+pub(crate) fn small_to_mod(x: i8, q: u64) -> u64 {
+    let t = (x as i64 + q as i64) as u64;
+    t - q * ((t >= q) as u64)
+}
+
+/// Fills `out` (one limb of N words per listed prime, in order) with
+/// coefficients uniform modulo each prime, drawn from ChaCha20 keyed by
+/// `seed` on stream `stream` (rejection sampling on masked 64-bit words:
+/// per limb, N words are drawn in bulk and the accepted ones kept in order;
+/// missing ones are then drawn one word at a time). Deterministic: the same
+/// seed, stream and primes give the same output (this is part of the
+/// serialization format, version 1).
+pub(crate) fn expand_uniform(
+    ctx: &Context,
+    seed: &[u8; 32],
+    stream: u64,
+    primes: impl Iterator<Item = usize>,
+    out: &mut [u64],
+) {
+    let n = ctx.degree();
+    let mut rng = ChaCha20Rng::from_seed(*seed);
+    rng.set_stream(stream);
+    for (limb, i) in out.chunks_exact_mut(n).zip(primes) {
+        let q = ctx.prime(i);
+        let mask = u64::MAX >> q.leading_zeros();
+        let mut filled = 0;
+        for w in random_words(&mut rng, n) {
+            let r = w & mask;
+            if r < q {
+                limb[filled] = r;
+                filled += 1;
+            }
+        }
+        while filled < n {
+            let r = rng.next_u64() & mask;
+            if r < q {
+                limb[filled] = r;
+                filled += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaussian_has_the_stated_width_and_bound() {
+        let mut rng = ChaCha20Rng::from_seed([7; 32]);
+        let e = gaussian(&mut rng, 200_000);
+        let mean = e.iter().map(|&x| x as f64).sum::<f64>() / e.len() as f64;
+        let var = e.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / e.len() as f64;
+        assert!(mean.abs() < 0.03, "mean {mean}");
+        assert!((var.sqrt() - SIGMA).abs() < 0.03, "sigma {}", var.sqrt());
+        assert!(e.iter().all(|&x| (x as i64).abs() <= ERROR_BOUND));
+    }
+
+    #[test]
+    fn ternary_is_balanced() {
+        let mut rng = ChaCha20Rng::from_seed([9; 32]);
+        let s = ternary(&mut rng, 90_000);
+        for v in -1..=1i8 {
+            let c = s.iter().filter(|&&x| x == v).count();
+            assert!((c as i64 - 30_000).abs() < 600, "{v}: {c}");
+        }
+    }
+
+    #[test]
+    fn small_to_mod_is_congruent() {
+        let q = 1_099_511_480_321u64;
+        for x in -19i8..=19 {
+            assert_eq!(
+                small_to_mod(x, q) as i128,
+                (x as i128).rem_euclid(q as i128)
+            );
+        }
+    }
+}

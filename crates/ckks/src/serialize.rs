@@ -1,0 +1,403 @@
+//! Compact, versioned, validated byte formats for ciphertexts, seeded
+//! ciphertexts, public keys and Galois keys.
+//!
+//! Layout (little-endian):
+//!
+//! | bytes | field |
+//! | --- | --- |
+//! | 4 | magic `CKLR` |
+//! | 1 | format version (1) |
+//! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys |
+//! | 1 | log2 N |
+//! | 1 | level |
+//! | 8 | parameter digest ([`crate::CkksParameters::digest`]) |
+//! | … | body |
+//!
+//! Bodies: ciphertext = scale (f64) ‖ c0 ‖ c1; seeded = scale ‖ seed (32) ‖
+//! c0; public key = seed ‖ b (max level); Galois keys = count (u32) ‖ per key
+//! { Galois element (u64) ‖ seed ‖ b_0 … b_L over `q_0..q_L, P` }.
+//! A polynomial is its limbs in order, limb `i` bit-packed at
+//! `⌈log2 q_i⌉` bits per coefficient (canonical NTT form). Uniform parts are
+//! never sent: they are re-expanded from the seeds.
+//!
+//! Reading checks, before allocating, that the length is exactly what the
+//! header implies; then that every coefficient is below its modulus, the
+//! degree, level and parameter digest match, the scale is finite and
+//! positive, Galois elements are odd, in `(1, 2N)` and distinct. Any failure
+//! is a typed [`CkksError`]; no input can make the reader panic.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::ciphertext::{Ciphertext, SeededCiphertext};
+use crate::context::Context;
+use crate::error::{CkksError, Result};
+use crate::keys::{GaloisKey, GaloisKeys, PublicKey};
+
+const MAGIC: &[u8; 4] = b"CKLR";
+/// Current format version.
+pub const FORMAT_VERSION: u8 = 1;
+const HEADER: usize = 16;
+
+/// Object kinds in the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Ciphertext = 1,
+    Seeded = 2,
+    PublicKey = 3,
+    GaloisKeys = 4,
+}
+
+fn limb_bits(ctx: &Context, prime: usize) -> usize {
+    (64 - ctx.prime(prime).leading_zeros()) as usize
+}
+
+fn poly_bytes(ctx: &Context, primes: impl Iterator<Item = usize>) -> usize {
+    primes.map(|i| ctx.degree() * limb_bits(ctx, i) / 8).sum()
+}
+
+fn header(ctx: &Context, kind: Kind, level: usize, out: &mut Vec<u8>) {
+    out.extend_from_slice(MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(kind as u8);
+    out.push(ctx.log_degree() as u8);
+    out.push(level as u8);
+    out.extend_from_slice(&ctx.params().digest().to_le_bytes());
+}
+
+/// Bit-packs one polynomial (limbs over `primes`, values `< q`).
+fn pack(ctx: &Context, data: &[u64], primes: impl Iterator<Item = usize>, out: &mut Vec<u8>) {
+    let n = ctx.degree();
+    for (limb, i) in data.chunks_exact(n).zip(primes) {
+        let bits = limb_bits(ctx, i);
+        let mut acc: u128 = 0;
+        let mut fill = 0usize;
+        for &x in limb {
+            acc |= (x as u128) << fill;
+            fill += bits;
+            while fill >= 8 {
+                out.push(acc as u8);
+                acc >>= 8;
+                fill -= 8;
+            }
+        }
+        debug_assert_eq!(fill, 0);
+    }
+}
+
+/// A bounds-checked reader over the input.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, k: usize) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(k)
+            .ok_or(CkksError::Malformed { what: "length" })?;
+        let s = self.bytes.get(self.pos..end).ok_or(CkksError::Truncated {
+            expected: end,
+            got: self.bytes.len(),
+        })?;
+        self.pos = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32> {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(b))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(b))
+    }
+    fn seed(&mut self) -> Result<[u8; 32]> {
+        let mut s = [0u8; 32];
+        s.copy_from_slice(self.take(32)?);
+        Ok(s)
+    }
+    fn scale(&mut self) -> Result<f64> {
+        let s = f64::from_bits(self.u64()?);
+        if s.is_finite() && s > 0.0 {
+            Ok(s)
+        } else {
+            Err(CkksError::InvalidScale { scale: s })
+        }
+    }
+    /// Unpacks and validates one polynomial over `primes`.
+    fn poly(
+        &mut self,
+        ctx: &Context,
+        primes: impl Iterator<Item = usize> + Clone,
+    ) -> Result<Vec<u64>> {
+        let n = ctx.degree();
+        let limbs = primes.clone().count();
+        let mut out = vec![0u64; limbs * n];
+        for (limb, i) in out.chunks_exact_mut(n).zip(primes) {
+            let bits = limb_bits(ctx, i);
+            let q = ctx.prime(i);
+            let raw = self.take(n * bits / 8)?;
+            let mask = (1u128 << bits) - 1;
+            let mut acc: u128 = 0;
+            let mut fill = 0usize;
+            let mut bytes = raw.iter();
+            for (k, x) in limb.iter_mut().enumerate() {
+                while fill < bits {
+                    let b = *bytes.next().ok_or(CkksError::Malformed {
+                        what: "limb length",
+                    })?;
+                    acc |= (b as u128) << fill;
+                    fill += 8;
+                }
+                let v = (acc & mask) as u64;
+                acc >>= bits;
+                fill -= bits;
+                if v >= q {
+                    return Err(CkksError::CoefficientOutOfRange { limb: i, index: k });
+                }
+                *x = v;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Parses and checks the header; returns the level and a reader on the body.
+fn open<'a>(ctx: &Context, bytes: &'a [u8], kind: Kind) -> Result<(usize, Reader<'a>)> {
+    if bytes.len() < HEADER {
+        return Err(CkksError::Truncated {
+            expected: HEADER,
+            got: bytes.len(),
+        });
+    }
+    if &bytes[..4] != MAGIC {
+        return Err(CkksError::BadMagic);
+    }
+    if bytes[4] != FORMAT_VERSION {
+        return Err(CkksError::UnsupportedVersion { version: bytes[4] });
+    }
+    if bytes[5] != kind as u8 {
+        return Err(CkksError::WrongKind {
+            expected: kind as u8,
+            found: bytes[5],
+        });
+    }
+    if bytes[6] as u32 != ctx.log_degree() {
+        return Err(CkksError::ParameterMismatch {
+            what: "ring degree",
+        });
+    }
+    let level = bytes[7] as usize;
+    if level > ctx.max_level() {
+        return Err(CkksError::LevelOutOfRange {
+            level,
+            max: ctx.max_level(),
+        });
+    }
+    let mut d = [0u8; 8];
+    d.copy_from_slice(&bytes[8..16]);
+    if u64::from_le_bytes(d) != ctx.params().digest() {
+        return Err(CkksError::ParameterMismatch { what: "moduli" });
+    }
+    Ok((level, Reader { bytes, pos: HEADER }))
+}
+
+fn exact_len(bytes: &[u8], expected: usize) -> Result<()> {
+    match bytes.len().cmp(&expected) {
+        std::cmp::Ordering::Less => Err(CkksError::Truncated {
+            expected,
+            got: bytes.len(),
+        }),
+        std::cmp::Ordering::Greater => Err(CkksError::TrailingBytes {
+            expected,
+            got: bytes.len(),
+        }),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
+/// Canonical copy of an N-scaled polynomial over `primes`.
+fn unscaled(ctx: &Context, data: &[u64], primes: impl Iterator<Item = usize>) -> Vec<u64> {
+    let n = ctx.degree();
+    let mut v = data.to_vec();
+    for (limb, i) in v.chunks_exact_mut(n).zip(primes) {
+        ctx.normalize(i, limb);
+    }
+    v
+}
+
+impl Ciphertext {
+    /// Serializes (header, scale, both polynomials bit-packed).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let ctx = &self.ctx;
+        let mut out = Vec::with_capacity(HEADER + 8 + 2 * poly_bytes(ctx, 0..=self.level));
+        header(ctx, Kind::Ciphertext, self.level, &mut out);
+        out.extend_from_slice(&self.scale.to_bits().to_le_bytes());
+        pack(ctx, &self.c0, 0..=self.level, &mut out);
+        pack(ctx, &self.c1, 0..=self.level, &mut out);
+        out
+    }
+
+    /// Parses and validates bytes from [`Self::to_bytes`].
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`]; never panics.
+    pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        let (level, mut r) = open(ctx, bytes, Kind::Ciphertext)?;
+        exact_len(bytes, HEADER + 8 + 2 * poly_bytes(ctx, 0..=level))?;
+        let scale = r.scale()?;
+        let c0 = r.poly(ctx, 0..=level)?;
+        let c1 = r.poly(ctx, 0..=level)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            c0,
+            c1,
+            level,
+            scale,
+        })
+    }
+}
+
+impl SeededCiphertext {
+    /// Serializes (header, scale, seed, `c0` bit-packed): half a ciphertext.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let ctx = &self.ctx;
+        let mut out = Vec::with_capacity(HEADER + 40 + poly_bytes(ctx, 0..=self.level));
+        header(ctx, Kind::Seeded, self.level, &mut out);
+        out.extend_from_slice(&self.scale.to_bits().to_le_bytes());
+        out.extend_from_slice(&self.seed);
+        pack(ctx, &self.c0, 0..=self.level, &mut out);
+        out
+    }
+
+    /// Parses and validates bytes from [`Self::to_bytes`].
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`]; never panics.
+    pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        let (level, mut r) = open(ctx, bytes, Kind::Seeded)?;
+        exact_len(bytes, HEADER + 40 + poly_bytes(ctx, 0..=level))?;
+        let scale = r.scale()?;
+        let seed = r.seed()?;
+        let c0 = r.poly(ctx, 0..=level)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            c0,
+            seed,
+            level,
+            scale,
+        })
+    }
+}
+
+impl PublicKey {
+    /// Serializes (header, seed, `b` bit-packed).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let ctx = &self.ctx;
+        let l = ctx.max_level();
+        let mut out = Vec::with_capacity(HEADER + 32 + poly_bytes(ctx, 0..=l));
+        header(ctx, Kind::PublicKey, l, &mut out);
+        out.extend_from_slice(&self.seed);
+        pack(ctx, &unscaled(ctx, &self.b_scaled, 0..=l), 0..=l, &mut out);
+        out
+    }
+
+    /// Parses and validates bytes from [`Self::to_bytes`].
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`]; never panics.
+    pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        let (level, mut r) = open(ctx, bytes, Kind::PublicKey)?;
+        if level != ctx.max_level() {
+            return Err(CkksError::Malformed {
+                what: "public key level",
+            });
+        }
+        exact_len(bytes, HEADER + 32 + poly_bytes(ctx, 0..=level))?;
+        let seed = r.seed()?;
+        let b = r.poly(ctx, 0..=level)?;
+        Ok(Self::from_parts(ctx, seed, b))
+    }
+}
+
+impl GaloisKeys {
+    fn key_bytes(ctx: &Context) -> usize {
+        let l = ctx.max_level();
+        8 + 32 + (l + 1) * poly_bytes(ctx, ctx.qp_primes(l))
+    }
+
+    /// Serialized size of one Galois key (without the 20-byte set header).
+    pub fn serialized_key_size(ctx: &Context) -> usize {
+        Self::key_bytes(ctx)
+    }
+
+    /// Serializes every key (seeded: only the `b_i` and one seed per key).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let ctx = &self.ctx;
+        let l = ctx.max_level();
+        let mut out = Vec::with_capacity(HEADER + 4 + self.keys.len() * Self::key_bytes(ctx));
+        header(ctx, Kind::GaloisKeys, l, &mut out);
+        out.extend_from_slice(&(self.keys.len() as u32).to_le_bytes());
+        for (g, k) in &self.keys {
+            out.extend_from_slice(&g.to_le_bytes());
+            out.extend_from_slice(&k.seed);
+            for b in &k.b_scaled {
+                pack(
+                    ctx,
+                    &unscaled(ctx, b, ctx.qp_primes(l)),
+                    ctx.qp_primes(l),
+                    &mut out,
+                );
+            }
+        }
+        out
+    }
+
+    /// Parses and validates bytes from [`Self::to_bytes`] (re-expanding the
+    /// uniform parts from the seeds).
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`]; never panics.
+    pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        let (level, mut r) = open(ctx, bytes, Kind::GaloisKeys)?;
+        if level != ctx.max_level() {
+            return Err(CkksError::Malformed {
+                what: "Galois key level",
+            });
+        }
+        let count = r.u32()? as usize;
+        let expected = count
+            .checked_mul(Self::key_bytes(ctx))
+            .and_then(|b| b.checked_add(HEADER + 4))
+            .ok_or(CkksError::Malformed { what: "key count" })?;
+        exact_len(bytes, expected)?;
+        let two_n = 2 * ctx.degree() as u64;
+        let mut keys = BTreeMap::new();
+        for _ in 0..count {
+            let g = r.u64()?;
+            if g % 2 == 0 || g <= 1 || g >= two_n {
+                return Err(CkksError::Malformed {
+                    what: "Galois element",
+                });
+            }
+            if keys.contains_key(&g) {
+                return Err(CkksError::Malformed {
+                    what: "duplicate Galois element",
+                });
+            }
+            let seed = r.seed()?;
+            let b = (0..=level)
+                .map(|_| r.poly(ctx, ctx.qp_primes(level)))
+                .collect::<Result<Vec<_>>>()?;
+            keys.insert(g, GaloisKey::from_parts(ctx, g, seed, b));
+        }
+        Ok(Self {
+            ctx: ctx.clone(),
+            keys,
+        })
+    }
+}

@@ -1,0 +1,98 @@
+//! End-to-end correctness against a plaintext reference, every preset.
+
+mod common;
+
+use cipherlora_ckks::*;
+use common::*;
+
+fn presets() -> &'static [Preset] {
+    CkksParameters::all_presets()
+}
+
+#[test]
+fn encode_decode_round_trip_every_preset() {
+    for &p in presets() {
+        let f = fixture(p, 1);
+        let v = values(f.ctx.slots(), 11, 4.0);
+        for level in 0..=f.ctx.max_level() {
+            let pt = f.enc.encode(&v, level, f.ctx.params().scale()).unwrap();
+            let bits = precision_bits(&f.enc.decode(&pt), &v);
+            assert!(bits >= 30.0, "{p:?} level {level}: {bits} bits");
+        }
+    }
+}
+
+#[test]
+fn encrypt_decrypt_sk_and_pk_every_preset() {
+    for &p in presets() {
+        let mut f = fixture(p, 2);
+        let v = values(f.ctx.slots(), 12, 4.0);
+        let pt = f
+            .enc
+            .encode(&v, f.ctx.max_level(), f.ctx.params().scale())
+            .unwrap();
+        let encryptor = Encryptor::new(&f.ctx);
+        let dec = Decryptor::new(&f.sk);
+        let ct = encryptor.encrypt_sk(&pt, &f.sk, &mut f.rng).expand();
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&ct)), &v);
+        assert!(bits >= 25.0, "{p:?} sk: {bits}");
+        let pk = PublicKey::generate(&f.sk, &mut f.rng);
+        let ct = encryptor.encrypt_pk(&pt, &pk, &mut f.rng);
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&ct)), &v);
+        // Public-key noise u·e + e1·s + e0 is ~√N larger than secret-key noise.
+        assert!(bits >= 20.0, "{p:?} pk: {bits}");
+    }
+}
+
+#[test]
+fn mul_plain_rescale_add_rotate_every_preset() {
+    for &p in presets() {
+        let mut f = fixture(p, 3);
+        let slots = f.ctx.slots();
+        let scale = f.ctx.params().scale();
+        let top = f.ctx.max_level();
+        let x = values(slots, 21, 2.0);
+        let w = values(slots, 22, 2.0);
+        let y = values(slots, 23, 2.0);
+        let encryptor = Encryptor::new(&f.ctx);
+        let dec = Decryptor::new(&f.sk);
+        let ct_x = encryptor
+            .encrypt_sk(&f.enc.encode(&x, top, scale).unwrap(), &f.sk, &mut f.rng)
+            .expand();
+        let ct_y = encryptor
+            .encrypt_sk(&f.enc.encode(&y, top, scale).unwrap(), &f.sk, &mut f.rng)
+            .expand();
+        // add
+        let sum = f.ev.add(&ct_x, &ct_y).unwrap();
+        let want: Vec<f64> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&sum)), &want);
+        assert!(bits >= 25.0, "{p:?} add: {bits}");
+        // ct×pt + rescale: ≥ 25 bits at scale 2^40
+        let pw = f.enc.encode(&w, top, scale).unwrap();
+        let prod = f.ev.rescale(&f.ev.mul_plain(&ct_x, &pw).unwrap()).unwrap();
+        assert_eq!(prod.level(), top - 1);
+        let want: Vec<f64> = x.iter().zip(&w).map(|(a, b)| a * b).collect();
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&prod)), &want);
+        assert!(bits >= 25.0, "{p:?} mul+rescale: {bits}");
+        // rotate (positive, negative), plain and hoisted
+        let steps = [1i64, 5, -3, 64];
+        let gks = GaloisKeys::generate(&f.sk, &steps, &mut f.rng);
+        let h = f.ev.hoist(&prod);
+        for &s in &steps {
+            let r = f.ev.rotate(&prod, s, &gks).unwrap();
+            let rh = f.ev.rotate_hoisted(&h, s, &gks).unwrap();
+            let want_r: Vec<f64> = (0..slots)
+                .map(|i| want[(i as i64 + s).rem_euclid(slots as i64) as usize])
+                .collect();
+            let bits = precision_bits(&f.enc.decode(&dec.decrypt(&r)), &want_r);
+            assert!(bits >= 22.0, "{p:?} rotate {s}: {bits}");
+            let bits = precision_bits(&f.enc.decode(&dec.decrypt(&rh)), &want_r);
+            assert!(bits >= 22.0, "{p:?} hoisted rotate {s}: {bits}");
+        }
+        // missing key is a typed error
+        assert!(matches!(
+            f.ev.rotate(&prod, 2, &gks),
+            Err(CkksError::MissingGaloisKey { step: 2, .. })
+        ));
+    }
+}

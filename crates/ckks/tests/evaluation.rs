@@ -1,0 +1,307 @@
+//! Evaluation semantics beyond the basic chain: lazy accumulation, double
+//! hoisting, exact scales, level management, typed errors, and property
+//! tests over random inputs.
+
+mod common;
+
+use cipherlora_ckks::*;
+use common::*;
+use proptest::prelude::*;
+
+fn encrypt(f: &mut Fixture, v: &[f64], level: usize, scale: f64) -> Ciphertext {
+    let pt = f.enc.encode(v, level, scale).unwrap();
+    Encryptor::new(&f.ctx)
+        .encrypt_sk(&pt, &f.sk, &mut f.rng)
+        .expand()
+}
+
+fn decrypt(f: &Fixture, ct: &Ciphertext) -> Vec<f64> {
+    f.enc.decode(&Decryptor::new(&f.sk).decrypt(ct))
+}
+
+#[test]
+fn mul_accumulator_matches_sum_of_products_and_reference() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 30);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let terms = 24;
+    let xs: Vec<Vec<f64>> = (0..terms).map(|k| values(slots, 100 + k, 1.0)).collect();
+    let ws: Vec<Vec<f64>> = (0..terms).map(|k| values(slots, 200 + k, 1.0)).collect();
+    let cts: Vec<Ciphertext> = xs.iter().map(|x| encrypt(&mut f, x, top, scale)).collect();
+    let pts: Vec<Plaintext> = ws
+        .iter()
+        .map(|w| f.enc.encode(w, top, scale).unwrap())
+        .collect();
+    let mut acc = f.ev.mul_accumulator(top).unwrap();
+    for (c, p) in cts.iter().zip(&pts) {
+        acc.add_product(c, p).unwrap();
+    }
+    assert_eq!(acc.terms(), terms as usize);
+    let lazy = acc.finish().unwrap();
+    let mut eager = f.ev.mul_plain(&cts[0], &pts[0]).unwrap();
+    for (c, p) in cts.iter().zip(&pts).skip(1) {
+        f.ev.add_assign(&mut eager, &f.ev.mul_plain(c, p).unwrap())
+            .unwrap();
+    }
+    assert_eq!(lazy, eager, "lazy accumulation is exact, not approximate");
+    let want: Vec<f64> = (0..slots)
+        .map(|i| (0..terms as usize).map(|k| xs[k][i] * ws[k][i]).sum())
+        .collect();
+    let got = decrypt(&f, &f.ev.rescale(&lazy).unwrap());
+    assert!(precision_bits(&got, &want) >= 22.0);
+    // Mismatched terms are typed errors.
+    let mut acc = f.ev.mul_accumulator(top).unwrap();
+    acc.add_product(&cts[0], &pts[0]).unwrap();
+    let other = f.enc.encode(&ws[0], top, scale * 2.0).unwrap();
+    assert!(matches!(
+        acc.add_product(&cts[1], &other),
+        Err(CkksError::ScaleMismatch { .. })
+    ));
+    let low = f.ev.drop_to_level(&cts[1], 1).unwrap();
+    assert!(matches!(
+        acc.add_product(&low, &pts[1]),
+        Err(CkksError::LevelMismatch { .. })
+    ));
+    assert!(f.ev.mul_accumulator(top).unwrap().finish().is_none());
+}
+
+#[test]
+fn double_hoisting_sums_rotations_before_one_mod_down() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 31);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let x = values(slots, 31, 1.0);
+    let ct = encrypt(&mut f, &x, top, scale);
+    let steps = [1i64, 2, 7, -5];
+    let gks = GaloisKeys::generate(&f.sk, &steps, &mut f.rng);
+    let h = f.ev.hoist(&ct);
+    let mut acc = f.ev.extend(&ct);
+    for &s in &steps {
+        let r = f.ev.rotate_hoisted_extended(&h, s, &gks).unwrap();
+        f.ev.add_extended_assign(&mut acc, &r).unwrap();
+    }
+    let got = decrypt(&f, &f.ev.mod_down(&acc).unwrap());
+    let want: Vec<f64> = (0..slots)
+        .map(|i| {
+            x[i] + steps
+                .iter()
+                .map(|&s| x[(i as i64 + s).rem_euclid(slots as i64) as usize])
+                .sum::<f64>()
+        })
+        .collect();
+    assert!(precision_bits(&got, &want) >= 22.0);
+}
+
+#[test]
+fn exact_scale_management_with_prime_scaled_plaintexts() {
+    let mut f = fixture(Preset::N8192Depth2, 32);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let x = values(slots, 32, 1.0);
+    let w = values(slots, 33, 1.0);
+    let ct = encrypt(&mut f, &x, top, scale);
+    // Encode the plaintext at exactly the prime the rescale divides by.
+    let q_top = f.ctx.params().moduli()[top] as f64;
+    let pt = f.enc.encode(&w, top, q_top).unwrap();
+    let r = f.ev.rescale(&f.ev.mul_plain(&ct, &pt).unwrap()).unwrap();
+    assert_eq!(r.scale(), scale, "scale stays exactly 2^40");
+    let want: Vec<f64> = x.iter().zip(&w).map(|(a, b)| a * b).collect();
+    assert!(precision_bits(&decrypt(&f, &r), &want) >= 25.0);
+    // It can now be added to a fresh ciphertext dropped to the same level.
+    let fresh_top = encrypt(&mut f, &x, top, scale);
+    let fresh = f.ev.drop_to_level(&fresh_top, top - 1).unwrap();
+    let sum = f.ev.add(&r, &fresh).unwrap();
+    let want2: Vec<f64> = want.iter().zip(&x).map(|(a, b)| a + b).collect();
+    assert!(precision_bits(&decrypt(&f, &sum), &want2) >= 25.0);
+    // add_plain and sub.
+    let mut c = fresh.clone();
+    f.ev.add_plain_assign(&mut c, &f.enc.encode(&w, top, scale).unwrap())
+        .unwrap();
+    let d = f.ev.sub(&c, &fresh).unwrap();
+    assert!(precision_bits(&decrypt(&f, &d), &w) >= 25.0);
+}
+
+#[test]
+fn mismatches_and_bad_inputs_are_typed_errors() {
+    let mut f = fixture(Preset::N8192Depth1, 33);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let x = values(slots, 1, 1.0);
+    let a = encrypt(&mut f, &x, top, scale);
+    let b = encrypt(&mut f, &x, top, scale * 2.0);
+    assert!(matches!(
+        f.ev.add(&a, &b),
+        Err(CkksError::ScaleMismatch { .. })
+    ));
+    let low = f.ev.drop_to_level(&a, 0).unwrap();
+    assert!(matches!(
+        f.ev.add(&a, &low),
+        Err(CkksError::LevelMismatch { left: 1, right: 0 })
+    ));
+    assert_eq!(f.ev.rescale(&low), Err(CkksError::CannotRescale));
+    assert!(matches!(
+        f.ev.drop_to_level(&low, 1),
+        Err(CkksError::LevelOutOfRange { .. })
+    ));
+    let pt_low = f.enc.encode(&x, 0, scale).unwrap();
+    assert!(matches!(
+        f.ev.mul_plain(&a, &pt_low),
+        Err(CkksError::LevelMismatch { .. })
+    ));
+    assert!(matches!(
+        f.enc.encode(&vec![0.0; slots + 1], 0, scale),
+        Err(CkksError::TooManyValues { .. })
+    ));
+    assert_eq!(
+        f.enc.encode(&[1.0, f64::NAN], 0, scale),
+        Err(CkksError::ValueOutOfRange { index: 1 })
+    );
+    assert_eq!(
+        f.enc.encode(&[1e30], 0, scale),
+        Err(CkksError::ValueOutOfRange { index: 0 })
+    );
+    assert!(matches!(
+        f.enc.encode(&[1.0], 0, f64::INFINITY),
+        Err(CkksError::InvalidScale { .. })
+    ));
+    assert!(matches!(
+        f.enc.encode(&[1.0], 5, scale),
+        Err(CkksError::LevelOutOfRange { .. })
+    ));
+    assert_eq!(
+        f.ev.required_galois_elements(&[0, 1, 1, slots as i64 + 1]),
+        vec![5]
+    );
+}
+
+#[test]
+fn rotation_steps_wrap_and_compose() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 34);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let x = values(slots, 34, 1.0);
+    let ct = encrypt(&mut f, &x, top, scale);
+    let gks = GaloisKeys::generate(&f.sk, &[1, -1], &mut f.rng);
+    // Left then right is the identity; step 0 and full turns need no key.
+    let back =
+        f.ev.rotate(&f.ev.rotate(&ct, 1, &gks).unwrap(), -1, &gks)
+            .unwrap();
+    assert!(precision_bits(&decrypt(&f, &back), &x) >= 22.0);
+    assert_eq!(f.ev.rotate(&ct, 0, &gks).unwrap(), ct);
+    assert_eq!(f.ev.rotate(&ct, slots as i64, &gks).unwrap(), ct);
+    // Right rotation by 1 equals left rotation by slots − 1.
+    let r1 = decrypt(&f, &f.ev.rotate(&ct, slots as i64 - 1, &gks).unwrap());
+    let want: Vec<f64> = (0..slots).map(|i| x[(i + slots - 1) % slots]).collect();
+    assert!(precision_bits(&r1, &want) >= 22.0);
+    // Hoisted step 0 reproduces the input.
+    let h = f.ev.hoist(&ct);
+    assert_eq!(f.ev.rotate_hoisted(&h, 0, &gks).unwrap(), ct);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// ≥ 25 bits after one ct×pt + rescale at scale 2^40, random inputs.
+    #[test]
+    fn prop_ct_pt_rescale_precision(seed in any::<u64>(), amp_x in 0.01f64..8.0, amp_w in 0.01f64..8.0, len in 1usize..4096) {
+        let mut f = fixture(Preset::N8192Depth2Fast, (seed % 251) as u8);
+        let (scale, top) = (f.ctx.params().scale(), f.ctx.max_level());
+        let x = values(len, seed, amp_x);
+        let w = values(len, seed ^ 0xabcdef, amp_w);
+        let ct = encrypt(&mut f, &x, top, scale);
+        let pt = f.enc.encode(&w, top, scale).unwrap();
+        let got = decrypt(&f, &f.ev.rescale(&f.ev.mul_plain(&ct, &pt).unwrap()).unwrap());
+        let want: Vec<f64> = (0..f.ctx.slots()).map(|i| if i < len { x[i] * w[i] } else { 0.0 }).collect();
+        prop_assert!(precision_bits(&got, &want) >= 25.0);
+    }
+
+    /// Encoding round trip: error ≤ 2^-30 at scale 2^40 for |values| ≤ 100.
+    #[test]
+    fn prop_encode_decode(seed in any::<u64>(), amp in 0.0f64..100.0, level in 0usize..3) {
+        let f = fixture(Preset::N8192Depth2Fast, 1);
+        let v = values(f.ctx.slots(), seed, amp);
+        let pt = f.enc.encode(&v, level, f.ctx.params().scale()).unwrap();
+        prop_assert!(precision_bits(&f.enc.decode(&pt), &v) >= 30.0);
+    }
+
+    /// Homomorphic addition is commutative and matches the plaintext sum.
+    #[test]
+    fn prop_add_commutes(seed in any::<u64>()) {
+        let mut f = fixture(Preset::N8192Depth1, (seed % 200) as u8);
+        let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+        let x = values(slots, seed, 10.0);
+        let y = values(slots, !seed, 10.0);
+        let a = encrypt(&mut f, &x, top, scale);
+        let b = encrypt(&mut f, &y, top, scale);
+        let ab = f.ev.add(&a, &b).unwrap();
+        prop_assert_eq!(&ab, &f.ev.add(&b, &a).unwrap());
+        let want: Vec<f64> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+        prop_assert!(precision_bits(&decrypt(&f, &ab), &want) >= 25.0);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+
+    /// Random rotation steps, plain and hoisted, against the rotated reference.
+    #[test]
+    fn prop_rotate_random_steps(step in -4095i64..4096, seed in any::<u64>()) {
+        let mut f = fixture(Preset::N8192Depth2Fast, (seed % 97) as u8);
+        let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+        let x = values(slots, seed, 2.0);
+        let ct = encrypt(&mut f, &x, top, scale);
+        let gks = GaloisKeys::generate(&f.sk, &[step], &mut f.rng);
+        let want: Vec<f64> = (0..slots).map(|i| x[(i as i64 + step).rem_euclid(slots as i64) as usize]).collect();
+        prop_assert!(precision_bits(&decrypt(&f, &f.ev.rotate(&ct, step, &gks).unwrap()), &want) >= 22.0);
+        let h = f.ev.hoist(&ct);
+        prop_assert!(precision_bits(&decrypt(&f, &f.ev.rotate_hoisted(&h, step, &gks).unwrap()), &want) >= 22.0);
+    }
+}
+
+#[test]
+fn parallel_evaluator_gives_identical_results() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 35);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let x = values(slots, 35, 1.0);
+    let ct = encrypt(&mut f, &x, top, scale);
+    let steps = [1i64, 2, -3];
+    let gks = GaloisKeys::generate(&f.sk, &steps, &mut f.rng);
+    let par = Evaluator::new(&f.ctx).with_parallelism(true);
+    let seq_r =
+        f.ev.rotate_hoisted_many(&f.ev.hoist(&ct), &steps, &gks)
+            .unwrap();
+    let par_r = par
+        .rotate_hoisted_many(&par.hoist(&ct), &steps, &gks)
+        .unwrap();
+    assert_eq!(seq_r, par_r);
+    for (r, &s) in seq_r.iter().zip(&steps) {
+        let want: Vec<f64> = (0..slots)
+            .map(|i| x[(i as i64 + s).rem_euclid(slots as i64) as usize])
+            .collect();
+        assert!(precision_bits(&decrypt(&f, r), &want) >= 22.0);
+    }
+}
+
+#[test]
+fn objects_of_another_context_are_refused() {
+    let mut a = fixture(Preset::N8192Depth2Fast, 36);
+    let mut b = fixture(Preset::N16384Depth2Fast, 37);
+    let (sa, sb) = (a.ctx.params().scale(), b.ctx.params().scale());
+    let x = values(16, 36, 1.0);
+    let ca = encrypt(&mut a, &x, 2, sa);
+    let cb = encrypt(&mut b, &x, 2, sb);
+    let pb = b.enc.encode(&x, 2, sb).unwrap();
+    let gb = GaloisKeys::generate(&b.sk, &[1], &mut b.rng);
+    let mismatch = |r: Result<Ciphertext>| matches!(r, Err(CkksError::ParameterMismatch { .. }));
+    assert!(mismatch(a.ev.add(&ca, &cb)));
+    assert!(mismatch(a.ev.add(&cb, &cb)));
+    assert!(mismatch(a.ev.mul_plain(&ca, &pb)));
+    assert!(mismatch(a.ev.rescale(&cb)));
+    assert!(mismatch(a.ev.rotate(&ca, 1, &gb)));
+    assert!(mismatch(a.ev.rotate(&cb, 1, &gb)));
+    assert!(mismatch(a.ev.rotate_hoisted(&b.ev.hoist(&cb), 1, &gb)));
+    let mut acc = a.ev.mul_accumulator(2).unwrap();
+    assert!(matches!(
+        acc.add_product(&ca, &pb),
+        Err(CkksError::ParameterMismatch { .. })
+    ));
+    assert!(matches!(
+        a.ev.mod_down(&b.ev.extend(&cb)),
+        Err(CkksError::ParameterMismatch { .. })
+    ));
+}

@@ -1,0 +1,239 @@
+//! Byte formats: round trips, sizes, and malformed input (random, truncated,
+//! bit-flipped, wrong parameters) giving typed errors, never panics.
+
+mod common;
+
+use cipherlora_ckks::*;
+use common::*;
+use proptest::prelude::*;
+
+struct Objects {
+    f: Fixture,
+    ct: Vec<u8>,
+    seeded: Vec<u8>,
+    pk: Vec<u8>,
+    gk: Vec<u8>,
+}
+
+fn objects() -> Objects {
+    let mut f = fixture(Preset::N8192Depth2Fast, 5);
+    let v = values(f.ctx.slots(), 5, 1.0);
+    let pt = f
+        .enc
+        .encode(&v, f.ctx.max_level(), f.ctx.params().scale())
+        .unwrap();
+    let seeded = Encryptor::new(&f.ctx).encrypt_sk(&pt, &f.sk, &mut f.rng);
+    let ct = f.ev.rescale(&seeded.expand()).unwrap();
+    let pk = PublicKey::generate(&f.sk, &mut f.rng);
+    let gk = GaloisKeys::generate(&f.sk, &[1], &mut f.rng);
+    Objects {
+        ct: ct.to_bytes(),
+        seeded: seeded.to_bytes(),
+        pk: pk.to_bytes(),
+        gk: gk.to_bytes(),
+        f,
+    }
+}
+
+fn parse_all(f: &Fixture, b: &[u8]) -> [bool; 4] {
+    [
+        Ciphertext::from_bytes(&f.ctx, b).is_ok(),
+        SeededCiphertext::from_bytes(&f.ctx, b).is_ok(),
+        PublicKey::from_bytes(&f.ctx, b).is_ok(),
+        GaloisKeys::from_bytes(&f.ctx, b).is_ok(),
+    ]
+}
+
+#[test]
+fn round_trips_preserve_objects_and_function() {
+    let mut f = fixture(Preset::N8192Depth2, 6);
+    let v = values(f.ctx.slots(), 6, 3.0);
+    let scale = f.ctx.params().scale();
+    let pt = f.enc.encode(&v, f.ctx.max_level(), scale).unwrap();
+    let dec = Decryptor::new(&f.sk);
+    let seeded = Encryptor::new(&f.ctx).encrypt_sk(&pt, &f.sk, &mut f.rng);
+    let s2 = SeededCiphertext::from_bytes(&f.ctx, &seeded.to_bytes()).unwrap();
+    assert_eq!(s2, seeded);
+    let ct = s2.expand();
+    let c2 = Ciphertext::from_bytes(&f.ctx, &ct.to_bytes()).unwrap();
+    assert_eq!(c2, ct);
+    // Seeded is half the size of the full ciphertext (plus a seed).
+    assert_eq!(seeded.to_bytes().len(), (ct.to_bytes().len() - 24) / 2 + 56);
+    let pk = PublicKey::generate(&f.sk, &mut f.rng);
+    let pk2 = PublicKey::from_bytes(&f.ctx, &pk.to_bytes()).unwrap();
+    assert_eq!(pk2.to_bytes(), pk.to_bytes());
+    let ct_pk = Encryptor::new(&f.ctx).encrypt_pk(&pt, &pk2, &mut f.rng);
+    assert!(precision_bits(&f.enc.decode(&dec.decrypt(&ct_pk)), &v) > 20.0);
+    let gk = GaloisKeys::generate(&f.sk, &[3, -1], &mut f.rng);
+    let gk2 = GaloisKeys::from_bytes(&f.ctx, &gk.to_bytes()).unwrap();
+    assert_eq!(gk2.to_bytes(), gk.to_bytes());
+    assert_eq!(gk2.galois_elements(), gk.galois_elements());
+    let r = f.ev.rotate(&ct, 3, &gk2).unwrap();
+    let want: Vec<f64> = (0..v.len()).map(|i| v[(i + 3) % v.len()]).collect();
+    assert!(precision_bits(&f.enc.decode(&dec.decrypt(&r)), &want) > 22.0);
+    // Sizes: one key = 3 digits × (60+40+40+60 bits) × N / 8 + g + seed.
+    let one = GaloisKeys::serialized_key_size(&f.ctx);
+    assert_eq!(one, 8 + 32 + 3 * 200 * 8192 / 8);
+    assert_eq!(gk.to_bytes().len(), 16 + 4 + 2 * one);
+}
+
+#[test]
+fn truncated_and_extended_inputs_are_typed_errors() {
+    let o = objects();
+    for (i, bytes) in [&o.ct, &o.seeded, &o.pk, &o.gk].into_iter().enumerate() {
+        let mut ok = parse_all(&o.f, bytes);
+        assert!(ok[i], "object {i} must parse");
+        ok[i] = false;
+        assert_eq!(ok, [false; 4], "kinds are not interchangeable");
+        for cut in [
+            0,
+            1,
+            4,
+            15,
+            16,
+            17,
+            24,
+            56,
+            bytes.len() / 2,
+            bytes.len() - 1,
+        ] {
+            assert!(
+                parse_all(&o.f, &bytes[..cut]).iter().all(|&x| !x),
+                "cut {cut}"
+            );
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(parse_all(&o.f, &longer).iter().all(|&x| !x));
+    }
+    assert!(matches!(
+        Ciphertext::from_bytes(&o.f.ctx, &o.ct[..o.ct.len() - 1]),
+        Err(CkksError::Truncated { .. })
+    ));
+}
+
+#[test]
+fn header_fields_are_validated() {
+    let o = objects();
+    let ctx = &o.f.ctx;
+    let mut b = o.ct.clone();
+    b[0] ^= 1;
+    assert_eq!(Ciphertext::from_bytes(ctx, &b), Err(CkksError::BadMagic));
+    let mut b = o.ct.clone();
+    b[4] = 9;
+    assert_eq!(
+        Ciphertext::from_bytes(ctx, &b),
+        Err(CkksError::UnsupportedVersion { version: 9 })
+    );
+    let mut b = o.ct.clone();
+    b[6] = 14;
+    assert!(matches!(
+        Ciphertext::from_bytes(ctx, &b),
+        Err(CkksError::ParameterMismatch { .. })
+    ));
+    let mut b = o.ct.clone();
+    b[7] = 7;
+    assert!(matches!(
+        Ciphertext::from_bytes(ctx, &b),
+        Err(CkksError::LevelOutOfRange { .. })
+    ));
+    let mut b = o.ct.clone();
+    b[9] ^= 0x40;
+    assert!(matches!(
+        Ciphertext::from_bytes(ctx, &b),
+        Err(CkksError::ParameterMismatch { .. })
+    ));
+    // Non-finite scale.
+    let mut b = o.ct.clone();
+    b[16..24].copy_from_slice(&f64::NAN.to_bits().to_le_bytes());
+    assert!(matches!(
+        Ciphertext::from_bytes(ctx, &b),
+        Err(CkksError::InvalidScale { .. })
+    ));
+    // A coefficient ≥ its modulus: all-ones bits in the first coefficient.
+    let mut b = o.ct.clone();
+    for x in &mut b[24..32] {
+        *x = 0xff;
+    }
+    assert!(matches!(
+        Ciphertext::from_bytes(ctx, &b),
+        Err(CkksError::CoefficientOutOfRange { limb: 0, index: 0 })
+    ));
+    // Galois keys: even element, huge count.
+    let mut b = o.gk.clone();
+    b[20..28].copy_from_slice(&4u64.to_le_bytes());
+    assert!(matches!(
+        GaloisKeys::from_bytes(ctx, &b),
+        Err(CkksError::Malformed { .. })
+    ));
+    let mut b = o.gk.clone();
+    b[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(matches!(
+        GaloisKeys::from_bytes(ctx, &b),
+        Err(CkksError::Truncated { .. })
+    ));
+    // Objects of another parameter set are refused.
+    let other = fixture(Preset::N8192Depth2, 1);
+    assert!(matches!(
+        Ciphertext::from_bytes(&other.ctx, &o.ct),
+        Err(CkksError::ParameterMismatch { .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let f = fixture_small();
+        let _ = parse_all(&f, &bytes);
+    }
+
+    #[test]
+    fn random_header_with_valid_prefix_never_panics(kind in 0u8..6, level in 0u8..4, tail in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let f = fixture_small();
+        let mut b = b"CKLR".to_vec();
+        b.extend_from_slice(&[1, kind, 13, level]);
+        b.extend_from_slice(&f.ctx.params().digest().to_le_bytes());
+        b.extend_from_slice(&tail);
+        prop_assert!(parse_all(&f, &b).iter().all(|&x| !x));
+    }
+}
+
+#[test]
+fn bit_flips_and_truncations_of_valid_objects_never_panic() {
+    let o = objects();
+    let mut x = 0x1234_5678_9abc_def1u64;
+    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk] {
+        for _ in 0..24 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut b = bytes.clone();
+            let pos = (x as usize) % b.len();
+            b[pos] ^= 1 << (x >> 61);
+            let _ = parse_all(&o.f, &b);
+            let cut = (x >> 20) as usize % b.len();
+            assert!(parse_all(&o.f, &b[..cut]).iter().all(|&v| !v));
+        }
+    }
+}
+
+fn fixture_small() -> Fixture {
+    use std::sync::OnceLock;
+    static CTX: OnceLock<std::sync::Arc<Context>> = OnceLock::new();
+    let ctx = CTX
+        .get_or_init(|| {
+            Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap()
+        })
+        .clone();
+    let mut rng = <rand_chacha::ChaCha20Rng as rand::SeedableRng>::from_seed([3; 32]);
+    let sk = SecretKey::generate(&ctx, &mut rng);
+    Fixture {
+        enc: Encoder::new(&ctx),
+        ev: Evaluator::new(&ctx),
+        ctx,
+        sk,
+        rng,
+    }
+}

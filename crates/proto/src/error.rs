@@ -1,0 +1,47 @@
+//! The crate's one error type.
+
+use thiserror::Error;
+
+/// Everything that can be wrong with a message envelope.
+///
+/// Decoding untrusted bytes always yields one of these variants, never a panic.
+#[non_exhaustive]
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ProtoError {
+    /// The bytes are not a valid protobuf encoding of the expected message.
+    #[error("protobuf decode error: {0}")]
+    Decode(String),
+    /// A session id is not exactly 16 bytes.
+    #[error("session id must be 16 bytes, got {got}")]
+    SessionIdLength {
+        /// Length received.
+        got: usize,
+    },
+    /// A request carries no ciphertext.
+    #[error("request carries no ciphertext")]
+    NoCiphertexts,
+    /// A request carries more ciphertexts than the server accepts.
+    #[error("{got} ciphertexts in one request, limit is {limit}")]
+    TooManyCiphertexts {
+        /// Ciphertexts in the request.
+        got: usize,
+        /// The server's limit.
+        limit: usize,
+    },
+    /// One ciphertext is empty.
+    #[error("ciphertext {index} is empty")]
+    EmptyCiphertext {
+        /// Index of the ciphertext in the request.
+        index: usize,
+    },
+    /// One ciphertext is larger than the server accepts.
+    #[error("ciphertext {index} has {got} bytes, limit is {limit}")]
+    CiphertextTooLarge {
+        /// Index of the ciphertext in the request.
+        index: usize,
+        /// Its size in bytes.
+        got: usize,
+        /// The server's limit in bytes.
+        limit: usize,
+    },
+}

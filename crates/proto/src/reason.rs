@@ -1,0 +1,82 @@
+//! Machine-readable error reasons carried next to gRPC status codes.
+//!
+//! A gRPC code alone is too coarse for a client to act on (`NOT_FOUND` may mean
+//! "your session was evicted, reopen it" or "that layer does not exist, give
+//! up"), so every error status the server sends carries the metadata entry
+//! [`ERROR_REASON_KEY`] with one of these reasons.
+
+/// gRPC metadata key of the error reason.
+pub const ERROR_REASON_KEY: &str = "cipherlora-error";
+
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident => $s:literal,)*) => {
+        /// Why the server refused a call.
+        #[non_exhaustive]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorReason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl ErrorReason {
+            /// The wire form.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $s,)* }
+            }
+
+            /// Parses the wire form; `None` for reasons this version does not know.
+            pub fn parse(s: &str) -> Option<Self> {
+                match s { $($s => Some(Self::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Missing or wrong bearer token.
+    Unauthenticated => "unauthenticated",
+    /// No session with this id (never opened, closed or evicted).
+    UnknownSession => "unknown_session",
+    /// No adapter with this id.
+    UnknownAdapter => "unknown_adapter",
+    /// The layer or group index does not exist in the adapter.
+    UnknownLayer => "unknown_layer",
+    /// The message envelope is malformed (session id, counts, sizes).
+    MalformedRequest => "malformed_request",
+    /// A ciphertext failed validation (truncated, bad header, coefficient not
+    /// below its modulus, ...).
+    InvalidCiphertext => "invalid_ciphertext",
+    /// A ciphertext or key was made under other parameters (N, level, scale,
+    /// preset).
+    ParameterMismatch => "parameter_mismatch",
+    /// A public or Galois key failed validation.
+    InvalidKey => "invalid_key",
+    /// The plan request cannot be served.
+    InvalidPlan => "invalid_plan",
+    /// A server limit was hit (sessions, key bytes, ciphertexts, message size).
+    LimitExceeded => "limit_exceeded",
+    /// The stream mixes sessions or goes back in rounds.
+    ProtocolViolation => "protocol_violation",
+    /// The server is shutting down.
+    ShuttingDown => "shutting_down",
+    /// A bug or resource failure on the server.
+    Internal => "internal",
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_their_wire_form() {
+        for r in [
+            ErrorReason::Unauthenticated,
+            ErrorReason::UnknownSession,
+            ErrorReason::UnknownLayer,
+            ErrorReason::InvalidCiphertext,
+            ErrorReason::Internal,
+        ] {
+            assert_eq!(ErrorReason::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(ErrorReason::parse("nonsense"), None);
+    }
+}

@@ -1,0 +1,591 @@
+//! Client transport: connect, open a session, send layer-group requests,
+//! return the delta ciphertexts to the model hook.
+//!
+//! [`AdapterClient`] is the blocking API for the (synchronous) model hook: it
+//! owns a tokio runtime with one worker thread. [`AsyncAdapterClient`] is the same
+//! client for async callers.
+//!
+//! Retries: a round that fails because the connection dropped (or the server
+//! went away, or the session was evicted) is replayed: reconnect, reuse the
+//! session if the server still has it, otherwise reopen it with the same keys,
+//! and send the same requests again. The backend is deterministic in its
+//! inputs, so the replayed round returns the same result and no generated
+//! text is lost. Server refusals (bad input, unknown layer, limits) are not
+//! retried.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cipherlora_proto::v1::adapter_service_client::AdapterServiceClient;
+use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
+use cipherlora_proto::{ErrorReason, SessionId};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::auth::BearerToken;
+use crate::backend::AdapterInfo;
+use crate::error::{Result, ServiceError};
+use crate::link::{LinkDirection, LinkProfile};
+use crate::server::{CONNECTION_WINDOW, STREAM_WINDOW};
+use crate::tls::ClientTls;
+
+/// How to reach an adapter server.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `https://host:port` with TLS, `http://host:port` without.
+    pub endpoint: String,
+    /// CA and server name to check; `None` for plaintext.
+    pub tls: Option<ClientTls>,
+    /// Bearer token, if the server requires one.
+    pub token: Option<String>,
+    /// Simulated link (delays added inside this client).
+    pub link: LinkProfile,
+    /// Largest message sent or accepted, bytes.
+    pub max_message_bytes: usize,
+    /// TCP + TLS + HTTP/2 connect timeout.
+    pub connect_timeout: Duration,
+    /// Longest wait for one round (all its groups), including upload.
+    pub round_timeout: Duration,
+    /// Replays of a round after transient failures.
+    pub max_retries: u32,
+    /// Wait before retry `i` is `i · retry_backoff`.
+    pub retry_backoff: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults: no TLS, no token, loopback link, 128 MiB messages, 10 s
+    /// connect timeout, 120 s round timeout, 3 retries, 100 ms backoff.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            tls: None,
+            token: None,
+            link: LinkProfile::LOOPBACK,
+            max_message_bytes: 128 << 20,
+            connect_timeout: Duration::from_secs(10),
+            round_timeout: Duration::from_secs(120),
+            max_retries: 3,
+            retry_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What the client uploads to open (and, after a loss, reopen) a session.
+#[derive(Clone, PartialEq)]
+pub struct SessionParams {
+    /// Adapter to use.
+    pub adapter_id: String,
+    /// CKKS preset of the keys.
+    pub ckks_preset: String,
+    /// Serialised (seeded) public key.
+    pub public_key: Bytes,
+    /// Serialised (seeded) Galois keys the plan needs.
+    pub galois_keys: Bytes,
+    /// Serialised plan request.
+    pub plan_request: Bytes,
+}
+
+impl std::fmt::Debug for SessionParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionParams")
+            .field("adapter_id", &self.adapter_id)
+            .field("ckks_preset", &self.ckks_preset)
+            .field("public_key_bytes", &self.public_key.len())
+            .field("galois_keys_bytes", &self.galois_keys.len())
+            .field("plan_request_bytes", &self.plan_request.len())
+            .finish()
+    }
+}
+
+/// The server's answer to an open-session call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionInfo {
+    /// Serialised plan the server runs.
+    pub plan: Bytes,
+    /// Idle time after which the server drops the session.
+    pub idle_timeout: Duration,
+    /// Most ciphertexts per request.
+    pub max_ciphertexts_per_request: u32,
+    /// Largest message the server accepts, bytes.
+    pub max_message_bytes: u64,
+}
+
+/// One layer group's request within a round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupCall {
+    /// Layer index.
+    pub layer: u32,
+    /// Group index within the layer.
+    pub group: u32,
+    /// Ciphertexts of the group's LoRA inputs.
+    pub ciphertexts: Vec<Bytes>,
+}
+
+/// Counters of the client's recovery work.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Connections made (the first included).
+    pub connects: u64,
+    /// Sessions opened (reopens included).
+    pub sessions_opened: u64,
+    /// Rounds replayed after a transient failure.
+    pub replays: u64,
+    /// Server compute time reported in the responses received, microseconds
+    /// (so callers can split a round trip into compute and transport).
+    pub server_micros: u64,
+}
+
+type Rpc = AdapterServiceClient<InterceptedService<Channel, BearerToken>>;
+
+/// A live `Rounds` stream with its link-shaping tasks.
+struct RoundStream {
+    tx: mpsc::Sender<GroupRequest>,
+    rx: mpsc::Receiver<std::result::Result<GroupResponse, Status>>,
+    tasks: [JoinHandle<()>; 2],
+}
+
+impl Drop for RoundStream {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The async client. Not `Clone`: one session, one stream.
+pub struct AsyncAdapterClient {
+    config: ClientConfig,
+    bearer: BearerToken,
+    up: Arc<LinkDirection>,
+    down: Arc<LinkDirection>,
+    rpc: Option<Rpc>,
+    params: Option<SessionParams>,
+    session: Option<(SessionId, SessionInfo)>,
+    stream: Option<RoundStream>,
+    stats: ClientStats,
+}
+
+impl AsyncAdapterClient {
+    /// Checks the configuration and connects.
+    ///
+    /// # Errors
+    /// [`ServiceError::Config`] for a bad endpoint or token;
+    /// [`ServiceError::Transport`] when connecting fails.
+    pub async fn connect(config: ClientConfig) -> Result<Self> {
+        let bearer = BearerToken::new(config.token.as_deref())?;
+        let mut c = Self {
+            up: Arc::new(LinkDirection::new(config.link)),
+            down: Arc::new(LinkDirection::new(config.link)),
+            config,
+            bearer,
+            rpc: None,
+            params: None,
+            session: None,
+            stream: None,
+            stats: ClientStats::default(),
+        };
+        c.rpc().await?;
+        Ok(c)
+    }
+
+    async fn rpc(&mut self) -> Result<Rpc> {
+        if let Some(r) = &self.rpc {
+            return Ok(r.clone());
+        }
+        let cfg = &self.config;
+        let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
+            .map_err(|e| ServiceError::Config {
+                reason: format!("endpoint {:?}: {e}", cfg.endpoint),
+            })?
+            .connect_timeout(cfg.connect_timeout)
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20));
+        if let Some(tls) = &cfg.tls {
+            ep = ep.tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                    .domain_name(tls.domain.clone()),
+            )?;
+        }
+        let channel = ep.connect().await?;
+        self.stats.connects += 1;
+        let rpc = AdapterServiceClient::with_interceptor(channel, self.bearer.clone())
+            .max_decoding_message_size(cfg.max_message_bytes)
+            .max_encoding_message_size(cfg.max_message_bytes);
+        self.rpc = Some(rpc.clone());
+        Ok(rpc)
+    }
+
+    /// Counters of reconnects, reopens and replays.
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// The open session's id, if any.
+    pub fn session_id(&self) -> Option<SessionId> {
+        self.session.as_ref().map(|(id, _)| *id)
+    }
+
+    /// Every adapter the server serves.
+    ///
+    /// # Errors
+    /// [`ServiceError::Rpc`], [`ServiceError::Transport`].
+    pub async fn list_adapters(&mut self) -> Result<Vec<AdapterInfo>> {
+        let mut rpc = self.rpc().await?;
+        let req = v1::ListAdaptersRequest {};
+        self.up.transit(req.encoded_len()).await;
+        let resp = rpc.list_adapters(req).await?.into_inner();
+        self.down.transit(resp.encoded_len()).await;
+        Ok(resp.adapters.into_iter().map(Into::into).collect())
+    }
+
+    /// Opens a session (uploading the keys) and remembers `params` so the
+    /// session can be reopened after a loss. Closes a previous session first.
+    ///
+    /// # Errors
+    /// [`ServiceError::Rpc`] (e.g. `INVALID_ARGUMENT`/`invalid_key`,
+    /// `RESOURCE_EXHAUSTED`/`limit_exceeded`), [`ServiceError::Transport`],
+    /// [`ServiceError::Protocol`] for a malformed answer.
+    pub async fn open_session(&mut self, params: SessionParams) -> Result<SessionInfo> {
+        if self.session.is_some() {
+            let _ = self.close().await;
+        }
+        self.params = Some(params);
+        let r = self.reopen().await;
+        if r.is_err() {
+            // A refused opening leaves no session to replay into.
+            self.params = None;
+        }
+        r
+    }
+
+    async fn reopen(&mut self) -> Result<SessionInfo> {
+        let p = self.params.clone().ok_or(ServiceError::NoSession)?;
+        self.stream = None;
+        self.session = None;
+        let mut rpc = self.rpc().await?;
+        let req = v1::OpenSessionRequest {
+            adapter_id: p.adapter_id,
+            ckks_preset: p.ckks_preset,
+            public_key: p.public_key,
+            galois_keys: p.galois_keys,
+            plan_request: p.plan_request,
+        };
+        self.up.transit(req.encoded_len()).await;
+        let resp = rpc.open_session(req).await?.into_inner();
+        self.down.transit(resp.encoded_len()).await;
+        let id = SessionId::from_slice(&resp.session_id).map_err(|e| ServiceError::Protocol {
+            what: format!("open-session answer: {e}"),
+        })?;
+        let info = SessionInfo {
+            plan: resp.plan,
+            idle_timeout: Duration::from_millis(resp.idle_timeout_ms),
+            max_ciphertexts_per_request: resp.max_ciphertexts_per_request,
+            max_message_bytes: resp.max_message_bytes,
+        };
+        self.stats.sessions_opened += 1;
+        tracing::debug!(session = %id.tag(), "session opened");
+        self.session = Some((id, info.clone()));
+        Ok(info)
+    }
+
+    /// Closes the session (the server forgets its keys). Idempotent.
+    ///
+    /// # Errors
+    /// [`ServiceError::Rpc`], [`ServiceError::Transport`]; the local session
+    /// is forgotten either way.
+    pub async fn close(&mut self) -> Result<()> {
+        self.stream = None;
+        self.params = None;
+        let Some((id, _)) = self.session.take() else {
+            return Ok(());
+        };
+        let mut rpc = self.rpc().await?;
+        let req = v1::CloseSessionRequest {
+            session_id: id.to_bytes(),
+        };
+        self.up.transit(req.encoded_len()).await;
+        rpc.close_session(req).await?;
+        self.down.transit(0).await;
+        Ok(())
+    }
+
+    /// Sends one layer group's ciphertexts for verify round `round` and
+    /// returns the delta ciphertexts.
+    ///
+    /// # Errors
+    /// As [`AsyncAdapterClient::round_pipelined`].
+    pub async fn round(
+        &mut self,
+        layer: u32,
+        group: u32,
+        round: u64,
+        ciphertexts: Vec<Bytes>,
+    ) -> Result<Vec<Bytes>> {
+        let mut out = self
+            .round_pipelined(
+                round,
+                &[GroupCall {
+                    layer,
+                    group,
+                    ciphertexts,
+                }],
+            )
+            .await?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Sends several layer groups' requests of one round back to back
+    /// (pipelined) and returns their deltas in the order of `calls`.
+    /// Transient failures are retried by replaying all of `calls`.
+    ///
+    /// # Errors
+    /// [`ServiceError::NoSession`]; [`ServiceError::Config`] when two calls
+    /// name the same (layer, group); [`ServiceError::Rpc`] for server
+    /// refusals; transient errors once `max_retries` replays failed.
+    pub async fn round_pipelined(
+        &mut self,
+        round: u64,
+        calls: &[GroupCall],
+    ) -> Result<Vec<Vec<Bytes>>> {
+        if self.params.is_none() {
+            return Err(ServiceError::NoSession);
+        }
+        let mut index = HashMap::new();
+        for (i, c) in calls.iter().enumerate() {
+            if index.insert((c.layer, c.group), i).is_some() {
+                return Err(ServiceError::Config {
+                    reason: format!("(layer {}, group {}) twice in one round", c.layer, c.group),
+                });
+            }
+        }
+        let mut attempt = 0;
+        loop {
+            let after = self.config.round_timeout;
+            let r = match tokio::time::timeout(after, self.try_round(round, calls, &index)).await {
+                Ok(r) => r,
+                Err(_) => Err(ServiceError::Timeout { after }),
+            };
+            let e = match r {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            self.stream = None;
+            if !e.is_transient() || attempt >= self.config.max_retries {
+                return Err(e);
+            }
+            attempt += 1;
+            self.stats.replays += 1;
+            if e.reason() == Some(ErrorReason::UnknownSession) {
+                // The server lost the session (evicted, restarted): reopen.
+                self.session = None;
+            } else {
+                // The connection is suspect: make a fresh one.
+                self.rpc = None;
+            }
+            tracing::warn!(round, attempt, error = %e, "round failed, replaying");
+            tokio::time::sleep(self.config.retry_backoff * attempt).await;
+        }
+    }
+
+    async fn try_round(
+        &mut self,
+        round: u64,
+        calls: &[GroupCall],
+        index: &HashMap<(u32, u32), usize>,
+    ) -> Result<Vec<Vec<Bytes>>> {
+        if self.session.is_none() {
+            self.reopen().await?;
+        }
+        let Some((id, _)) = &self.session else {
+            return Err(ServiceError::NoSession);
+        };
+        let sid = id.to_bytes();
+        if self.stream.is_none() {
+            self.stream = Some(self.open_stream().await?);
+        }
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(ServiceError::StreamClosed {
+                pending: calls.len(),
+            });
+        };
+        for c in calls {
+            let req = GroupRequest {
+                session_id: sid.clone(),
+                round,
+                layer: c.layer,
+                group: c.group,
+                ciphertexts: c.ciphertexts.clone(),
+            };
+            if stream.tx.send(req).await.is_err() {
+                break; // the stream died; its status is read below
+            }
+        }
+        let mut out: Vec<Option<Vec<Bytes>>> = vec![None; calls.len()];
+        let mut pending = calls.len();
+        while pending > 0 {
+            match stream.rx.recv().await {
+                Some(Ok(resp)) => {
+                    let i = index
+                        .get(&(resp.layer, resp.group))
+                        .copied()
+                        .filter(|&i| out[i].is_none() && resp.round == round)
+                        .ok_or_else(|| ServiceError::Protocol {
+                            what: format!(
+                                "unexpected response for round {} layer {} group {}",
+                                resp.round, resp.layer, resp.group
+                            ),
+                        })?;
+                    self.stats.server_micros =
+                        self.stats.server_micros.saturating_add(resp.server_micros);
+                    out[i] = Some(resp.ciphertexts);
+                    pending -= 1;
+                }
+                Some(Err(status)) => return Err(status.into()),
+                None => return Err(ServiceError::StreamClosed { pending }),
+            }
+        }
+        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    async fn open_stream(&mut self) -> Result<RoundStream> {
+        let mut rpc = self.rpc().await?;
+        let (tx, mut user_rx) = mpsc::channel::<GroupRequest>(64);
+        let (wire_tx, wire_rx) = mpsc::channel::<GroupRequest>(64);
+        let up = self.up.clone();
+        let up_task = tokio::spawn(async move {
+            while let Some(r) = user_rx.recv().await {
+                up.transit(r.encoded_len()).await;
+                if wire_tx.send(r).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut inbound = match rpc.rounds(ReceiverStream::new(wire_rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => {
+                up_task.abort();
+                return Err(s.into());
+            }
+        };
+        let (out_tx, rx) = mpsc::channel(64);
+        let down = self.down.clone();
+        let down_task = tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => {
+                        down.transit(m.encoded_len()).await;
+                        if out_tx.send(Ok(m)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(s) => {
+                        let _ = out_tx.send(Err(s)).await;
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(RoundStream {
+            tx,
+            rx,
+            tasks: [up_task, down_task],
+        })
+    }
+}
+
+/// Blocking client for the synchronous model hook: an [`AsyncAdapterClient`]
+/// driven by its own tokio runtime (one worker thread). Do not call it from
+/// inside a tokio runtime.
+pub struct AdapterClient {
+    rt: tokio::runtime::Runtime,
+    inner: AsyncAdapterClient,
+}
+
+impl AdapterClient {
+    /// Builds the runtime and connects.
+    ///
+    /// # Errors
+    /// [`ServiceError::Io`] if the runtime cannot start; those of
+    /// [`AsyncAdapterClient::connect`].
+    pub fn connect(config: ClientConfig) -> Result<Self> {
+        // One worker thread keeps the HTTP/2 connection polled between calls
+        // (keep-alive pings, GOAWAY, stream cleanup) while the model runs.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("cipherlora-client")
+            .enable_all()
+            .build()
+            .map_err(|e| ServiceError::io("starting the client runtime", e))?;
+        let inner = rt.block_on(AsyncAdapterClient::connect(config))?;
+        Ok(Self { rt, inner })
+    }
+
+    /// See [`AsyncAdapterClient::list_adapters`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn list_adapters(&mut self) -> Result<Vec<AdapterInfo>> {
+        self.rt.block_on(self.inner.list_adapters())
+    }
+
+    /// See [`AsyncAdapterClient::open_session`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn open_session(&mut self, params: SessionParams) -> Result<SessionInfo> {
+        self.rt.block_on(self.inner.open_session(params))
+    }
+
+    /// See [`AsyncAdapterClient::round`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn round(
+        &mut self,
+        layer: u32,
+        group: u32,
+        round: u64,
+        ciphertexts: Vec<Bytes>,
+    ) -> Result<Vec<Bytes>> {
+        self.rt
+            .block_on(self.inner.round(layer, group, round, ciphertexts))
+    }
+
+    /// See [`AsyncAdapterClient::round_pipelined`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn round_pipelined(&mut self, round: u64, calls: &[GroupCall]) -> Result<Vec<Vec<Bytes>>> {
+        self.rt.block_on(self.inner.round_pipelined(round, calls))
+    }
+
+    /// See [`AsyncAdapterClient::close`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn close(&mut self) -> Result<()> {
+        self.rt.block_on(self.inner.close())
+    }
+
+    /// See [`AsyncAdapterClient::stats`].
+    pub fn stats(&self) -> ClientStats {
+        self.inner.stats()
+    }
+
+    /// See [`AsyncAdapterClient::session_id`].
+    pub fn session_id(&self) -> Option<SessionId> {
+        self.inner.session_id()
+    }
+}

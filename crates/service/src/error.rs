@@ -1,0 +1,141 @@
+//! The crate's one error type.
+
+use std::time::Duration;
+
+use cipherlora_proto::ErrorReason;
+use thiserror::Error;
+
+/// Everything that can go wrong in `cipherlora-service` (server setup and
+/// client calls). Server-side refusals reach the client as [`ServiceError::Rpc`].
+#[non_exhaustive]
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    /// Reading or writing a file (certificate, key, token file) failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, with the path.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration value is invalid (empty token file, bad endpoint, ...).
+    #[error("invalid configuration: {reason}")]
+    Config {
+        /// What is wrong, in words.
+        reason: String,
+    },
+    /// Making a certificate failed.
+    #[error("certificate generation failed: {0}")]
+    Certificate(String),
+    /// The transport failed (connect, TLS handshake, bind, serve).
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// The server (or the gRPC layer) refused a call.
+    #[error("rpc failed: {code:?} ({reason:?}): {message}")]
+    Rpc {
+        /// gRPC status code.
+        code: tonic::Code,
+        /// Machine-readable reason, when the server sent one.
+        reason: Option<ErrorReason>,
+        /// The status message.
+        message: String,
+    },
+    /// The response stream ended before every pending request was answered.
+    #[error("response stream closed with {pending} requests unanswered")]
+    StreamClosed {
+        /// Requests still waiting for a response.
+        pending: usize,
+    },
+    /// A call took longer than the configured timeout.
+    #[error("no response within {after:?}")]
+    Timeout {
+        /// The timeout.
+        after: Duration,
+    },
+    /// A round was requested before a session was opened.
+    #[error("no open session: call open_session first")]
+    NoSession,
+    /// The server's answer does not match the request (unknown group,
+    /// duplicate response, malformed open-session response).
+    #[error("protocol violation by the server: {what}")]
+    Protocol {
+        /// What is wrong, in words.
+        what: String,
+    },
+}
+
+impl ServiceError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True when the failure looks like a dropped connection or a server going
+    /// away, so that reconnecting and replaying the round may succeed.
+    ///
+    /// Server refusals always carry an [`ErrorReason`]; a status without one
+    /// comes from the transport (connection reset, h2 error).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport(_) | Self::StreamClosed { .. } | Self::Timeout { .. } => true,
+            Self::Rpc { code, reason, .. } => match reason {
+                Some(r) => matches!(r, ErrorReason::ShuttingDown | ErrorReason::UnknownSession),
+                None => matches!(
+                    code,
+                    tonic::Code::Unavailable
+                        | tonic::Code::Unknown
+                        | tonic::Code::Cancelled
+                        | tonic::Code::Internal
+                        | tonic::Code::Aborted
+                ),
+            },
+            _ => false,
+        }
+    }
+
+    /// The gRPC code, for [`ServiceError::Rpc`].
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Self::Rpc { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The server's reason, for [`ServiceError::Rpc`].
+    pub fn reason(&self) -> Option<ErrorReason> {
+        match self {
+            Self::Rpc { reason, .. } => *reason,
+            _ => None,
+        }
+    }
+}
+
+impl From<tonic::Status> for ServiceError {
+    fn from(s: tonic::Status) -> Self {
+        Self::Rpc {
+            code: s.code(),
+            reason: crate::status::reason_of(&s),
+            message: s.message().to_string(),
+        }
+    }
+}
+
+impl From<tonic::transport::Error> for ServiceError {
+    fn from(e: tonic::transport::Error) -> Self {
+        // The Display of transport errors is terse; include the source chain.
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        Self::Transport(msg)
+    }
+}
+
+/// Shorthand for `Result<T, ServiceError>`.
+pub type Result<T> = std::result::Result<T, ServiceError>;

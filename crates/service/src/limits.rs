@@ -1,0 +1,65 @@
+//! The server's explicit resource limits.
+
+use std::time::Duration;
+
+/// Limits the server enforces before any HE work. Every limit answers
+/// `RESOURCE_EXHAUSTED` (reason `limit_exceeded`) when hit, except the message
+/// size, which tonic enforces while decoding: `OUT_OF_RANGE` (with reason
+/// `limit_exceeded` on `Rounds` streams; without a reason on unary calls,
+/// which tonic refuses before the handler runs). A client whose own
+/// `max_message_bytes` is smaller gets `OUT_OF_RANGE` locally.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Largest gRPC message in either direction, bytes: tonic's
+    /// `max_decoding_message_size` and `max_encoding_message_size`. Must hold
+    /// the largest key upload.
+    pub max_message_bytes: usize,
+    /// Open sessions at once, over all adapters and clients.
+    pub max_sessions: usize,
+    /// Public key plus Galois keys bytes per session.
+    pub max_key_bytes_per_session: usize,
+    /// Ciphertexts in one layer-group request.
+    pub max_ciphertexts_per_request: usize,
+    /// Bytes of one serialised ciphertext.
+    pub max_ciphertext_bytes: usize,
+    /// Requests of one stream computed at once (pipelining depth).
+    pub max_in_flight_per_stream: usize,
+    /// Layer-group requests one session may make in its lifetime (a rate
+    /// limit against a client that collects deltas to solve for B·A; see the
+    /// threat model's known limits). Replays count.
+    pub max_requests_per_session: u64,
+    /// A session without a request for this long is dropped with its keys.
+    pub idle_timeout: Duration,
+    /// Time in-flight streams get to finish after shutdown was asked for.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    /// 128 MiB messages, 32 sessions, 96 MiB of keys per session, 64
+    /// ciphertexts of at most 8 MiB per request, 4 requests in flight per
+    /// stream, 10 million requests per session, 10 min idle timeout, 10 s
+    /// shutdown grace.
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 128 << 20,
+            max_sessions: 32,
+            max_key_bytes_per_session: 96 << 20,
+            max_ciphertexts_per_request: 64,
+            max_ciphertext_bytes: 8 << 20,
+            max_in_flight_per_stream: 4,
+            max_requests_per_session: 10_000_000,
+            idle_timeout: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Limits {
+    /// The envelope limits of one request.
+    pub fn request_limits(&self) -> cipherlora_proto::RequestLimits {
+        cipherlora_proto::RequestLimits {
+            max_ciphertexts: self.max_ciphertexts_per_request,
+            max_ciphertext_bytes: self.max_ciphertext_bytes,
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Prometheus-style metrics (text exposition format 0.0.4).
+//!
+//! | metric | type | labels |
+//! | --- | --- | --- |
+//! | `cipherlora_requests_total` | counter | `rpc`, `code` (gRPC code name) |
+//! | `cipherlora_received_bytes_total` | counter | `rpc` (key + ciphertext payload bytes) |
+//! | `cipherlora_sent_bytes_total` | counter | `rpc` (ciphertext payload bytes) |
+//! | `cipherlora_auth_failures_total` | counter | |
+//! | `cipherlora_sessions_active` | gauge | |
+//! | `cipherlora_sessions_total` | counter | `event` (`opened`, `closed`, `evicted`) |
+//! | `cipherlora_group_compute_seconds` | histogram | `group` |
+//!
+//! Served over plain HTTP at `GET /metrics` by [`serve_metrics`] when
+//! `ServeConfig::metrics_listen` is set.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Upper bounds (seconds) of the compute-time histogram buckets.
+pub const COMPUTE_BUCKETS: [f64; 12] = [
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+#[derive(Default, Clone)]
+struct Histogram {
+    buckets: [u64; COMPUTE_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// The server's metrics registry. Cheap to update from any thread.
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    received: Mutex<BTreeMap<&'static str, u64>>,
+    sent: Mutex<BTreeMap<&'static str, u64>>,
+    auth_failures: AtomicU64,
+    sessions_active: AtomicI64,
+    sessions: Mutex<BTreeMap<&'static str, u64>>,
+    compute: Mutex<BTreeMap<u32, Histogram>>,
+}
+
+fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K, by: u64) {
+    let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+    *g.entry(k).or_insert(0) += by;
+}
+
+/// Name of a gRPC code as Prometheus label (`OK`, `INVALID_ARGUMENT`, ...).
+fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+impl Metrics {
+    /// Counts one call of `rpc` (one stream message for `rounds`) ending in `code`.
+    pub fn request(&self, rpc: &'static str, code: tonic::Code) {
+        bump(&self.requests, (rpc, code_label(code)), 1);
+    }
+
+    /// Counts payload bytes received by `rpc`.
+    pub fn received(&self, rpc: &'static str, bytes: u64) {
+        bump(&self.received, rpc, bytes);
+    }
+
+    /// Counts payload bytes sent by `rpc`.
+    pub fn sent(&self, rpc: &'static str, bytes: u64) {
+        bump(&self.sent, rpc, bytes);
+    }
+
+    /// Counts a rejected token.
+    pub fn auth_failure(&self) {
+        self.auth_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a session event and moves the active gauge.
+    pub fn session(&self, event: &'static str) {
+        let d = if event == "opened" { 1 } else { -1 };
+        self.sessions_active.fetch_add(d, Ordering::Relaxed);
+        bump(&self.sessions, event, 1);
+    }
+
+    /// Records the server compute time of one layer-group request.
+    pub fn compute_time(&self, group: u32, t: Duration) {
+        let s = t.as_secs_f64();
+        let mut g = self.compute.lock().unwrap_or_else(|p| p.into_inner());
+        let h = g.entry(group).or_default();
+        for (i, ub) in COMPUTE_BUCKETS.iter().enumerate() {
+            if s <= *ub {
+                h.buckets[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += s;
+    }
+
+    /// Active sessions now.
+    pub fn sessions_active(&self) -> i64 {
+        self.sessions_active.load(Ordering::Relaxed)
+    }
+
+    /// Calls of `rpc` that ended with `code` so far.
+    pub fn requests(&self, rpc: &'static str, code: tonic::Code) -> u64 {
+        let g = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        g.get(&(rpc, code_label(code))).copied().unwrap_or(0)
+    }
+
+    /// The metrics in Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let lock = |m: &Mutex<BTreeMap<&'static str, u64>>| {
+            m.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        };
+        o.push_str("# HELP cipherlora_requests_total Calls (stream messages for rounds) by rpc and gRPC code.\n# TYPE cipherlora_requests_total counter\n");
+        for ((rpc, code), v) in self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                o,
+                "cipherlora_requests_total{{rpc=\"{rpc}\",code=\"{code}\"}} {v}"
+            );
+        }
+        o.push_str("# HELP cipherlora_received_bytes_total Key and ciphertext payload bytes received.\n# TYPE cipherlora_received_bytes_total counter\n");
+        for (rpc, v) in lock(&self.received) {
+            let _ = writeln!(o, "cipherlora_received_bytes_total{{rpc=\"{rpc}\"}} {v}");
+        }
+        o.push_str("# HELP cipherlora_sent_bytes_total Ciphertext payload bytes sent.\n# TYPE cipherlora_sent_bytes_total counter\n");
+        for (rpc, v) in lock(&self.sent) {
+            let _ = writeln!(o, "cipherlora_sent_bytes_total{{rpc=\"{rpc}\"}} {v}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP cipherlora_auth_failures_total Calls rejected for a missing or wrong token.\n# TYPE cipherlora_auth_failures_total counter\ncipherlora_auth_failures_total {}",
+            self.auth_failures.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            o,
+            "# HELP cipherlora_sessions_active Open sessions.\n# TYPE cipherlora_sessions_active gauge\ncipherlora_sessions_active {}",
+            self.sessions_active()
+        );
+        o.push_str("# HELP cipherlora_sessions_total Session events.\n# TYPE cipherlora_sessions_total counter\n");
+        for (ev, v) in lock(&self.sessions) {
+            let _ = writeln!(o, "cipherlora_sessions_total{{event=\"{ev}\"}} {v}");
+        }
+        o.push_str("# HELP cipherlora_group_compute_seconds Server compute time per layer-group request.\n# TYPE cipherlora_group_compute_seconds histogram\n");
+        for (group, h) in self
+            .compute
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            for (ub, n) in COMPUTE_BUCKETS.iter().zip(h.buckets) {
+                let _ = writeln!(
+                    o,
+                    "cipherlora_group_compute_seconds_bucket{{group=\"{group}\",le=\"{ub}\"}} {n}"
+                );
+            }
+            let _ = writeln!(
+                o,
+                "cipherlora_group_compute_seconds_bucket{{group=\"{group}\",le=\"+Inf\"}} {c}\ncipherlora_group_compute_seconds_sum{{group=\"{group}\"}} {s}\ncipherlora_group_compute_seconds_count{{group=\"{group}\"}} {c}",
+                c = h.count,
+                s = h.sum
+            );
+        }
+        o
+    }
+}
+
+/// Serves `GET /metrics` (plain HTTP/1.1, one response per connection) on an
+/// already-bound listener until the task is dropped.
+pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let head = &buf[..n];
+            let resp = if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET / ") {
+                let body = metrics.render();
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into()
+            };
+            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_lists_counters_gauges_and_histograms() {
+        let m = Metrics::default();
+        m.request("rounds", tonic::Code::Ok);
+        m.request("rounds", tonic::Code::Ok);
+        m.request("rounds", tonic::Code::InvalidArgument);
+        m.received("rounds", 100);
+        m.session("opened");
+        m.session("opened");
+        m.session("evicted");
+        m.compute_time(1, Duration::from_millis(3));
+        let r = m.render();
+        assert!(r.contains("cipherlora_requests_total{rpc=\"rounds\",code=\"OK\"} 2"));
+        assert!(
+            r.contains("cipherlora_requests_total{rpc=\"rounds\",code=\"INVALID_ARGUMENT\"} 1")
+        );
+        assert!(r.contains("cipherlora_received_bytes_total{rpc=\"rounds\"} 100"));
+        assert!(r.contains("cipherlora_sessions_active 1"));
+        assert!(r.contains("cipherlora_group_compute_seconds_bucket{group=\"1\",le=\"0.0025\"} 0"));
+        assert!(r.contains("cipherlora_group_compute_seconds_bucket{group=\"1\",le=\"0.005\"} 1"));
+        assert!(r.contains("cipherlora_group_compute_seconds_count{group=\"1\"} 1"));
+    }
+}

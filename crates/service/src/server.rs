@@ -1,0 +1,625 @@
+//! The adapter server: `cipherlora serve` is [`serve`] with a real HE backend.
+//!
+//! Order of checks for every layer-group request, all before any arithmetic:
+//! bearer token (interceptor) → message size (tonic decoder) → envelope
+//! (session-id length, ciphertext count and sizes) → stream bound to one
+//! session → session exists → session request budget → layer/group exists → ciphertext count matches
+//! the plan → the backend parses and validates every ciphertext.
+//!
+//! Logs carry session tags (first 4 bytes of the id), sizes and timings,
+//! never key or ciphertext bytes.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cipherlora_proto::v1::adapter_service_server::{AdapterService, AdapterServiceServer};
+use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
+use cipherlora_proto::{ErrorReason, SessionId, validate_group_request};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, ServerTlsConfig};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::auth::{AuthInterceptor, TokenSet};
+use crate::backend::{AdapterBackend, AdapterInfo, BackendError, OpenSessionPayload};
+use crate::error::{Result, ServiceError};
+use crate::limits::Limits;
+use crate::metrics::{Metrics, serve_metrics};
+use crate::sessions::{InsertError, Session, SessionTable};
+use crate::status::{from_backend, from_proto, status};
+use crate::tls::TlsConfig;
+
+/// HTTP/2 flow-control windows: large enough that a 1 MB ciphertext batch is
+/// not throttled by the 64 KiB default window on high-latency links.
+pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 64 << 20;
+
+/// Everything `cipherlora serve` configures.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on (`--listen`); port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Server identity (`--tls-cert`/`--tls-key`); `None` serves plaintext
+    /// HTTP/2 (logged as a warning: tokens and ciphertexts travel in clear).
+    pub tls: Option<TlsConfig>,
+    /// Accepted bearer tokens (`TokenSet::from_file(--token-file)`); `None`
+    /// disables authentication (logged as a warning).
+    pub tokens: Option<TokenSet>,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Where to serve `GET /metrics` (plain HTTP), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl ServeConfig {
+    /// Defaults: no TLS, no auth, default limits, no metrics endpoint.
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            tls: None,
+            tokens: None,
+            limits: Limits::default(),
+            metrics_listen: None,
+        }
+    }
+}
+
+struct State {
+    adapters: BTreeMap<String, Arc<dyn AdapterBackend>>,
+    infos: Vec<AdapterInfo>,
+    sessions: SessionTable,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// A bound, not yet running server.
+pub struct AdapterServer {
+    state: Arc<State>,
+    config: ServeConfig,
+    listener: tokio::net::TcpListener,
+    local_addr: SocketAddr,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    shutdown_tx: watch::Sender<bool>,
+}
+
+impl AdapterServer {
+    /// Binds the listen (and metrics) address and checks the configuration.
+    ///
+    /// # Errors
+    /// [`ServiceError::Config`] for no adapter, duplicate adapter ids or zero
+    /// limits; [`ServiceError::Io`] when binding fails.
+    pub async fn bind(config: ServeConfig, backends: Vec<Arc<dyn AdapterBackend>>) -> Result<Self> {
+        let l = &config.limits;
+        if l.max_sessions == 0
+            || l.max_message_bytes == 0
+            || l.max_ciphertexts_per_request == 0
+            || l.max_in_flight_per_stream == 0
+            || l.idle_timeout.is_zero()
+        {
+            return Err(ServiceError::Config {
+                reason: "limits must be positive".into(),
+            });
+        }
+        if backends.is_empty() {
+            return Err(ServiceError::Config {
+                reason: "no adapter to serve".into(),
+            });
+        }
+        let mut adapters = BTreeMap::new();
+        let mut infos = Vec::new();
+        for b in backends {
+            let info = b.info();
+            if adapters.insert(info.adapter_id.clone(), b).is_some() {
+                return Err(ServiceError::Config {
+                    reason: format!("adapter id {:?} served twice", info.adapter_id),
+                });
+            }
+            infos.push(info);
+        }
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| ServiceError::io(format!("binding {}", config.listen), e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| ServiceError::io("reading the bound address", e))?;
+        let metrics_listener = match config.metrics_listen {
+            Some(a) => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|e| ServiceError::io(format!("binding metrics {a}"), e))?,
+            ),
+            None => None,
+        };
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let state = Arc::new(State {
+            adapters,
+            infos,
+            sessions: SessionTable::new(config.limits.max_sessions),
+            limits: config.limits.clone(),
+            metrics: Arc::new(Metrics::default()),
+            shutdown: shutdown_rx,
+        });
+        Ok(Self {
+            state,
+            config,
+            listener,
+            local_addr,
+            metrics_listener,
+            shutdown_tx,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics endpoint's bound address, if one was asked for.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// The live metrics registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.state.metrics.clone()
+    }
+
+    /// Serves until `shutdown` completes, then shuts down gracefully: streams
+    /// stop taking requests, finish the ones in flight, end with
+    /// `UNAVAILABLE`/`shutting_down`; connections get an HTTP/2 GOAWAY; after
+    /// `limits.shutdown_grace` the rest is dropped.
+    ///
+    /// # Errors
+    /// [`ServiceError::Transport`] for a bad TLS identity or a serving failure.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let Self {
+            state,
+            config,
+            listener,
+            local_addr,
+            metrics_listener,
+            shutdown_tx,
+        } = self;
+        let limits = &config.limits;
+        let mut builder = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+        match &config.tls {
+            Some(tls) => {
+                builder = builder.tls_config(
+                    ServerTlsConfig::new()
+                        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem)),
+                )?;
+            }
+            None => tracing::warn!("serving WITHOUT TLS: tokens and ciphertexts travel in clear"),
+        }
+        if config.tokens.is_none() {
+            tracing::warn!("serving WITHOUT authentication");
+        }
+        let svc = AdapterServiceServer::new(Svc {
+            state: state.clone(),
+        })
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes);
+        let svc = InterceptedService::new(
+            svc,
+            AuthInterceptor {
+                tokens: config.tokens.clone().map(Arc::new),
+                metrics: state.metrics.clone(),
+            },
+        );
+
+        let metrics_task =
+            metrics_listener.map(|l| tokio::spawn(serve_metrics(l, state.metrics.clone())));
+        let evict_task = tokio::spawn(evict_loop(state.clone()));
+
+        let mut sd = state.shutdown.clone();
+        let signal = async move {
+            let _ = sd.wait_for(|v| *v).await;
+        };
+        tracing::info!(
+            addr = %local_addr,
+            tls = config.tls.is_some(),
+            auth = config.tokens.is_some(),
+            adapters = ?state.adapters.keys().collect::<Vec<_>>(),
+            "adapter server listening"
+        );
+        let server = builder.add_service(svc).serve_with_incoming_shutdown(
+            // The builder's TCP options apply only to incomings it binds
+            // itself: set them here (Nagle + delayed ACK cost ~40 ms).
+            TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(Duration::from_secs(60))),
+            signal,
+        );
+        let grace = limits.shutdown_grace;
+        let trigger = async move {
+            shutdown.await;
+            tracing::info!("shutdown requested: finishing in-flight requests");
+            let _ = shutdown_tx.send(true);
+            tokio::time::sleep(grace).await;
+            shutdown_tx
+        };
+        let result = tokio::select! {
+            r = server => r.map_err(ServiceError::from),
+            _tx = trigger => {
+                tracing::warn!(?grace, "shutdown grace elapsed: dropping remaining connections");
+                Ok(())
+            }
+        };
+        evict_task.abort();
+        if let Some(t) = metrics_task {
+            t.abort();
+        }
+        tracing::info!(sessions = state.sessions.len(), "adapter server stopped");
+        result
+    }
+}
+
+/// Binds `config.listen` and serves `backends` until `shutdown` completes.
+/// The library entry point of `cipherlora serve`.
+///
+/// # Errors
+/// Those of [`AdapterServer::bind`] and [`AdapterServer::run`].
+pub async fn serve(
+    config: ServeConfig,
+    backends: Vec<Arc<dyn AdapterBackend>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    AdapterServer::bind(config, backends)
+        .await?
+        .run(shutdown)
+        .await
+}
+
+async fn evict_loop(state: Arc<State>) {
+    let idle = state.limits.idle_timeout;
+    let period = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for s in state.sessions.evict_idle(idle) {
+            state.metrics.session("evicted");
+            tracing::info!(session = %s.id.tag(), adapter = %s.adapter_id, "evicted idle session");
+        }
+    }
+}
+
+struct Svc {
+    state: Arc<State>,
+}
+
+type RoundsStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = std::result::Result<GroupResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AdapterService for Svc {
+    async fn list_adapters(
+        &self,
+        _req: Request<v1::ListAdaptersRequest>,
+    ) -> std::result::Result<Response<v1::ListAdaptersResponse>, Status> {
+        self.state.metrics.request("list_adapters", Code::Ok);
+        Ok(Response::new(v1::ListAdaptersResponse {
+            adapters: self.state.infos.iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn open_session(
+        &self,
+        req: Request<v1::OpenSessionRequest>,
+    ) -> std::result::Result<Response<v1::OpenSessionResponse>, Status> {
+        let r = self.state.open_session(req.into_inner()).await;
+        self.state.metrics.request(
+            "open_session",
+            r.as_ref().map_or_else(Status::code, |_| Code::Ok),
+        );
+        r.map(Response::new)
+    }
+
+    type RoundsStream = RoundsStream;
+
+    async fn rounds(
+        &self,
+        req: Request<Streaming<GroupRequest>>,
+    ) -> std::result::Result<Response<RoundsStream>, Status> {
+        let inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(self.state.limits.max_in_flight_per_stream * 2);
+        tokio::spawn(run_stream(self.state.clone(), inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<v1::CloseSessionRequest>,
+    ) -> std::result::Result<Response<v1::CloseSessionResponse>, Status> {
+        let r = SessionId::from_slice(&req.get_ref().session_id)
+            .map_err(|e| from_proto(&e))
+            .and_then(|id| {
+                if self.state.sessions.remove(&id) {
+                    self.state.metrics.session("closed");
+                    tracing::info!(session = %id.tag(), "closed session");
+                    Ok(v1::CloseSessionResponse {})
+                } else {
+                    Err(unknown_session())
+                }
+            });
+        self.state.metrics.request(
+            "close_session",
+            r.as_ref().map_or_else(Status::code, |_| Code::Ok),
+        );
+        r.map(Response::new)
+    }
+}
+
+fn unknown_session() -> Status {
+    status(
+        Code::NotFound,
+        ErrorReason::UnknownSession,
+        "no such session (never opened, closed or evicted)",
+    )
+}
+
+impl State {
+    async fn open_session(
+        &self,
+        req: v1::OpenSessionRequest,
+    ) -> std::result::Result<v1::OpenSessionResponse, Status> {
+        let backend = self.adapters.get(&req.adapter_id).cloned().ok_or_else(|| {
+            status(
+                Code::NotFound,
+                ErrorReason::UnknownAdapter,
+                format!("no adapter {:?}", req.adapter_id),
+            )
+        })?;
+        let key_bytes = req.public_key.len() + req.galois_keys.len();
+        self.metrics
+            .received("open_session", (key_bytes + req.plan_request.len()) as u64);
+        if key_bytes > self.limits.max_key_bytes_per_session {
+            return Err(status(
+                Code::ResourceExhausted,
+                ErrorReason::LimitExceeded,
+                format!(
+                    "{key_bytes} key bytes, limit is {}",
+                    self.limits.max_key_bytes_per_session
+                ),
+            ));
+        }
+        if !self.sessions.has_room() {
+            return Err(sessions_full(self.limits.max_sessions));
+        }
+        let payload = OpenSessionPayload {
+            ckks_preset: req.ckks_preset,
+            public_key: req.public_key,
+            galois_keys: req.galois_keys,
+            plan_request: req.plan_request,
+        };
+        tracing::debug!(adapter = %req.adapter_id, ?payload, "open session");
+        // Key parsing and weight encoding can take a while: off the reactor.
+        let opened = tokio::task::spawn_blocking(move || backend.open_session(payload))
+            .await
+            .map_err(|e| internal(&e))?
+            .map_err(|e| {
+                tracing::info!(adapter = %req.adapter_id, error = %e, "open session refused");
+                from_backend(&e)
+            })?;
+        let id = self
+            .sessions
+            .insert(req.adapter_id.clone(), opened.compute)
+            .map_err(|e| match e {
+                InsertError::Full { limit } => sessions_full(limit),
+                InsertError::Rng(e) => internal(&e),
+            })?;
+        self.metrics.session("opened");
+        tracing::info!(
+            session = %id.tag(),
+            adapter = %req.adapter_id,
+            key_bytes,
+            "opened session"
+        );
+        Ok(v1::OpenSessionResponse {
+            session_id: id.to_bytes(),
+            plan: opened.plan,
+            idle_timeout_ms: u64::try_from(self.limits.idle_timeout.as_millis())
+                .unwrap_or(u64::MAX),
+            max_ciphertexts_per_request: u32::try_from(self.limits.max_ciphertexts_per_request)
+                .unwrap_or(u32::MAX),
+            max_message_bytes: self.limits.max_message_bytes as u64,
+        })
+    }
+
+    /// Every check of a layer-group request that needs no arithmetic.
+    fn admit(
+        &self,
+        req: &GroupRequest,
+        bound: &mut Option<SessionId>,
+    ) -> std::result::Result<Arc<Session>, Status> {
+        let id = validate_group_request(req, &self.limits.request_limits())
+            .map_err(|e| from_proto(&e))?;
+        match bound {
+            Some(b) if *b != id => {
+                return Err(status(
+                    Code::InvalidArgument,
+                    ErrorReason::ProtocolViolation,
+                    "one stream carries one session",
+                ));
+            }
+            _ => *bound = Some(id),
+        }
+        let session = self.sessions.get(&id).ok_or_else(unknown_session)?;
+        let n = session.count_request();
+        if n > self.limits.max_requests_per_session {
+            return Err(status(
+                Code::ResourceExhausted,
+                ErrorReason::LimitExceeded,
+                format!(
+                    "session made {} requests, the server's limit",
+                    self.limits.max_requests_per_session
+                ),
+            ));
+        }
+        let shape = session
+            .compute
+            .group_shape(req.layer, req.group)
+            .map_err(|e| from_backend(&e))?;
+        if shape.input_ciphertexts != req.ciphertexts.len() {
+            return Err(from_backend(&BackendError::CiphertextCount {
+                expected: shape.input_ciphertexts,
+                got: req.ciphertexts.len(),
+            }));
+        }
+        Ok(session)
+    }
+}
+
+fn sessions_full(limit: usize) -> Status {
+    status(
+        Code::ResourceExhausted,
+        ErrorReason::LimitExceeded,
+        format!("{limit} sessions open, the server's limit"),
+    )
+}
+
+fn internal(e: &dyn std::fmt::Display) -> Status {
+    tracing::error!(error = %e, "internal error");
+    status(
+        Code::Internal,
+        ErrorReason::Internal,
+        "internal server error",
+    )
+}
+
+type Tx = mpsc::Sender<std::result::Result<GroupResponse, Status>>;
+
+/// Reads one `Rounds` stream: admits each request, computes up to
+/// `max_in_flight_per_stream` of them at once on blocking threads, and sends
+/// each response as soon as it is ready. The first refusal ends the stream
+/// with its status; the session stays open.
+async fn run_stream(state: Arc<State>, mut inbound: Streaming<GroupRequest>, tx: Tx) {
+    let depth = state.limits.max_in_flight_per_stream;
+    let permits = Arc::new(Semaphore::new(depth));
+    let mut bound: Option<SessionId> = None;
+    let mut shutdown = state.shutdown.clone();
+    loop {
+        let msg = tokio::select! {
+            m = inbound.message() => Some(m),
+            _ = tx.closed() => break,
+            _ = async { let _ = shutdown.wait_for(|v| *v).await; } => None,
+        };
+        let Some(msg) = msg else {
+            // Shutting down: let in-flight requests finish, then say why the
+            // stream ends.
+            let _ = permits
+                .acquire_many(u32::try_from(depth).unwrap_or(u32::MAX))
+                .await;
+            let _ = tx
+                .send(Err(status(
+                    Code::Unavailable,
+                    ErrorReason::ShuttingDown,
+                    "server shutting down",
+                )))
+                .await;
+            break;
+        };
+        let req = match msg {
+            Ok(Some(req)) => req,
+            Ok(None) => break,
+            Err(s) => {
+                // Decoding failed (e.g. over the message-size limit) or the
+                // client went away. Forward the status; no-op if gone.
+                tracing::debug!(code = ?s.code(), "rounds stream ended by transport: {}", s.message());
+                state.metrics.request("rounds", s.code());
+                let s = if s.code() == Code::OutOfRange {
+                    // tonic's decoder refused a message over the size limit.
+                    status(Code::OutOfRange, ErrorReason::LimitExceeded, s.message())
+                } else {
+                    s
+                };
+                let _ = tx.send(Err(s)).await;
+                break;
+            }
+        };
+        let session = match state.admit(&req, &mut bound) {
+            Ok(s) => s,
+            Err(s) => {
+                tracing::info!(
+                    session = ?bound.map(|b| b.tag()),
+                    layer = req.layer,
+                    group = req.group,
+                    round = req.round,
+                    code = ?s.code(),
+                    "refused group request: {}",
+                    s.message()
+                );
+                state.metrics.request("rounds", s.code());
+                let _ = tx.send(Err(s)).await;
+                break;
+            }
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let state = state.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let resp = compute_group(&state, session, req).await;
+            state.metrics.request(
+                "rounds",
+                resp.as_ref().map_or_else(Status::code, |_| Code::Ok),
+            );
+            let _ = tx.send(resp).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn compute_group(
+    state: &State,
+    session: Arc<Session>,
+    req: GroupRequest,
+) -> std::result::Result<GroupResponse, Status> {
+    let in_bytes: usize = req.ciphertexts.iter().map(Bytes::len).sum();
+    state.metrics.received("rounds", in_bytes as u64);
+    let (layer, group, round) = (req.layer, req.group, req.round);
+    let tag = session.id.tag();
+    let cts = req.ciphertexts;
+    let (out, took) = tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
+        let out = session.compute.compute(layer, group, round, &cts);
+        (out, t0.elapsed())
+    })
+    .await
+    .map_err(|e| internal(&e))?;
+    let out = out.map_err(|e| {
+        tracing::info!(session = %tag, layer, group, round, error = %e, "group request refused by backend");
+        from_backend(&e)
+    })?;
+    state.metrics.compute_time(group, took);
+    let out_bytes: usize = out.iter().map(Bytes::len).sum();
+    state.metrics.sent("rounds", out_bytes as u64);
+    tracing::debug!(
+        session = %tag, layer, group, round, in_bytes, out_bytes,
+        server_us = took.as_micros() as u64,
+        "computed group"
+    );
+    Ok(GroupResponse {
+        round,
+        layer,
+        group,
+        ciphertexts: out,
+        server_micros: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+    })
+}

@@ -1,0 +1,102 @@
+//! Running a server on its own thread and runtime (tests, benches, and
+//! blocking callers).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::backend::AdapterBackend;
+use crate::error::{Result, ServiceError};
+use crate::metrics::Metrics;
+use crate::server::{AdapterServer, ServeConfig};
+
+/// A server running on a background thread with a `workers`-thread tokio
+/// runtime. Dropping it shuts the server down gracefully and joins the thread.
+pub struct ServerThread {
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    metrics_addr: Option<SocketAddr>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl ServerThread {
+    /// Binds and starts serving; returns once the listener is bound.
+    ///
+    /// # Errors
+    /// Those of [`AdapterServer::bind`]; [`ServiceError::Io`] if the runtime
+    /// or thread cannot start.
+    pub fn start(
+        config: ServeConfig,
+        backends: Vec<Arc<dyn AdapterBackend>>,
+        workers: usize,
+    ) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(1))
+            .enable_all()
+            .build()
+            .map_err(|e| ServiceError::io("starting the server runtime", e))?;
+        let server = rt.block_on(AdapterServer::bind(config, backends))?;
+        let addr = server.local_addr();
+        let metrics = server.metrics();
+        let metrics_addr = server.metrics_addr();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("cipherlora-serve".into())
+            .spawn(move || {
+                rt.block_on(server.run(async move {
+                    let _ = stopped.await;
+                }))
+            })
+            .map_err(|e| ServiceError::io("spawning the server thread", e))?;
+        Ok(Self {
+            addr,
+            metrics,
+            metrics_addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The metrics endpoint's address, if configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The live metrics registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Shuts down gracefully and returns the server's result.
+    ///
+    /// # Errors
+    /// The serving error, or [`ServiceError::Transport`] if the thread panicked.
+    pub fn stop(mut self) -> Result<()> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| ServiceError::Transport("server thread panicked".into()))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}

@@ -1,0 +1,115 @@
+//! Typed gRPC statuses: every refusal carries a code and an
+//! [`ErrorReason`] in the `cipherlora-error` metadata entry.
+
+use cipherlora_proto::{ERROR_REASON_KEY, ErrorReason, ProtoError};
+use tonic::{Code, Status};
+
+use crate::backend::BackendError;
+
+/// A status with `code`, `message` and the machine-readable `reason`.
+pub fn status(code: Code, reason: ErrorReason, message: impl Into<String>) -> Status {
+    let mut s = Status::new(code, message);
+    s.metadata_mut().insert(
+        ERROR_REASON_KEY,
+        tonic::metadata::MetadataValue::from_static(reason.as_str()),
+    );
+    s
+}
+
+/// The reason attached to a status, if the server attached a known one.
+pub fn reason_of(s: &Status) -> Option<ErrorReason> {
+    s.metadata()
+        .get(ERROR_REASON_KEY)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ErrorReason::parse)
+}
+
+/// gRPC status of a backend refusal.
+pub fn from_backend(e: &BackendError) -> Status {
+    let (code, reason) = match e {
+        BackendError::InvalidCiphertext { .. } => {
+            (Code::InvalidArgument, ErrorReason::InvalidCiphertext)
+        }
+        BackendError::ParameterMismatch { .. } | BackendError::UnknownPreset { .. } => {
+            (Code::InvalidArgument, ErrorReason::ParameterMismatch)
+        }
+        BackendError::CiphertextCount { .. } => {
+            (Code::InvalidArgument, ErrorReason::MalformedRequest)
+        }
+        BackendError::InvalidKey { .. } => (Code::InvalidArgument, ErrorReason::InvalidKey),
+        BackendError::InvalidPlan { .. } => (Code::InvalidArgument, ErrorReason::InvalidPlan),
+        BackendError::UnknownLayer { .. } => (Code::NotFound, ErrorReason::UnknownLayer),
+        BackendError::LimitExceeded { .. } => (Code::ResourceExhausted, ErrorReason::LimitExceeded),
+        // `Internal` and variants added later.
+        _ => (Code::Internal, ErrorReason::Internal),
+    };
+    status(code, reason, e.to_string())
+}
+
+/// gRPC status of an envelope error.
+pub fn from_proto(e: &ProtoError) -> Status {
+    let code = match e {
+        ProtoError::TooManyCiphertexts { .. } | ProtoError::CiphertextTooLarge { .. } => {
+            Code::ResourceExhausted
+        }
+        _ => Code::InvalidArgument,
+    };
+    let reason = if code == Code::ResourceExhausted {
+        ErrorReason::LimitExceeded
+    } else {
+        ErrorReason::MalformedRequest
+    };
+    status(code, reason, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CiphertextFault;
+
+    #[test]
+    fn backend_errors_map_to_typed_statuses() {
+        let cases = [
+            (
+                BackendError::InvalidCiphertext {
+                    index: 0,
+                    fault: CiphertextFault::BadMagic,
+                },
+                Code::InvalidArgument,
+                ErrorReason::InvalidCiphertext,
+            ),
+            (
+                BackendError::ParameterMismatch {
+                    index: 1,
+                    what: "N".into(),
+                },
+                Code::InvalidArgument,
+                ErrorReason::ParameterMismatch,
+            ),
+            (
+                BackendError::UnknownLayer { layer: 9, group: 0 },
+                Code::NotFound,
+                ErrorReason::UnknownLayer,
+            ),
+            (
+                BackendError::LimitExceeded {
+                    what: "x",
+                    limit: 1,
+                    got: 2,
+                },
+                Code::ResourceExhausted,
+                ErrorReason::LimitExceeded,
+            ),
+            (
+                BackendError::Internal { reason: "x".into() },
+                Code::Internal,
+                ErrorReason::Internal,
+            ),
+        ];
+        for (e, code, reason) in cases {
+            let s = from_backend(&e);
+            assert_eq!(s.code(), code, "{e}");
+            assert_eq!(reason_of(&s), Some(reason), "{e}");
+        }
+    }
+}
