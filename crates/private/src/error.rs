@@ -1,0 +1,38 @@
+//! The crate's error type.
+
+use cipherlora_model::ModelError;
+
+/// Errors of private generation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrivateError {
+    /// Packing, planning or HE evaluation failed (malformed ciphertexts,
+    /// plan mismatches, wrong shapes).
+    #[error("HE-LoRA: {0}")]
+    Helora(#[from] cipherlora_helora::HeloraError),
+    /// The CKKS engine refused parameters, keys or bytes.
+    #[error("CKKS: {0}")]
+    Ckks(#[from] cipherlora_ckks::CkksError),
+    /// Loading the adapter or the model failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A request named a layer or group the adapter does not have.
+    #[error("no adapted group {group} in layer {layer}")]
+    UnknownGroup {
+        /// Decoder layer index.
+        layer: u32,
+        /// Group index ([`crate::AdapterGroups::group_index`]).
+        group: u32,
+    },
+    /// The adapter's sidecar file (cipherlora.json) is malformed.
+    #[error("{path}: {reason}")]
+    Sidecar {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The transport failed (connection, status from the server).
+    #[error("transport: {0}")]
+    Transport(String),
+}

@@ -1,0 +1,37 @@
+//! Private generation: what connects the plaintext model to the HE-LoRA
+//! halves.
+//!
+//! - [`AdapterServer`] (server side): a PEFT adapter split into fused layer
+//!   groups (q,k,v; o; gate,up; down), the plans it offers for a verify width
+//!   T, and [`ServerSession`]s, each holding one client's Galois keys and the
+//!   pre-encoded plaintext diagonals, answering one [`GroupRequest`] per layer
+//!   group per round. It never sees a secret key or a plaintext activation.
+//! - [`HeHook`] (client side): a [`cipherlora_model::DeltaHook`] that encrypts
+//!   each group's input (FFA: `A·X`, computed locally with the public lora_A;
+//!   standard: X itself), sends it through a [`Transport`], decrypts the
+//!   returned deltas and maps them into the client model's row layout.
+//! - [`Transport`]: one round trip per layer group. [`InProcess`] calls a
+//!   session directly (the demo and tests); [`GrpcTransport`] (module
+//!   [`remote`]) carries the same requests over the gRPC adapter service.
+//!
+//! Design choice: the server keeps its adapter in the PEFT (Hugging Face)
+//! row layout whatever model file the client runs; a client whose GGUF file
+//! has llama.cpp's permuted q/k rows permutes the decrypted q/k deltas itself
+//! (a public permutation applied after decryption, so nothing about it goes
+//! back to the server).
+
+mod adapter_groups;
+mod error;
+mod hook;
+pub mod remote;
+mod server;
+mod transport;
+
+pub use adapter_groups::{AdapterGroups, LoraKind};
+pub use error::PrivateError;
+pub use hook::{HeHook, HeTimings};
+pub use remote::{GrpcTransport, HeBackend, connect_remote};
+pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer};
+pub use transport::{InProcess, Reply, Transport};
+
+pub use cipherlora_helora::wire::{GroupRequest, GroupResponse};

@@ -1,0 +1,34 @@
+//! Private generation over the network: the HE adapter server behind the
+//! gRPC adapter service (`cipherlora-service`), and the client's transport
+//! to it.
+//!
+//! - [`HeBackend`] (server): an [`AdapterServer`](crate::AdapterServer) as a
+//!   [`cipherlora_service::AdapterBackend`]. Its `AdapterInfo` carries the
+//!   PEFT description, the CKKS preset name and, for FFA adapters, the public
+//!   lora_A ([`encode_public_a`]).
+//! - [`connect_remote`] (client): a ready [`HeHook`](crate::HeHook) over a
+//!   [`GrpcTransport`].
+//!
+//! Opening a session takes two `OpenSession` calls, because the service
+//! wants the Galois keys in the same call that returns the plan, while the
+//! client can only make the keys once it knows the plans' rotation steps:
+//! 1. offer only ([`PlanRequest::offer_only`]): no keys; the server answers
+//!    the [`SessionOffer`](crate::SessionOffer) for T ([`encode_offer`]);
+//! 2. with the Galois keys for exactly those steps: the server answers the
+//!    same offer (it is deterministic in T) and keeps the keys; the client
+//!    checks the two offers are byte-identical.
+//!
+//! The offer-only session computes nothing and is closed by step 2. No new
+//! RPC is needed, and nothing the client decrypts is ever sent (threat
+//! model, guarantee 2).
+
+mod backend;
+mod transport;
+mod wire;
+
+pub use backend::HeBackend;
+pub use transport::{GrpcTransport, RemoteOffer, connect_remote, fetch_offer};
+pub use wire::{
+    MAX_GROUPS, MAX_T, PlanRequest, PublicA, decode_offer, decode_public_a, encode_offer,
+    encode_public_a, preset_from_name, preset_name,
+};

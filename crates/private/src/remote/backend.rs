@@ -1,0 +1,455 @@
+//! The HE adapter server as a [`cipherlora_service::AdapterBackend`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use cipherlora_ckks::{CkksError, CkksParameters, Context, SeededCiphertext};
+use cipherlora_helora::HeloraError;
+use cipherlora_helora::wire::GroupRequest;
+use cipherlora_model::ModelConfig;
+use cipherlora_service::{
+    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupShape, OpenSessionPayload,
+    OpenedSession, SessionCompute,
+};
+
+use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
+use crate::PrivateError;
+use crate::adapter_groups::{AdapterGroups, LoraKind};
+use crate::server::{AdapterServer, ServerSession, SessionOffer};
+
+/// An [`AdapterServer`] behind the gRPC service.
+///
+/// `open_session` reads a [`PlanRequest`] from the plan request bytes:
+/// - `offer_only`: answers the encoded [`SessionOffer`] for T
+///   ([`super::wire::encode_offer`]) without reading any key; the session it
+///   opens computes nothing (every round is `NOT_FOUND`). This is the first
+///   step of the client's two-step opening: it needs the plans' Galois steps
+///   to make the keys.
+/// - otherwise: the same offer (deterministic in T and the server's planner
+///   costs), the Galois keys parsed and validated, every group's plaintext
+///   diagonals pre-encoded ([`AdapterServer::open_session`]).
+///
+/// The public key is not used (no circuit-privacy rerandomisation yet).
+#[derive(Debug)]
+pub struct HeBackend {
+    server: AdapterServer,
+    info: AdapterInfo,
+    ctx: Arc<Context>,
+}
+
+impl HeBackend {
+    /// Loads the PEFT adapter in `dir` for a base model of shape `config`
+    /// and describes it from `adapter_config.json` and `cipherlora.json`.
+    ///
+    /// # Errors
+    /// As [`AdapterServer::load`]; [`PrivateError::Sidecar`] for an
+    /// unreadable or malformed `adapter_config.json`.
+    pub fn load(
+        adapter_id: impl Into<String>,
+        dir: &Path,
+        config: &ModelConfig,
+    ) -> Result<Self, PrivateError> {
+        let server = AdapterServer::load(dir, config)?;
+        let info = describe(adapter_id.into(), dir, &server)?;
+        Self::new(server, info)
+    }
+
+    /// Serves `server`, announced as `info` (whose `ckks_presets` and, for
+    /// FFA adapters, `ffa_lora_a` are filled in from the server).
+    ///
+    /// # Errors
+    /// [`PrivateError::Ckks`] if the preset's context cannot be built.
+    pub fn new(server: AdapterServer, mut info: AdapterInfo) -> Result<Self, PrivateError> {
+        let ctx = Context::new(CkksParameters::preset(server.preset())?)?;
+        info.ckks_presets = vec![preset_name(server.preset()).to_string()];
+        info.ffa_lora_a = (server.groups().kind == LoraKind::Ffa)
+            .then(|| Bytes::from(encode_public_a(server.groups())));
+        Ok(Self { server, info, ctx })
+    }
+
+    /// The adapter server.
+    #[must_use]
+    pub fn server(&self) -> &AdapterServer {
+        &self.server
+    }
+}
+
+/// The public description of the adapter in `dir`.
+fn describe(
+    adapter_id: String,
+    dir: &Path,
+    server: &AdapterServer,
+) -> Result<AdapterInfo, PrivateError> {
+    let json = |name: &str| -> Result<Option<serde_json::Value>, PrivateError> {
+        let path = dir.join(name);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| PrivateError::Sidecar {
+                path,
+                reason: e.to_string(),
+            })
+    };
+    let peft = json("adapter_config.json")?.unwrap_or_default();
+    let side = json("cipherlora.json")?.unwrap_or_default();
+    let groups = server.groups();
+    let str_of = |v: &serde_json::Value| v.as_str().map(str::to_string);
+    let mut target_modules: Vec<String> = peft["target_modules"]
+        .as_array()
+        .map(|a| a.iter().filter_map(str_of).collect())
+        .unwrap_or_default();
+    target_modules.sort();
+    let rank_pattern: BTreeMap<String, u32> = peft["rank_pattern"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), u32::try_from(v.as_u64()?).ok()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let rank = peft["r"]
+        .as_u64()
+        .and_then(|r| u32::try_from(r).ok())
+        .or_else(|| {
+            let p = groups.groups.first()?.adapter.projections.first()?;
+            u32::try_from(p.rank).ok()
+        })
+        .unwrap_or(0);
+    let base = &side["base_model"];
+    let base_model = str_of(&base["gguf_file"])
+        .or_else(|| str_of(&peft["base_model_name_or_path"]))
+        .unwrap_or_default();
+    let mut base_model_sha256 = [0u8; 32];
+    if let Some(hex) = base["gguf_sha256"].as_str() {
+        if let Some(b) = parse_hex32(hex) {
+            base_model_sha256 = b;
+        }
+    }
+    let layers: BTreeSet<usize> = groups.groups.iter().map(|g| g.layer).collect();
+    let mut group_names: Vec<(u32, Vec<String>)> = Vec::new();
+    for g in &groups.groups {
+        let idx = AdapterGroups::group_index(g.group);
+        if !group_names.iter().any(|(i, _)| *i == idx) {
+            let names = g.adapter.projections.iter().map(|p| p.name.clone());
+            group_names.push((idx, names.collect()));
+        }
+    }
+    group_names.sort_by_key(|(i, _)| *i);
+    Ok(AdapterInfo {
+        adapter_id,
+        base_model,
+        base_model_revision: str_of(&peft["revision"]).unwrap_or_default(),
+        base_model_sha256,
+        target_modules,
+        rank,
+        rank_pattern,
+        lora_alpha: peft["lora_alpha"].as_f64().unwrap_or(0.0),
+        num_layers: u32::try_from(layers.len()).unwrap_or(u32::MAX),
+        groups: group_names.into_iter().map(|(_, n)| n).collect(),
+        ffa_lora_a: None,
+        ckks_presets: Vec::new(),
+    })
+}
+
+fn parse_hex32(hex: &str) -> Option<[u8; 32]> {
+    let b = hex.as_bytes();
+    if b.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+        let s = std::str::from_utf8(pair).ok()?;
+        *o = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl AdapterBackend for HeBackend {
+    fn info(&self) -> AdapterInfo {
+        self.info.clone()
+    }
+
+    fn open_session(&self, payload: OpenSessionPayload) -> Result<OpenedSession, BackendError> {
+        let preset = self.server.preset();
+        if payload.ckks_preset != preset_name(preset) {
+            return Err(BackendError::UnknownPreset {
+                preset: payload.ckks_preset,
+            });
+        }
+        let request = PlanRequest::from_bytes(&payload.plan_request).map_err(|e| {
+            BackendError::InvalidPlan {
+                reason: e.to_string(),
+            }
+        })?;
+        let offer = self
+            .server
+            .offer(request.t)
+            .map_err(|e| BackendError::InvalidPlan {
+                reason: e.to_string(),
+            })?;
+        let plan = Bytes::from(encode_offer(&offer));
+        if request.offer_only {
+            return Ok(OpenedSession {
+                plan,
+                compute: Box::new(OfferOnly),
+            });
+        }
+        let session = self
+            .server
+            .open_session(&offer, &payload.galois_keys)
+            .map_err(|e| match e {
+                PrivateError::Ckks(e) => BackendError::InvalidKey {
+                    what: e.to_string(),
+                },
+                other => BackendError::InvalidPlan {
+                    reason: other.to_string(),
+                },
+            })?;
+        let compute = HeCompute::new(self.ctx.clone(), session, &offer)?;
+        Ok(OpenedSession {
+            plan,
+            compute: Box::new(compute),
+        })
+    }
+}
+
+/// The session of an offer-only opening: it answers no round.
+struct OfferOnly;
+
+impl SessionCompute for OfferOnly {
+    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
+        Err(BackendError::UnknownLayer { layer, group })
+    }
+
+    fn compute(
+        &self,
+        layer: u32,
+        group: u32,
+        _round: u64,
+        _ciphertexts: &[Bytes],
+    ) -> Result<Vec<Bytes>, BackendError> {
+        Err(BackendError::UnknownLayer { layer, group })
+    }
+}
+
+/// What a request of one group must look like.
+#[derive(Debug, Clone, Copy)]
+struct GroupMeta {
+    plan_id: u64,
+    t: u32,
+    inputs: usize,
+    level: usize,
+}
+
+/// A live HE session: validates each request's ciphertexts (framing,
+/// parameters, level, coefficients) before [`ServerSession::handle`] does any
+/// arithmetic, so that bad input maps to a precise [`BackendError`].
+struct HeCompute {
+    ctx: Arc<Context>,
+    session: ServerSession,
+    groups: HashMap<(u32, u32), GroupMeta>,
+}
+
+impl HeCompute {
+    fn new(
+        ctx: Arc<Context>,
+        session: ServerSession,
+        offer: &SessionOffer,
+    ) -> Result<Self, BackendError> {
+        let mut groups = HashMap::with_capacity(offer.groups.len());
+        for og in &offer.groups {
+            let inputs = og.plan.input_cts().map_err(|e| BackendError::Internal {
+                reason: e.to_string(),
+            })?;
+            let meta = GroupMeta {
+                plan_id: og.plan.id(),
+                t: og.plan.t as u32,
+                inputs,
+                level: og.plan.input_level(),
+            };
+            let key = (og.layer as u32, AdapterGroups::group_index(og.group));
+            groups.insert(key, meta);
+        }
+        Ok(Self {
+            ctx,
+            session,
+            groups,
+        })
+    }
+
+    fn meta(&self, layer: u32, group: u32) -> Result<GroupMeta, BackendError> {
+        self.groups
+            .get(&(layer, group))
+            .copied()
+            .ok_or(BackendError::UnknownLayer { layer, group })
+    }
+}
+
+impl SessionCompute for HeCompute {
+    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
+        Ok(GroupShape {
+            input_ciphertexts: self.meta(layer, group)?.inputs,
+        })
+    }
+
+    fn compute(
+        &self,
+        layer: u32,
+        group: u32,
+        _round: u64,
+        ciphertexts: &[Bytes],
+    ) -> Result<Vec<Bytes>, BackendError> {
+        let meta = self.meta(layer, group)?;
+        if ciphertexts.len() != meta.inputs {
+            return Err(BackendError::CiphertextCount {
+                expected: meta.inputs,
+                got: ciphertexts.len(),
+            });
+        }
+        for (index, bytes) in ciphertexts.iter().enumerate() {
+            let ct = SeededCiphertext::from_bytes(&self.ctx, bytes)
+                .map_err(|e| ciphertext_error(index, e))?;
+            if ct.level() != meta.level {
+                return Err(BackendError::ParameterMismatch {
+                    index,
+                    what: format!("level {}, the plan needs {}", ct.level(), meta.level),
+                });
+            }
+        }
+        let request = GroupRequest {
+            plan_id: meta.plan_id,
+            layer,
+            group,
+            t: meta.t,
+            ciphertexts: ciphertexts.iter().map(|c| c.to_vec()).collect(),
+        };
+        let response = self.session.handle(&request).map_err(backend_error)?;
+        Ok(response.ciphertexts.into_iter().map(Bytes::from).collect())
+    }
+}
+
+/// Maps a CKKS deserialisation error of ciphertext `index`.
+fn ciphertext_error(index: usize, e: CkksError) -> BackendError {
+    let fault = match e {
+        CkksError::Truncated { expected, got } => CiphertextFault::Truncated { expected, got },
+        CkksError::TrailingBytes { expected, got } => {
+            CiphertextFault::TrailingBytes { expected, got }
+        }
+        CkksError::BadMagic | CkksError::WrongKind { .. } => CiphertextFault::BadMagic,
+        CkksError::UnsupportedVersion { version } => {
+            CiphertextFault::UnsupportedVersion { version }
+        }
+        CkksError::CoefficientOutOfRange { limb, index } => {
+            CiphertextFault::CoefficientOutOfRange { limb, index }
+        }
+        CkksError::Malformed { what } => CiphertextFault::Malformed { what },
+        CkksError::InvalidScale { .. } => CiphertextFault::Malformed { what: "scale" },
+        CkksError::ParameterMismatch { what } => {
+            return BackendError::ParameterMismatch {
+                index,
+                what: what.to_string(),
+            };
+        }
+        CkksError::LevelOutOfRange { level, max } => {
+            return BackendError::ParameterMismatch {
+                index,
+                what: format!("level {level} above the parameters' maximum {max}"),
+            };
+        }
+        other => {
+            return BackendError::Internal {
+                reason: other.to_string(),
+            };
+        }
+    };
+    BackendError::InvalidCiphertext { index, fault }
+}
+
+/// Maps what [`ServerSession::handle`] reports once the ciphertexts parsed.
+fn backend_error(e: PrivateError) -> BackendError {
+    match e {
+        PrivateError::UnknownGroup { layer, group } => BackendError::UnknownLayer { layer, group },
+        PrivateError::Helora(HeloraError::CiphertextCount { expected, got, .. }) => {
+            BackendError::CiphertextCount { expected, got }
+        }
+        PrivateError::Helora(HeloraError::PlanMismatch {
+            field,
+            expected,
+            got,
+        }) => BackendError::ParameterMismatch {
+            index: 0,
+            what: format!("{field} is {got}, the plan needs {expected}"),
+        },
+        PrivateError::Ckks(e) => ciphertext_error(0, e),
+        other => BackendError::Internal {
+            reason: other.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ckks_faults_map_to_their_backend_errors() {
+        let e = ciphertext_error(
+            2,
+            CkksError::Truncated {
+                expected: 9,
+                got: 3,
+            },
+        );
+        assert_eq!(
+            e,
+            BackendError::InvalidCiphertext {
+                index: 2,
+                fault: CiphertextFault::Truncated {
+                    expected: 9,
+                    got: 3
+                }
+            }
+        );
+        assert!(matches!(
+            ciphertext_error(
+                1,
+                CkksError::ParameterMismatch {
+                    what: "ring degree"
+                }
+            ),
+            BackendError::ParameterMismatch { index: 1, .. }
+        ));
+        assert!(matches!(
+            ciphertext_error(0, CkksError::LevelOutOfRange { level: 7, max: 1 }),
+            BackendError::ParameterMismatch { index: 0, .. }
+        ));
+        assert!(matches!(
+            backend_error(PrivateError::UnknownGroup { layer: 3, group: 1 }),
+            BackendError::UnknownLayer { layer: 3, group: 1 }
+        ));
+        assert!(matches!(
+            backend_error(PrivateError::Helora(HeloraError::CiphertextCount {
+                what: "x",
+                expected: 1,
+                got: 2
+            })),
+            BackendError::CiphertextCount {
+                expected: 1,
+                got: 2
+            }
+        ));
+    }
+
+    #[test]
+    fn sha256_hex_parses() {
+        let h = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+        let b = parse_hex32(h).unwrap();
+        assert_eq!((b[0], b[31]), (0xb1, 0x53));
+        assert!(parse_hex32(&h[1..]).is_none());
+        assert!(parse_hex32(&h.replace('b', "g")).is_none());
+    }
+}

@@ -1,0 +1,212 @@
+//! The client side over gRPC: fetching the offer, opening the session, and a
+//! [`Transport`] on the blocking [`AdapterClient`].
+
+use bytes::Bytes;
+use cipherlora_helora::wire::{GroupRequest, GroupResponse};
+use cipherlora_model::ModelConfig;
+use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, SessionParams};
+
+use super::wire::{PlanRequest, decode_offer};
+use crate::PrivateError;
+use crate::hook::HeHook;
+use crate::server::SessionOffer;
+use crate::transport::{Reply, Transport};
+
+/// An adapter's offer for one verify width, as the server sent it.
+#[derive(Debug, Clone)]
+pub struct RemoteOffer {
+    /// The adapter's public description (from `ListAdapters`).
+    pub info: AdapterInfo,
+    /// CKKS preset name the keys must be made under.
+    pub ckks_preset: String,
+    /// The decoded, validated offer.
+    pub offer: SessionOffer,
+    /// The offer bytes, to check that the real session runs the same plans.
+    pub offer_bytes: Bytes,
+}
+
+fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
+    PrivateError::Transport(e.to_string())
+}
+
+/// Step one of opening a session: looks `adapter_id` up with `ListAdapters`
+/// and asks for its offer for verify width `t` with an offer-only
+/// `OpenSession` (no key is sent; the server answers the plans, whose Galois
+/// steps the client needs to make its keys). The offer-only session is
+/// closed by the next `open_session` of the same client.
+///
+/// # Errors
+/// [`PrivateError::Transport`] for connection failures, refusals and an
+/// unknown adapter; [`PrivateError::Helora`] for a malformed offer or one
+/// for another T.
+pub fn fetch_offer(
+    client: &mut AdapterClient,
+    adapter_id: &str,
+    t: usize,
+) -> Result<RemoteOffer, PrivateError> {
+    let info = client
+        .list_adapters()
+        .map_err(transport_error)?
+        .into_iter()
+        .find(|a| a.adapter_id == adapter_id)
+        .ok_or_else(|| {
+            PrivateError::Transport(format!("the server has no adapter {adapter_id:?}"))
+        })?;
+    let ckks_preset = info
+        .ckks_presets
+        .first()
+        .cloned()
+        .ok_or_else(|| PrivateError::Transport("the adapter names no CKKS preset".into()))?;
+    let session = client
+        .open_session(SessionParams {
+            adapter_id: adapter_id.to_string(),
+            ckks_preset: ckks_preset.clone(),
+            public_key: Bytes::new(),
+            galois_keys: Bytes::new(),
+            plan_request: Bytes::from(
+                PlanRequest {
+                    t,
+                    offer_only: true,
+                }
+                .to_bytes(),
+            ),
+        })
+        .map_err(transport_error)?;
+    let offer = decode_offer(&session.plan)?;
+    if offer.t != t {
+        return Err(PrivateError::Transport(format!(
+            "asked for T = {t}, the server offered T = {}",
+            offer.t
+        )));
+    }
+    Ok(RemoteOffer {
+        info,
+        ckks_preset,
+        offer,
+        offer_bytes: session.plan,
+    })
+}
+
+/// [`Transport`] over a gRPC session of the adapter service.
+///
+/// Each verify pass is one service round: the round number goes up when a
+/// request's (layer, group) does not come after the previous one's, so all
+/// groups of one forward pass share it. The [`AdapterClient`] replays a round
+/// after a dropped connection under the same number (the backend is
+/// deterministic, so the replay returns the same deltas).
+pub struct GrpcTransport {
+    client: AdapterClient,
+    round: u64,
+    last: Option<(u32, u32)>,
+}
+
+impl std::fmt::Debug for GrpcTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcTransport")
+            .field("round", &self.round)
+            .field("stats", &self.client.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrpcTransport {
+    /// Step two: opens the real session for `offer` with the client's
+    /// serialised Galois keys.
+    ///
+    /// # Errors
+    /// [`PrivateError::Transport`] when the server refuses the keys or
+    /// answers another offer than [`fetch_offer`] got.
+    pub fn open(
+        mut client: AdapterClient,
+        offer: &RemoteOffer,
+        galois_keys: &[u8],
+    ) -> Result<Self, PrivateError> {
+        let session = client
+            .open_session(SessionParams {
+                adapter_id: offer.info.adapter_id.clone(),
+                ckks_preset: offer.ckks_preset.clone(),
+                public_key: Bytes::new(),
+                galois_keys: Bytes::copy_from_slice(galois_keys),
+                plan_request: Bytes::from(
+                    PlanRequest {
+                        t: offer.offer.t,
+                        offer_only: false,
+                    }
+                    .to_bytes(),
+                ),
+            })
+            .map_err(transport_error)?;
+        if session.plan != offer.offer_bytes {
+            return Err(PrivateError::Transport(
+                "the session runs other plans than the server offered".into(),
+            ));
+        }
+        Ok(Self {
+            client,
+            round: 0,
+            last: None,
+        })
+    }
+
+    /// The gRPC client (stats, or raw calls).
+    pub fn client_mut(&mut self) -> &mut AdapterClient {
+        &mut self.client
+    }
+}
+
+impl Transport for GrpcTransport {
+    fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError> {
+        let key = (request.layer, request.group);
+        if self.last.is_none_or(|last| key <= last) {
+            self.round += 1;
+        }
+        self.last = Some(key);
+        let cts = request
+            .ciphertexts
+            .iter()
+            .map(|c| Bytes::copy_from_slice(c))
+            .collect();
+        let before = self.client.stats().server_micros;
+        let out = self
+            .client
+            .round(request.layer, request.group, self.round, cts)
+            .map_err(transport_error)?;
+        let micros = self.client.stats().server_micros.saturating_sub(before);
+        Ok(Reply {
+            response: GroupResponse {
+                plan_id: request.plan_id,
+                layer: request.layer,
+                group: request.group,
+                t: request.t,
+                ciphertexts: out.into_iter().map(|b| b.to_vec()).collect(),
+            },
+            server_ms: Some(micros as f64 / 1e3),
+        })
+    }
+}
+
+/// Connects to an adapter server and returns a ready [`HeHook`] for verify
+/// width `t` (K drafts + 1):
+/// 1. `ListAdapters` + an offer-only `OpenSession` ([`fetch_offer`]): the
+///    plans, and for FFA adapters the public lora_A;
+/// 2. a fresh secret key and the Galois keys for exactly the plans' steps
+///    ([`HeHook::connect`]);
+/// 3. the real `OpenSession` with those keys ([`GrpcTransport::open`]).
+///
+/// `model_config` is the client model's shape (for the q/k row layout).
+///
+/// # Errors
+/// [`PrivateError::Transport`] for connection failures and refusals; those
+/// of [`fetch_offer`] and [`HeHook::connect`].
+pub fn connect_remote(
+    config: ClientConfig,
+    adapter_id: &str,
+    t: usize,
+    model_config: &ModelConfig,
+) -> Result<HeHook<GrpcTransport>, PrivateError> {
+    let mut client = AdapterClient::connect(config).map_err(transport_error)?;
+    let offer = fetch_offer(&mut client, adapter_id, t)?;
+    HeHook::connect(&offer.offer, model_config, |keys| {
+        GrpcTransport::open(client, &offer, keys)
+    })
+}

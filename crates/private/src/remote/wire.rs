@@ -1,0 +1,577 @@
+//! Byte encodings carried inside the service's opaque fields: the plan
+//! request (`OpenSessionRequest.plan_request`), the session offer
+//! (`OpenSessionResponse.plan`) and the public FFA lora_A
+//! (`AdapterInfo.ffa_lora_a`).
+//!
+//! Little-endian, a 4-byte magic and a version byte per message, like
+//! `cipherlora_helora::wire`. Every decoder checks counts against the bytes
+//! left before allocating, validates each embedded plan with
+//! [`decode_plan`], checks that the public lora_A matches the plan's shape,
+//! and reports bad bytes as
+//! [`HeloraError::Malformed`](cipherlora_helora::HeloraError::Malformed)
+//! wrapped in [`PrivateError::Helora`]; it never panics.
+
+use cipherlora_ckks::{CkksParameters, Preset};
+use cipherlora_helora::wire::{MAX_PROJECTIONS, decode_plan, encode_plan};
+use cipherlora_helora::{HeloraError, Mode};
+use cipherlora_model::{Proj, ProjGroup};
+
+use crate::PrivateError;
+use crate::adapter_groups::{AdapterGroups, LoraKind};
+use crate::server::{OfferedGroup, SessionOffer};
+
+const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
+const OFFER_MAGIC: &[u8; 4] = b"CLOF";
+const PUBLIC_A_MAGIC: &[u8; 4] = b"CLPA";
+const VERSION: u8 = 1;
+
+/// Largest verify width T a plan request may ask for.
+pub const MAX_T: usize = 256;
+/// Most adapted (layer, group) pairs in one offer.
+pub const MAX_GROUPS: usize = 1 << 14;
+
+/// What the client asks for when opening a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanRequest {
+    /// Positions per verify pass (K drafts + 1), `1..=MAX_T`.
+    pub t: usize,
+    /// `true`: only return the offer for `t` (no keys are read, the session
+    /// computes nothing); the client needs the offer's Galois steps before it
+    /// can make the keys of the real session.
+    pub offer_only: bool,
+}
+
+impl PlanRequest {
+    /// 10 bytes: magic, version, T (u32), flags (bit 0: offer only).
+    #[must_use]
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut o = Vec::with_capacity(10);
+        o.extend_from_slice(REQUEST_MAGIC);
+        o.push(VERSION);
+        put_u32(&mut o, self.t);
+        o.push(u8::from(self.offer_only));
+        o
+    }
+
+    /// Parses and validates a plan request.
+    ///
+    /// # Errors
+    /// [`PrivateError::Helora`] (`Malformed`) for bad bytes, T = 0 or
+    /// T > [`MAX_T`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, PrivateError> {
+        let mut r = Reader::new(bytes, "plan request");
+        r.header(REQUEST_MAGIC)?;
+        let t = r.usize()?;
+        if t == 0 || t > MAX_T {
+            return Err(r.bad("T out of range"));
+        }
+        let offer_only = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(r.bad("unknown flags")),
+        };
+        r.finish()?;
+        Ok(Self { t, offer_only })
+    }
+}
+
+/// Stable wire name of a CKKS preset (`AdapterInfo.ckks_presets`,
+/// `OpenSessionRequest.ckks_preset`).
+#[must_use]
+pub fn preset_name(p: Preset) -> &'static str {
+    match p {
+        Preset::N8192Depth1 => "n8192-depth1",
+        Preset::N8192Depth2 => "n8192-depth2",
+        Preset::N16384Depth1 => "n16384-depth1",
+        Preset::N16384Depth2 => "n16384-depth2",
+        Preset::N8192Depth2Fast => "n8192-depth2-fast",
+        Preset::N16384Depth2Fast => "n16384-depth2-fast",
+        _ => "unknown",
+    }
+}
+
+const PRESETS: [Preset; 6] = [
+    Preset::N8192Depth1,
+    Preset::N8192Depth2,
+    Preset::N16384Depth1,
+    Preset::N16384Depth2,
+    Preset::N8192Depth2Fast,
+    Preset::N16384Depth2Fast,
+];
+
+/// The preset called `name` by [`preset_name`].
+#[must_use]
+pub fn preset_from_name(name: &str) -> Option<Preset> {
+    PRESETS.into_iter().find(|&p| preset_name(p) == name)
+}
+
+/// Serialises an offer: preset, T, kind, then per group the layer, group
+/// index, projections, the plan ([`encode_plan`]) and, for FFA, the public
+/// lora_A of each projection (f32, row-major r × d_in).
+#[must_use]
+pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
+    let mut o = Vec::new();
+    o.extend_from_slice(OFFER_MAGIC);
+    o.push(VERSION);
+    o.push(preset_code(offer.preset));
+    put_u32(&mut o, offer.t);
+    o.push(kind_code(offer.kind));
+    put_u32(&mut o, offer.groups.len());
+    for g in &offer.groups {
+        put_u32(&mut o, g.layer);
+        o.push(AdapterGroups::group_index(g.group) as u8);
+        put_u32(&mut o, g.projections.len());
+        for &p in &g.projections {
+            o.push(proj_code(p));
+        }
+        let plan = encode_plan(&g.plan);
+        put_u32(&mut o, plan.len());
+        o.extend_from_slice(&plan);
+        match &g.public_a {
+            None => o.push(0),
+            Some(a) => {
+                o.push(1);
+                for m in a {
+                    put_f32s(&mut o, m);
+                }
+            }
+        }
+    }
+    o
+}
+
+/// Parses and validates an offer from [`encode_offer`].
+///
+/// Checks, besides the framing: a known preset and kind; T in `1..=MAX_T`;
+/// at most [`MAX_GROUPS`] groups without a repeated (layer, group); each
+/// group's projections distinct and belonging to the group; each plan valid,
+/// with the offer's T, the preset's slots, the kind's mode and one shape
+/// entry per projection; public lora_A present exactly for FFA, of the
+/// plan's r × d_in, all finite.
+///
+/// # Errors
+/// [`PrivateError::Helora`] (`Malformed` or a plan validation error).
+pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
+    let mut r = Reader::new(bytes, "session offer");
+    r.header(OFFER_MAGIC)?;
+    let preset = *PRESETS
+        .get(r.u8()? as usize)
+        .ok_or_else(|| r.bad("unknown preset"))?;
+    let slots = CkksParameters::preset(preset)?.slots();
+    let t = r.usize()?;
+    if t == 0 || t > MAX_T {
+        return Err(r.bad("T out of range"));
+    }
+    let kind = match r.u8()? {
+        0 => LoraKind::Ffa,
+        1 => LoraKind::Standard,
+        _ => return Err(r.bad("unknown LoRA kind")),
+    };
+    let n = r.usize()?;
+    if n > MAX_GROUPS {
+        return Err(r.bad("too many groups"));
+    }
+    let mut groups: Vec<OfferedGroup> = Vec::with_capacity(n.min(r.left() / 16));
+    for _ in 0..n {
+        let layer = r.usize()?;
+        let group = group_of(&r, r.u8()?)?;
+        if groups.iter().any(|g| g.layer == layer && g.group == group) {
+            return Err(r.bad("group offered twice"));
+        }
+        let np = r.usize()?;
+        if np == 0 || np > group.projs().len() {
+            return Err(r.bad("projection count out of range"));
+        }
+        let mut projections = Vec::with_capacity(np);
+        for _ in 0..np {
+            let p = *Proj::ALL
+                .get(r.u8()? as usize)
+                .ok_or_else(|| r.bad("unknown projection"))?;
+            if !group.projs().contains(&p) || projections.contains(&p) {
+                return Err(r.bad("projection not in group or repeated"));
+            }
+            projections.push(p);
+        }
+        let plan_len = r.usize()?;
+        let plan = decode_plan(r.take(plan_len)?)?;
+        let mode = match kind {
+            LoraKind::Ffa => Mode::Ffa,
+            LoraKind::Standard => Mode::Standard,
+        };
+        if plan.t != t || plan.slots != slots || plan.mode != mode {
+            return Err(r.bad("plan does not match the offer's T, slots or kind"));
+        }
+        if plan.shape.ranks.len() != np || np > MAX_PROJECTIONS {
+            return Err(r.bad("plan shape does not match the projections"));
+        }
+        let public_a = match r.u8()? {
+            0 if kind == LoraKind::Standard => None,
+            1 if kind == LoraKind::Ffa => {
+                let mut a = Vec::with_capacity(np);
+                for &rank in &plan.shape.ranks {
+                    a.push(r.f32s(rank.checked_mul(plan.shape.d_in))?);
+                }
+                Some(a)
+            }
+            _ => return Err(r.bad("public lora_A flag does not match the kind")),
+        };
+        groups.push(OfferedGroup {
+            layer,
+            group,
+            projections,
+            plan,
+            public_a,
+        });
+    }
+    r.finish()?;
+    Ok(SessionOffer {
+        preset,
+        t,
+        kind,
+        groups,
+    })
+}
+
+/// Serialises the public lora_A of an FFA adapter (`AdapterInfo.ffa_lora_a`):
+/// per adapted group its layer, group index and per projection the code,
+/// rank, d_in and the r × d_in f32 values.
+#[must_use]
+pub fn encode_public_a(groups: &AdapterGroups) -> Vec<u8> {
+    let mut o = Vec::new();
+    o.extend_from_slice(PUBLIC_A_MAGIC);
+    o.push(VERSION);
+    put_u32(&mut o, groups.groups.len());
+    for g in &groups.groups {
+        put_u32(&mut o, g.layer);
+        o.push(AdapterGroups::group_index(g.group) as u8);
+        put_u32(&mut o, g.adapter.projections.len());
+        for p in &g.adapter.projections {
+            o.push(Proj::from_peft_name(&p.name).map_or(u8::MAX, proj_code));
+            put_u32(&mut o, p.rank);
+            put_u32(&mut o, g.adapter.d_in);
+            put_f32s(&mut o, &p.a);
+        }
+    }
+    o
+}
+
+/// One projection's public lora_A from [`decode_public_a`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublicA {
+    /// Decoder layer.
+    pub layer: usize,
+    /// The projection.
+    pub proj: Proj,
+    /// Rank r.
+    pub rank: usize,
+    /// Input width d_in.
+    pub d_in: usize,
+    /// r × d_in values, row-major.
+    pub a: Vec<f32>,
+}
+
+/// Parses [`encode_public_a`] bytes.
+///
+/// # Errors
+/// [`PrivateError::Helora`] (`Malformed`) for bad bytes, unknown groups or
+/// projections, non-finite values.
+pub fn decode_public_a(bytes: &[u8]) -> Result<Vec<PublicA>, PrivateError> {
+    let mut r = Reader::new(bytes, "public lora_A");
+    r.header(PUBLIC_A_MAGIC)?;
+    let n = r.usize()?;
+    if n > MAX_GROUPS {
+        return Err(r.bad("too many groups"));
+    }
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let layer = r.usize()?;
+        let group = group_of(&r, r.u8()?)?;
+        let np = r.usize()?;
+        if np == 0 || np > group.projs().len() {
+            return Err(r.bad("projection count out of range"));
+        }
+        for _ in 0..np {
+            let proj = *Proj::ALL
+                .get(r.u8()? as usize)
+                .ok_or_else(|| r.bad("unknown projection"))?;
+            if !group.projs().contains(&proj) {
+                return Err(r.bad("projection not in group"));
+            }
+            let rank = r.usize()?;
+            let d_in = r.usize()?;
+            let a = r.f32s(rank.checked_mul(d_in))?;
+            out.push(PublicA {
+                layer,
+                proj,
+                rank,
+                d_in,
+                a,
+            });
+        }
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+fn group_of(r: &Reader<'_>, code: u8) -> Result<ProjGroup, PrivateError> {
+    ProjGroup::ALL
+        .into_iter()
+        .find(|&g| AdapterGroups::group_index(g) == u32::from(code))
+        .ok_or_else(|| r.bad("unknown group"))
+}
+
+fn preset_code(p: Preset) -> u8 {
+    PRESETS
+        .iter()
+        .position(|&q| q == p)
+        .map_or(u8::MAX, |i| i as u8)
+}
+
+fn kind_code(k: LoraKind) -> u8 {
+    match k {
+        LoraKind::Ffa => 0,
+        LoraKind::Standard => 1,
+    }
+}
+
+fn proj_code(p: Proj) -> u8 {
+    Proj::ALL
+        .iter()
+        .position(|&q| q == p)
+        .map_or(u8::MAX, |i| i as u8)
+}
+
+fn put_u32(o: &mut Vec<u8>, v: usize) {
+    o.extend_from_slice(&(v as u32).to_le_bytes());
+}
+
+fn put_f32s(o: &mut Vec<u8>, v: &[f32]) {
+    o.reserve(4 * v.len());
+    for x in v {
+        o.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Self { buf, what }
+    }
+
+    fn bad(&self, reason: &'static str) -> PrivateError {
+        PrivateError::Helora(HeloraError::Malformed {
+            what: self.what,
+            reason,
+        })
+    }
+
+    fn left(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PrivateError> {
+        if self.buf.len() < n {
+            return Err(self.bad("truncated"));
+        }
+        let (h, t) = self.buf.split_at(n);
+        self.buf = t;
+        Ok(h)
+    }
+
+    fn u8(&mut self) -> Result<u8, PrivateError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn usize(&mut self) -> Result<usize, PrivateError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+
+    /// `n` finite f32 values (`None`: the count overflowed).
+    fn f32s(&mut self, n: Option<usize>) -> Result<Vec<f32>, PrivateError> {
+        let bytes = n
+            .and_then(|n| n.checked_mul(4))
+            .ok_or_else(|| self.bad("size overflows"))?;
+        let raw = self.take(bytes)?;
+        let v: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        if v.iter().any(|x| !x.is_finite()) {
+            return Err(self.bad("non-finite lora_A value"));
+        }
+        Ok(v)
+    }
+
+    fn header(&mut self, magic: &[u8; 4]) -> Result<(), PrivateError> {
+        if self.take(4)? != magic {
+            return Err(self.bad("bad magic"));
+        }
+        if self.u8()? != VERSION {
+            return Err(self.bad("unsupported version"));
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<(), PrivateError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(self.bad("trailing bytes"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adapter_groups::LayerGroup;
+    use crate::server::AdapterServer;
+    use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
+    use proptest::prelude::*;
+
+    fn groups(kind: LoraKind) -> AdapterGroups {
+        let proj = |name: &str, d_out: usize, seed: f32| ProjectionAdapter {
+            name: name.into(),
+            d_out,
+            rank: 2,
+            a: (0..2 * 8).map(|i| seed + i as f32 / 16.0).collect(),
+            b: (0..d_out * 2).map(|i| i as f32 / 32.0).collect(),
+            scaling: 2.0,
+        };
+        let layer = |layer: usize| {
+            [
+                LayerGroup {
+                    layer,
+                    group: ProjGroup::Qkv,
+                    adapter: GroupAdapter {
+                        d_in: 8,
+                        projections: vec![proj("q_proj", 8, 0.5), proj("v_proj", 4, -0.5)],
+                    },
+                },
+                LayerGroup {
+                    layer,
+                    group: ProjGroup::O,
+                    adapter: GroupAdapter {
+                        d_in: 8,
+                        projections: vec![proj("o_proj", 8, 0.25)],
+                    },
+                },
+            ]
+        };
+        AdapterGroups {
+            kind,
+            groups: layer(0).into_iter().chain(layer(3)).collect(),
+        }
+    }
+
+    fn offer(kind: LoraKind) -> SessionOffer {
+        AdapterServer::new(groups(kind)).offer(5).unwrap()
+    }
+
+    fn same(a: &SessionOffer, b: &SessionOffer) {
+        assert_eq!((a.preset, a.t, a.kind), (b.preset, b.t, b.kind));
+        assert_eq!(a.groups.len(), b.groups.len());
+        for (x, y) in a.groups.iter().zip(&b.groups) {
+            assert_eq!((x.layer, x.group), (y.layer, y.group));
+            assert_eq!(x.projections, y.projections);
+            assert_eq!(x.plan, y.plan);
+            assert_eq!(x.public_a, y.public_a);
+        }
+    }
+
+    #[test]
+    fn offer_round_trips_ffa_and_standard() {
+        for kind in [LoraKind::Ffa, LoraKind::Standard] {
+            let o = offer(kind);
+            assert_eq!(o.groups.len(), 4);
+            let bytes = encode_offer(&o);
+            same(&decode_offer(&bytes).unwrap(), &o);
+            assert_eq!(o.groups[0].public_a.is_some(), kind == LoraKind::Ffa);
+        }
+    }
+
+    #[test]
+    fn plan_request_round_trips_and_rejects_bad_t() {
+        for (t, offer_only) in [(1, false), (5, true), (MAX_T, false)] {
+            let r = PlanRequest { t, offer_only };
+            assert_eq!(PlanRequest::from_bytes(&r.to_bytes()).unwrap(), r);
+        }
+        for t in [0, MAX_T + 1] {
+            let b = PlanRequest {
+                t,
+                offer_only: false,
+            }
+            .to_bytes();
+            assert!(PlanRequest::from_bytes(&b).is_err());
+        }
+        let mut b = PlanRequest {
+            t: 5,
+            offer_only: false,
+        }
+        .to_bytes();
+        b[9] = 2;
+        assert!(PlanRequest::from_bytes(&b).is_err());
+    }
+
+    #[test]
+    fn public_a_round_trips() {
+        let g = groups(LoraKind::Ffa);
+        let got = decode_public_a(&encode_public_a(&g)).unwrap();
+        assert_eq!(got.len(), 6);
+        assert_eq!(got[1].proj, Proj::V);
+        assert_eq!(got[1].layer, 0);
+        assert_eq!(got[5].layer, 3);
+        assert_eq!(got[1].a, g.groups[0].adapter.projections[1].a);
+    }
+
+    #[test]
+    fn offer_with_foreign_values_is_refused() {
+        let o = offer(LoraKind::Ffa);
+        let good = encode_offer(&o);
+        // Every truncation fails.
+        for n in [0, 4, 5, 10, good.len() / 2, good.len() - 1] {
+            assert!(decode_offer(&good[..n]).is_err(), "prefix {n}");
+        }
+        // Trailing byte.
+        let mut long = good.clone();
+        long.push(0);
+        assert!(decode_offer(&long).is_err());
+        // Non-finite lora_A: the last 4 bytes are an f32 of the last matrix.
+        let mut nan = good.clone();
+        let n = nan.len();
+        nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(decode_offer(&nan).is_err());
+        // Kind flipped to standard while public lora_A is present.
+        let mut kind = good.clone();
+        kind[10] = 1;
+        assert!(decode_offer(&kind).is_err());
+        // Unknown preset.
+        let mut preset = good;
+        preset[5] = 200;
+        assert!(decode_offer(&preset).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_offer(&bytes);
+            let _ = decode_public_a(&bytes);
+            let _ = PlanRequest::from_bytes(&bytes);
+        }
+
+        #[test]
+        fn decoders_never_panic_on_mutated_offers(i in any::<usize>(), v in any::<u8>(), cut in any::<usize>()) {
+            let good = encode_offer(&offer(LoraKind::Standard));
+            let mut b = good.clone();
+            let i = i % b.len();
+            b[i] = v;
+            let _ = decode_offer(&b);
+            let _ = decode_offer(&good[..cut % good.len()]);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! One round trip per layer group.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cipherlora_helora::wire::{GroupRequest, GroupResponse};
+
+use crate::{PrivateError, ServerSession};
+
+/// The server's answer to one group request.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The encrypted deltas.
+    pub response: GroupResponse,
+    /// Server compute time in ms, when the transport can tell (the rest of
+    /// the round trip is network and serialisation).
+    pub server_ms: Option<f64>,
+}
+
+/// Carries group requests to the adapter server and brings back responses.
+///
+/// A transport is opened for one session (its Galois keys are on the
+/// server); `round` must be idempotent for the same request so that a
+/// transport may replay it after a dropped connection.
+pub trait Transport {
+    /// Sends one group request and waits for its response.
+    ///
+    /// # Errors
+    /// [`PrivateError::Transport`] when the link fails; the server's typed
+    /// errors otherwise.
+    fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError>;
+}
+
+/// Calls a [`ServerSession`] in the same process, through the same byte
+/// encoding as the network (requests and responses are serialised and
+/// parsed, so sizes and validation are the real ones).
+#[derive(Debug, Clone)]
+pub struct InProcess {
+    session: Arc<ServerSession>,
+    /// Bytes sent to the server so far (requests).
+    pub bytes_up: u64,
+    /// Bytes received from the server so far (responses).
+    pub bytes_down: u64,
+}
+
+impl InProcess {
+    /// A transport to `session`.
+    #[must_use]
+    pub fn new(session: Arc<ServerSession>) -> Self {
+        Self {
+            session,
+            bytes_up: 0,
+            bytes_down: 0,
+        }
+    }
+}
+
+impl Transport for InProcess {
+    fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError> {
+        let up = request.to_bytes();
+        self.bytes_up += up.len() as u64;
+        let started = Instant::now();
+        let parsed = GroupRequest::from_bytes(&up)?;
+        let down = self.session.handle(&parsed)?.to_bytes();
+        let server_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.bytes_down += down.len() as u64;
+        Ok(Reply {
+            response: GroupResponse::from_bytes(&down)?,
+            server_ms: Some(server_ms),
+        })
+    }
+}

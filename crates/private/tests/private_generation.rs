@@ -1,0 +1,99 @@
+//! End to end, in one process: the real default model, the committed
+//! adapters, CKKS under the HE-LoRA plans, speculative decoding. The private
+//! greedy output must equal the plaintext adapted output token for token.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use cipherlora_model::{
+    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
+};
+use cipherlora_private::{AdapterServer, HeHook, InProcess};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+
+fn model() -> &'static (Model, Tokenizer) {
+    static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = fetch::ensure_default_model().expect("default model");
+        (
+            Model::load(&path).unwrap(),
+            Tokenizer::for_model(&path).unwrap(),
+        )
+    })
+}
+
+fn adapter_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../adapters")
+        .join(name)
+}
+
+/// Held-out prompts (HumanEval-style signatures, not in the training corpus).
+const PROMPTS: [&str; 5] = [
+    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "import os\n\ndef list_python_files(root):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def count_words(text):\n    \"\"\"Count how often each word occurs.\"\"\"\n",
+];
+const TOKENS: usize = 32;
+
+fn private_matches_plaintext(adapter: &str, k: usize) {
+    let (model, tok) = model();
+    let dir = adapter_dir(adapter);
+    let server = AdapterServer::load(&dir, model.config()).unwrap();
+    let offer = server.offer(k + 1).unwrap();
+    let mut hook = HeHook::connect(&offer, model.config(), |keys| {
+        Ok(InProcess::new(Arc::new(server.open_session(&offer, keys)?)))
+    })
+    .unwrap();
+    let plain = LoraAdapter::load(&dir, model.config()).unwrap();
+    for text in PROMPTS {
+        let prompt = tok.encode(text).unwrap();
+        let opts = GenerateOptions {
+            max_tokens: TOKENS,
+            sampling: SamplingParams::greedy(),
+            eos: tok.eos_tokens().to_vec(),
+        };
+        let want = generate(
+            model,
+            &prompt,
+            &opts,
+            &mut PlainLora::new(&plain),
+            &mut |_| Ok(()),
+        )
+        .unwrap()
+        .tokens;
+        let cfg = SpecConfig {
+            drafter: DrafterKind::Base,
+            k,
+            adaptive: false,
+            pad_to_k: true,
+            max_tokens: TOKENS,
+            sampling: SamplingParams::greedy(),
+            eos: tok.eos_tokens().to_vec(),
+        };
+        let got = decode::generate(model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+        assert_eq!(
+            got.tokens,
+            want,
+            "{adapter}: private output differs on {text:?}:\n private: {:?}\n plain:   {:?}",
+            tok.decode(&got.tokens).unwrap(),
+            tok.decode(&want).unwrap()
+        );
+        assert!(got.stats.rounds < want.len(), "speculation saved no round");
+    }
+    let t = hook.timings();
+    eprintln!("{adapter}: {t:?}");
+    assert!(t.rounds > 0 && t.bytes_up > 0 && t.bytes_down > 0);
+}
+
+#[test]
+fn private_greedy_speculative_equals_plaintext_ffa() {
+    private_matches_plaintext("code-ffa-r16", 4);
+}
+
+#[test]
+fn private_greedy_speculative_equals_plaintext_standard() {
+    private_matches_plaintext("code-lora-r16", 4);
+}
