@@ -5,3 +5,5 @@
 //! side by side in one run because the machines are small and noisy.
 
 pub mod ckks;
+pub mod helora;
+pub mod model;

@@ -1,0 +1,108 @@
+//! The small HE interface the packing is written against.
+//!
+//! Two halves, matching the two parties: [`HeServer`] evaluates on
+//! ciphertexts with public material only (Galois keys, optionally a public key
+//! for rerandomisation); [`HeClient`] holds the secret key, encrypts and
+//! decrypts. Ciphertexts cross between them only as bytes.
+//!
+//! Implementations: [`crate::sim::SlotSimulator`] (exact f64 slot vectors,
+//! counts every operation) and the CKKS engine adapter.
+
+use crate::error::Result;
+
+/// Server-side homomorphic evaluation.
+///
+/// Rotations are *left* rotations of the slot vector by `step` slots
+/// (`out[i] = in[(i + step) mod slots]`). Plaintexts are produced for a given
+/// ciphertext level and are always followed, after accumulation, by one
+/// rescale (the backend chooses the plaintext scale so that the rescale
+/// restores the input scale).
+pub trait HeServer {
+    /// A ciphertext.
+    type Ct: Clone;
+    /// An encoded plaintext (weights).
+    type Pt;
+
+    /// Slots per ciphertext (N/2).
+    fn slots(&self) -> usize;
+
+    /// Highest level a fresh ciphertext can have.
+    fn max_level(&self) -> usize;
+
+    /// Level of a ciphertext.
+    fn level(&self, ct: &Self::Ct) -> usize;
+
+    /// Encodes weights (one value per slot; fewer values are zero-padded) for
+    /// multiplication with ciphertexts at `level`.
+    ///
+    /// # Errors
+    /// More values than slots, or level out of range.
+    fn encode_weights(&self, values: &[f64], level: usize) -> Result<Self::Pt>;
+
+    /// `Σ_i cts[i] ⊙ pts[i]` (one ct×pt per term; implementations may
+    /// accumulate lazily). The result is not rescaled.
+    ///
+    /// # Errors
+    /// Empty or mismatched inputs, level mismatch.
+    fn dot_plain(&self, cts: &[&Self::Ct], pts: &[&Self::Pt]) -> Result<Self::Ct>;
+
+    /// `acc += other`.
+    ///
+    /// # Errors
+    /// Level or scale mismatch.
+    fn add_assign(&self, acc: &mut Self::Ct, other: &Self::Ct) -> Result<()>;
+
+    /// One rotation (key switch) by `step` slots.
+    ///
+    /// # Errors
+    /// Missing Galois key.
+    fn rotate(&self, ct: &Self::Ct, step: i64) -> Result<Self::Ct>;
+
+    /// Several rotations of the same ciphertext sharing one key-switch
+    /// decomposition (hoisting, Halevi–Shoup 2018 §5).
+    ///
+    /// # Errors
+    /// Missing Galois key.
+    fn rotate_hoisted(&self, ct: &Self::Ct, steps: &[i64]) -> Result<Vec<Self::Ct>>;
+
+    /// Rescale by the last prime (level − 1).
+    ///
+    /// # Errors
+    /// At level 0.
+    fn rescale(&self, ct: &Self::Ct) -> Result<Self::Ct>;
+
+    /// Circuit privacy: adds a fresh public-key encryption of zero with
+    /// flooding noise.
+    ///
+    /// # Errors
+    /// No public key available.
+    fn rerandomize(&self, ct: &Self::Ct) -> Result<Self::Ct>;
+
+    /// Parses an uploaded (possibly seeded) ciphertext.
+    ///
+    /// # Errors
+    /// Malformed bytes.
+    fn input_from_bytes(&self, bytes: &[u8]) -> Result<Self::Ct>;
+
+    /// Serialises a result ciphertext for the download.
+    fn output_to_bytes(&self, ct: &Self::Ct) -> Vec<u8>;
+}
+
+/// Client-side encryption and decryption (holds the secret key).
+pub trait HeClient {
+    /// Slots per ciphertext (N/2).
+    fn slots(&self) -> usize;
+
+    /// Encodes and encrypts `values` at `level`; returns the upload bytes
+    /// (seeded where the backend supports it).
+    ///
+    /// # Errors
+    /// More values than slots, level out of range.
+    fn encrypt_to_bytes(&self, values: &[f64], level: usize) -> Result<Vec<u8>>;
+
+    /// Parses, decrypts and decodes a result ciphertext: all slots.
+    ///
+    /// # Errors
+    /// Malformed bytes.
+    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f64>>;
+}

@@ -1,0 +1,273 @@
+//! The HE interface on the `cipherlora-ckks` engine.
+//!
+//! [`CkksClient`] holds the secret key (generated from the OS CSPRNG), makes
+//! the Galois keys for exactly the steps a plan uses and the public key for
+//! rerandomisation; [`CkksServer`] holds only public material. Weights are
+//! encoded with scale = the prime the following rescale divides by, so every
+//! rescale restores the input scale exactly and giant-step sums never need
+//! scale adjustments.
+
+use std::sync::{Arc, Mutex};
+
+use cipherlora_ckks::{
+    Ciphertext, Context, Decryptor, Encoder, Encryptor, Evaluator, GaloisKeys, Plaintext,
+    PublicKey, SecretKey, SeededCiphertext, os_rng,
+};
+use rand::Rng;
+use rand_chacha::ChaCha20Rng;
+
+use crate::backend::{HeClient, HeServer};
+use crate::error::{HeloraError, Result};
+
+fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
+    HeloraError::Backend(e.to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Circuit-privacy settings of [`CkksServer::rerandomize`](HeServer::rerandomize).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rerandomization {
+    /// Standard deviation of the flooding noise added in the slots, in
+    /// absolute slot units (it lowers the precision of every delta by this
+    /// much; `0` adds only the fresh public-key encryption of zero).
+    pub flood_sigma: f64,
+}
+
+impl Default for Rerandomization {
+    /// `2^-20` in slot units: ≈ 2^20 in coefficient units at scale 2^40,
+    /// N = 8192, i.e. ~2^14 above the noise of a fresh encryption. This
+    /// smudges the evaluation noise heuristically; statistical circuit
+    /// privacy (flooding 2^λ above the noise) does not fit these parameters.
+    fn default() -> Self {
+        Rerandomization {
+            flood_sigma: 2f64.powi(-20),
+        }
+    }
+}
+
+/// The server: evaluator, encoder, the Galois keys it was given, and
+/// optionally the client's public key (for rerandomisation).
+pub struct CkksServer {
+    ctx: Arc<Context>,
+    ev: Evaluator,
+    encoder: Encoder,
+    gks: GaloisKeys,
+    pk: Option<(PublicKey, Rerandomization)>,
+    rng: Mutex<ChaCha20Rng>,
+}
+
+impl std::fmt::Debug for CkksServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CkksServer")
+            .field("galois_keys", &self.gks.len())
+            .field("rerandomize", &self.pk.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CkksServer {
+    /// A server for `ctx` with the client's Galois keys and, for circuit
+    /// privacy, its public key.
+    ///
+    /// # Errors
+    /// [`HeloraError::Backend`] when the OS random generator fails.
+    pub fn new(
+        ctx: &Arc<Context>,
+        gks: GaloisKeys,
+        pk: Option<(PublicKey, Rerandomization)>,
+    ) -> Result<Self> {
+        Ok(CkksServer {
+            ctx: ctx.clone(),
+            ev: Evaluator::new(ctx),
+            encoder: Encoder::new(ctx),
+            gks,
+            pk,
+            rng: Mutex::new(os_rng().map_err(he)?),
+        })
+    }
+
+    /// The CKKS context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+/// Box–Muller standard normal from a CSPRNG.
+fn normal(rng: &mut ChaCha20Rng) -> f64 {
+    let u1 = ((rng.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+    let u2 = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+impl HeServer for CkksServer {
+    type Ct = Ciphertext;
+    type Pt = Plaintext;
+
+    fn slots(&self) -> usize {
+        self.ctx.slots()
+    }
+
+    fn max_level(&self) -> usize {
+        self.ctx.max_level()
+    }
+
+    fn level(&self, ct: &Ciphertext) -> usize {
+        ct.level()
+    }
+
+    fn encode_weights(&self, values: &[f64], level: usize) -> Result<Plaintext> {
+        let prime = *self
+            .ctx
+            .params()
+            .moduli()
+            .get(level)
+            .ok_or(HeloraError::NotEnoughLevels {
+                needed: level,
+                available: self.ctx.max_level(),
+            })?;
+        self.encoder.encode(values, level, prime as f64).map_err(he)
+    }
+
+    fn dot_plain(&self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<Ciphertext> {
+        if cts.is_empty() || cts.len() != pts.len() {
+            return Err(HeloraError::Backend("dot_plain: bad term count".into()));
+        }
+        let mut acc = self.ev.mul_accumulator(cts[0].level()).map_err(he)?;
+        for (c, p) in cts.iter().zip(pts) {
+            acc.add_product(c, p).map_err(he)?;
+        }
+        acc.finish()
+            .ok_or_else(|| HeloraError::Backend("dot_plain: empty".into()))
+    }
+
+    fn add_assign(&self, acc: &mut Ciphertext, other: &Ciphertext) -> Result<()> {
+        self.ev.add_assign(acc, other).map_err(he)
+    }
+
+    fn rotate(&self, ct: &Ciphertext, step: i64) -> Result<Ciphertext> {
+        self.ev.rotate(ct, step, &self.gks).map_err(he)
+    }
+
+    fn rotate_hoisted(&self, ct: &Ciphertext, steps: &[i64]) -> Result<Vec<Ciphertext>> {
+        if steps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let h = self.ev.hoist(ct);
+        steps
+            .iter()
+            .map(|&s| self.ev.rotate_hoisted(&h, s, &self.gks).map_err(he))
+            .collect()
+    }
+
+    fn rescale(&self, ct: &Ciphertext) -> Result<Ciphertext> {
+        self.ev.rescale(ct).map_err(he)
+    }
+
+    fn rerandomize(&self, ct: &Ciphertext) -> Result<Ciphertext> {
+        let (pk, cfg) = self
+            .pk
+            .as_ref()
+            .ok_or_else(|| HeloraError::Backend("rerandomize: no public key".into()))?;
+        let mut rng = lock(&self.rng);
+        let noise: Vec<f64> = if cfg.flood_sigma > 0.0 {
+            (0..self.ctx.slots())
+                .map(|_| cfg.flood_sigma * normal(&mut rng))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let pt = self
+            .encoder
+            .encode(&noise, ct.level(), ct.scale())
+            .map_err(he)?;
+        let zero = Encryptor::new(&self.ctx).encrypt_pk(&pt, pk, &mut *rng);
+        drop(rng);
+        let mut out = ct.clone();
+        self.ev.add_assign(&mut out, &zero).map_err(he)?;
+        Ok(out)
+    }
+
+    fn input_from_bytes(&self, bytes: &[u8]) -> Result<Ciphertext> {
+        let seeded = SeededCiphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
+        Ok(seeded.expand())
+    }
+
+    fn output_to_bytes(&self, ct: &Ciphertext) -> Vec<u8> {
+        ct.to_bytes()
+    }
+}
+
+/// The client: secret key, encoder, encryptor, decryptor.
+pub struct CkksClient {
+    ctx: Arc<Context>,
+    sk: SecretKey,
+    encoder: Encoder,
+    encryptor: Encryptor,
+    decryptor: Decryptor,
+    rng: Mutex<ChaCha20Rng>,
+}
+
+impl std::fmt::Debug for CkksClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CkksClient").finish_non_exhaustive()
+    }
+}
+
+impl CkksClient {
+    /// A client with a fresh secret key from the OS CSPRNG.
+    ///
+    /// # Errors
+    /// [`HeloraError::Backend`] when the OS random generator fails.
+    pub fn new(ctx: &Arc<Context>) -> Result<Self> {
+        let mut rng = os_rng().map_err(he)?;
+        let sk = SecretKey::generate(ctx, &mut rng);
+        Ok(CkksClient {
+            ctx: ctx.clone(),
+            decryptor: Decryptor::new(&sk),
+            sk,
+            encoder: Encoder::new(ctx),
+            encryptor: Encryptor::new(ctx),
+            rng: Mutex::new(rng),
+        })
+    }
+
+    /// Galois keys for exactly `steps` (e.g. [`crate::GroupPlan::galois_steps`]).
+    pub fn galois_keys(&self, steps: &[i64]) -> GaloisKeys {
+        GaloisKeys::generate(&self.sk, steps, &mut *lock(&self.rng))
+    }
+
+    /// The public key (only needed by a rerandomising server).
+    pub fn public_key(&self) -> PublicKey {
+        PublicKey::generate(&self.sk, &mut *lock(&self.rng))
+    }
+
+    /// The CKKS context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl HeClient for CkksClient {
+    fn slots(&self) -> usize {
+        self.ctx.slots()
+    }
+
+    fn encrypt_to_bytes(&self, values: &[f64], level: usize) -> Result<Vec<u8>> {
+        let pt = self
+            .encoder
+            .encode(values, level, self.ctx.params().scale())
+            .map_err(he)?;
+        let ct = self
+            .encryptor
+            .encrypt_sk(&pt, &self.sk, &mut *lock(&self.rng));
+        Ok(ct.to_bytes())
+    }
+
+    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f64>> {
+        let ct = Ciphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
+        Ok(self.encoder.decode(&self.decryptor.decrypt(&ct)))
+    }
+}

@@ -1,0 +1,84 @@
+//! The crate's one error type.
+
+use thiserror::Error;
+
+/// Everything that can go wrong in `cipherlora-helora`.
+///
+/// Bad input (shapes, plans, bytes) always yields one of these variants, never
+/// a panic.
+#[non_exhaustive]
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum HeloraError {
+    /// An adapter or activation matrix does not have the size its shape implies.
+    #[error("{what}: expected {expected} values, got {got}")]
+    ShapeMismatch {
+        /// Which matrix.
+        what: &'static str,
+        /// Values implied by the declared shape.
+        expected: usize,
+        /// Values actually given.
+        got: usize,
+    },
+    /// A group shape is degenerate (no projection, zero rank, zero dimension).
+    #[error("invalid group shape: {reason}")]
+    InvalidShape {
+        /// What is wrong, in words.
+        reason: &'static str,
+    },
+    /// The requested plan parameters violate a packing constraint.
+    #[error("infeasible plan: {reason}")]
+    InfeasiblePlan {
+        /// Which constraint, in words.
+        reason: &'static str,
+    },
+    /// No plan fits the slots for this number of positions.
+    #[error("no feasible plan for T = {t} positions in {slots} slots")]
+    NoFeasiblePlan {
+        /// Positions per verify round.
+        t: usize,
+        /// Slots per ciphertext.
+        slots: usize,
+    },
+    /// The number of ciphertexts handed over differs from what the plan needs.
+    #[error("{what}: plan needs {expected} ciphertexts, got {got}")]
+    CiphertextCount {
+        /// Which message or stage.
+        what: &'static str,
+        /// Count implied by the plan.
+        expected: usize,
+        /// Count given.
+        got: usize,
+    },
+    /// A request or response belongs to a different plan, layer, group or T.
+    #[error("message does not match the plan: {field} is {got}, expected {expected}")]
+    PlanMismatch {
+        /// The mismatching header field.
+        field: &'static str,
+        /// Value in the plan.
+        expected: u64,
+        /// Value in the message.
+        got: u64,
+    },
+    /// Malformed bytes in a serialised plan, request or response.
+    #[error("malformed {what}: {reason}")]
+    Malformed {
+        /// What was being decoded.
+        what: &'static str,
+        /// What is wrong, in words.
+        reason: &'static str,
+    },
+    /// The level budget of the backend is too small for the plan's depth.
+    #[error("plan needs {needed} levels, backend offers {available}")]
+    NotEnoughLevels {
+        /// Multiplicative depth the plan needs.
+        needed: usize,
+        /// Levels above 0 in the backend's chain.
+        available: usize,
+    },
+    /// An error reported by the HE backend (CKKS engine), in words.
+    #[error("HE backend: {0}")]
+    Backend(String),
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, HeloraError>;

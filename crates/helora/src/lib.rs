@@ -1,0 +1,80 @@
+//! HE-LoRA: the LoRA delta `s·B·(A·x)` of every projection of a layer, for
+//! all K+1 verify positions at once, on CKKS ciphertexts.
+//!
+//! - [`adapter`]: adapters of a layer group, fused into one block-diagonal
+//!   LoRA (scaling folded into B; `A·B` never materialised).
+//! - [`plan`]: the slot layout and BSGS parameters of a group (the algorithms
+//!   and their sources are documented there); [`counts`]: exact operation
+//!   counts of a plan; [`planner`]: picks a plan from measured costs.
+//! - [`backend`]: the small HE interface; [`sim`]: an exact slot simulator.
+//! - [`client`] / [`server`]: the two halves; they exchange only
+//!   [`wire::GroupRequest`] / [`wire::GroupResponse`] bytes (ciphertexts) and
+//!   public keys.
+//!
+//! # Flow of one verify round (per layer group)
+//! 1. Both sides agree on a [`GroupPlan`] per group shape and T (the server
+//!    picks it with [`planner::choose`] from measured [`OpCosts`]; plans
+//!    serialise with [`wire::encode_plan`]). The client sends Galois keys for
+//!    exactly [`GroupPlan::galois_steps`] once per session.
+//! 2. Client: [`GroupClient::request`] packs (FFA: `U = A·X` in plaintext;
+//!    standard: X) and encrypts → [`GroupRequest`].
+//! 3. Server: [`PreparedGroup::handle`] evaluates on ciphertexts →
+//!    [`GroupResponse`].
+//! 4. Client: [`GroupClient::deltas`] decrypts and unpacks per projection.
+//!
+//! # Strategies and what the planner picks
+//! Per group the planner ([`planner::choose`]) enumerates: FFA —
+//! `hoisted-bsgs` (server baby steps, hoisted; giant steps rescaled then
+//! rotated at level 0), `client-prerotated` (client encrypts the g baby-step
+//! copies) and `client-replicated` (g = r: zero server rotations, r
+//! encryptions and r× upload); standard — `fused` or `segmented` row blocks ×
+//! stage-A baby steps on the server or pre-rotated by the client, × every
+//! stage-A period P and baby-step sizes. Measured on the project machine
+//! (`cipherlora bench helora`, N = 8192, 100 Mbit/s), it picks `hoisted-bsgs`
+//! for FFA at every shape and T (g = 4–32 growing with T and the rank), and
+//! fused server-side BSGS for standard LoRA except the default model's QKV
+//! at T = 1 (segmented). Client replication only wins when rotations are
+//! much dearer than encryptions and bandwidth is nearly free (tested in
+//! `tests/planner.rs`).
+//!
+//! # Security
+//! - The server sees only ciphertexts, Galois keys, optionally the public key
+//!   (rerandomisation), and message sizes fixed by (shape, T, plan).
+//! - Leak-freedom: every returned ciphertext decrypts to the requested deltas
+//!   in their slots and zeros (up to CKKS noise) elsewhere; partial sums of
+//!   stage A and unsummed products of adapter weights never leave the server
+//!   (see [`plan`] for why; the simulator test checks it with exact zeros,
+//!   the CKKS test at the noise level).
+//! - The noise of a returned ciphertext depends on the weights; the optional
+//!   rerandomisation ([`GroupPlan::rerandomize`], [`Rerandomization`]) adds a
+//!   fresh public-key encryption of zero plus slot-domain flooding noise. It
+//!   is a heuristic smudging: statistical circuit privacy would need noise
+//!   2^λ above the evaluation noise, which N = 8192 cannot afford.
+//! - As the threat model says, deltas for d chosen inputs reveal `B·A`.
+
+pub mod adapter;
+pub mod backend;
+pub mod ckks_backend;
+pub mod client;
+pub mod counts;
+pub mod error;
+pub mod measure;
+pub mod packing;
+pub mod plan;
+pub mod planner;
+pub mod server;
+pub mod shapes;
+pub mod sim;
+pub mod wire;
+
+pub use adapter::{FusedGroup, GroupAdapter, GroupShape, ProjectionAdapter};
+pub use backend::{HeClient, HeServer};
+pub use ckks_backend::{CkksClient, CkksServer, Rerandomization};
+pub use client::GroupClient;
+pub use counts::OpCounts;
+pub use error::{HeloraError, Result};
+pub use plan::{BabySteps, GroupPlan, Mode, StageAPlan, StageBPlan};
+pub use planner::{Estimate, Link, OpCosts};
+pub use server::PreparedGroup;
+pub use sim::SlotSimulator;
+pub use wire::{GroupRequest, GroupResponse};

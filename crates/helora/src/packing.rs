@@ -1,0 +1,209 @@
+//! Slot vectors of a plan: client inputs, server diagonals, output map.
+//!
+//! Pure functions of the plan (and the data); see [`crate::plan`] for the
+//! layout and the algorithms. `slot(j, p) = j·T + p` everywhere.
+
+use crate::adapter::FusedGroup;
+use crate::error::{HeloraError, Result};
+use crate::plan::{BabySteps, GroupPlan, Layout, Mode};
+
+/// Where a delta value lives in the client's output: projection, output row,
+/// position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeltaIndex {
+    /// Projection within the group.
+    pub proj: usize,
+    /// Output row within the projection.
+    pub row: usize,
+    /// Position (0..T).
+    pub pos: usize,
+}
+
+fn fill_dim(v: &mut [f64], t: usize, j: usize, col: impl Fn(usize) -> f64) {
+    for p in 0..t {
+        v[j * t + p] = col(p);
+    }
+}
+
+/// Projection and row of fused output row `fused`.
+fn split_row(plan: &GroupPlan, fused: usize) -> (usize, usize) {
+    let mut base = 0;
+    for (p, &d) in plan.shape.d_outs.iter().enumerate() {
+        if fused < base + d {
+            return (p, fused - base);
+        }
+        base += d;
+    }
+    (plan.shape.d_outs.len() - 1, fused - base)
+}
+
+/// For every output ciphertext, the delta each slot must hold (`None`: the
+/// slot must decrypt to zero).
+///
+/// # Errors
+/// As [`GroupPlan::layout`].
+pub fn output_map(plan: &GroupPlan) -> Result<Vec<Vec<Option<DeltaIndex>>>> {
+    let l = plan.layout()?;
+    let t = plan.t;
+    let mut out = vec![vec![None; plan.slots]; plan.stage_b.n_out];
+    for (c, map) in out.iter_mut().enumerate() {
+        for s in &l.segments {
+            for x in 0..s.width {
+                let row = c * s.width + x;
+                if row >= s.out_len {
+                    break;
+                }
+                let (proj, row) = split_row(plan, s.out0 + row);
+                for pos in 0..t {
+                    map[(s.start + x) * t + pos] = Some(DeltaIndex { proj, row, pos });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// FFA client inputs from `U` (R × T row-major): the replicated `u'`
+/// (server baby steps) or its `g` pre-rotated copies (client baby steps).
+///
+/// # Errors
+/// [`HeloraError::ShapeMismatch`] when `u` is not R × T; plan errors.
+pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
+    let l = plan.layout()?;
+    let t = plan.t;
+    let r = plan.shape.total_rank();
+    if u.len() != r * t {
+        return Err(HeloraError::ShapeMismatch {
+            what: "U (R × T)",
+            expected: r * t,
+            got: u.len(),
+        });
+    }
+    let copies = match plan.stage_b.baby {
+        BabySteps::Server => 1,
+        BabySteps::Client => l.babies_b,
+    };
+    Ok((0..copies)
+        .map(|b| {
+            let mut v = vec![0.0; plan.slots];
+            for s in &l.segments {
+                for x in 0..s.width + s.ext {
+                    let row = s.u_off + (x + b) % s.period;
+                    fill_dim(&mut v, t, s.start + x, |p| u[row * t + p]);
+                }
+            }
+            v
+        })
+        .collect())
+}
+
+/// Standard-mode client inputs from X (position-major T × d_in): per chunk
+/// the periodically replicated `x'_c` (server baby steps) or its pre-rotated
+/// copies `x'_c[j+b]`, chunk-major.
+///
+/// # Errors
+/// [`HeloraError::ShapeMismatch`] when `x` is not T × d_in; plan errors.
+pub fn standard_inputs(plan: &GroupPlan, x: &[f32]) -> Result<Vec<Vec<f64>>> {
+    let l = plan.layout()?;
+    let sa = plan.stage_a.ok_or(HeloraError::InfeasiblePlan {
+        reason: "standard inputs need stage A",
+    })?;
+    let (t, d) = (plan.t, plan.shape.d_in);
+    if x.len() != t * d {
+        return Err(HeloraError::ShapeMismatch {
+            what: "X (T × d_in)",
+            expected: t * d,
+            got: x.len(),
+        });
+    }
+    let copies = match sa.baby {
+        BabySteps::Server => 1,
+        BabySteps::Client => l.babies_a,
+    };
+    let mut out = Vec::with_capacity(l.n_x * copies);
+    for c in 0..l.n_x {
+        for b in 0..copies {
+            let mut v = vec![0.0; plan.slots];
+            for j in 0..l.w_in {
+                let col = c * sa.period + (j + b) % sa.period;
+                if col < d {
+                    fill_dim(&mut v, t, j, |p| f64::from(x[p * d + col]));
+                }
+            }
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// Stage-B plaintext diagonal for output ciphertext `c`, giant step `q`,
+/// baby step `b`, pre-rotated by `−q·g·T` (slot vector).
+pub fn stage_b_diag(
+    plan: &GroupPlan,
+    l: &Layout,
+    f: &FusedGroup,
+    c: usize,
+    q: usize,
+    b: usize,
+) -> Vec<f64> {
+    let t = plan.t;
+    let k = q * plan.stage_b.g + b;
+    let shift = q * plan.stage_b.g;
+    let mut v = vec![0.0; plan.slots];
+    for s in &l.segments {
+        if k >= s.diags {
+            continue;
+        }
+        for x in 0..s.width {
+            let row = c * s.width + x;
+            if row >= s.out_len {
+                break;
+            }
+            let w = f.b_entry(s.out0 + row, s.u_off + (x + k) % s.period);
+            fill_dim(&mut v, t, s.start + x + shift, |_| w);
+        }
+    }
+    v
+}
+
+/// Stage-A plaintext diagonal for chunk `c`, giant step `q`, baby step `b`,
+/// pre-rotated by `−q·g·T` (slot vector; standard mode): on each segment's
+/// region, `dA_k[j] = A_f[row(j), c·P + (j+k) mod P]` with
+/// `row(j) = u_off + (j − start) mod ρ`.
+pub fn stage_a_diag(
+    plan: &GroupPlan,
+    l: &Layout,
+    f: &FusedGroup,
+    c: usize,
+    q: usize,
+    b: usize,
+) -> Vec<f64> {
+    let mut v = vec![0.0; plan.slots];
+    let Some(sa) = plan.stage_a else {
+        return v;
+    };
+    let (t, d) = (plan.t, plan.shape.d_in);
+    let k = q * sa.g + b;
+    let shift = q * sa.g;
+    for s in &l.segments {
+        for j in s.start..s.start + s.region {
+            let col = c * sa.period + (j + k) % sa.period;
+            if col < d {
+                let row = s.u_off + (j - s.start) % s.period;
+                let w = f.a[row * d + col];
+                fill_dim(&mut v, t, j + shift, |_| w);
+            }
+        }
+    }
+    v
+}
+
+/// Whether the mode of `plan` and the FFA/standard input kind agree.
+pub(crate) fn check_mode(plan: &GroupPlan, want: Mode) -> Result<()> {
+    if plan.mode != want {
+        return Err(HeloraError::InfeasiblePlan {
+            reason: "plan mode does not match the call",
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,424 @@
+//! Evaluation plans for one layer group: packing geometry and BSGS parameters.
+//!
+//! # Slot layout
+//! Dimension-major, position-minor: dimension `j` of position `p` lives in slot
+//! `j·T + p`, so a rotation by `k·T` moves dimension `j+k` into `j` for all T
+//! positions at once. A ciphertext holds `w_in = ⌊slots/T⌋` dimensions; the
+//! last `slots − w_in·T` slots are never read with a non-zero weight. Because
+//! T is rarely a power of two, a cyclic rotation by `k·T` does **not** wrap
+//! consistently, so every layout below is sized such that no weighted read
+//! ever wraps around (this costs a few dimensions per ciphertext, the `ext`
+//! of each segment).
+//!
+//! # Stage B (`Δ = B_f · U`, both modes)
+//! Generalised diagonals of a tall matrix (Halevi–Shoup, "Algorithms in
+//! HElib", CRYPTO 2014, §4): with `u'` holding U replicated cyclically along
+//! the dimension axis, `Δ[o] = Σ_{k<K} diag_k[o] · u'[o+k]`. The baby-step /
+//! giant-step split `k = q·g + b` (Halevi–Shoup, "Faster homomorphic linear
+//! transformations in HElib", CRYPTO 2018, §3) computes the g baby rotations
+//! `rot(u', b·T)` once per group (hoisted: one key-switch decomposition
+//! shared by all of them, Bossuat et al., "Efficient Bootstrapping for
+//! Approximate HE with Non-Sparse Keys", EUROCRYPT 2021, §3.2 — the
+//! "pre-rotated plaintext diagonals" of `lora-structure-aware-he.md` §7 are the
+//! giant-step pre-rotation `rot^{-q·g·T}(diag)` done at load time) and one
+//! giant rotation by `q·g·T` per output ciphertext and `q ≥ 1`. Lattigo's
+//! `LinearTransformation` (he/linear_transformation.go) follows the same split.
+//! Each giant partial sum is rescaled before its giant rotation, so giant
+//! key switches run one level lower (one rescale each instead of one per
+//! output; measured ≈ 2.5–4× cheaper key switches at N = 8192).
+//!
+//! In FFA mode the input is *segmented*: projection p owns the dimension range
+//! `[start_p, start_p + W_p + ext_p)` in which `u'[start_p + x] = U_p[x mod r_p]`,
+//! so projection p needs only `r_p` diagonals instead of R (the fused `B_f` is
+//! block-diagonal: the other `R − r_p` generalised diagonals would be zero
+//! there). All segments share the same input ciphertext and rotations.
+//!
+//! With client baby steps ([`BabySteps::Client`]) the client encrypts the g
+//! pre-rotated copies `rot(u', b·T)` itself (exactly, no wrap-around): no
+//! server baby rotations, paid in g encryptions and g× upload.
+//!
+//! # Stage A (`U = A_f · X`, standard mode only)
+//! The wide `A_f` (R × d_in) uses the Halevi–Shoup hybrid: X is cut into
+//! `n_x` chunks of `P` columns (P a multiple of R); the client replicates each
+//! chunk periodically with period P along the dimension axis (`x'_c`), the
+//! server computes `y = Σ_c Σ_{k<R} dA_{c,k} ⊙ rot(x'_c, k·T)` (BSGS as above,
+//! the sum over chunks is taken before the giant rotations) with
+//! `dA_{c,k}[j] = A_f[j mod R, c·P + (j+k) mod P]`, and then the window sum
+//! `u'[j] = Σ_{m<P/R} y[j + m·R]` (rotate-and-add by `m·R·T`) leaves the
+//! **fully summed** `U[j mod R]` on the dimensions stage B reads. Each window
+//! reaches `P − 1` dimensions beyond its start, so the stage-A region of a
+//! row block is `W + P − 1` dimensions; dimensions past the fully summed part
+//! hold partial sums, which stage B multiplies by exact zero weights: they
+//! never reach the client.
+//!
+//! *Segmented* stage A ([`StageAPlan::segmented`], equal ranks r): one row
+//! block per projection, `row(j) = u_off_p + (j − start_p) mod r`, so both
+//! stages use r diagonals instead of R (the other R − r generalised diagonals
+//! of the block-diagonal `B_f` are zero) and the window stride is r; the
+//! price is one `P − 1` region gap per projection. The planner weighs both.
+
+use std::collections::BTreeSet;
+
+use crate::adapter::GroupShape;
+use crate::error::{HeloraError, Result};
+
+/// Which LoRA variant the group is evaluated as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// FFA-LoRA: lora_A public, the client computes `U = A·X` in plaintext;
+    /// depth 1.
+    Ffa,
+    /// Standard LoRA: lora_A and lora_B secret; the server computes both
+    /// products on ciphertexts; depth 2.
+    Standard,
+}
+
+/// Who produces the baby-step rotations of a stage's input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BabySteps {
+    /// The server rotates the input (hoisted rotations).
+    Server,
+    /// The client encrypts pre-rotated copies (no server baby rotation).
+    Client,
+}
+
+/// Stage B (`Δ = B_f·U`) parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageBPlan {
+    /// Output ciphertexts per group.
+    pub n_out: usize,
+    /// Baby-step size g (1 ≤ g ≤ number of diagonals).
+    pub g: usize,
+    /// Who makes the baby steps (standard mode: always [`BabySteps::Server`]).
+    pub baby: BabySteps,
+}
+
+/// Stage A (`U = A_f·X`, standard mode) parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageAPlan {
+    /// Columns of X per input chunk, P (a multiple of R).
+    pub period: usize,
+    /// Baby-step size g (1 ≤ g ≤ R).
+    pub g: usize,
+    /// Who makes the baby steps.
+    pub baby: BabySteps,
+    /// One row block per projection (stride r, block-diagonal B exploited
+    /// in both stages; needs equal ranks) instead of one fused block of R
+    /// rows.
+    pub segmented: bool,
+}
+
+/// The evaluation plan of one layer group for T positions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GroupPlan {
+    /// Slots per ciphertext (N/2).
+    pub slots: usize,
+    /// Positions per verify round (K+1, or draft-tree nodes).
+    pub t: usize,
+    /// LoRA variant.
+    pub mode: Mode,
+    /// Public shape of the group.
+    pub shape: GroupShape,
+    /// Stage A, present iff `mode == Standard`.
+    pub stage_a: Option<StageAPlan>,
+    /// Stage B.
+    pub stage_b: StageBPlan,
+    /// Add a fresh encryption of zero with flooding noise to every returned
+    /// ciphertext (circuit privacy).
+    pub rerandomize: bool,
+}
+
+/// A run of dimensions of every stage-B output ciphertext that holds one
+/// block of output rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// First dimension.
+    pub start: usize,
+    /// Output dimensions per ciphertext (W).
+    pub width: usize,
+    /// Extra input dimensions read beyond the outputs (no wrap-around).
+    pub ext: usize,
+    /// Dimensions the segment owns in the input (FFA: `width + ext`) or in
+    /// the stage-A product y (standard: `width + P − 1`, the window sums'
+    /// reach); segments never overlap.
+    pub region: usize,
+    /// Diagonals used by this segment (K_p).
+    pub diags: usize,
+    /// Period of the replicated U in this segment's input.
+    pub period: usize,
+    /// Index in the fused U of the value at `start` (`u'[start+x] = U[u_off + x mod period]`).
+    pub u_off: usize,
+    /// First fused output row of this segment.
+    pub out0: usize,
+    /// Output rows of this segment over all ciphertexts.
+    pub out_len: usize,
+}
+
+/// Geometry derived from a [`GroupPlan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Dimensions per ciphertext, ⌊slots/T⌋.
+    pub w_in: usize,
+    /// Stage-B segments.
+    pub segments: Vec<Segment>,
+    /// Stage-B diagonals (max over segments).
+    pub diags_b: usize,
+    /// Stage-B giant steps ⌈diags_b / g⌉.
+    pub giants_b: usize,
+    /// Stage-B baby steps actually used, min(g, diags_b).
+    pub babies_b: usize,
+    /// Stage-A chunks `n_x` (0 in FFA).
+    pub n_x: usize,
+    /// Stage-A row-block rank ρ: diagonals of stage A and stride of the
+    /// window sum (R fused, r segmented; 0 in FFA).
+    pub stride_a: usize,
+    /// Stage-A window length P/ρ (0 in FFA).
+    pub window: usize,
+    /// Stage-A giant steps (0 in FFA).
+    pub giants_a: usize,
+    /// Stage-A baby steps actually used (0 in FFA).
+    pub babies_a: usize,
+}
+
+fn ceil_div(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+fn infeasible(reason: &'static str) -> HeloraError {
+    HeloraError::InfeasiblePlan { reason }
+}
+
+impl GroupPlan {
+    /// Multiplicative depth (levels consumed): FFA 1, standard 2.
+    pub fn depth(&self) -> usize {
+        match self.mode {
+            Mode::Ffa => 1,
+            Mode::Standard => 2,
+        }
+    }
+
+    /// Level at which the client encrypts (= depth: outputs end at level 0).
+    pub fn input_level(&self) -> usize {
+        self.depth()
+    }
+
+    /// Derives and checks the geometry.
+    ///
+    /// # Errors
+    /// [`HeloraError::InfeasiblePlan`] when a packing constraint fails
+    /// (reads would wrap around, g out of range, …), or
+    /// [`HeloraError::InvalidShape`].
+    pub fn layout(&self) -> Result<Layout> {
+        self.shape.validate()?;
+        if self.t == 0 || self.slots == 0 {
+            return Err(infeasible("T and slots must be positive"));
+        }
+        let w_in = self.slots / self.t;
+        let sb = self.stage_b;
+        if sb.n_out == 0 {
+            return Err(infeasible("n_out must be positive"));
+        }
+        if sb.g == 0 {
+            return Err(infeasible("baby-step size must be positive"));
+        }
+        let r_total = self.shape.total_rank();
+        match (self.mode, self.stage_a) {
+            (Mode::Ffa, None) => {
+                let diags_b = *self.shape.ranks.iter().max().unwrap_or(&1);
+                if sb.g > diags_b {
+                    return Err(infeasible("baby-step size above the diagonal count"));
+                }
+                let mut segments = Vec::with_capacity(self.shape.ranks.len());
+                let mut start = 0;
+                for (p, (&d, &r)) in self.shape.d_outs.iter().zip(&self.shape.ranks).enumerate() {
+                    let width = ceil_div(d, sb.n_out);
+                    let ext = match sb.baby {
+                        BabySteps::Server => r - 1,
+                        BabySteps::Client => ((r - 1) / sb.g) * sb.g,
+                    };
+                    segments.push(Segment {
+                        start,
+                        width,
+                        ext,
+                        region: width + ext,
+                        diags: r,
+                        period: r,
+                        u_off: self.shape.rank_offset(p),
+                        out0: self.shape.out_offset(p),
+                        out_len: d,
+                    });
+                    start += width + ext;
+                }
+                if start > w_in {
+                    return Err(infeasible("segments do not fit the slots"));
+                }
+                Ok(Layout {
+                    w_in,
+                    segments,
+                    diags_b,
+                    giants_b: ceil_div(diags_b, sb.g),
+                    babies_b: sb.g.min(diags_b),
+                    n_x: 0,
+                    stride_a: 0,
+                    window: 0,
+                    giants_a: 0,
+                    babies_a: 0,
+                })
+            }
+            (Mode::Standard, Some(sa)) => {
+                if sb.baby != BabySteps::Server {
+                    return Err(infeasible("standard stage B needs server baby steps"));
+                }
+                // Row blocks of the stage-A output: one per projection
+                // (segmented; equal ranks) or one fused block of all R rows.
+                let n_proj = self.shape.ranks.len();
+                let rho = if sa.segmented {
+                    let r0 = self.shape.ranks[0];
+                    if self.shape.ranks.iter().any(|&r| r != r0) {
+                        return Err(infeasible("segmented stage A needs equal ranks"));
+                    }
+                    r0
+                } else {
+                    r_total
+                };
+                if sb.g > rho || sa.g == 0 || sa.g > rho {
+                    return Err(infeasible("baby-step size out of range"));
+                }
+                if sa.period == 0 || sa.period % rho != 0 {
+                    return Err(infeasible(
+                        "stage-A period must be a positive multiple of the row-block rank",
+                    ));
+                }
+                let blocks: Vec<(usize, usize, usize)> = if sa.segmented {
+                    (0..n_proj)
+                        .map(|p| {
+                            (
+                                self.shape.rank_offset(p),
+                                self.shape.out_offset(p),
+                                self.shape.d_outs[p],
+                            )
+                        })
+                        .collect()
+                } else {
+                    vec![(0, 0, self.shape.total_out())]
+                };
+                let mut segments = Vec::with_capacity(blocks.len());
+                let mut start = 0;
+                for (u_off, out0, out_len) in blocks {
+                    let width = ceil_div(out_len, sb.n_out);
+                    segments.push(Segment {
+                        start,
+                        width,
+                        ext: rho - 1,
+                        region: width + sa.period - 1,
+                        diags: rho,
+                        period: rho,
+                        u_off,
+                        out0,
+                        out_len,
+                    });
+                    start += width + sa.period - 1;
+                }
+                if start + rho - 1 > w_in {
+                    return Err(infeasible("stage-A regions do not fit the slots"));
+                }
+                Ok(Layout {
+                    w_in,
+                    segments,
+                    diags_b: rho,
+                    giants_b: ceil_div(rho, sb.g),
+                    babies_b: sb.g.min(rho),
+                    n_x: ceil_div(self.shape.d_in, sa.period),
+                    stride_a: rho,
+                    window: sa.period / rho,
+                    giants_a: ceil_div(rho, sa.g),
+                    babies_a: sa.g.min(rho),
+                })
+            }
+            _ => Err(infeasible("stage A present iff mode is standard")),
+        }
+    }
+
+    /// Ciphertexts the client uploads for this group.
+    ///
+    /// # Errors
+    /// As [`GroupPlan::layout`].
+    pub fn input_cts(&self) -> Result<usize> {
+        let l = self.layout()?;
+        Ok(match self.mode {
+            Mode::Ffa => match self.stage_b.baby {
+                BabySteps::Server => 1,
+                BabySteps::Client => l.babies_b,
+            },
+            Mode::Standard => {
+                let sa = self.stage_a.ok_or_else(|| infeasible("missing stage A"))?;
+                match sa.baby {
+                    BabySteps::Server => l.n_x,
+                    BabySteps::Client => l.n_x * l.babies_a,
+                }
+            }
+        })
+    }
+
+    /// The stage-A window sum `S_M = Σ_{m<M} rot(y, m·unit)` as a chain of
+    /// `(step, add_y)`: each entry computes `S ← (add_y ? y : S) + rot(S, step)`
+    /// (binary method, MSB first: ⌊log2 M⌋ doublings plus popcount(M) − 1
+    /// increments).
+    pub fn window_steps(window: usize, unit: usize) -> Vec<(i64, bool)> {
+        let mut steps = Vec::new();
+        if window <= 1 {
+            return steps;
+        }
+        let msb = usize::BITS - 1 - window.leading_zeros();
+        let mut cur = 1usize;
+        for bit in (0..msb).rev() {
+            steps.push(((cur * unit) as i64, false));
+            cur *= 2;
+            if (window >> bit) & 1 == 1 {
+                steps.push((unit as i64, true));
+                cur += 1;
+            }
+        }
+        steps
+    }
+
+    /// The Galois steps (left rotations, in slots) the plan uses: the server
+    /// needs keys for exactly these.
+    ///
+    /// # Errors
+    /// As [`GroupPlan::layout`].
+    pub fn galois_steps(&self) -> Result<BTreeSet<i64>> {
+        let l = self.layout()?;
+        let t = self.t as i64;
+        let mut s = BTreeSet::new();
+        if self.stage_b.baby == BabySteps::Server {
+            s.extend((1..l.babies_b as i64).map(|b| b * t));
+        }
+        let g = self.stage_b.g as i64;
+        s.extend((1..l.giants_b as i64).map(|q| q * g * t));
+        if let Some(sa) = self.stage_a {
+            if sa.baby == BabySteps::Server {
+                s.extend((1..l.babies_a as i64).map(|b| b * t));
+            }
+            s.extend((1..l.giants_a as i64).map(|q| q * sa.g as i64 * t));
+            s.extend(
+                Self::window_steps(l.window, l.stride_a * self.t)
+                    .into_iter()
+                    .map(|(st, _)| st),
+            );
+        }
+        Ok(s)
+    }
+
+    /// A stable identifier of the plan (FNV-1a over its canonical encoding),
+    /// carried by every request and response.
+    pub fn id(&self) -> u64 {
+        let bytes = crate::wire::encode_plan(self);
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+}

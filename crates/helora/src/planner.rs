@@ -1,0 +1,387 @@
+//! The planner: enumerates plans for a group and picks the cheapest under
+//! measured operation costs and the link's bandwidth.
+//!
+//! Cost of a plan = Σ over operations (count × measured median cost) for the
+//! server and the client, plus (bytes up + bytes down) / bandwidth. Counts
+//! come from [`GroupPlan::counts`], which the simulator confirms.
+
+use crate::adapter::GroupShape;
+use crate::counts::{LEVELS, OpCounts};
+use crate::error::{HeloraError, Result};
+use crate::plan::{BabySteps, GroupPlan, Mode, StageAPlan, StageBPlan};
+
+/// Measured (or default) per-operation costs, in milliseconds, and
+/// ciphertext sizes, in bytes, indexed by level where they depend on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpCosts {
+    /// One ct×pt product (inside a lazy dot product).
+    pub ct_pt_ms: [f64; LEVELS],
+    /// One plain rotation (key switch included).
+    pub rotate_ms: [f64; LEVELS],
+    /// The shared decomposition of a batch of hoisted rotations.
+    pub hoist_ms: [f64; LEVELS],
+    /// Each rotation from a hoisted decomposition.
+    pub hoisted_rotate_ms: [f64; LEVELS],
+    /// One ciphertext addition.
+    pub add_ms: [f64; LEVELS],
+    /// One rescale (from that level).
+    pub rescale_ms: [f64; LEVELS],
+    /// Client: encode + encrypt one ciphertext at that level.
+    pub encrypt_ms: [f64; LEVELS],
+    /// Client: decrypt + decode one level-0 ciphertext.
+    pub decrypt_ms: f64,
+    /// Server: one circuit-privacy rerandomisation.
+    pub rerandomize_ms: f64,
+    /// Server: parse one uploaded seeded ciphertext at that level (unpack,
+    /// expand the seed).
+    pub parse_input_ms: [f64; LEVELS],
+    /// Server: serialise one level-0 result ciphertext.
+    pub serialize_output_ms: f64,
+    /// Bytes of one uploaded (seeded) ciphertext at that level.
+    pub upload_ct_bytes: [f64; LEVELS],
+    /// Bytes of one downloaded level-0 ciphertext.
+    pub download_ct_bytes: f64,
+    /// Bytes of one Galois key (sent once per session).
+    pub galois_key_bytes: f64,
+}
+
+impl Default for OpCosts {
+    /// Rough single-thread estimates for N = 8192, chain 60,40,40 + 60
+    /// special, used only until `cipherlora bench` measures the engine.
+    fn default() -> Self {
+        let n = 8192.0;
+        OpCosts {
+            ct_pt_ms: [0.02, 0.04, 0.06, 0.08],
+            rotate_ms: [0.6, 1.0, 1.4, 1.8],
+            hoist_ms: [0.3, 0.5, 0.7, 0.9],
+            hoisted_rotate_ms: [0.3, 0.5, 0.7, 0.9],
+            add_ms: [0.005, 0.01, 0.015, 0.02],
+            rescale_ms: [0.0, 0.15, 0.2, 0.25],
+            encrypt_ms: [0.3, 0.5, 0.7, 0.9],
+            decrypt_ms: 0.3,
+            rerandomize_ms: 1.0,
+            parse_input_ms: [0.1, 0.2, 0.3, 0.4],
+            serialize_output_ms: 0.1,
+            upload_ct_bytes: [n * 8.0, n * 16.0, n * 24.0, n * 32.0],
+            download_ct_bytes: 2.0 * n * 8.0,
+            galois_key_bytes: 2.0 * 3.0 * n * 4.0 * 8.0,
+        }
+    }
+}
+
+/// The client–server link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    /// Bandwidth in Mbit/s (both directions).
+    pub bandwidth_mbit_s: f64,
+    /// Round-trip time in ms (once per verify round, not per group).
+    pub rtt_ms: f64,
+}
+
+impl Default for Link {
+    /// 100 Mbit/s, 20 ms.
+    fn default() -> Self {
+        Link {
+            bandwidth_mbit_s: 100.0,
+            rtt_ms: 20.0,
+        }
+    }
+}
+
+/// The modelled cost of one plan (one group, one verify round).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Estimate {
+    /// Operation counts.
+    pub counts: OpCounts,
+    /// Client CPU, ms.
+    pub client_ms: f64,
+    /// Server CPU, ms.
+    pub server_ms: f64,
+    /// Bytes uploaded.
+    pub bytes_up: f64,
+    /// Bytes downloaded.
+    pub bytes_down: f64,
+    /// (bytes up + down) / bandwidth, ms.
+    pub transfer_ms: f64,
+    /// Galois keys the plan needs.
+    pub galois_keys: usize,
+    /// client + server + transfer, ms (what the planner minimises).
+    pub total_ms: f64,
+}
+
+fn dot(c: &[u64; LEVELS], m: &[f64; LEVELS]) -> f64 {
+    c.iter().zip(m).map(|(&c, &m)| c as f64 * m).sum()
+}
+
+impl OpCosts {
+    /// Server CPU of `c`, ms (uploads parsed: one per client encryption;
+    /// results serialised: one per client decryption).
+    pub fn server_ms(&self, c: &OpCounts) -> f64 {
+        dot(&c.ct_pt, &self.ct_pt_ms)
+            + dot(&c.rotations, &self.rotate_ms)
+            + dot(&c.hoists, &self.hoist_ms)
+            + dot(&c.hoisted_rotations, &self.hoisted_rotate_ms)
+            + dot(&c.adds, &self.add_ms)
+            + dot(&c.rescales, &self.rescale_ms)
+            + c.rerandomizations as f64 * self.rerandomize_ms
+            + dot(&c.encryptions, &self.parse_input_ms)
+            + c.decryptions as f64 * self.serialize_output_ms
+    }
+
+    /// Client CPU of `c` (encryptions and decryptions), ms.
+    pub fn client_ms(&self, c: &OpCounts) -> f64 {
+        dot(&c.encryptions, &self.encrypt_ms) + c.decryptions as f64 * self.decrypt_ms
+    }
+
+    /// Bytes up of `c`.
+    pub fn bytes_up(&self, c: &OpCounts) -> f64 {
+        dot(&c.encryptions, &self.upload_ct_bytes)
+    }
+
+    /// Bytes down of `c`.
+    pub fn bytes_down(&self, c: &OpCounts) -> f64 {
+        c.decryptions as f64 * self.download_ct_bytes
+    }
+
+    /// Models one plan.
+    ///
+    /// # Errors
+    /// As [`GroupPlan::layout`].
+    pub fn estimate(&self, plan: &GroupPlan, link: &Link) -> Result<Estimate> {
+        let counts = plan.counts()?;
+        let client_ms = self.client_ms(&counts);
+        let server_ms = self.server_ms(&counts);
+        let (bytes_up, bytes_down) = (self.bytes_up(&counts), self.bytes_down(&counts));
+        let transfer_ms = (bytes_up + bytes_down) * 8.0 / (link.bandwidth_mbit_s * 1e3);
+        Ok(Estimate {
+            counts,
+            client_ms,
+            server_ms,
+            bytes_up,
+            bytes_down,
+            transfer_ms,
+            galois_keys: plan.galois_steps()?.len(),
+            total_ms: client_ms + server_ms + transfer_ms,
+        })
+    }
+}
+
+/// Baby-step sizes worth trying for `k` diagonals: for each giant count
+/// `G = ⌈k/g⌉`, the smallest g reaching it (larger g with the same G only
+/// add baby rotations).
+fn g_candidates(k: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    let mut last_giants = usize::MAX;
+    for g in 1..=k {
+        let giants = k.div_ceil(g);
+        if giants != last_giants {
+            out.push(g);
+            last_giants = giants;
+        }
+    }
+    out
+}
+
+/// All plans the planner considers for a group (feasible ones only).
+///
+/// FFA: both baby-step owners × every g × the two smallest feasible `n_out`.
+/// Standard: every stage-A period P (multiple of R) with its smallest
+/// feasible `n_out`; baby-step sizes: for each giant-step count, the
+/// smallest g reaching it.
+pub fn candidates(
+    shape: &GroupShape,
+    mode: Mode,
+    t: usize,
+    slots: usize,
+    rerandomize: bool,
+) -> Vec<GroupPlan> {
+    let mut out = Vec::new();
+    let d = shape.total_out();
+    let mk = |stage_a, stage_b| GroupPlan {
+        slots,
+        t,
+        mode,
+        shape: shape.clone(),
+        stage_a,
+        stage_b,
+        rerandomize,
+    };
+    match mode {
+        Mode::Ffa => {
+            let k = *shape.ranks.iter().max().unwrap_or(&1);
+            for baby in [BabySteps::Server, BabySteps::Client] {
+                for g in 1..=k {
+                    let mut found = 0;
+                    for n_out in 1..=d {
+                        let p = mk(None, StageBPlan { n_out, g, baby });
+                        if p.layout().is_ok() {
+                            out.push(p);
+                            found += 1;
+                            if found == 2 {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Mode::Standard => {
+            if t == 0 {
+                return out;
+            }
+            let w_in = slots / t;
+            let equal_ranks = shape.ranks.iter().all(|&r| r == shape.ranks[0]);
+            for segmented in [false, true] {
+                if segmented && (!equal_ranks || shape.ranks.len() < 2) {
+                    continue;
+                }
+                let rho = if segmented {
+                    shape.ranks[0]
+                } else {
+                    shape.total_rank()
+                };
+                let mut period = rho;
+                while period <= w_in {
+                    // Smallest n_out whose regions fit (checked by layout()).
+                    let probe = |n_out| {
+                        mk(
+                            Some(StageAPlan {
+                                period,
+                                g: 1,
+                                baby: BabySteps::Server,
+                                segmented,
+                            }),
+                            StageBPlan {
+                                n_out,
+                                g: 1,
+                                baby: BabySteps::Server,
+                            },
+                        )
+                    };
+                    let blocks = if segmented { shape.ranks.len() } else { 1 };
+                    let fixed = blocks * (period - 1) + rho - 1;
+                    if fixed < w_in {
+                        let lower = d.div_ceil(w_in - fixed).max(1);
+                        if let Some(n_out) = (lower..=d).find(|&n| probe(n).layout().is_ok()) {
+                            for gb in g_candidates(rho) {
+                                for ga in g_candidates(rho) {
+                                    for baby in [BabySteps::Server, BabySteps::Client] {
+                                        let p = mk(
+                                            Some(StageAPlan {
+                                                period,
+                                                g: ga,
+                                                baby,
+                                                segmented,
+                                            }),
+                                            StageBPlan {
+                                                n_out,
+                                                g: gb,
+                                                baby: BabySteps::Server,
+                                            },
+                                        );
+                                        if p.layout().is_ok() {
+                                            out.push(p);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    period += rho;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Picks the plan with the least modelled `client + server + transfer` time.
+///
+/// # Errors
+/// [`HeloraError::NoFeasiblePlan`] when nothing fits the slots.
+pub fn choose(
+    shape: &GroupShape,
+    mode: Mode,
+    t: usize,
+    slots: usize,
+    rerandomize: bool,
+    costs: &OpCosts,
+    link: &Link,
+) -> Result<(GroupPlan, Estimate)> {
+    let mut best: Option<(GroupPlan, Estimate)> = None;
+    for p in candidates(shape, mode, t, slots, rerandomize) {
+        let e = costs.estimate(&p, link)?;
+        if best.as_ref().is_none_or(|(_, b)| e.total_ms < b.total_ms) {
+            best = Some((p, e));
+        }
+    }
+    best.ok_or(HeloraError::NoFeasiblePlan { t, slots })
+}
+
+/// The best plan of each strategy family (see [`GroupPlan::strategy_family`]).
+///
+/// # Errors
+/// As [`OpCosts::estimate`].
+pub fn best_per_family(
+    shape: &GroupShape,
+    mode: Mode,
+    t: usize,
+    slots: usize,
+    rerandomize: bool,
+    costs: &OpCosts,
+    link: &Link,
+) -> Result<Vec<(GroupPlan, Estimate)>> {
+    let mut best: Vec<(GroupPlan, Estimate)> = Vec::new();
+    for p in candidates(shape, mode, t, slots, rerandomize) {
+        let e = costs.estimate(&p, link)?;
+        let fam = p.strategy_family();
+        match best.iter_mut().find(|(q, _)| q.strategy_family() == fam) {
+            Some(slot) if e.total_ms < slot.1.total_ms => *slot = (p, e),
+            Some(_) => {}
+            None => best.push((p, e)),
+        }
+    }
+    Ok(best)
+}
+
+impl GroupPlan {
+    /// Strategy family: `hoisted-bsgs` (server baby steps, hoisted),
+    /// `client-prerotated` (client baby steps, some server giant rotations),
+    /// `client-replicated` (client supplies every diagonal's rotation: zero
+    /// server rotations); standard mode names the row blocks (`fused`: one
+    /// block of R rows; `segmented`: one per projection) and the stage-A
+    /// baby-step owner.
+    pub fn strategy_family(&self) -> &'static str {
+        let diags = match self.layout() {
+            Ok(l) => l.diags_b,
+            Err(_) => 0,
+        };
+        match self.stage_a.map(|a| (a.segmented, a.baby)) {
+            None => match self.stage_b.baby {
+                BabySteps::Server => "hoisted-bsgs",
+                BabySteps::Client if self.stage_b.g >= diags => "client-replicated",
+                BabySteps::Client => "client-prerotated",
+            },
+            Some((false, BabySteps::Server)) => "fused:hoisted-bsgs-A+hoisted-bsgs-B",
+            Some((false, BabySteps::Client)) => "fused:client-prerotated-A+hoisted-bsgs-B",
+            Some((true, BabySteps::Server)) => "segmented:hoisted-bsgs-A+hoisted-bsgs-B",
+            Some((true, BabySteps::Client)) => "segmented:client-prerotated-A+hoisted-bsgs-B",
+        }
+    }
+
+    /// A human-readable label with the parameters.
+    pub fn strategy(&self) -> String {
+        let b = self.stage_b;
+        match self.stage_a {
+            None => format!("{}(g={},n_out={})", self.strategy_family(), b.g, b.n_out),
+            Some(a) => format!(
+                "{}(P={},gA={},gB={},n_out={})",
+                self.strategy_family(),
+                a.period,
+                a.g,
+                b.g,
+                b.n_out
+            ),
+        }
+    }
+}

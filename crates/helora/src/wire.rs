@@ -1,0 +1,341 @@
+//! Compact binary encodings of plans, requests and responses.
+//!
+//! Little-endian, versioned, with a 4-byte magic per message. Ciphertexts are
+//! opaque byte strings from the backend's serializer: the transport only moves
+//! bytes. Every decoder validates lengths, counts and (for plans) the packing
+//! constraints, and returns [`HeloraError::Malformed`] instead of panicking.
+
+use crate::adapter::GroupShape;
+use crate::error::{HeloraError, Result};
+use crate::plan::{BabySteps, GroupPlan, Mode, StageAPlan, StageBPlan};
+
+const PLAN_MAGIC: &[u8; 4] = b"HLPL";
+const REQ_MAGIC: &[u8; 4] = b"HLRQ";
+const RESP_MAGIC: &[u8; 4] = b"HLRS";
+const VERSION: u8 = 1;
+/// Upper bound on ciphertexts per message (a group never needs more).
+pub const MAX_CIPHERTEXTS: usize = 1 << 16;
+/// Upper bound on projections per group.
+pub const MAX_PROJECTIONS: usize = 64;
+
+/// What the client uploads for one layer group in one verify round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRequest {
+    /// [`GroupPlan::id`] of the plan both sides agreed on.
+    pub plan_id: u64,
+    /// Layer index.
+    pub layer: u32,
+    /// Group index within the layer (e.g. 0 = qkv, 1 = o).
+    pub group: u32,
+    /// Positions T.
+    pub t: u32,
+    /// Input ciphertexts, in plan order.
+    pub ciphertexts: Vec<Vec<u8>>,
+}
+
+/// What the server returns for one layer group: the delta ciphertexts only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupResponse {
+    /// Plan id, echoed.
+    pub plan_id: u64,
+    /// Layer index, echoed.
+    pub layer: u32,
+    /// Group index, echoed.
+    pub group: u32,
+    /// Positions T, echoed.
+    pub t: u32,
+    /// Output ciphertexts (n_out of the plan).
+    pub ciphertexts: Vec<Vec<u8>>,
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn bad(&self, reason: &'static str) -> HeloraError {
+        HeloraError::Malformed {
+            what: self.what,
+            reason,
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.buf.len() < n {
+            return Err(self.bad("truncated"));
+        }
+        let (h, t) = self.buf.split_at(n);
+        self.buf = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn usize(&mut self) -> Result<usize> {
+        Ok(self.u32()? as usize)
+    }
+    fn header(&mut self, magic: &[u8; 4]) -> Result<()> {
+        if self.take(4)? != magic {
+            return Err(self.bad("bad magic"));
+        }
+        if self.u8()? != VERSION {
+            return Err(self.bad("unsupported version"));
+        }
+        Ok(())
+    }
+    fn finish(&self) -> Result<()> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(self.bad("trailing bytes"))
+        }
+    }
+}
+
+fn put_u32(out: &mut Vec<u8>, v: usize) {
+    out.extend_from_slice(&(v as u32).to_le_bytes());
+}
+
+fn baby_code(b: BabySteps) -> u8 {
+    match b {
+        BabySteps::Server => 0,
+        BabySteps::Client => 1,
+    }
+}
+
+/// Canonical encoding of a plan (also hashed into [`GroupPlan::id`]).
+pub fn encode_plan(p: &GroupPlan) -> Vec<u8> {
+    let mut o = Vec::with_capacity(64);
+    o.extend_from_slice(PLAN_MAGIC);
+    o.push(VERSION);
+    put_u32(&mut o, p.slots);
+    put_u32(&mut o, p.t);
+    o.push(match p.mode {
+        Mode::Ffa => 0,
+        Mode::Standard => 1,
+    });
+    o.push(u8::from(p.rerandomize));
+    put_u32(&mut o, p.shape.d_in);
+    put_u32(&mut o, p.shape.d_outs.len());
+    for (&d, &r) in p.shape.d_outs.iter().zip(&p.shape.ranks) {
+        put_u32(&mut o, d);
+        put_u32(&mut o, r);
+    }
+    put_u32(&mut o, p.stage_b.n_out);
+    put_u32(&mut o, p.stage_b.g);
+    o.push(baby_code(p.stage_b.baby));
+    match p.stage_a {
+        None => o.push(0),
+        Some(a) => {
+            o.push(1);
+            put_u32(&mut o, a.period);
+            put_u32(&mut o, a.g);
+            o.push(baby_code(a.baby));
+            o.push(u8::from(a.segmented));
+        }
+    }
+    o
+}
+
+/// Decodes and validates a plan.
+///
+/// # Errors
+/// [`HeloraError::Malformed`] on bad bytes; plan validation errors.
+pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
+    let mut r = Reader {
+        buf: bytes,
+        what: "plan",
+    };
+    r.header(PLAN_MAGIC)?;
+    let slots = r.usize()?;
+    let t = r.usize()?;
+    let mode = match r.u8()? {
+        0 => Mode::Ffa,
+        1 => Mode::Standard,
+        _ => return Err(r.bad("unknown mode")),
+    };
+    let rerandomize = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(r.bad("bad flag")),
+    };
+    let d_in = r.usize()?;
+    let n = r.usize()?;
+    if n == 0 || n > MAX_PROJECTIONS {
+        return Err(r.bad("projection count out of range"));
+    }
+    let mut d_outs = Vec::with_capacity(n);
+    let mut ranks = Vec::with_capacity(n);
+    for _ in 0..n {
+        d_outs.push(r.usize()?);
+        ranks.push(r.usize()?);
+    }
+    let baby = |r: &mut Reader| -> Result<BabySteps> {
+        match r.u8()? {
+            0 => Ok(BabySteps::Server),
+            1 => Ok(BabySteps::Client),
+            _ => Err(r.bad("unknown baby-step owner")),
+        }
+    };
+    let stage_b = StageBPlan {
+        n_out: r.usize()?,
+        g: r.usize()?,
+        baby: baby(&mut r)?,
+    };
+    let stage_a = match r.u8()? {
+        0 => None,
+        1 => Some(StageAPlan {
+            period: r.usize()?,
+            g: r.usize()?,
+            baby: baby(&mut r)?,
+            segmented: match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(r.bad("bad segmented flag")),
+            },
+        }),
+        _ => return Err(r.bad("bad stage-A flag")),
+    };
+    r.finish()?;
+    let plan = GroupPlan {
+        slots,
+        t,
+        mode,
+        shape: GroupShape::new(d_in, d_outs, ranks)?,
+        stage_a,
+        stage_b,
+        rerandomize,
+    };
+    plan.layout()?;
+    Ok(plan)
+}
+
+fn encode_msg(
+    magic: &[u8; 4],
+    id: u64,
+    layer: u32,
+    group: u32,
+    t: u32,
+    cts: &[Vec<u8>],
+) -> Vec<u8> {
+    let len: usize = cts.iter().map(|c| c.len() + 4).sum();
+    let mut o = Vec::with_capacity(29 + len);
+    o.extend_from_slice(magic);
+    o.push(VERSION);
+    o.extend_from_slice(&id.to_le_bytes());
+    o.extend_from_slice(&layer.to_le_bytes());
+    o.extend_from_slice(&group.to_le_bytes());
+    o.extend_from_slice(&t.to_le_bytes());
+    put_u32(&mut o, cts.len());
+    for c in cts {
+        put_u32(&mut o, c.len());
+        o.extend_from_slice(c);
+    }
+    o
+}
+
+type Msg = (u64, u32, u32, u32, Vec<Vec<u8>>);
+
+fn decode_msg(bytes: &[u8], magic: &[u8; 4], what: &'static str) -> Result<Msg> {
+    let mut r = Reader { buf: bytes, what };
+    r.header(magic)?;
+    let id = r.u64()?;
+    let layer = r.u32()?;
+    let group = r.u32()?;
+    let t = r.u32()?;
+    if t == 0 {
+        return Err(r.bad("zero positions"));
+    }
+    let n = r.usize()?;
+    if n > MAX_CIPHERTEXTS {
+        return Err(r.bad("too many ciphertexts"));
+    }
+    let mut cts = Vec::with_capacity(n.min(r.buf.len() / 4));
+    for _ in 0..n {
+        let len = r.usize()?;
+        cts.push(r.take(len)?.to_vec());
+    }
+    r.finish()?;
+    Ok((id, layer, group, t, cts))
+}
+
+impl GroupRequest {
+    /// Serialises the request.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        encode_msg(
+            REQ_MAGIC,
+            self.plan_id,
+            self.layer,
+            self.group,
+            self.t,
+            &self.ciphertexts,
+        )
+    }
+
+    /// Parses and validates a request (the ciphertexts themselves are
+    /// validated by the backend when parsed).
+    ///
+    /// # Errors
+    /// [`HeloraError::Malformed`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let (plan_id, layer, group, t, ciphertexts) =
+            decode_msg(bytes, REQ_MAGIC, "group request")?;
+        Ok(GroupRequest {
+            plan_id,
+            layer,
+            group,
+            t,
+            ciphertexts,
+        })
+    }
+
+    /// Upload size in bytes.
+    pub fn byte_len(&self) -> usize {
+        29 + self.ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
+    }
+}
+
+impl GroupResponse {
+    /// Serialises the response.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        encode_msg(
+            RESP_MAGIC,
+            self.plan_id,
+            self.layer,
+            self.group,
+            self.t,
+            &self.ciphertexts,
+        )
+    }
+
+    /// Parses and validates a response.
+    ///
+    /// # Errors
+    /// [`HeloraError::Malformed`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let (plan_id, layer, group, t, ciphertexts) =
+            decode_msg(bytes, RESP_MAGIC, "group response")?;
+        Ok(GroupResponse {
+            plan_id,
+            layer,
+            group,
+            t,
+            ciphertexts,
+        })
+    }
+
+    /// Download size in bytes.
+    pub fn byte_len(&self) -> usize {
+        29 + self.ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
+    }
+}
