@@ -1,3 +1,57 @@
 //! Plaintext inference for the client's public base model.
 //!
-//! (Skeleton: the engine lands with the plaintext inference engine issue.)
+//! A Llama/Qwen2 decoder written on candle's tensors and quantized matmul, with
+//! what off-the-shelf implementations lack for private LoRA inference and
+//! speculative decoding:
+//!
+//! - [`Model::forward`] runs T positions at once with explicit positions and a
+//!   causal or tree [`AttentionMask`], returning logits for every position;
+//! - a [`DeltaHook`] at every projection group receives the group's input and
+//!   returns deltas to add ([`PlainLora`] is the plaintext reference,
+//!   [`NoAdapter`] the drafter);
+//! - a preallocated [`KvCache`] with rollback ([`KvCache::truncate`]), tree-path
+//!   compaction and fork.
+//!
+//! Weights come from GGUF files (kept quantized) or HF safetensors folders;
+//! adapters from PEFT folders ([`LoraAdapter`]). [`Tokenizer`] wraps the
+//! `tokenizers` crate (tokenizer.json, or rebuilt from GGUF metadata);
+//! [`Sampler`] does greedy/temperature/top-k/top-p/repetition-penalty sampling;
+//! [`fetch`] downloads the default model (SmolLM2-135M-Instruct Q4_1).
+
+mod config;
+mod error;
+pub mod fetch;
+mod generation;
+mod gguf;
+mod hf;
+mod hook;
+mod kv_cache;
+mod linear;
+mod lora;
+mod mask;
+mod model;
+mod rope;
+mod sampling;
+mod tokenizer;
+
+pub use config::{Arch, ModelConfig, RopeStyle};
+pub use error::ModelError;
+pub use generation::{GenerateOptions, Generated, TextStream, generate};
+pub use hook::{DeltaHook, GroupDeltas, NoAdapter, Proj, ProjGroup};
+pub use kv_cache::KvCache;
+pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};
+pub use mask::AttentionMask;
+pub use model::{LoadOptions, Model, WeightMode, WeightsFormat};
+pub use sampling::{Sampler, SamplingParams};
+pub use tokenizer::{ChatTemplate, Tokenizer};
+
+/// Re-export of candle's tensor type used throughout the API.
+pub use candle_core::Tensor;
+
+/// The number of CPU threads candle uses. Candle reads it once, from the
+/// `RAYON_NUM_THREADS` (and `CANDLE_NUM_THREADS`) environment variables, when
+/// its pools first start; changing it takes a fresh process (the CLI's
+/// `--threads` re-executes the binary with the variables set).
+pub fn num_threads() -> usize {
+    candle_core::utils::get_num_threads()
+}

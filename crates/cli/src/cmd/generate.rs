@@ -1,0 +1,160 @@
+//! `cipherlora generate`: plaintext generation, streamed to stdout.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cipherlora_model::{
+    DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
+    SamplingParams, TextStream, Tokenizer, WeightMode,
+};
+use clap::{Args, ValueEnum};
+
+/// How to hold GGUF weights.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum WeightsArg {
+    /// f32 for small models (≤ 2 GiB dequantized), quantized otherwise.
+    Auto,
+    /// Keep quantized tensors quantized.
+    Quantized,
+    /// Dequantize to f32.
+    F32,
+}
+
+/// Arguments of `cipherlora generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// GGUF file or HF folder (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Raw prompt to continue.
+    #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
+    prompt: Option<String>,
+    /// User message, wrapped in the model's ChatML template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// Maximum number of new tokens.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// PEFT LoRA adapter folder, applied in plaintext.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Top-k filtering.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Top-p (nucleus) filtering.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// RNG seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// CPU threads (default: candle's choice, or RAYON_NUM_THREADS).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// How to hold GGUF weights.
+    #[arg(long, value_enum, default_value = "auto")]
+    weights: WeightsArg,
+}
+
+/// The adapter hook for this run: the one place a hook is chosen.
+fn build_hook<'a>(adapter: Option<&'a LoraAdapter>) -> Box<dyn DeltaHook + 'a> {
+    match adapter {
+        Some(a) => Box::new(PlainLora::new(a)),
+        None => Box::new(NoAdapter),
+    }
+}
+
+impl GenerateArgs {
+    /// Loads the model, generates, streams the text to stdout.
+    pub fn run(self) -> anyhow::Result<()> {
+        if let Some(code) = reexec_with_threads(self.threads)? {
+            std::process::exit(code);
+        }
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => cipherlora_model::fetch::ensure_default_model()?,
+        };
+        let weights = match self.weights {
+            WeightsArg::Auto => WeightMode::Auto,
+            WeightsArg::Quantized => WeightMode::Quantized,
+            WeightsArg::F32 => WeightMode::F32,
+        };
+        let model = Model::load_with(&path, &LoadOptions { weights })
+            .with_context(|| format!("loading {}", path.display()))?;
+        let tokenizer = Tokenizer::for_model(&path)?;
+        let adapter = match &self.adapter {
+            Some(dir) => Some(LoraAdapter::load(dir, model.config())?),
+            None => None,
+        };
+        let text = match (&self.prompt, &self.chat) {
+            (_, Some(msg)) => tokenizer.chat_prompt(msg)?,
+            (Some(p), None) => p.clone(),
+            (None, None) => anyhow::bail!("--prompt or --chat is required"),
+        };
+        let prompt = tokenizer.encode(&text)?;
+        let opts = GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                repetition_penalty: self.repetition_penalty,
+                seed: self.seed,
+            },
+            eos: tokenizer.eos_tokens().to_vec(),
+        };
+        let mut hook = build_hook(adapter.as_ref());
+        let mut stream = TextStream::new(&tokenizer);
+        let mut stdout = std::io::stdout().lock();
+        if self.prompt.is_some() {
+            write!(stdout, "{text}")?;
+        }
+        let out = cipherlora_model::generate(&model, &prompt, &opts, hook.as_mut(), &mut |id| {
+            if let Some(piece) = stream.push(id)? {
+                let _ = write!(stdout, "{piece}");
+                let _ = stdout.flush();
+            }
+            Ok(())
+        })?;
+        writeln!(stdout)?;
+        let n = out.tokens.len();
+        tracing::info!(
+            prompt_tokens = prompt.len(),
+            new_tokens = n,
+            prefill_s = out.prefill_secs,
+            decode_tok_s = n as f64 / out.decode_secs.max(1e-9),
+            "done"
+        );
+        Ok(())
+    }
+}
+
+// `--threads N`: candle sizes its thread pools once per process from
+// `RAYON_NUM_THREADS`/`CANDLE_NUM_THREADS`, so a different count means
+// re-executing this binary with those variables set.
+
+/// If `threads` differs from what this process was started with, re-runs the
+/// same command line with the environment set and returns its exit code.
+pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>> {
+    let Some(n) = threads else { return Ok(None) };
+    anyhow::ensure!(n >= 1, "--threads must be at least 1");
+    let want = n.to_string();
+    let current = std::env::var("RAYON_NUM_THREADS").ok();
+    if current.as_deref() == Some(want.as_str())
+        && std::env::var("CANDLE_NUM_THREADS").ok().as_deref() == Some(want.as_str())
+    {
+        return Ok(None);
+    }
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .env("RAYON_NUM_THREADS", &want)
+        .env("CANDLE_NUM_THREADS", &want)
+        .status()?;
+    Ok(Some(status.code().unwrap_or(1)))
+}

@@ -1,0 +1,168 @@
+//! Attention masks for a forward pass over T new positions: causal (a chain)
+//! or an arbitrary token tree (speculative decoding's verify pass).
+
+use candle_core::{Device, Tensor};
+
+use crate::ModelError;
+
+/// Which earlier positions each of the T new positions may attend to.
+///
+/// Every new position always sees the whole cache prefix `[0, cache_len)` and
+/// itself. Positions (for RoPE) are `cache_len + i` for `Causal` and
+/// `cache_len + depth(i)` for `Tree`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttentionMask {
+    /// New position i sees new positions 0..=i.
+    Causal,
+    /// A tree over the new positions: `parents[i]` is the index (< i) of node i's
+    /// parent among the new positions, or `None` for a root hanging off the cache
+    /// prefix. Node i sees itself and its ancestors. A chain
+    /// (`[None, Some(0), Some(1), …]`) is the causal mask.
+    Tree {
+        /// Parent of each node, in node order.
+        parents: Vec<Option<usize>>,
+    },
+}
+
+impl AttentionMask {
+    /// A tree mask from its parent array.
+    pub fn tree(parents: Vec<Option<usize>>) -> Self {
+        AttentionMask::Tree { parents }
+    }
+
+    /// Depth of each of the `t` new positions (0 for roots / the first causal one).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if a tree's length differs from `t` or a parent index
+    /// is not smaller than its child's.
+    pub fn depths(&self, t: usize) -> Result<Vec<usize>, ModelError> {
+        match self {
+            AttentionMask::Causal => Ok((0..t).collect()),
+            AttentionMask::Tree { parents } => {
+                if parents.len() != t {
+                    return Err(ModelError::Input(format!(
+                        "tree mask has {} nodes for {t} tokens",
+                        parents.len()
+                    )));
+                }
+                let mut depth = Vec::with_capacity(t);
+                for (i, p) in parents.iter().enumerate() {
+                    match *p {
+                        None => depth.push(0),
+                        Some(p) if p < i => depth.push(depth[p] + 1),
+                        Some(p) => {
+                            return Err(ModelError::Input(format!(
+                                "tree node {i} has parent {p}, which is not an earlier node"
+                            )));
+                        }
+                    }
+                }
+                Ok(depth)
+            }
+        }
+    }
+
+    /// Whether new position `i` may attend to new position `j`.
+    fn sees(&self, i: usize, j: usize) -> bool {
+        match self {
+            AttentionMask::Causal => j <= i,
+            AttentionMask::Tree { parents } => {
+                let mut n = Some(i);
+                while let Some(k) = n {
+                    if k == j {
+                        return true;
+                    }
+                    if k < j {
+                        return false;
+                    }
+                    n = parents[k];
+                }
+                false
+            }
+        }
+    }
+
+    /// Additive attention bias of shape (t, cache_len + t): 0 where allowed,
+    /// -inf where masked. Call [`AttentionMask::depths`] first to validate.
+    pub(crate) fn bias(
+        &self,
+        cache_len: usize,
+        t: usize,
+        device: &Device,
+    ) -> Result<Tensor, ModelError> {
+        let total = cache_len + t;
+        let mut data = vec![0f32; t * total];
+        for i in 0..t {
+            for j in 0..t {
+                if !self.sees(i, j) {
+                    data[i * total + cache_len + j] = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(Tensor::from_vec(data, (t, total), device)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_tree_has_causal_bias_and_depths() {
+        let chain = AttentionMask::tree(vec![None, Some(0), Some(1), Some(2)]);
+        let dev = Device::Cpu;
+        let a = chain.bias(3, 4, &dev).unwrap().to_vec2::<f32>().unwrap();
+        let b = AttentionMask::Causal
+            .bias(3, 4, &dev)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(chain.depths(4).unwrap(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn tree_branches_do_not_see_each_other() {
+        // 0 -> {1, 2}, 1 -> 3
+        let m = AttentionMask::tree(vec![None, Some(0), Some(0), Some(1)]);
+        assert_eq!(m.depths(4).unwrap(), vec![0, 1, 1, 2]);
+        assert!(m.sees(3, 1) && m.sees(3, 0) && !m.sees(3, 2) && !m.sees(2, 1));
+    }
+
+    #[test]
+    fn tree_with_forward_parent_is_rejected() {
+        let m = AttentionMask::tree(vec![None, Some(1)]);
+        assert!(matches!(m.depths(2), Err(ModelError::Input(_))));
+        assert!(AttentionMask::tree(vec![None]).depths(2).is_err());
+    }
+
+    proptest::proptest! {
+        /// In any tree, node i sees exactly depth(i) + 1 new positions (its
+        /// ancestors and itself), the cache prefix entirely, and a chain tree's
+        /// bias equals the causal one.
+        #[test]
+        fn tree_visibility_counts_ancestors(raw in proptest::collection::vec(0usize..64, 1..12), cache_len in 0usize..4) {
+            let parents: Vec<Option<usize>> = raw
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| if i == 0 || r % 4 == 0 { None } else { Some(r % i) })
+                .collect();
+            let t = parents.len();
+            let m = AttentionMask::tree(parents);
+            let depths = m.depths(t).unwrap();
+            let bias = m.bias(cache_len, t, &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
+            for i in 0..t {
+                let row = &bias[i];
+                proptest::prop_assert!(row[..cache_len].iter().all(|&x| x == 0.0));
+                let seen = row[cache_len..].iter().filter(|&&x| x == 0.0).count();
+                proptest::prop_assert_eq!(seen, depths[i] + 1);
+                proptest::prop_assert_eq!(row[cache_len + i], 0.0);
+            }
+            let chain = AttentionMask::tree((0..t).map(|i| i.checked_sub(1)).collect());
+            proptest::prop_assert_eq!(
+                chain.bias(cache_len, t, &Device::Cpu).unwrap().to_vec2::<f32>().unwrap(),
+                AttentionMask::Causal.bias(cache_len, t, &Device::Cpu).unwrap().to_vec2::<f32>().unwrap()
+            );
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The decoder forward pass over T positions at once, with explicit positions,
+//! a causal or tree attention mask, logits for every position and a
+//! [`DeltaHook`] at every projection group.
+//!
+//! Per layer (pre-norm Llama/Qwen2 block, Touvron et al. 2023, §2.2):
+//! `h = x + Wo·attn(rope(Wq·n), rope(Wk·n), Wv·n)` with `n = rmsnorm(x)`, then
+//! `out = h + Wdown·(silu(Wgate·m) ⊙ Wup·m)` with `m = rmsnorm(h)`; every
+//! projection output gets the hook's delta added.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{D, DType, Device, Tensor};
+
+use crate::hook::{DeltaHook, Proj, ProjGroup};
+use crate::linear::Linear;
+use crate::{AttentionMask, KvCache, ModelConfig, ModelError, rope};
+
+/// Weights of one decoder layer.
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Tensor,
+    pub(crate) q: Linear,
+    pub(crate) k: Linear,
+    pub(crate) v: Linear,
+    pub(crate) o: Linear,
+    pub(crate) ffn_norm: Tensor,
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+}
+
+impl Layer {
+    fn linear(&self, p: Proj) -> &Linear {
+        match p {
+            Proj::Q => &self.q,
+            Proj::K => &self.k,
+            Proj::V => &self.v,
+            Proj::O => &self.o,
+            Proj::Gate => &self.gate,
+            Proj::Up => &self.up,
+            Proj::Down => &self.down,
+        }
+    }
+}
+
+/// How GGUF weights are held in memory.
+///
+/// Candle's quantized matmul (like llama.cpp's) quantizes the activations to
+/// 8 bits per block of 32 before the dot products. On SmolLM2-135M that changes
+/// the greedy continuation of the golden prompt after 11 tokens and derails the
+/// chat answer, while f32 weights reproduce the NumPy reference exactly; so
+/// small models are dequantized by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightMode {
+    /// f32 if the dequantized weights take at most 2 GiB, else quantized.
+    #[default]
+    Auto,
+    /// Keep Q4_0/Q4_1/Q8_0/K-quant tensors quantized (`QMatMul`).
+    Quantized,
+    /// Dequantize everything to f32 at load time.
+    F32,
+}
+
+/// Options of [`Model::load_with`].
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// How GGUF weights are held (ignored for safetensors, always f32).
+    pub weights: WeightMode,
+}
+
+/// Where the weights came from: decides the q/k row layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightsFormat {
+    /// A llama.cpp GGUF file.
+    Gguf,
+    /// An HF folder of safetensors files.
+    Safetensors,
+}
+
+/// A loaded decoder-only model (CPU, f32 activations).
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub(crate) config: ModelConfig,
+    pub(crate) embed: Tensor,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Tensor,
+    pub(crate) lm_head: Linear,
+    pub(crate) path: PathBuf,
+    pub(crate) format: WeightsFormat,
+}
+
+impl Model {
+    /// Loads a GGUF file or an HF folder (config.json + *.safetensors).
+    ///
+    /// # Errors
+    /// See [`ModelError`]: I/O, malformed or truncated files, missing tensors,
+    /// shape mismatches, unsupported architectures.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// [`Model::load`] with options.
+    ///
+    /// # Errors
+    /// As [`Model::load`].
+    pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            crate::hf::load(path)
+        } else {
+            crate::gguf::load(path, opts)
+        }
+    }
+
+    /// Shapes and hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The file or folder the weights were loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The weights' container format.
+    pub fn format(&self) -> &WeightsFormat {
+        &self.format
+    }
+
+    /// An empty KV cache able to hold `capacity` positions.
+    ///
+    /// # Errors
+    /// [`ModelError::Candle`] if the allocation fails.
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
+        KvCache::new(&self.config, capacity)
+    }
+
+    /// Runs `tokens` (T ≥ 1) after the `cache.len()` cached positions and returns
+    /// logits (T, vocab_size) f32, row t for input position t.
+    ///
+    /// Positions are `cache.len() + i` (causal) or `cache.len() + depth(i)` (tree);
+    /// the T new keys/values are appended, so `cache.len()` grows by T (roll back
+    /// with [`KvCache::truncate`], keep a tree path with [`KvCache::compact`]).
+    /// At each projection group of each layer, `hook` sees the group's input and
+    /// its deltas are added to the projection outputs.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] for empty input, token ids ≥ vocab_size, a bad tree
+    /// or a full cache; [`ModelError::Hook`] for a delta of the wrong shape or
+    /// projection; whatever the hook returns. On error the cache length is unchanged.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        hook: &mut dyn DeltaHook,
+    ) -> Result<Tensor, ModelError> {
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::Input("no tokens".into()));
+        }
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&id| id as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Input(format!(
+                "token id {bad} ≥ vocab size {}",
+                self.config.vocab_size
+            )));
+        }
+        let start = cache.len();
+        if start + t > cache.capacity() {
+            return Err(ModelError::Input(format!(
+                "cache full: {start} + {t} positions > capacity {}",
+                cache.capacity()
+            )));
+        }
+        let depths = mask.depths(t)?;
+        let positions: Vec<usize> = depths.iter().map(|d| start + d).collect();
+        let dev = Device::Cpu;
+        let (cos, sin) = rope::tables(
+            &positions,
+            self.config.head_dim,
+            self.config.rope_theta,
+            &dev,
+        )?;
+        let bias = mask.bias(start, t, &dev)?;
+        let ids = Tensor::new(tokens, &dev)?;
+        let mut x = self.embed.index_select(&ids, 0)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let _span = tracing::trace_span!("layer", index = li).entered();
+            x = self.layer_forward(li, layer, &x, start, &cos, &sin, &bias, cache, hook)?;
+        }
+        cache.set_len(start + t);
+        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps as f32)?;
+        let _span = tracing::trace_span!("lm_head").entered();
+        self.lm_head.forward(&x)
+    }
+
+    /// Runs the projections of `group` on `x` and adds the hook's deltas.
+    fn project(
+        &self,
+        li: usize,
+        layer: &Layer,
+        group: ProjGroup,
+        x: &Tensor,
+        hook: &mut dyn DeltaHook,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let mut outs = group
+            .projs()
+            .iter()
+            .map(|&p| layer.linear(p).forward(x))
+            .collect::<Result<Vec<_>, _>>()?;
+        if hook.wants(li, group) {
+            let t = x.dim(0)?;
+            let deltas = hook.deltas(li, group, x)?;
+            for (p, d) in deltas.iter() {
+                let Some(slot) = group.projs().iter().position(|&q| q == p) else {
+                    return Err(ModelError::Hook {
+                        layer: li,
+                        proj: p,
+                        reason: format!("delta returned for group {group:?}, which lacks it"),
+                    });
+                };
+                let want = [t, self.config.proj_out_dim(p)];
+                if d.dims() != want || d.dtype() != DType::F32 {
+                    return Err(ModelError::Hook {
+                        layer: li,
+                        proj: p,
+                        reason: format!(
+                            "delta has shape {:?} {:?}, expected {want:?} F32",
+                            d.dims(),
+                            d.dtype()
+                        ),
+                    });
+                }
+                outs[slot] = (&outs[slot] + d)?;
+            }
+        }
+        Ok(outs)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(
+        &self,
+        li: usize,
+        layer: &Layer,
+        x: &Tensor,
+        start: usize,
+        cos: &Tensor,
+        sin: &Tensor,
+        bias: &Tensor,
+        cache: &KvCache,
+        hook: &mut dyn DeltaHook,
+    ) -> Result<Tensor, ModelError> {
+        let c = &self.config;
+        let t = x.dim(0)?;
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
+        let eps = c.rms_norm_eps as f32;
+
+        let n = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
+        let qkv = self.project(li, layer, ProjGroup::Qkv, &n, hook)?;
+        let heads = |y: &Tensor, h: usize| -> Result<Tensor, ModelError> {
+            Ok(y.reshape((1, t, h, hd))?.transpose(1, 2)?.contiguous()?)
+        };
+        let q = rope::apply(&heads(&qkv[0], nh)?, cos, sin, c.rope_style)?;
+        let k = rope::apply(&heads(&qkv[1], nkv)?, cos, sin, c.rope_style)?;
+        let v = heads(&qkv[2], nkv)?;
+        cache.write(li, start, &k.squeeze(0)?, &v.squeeze(0)?)?;
+        let total = start + t;
+        let (keys, values) = cache.read(li, total)?;
+
+        // Grouped-query attention without repeating keys: query head h uses
+        // kv head h / n_rep, so fold the n_rep query heads of a group into rows.
+        let n_rep = nh / nkv;
+        let q = q.reshape((nkv, n_rep * t, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (q.matmul(&keys.t()?)? * scale)?;
+        let scores = scores
+            .reshape((nkv, n_rep, t, total))?
+            .broadcast_add(bias)?;
+        let p = candle_nn::ops::softmax_last_dim(&scores)?;
+        let attn = p.reshape((nkv, n_rep * t, total))?.matmul(&values)?;
+        let attn = attn
+            .reshape((nh, t, hd))?
+            .transpose(0, 1)?
+            .reshape((t, nh * hd))?;
+        let o = self.project(li, layer, ProjGroup::O, &attn, hook)?;
+        let h = (x + &o[0])?;
+
+        let m = candle_nn::ops::rms_norm(&h, &layer.ffn_norm, eps)?;
+        let gu = self.project(li, layer, ProjGroup::GateUp, &m, hook)?;
+        let act = (candle_nn::ops::silu(&gu[0])? * &gu[1])?;
+        let down = self.project(li, layer, ProjGroup::Down, &act, hook)?;
+        Ok((h + &down[0])?)
+    }
+
+    /// Index of the largest logit of each row of `logits` (T, vocab).
+    ///
+    /// # Errors
+    /// [`ModelError::Candle`] if `logits` is not 2-D.
+    pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>, ModelError> {
+        Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+    }
+}
