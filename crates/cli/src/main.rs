@@ -18,6 +18,17 @@ enum Command {
     /// Measure the engine and write JSON + Markdown reports.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Download (if needed) and verify the default model; print its path.
+    Fetch(cmd::fetch::FetchArgs),
+    /// Private speculative generation with the default model and a committed
+    /// adapter, printed next to the plaintext reference.
+    Demo(cmd::demo::DemoArgs),
+    /// Plaintext generation with the base model (optionally a PEFT adapter).
+    Generate(cmd::generate::GenerateArgs),
+    /// Serve PEFT adapters under HE over gRPC (TLS, bearer tokens).
+    Serve(cmd::serve::ServeArgs),
+    /// Write a development CA and a localhost server certificate.
+    DevCert(cmd::devcert::DevCertArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +41,10 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Bench(b) => b.run(),
+        Command::Demo(a) => a.run(),
+        Command::Fetch(a) => a.run(),
+        Command::Generate(a) => a.run(),
+        Command::Serve(a) => a.run(),
+        Command::DevCert(a) => a.run(),
     }
 }

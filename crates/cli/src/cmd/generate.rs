@@ -8,7 +8,12 @@ use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
     SamplingParams, TextStream, Tokenizer, WeightMode,
 };
+use cipherlora_private::connect_remote;
+use cipherlora_service::{ClientConfig, ClientTls, LinkProfile};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use clap::{Args, ValueEnum};
+
+use crate::cmd::demo::DraftArg;
 
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -60,6 +65,28 @@ pub struct GenerateArgs {
     /// How to hold GGUF weights.
     #[arg(long, value_enum, default_value = "auto")]
     weights: WeightsArg,
+    /// Private mode: adapter server URL (`https://host:port`). The adapter
+    /// stays on the server; its deltas come back under CKKS.
+    #[arg(long, conflicts_with = "adapter", requires = "adapter_id")]
+    server: Option<String>,
+    /// Private mode: adapter id on --server.
+    #[arg(long, requires = "server")]
+    adapter_id: Option<String>,
+    /// Private mode: bearer token file (first non-empty line).
+    #[arg(long, requires = "server")]
+    token_file: Option<PathBuf>,
+    /// Private mode: CA certificate (PEM) that signed --server's certificate.
+    #[arg(long, requires = "server")]
+    ca_cert: Option<PathBuf>,
+    /// Private mode: simulated link (`loopback`, `lan`, `wan80`, `rtt=MS,mbps=N`).
+    #[arg(long, requires = "server")]
+    link: Option<LinkProfile>,
+    /// Private mode: drafter.
+    #[arg(long, value_enum, default_value = "base")]
+    draft: DraftArg,
+    /// Private mode: drafted tokens per verify round (K).
+    #[arg(long, default_value_t = 4)]
+    k: usize,
 }
 
 /// The adapter hook for this run: the one place a hook is chosen.
@@ -109,6 +136,9 @@ impl GenerateArgs {
             },
             eos: tokenizer.eos_tokens().to_vec(),
         };
+        if let Some(url) = &self.server {
+            return self.run_private(url, &model, &tokenizer, &text, &prompt, opts);
+        }
         let mut hook = build_hook(adapter.as_ref());
         let mut stream = TextStream::new(&tokenizer);
         let mut stdout = std::io::stdout().lock();
@@ -129,6 +159,78 @@ impl GenerateArgs {
             new_tokens = n,
             prefill_s = out.prefill_secs,
             decode_tok_s = n as f64 / out.decode_secs.max(1e-9),
+            "done"
+        );
+        Ok(())
+    }
+}
+
+impl GenerateArgs {
+    /// Private mode: speculative generation with the HE hook over gRPC.
+    fn run_private(
+        &self,
+        url: &str,
+        model: &Model,
+        tok: &Tokenizer,
+        text: &str,
+        prompt: &[u32],
+        opts: GenerateOptions,
+    ) -> anyhow::Result<()> {
+        let mut config = ClientConfig::new(url);
+        if let Some(ca) = &self.ca_cert {
+            let host = url.split("://").last().unwrap_or(url);
+            let host = host.split(['/', ':']).next().unwrap_or("localhost");
+            config.tls = Some(ClientTls::from_file(ca, host)?);
+        }
+        if let Some(f) = &self.token_file {
+            let t =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            config.token = t
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .map(String::from);
+        }
+        if let Some(link) = self.link {
+            config.link = link;
+        }
+        let drafter = DrafterKind::from(self.draft);
+        let width = if drafter == DrafterKind::None {
+            1
+        } else {
+            self.k + 1
+        };
+        let id = self.adapter_id.as_deref().unwrap_or_default();
+        let mut hook = connect_remote(config, id, width, model.config())
+            .with_context(|| format!("opening a session on {url}"))?;
+        let cfg = SpecConfig {
+            drafter,
+            k: self.k,
+            adaptive: false,
+            pad_to_k: true,
+            max_tokens: opts.max_tokens,
+            sampling: opts.sampling,
+            eos: opts.eos,
+        };
+        let mut stream = TextStream::new(tok);
+        let mut stdout = std::io::stdout().lock();
+        if self.prompt.is_some() {
+            write!(stdout, "{text}")?;
+        }
+        let out = decode::generate(model, prompt, &cfg, &mut hook, &mut |toks| {
+            for &t in toks {
+                if let Some(piece) = stream.push(t)? {
+                    let _ = write!(stdout, "{piece}");
+                }
+            }
+            let _ = stdout.flush();
+            Ok(())
+        })?;
+        writeln!(stdout)?;
+        tracing::info!(
+            new_tokens = out.tokens.len(),
+            rounds = out.stats.rounds,
+            timings = ?hook.timings(),
             "done"
         );
         Ok(())

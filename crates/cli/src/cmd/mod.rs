@@ -1,3 +1,8 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod demo;
+pub mod devcert;
+pub mod fetch;
+pub mod generate;
+pub mod serve;

@@ -123,12 +123,10 @@ fn describe(
     let base_model = str_of(&base["gguf_file"])
         .or_else(|| str_of(&peft["base_model_name_or_path"]))
         .unwrap_or_default();
-    let mut base_model_sha256 = [0u8; 32];
-    if let Some(hex) = base["gguf_sha256"].as_str() {
-        if let Some(b) = parse_hex32(hex) {
-            base_model_sha256 = b;
-        }
-    }
+    let base_model_sha256 = base["gguf_sha256"]
+        .as_str()
+        .and_then(parse_hex32)
+        .unwrap_or([0u8; 32]);
     let layers: BTreeSet<usize> = groups.groups.iter().map(|g| g.layer).collect();
     let mut group_names: Vec<(u32, Vec<String>)> = Vec::new();
     for g in &groups.groups {
@@ -442,6 +440,135 @@ mod tests {
                 got: 2
             }
         ));
+    }
+
+    fn backend() -> HeBackend {
+        use crate::adapter_groups::LayerGroup;
+        use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
+        let adapter = GroupAdapter {
+            d_in: 8,
+            projections: vec![ProjectionAdapter {
+                name: "o_proj".into(),
+                d_out: 8,
+                rank: 2,
+                a: (0..16).map(|i| i as f32 / 16.0).collect(),
+                b: (0..16).map(|i| 0.5 - i as f32 / 32.0).collect(),
+                scaling: 2.0,
+            }],
+        };
+        let groups = AdapterGroups {
+            kind: LoraKind::Ffa,
+            groups: vec![LayerGroup {
+                layer: 1,
+                group: cipherlora_model::ProjGroup::O,
+                adapter,
+            }],
+        };
+        HeBackend::new(AdapterServer::new(groups), AdapterInfo::default()).unwrap()
+    }
+
+    fn payload(preset: &str, request: Vec<u8>, keys: Vec<u8>) -> OpenSessionPayload {
+        OpenSessionPayload {
+            ckks_preset: preset.into(),
+            public_key: Bytes::new(),
+            galois_keys: Bytes::from(keys),
+            plan_request: Bytes::from(request),
+        }
+    }
+
+    fn refusal(r: Result<OpenedSession, BackendError>) -> BackendError {
+        match r {
+            Ok(_) => panic!("opened a session it should refuse"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn open_session_refuses_bad_preset_plan_request_and_keys() {
+        use cipherlora_helora::{CkksClient, HeClient};
+        let b = backend();
+        let info = b.info();
+        assert_eq!(info.ckks_presets, ["n8192-depth1"]);
+        let preset = info.ckks_presets[0].as_str();
+        let probe = PlanRequest {
+            t: 3,
+            offer_only: true,
+        }
+        .to_bytes();
+        let real = PlanRequest {
+            t: 3,
+            offer_only: false,
+        }
+        .to_bytes();
+        let e = refusal(b.open_session(payload("n4096", probe.clone(), vec![])));
+        assert!(matches!(e, BackendError::UnknownPreset { .. }), "{e}");
+        let e = refusal(b.open_session(payload(preset, b"CLPR".to_vec(), vec![])));
+        assert!(matches!(e, BackendError::InvalidPlan { .. }), "{e}");
+        let e = refusal(b.open_session(payload(preset, real.clone(), vec![1, 2, 3])));
+        assert!(matches!(e, BackendError::InvalidKey { .. }), "{e}");
+
+        // Offer only: the offer, and a session that computes nothing.
+        let opened = b.open_session(payload(preset, probe, vec![])).unwrap();
+        let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
+        assert_eq!((offer.t, offer.groups.len()), (3, 1));
+        assert!(matches!(
+            opened.compute.group_shape(1, 1),
+            Err(BackendError::UnknownLayer { .. })
+        ));
+
+        // The real session validates every ciphertext before any arithmetic.
+        let plan = &offer.groups[0].plan;
+        let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+        let he = CkksClient::new(&ctx).unwrap();
+        let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+        let keys = he.galois_keys(&steps).to_bytes();
+        let opened = b.open_session(payload(preset, real, keys)).unwrap();
+        let c = opened.compute;
+        let n = c.group_shape(1, 1).unwrap().input_ciphertexts;
+        assert!(matches!(
+            c.group_shape(0, 1),
+            Err(BackendError::UnknownLayer { layer: 0, group: 1 })
+        ));
+        let good = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], plan.input_level()).unwrap());
+        assert_eq!(c.compute(1, 1, 0, &vec![good.clone(); n]).unwrap().len(), 1);
+        let e = c.compute(1, 1, 0, &vec![good.clone(); n + 1]).unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::CiphertextCount {
+                expected: n,
+                got: n + 1
+            }
+        );
+        let mut bad_magic = good.to_vec();
+        bad_magic[0] ^= 0xff;
+        let e = c
+            .compute(1, 1, 0, &vec![Bytes::from(bad_magic); n])
+            .unwrap_err();
+        assert_eq!(
+            e,
+            BackendError::InvalidCiphertext {
+                index: 0,
+                fault: CiphertextFault::BadMagic
+            }
+        );
+        let short = good.slice(..good.len() - 1);
+        let e = c.compute(1, 1, 0, &vec![short; n]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                BackendError::InvalidCiphertext {
+                    fault: CiphertextFault::Truncated { .. },
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let low = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], 0).unwrap());
+        let e = c.compute(1, 1, 0, &vec![low; n]).unwrap_err();
+        assert!(
+            matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
+            "{e}"
+        );
     }
 
     #[test]

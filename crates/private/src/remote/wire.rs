@@ -174,7 +174,8 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
     let mut groups: Vec<OfferedGroup> = Vec::with_capacity(n.min(r.left() / 16));
     for _ in 0..n {
         let layer = r.usize()?;
-        let group = group_of(&r, r.u8()?)?;
+        let code = r.u8()?;
+        let group = group_of(&r, code)?;
         if groups.iter().any(|g| g.layer == layer && g.group == group) {
             return Err(r.bad("group offered twice"));
         }
@@ -285,7 +286,8 @@ pub fn decode_public_a(bytes: &[u8]) -> Result<Vec<PublicA>, PrivateError> {
     let mut out = Vec::new();
     for _ in 0..n {
         let layer = r.usize()?;
-        let group = group_of(&r, r.u8()?)?;
+        let code = r.u8()?;
+        let group = group_of(&r, code)?;
         let np = r.usize()?;
         if np == 0 || np > group.projs().len() {
             return Err(r.bad("projection count out of range"));

@@ -1,0 +1,103 @@
+//! `cipherlora serve`: the adapter server. Holds PEFT adapters and computes
+//! their LoRA deltas on the clients' ciphertexts (never a secret key or a
+//! plaintext activation); see `shared/threat-model.md`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use cipherlora_model::{Model, fetch};
+use cipherlora_private::HeBackend;
+use cipherlora_service::auth::TokenSet;
+use cipherlora_service::{AdapterBackend, ServeConfig, TlsConfig};
+use clap::Args;
+
+/// Arguments of `cipherlora serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// PEFT adapter folder to serve (repeatable); its id is the folder name.
+    #[arg(long = "adapter", required = true)]
+    adapters: Vec<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// File of accepted bearer tokens, one per line; without, no auth.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Base model file whose shapes the adapters fit (default: the fetched
+    /// default model).
+    #[arg(long)]
+    base_model: Option<PathBuf>,
+    /// Where to serve Prometheus `GET /metrics`, if anywhere.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+impl ServeArgs {
+    /// Loads the adapters and serves until Ctrl-C or SIGTERM, then shuts
+    /// down gracefully.
+    pub fn run(self) -> anyhow::Result<()> {
+        let base = match &self.base_model {
+            Some(p) => p.clone(),
+            None => fetch::ensure_default_model()?,
+        };
+        let model =
+            Model::load(&base).with_context(|| format!("loading base model {}", base.display()))?;
+        let mut backends: Vec<Arc<dyn AdapterBackend>> = Vec::new();
+        for dir in &self.adapters {
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()) else {
+                bail!("adapter folder {} has no usable name", dir.display());
+            };
+            let b = HeBackend::load(id, dir, model.config())
+                .with_context(|| format!("loading adapter {}", dir.display()))?;
+            eprintln!(
+                "adapter {id}: {} groups, preset {}",
+                b.server().groups().groups.len(),
+                b.info().ckks_presets.join(",")
+            );
+            backends.push(Arc::new(b));
+        }
+        drop(model);
+        let mut config = ServeConfig::new(self.listen);
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            config.tls = Some(TlsConfig::from_files(cert, key)?);
+        }
+        if let Some(f) = &self.token_file {
+            config.tokens = Some(TokenSet::from_file(f)?);
+        }
+        config.metrics_listen = self.metrics_listen;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        eprintln!("listening on {}", self.listen);
+        rt.block_on(cipherlora_service::serve(config, backends, async {
+            shutdown_signal().await;
+            eprintln!("shutting down");
+        }))?;
+        Ok(())
+    }
+}
+
+/// Ctrl-C, or SIGTERM on Unix (what service managers send).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
