@@ -135,18 +135,36 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
 }
 
 #[test]
-fn adapter_changes_greedy_output_on_a_domain_prompt() {
+fn both_committed_adapters_load_and_change_greedy_output_on_domain_prompts() {
     let f = fixture();
-    let prompt = f.tokenizer.encode(PROMPTS[1]).unwrap();
     let opts = GenerateOptions {
         max_tokens: 32,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
     };
-    let base = generate(&f.model, &prompt, &opts, &mut NoAdapter, &mut |_| Ok(()))
-        .unwrap()
-        .tokens;
-    assert_ne!(base, reference(f, &prompt, 32));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../adapters");
+    for name in ["code-lora-r16", "code-ffa-r16"] {
+        let adapter = LoraAdapter::load(&root.join(name), f.model.config()).expect("load adapter");
+        for text in PROMPTS {
+            let prompt = f.tokenizer.encode(text).unwrap();
+            let base = generate(&f.model, &prompt, &opts, &mut NoAdapter, &mut |_| Ok(()))
+                .unwrap()
+                .tokens;
+            let adapted = generate(
+                &f.model,
+                &prompt,
+                &opts,
+                &mut PlainLora::new(&adapter),
+                &mut |_| Ok(()),
+            )
+            .unwrap()
+            .tokens;
+            assert_ne!(
+                base, adapted,
+                "{name} does not change the output on {text:?}"
+            );
+        }
+    }
 }
 
 /// Softmax rows (after the sampling transforms) of the last position.
