@@ -150,10 +150,7 @@ impl PublicKey {
         let e = small_ntt(ctx, &gaussian(rng, n), primes.iter().copied());
         let mut b = vec![0u64; a.len()];
         rlwe_b(ctx, &a, &sk.s_scaled, &e, &primes, &mut b);
-        for (i, (la, lb)) in a.chunks_exact_mut(n).zip(b.chunks_exact_mut(n)).enumerate() {
-            ctx.scale_by_n(i, la);
-            ctx.scale_by_n(i, lb);
-        }
+        scale_pair_by_n(ctx, &mut a, &mut b);
         Self {
             ctx: ctx.clone(),
             seed,
@@ -164,13 +161,9 @@ impl PublicKey {
 
     /// Rebuilds from the serialized parts (canonical `b`, seed).
     pub(crate) fn from_parts(ctx: &Arc<Context>, seed: [u8; 32], mut b: Vec<u64>) -> Self {
-        let n = ctx.degree();
         let mut a = vec![0u64; b.len()];
         expand_uniform(ctx, &seed, 0, 0..=ctx.max_level(), &mut a);
-        for (i, (la, lb)) in a.chunks_exact_mut(n).zip(b.chunks_exact_mut(n)).enumerate() {
-            ctx.scale_by_n(i, la);
-            ctx.scale_by_n(i, lb);
-        }
+        scale_pair_by_n(ctx, &mut a, &mut b);
         Self {
             ctx: ctx.clone(),
             seed,
@@ -361,5 +354,15 @@ impl std::fmt::Debug for GaloisKeys {
             .field("degree", &self.ctx.degree())
             .field("galois_elements", &self.galois_elements())
             .finish()
+    }
+}
+
+/// Multiplies both parts of a key (all limbs 0..L, limb-major) by N, the
+/// stored form that makes ct×pt and key switching a single vector pass.
+fn scale_pair_by_n(ctx: &Context, a: &mut [u64], b: &mut [u64]) {
+    let n = ctx.degree();
+    for (i, (la, lb)) in a.chunks_exact_mut(n).zip(b.chunks_exact_mut(n)).enumerate() {
+        ctx.scale_by_n(i, la);
+        ctx.scale_by_n(i, lb);
     }
 }

@@ -228,8 +228,7 @@ fn encode_msg(
     t: u32,
     cts: &[Vec<u8>],
 ) -> Vec<u8> {
-    let len: usize = cts.iter().map(|c| c.len() + 4).sum();
-    let mut o = Vec::with_capacity(29 + len);
+    let mut o = Vec::with_capacity(msg_len(cts));
     o.extend_from_slice(magic);
     o.push(VERSION);
     o.extend_from_slice(&id.to_le_bytes());
@@ -245,6 +244,12 @@ fn encode_msg(
 }
 
 type Msg = (u64, u32, u32, u32, Vec<Vec<u8>>);
+
+/// Encoded size of a group message: the 29-byte header plus a 4-byte length
+/// prefix per ciphertext.
+fn msg_len(ciphertexts: &[Vec<u8>]) -> usize {
+    29 + ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
+}
 
 fn decode_msg(bytes: &[u8], magic: &[u8; 4], what: &'static str) -> Result<Msg> {
     let mut r = Reader { buf: bytes, what };
@@ -301,7 +306,7 @@ impl GroupRequest {
 
     /// Upload size in bytes.
     pub fn byte_len(&self) -> usize {
-        29 + self.ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
+        msg_len(&self.ciphertexts)
     }
 }
 
@@ -336,6 +341,6 @@ impl GroupResponse {
 
     /// Download size in bytes.
     pub fn byte_len(&self) -> usize {
-        29 + self.ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
+        msg_len(&self.ciphertexts)
     }
 }

@@ -42,7 +42,7 @@ pub use kv_cache::KvCache;
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};
 pub use mask::AttentionMask;
 pub use model::{LoadOptions, Model, WeightMode, WeightsFormat};
-pub use sampling::{Sampler, SamplingParams};
+pub use sampling::{Sampler, SamplingParams, argmax};
 pub use tokenizer::{ChatTemplate, Tokenizer};
 
 /// Re-export of candle's tensor type used throughout the API.

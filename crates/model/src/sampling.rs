@@ -195,8 +195,11 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value (lowest index on ties; NaN never wins).
-fn argmax(xs: &[f32]) -> usize {
+/// Index of the largest value of `xs`: the lowest index on ties, and NaN never
+/// wins. Greedy decoding everywhere (plain generation, speculative drafting
+/// and verification) uses this one rule, so their outputs can be compared
+/// token for token.
+pub fn argmax(xs: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in xs.iter().enumerate() {
         if x > xs[best] || xs[best].is_nan() {

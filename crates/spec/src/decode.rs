@@ -188,7 +188,7 @@ pub fn generate(
         let rows = rows(&logits, real)?;
         let drafts = &inputs[1..real];
         let outcome = if greedy {
-            let argmax: Vec<u32> = rows.iter().map(|r| argmax(r)).collect();
+            let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
             accept_greedy(drafts, &argmax)?
         } else {
             let mut history = context.clone();
@@ -272,14 +272,9 @@ fn rows(logits: &Tensor, n: usize) -> Result<Vec<Vec<f32>>, SpecError> {
     all.map_err(|e| SpecError::Model(cipherlora_model::ModelError::from(e)))
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
+/// The greedy choice, by the same rule as the plaintext reference.
+fn greedy_token(row: &[f32]) -> u32 {
+    cipherlora_model::argmax(row) as u32
 }
 
 /// One round's draft.
@@ -395,7 +390,7 @@ impl<'m> Drafter<'m> {
                     .forward(&feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
             let row = rows(&logits, feed.len())?.pop().expect("at least one row");
             let next = if greedy {
-                argmax(&row)
+                greedy_token(&row)
             } else {
                 let q = sampler.probs(&row, &history);
                 let t = crate::acceptance::sample(&q, rng);
