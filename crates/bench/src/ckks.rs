@@ -16,7 +16,6 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context as _;
 use cipherlora_ckks::{
     CkksParameters, Context, Decryptor, Encoder, Encryptor, Evaluator, GaloisKeys, PublicKey,
     SecretKey, os_rng,
@@ -204,17 +203,8 @@ pub fn run(opts: &CkksBenchOptions) -> anyhow::Result<()> {
         per_n.insert(n.to_string(), measure(n, opts.reps)?);
     }
     let report = json!({ "N": per_n });
-    if let Some(dir) = opts.json.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&opts.json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", opts.json.display()))?;
-    let md_path = opts
-        .markdown
-        .clone()
-        .unwrap_or_else(|| opts.json.with_extension("md"));
     let md = markdown(&report);
-    std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+    crate::write_report(&opts.json, opts.markdown.as_deref(), &report, &md)?;
     println!("{md}");
     Ok(())
 }

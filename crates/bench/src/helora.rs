@@ -344,20 +344,14 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
             "ct_pt": costs.ct_pt_ms, "rotate": costs.rotate_ms, "hoist": costs.hoist_ms,
             "hoisted_rotate": costs.hoisted_rotate_ms, "add": costs.add_ms, "rescale": costs.rescale_ms,
             "encrypt": costs.encrypt_ms, "decrypt": costs.decrypt_ms, "rerandomize": costs.rerandomize_ms,
+            "ext_ct_pt": costs.ext_ct_pt_ms, "ext_hoisted_rotate": costs.ext_hoisted_rotate_ms,
+            "extend": costs.extend_ms, "mod_down_rescale": costs.mod_down_rescale_ms,
+            "parse_input": costs.parse_input_ms, "serialize_output": costs.serialize_output_ms,
         },
         "bytes": {"upload_ct": costs.upload_ct_bytes, "download_ct": costs.download_ct_bytes, "galois_key": costs.galois_key_bytes},
         "runs": runs,
     });
-    if let Some(dir) = opts.json.parent() {
-        std::fs::create_dir_all(dir).ok();
-    }
-    std::fs::write(&opts.json, serde_json::to_string_pretty(&report)?)
-        .with_context(|| format!("writing {}", opts.json.display()))?;
-    let md_path = opts
-        .markdown
-        .clone()
-        .unwrap_or_else(|| opts.json.with_extension("md"));
-    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let md_path = crate::write_report(&opts.json, opts.markdown.as_deref(), &report, &md)?;
     eprintln!("wrote {} and {}", opts.json.display(), md_path.display());
     Ok(())
 }

@@ -206,16 +206,8 @@ pub fn run(opts: &ModelBenchOptions) -> anyhow::Result<()> {
         reps: opts.reps,
         records,
     };
-    if let Some(dir) = opts.json.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&opts.json, serde_json::to_string_pretty(&report)?)?;
-    let md_path = opts
-        .markdown
-        .clone()
-        .unwrap_or_else(|| opts.json.with_extension("md"));
     let md = markdown(&report);
-    std::fs::write(&md_path, &md)?;
+    crate::write_report(&opts.json, opts.markdown.as_deref(), &report, &md)?;
     print!("{md}");
     Ok(())
 }

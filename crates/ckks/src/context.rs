@@ -26,12 +26,20 @@ pub struct Context {
     plans: Vec<Plan>,
     /// `N mod p` for every prime (plaintexts and keys are stored N-scaled).
     pub(crate) n_mod: Vec<ShoupConst>,
-    /// `rescale_inv[l][i] = q_l^{-1} mod q_i` for `i < l`.
-    pub(crate) rescale_inv: Vec<Vec<ShoupConst>>,
-    /// `P^{-1} mod q_i`.
-    pub(crate) p_inv: Vec<ShoupConst>,
     /// `P mod q_i`.
     pub(crate) p_mod: Vec<ShoupConst>,
+    /// SIMD constants (N copies of `c·N mod q`, for one
+    /// `mul_assign_normalize`/`mul_accumulate` pass of tfhe-ntt):
+    /// `P` per chain prime `i`.
+    pub(crate) p_mod_vec: Vec<Vec<u64>>,
+    /// `N` per prime (all primes), to N-scale a limb in one SIMD pass.
+    pub(crate) n_sq_vec: Vec<Vec<u64>>,
+    /// `P^{-1}` per chain prime `i`.
+    pub(crate) p_inv_vec: Vec<Vec<u64>>,
+    /// `q_l^{-1}` mod `q_i` at `[l][i]`, `i < l`.
+    pub(crate) rescale_inv_vec: Vec<Vec<Vec<u64>>>,
+    /// `(P·q_l)^{-1}` mod `q_i` at `[l][i]`, `i < l` (fused ModDown + rescale).
+    pub(crate) pq_inv_vec: Vec<Vec<Vec<u64>>>,
     /// `ntt_exp[j]`: odd `e` such that NTT output `j` is the evaluation at `ψ^e`.
     ntt_exp: Vec<u32>,
     /// Inverse of `ntt_exp` over odd exponents `< 2N`.
@@ -76,21 +84,35 @@ impl Context {
             })?;
         let n_mod = moduli.iter().map(|m| m.shoup(n as u64)).collect();
         let l_max = params.max_level();
-        let rescale_inv = (0..=l_max)
+        let p = all[l_max + 1];
+        let p_mod: Vec<ShoupConst> = (0..=l_max).map(|i| moduli[i].shoup(p)).collect();
+        let splat = |i: usize, c: u64| {
+            let m = &moduli[i];
+            vec![m.mul(m.reduce(c), m.reduce(n as u64)); n]
+        };
+        let p_inv_raw: Vec<u64> = (0..=l_max)
+            .map(|i| moduli[i].inv(moduli[i].reduce(p)))
+            .collect();
+        let p_mod_vec = (0..=l_max).map(|i| splat(i, p)).collect();
+        let n_sq_vec = (0..all.len()).map(|i| splat(i, n as u64)).collect();
+        let p_inv_vec = (0..=l_max).map(|i| splat(i, p_inv_raw[i])).collect();
+        let rescale_inv_vec = (0..=l_max)
+            .map(|l| {
+                (0..l)
+                    .map(|i| splat(i, moduli[i].inv(moduli[i].reduce(all[l]))))
+                    .collect()
+            })
+            .collect();
+        let pq_inv_vec = (0..=l_max)
             .map(|l| {
                 (0..l)
                     .map(|i| {
                         let m = &moduli[i];
-                        m.shoup(m.inv(m.reduce(all[l])))
+                        splat(i, m.mul(p_inv_raw[i], m.inv(m.reduce(all[l]))))
                     })
                     .collect()
             })
             .collect();
-        let p = all[l_max + 1];
-        let p_inv = (0..=l_max)
-            .map(|i| moduli[i].shoup(moduli[i].inv(moduli[i].reduce(p))))
-            .collect();
-        let p_mod = (0..=l_max).map(|i| moduli[i].shoup(p)).collect();
 
         // Which evaluation point does each NTT output position hold? Transform
         // the monomial X: output j is then ω_j = ψ^{e_j} itself.
@@ -126,9 +148,12 @@ impl Context {
             moduli,
             plans,
             n_mod,
-            rescale_inv,
-            p_inv,
             p_mod,
+            p_mod_vec,
+            n_sq_vec,
+            p_inv_vec,
+            rescale_inv_vec,
+            pq_inv_vec,
             ntt_exp,
             exp_idx,
             pool: BufferPool::default(),

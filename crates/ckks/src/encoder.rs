@@ -15,34 +15,83 @@ use std::sync::Arc;
 use crate::context::Context;
 use crate::error::{CkksError, Result};
 use crate::modular::ShoupConst;
-use crate::plaintext::Plaintext;
+use crate::plaintext::{ExtendedPlaintext, Plaintext};
 
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct C64 {
-    re: f64,
-    im: f64,
+/// A vector of complex numbers stored as separate real and imaginary parts
+/// (structure of arrays), so the FFT butterflies vectorize.
+#[derive(Debug, Clone)]
+struct Split {
+    re: Vec<f64>,
+    im: Vec<f64>,
 }
 
-impl C64 {
-    #[inline(always)]
-    fn add(self, o: Self) -> Self {
+impl Split {
+    fn zeros(n: usize) -> Self {
         Self {
-            re: self.re + o.re,
-            im: self.im + o.im,
+            re: vec![0.0; n],
+            im: vec![0.0; n],
         }
     }
+}
+
+/// One FFT stage as a pulp SIMD operation: `with_simd` is inlined into the
+/// target-feature dispatch, so the butterflies are compiled for AVX-512 (a
+/// closure this large would not be inlined).
+struct Stage<'a> {
+    v: &'a mut Split,
+    len: usize,
+    wr: &'a [f64],
+    wi: &'a [f64],
+    inverse: bool,
+}
+
+impl pulp::WithSimd for Stage<'_> {
+    type Output = ();
     #[inline(always)]
-    fn sub(self, o: Self) -> Self {
-        Self {
-            re: self.re - o.re,
-            im: self.im - o.im,
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        if self.inverse {
+            ifft_stage(self.v, self.len, self.wr, self.wi);
+        } else {
+            fft_stage(self.v, self.len, self.wr, self.wi);
         }
     }
-    #[inline(always)]
-    fn mul(self, o: Self) -> Self {
-        Self {
-            re: self.re * o.re - self.im * o.im,
-            im: self.re * o.im + self.im * o.re,
+}
+
+/// One forward radix-2 stage over blocks of `len` (twiddles `wr + i·wi`).
+/// `inline(always)` so it is compiled inside the SIMD dispatch of
+/// [`crate::modular::vectorized`].
+#[inline(always)]
+fn fft_stage(v: &mut Split, len: usize, wr: &[f64], wi: &[f64]) {
+    let half = len / 2;
+    for (re, im) in v.re.chunks_exact_mut(len).zip(v.im.chunks_exact_mut(len)) {
+        let (lr, hr) = re.split_at_mut(half);
+        let (li, hi) = im.split_at_mut(half);
+        for j in 0..half {
+            let tr = hr[j] * wr[j] - hi[j] * wi[j];
+            let ti = hr[j] * wi[j] + hi[j] * wr[j];
+            let (ur, ui) = (lr[j], li[j]);
+            lr[j] = ur + tr;
+            li[j] = ui + ti;
+            hr[j] = ur - tr;
+            hi[j] = ui - ti;
+        }
+    }
+}
+
+/// One inverse radix-2 stage (Gentleman–Sande) over blocks of `len`.
+#[inline(always)]
+fn ifft_stage(v: &mut Split, len: usize, wr: &[f64], wi: &[f64]) {
+    let half = len / 2;
+    for (re, im) in v.re.chunks_exact_mut(len).zip(v.im.chunks_exact_mut(len)) {
+        let (lr, hr) = re.split_at_mut(half);
+        let (li, hi) = im.split_at_mut(half);
+        for j in 0..half {
+            let (ur, ui) = (lr[j] + hr[j], li[j] + hi[j]);
+            let (dr, di) = (lr[j] - hr[j], li[j] - hi[j]);
+            lr[j] = ur;
+            li[j] = ui;
+            hr[j] = dr * wr[j] - di * wi[j];
+            hi[j] = dr * wi[j] + di * wr[j];
         }
     }
 }
@@ -51,10 +100,11 @@ impl C64 {
 #[derive(Debug, Clone)]
 pub struct Encoder {
     ctx: Arc<Context>,
-    /// `5^j mod 2N` for `j < N/2`.
-    rot_group: Vec<usize>,
-    /// `e^{2πik/(2N)}` for `k ≤ 2N`.
-    roots: Vec<C64>,
+    /// Forward special-FFT twiddles `ζ^{5^j}` of every stage (stage with
+    /// half-length h at offset h − 1), real and imaginary parts.
+    fwd_tw: Split,
+    /// The inverse transform's twiddles, laid out the same way.
+    inv_tw: Split,
     /// `garner[i][j] = q_j^{-1} mod q_i` for `j < i`.
     garner: Vec<Vec<ShoupConst>>,
     bitrev: Vec<u32>,
@@ -75,15 +125,27 @@ impl Encoder {
             rot_group.push(g);
             g = g * 5 % m;
         }
-        let roots = (0..=m)
-            .map(|k| {
-                let a = 2.0 * PI * k as f64 / m as f64;
-                C64 {
-                    re: a.cos(),
-                    im: a.sin(),
-                }
-            })
-            .collect();
+        let root = |k: usize| {
+            let a = 2.0 * PI * k as f64 / m as f64;
+            (a.cos(), a.sin())
+        };
+        let mut fwd_tw = Split::zeros(slots.max(1) - 1);
+        let mut inv_tw = Split::zeros(slots.max(1) - 1);
+        let mut half = 1;
+        while 2 * half <= slots {
+            let lenq = 8 * half;
+            let stride = m / lenq;
+            for (j, &g) in rot_group[..half].iter().enumerate() {
+                let k = g & (lenq - 1);
+                let (c, s) = root(k * stride);
+                fwd_tw.re[half - 1 + j] = c;
+                fwd_tw.im[half - 1 + j] = s;
+                let (c, s) = root((lenq - k) * stride);
+                inv_tw.re[half - 1 + j] = c;
+                inv_tw.im[half - 1 + j] = s;
+            }
+            half *= 2;
+        }
         let levels = ctx.max_level() + 1;
         let garner = (0..levels)
             .map(|i| {
@@ -99,8 +161,8 @@ impl Encoder {
             .collect();
         Self {
             ctx: ctx.clone(),
-            rot_group,
-            roots,
+            fwd_tw,
+            inv_tw,
             garner,
             bitrev,
         }
@@ -111,66 +173,61 @@ impl Encoder {
         &self.ctx
     }
 
-    fn bit_reverse(&self, v: &mut [C64]) {
+    fn bit_reverse(&self, v: &mut Split) {
         for (i, &j) in self.bitrev.iter().enumerate() {
             let j = j as usize;
             if i < j {
-                v.swap(i, j);
+                v.re.swap(i, j);
+                v.im.swap(i, j);
             }
         }
     }
 
     /// Evaluates at the slot points: coefficients (packed as `m_j + i·m_{j+N/2}`)
-    /// → slot values.
-    fn special_fft(&self, v: &mut [C64]) {
-        let n = v.len();
-        let m = 2 * self.ctx.degree();
+    /// → slot values (radix-2 Cooley–Tukey on the bit-reversed input, the
+    /// twiddles of stage `len` being `ζ^{5^j}` for `j < len/2`).
+    fn special_fft(&self, v: &mut Split) {
+        let n = v.re.len();
         self.bit_reverse(v);
         let mut len = 2;
         while len <= n {
             let half = len / 2;
-            let lenq = len * 4;
-            let stride = m / lenq;
-            for chunk in v.chunks_exact_mut(len) {
-                let (lo, hi) = chunk.split_at_mut(half);
-                for j in 0..half {
-                    let w = self.roots[(self.rot_group[j] & (lenq - 1)) * stride];
-                    let u = lo[j];
-                    let t = hi[j].mul(w);
-                    lo[j] = u.add(t);
-                    hi[j] = u.sub(t);
-                }
-            }
+            let wr = &self.fwd_tw.re[half - 1..2 * half - 1];
+            let wi = &self.fwd_tw.im[half - 1..2 * half - 1];
+            pulp::Arch::new().dispatch(Stage {
+                v: &mut *v,
+                len,
+                wr,
+                wi,
+                inverse: false,
+            });
             len *= 2;
         }
     }
 
     /// Inverse of [`Self::special_fft`] (includes the `1/n` factor).
-    fn special_ifft(&self, v: &mut [C64]) {
-        let n = v.len();
-        let m = 2 * self.ctx.degree();
+    fn special_ifft(&self, v: &mut Split) {
+        let n = v.re.len();
         let mut len = n;
         while len >= 2 {
             let half = len / 2;
-            let lenq = len * 4;
-            let stride = m / lenq;
-            for chunk in v.chunks_exact_mut(len) {
-                let (lo, hi) = chunk.split_at_mut(half);
-                for j in 0..half {
-                    let w = self.roots[(lenq - (self.rot_group[j] & (lenq - 1))) * stride];
-                    let u = lo[j].add(hi[j]);
-                    let t = lo[j].sub(hi[j]).mul(w);
-                    lo[j] = u;
-                    hi[j] = t;
-                }
-            }
+            let wr = &self.inv_tw.re[half - 1..2 * half - 1];
+            let wi = &self.inv_tw.im[half - 1..2 * half - 1];
+            pulp::Arch::new().dispatch(Stage {
+                v: &mut *v,
+                len,
+                wr,
+                wi,
+                inverse: true,
+            });
             len /= 2;
         }
         let inv = 1.0 / n as f64;
-        for x in v.iter_mut() {
-            x.re *= inv;
-            x.im *= inv;
-        }
+        crate::modular::vectorized(|| {
+            for x in v.re.iter_mut().chain(v.im.iter_mut()) {
+                *x *= inv;
+            }
+        });
         self.bit_reverse(v);
     }
 
@@ -187,22 +244,26 @@ impl Encoder {
         if !(scale.is_finite() && scale >= 1.0) {
             return Err(CkksError::InvalidScale { scale });
         }
-        let mut v = vec![C64::default(); slots];
-        for (i, (&x, c)) in values.iter().zip(v.iter_mut()).enumerate() {
+        let mut v = Split::zeros(slots);
+        for (i, (&x, c)) in values.iter().zip(v.re.iter_mut()).enumerate() {
             if !x.is_finite() || (x * scale).abs() >= MAX_COEFF {
                 return Err(CkksError::ValueOutOfRange { index: i });
             }
-            c.re = x;
+            *c = x;
         }
         self.special_ifft(&mut v);
         let mut coeffs = vec![0i64; 2 * slots];
         let (lo, hi) = coeffs.split_at_mut(slots);
-        for ((c, a), b) in v.iter().zip(lo.iter_mut()).zip(hi.iter_mut()) {
-            // |coefficient| ≤ max |value| (the embedding is an isometry up to √N),
-            // so the range check above keeps these inside i64.
-            *a = (c.re * scale).round() as i64;
-            *b = (c.im * scale).round() as i64;
-        }
+        // |coefficient| ≤ max |value| (the embedding is an isometry up to √N),
+        // so the range check above keeps these inside i64.
+        crate::modular::vectorized(|| {
+            for (a, &c) in lo.iter_mut().zip(&v.re) {
+                *a = (c * scale).round_ties_even() as i64;
+            }
+            for (b, &c) in hi.iter_mut().zip(&v.im) {
+                *b = (c * scale).round_ties_even() as i64;
+            }
+        });
         Ok(coeffs)
     }
 
@@ -224,12 +285,7 @@ impl Encoder {
         let n = self.ctx.degree();
         let mut data = vec![0u64; (level + 1) * n];
         for (i, limb) in data.chunks_exact_mut(n).enumerate() {
-            let m = self.ctx.moduli[i];
-            let nc = self.ctx.n_mod[i];
-            for (x, &c) in limb.iter_mut().zip(&coeffs) {
-                *x = m.mul_shoup(m.from_i64(c), nc);
-            }
-            self.ctx.fwd(i, limb);
+            self.limb_of(&coeffs, i, limb);
         }
         Ok(Plaintext {
             data,
@@ -237,6 +293,50 @@ impl Encoder {
             scale,
             n_scaled: true,
             digest: self.ctx.digest(),
+        })
+    }
+
+    /// The N-scaled NTT-form limb modulo prime `i` of integer coefficients.
+    fn limb_of(&self, coeffs: &[i64], i: usize, limb: &mut [u64]) {
+        crate::modular::reduce_signed_limb(&self.ctx.moduli[i], coeffs, limb);
+        self.ctx.fwd(i, limb);
+        // N-scaled storage: one SIMD product by N (the constant is N²·N^{-1}).
+        self.ctx.mul_scaled(i, limb, &self.ctx.n_sq_vec[i]);
+    }
+
+    /// As [`Self::encode`], over the extended basis `Q_level·P` (one more
+    /// NTT, for the special prime): a plaintext for ct×pt products on
+    /// [`crate::ExtendedCiphertext`]s (double hoisting).
+    ///
+    /// # Errors
+    /// As [`Self::encode`].
+    pub fn encode_extended(
+        &self,
+        values: &[f64],
+        level: usize,
+        scale: f64,
+    ) -> Result<ExtendedPlaintext> {
+        let max = self.ctx.max_level();
+        if level > max {
+            return Err(CkksError::LevelOutOfRange { level, max });
+        }
+        let coeffs = self.coefficients(values, scale)?;
+        let n = self.ctx.degree();
+        let mut data = vec![0u64; (level + 1) * n];
+        for (i, limb) in data.chunks_exact_mut(n).enumerate() {
+            self.limb_of(&coeffs, i, limb);
+        }
+        let mut special = vec![0u64; n];
+        self.limb_of(&coeffs, self.ctx.sp(), &mut special);
+        Ok(ExtendedPlaintext {
+            pt: Plaintext {
+                data,
+                level,
+                scale,
+                n_scaled: true,
+                digest: self.ctx.digest(),
+            },
+            special,
         })
     }
 
@@ -265,8 +365,24 @@ impl Encoder {
         }
         let primes: Vec<u64> = (0..limbs).map(|i| self.ctx.prime(i)).collect();
         let inv_scale = 1.0 / pt.scale;
+        let mut v = Split::zeros(slots);
+        if limbs == 1 {
+            // One limb (level 0, what clients decrypt): the balanced residue
+            // is the coefficient; branch-free and vectorized.
+            let (q, half) = (primes[0], primes[0] / 2);
+            let (lo, hi) = coeff.split_at(slots);
+            crate::modular::vectorized(|| {
+                for (dst, src) in [(&mut v.re, lo), (&mut v.im, hi)] {
+                    for (o, &t) in dst.iter_mut().zip(src) {
+                        let c = t as i64 - q as i64 * (t > half) as i64;
+                        *o = c as f64 * inv_scale;
+                    }
+                }
+            });
+            self.special_fft(&mut v);
+            return v.re;
+        }
         let mut digits = vec![0i64; limbs];
-        let mut v = vec![C64::default(); slots];
         for k in 0..n {
             // Garner: digit i is ((x_i − Σ_{j<i} d_j·Π_{l<j} q_l) / Π_{l<i} q_l) mod q_i, balanced.
             for i in 0..limbs {
@@ -285,13 +401,13 @@ impl Encoder {
             }
             let x = x * inv_scale;
             if k < slots {
-                v[k].re = x;
+                v.re[k] = x;
             } else {
-                v[k - slots].im = x;
+                v.im[k - slots] = x;
             }
         }
         self.special_fft(&mut v);
-        v.into_iter().map(|c| c.re).collect()
+        v.re
     }
 }
 
@@ -320,7 +436,7 @@ mod tests {
         let scale = 2f64.powi(30);
         let coeffs = enc.coefficients(&values, scale).unwrap();
         for k in [0usize, 1, 2, 17, n / 2 - 1] {
-            let e = enc.rot_group[k] as f64;
+            let e = (0..k).fold(1usize, |g, _| g * 5 % (2 * n)) as f64;
             let (mut re, mut im) = (0.0, 0.0);
             for (j, &c) in coeffs.iter().enumerate() {
                 let a = PI * e * j as f64 / n as f64;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::ciphertext::Ciphertext;
 use crate::context::Context;
 use crate::error::{CkksError, Result};
-use crate::hoisting::{self, ExtendedCiphertext, HoistedCiphertext};
+use crate::hoisting::{self, ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext};
 use crate::keys::GaloisKeys;
 use crate::keyswitch::mod_up;
 use crate::plaintext::Plaintext;
@@ -364,24 +364,27 @@ impl Evaluator {
         let ctx = &self.ctx;
         let n = ctx.degree();
         let ql = ctx.prime(l);
-        let mut last = vec![0u64; n];
-        let mut y = vec![0u64; n];
+        let mut last = ctx.pool.take(n);
+        let mut y = ctx.pool.take(n);
         for poly in [&mut ct.c0, &mut ct.c1] {
             last.copy_from_slice(&poly[l * n..(l + 1) * n]);
             ctx.inv(l, &mut last);
             for j in 0..l {
                 let m = ctx.moduli[j];
-                for (o, &v) in y.iter_mut().zip(&last) {
-                    *o = m.lift_centered(v, ql);
-                }
+                crate::modular::lift_centered_limb(&m, &last, ql, &mut y);
                 ctx.fwd(j, &mut y);
-                let qinv = ctx.rescale_inv[l][j];
-                for (x, &yv) in poly[j * n..(j + 1) * n].iter_mut().zip(&y) {
-                    *x = m.mul_shoup(*x + m.q - yv, qinv);
-                }
+                let limb = &mut poly[j * n..(j + 1) * n];
+                crate::modular::vectorized(|| {
+                    for (x, &yv) in limb.iter_mut().zip(y.iter()) {
+                        *x = m.sub(*x, yv);
+                    }
+                });
+                ctx.mul_scaled(j, limb, &ctx.rescale_inv_vec[l][j]);
             }
             poly.truncate(l * n);
         }
+        ctx.pool.give(last);
+        ctx.pool.give(y);
         ct.level = l - 1;
         ct.scale /= ql as f64;
         Ok(())
@@ -507,32 +510,69 @@ impl Evaluator {
         Ok(hoisting::rotate_hoisted_extended(&self.ctx, h, key))
     }
 
-    /// The unrotated input over `Q·P` (`(P·c0, P·c1)`), to add to extended
-    /// rotations.
+    /// The unrotated input over `Q·P` (`(P·c0, P·c1)`, the special-prime
+    /// limb zero), to add to extended rotations or multiply by extended
+    /// plaintexts.
     pub fn extend(&self, ct: &Ciphertext) -> ExtendedCiphertext {
         let ctx = &ct.ctx;
         let n = ctx.degree();
         let len = (ct.level + 2) * n;
-        let mut e0 = vec![0u64; len];
-        let mut e1 = vec![0u64; len];
+        let mut e0 = ctx.pool.take_zeroed(len);
+        let mut e1 = ctx.pool.take_zeroed(len);
+        let chain = (ct.level + 1) * n;
+        e0[..chain].copy_from_slice(&ct.c0);
+        e1[..chain].copy_from_slice(&ct.c1);
         for j in 0..=ct.level {
-            let m = ctx.moduli[j];
-            let p = ctx.p_mod[j];
             let r = j * n..(j + 1) * n;
-            for (o, &c) in e0[r.clone()].iter_mut().zip(&ct.c0[r.clone()]) {
-                *o = m.mul_shoup(c, p);
-            }
-            for (o, &c) in e1[r.clone()].iter_mut().zip(&ct.c1[r]) {
-                *o = m.mul_shoup(c, p);
-            }
+            ctx.mul_scaled(j, &mut e0[r.clone()], &ctx.p_mod_vec[j]);
+            ctx.mul_scaled(j, &mut e1[r], &ctx.p_mod_vec[j]);
         }
         ExtendedCiphertext {
+            ctx: ctx.clone(),
             e0,
             e1,
             level: ct.level,
             scale: ct.scale,
             digest: ctx.digest(),
         }
+    }
+
+    /// An empty multiply-accumulator over `Q_level·P`: `Σ ext_k × ept_k`
+    /// with one final normalisation (double hoisting: the baby-step
+    /// rotations stay over `Q·P`, are multiplied by plaintexts encoded with
+    /// [`crate::Encoder::encode_extended`], and each sum needs one ModDown,
+    /// e.g. [`Self::mod_down_rescale`]).
+    ///
+    /// # Errors
+    /// [`CkksError::LevelOutOfRange`].
+    pub fn mul_accumulator_extended(&self, level: usize) -> Result<ExtendedMulAccumulator> {
+        let max = self.ctx.max_level();
+        if level > max {
+            return Err(CkksError::LevelOutOfRange { level, max });
+        }
+        let len = (level + 2) * self.ctx.degree();
+        Ok(ExtendedMulAccumulator {
+            ctx: self.ctx.clone(),
+            acc0: self.ctx.pool.take_zeroed(len),
+            acc1: self.ctx.pool.take_zeroed(len),
+            level,
+            scale: None,
+            terms: 0,
+        })
+    }
+
+    /// ModDown followed by rescale, fused: `round(x / (P·q_level))` from
+    /// `Q_level·P` to `Q_{level−1}`; the scale is divided by `q_level`
+    /// (2 inverse NTTs and `level` forward NTTs per polynomial instead of
+    /// the `2` and `2·level + 1` of [`Self::mod_down`] then
+    /// [`Self::rescale`]).
+    ///
+    /// # Errors
+    /// [`CkksError::ParameterMismatch`] for an object of another context,
+    /// [`CkksError::CannotRescale`] at level 0.
+    pub fn mod_down_rescale(&self, x: &ExtendedCiphertext) -> Result<Ciphertext> {
+        self.ctx.check(x.digest)?;
+        hoisting::mod_down_rescale(&self.ctx, x)
     }
 
     /// `acc ← acc + x` over `Q·P`.

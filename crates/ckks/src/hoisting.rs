@@ -8,7 +8,10 @@
 //!
 //! "Double hoisting" (Bossuat et al., Eurocrypt 2021, §4.2): an
 //! [`ExtendedCiphertext`] keeps a rotation's result over `Q·P`, before
-//! ModDown; several can be summed and brought down with a single ModDown.
+//! ModDown; several can be summed, multiplied by plaintexts encoded over
+//! `Q·P` ([`crate::ExtendedPlaintext`], [`ExtendedMulAccumulator`]) and
+//! brought down with a single ModDown, or a single fused ModDown + rescale
+//! ([`crate::Evaluator::mod_down_rescale`]).
 
 use std::sync::Arc;
 
@@ -16,7 +19,10 @@ use crate::ciphertext::Ciphertext;
 use crate::context::Context;
 use crate::error::{CkksError, Result};
 use crate::keys::GaloisKey;
-use crate::keyswitch::{inner_product, mod_down_add, permute};
+use crate::keyswitch::{
+    inner_product, inner_product_plus, mod_down_add, mod_down_into, mod_down_rescale_into, permute,
+};
+use crate::plaintext::ExtendedPlaintext;
 
 /// A ciphertext with its ModUp decomposition precomputed.
 pub struct HoistedCiphertext {
@@ -59,13 +65,55 @@ impl HoistedCiphertext {
 
 /// A ciphertext over the extended basis `Q_level·P` (NTT form) encrypting
 /// `P·m`: the result of a hoisted rotation before ModDown.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Storage: `e0`, `e1` of `level + 2` limbs (chain primes `q_0..q_level`,
+/// then `P`).
 pub struct ExtendedCiphertext {
+    pub(crate) ctx: Arc<Context>,
     pub(crate) e0: Vec<u64>,
     pub(crate) e1: Vec<u64>,
     pub(crate) level: usize,
     pub(crate) scale: f64,
     pub(crate) digest: u64,
+}
+
+impl std::fmt::Debug for ExtendedCiphertext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtendedCiphertext")
+            .field("level", &self.level)
+            .field("scale", &self.scale)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for ExtendedCiphertext {
+    fn clone(&self) -> Self {
+        Self {
+            ctx: self.ctx.clone(),
+            e0: self.ctx.pool.copy_of(&self.e0),
+            e1: self.ctx.pool.copy_of(&self.e1),
+            level: self.level,
+            scale: self.scale,
+            digest: self.digest,
+        }
+    }
+}
+
+impl PartialEq for ExtendedCiphertext {
+    fn eq(&self, o: &Self) -> bool {
+        self.digest == o.digest
+            && self.level == o.level
+            && self.scale == o.scale
+            && self.e0 == o.e0
+            && self.e1 == o.e1
+    }
+}
+
+impl Drop for ExtendedCiphertext {
+    fn drop(&mut self) {
+        self.ctx.pool.give(std::mem::take(&mut self.e0));
+        self.ctx.pool.give(std::mem::take(&mut self.e1));
+    }
 }
 
 impl ExtendedCiphertext {
@@ -85,19 +133,8 @@ pub(crate) fn key_switched_extended(
     h: &HoistedCiphertext,
     key: &GaloisKey,
 ) -> (Vec<u64>, Vec<u64>) {
-    let n = ctx.degree();
-    let (mut t0, t1) = inner_product(ctx, &h.digits, key, h.level);
-    for j in 0..=h.level {
-        let m = ctx.moduli[j];
-        let p = ctx.p_mod[j];
-        let r = j * n..(j + 1) * n;
-        for (o, &c) in t0[r.clone()].iter_mut().zip(&h.c0[r]) {
-            *o = m.add(*o, m.mul_shoup(c, p));
-        }
-    }
-    (t0, t1)
+    inner_product_plus(ctx, &h.digits, key, h.level, Some(&h.c0))
 }
-
 /// Rotation of a hoisted input: key switch `c1` to `σ_{g^{-1}}(s)`, ModDown,
 /// add `c0`, then apply `σ_g` to both polynomials.
 pub(crate) fn rotate_hoisted(
@@ -108,9 +145,9 @@ pub(crate) fn rotate_hoisted(
     let n = ctx.degree();
     let (t0, t1) = inner_product(ctx, &h.digits, key, h.level);
     let mut u0 = ctx.pool.copy_of(&h.c0);
-    let mut u1 = ctx.pool.take_zeroed(h.c0.len());
+    let mut u1 = ctx.pool.take(h.c0.len());
     mod_down_add(ctx, &t0, h.level, &mut u0);
-    mod_down_add(ctx, &t1, h.level, &mut u1);
+    mod_down_into(ctx, &t1, h.level, &mut u1);
     ctx.pool.give(t0);
     ctx.pool.give(t1);
     let mut c0 = ctx.pool.take(u0.len());
@@ -136,13 +173,14 @@ pub(crate) fn rotate_hoisted_extended(
 ) -> ExtendedCiphertext {
     let n = ctx.degree();
     let (t0, t1) = key_switched_extended(ctx, h, key);
-    let mut e0 = vec![0u64; t0.len()];
-    let mut e1 = vec![0u64; t1.len()];
+    let mut e0 = ctx.pool.take(t0.len());
+    let mut e1 = ctx.pool.take(t1.len());
     permute(n, &key.perm, &t0, &mut e0);
     permute(n, &key.perm, &t1, &mut e1);
     ctx.pool.give(t0);
     ctx.pool.give(t1);
     ExtendedCiphertext {
+        ctx: ctx.clone(),
         e0,
         e1,
         level: h.level,
@@ -181,15 +219,127 @@ pub(crate) fn add_extended(
 /// ModDown of an extended ciphertext: divides by P with rounding.
 pub(crate) fn mod_down(ctx: &Arc<Context>, x: &ExtendedCiphertext) -> Ciphertext {
     let len = (x.level + 1) * ctx.degree();
-    let mut c0 = ctx.pool.take_zeroed(len);
-    let mut c1 = ctx.pool.take_zeroed(len);
-    mod_down_add(ctx, &x.e0, x.level, &mut c0);
-    mod_down_add(ctx, &x.e1, x.level, &mut c1);
+    let mut c0 = ctx.pool.take(len);
+    let mut c1 = ctx.pool.take(len);
+    mod_down_into(ctx, &x.e0, x.level, &mut c0);
+    mod_down_into(ctx, &x.e1, x.level, &mut c1);
     Ciphertext {
         ctx: ctx.clone(),
         c0,
         c1,
         level: x.level,
         scale: x.scale,
+    }
+}
+
+/// ModDown and rescale fused: divides an extended ciphertext by `P·q_level`
+/// (rounded) into `Q_{level−1}`; the scale is divided by `q_level`.
+pub(crate) fn mod_down_rescale(ctx: &Arc<Context>, x: &ExtendedCiphertext) -> Result<Ciphertext> {
+    if x.level == 0 {
+        return Err(CkksError::CannotRescale);
+    }
+    let len = x.level * ctx.degree();
+    let mut c0 = ctx.pool.take(len);
+    let mut c1 = ctx.pool.take(len);
+    mod_down_rescale_into(ctx, &x.e0, x.level, &mut c0);
+    mod_down_rescale_into(ctx, &x.e1, x.level, &mut c1);
+    Ok(Ciphertext {
+        ctx: ctx.clone(),
+        c0,
+        c1,
+        level: x.level - 1,
+        scale: x.scale / ctx.prime(x.level) as f64,
+    })
+}
+
+/// Sums ct×pt products over the extended basis `Q_level·P` (double
+/// hoisting: extended baby-step rotations times extended plaintext
+/// diagonals, Bossuat et al., Eurocrypt 2021, §4.2); see
+/// [`crate::Evaluator::mul_accumulator_extended`]. Like
+/// [`crate::MulAccumulator`], products are fused SIMD multiply-adds and the
+/// `N^{-1}` normalisation is applied once, in [`Self::finish`].
+#[derive(Debug)]
+pub struct ExtendedMulAccumulator {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) acc0: Vec<u64>,
+    pub(crate) acc1: Vec<u64>,
+    pub(crate) level: usize,
+    pub(crate) scale: Option<f64>,
+    pub(crate) terms: usize,
+}
+
+impl ExtendedMulAccumulator {
+    /// Adds `ct × pt` (`level + 2` limbs each).
+    ///
+    /// # Errors
+    /// [`CkksError::ParameterMismatch`] for objects of another context;
+    /// [`CkksError::LevelMismatch`] if `ct` is not at the accumulator's level
+    /// or `pt` is below it; [`CkksError::ScaleMismatch`] if the product's
+    /// scale differs from earlier terms'.
+    pub fn add_product(&mut self, ct: &ExtendedCiphertext, pt: &ExtendedPlaintext) -> Result<()> {
+        self.ctx.check(ct.digest)?;
+        self.ctx.check(pt.pt.digest)?;
+        if ct.level != self.level {
+            return Err(CkksError::LevelMismatch {
+                left: self.level,
+                right: ct.level,
+            });
+        }
+        if pt.pt.level < self.level {
+            return Err(CkksError::LevelMismatch {
+                left: self.level,
+                right: pt.pt.level,
+            });
+        }
+        let s = ct.scale * pt.pt.scale;
+        match self.scale {
+            Some(prev) => crate::evaluator::check_scale(prev, s)?,
+            None => self.scale = Some(s),
+        }
+        let n = self.ctx.degree();
+        for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
+            let r = k * n..(k + 1) * n;
+            let p = if j == self.ctx.sp() {
+                &pt.special[..]
+            } else {
+                &pt.pt.data[j * n..(j + 1) * n]
+            };
+            self.ctx
+                .mul_acc(j, &mut self.acc0[r.clone()], &ct.e0[r.clone()], p);
+            self.ctx.mul_acc(j, &mut self.acc1[r.clone()], &ct.e1[r], p);
+        }
+        self.terms += 1;
+        Ok(())
+    }
+
+    /// Number of products added.
+    pub fn terms(&self) -> usize {
+        self.terms
+    }
+
+    /// The sum over `Q_level·P`, of scale `ct.scale·pt.scale` (`None` if no
+    /// term was added).
+    pub fn finish(mut self) -> Option<ExtendedCiphertext> {
+        let scale = self.scale?;
+        let n = self.ctx.degree();
+        for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
+            self.ctx.normalize(j, &mut self.acc0[k * n..(k + 1) * n]);
+            self.ctx.normalize(j, &mut self.acc1[k * n..(k + 1) * n]);
+        }
+        Some(ExtendedCiphertext {
+            ctx: self.ctx.clone(),
+            e0: std::mem::take(&mut self.acc0),
+            e1: std::mem::take(&mut self.acc1),
+            level: self.level,
+            scale,
+            digest: self.ctx.digest(),
+        })
+    }
+}
+
+impl Drop for ExtendedMulAccumulator {
+    fn drop(&mut self) {
+        self.ctx.pool.give(std::mem::take(&mut self.acc0));
+        self.ctx.pool.give(std::mem::take(&mut self.acc1));
     }
 }

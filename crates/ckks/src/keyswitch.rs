@@ -5,6 +5,7 @@
 
 use crate::context::Context;
 use crate::keys::GaloisKey;
+use crate::modular::{lift_centered_combine, lift_centered_limb, vectorized};
 
 /// ModUp: for each digit `i ≤ level`, the residue `[c]_{q_i}` (balanced)
 /// extended to every prime of `Q_level·P`, in NTT form. `c` is an NTT-form
@@ -27,21 +28,7 @@ pub(crate) fn mod_up(ctx: &Context, c: &[u64], level: usize, parallel: bool) -> 
                 limb.copy_from_slice(src);
                 continue;
             }
-            let m = ctx.moduli[j];
-            if qi < m.q {
-                // Balanced lift without reduction: x or x − q_i + q_j.
-                let half = qi / 2;
-                let shift = m.q - qi;
-                crate::modular::vectorized(|| {
-                    for (o, &x) in limb.iter_mut().zip(&coeff) {
-                        *o = x + shift * ((x > half) as u64);
-                    }
-                });
-            } else {
-                for (o, &x) in limb.iter_mut().zip(&coeff) {
-                    *o = m.lift_centered(x, qi);
-                }
-            }
+            lift_centered_limb(&ctx.moduli[j], &coeff, qi, limb);
             ctx.fwd(j, limb);
         }
         ctx.pool.give(coeff);
@@ -62,6 +49,20 @@ pub(crate) fn inner_product(
     key: &GaloisKey,
     level: usize,
 ) -> (Vec<u64>, Vec<u64>) {
+    inner_product_plus(ctx, digits, key, level, None)
+}
+
+/// [`inner_product`], with `P·c0` added to the first output when `c0` (an
+/// NTT-form polynomial over `Q_level`) is given: the key-switched
+/// ciphertext over `Q_level·P` before ModDown. The `P·c0` term rides in the
+/// same lazy accumulation (one fused SIMD multiply-add per limb).
+pub(crate) fn inner_product_plus(
+    ctx: &Context,
+    digits: &[Vec<u64>],
+    key: &GaloisKey,
+    level: usize,
+    c0: Option<&[u64]>,
+) -> (Vec<u64>, Vec<u64>) {
     let n = ctx.degree();
     let primes: Vec<usize> = ctx.qp_primes(level).collect();
     let mut t0 = ctx.pool.take_zeroed(primes.len() * n);
@@ -75,6 +76,12 @@ pub(crate) fn inner_product(
             ctx.mul_acc(j, &mut t1[r.clone()], &d[r.clone()], &a[kr]);
         }
     }
+    if let Some(c0) = c0 {
+        for j in 0..=level {
+            let r = j * n..(j + 1) * n;
+            ctx.mul_acc(j, &mut t0[r.clone()], &c0[r], &ctx.p_mod_vec[j]);
+        }
+    }
     // The key is stored N-scaled: remove the factor once for the whole sum.
     for (k, &j) in primes.iter().enumerate() {
         ctx.normalize(j, &mut t0[k * n..(k + 1) * n]);
@@ -83,9 +90,55 @@ pub(crate) fn inner_product(
     (t0, t1)
 }
 
+/// `out ← out + (x − y)·c` on one limb of prime `j`, with `c_vec` the
+/// N-scaled SIMD constant of `c` (see [`Context`]); `y` is clobbered.
+fn sub_scale_add(
+    ctx: &Context,
+    j: usize,
+    x: &[u64],
+    y: &mut [u64],
+    c_vec: &[u64],
+    out: &mut [u64],
+) {
+    let m = ctx.moduli[j];
+    vectorized(|| {
+        for (o, &xv) in y.iter_mut().zip(x) {
+            *o = m.sub(xv, *o);
+        }
+    });
+    ctx.mul_scaled(j, y, c_vec);
+    vectorized(|| {
+        for (o, &v) in out.iter_mut().zip(y.iter()) {
+            *o = m.add(*o, v);
+        }
+    });
+}
+
+/// `out ← (x − y)·c` on one limb of prime `j` (overwrites `out`).
+fn sub_scale_into(ctx: &Context, j: usize, x: &[u64], y: &[u64], c_vec: &[u64], out: &mut [u64]) {
+    let m = ctx.moduli[j];
+    vectorized(|| {
+        for ((o, &xv), &yv) in out.iter_mut().zip(x).zip(y) {
+            *o = m.sub(xv, yv);
+        }
+    });
+    ctx.mul_scaled(j, out, c_vec);
+}
+
 /// ModDown: `round(x / P)` from `Q_level·P` (level + 2 limbs, NTT) to
-/// `Q_level` (level + 1 limbs, NTT), adding the result into `out`.
+/// `Q_level` (level + 1 limbs, NTT), adding the result into `out`
+/// (Bossuat et al., Eurocrypt 2021, §3, "ModDown"): one inverse NTT and
+/// `level + 1` forward NTTs.
 pub(crate) fn mod_down_add(ctx: &Context, x: &[u64], level: usize, out: &mut [u64]) {
+    mod_down_impl(ctx, x, level, out, true);
+}
+
+/// As [`mod_down_add`], overwriting `out` (no zeroing or addition pass).
+pub(crate) fn mod_down_into(ctx: &Context, x: &[u64], level: usize, out: &mut [u64]) {
+    mod_down_impl(ctx, x, level, out, false);
+}
+
+fn mod_down_impl(ctx: &Context, x: &[u64], level: usize, out: &mut [u64], add: bool) {
     let n = ctx.degree();
     let sp = ctx.sp();
     let p = ctx.prime(sp);
@@ -93,20 +146,71 @@ pub(crate) fn mod_down_add(ctx: &Context, x: &[u64], level: usize, out: &mut [u6
     ctx.inv(sp, &mut last);
     let mut y = ctx.pool.take(n);
     for j in 0..=level {
-        let m = ctx.moduli[j];
-        for (o, &v) in y.iter_mut().zip(&last) {
-            *o = m.lift_centered(v, p);
-        }
+        lift_centered_limb(&ctx.moduli[j], &last, p, &mut y);
         ctx.fwd(j, &mut y);
-        let pinv = ctx.p_inv[j];
         let r = j * n..(j + 1) * n;
-        for ((o, &xv), &yv) in out[r.clone()].iter_mut().zip(&x[r]).zip(&y) {
-            // (x − y)·P^{-1}, with x − y + q < 2q fed to the Shoup product.
-            *o = m.add(*o, m.mul_shoup(xv + m.q - yv, pinv));
+        if add {
+            sub_scale_add(
+                ctx,
+                j,
+                &x[r.clone()],
+                &mut y,
+                &ctx.p_inv_vec[j],
+                &mut out[r],
+            );
+        } else {
+            sub_scale_into(ctx, j, &x[r.clone()], &y, &ctx.p_inv_vec[j], &mut out[r]);
         }
     }
     ctx.pool.give(last);
     ctx.pool.give(y);
+}
+
+/// Fused ModDown and rescale: `round(x / (P·q_level))` from `Q_level·P`
+/// (level + 2 limbs, NTT) to `Q_{level−1}` (level limbs, NTT), written to
+/// `out`. Requires `level ≥ 1`.
+///
+/// Both divisions at once (the ModDown of Bossuat et al., Eurocrypt 2021,
+/// §3, followed by the RS of Cheon–Han–Kim–Kim–Song, SAC 2018, §3.3): with
+/// `y = [x]_P` and `z = [(x − y)/P]_{q_l}` (both centered, from two inverse
+/// NTTs), `w = y + P·z` is the centered residue of `x` modulo `P·q_l`, and
+/// `(x − w)/(P·q_l)` is computed limb by limb; `2` inverse and `level`
+/// forward NTTs instead of the `2` and `2·level + 1` of ModDown then rescale.
+pub(crate) fn mod_down_rescale_into(ctx: &Context, x: &[u64], level: usize, out: &mut [u64]) {
+    debug_assert!(level >= 1);
+    let n = ctx.degree();
+    let sp = ctx.sp();
+    let p = ctx.prime(sp);
+    let ql = ctx.prime(level);
+    let ml = ctx.moduli[level];
+    let mut yp = ctx.pool.copy_of(&x[(level + 1) * n..(level + 2) * n]);
+    ctx.inv(sp, &mut yp);
+    let mut z = ctx.pool.copy_of(&x[level * n..(level + 1) * n]);
+    ctx.inv(level, &mut z);
+    // z ← (x_l − [y]_{q_l})·P^{-1} mod q_l (coefficient form).
+    lift_centered_combine(&ml, &yp, p, &mut z, move |zv, yv| ml.sub(zv, yv));
+    ctx.mul_scaled(level, &mut z, &ctx.p_inv_vec[level]);
+    let mut t = ctx.pool.take(n);
+    for j in 0..level {
+        let m = ctx.moduli[j];
+        // t ← [y]_{q_j} + P·[z]_{q_j}, then to NTT form.
+        lift_centered_limb(&m, &z, ql, &mut t);
+        ctx.mul_scaled(j, &mut t, &ctx.p_mod_vec[j]);
+        lift_centered_combine(&m, &yp, p, &mut t, move |tv, yv| m.add(tv, yv));
+        ctx.fwd(j, &mut t);
+        let r = j * n..(j + 1) * n;
+        sub_scale_into(
+            ctx,
+            j,
+            &x[r.clone()],
+            &t,
+            &ctx.pq_inv_vec[level][j],
+            &mut out[r],
+        );
+    }
+    for b in [yp, z, t] {
+        ctx.pool.give(b);
+    }
 }
 
 /// Applies the automorphism `σ_g` (a permutation in NTT form) to every limb.

@@ -7,7 +7,14 @@
 //!   primes < 2^50, AVX-512 otherwise).
 //! * Key switching: hybrid, one special prime, one chain prime per digit
 //!   (Bossuat et al., Eurocrypt 2021); hoisted rotations (Halevi–Shoup,
-//!   Crypto 2018) and an extended-basis result for double hoisting.
+//!   Crypto 2018) and double hoisting (Bossuat et al., §4.2): rotations kept
+//!   over `Q·P` ([`ExtendedCiphertext`]), multiplied by plaintexts encoded
+//!   over `Q·P` ([`ExtendedPlaintext`], [`ExtendedMulAccumulator`]) and
+//!   brought down once, by a ModDown fused with the following rescale
+//!   ([`Evaluator::mod_down_rescale`]).
+//! * RNS inner loops (centered lifts, ModDown, rescale, encoding) are
+//!   branch-free and vectorized: constant products run as tfhe-ntt SIMD
+//!   products by precomputed constant vectors.
 //! * Security: 128-bit HE-standard parameter sets only
 //!   ([`params::SecurityBound`]); randomness from the OS CSPRNG through
 //!   ChaCha20; seeded uniform parts halve upload sizes.
@@ -24,6 +31,7 @@
 //! | public-key encrypt → decrypt | ≤ 2^-20 (√N more noise) | same |
 //! | ct×pt + rescale, \|x\|, \|w\| ≤ 8, Δ = 2^40 | ≤ 2^-25 | `prop_ct_pt_rescale_precision` |
 //! | rotate / hoisted rotate after ct×pt + rescale | ≤ 2^-22 | `prop_rotate_random_steps` |
+//! | double-hoisted dot product (5 terms, \|x\| ≤ 2, \|w\| ≤ 1.5) | ≤ 2^-20 | `double_hoisted_dot_product_matches_plain_path_and_reference` |
 //!
 //! The fast presets (`*Fast`, 50-bit `q_0`) bound decrypted values at
 //! level 0 by `q_0 / (2Δ) = 2^9`; the 60-bit presets by `2^19`.
@@ -76,8 +84,8 @@ pub use encoder::Encoder;
 pub use encrypt::Encryptor;
 pub use error::{CkksError, Result};
 pub use evaluator::{Evaluator, MulAccumulator};
-pub use hoisting::{ExtendedCiphertext, HoistedCiphertext};
+pub use hoisting::{ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext};
 pub use keys::{GaloisKey, GaloisKeys, PublicKey, SecretKey};
 pub use params::{CkksParameters, Preset, SecurityBound};
-pub use plaintext::Plaintext;
+pub use plaintext::{ExtendedPlaintext, Plaintext};
 pub use sampling::{os_rng, os_seed};

@@ -133,6 +133,80 @@ impl Modulus {
     }
 }
 
+/// Centered lift of a whole limb (`src[k] ∈ [0, src_q)`, residues modulo
+/// `src_q`) into `[0, m.q)`, written to `out`: the same map as
+/// [`Modulus::lift_centered`], branch-free and auto-vectorized (AVX-512:
+/// the reduction of `|x| < src_q/2` uses an f64 quotient estimate corrected
+/// twice, exact for `src_q < 2^62`).
+pub(crate) fn lift_centered_limb(m: &Modulus, src: &[u64], src_q: u64, out: &mut [u64]) {
+    lift_centered_combine(m, src, src_q, out, |_, lifted| lifted);
+}
+
+/// As [`lift_centered_limb`], combining each lifted value with the old
+/// output: `out[k] ← f(out[k], lift(src[k]))` in the same vectorized pass
+/// (`f` must be branch-free to keep the loop vectorized).
+#[inline(always)]
+pub(crate) fn lift_centered_combine(
+    m: &Modulus,
+    src: &[u64],
+    src_q: u64,
+    out: &mut [u64],
+    f: impl Fn(u64, u64) -> u64,
+) {
+    let q = m.q;
+    let half = src_q / 2;
+    if src_q <= q {
+        // |x| < q already: x or x − src_q + q.
+        let shift = q - src_q;
+        vectorized(|| {
+            for (o, &x) in out.iter_mut().zip(src) {
+                *o = f(*o, x + shift * ((x > half) as u64));
+            }
+        });
+        return;
+    }
+    let inv_q = 1.0 / q as f64;
+    vectorized(|| {
+        for (o, &x) in out.iter_mut().zip(src) {
+            let neg = (x > half) as u64;
+            let mag = x ^ ((x ^ (src_q - x)) & 0u64.wrapping_sub(neg));
+            *o = f(*o, signed_residue(mag, neg, q, inv_q));
+        }
+    });
+}
+
+/// `±mag mod q` (minus when `neg = 1`) for `mag < 2^63` and `q ≥ 2^20`,
+/// branch-free and vectorizable: an f64 quotient estimate (off by at most 2)
+/// corrected twice each way.
+#[inline(always)]
+fn signed_residue(mag: u64, neg: u64, q: u64, inv_q: f64) -> u64 {
+    // Round the estimate (< 2^44) to an integer by adding 2^52 and reading
+    // the mantissa bits: unlike a saturating `as u64`, this vectorizes.
+    const MAGIC: f64 = 4_503_599_627_370_496.0; // 2^52
+    let quot = (mag as f64 * inv_q + MAGIC).to_bits() - MAGIC.to_bits();
+    let mut r = mag.wrapping_sub(quot.wrapping_mul(q)) as i64;
+    let qi = q as i64;
+    r += qi & (r >> 63);
+    r += qi & (r >> 63);
+    r -= qi & !((r - qi) >> 63);
+    r -= qi & !((r - qi) >> 63);
+    let r = r as u64;
+    let negr = (q - r) & 0u64.wrapping_sub((r != 0) as u64);
+    r ^ ((r ^ negr) & 0u64.wrapping_sub(neg))
+}
+
+/// Residues in `[0, q)` of signed coefficients (`|c| < 2^62`), branch-free
+/// and auto-vectorized (used on plaintext coefficients).
+pub(crate) fn reduce_signed_limb(m: &Modulus, src: &[i64], out: &mut [u64]) {
+    let q = m.q;
+    let inv_q = 1.0 / q as f64;
+    vectorized(|| {
+        for (o, &c) in out.iter_mut().zip(src) {
+            *o = signed_residue(c.unsigned_abs(), (c < 0) as u64, q, inv_q);
+        }
+    });
+}
+
 /// Runs `f` compiled for the best instruction set available at run time
 /// (AVX-512, else AVX2, else baseline) so that LLVM can auto-vectorize the
 /// element-wise loops inside it (pulp's safe `vectorize`; `f` is inlined).
@@ -226,6 +300,35 @@ mod tests {
             prop_assert_eq!(m.reduce(a), a % q);
             let c = m.shoup(w);
             prop_assert_eq!(m.mul_shoup(a, c), ((a as u128 * (w % q) as u128) % q as u128) as u64);
+        }
+
+        #[test]
+        fn centered_lift_limb_matches_scalar(
+            xs in proptest::collection::vec(any::<u64>(), 1..64),
+            src_bits in 20u32..62,
+            dst_bits in 20u32..62,
+        ) {
+            let src_q = ((1u64 << src_bits) - 1) | 1;
+            let m = Modulus::new(((1u64 << dst_bits) - 3) | 1);
+            let src: Vec<u64> = xs.iter().map(|x| x % src_q).collect();
+            let mut out = vec![0u64; src.len()];
+            lift_centered_limb(&m, &src, src_q, &mut out);
+            for (&x, &o) in src.iter().zip(&out) {
+                prop_assert_eq!(o, m.lift_centered(x, src_q));
+            }
+        }
+
+        #[test]
+        fn reduce_signed_limb_matches_from_i64(
+            xs in proptest::collection::vec(-(1i64 << 62) + 1..(1i64 << 62), 1..64),
+            bits in 20u32..62,
+        ) {
+            let m = Modulus::new(((1u64 << bits) - 3) | 1);
+            let mut out = vec![0u64; xs.len()];
+            reduce_signed_limb(&m, &xs, &mut out);
+            for (&x, &o) in xs.iter().zip(&out) {
+                prop_assert_eq!(o, m.from_i64(x));
+            }
         }
 
         #[test]

@@ -38,3 +38,40 @@ impl Plaintext {
         self.scale
     }
 }
+
+/// A plaintext over the extended basis `Q_level·P` (N-scaled NTT form), for
+/// ct×pt products with [`crate::ExtendedCiphertext`]s (double hoisting,
+/// Bossuat et al., Eurocrypt 2021, §4.2). Made by
+/// [`crate::Encoder::encode_extended`]; the chain limbs are those of an
+/// ordinary plaintext, so it also multiplies ordinary ciphertexts
+/// ([`ExtendedPlaintext::plaintext`]).
+#[derive(Clone, PartialEq)]
+pub struct ExtendedPlaintext {
+    pub(crate) pt: Plaintext,
+    /// The limb modulo the special prime P (N words, N-scaled).
+    pub(crate) special: Vec<u64>,
+}
+
+impl std::fmt::Debug for ExtendedPlaintext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtendedPlaintext")
+            .field("level", &self.pt.level)
+            .field("scale", &self.pt.scale)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExtendedPlaintext {
+    /// Level of the chain part.
+    pub fn level(&self) -> usize {
+        self.pt.level
+    }
+    /// Scale Δ.
+    pub fn scale(&self) -> f64 {
+        self.pt.scale
+    }
+    /// The chain part, an ordinary plaintext.
+    pub fn plaintext(&self) -> &Plaintext {
+        &self.pt
+    }
+}

@@ -10,8 +10,9 @@
 
 use std::sync::Mutex;
 
-/// At most this many idle buffers are kept.
-const MAX_IDLE: usize = 48;
+/// At most this many idle buffers are kept (a batch of 16 extended baby-step
+/// rotations alone holds 32 buffers plus temporaries).
+const MAX_IDLE: usize = 96;
 
 /// Reusable buffers, shared through the [`crate::Context`].
 #[derive(Debug, Default)]
@@ -24,8 +25,14 @@ impl BufferPool {
     pub(crate) fn take(&self, len: usize) -> Vec<u64> {
         let found = {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            // Best fit: the smallest idle buffer that is large enough, so
+            // small requests do not use up the large buffers (which would
+            // then be allocated afresh, page faults included).
             idle.iter()
-                .position(|b| b.capacity() >= len)
+                .enumerate()
+                .filter(|(_, b)| b.capacity() >= len)
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, _)| i)
                 .map(|i| idle.swap_remove(i))
         };
         match found {

@@ -66,24 +66,59 @@ fn header(ctx: &Context, kind: Kind, level: usize, out: &mut Vec<u8>) {
     out.extend_from_slice(&ctx.params().digest().to_le_bytes());
 }
 
-/// Bit-packs one polynomial (limbs over `primes`, values `< q`).
+/// Bit-packs one polynomial (limbs over `primes`, values `< q`): a
+/// little-endian bit stream of `bits(q)`-bit values, flushed 64 bits at a
+/// time.
 fn pack(ctx: &Context, data: &[u64], primes: impl Iterator<Item = usize>, out: &mut Vec<u8>) {
     let n = ctx.degree();
     for (limb, i) in data.chunks_exact(n).zip(primes) {
         let bits = limb_bits(ctx, i);
+        out.reserve(n * bits / 8);
         let mut acc: u128 = 0;
         let mut fill = 0usize;
         for &x in limb {
+            // fill < 64 and bits ≤ 62: the u128 never overflows.
             acc |= (x as u128) << fill;
             fill += bits;
-            while fill >= 8 {
-                out.push(acc as u8);
-                acc >>= 8;
-                fill -= 8;
+            if fill >= 64 {
+                out.extend_from_slice(&(acc as u64).to_le_bytes());
+                acc >>= 64;
+                fill -= 64;
             }
+        }
+        while fill >= 8 {
+            out.push(acc as u8);
+            acc >>= 8;
+            fill -= 8;
         }
         debug_assert_eq!(fill, 0);
     }
+}
+
+/// Unpacks `out.len()` values of `bits` bits from the little-endian bit
+/// stream `raw` (exactly `out.len()·bits/8` bytes): value `k` is read from a
+/// 16-byte window at byte `k·bits/8` (no data-dependent branch; the raw
+/// bytes are copied once into a zero-padded buffer). `Err(k)` for the first
+/// value `≥ q`.
+fn unpack_limb(raw: &[u8], bits: usize, q: u64, out: &mut [u64]) -> std::result::Result<(), usize> {
+    let mut padded = Vec::with_capacity(raw.len() + 16);
+    padded.extend_from_slice(raw);
+    padded.resize(raw.len() + 16, 0);
+    let mask = (1u128 << bits) - 1;
+    let mut bad = false;
+    for (k, o) in out.iter_mut().enumerate() {
+        let off = k * bits;
+        let (byte, shift) = (off / 8, off % 8);
+        let mut w = [0u8; 16];
+        w.copy_from_slice(&padded[byte..byte + 16]);
+        let v = ((u128::from_le_bytes(w) >> shift) & mask) as u64;
+        bad |= v >= q;
+        *o = v;
+    }
+    if bad {
+        return Err(out.iter().position(|&v| v >= q).unwrap_or(0));
+    }
+    Ok(())
 }
 
 /// A bounds-checked reader over the input.
@@ -141,26 +176,8 @@ impl<'a> Reader<'a> {
             let bits = limb_bits(ctx, i);
             let q = ctx.prime(i);
             let raw = self.take(n * bits / 8)?;
-            let mask = (1u128 << bits) - 1;
-            let mut acc: u128 = 0;
-            let mut fill = 0usize;
-            let mut bytes = raw.iter();
-            for (k, x) in limb.iter_mut().enumerate() {
-                while fill < bits {
-                    let b = *bytes.next().ok_or(CkksError::Malformed {
-                        what: "limb length",
-                    })?;
-                    acc |= (b as u128) << fill;
-                    fill += 8;
-                }
-                let v = (acc & mask) as u64;
-                acc >>= bits;
-                fill -= bits;
-                if v >= q {
-                    return Err(CkksError::CoefficientOutOfRange { limb: i, index: k });
-                }
-                *x = v;
-            }
+            unpack_limb(raw, bits, q, limb)
+                .map_err(|index| CkksError::CoefficientOutOfRange { limb: i, index })?;
         }
         Ok(out)
     }
@@ -399,5 +416,65 @@ impl GaloisKeys {
             ctx: ctx.clone(),
             keys,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::{CkksParameters, Preset};
+
+    /// The bit stream, one bit at a time: value k occupies bits
+    /// `k·bits .. (k+1)·bits`, least significant first.
+    fn naive_pack(values: &[u64], bits: usize) -> Vec<u8> {
+        let mut out = vec![0u8; values.len() * bits / 8];
+        for (k, &v) in values.iter().enumerate() {
+            for b in 0..bits {
+                let pos = k * bits + b;
+                out[pos / 8] |= (((v >> b) & 1) as u8) << (pos % 8);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn word_wise_packing_matches_the_bit_stream_definition() {
+        for preset in [Preset::N8192Depth2Fast, Preset::N8192Depth2] {
+            let ctx = Context::new(CkksParameters::preset(preset).unwrap()).unwrap();
+            let n = ctx.degree();
+            for i in ctx.qp_primes(ctx.max_level()) {
+                let q = ctx.prime(i);
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ q;
+                let values: Vec<u64> = (0..n)
+                    .map(|k| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        // Include the extremes 0 and q − 1.
+                        match k {
+                            0 => 0,
+                            1 => q - 1,
+                            _ => x % q,
+                        }
+                    })
+                    .collect();
+                let bits = limb_bits(&ctx, i);
+                let mut packed = Vec::new();
+                pack(&ctx, &values, std::iter::once(i), &mut packed);
+                let reference = naive_pack(&values, bits);
+                assert_eq!(packed, reference, "prime {i}");
+                let mut back = vec![0u64; n];
+                unpack_limb(&reference, bits, q, &mut back).unwrap();
+                assert_eq!(back, values);
+                // A value ≥ q is reported at its index.
+                let mut bad = values.clone();
+                bad[77] = q;
+                let mut sink = vec![0u64; n];
+                assert_eq!(
+                    unpack_limb(&naive_pack(&bad, bits), bits, q, &mut sink),
+                    Err(77)
+                );
+            }
+        }
     }
 }

@@ -90,6 +90,97 @@ fn double_hoisting_sums_rotations_before_one_mod_down() {
     assert!(precision_bits(&got, &want) >= 22.0);
 }
 
+/// BSGS inner sum `Σ_b w_b ⊙ rot(x, b)` with double hoisting (extended
+/// rotations × extended plaintexts, one fused ModDown + rescale) against the
+/// plaintext reference and against the ordinary path (hoisted rotations
+/// brought down one by one, ct×pt, rescale), on both prime-size regimes
+/// (the centered lifts take different branches) and every level ≥ 1.
+#[test]
+fn double_hoisted_dot_product_matches_plain_path_and_reference() {
+    for (preset, seed) in [(Preset::N8192Depth2Fast, 41u8), (Preset::N8192Depth2, 42)] {
+        let mut f = fixture(preset, seed);
+        let (slots, scale) = (f.ctx.slots(), f.ctx.params().scale());
+        let steps = [0i64, 1, 2, 9, -3];
+        let gks = GaloisKeys::generate(&f.sk, &steps, &mut f.rng);
+        for level in 1..=f.ctx.max_level() {
+            let x = values(slots, seed as u64 + level as u64, 2.0);
+            let ct = encrypt(&mut f, &x, level, scale);
+            let q_l = f.ctx.params().moduli()[level] as f64;
+            let ws: Vec<Vec<f64>> = (0..steps.len())
+                .map(|b| values(slots, 100 + b as u64, 1.5))
+                .collect();
+            let h = f.ev.hoist(&ct);
+            let mut ext = f.ev.mul_accumulator_extended(level).unwrap();
+            let mut plain = f.ev.mul_accumulator(level).unwrap();
+            for (&s, w) in steps.iter().zip(&ws) {
+                let ept = f.enc.encode_extended(w, level, q_l).unwrap();
+                let r = if s == 0 {
+                    f.ev.extend(&ct)
+                } else {
+                    f.ev.rotate_hoisted_extended(&h, s, &gks).unwrap()
+                };
+                ext.add_product(&r, &ept).unwrap();
+                let rot = f.ev.rotate_hoisted(&h, s, &gks).unwrap();
+                plain.add_product(&rot, ept.plaintext()).unwrap();
+            }
+            assert_eq!(ext.terms(), steps.len());
+            let got_ext = f.ev.mod_down_rescale(&ext.finish().unwrap()).unwrap();
+            let got_plain = f.ev.rescale(&plain.finish().unwrap()).unwrap();
+            assert_eq!(got_ext.level(), level - 1);
+            assert!((got_ext.scale() / scale - 1.0).abs() < 1e-12);
+            let want: Vec<f64> = (0..slots)
+                .map(|i| {
+                    steps
+                        .iter()
+                        .zip(&ws)
+                        .map(|(&s, w)| w[i] * x[(i as i64 + s).rem_euclid(slots as i64) as usize])
+                        .sum()
+                })
+                .collect();
+            let (e, p) = (decrypt(&f, &got_ext), decrypt(&f, &got_plain));
+            assert!(
+                precision_bits(&e, &want) >= 20.0,
+                "{preset:?} level {level}"
+            );
+            assert!(
+                precision_bits(&p, &want) >= 20.0,
+                "{preset:?} level {level}"
+            );
+            assert!(precision_bits(&e, &p) >= 20.0, "{preset:?} level {level}");
+        }
+    }
+}
+
+#[test]
+fn fused_mod_down_rescale_refuses_level_zero_and_mismatches() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 43);
+    let scale = f.ctx.params().scale();
+    let x = values(16, 43, 1.0);
+    let ct0 = encrypt(&mut f, &x, 0, scale);
+    assert!(matches!(
+        f.ev.mod_down_rescale(&f.ev.extend(&ct0)),
+        Err(CkksError::CannotRescale)
+    ));
+    let ct1 = encrypt(&mut f, &x, 1, scale);
+    let mut acc = f.ev.mul_accumulator_extended(2).unwrap();
+    let ept = f.enc.encode_extended(&x, 2, scale).unwrap();
+    assert!(matches!(
+        acc.add_product(&f.ev.extend(&ct1), &ept),
+        Err(CkksError::LevelMismatch { .. })
+    ));
+    let low = f.enc.encode_extended(&x, 0, scale).unwrap();
+    let mut acc1 = f.ev.mul_accumulator_extended(1).unwrap();
+    assert!(matches!(
+        acc1.add_product(&f.ev.extend(&ct1), &low),
+        Err(CkksError::LevelMismatch { .. })
+    ));
+    assert!(f.ev.mul_accumulator_extended(1).unwrap().finish().is_none());
+    assert!(matches!(
+        f.ev.mul_accumulator_extended(9),
+        Err(CkksError::LevelOutOfRange { .. })
+    ));
+}
+
 #[test]
 fn exact_scale_management_with_prime_scaled_plaintexts() {
     let mut f = fixture(Preset::N8192Depth2, 32);
@@ -237,6 +328,20 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(6))]
+
+    /// `extend` multiplies by P exactly, so ModDown undoes it and the fused
+    /// ModDown + rescale equals the ordinary rescale, bit for bit.
+    #[test]
+    fn prop_extend_then_mod_down_is_exact(seed in any::<u64>(), level in 1usize..3, fast in any::<bool>()) {
+        let preset = if fast { Preset::N8192Depth2Fast } else { Preset::N8192Depth2 };
+        let mut f = fixture(preset, (seed % 61) as u8);
+        let x = values(f.ctx.slots(), seed, 3.0);
+        let scale = f.ctx.params().scale();
+        let ct = encrypt(&mut f, &x, level, scale);
+        let e = f.ev.extend(&ct);
+        prop_assert_eq!(&f.ev.mod_down(&e).unwrap(), &ct);
+        prop_assert_eq!(&f.ev.mod_down_rescale(&e).unwrap(), &f.ev.rescale(&ct).unwrap());
+    }
 
     /// Random rotation steps, plain and hoisted, against the rotated reference.
     #[test]

@@ -34,6 +34,8 @@ impl Timed<'_> {
 impl HeServer for Timed<'_> {
     type Ct = <CkksServer as HeServer>::Ct;
     type Pt = <CkksServer as HeServer>::Pt;
+    type ExtCt = <CkksServer as HeServer>::ExtCt;
+    type ExtPt = <CkksServer as HeServer>::ExtPt;
     fn slots(&self) -> usize {
         self.inner.slots()
     }
@@ -45,6 +47,20 @@ impl HeServer for Timed<'_> {
     }
     fn encode_weights(&self, v: &[f64], l: usize) -> Result<Self::Pt> {
         self.inner.encode_weights(v, l)
+    }
+    fn encode_weights_extended(&self, v: &[f64], l: usize) -> Result<Self::ExtPt> {
+        self.inner.encode_weights_extended(v, l)
+    }
+    fn rotate_hoisted_extended(&self, c: &Self::Ct, s: &[i64]) -> Result<Vec<Self::ExtCt>> {
+        self.time("rotate_hoisted_ext(batch)", || {
+            self.inner.rotate_hoisted_extended(c, s)
+        })
+    }
+    fn dot_plain_extended(&self, c: &[&Self::ExtCt], p: &[&Self::ExtPt]) -> Result<Self::ExtCt> {
+        self.time("dot_plain_ext", || self.inner.dot_plain_extended(c, p))
+    }
+    fn mod_down_rescale(&self, c: &Self::ExtCt) -> Result<Self::Ct> {
+        self.time("mod_down_rescale", || self.inner.mod_down_rescale(c))
     }
     fn dot_plain(&self, c: &[&Self::Ct], p: &[&Self::Pt]) -> Result<Self::Ct> {
         self.time("dot_plain", || self.inner.dot_plain(c, p))

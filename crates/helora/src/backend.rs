@@ -22,6 +22,13 @@ pub trait HeServer {
     type Ct: Clone;
     /// An encoded plaintext (weights).
     type Pt;
+    /// A ciphertext over the extended basis `Q·P` (a rotation kept before
+    /// its ModDown: double hoisting, Bossuat et al., "Efficient
+    /// Bootstrapping for Approximate HE with Non-Sparse Keys", EUROCRYPT
+    /// 2021, §4.2).
+    type ExtCt;
+    /// Weights encoded over `Q·P`, for products with [`HeServer::ExtCt`].
+    type ExtPt;
 
     /// Slots per ciphertext (N/2).
     fn slots(&self) -> usize;
@@ -38,6 +45,36 @@ pub trait HeServer {
     /// # Errors
     /// More values than slots, or level out of range.
     fn encode_weights(&self, values: &[f64], level: usize) -> Result<Self::Pt>;
+
+    /// As [`HeServer::encode_weights`], over the extended basis `Q·P`.
+    ///
+    /// # Errors
+    /// As [`HeServer::encode_weights`].
+    fn encode_weights_extended(&self, values: &[f64], level: usize) -> Result<Self::ExtPt>;
+
+    /// Rotations of one ciphertext kept over `Q·P` (one shared key-switch
+    /// decomposition; no ModDown): one result per step, step 0 giving the
+    /// input itself lifted to `Q·P` (no key switch).
+    ///
+    /// # Errors
+    /// Missing Galois key.
+    fn rotate_hoisted_extended(&self, ct: &Self::Ct, steps: &[i64]) -> Result<Vec<Self::ExtCt>>;
+
+    /// `Σ_i cts[i] ⊙ pts[i]` over `Q·P` (one extended ct×pt per term). The
+    /// result is brought back by [`HeServer::mod_down_rescale`].
+    ///
+    /// # Errors
+    /// Empty or mismatched inputs, level mismatch.
+    fn dot_plain_extended(&self, cts: &[&Self::ExtCt], pts: &[&Self::ExtPt])
+    -> Result<Self::ExtCt>;
+
+    /// ModDown (divide by P) and rescale (divide by the last prime), fused:
+    /// the result is at level − 1, like [`HeServer::rescale`] of a
+    /// [`HeServer::dot_plain`].
+    ///
+    /// # Errors
+    /// At level 0.
+    fn mod_down_rescale(&self, ct: &Self::ExtCt) -> Result<Self::Ct>;
 
     /// `Σ_i cts[i] ⊙ pts[i]` (one ct×pt per term; implementations may
     /// accumulate lazily). The result is not rescaled.

@@ -10,8 +10,8 @@
 use std::sync::{Arc, Mutex};
 
 use cipherlora_ckks::{
-    Ciphertext, Context, Decryptor, Encoder, Encryptor, Evaluator, GaloisKeys, Plaintext,
-    PublicKey, SecretKey, SeededCiphertext, os_rng,
+    Ciphertext, Context, Decryptor, Encoder, Encryptor, Evaluator, ExtendedCiphertext,
+    ExtendedPlaintext, GaloisKeys, Plaintext, PublicKey, SecretKey, SeededCiphertext, os_rng,
 };
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
@@ -102,9 +102,27 @@ fn normal(rng: &mut ChaCha20Rng) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
+impl CkksServer {
+    /// Weights at `level` are encoded at scale `q_level`, the prime the
+    /// following rescale divides by.
+    fn weight_scale(&self, level: usize) -> Result<f64> {
+        self.ctx
+            .params()
+            .moduli()
+            .get(level)
+            .map(|&q| q as f64)
+            .ok_or(HeloraError::NotEnoughLevels {
+                needed: level,
+                available: self.ctx.max_level(),
+            })
+    }
+}
+
 impl HeServer for CkksServer {
     type Ct = Ciphertext;
     type Pt = Plaintext;
+    type ExtCt = ExtendedCiphertext;
+    type ExtPt = ExtendedPlaintext;
 
     fn slots(&self) -> usize {
         self.ctx.slots()
@@ -119,16 +137,57 @@ impl HeServer for CkksServer {
     }
 
     fn encode_weights(&self, values: &[f64], level: usize) -> Result<Plaintext> {
-        let prime = *self
-            .ctx
-            .params()
-            .moduli()
-            .get(level)
-            .ok_or(HeloraError::NotEnoughLevels {
-                needed: level,
-                available: self.ctx.max_level(),
-            })?;
-        self.encoder.encode(values, level, prime as f64).map_err(he)
+        let prime = self.weight_scale(level)?;
+        self.encoder.encode(values, level, prime).map_err(he)
+    }
+
+    fn encode_weights_extended(&self, values: &[f64], level: usize) -> Result<ExtendedPlaintext> {
+        let prime = self.weight_scale(level)?;
+        self.encoder
+            .encode_extended(values, level, prime)
+            .map_err(he)
+    }
+
+    fn rotate_hoisted_extended(
+        &self,
+        ct: &Ciphertext,
+        steps: &[i64],
+    ) -> Result<Vec<ExtendedCiphertext>> {
+        let h = steps.iter().any(|&s| s != 0).then(|| self.ev.hoist(ct));
+        steps
+            .iter()
+            .map(|&s| match (&h, s) {
+                (Some(h), s) if s != 0 => {
+                    self.ev.rotate_hoisted_extended(h, s, &self.gks).map_err(he)
+                }
+                _ => Ok(self.ev.extend(ct)),
+            })
+            .collect()
+    }
+
+    fn dot_plain_extended(
+        &self,
+        cts: &[&ExtendedCiphertext],
+        pts: &[&ExtendedPlaintext],
+    ) -> Result<ExtendedCiphertext> {
+        if cts.is_empty() || cts.len() != pts.len() {
+            return Err(HeloraError::Backend(
+                "dot_plain_extended: bad term count".into(),
+            ));
+        }
+        let mut acc = self
+            .ev
+            .mul_accumulator_extended(cts[0].level())
+            .map_err(he)?;
+        for (c, p) in cts.iter().zip(pts) {
+            acc.add_product(c, p).map_err(he)?;
+        }
+        acc.finish()
+            .ok_or_else(|| HeloraError::Backend("dot_plain_extended: empty".into()))
+    }
+
+    fn mod_down_rescale(&self, ct: &ExtendedCiphertext) -> Result<Ciphertext> {
+        self.ev.mod_down_rescale(ct).map_err(he)
     }
 
     fn dot_plain(&self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<Ciphertext> {

@@ -23,6 +23,16 @@ pub struct OpCounts {
     pub hoists: [u64; LEVELS],
     /// Rotations done from a hoisted decomposition, by level.
     pub hoisted_rotations: [u64; LEVELS],
+    /// Ct×pt products over the extended basis `Q·P` (double hoisting), by
+    /// level.
+    pub ext_ct_pt: [u64; LEVELS],
+    /// Rotations from a hoisted decomposition kept over `Q·P` (no ModDown),
+    /// by level.
+    pub ext_hoisted_rotations: [u64; LEVELS],
+    /// Unrotated inputs lifted to `Q·P` (multiplication by P), by level.
+    pub extends: [u64; LEVELS],
+    /// Fused ModDown + rescales, by level before.
+    pub mod_down_rescales: [u64; LEVELS],
     /// Ciphertext additions outside products, by level.
     pub adds: [u64; LEVELS],
     /// Rescales, by level before the rescale.
@@ -36,14 +46,16 @@ pub struct OpCounts {
 }
 
 impl OpCounts {
-    /// Total ct×pt products.
+    /// Total ct×pt products (ordinary and extended).
     pub fn ct_pt_total(&self) -> u64 {
-        self.ct_pt.iter().sum()
+        self.ct_pt.iter().sum::<u64>() + self.ext_ct_pt.iter().sum::<u64>()
     }
 
-    /// Total rotations (plain and hoisted).
+    /// Total rotations (plain, hoisted and hoisted-extended).
     pub fn rotations_total(&self) -> u64 {
-        self.rotations.iter().sum::<u64>() + self.hoisted_rotations.iter().sum::<u64>()
+        self.rotations.iter().sum::<u64>()
+            + self.hoisted_rotations.iter().sum::<u64>()
+            + self.ext_hoisted_rotations.iter().sum::<u64>()
     }
 
     /// Total key switches (every rotation is one).
@@ -70,6 +82,10 @@ impl Add for OpCounts {
             rotations: zip(self.rotations, o.rotations, s),
             hoists: zip(self.hoists, o.hoists, s),
             hoisted_rotations: zip(self.hoisted_rotations, o.hoisted_rotations, s),
+            ext_ct_pt: zip(self.ext_ct_pt, o.ext_ct_pt, s),
+            ext_hoisted_rotations: zip(self.ext_hoisted_rotations, o.ext_hoisted_rotations, s),
+            extends: zip(self.extends, o.extends, s),
+            mod_down_rescales: zip(self.mod_down_rescales, o.mod_down_rescales, s),
             adds: zip(self.adds, o.adds, s),
             rescales: zip(self.rescales, o.rescales, s),
             rerandomizations: self.rerandomizations + o.rerandomizations,
@@ -94,6 +110,10 @@ impl Mul<u64> for OpCounts {
             rotations: m(self.rotations),
             hoists: m(self.hoists),
             hoisted_rotations: m(self.hoisted_rotations),
+            ext_ct_pt: m(self.ext_ct_pt),
+            ext_hoisted_rotations: m(self.ext_hoisted_rotations),
+            extends: m(self.extends),
+            mod_down_rescales: m(self.mod_down_rescales),
             adds: m(self.adds),
             rescales: m(self.rescales),
             rerandomizations: self.rerandomizations * k,
@@ -104,6 +124,17 @@ impl Mul<u64> for OpCounts {
 }
 
 impl GroupPlan {
+    /// Whether a stage with these baby steps is evaluated with double
+    /// hoisting ([`BabySteps::ServerExtended`], at least one rotation;
+    /// with a single baby step it is evaluated as [`BabySteps::Server`]):
+    /// its baby-step
+    /// rotations stay over `Q·P`, are multiplied by extended plaintext
+    /// diagonals, and each giant-step sum takes one fused ModDown + rescale
+    /// (Bossuat et al., EUROCRYPT 2021, §4.2).
+    pub fn double_hoisted(baby: BabySteps, babies: usize) -> bool {
+        baby == BabySteps::ServerExtended && babies > 1
+    }
+
     /// Exact operation counts of one evaluation of this plan (client and
     /// server together).
     ///
@@ -120,28 +151,46 @@ impl GroupPlan {
         if let (Mode::Standard, Some(sa)) = (self.mode, self.stage_a) {
             let la = 2;
             let n_x = l.n_x as u64;
-            if sa.baby == BabySteps::Server && l.babies_a > 1 {
-                c.hoists[la] += n_x;
-                c.hoisted_rotations[la] += n_x * (l.babies_a as u64 - 1);
-            }
-            c.ct_pt[la] += n_x * l.stride_a as u64;
-            // Giant partial sums are rescaled, then rotated one level lower.
             let giants = l.giants_a as u64;
-            c.rescales[la] += giants;
+            let products = n_x * l.stride_a as u64;
+            if Self::double_hoisted(sa.baby, l.babies_a) {
+                c.hoists[la] += n_x;
+                c.ext_hoisted_rotations[la] += n_x * (l.babies_a as u64 - 1);
+                c.extends[la] += n_x;
+                c.ext_ct_pt[la] += products;
+                c.mod_down_rescales[la] += giants;
+            } else {
+                if sa.baby.on_server() && l.babies_a > 1 {
+                    c.hoists[la] += n_x;
+                    c.hoisted_rotations[la] += n_x * (l.babies_a as u64 - 1);
+                }
+                c.ct_pt[la] += products;
+                c.rescales[la] += giants;
+            }
+            // Giant partial sums are rescaled, then rotated one level lower.
             c.rotations[lb] += giants - 1;
             c.adds[lb] += giants - 1;
             let w = GroupPlan::window_steps(l.window, 1).len() as u64;
             c.rotations[lb] += w;
             c.adds[lb] += w;
         }
-        // Stage B. In standard mode u' is always rotated by the server.
-        if self.stage_b.baby == BabySteps::Server && l.babies_b > 1 {
-            c.hoists[lb] += 1;
-            c.hoisted_rotations[lb] += l.babies_b as u64 - 1;
-        }
-        c.ct_pt[lb] += n_out * l.diags_b as u64;
+        // Stage B (in standard mode u' is always rotated by the server).
         let giants = l.giants_b as u64;
-        c.rescales[lb] += n_out * giants;
+        let products = n_out * l.diags_b as u64;
+        if Self::double_hoisted(self.stage_b.baby, l.babies_b) {
+            c.hoists[lb] += 1;
+            c.ext_hoisted_rotations[lb] += l.babies_b as u64 - 1;
+            c.extends[lb] += 1;
+            c.ext_ct_pt[lb] += products;
+            c.mod_down_rescales[lb] += n_out * giants;
+        } else {
+            if self.stage_b.baby.on_server() && l.babies_b > 1 {
+                c.hoists[lb] += 1;
+                c.hoisted_rotations[lb] += l.babies_b as u64 - 1;
+            }
+            c.ct_pt[lb] += products;
+            c.rescales[lb] += n_out * giants;
+        }
         c.rotations[0] += n_out * (giants - 1);
         c.adds[0] += n_out * (giants - 1);
         if self.rerandomize {

@@ -25,17 +25,24 @@
 //! # Strategies and what the planner picks
 //! Per group the planner ([`planner::choose`]) enumerates: FFA —
 //! `hoisted-bsgs` (server baby steps, hoisted; giant steps rescaled then
-//! rotated at level 0), `client-prerotated` (client encrypts the g baby-step
+//! rotated at level 0), `double-hoisted-bsgs` (the same with the baby steps
+//! kept over `Q·P`, products with diagonals encoded over `Q·P` and one fused
+//! ModDown + rescale per giant step: Bossuat et al., EUROCRYPT 2021, §4.2),
+//! `client-prerotated` (client encrypts the g baby-step
 //! copies) and `client-replicated` (g = r: zero server rotations, r
 //! encryptions and r× upload); standard — `fused` or `segmented` row blocks ×
-//! stage-A baby steps on the server or pre-rotated by the client, × every
-//! stage-A period P and baby-step sizes. Measured on the project machine
-//! (`cipherlora bench helora`, N = 8192, 100 Mbit/s), it picks `hoisted-bsgs`
-//! for FFA at every shape and T (g = 4–32 growing with T and the rank), and
-//! fused server-side BSGS for standard LoRA except the default model's QKV
-//! at T = 1 (segmented). Client replication only wins when rotations are
-//! much dearer than encryptions and bandwidth is nearly free (tested in
-//! `tests/planner.rs`).
+//! stage-A baby steps on the server (hoisted or double hoisted) or
+//! pre-rotated by the client × stage-B baby steps hoisted or double hoisted,
+//! × every stage-A period P and baby-step sizes. Measured on the project machine
+//! (`cipherlora bench helora`, N = 8192, 100 Mbit/s, rotations timed over 16
+//! distinct Galois keys as in a real evaluation), it picks server-side BSGS for FFA at
+//! every shape and T (g = 4–16 growing with T and the rank; hoisted or
+//! double hoisted depending on how the cheaper rotations weigh against the
+//! dearer `Q·P` products and the fused ModDown + rescale), and fused
+//! server-side BSGS for standard LoRA (stage A often double hoisted) except
+//! the default model's QKV at T = 1 (segmented). Client replication only
+//! wins when rotations are much dearer than encryptions and bandwidth is
+//! nearly free (tested in `tests/planner.rs`).
 //!
 //! # Security
 //! - The server sees only ciphertexts, Galois keys, optionally the public key

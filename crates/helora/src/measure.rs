@@ -74,7 +74,12 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
     let encryptor = Encryptor::new(ctx);
     let dec = Decryptor::new(&sk);
     let ev = Evaluator::new(ctx);
-    let gks = GaloisKeys::generate(&sk, &[9, 18], &mut rng);
+    // Distinct Galois keys in rotation, as a plan's baby and giant steps use
+    // them: a key at level 1 is ~0.75 MiB, so a batch of rotations streams
+    // its keys from memory; a single hot key would flatter key switching.
+    let steps: Vec<i64> = (1..=KEYS as i64).map(|k| 9 * k).collect();
+    let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
+    let step = |i: usize| steps[i % KEYS];
     let values: Vec<f64> = (0..ctx.slots())
         .map(|i| ((i % 17) as f64 - 8.0) / 16.0)
         .collect();
@@ -87,6 +92,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
     // Working sets like a real evaluation's: distinct ciphertexts and
     // plaintexts in rotation, so caches are as cold as in the pipeline.
     const DISTINCT: usize = 8;
+    const KEYS: usize = 16;
     for level in 0..=ctx.max_level().min(LEVELS - 1) {
         let cts: Vec<_> = (0..DISTINCT)
             .map(|i| {
@@ -122,8 +128,13 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
             let mut a = next().clone();
             ev.add_assign(&mut a, next()).map_err(he)
         })?;
-        c.rotate_ms[level] =
-            median_ms(reps, || ev.rotate(next(), 9, &gks).map(|_| ()).map_err(he))?;
+        c.rotate_ms[level] = {
+            let mut r = 0usize;
+            median_ms(reps, || {
+                r += 1;
+                ev.rotate(next(), step(r), &gks).map(|_| ()).map_err(he)
+            })?
+        };
         c.hoist_ms[level] = median_ms(reps, || {
             let _ = ev.hoist(next());
             Ok(())
@@ -132,9 +143,19 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
         let mut j = 0usize;
         c.hoisted_rotate_ms[level] = median_ms(reps, || {
             j += 1;
-            ev.rotate_hoisted(&hs[j % DISTINCT], 18, &gks)
+            ev.rotate_hoisted(&hs[j % DISTINCT], step(j), &gks)
                 .map(|_| ())
                 .map_err(he)
+        })?;
+        c.ext_hoisted_rotate_ms[level] = median_ms(reps, || {
+            j += 1;
+            ev.rotate_hoisted_extended(&hs[j % DISTINCT], step(j), &gks)
+                .map(|_| ())
+                .map_err(he)
+        })?;
+        c.extend_ms[level] = median_ms(reps, || {
+            let _ = ev.extend(next());
+            Ok(())
         })?;
         if level == 0 {
             c.decrypt_ms = median_ms(reps, || {
@@ -190,6 +211,36 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
         c.rescale_ms[level] = median_ms(reps, || {
             m += 1;
             ev.rescale(&prods[m % DISTINCT]).map(|_| ()).map_err(he)
+        })?;
+        // The same over Q·P (double hoisting): extended rotations times
+        // extended diagonals, then the fused ModDown + rescale.
+        let ews: Vec<_> = (0..4 * DISTINCT)
+            .map(|i| {
+                let v: Vec<f64> = values.iter().map(|x| x * (1.0 + i as f64 * 1e-3)).collect();
+                enc.encode_extended(&v, level, ctx.params().moduli()[level] as f64)
+                    .map_err(he)
+            })
+            .collect::<Result<_>>()?;
+        let exts: Vec<_> = hs
+            .iter()
+            .enumerate()
+            .map(|(i, h)| ev.rotate_hoisted_extended(h, step(i), &gks).map_err(he))
+            .collect::<Result<_>>()?;
+        c.ext_ct_pt_ms[level] = median_ms(reps, || {
+            let mut acc = ev.mul_accumulator_extended(level).map_err(he)?;
+            for _ in 0..terms {
+                k += 1;
+                acc.add_product(&exts[k % DISTINCT], &ews[k % ews.len()])
+                    .map_err(he)?;
+            }
+            let _ = acc.finish();
+            Ok(())
+        })? / terms as f64;
+        c.mod_down_rescale_ms[level] = median_ms(reps, || {
+            m += 1;
+            ev.mod_down_rescale(&exts[m % DISTINCT])
+                .map(|_| ())
+                .map_err(he)
         })?;
     }
     Ok(c)

@@ -80,7 +80,7 @@ pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
         });
     }
     let copies = match plan.stage_b.baby {
-        BabySteps::Server => 1,
+        BabySteps::Server | BabySteps::ServerExtended => 1,
         BabySteps::Client => l.babies_b,
     };
     Ok((0..copies)
@@ -117,7 +117,7 @@ pub fn standard_inputs(plan: &GroupPlan, x: &[f32]) -> Result<Vec<Vec<f64>>> {
         });
     }
     let copies = match sa.baby {
-        BabySteps::Server => 1,
+        BabySteps::Server | BabySteps::ServerExtended => 1,
         BabySteps::Client => l.babies_a,
     };
     let mut out = Vec::with_capacity(l.n_x * copies);

@@ -76,10 +76,26 @@ pub enum Mode {
 /// Who produces the baby-step rotations of a stage's input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BabySteps {
-    /// The server rotates the input (hoisted rotations).
+    /// The server rotates the input (hoisted rotations, each brought back
+    /// to `Q` by its own ModDown).
     Server,
     /// The client encrypts pre-rotated copies (no server baby rotation).
     Client,
+    /// The server rotates the input with double hoisting (Bossuat et al.,
+    /// "Efficient Bootstrapping for Approximate HE with Non-Sparse Keys",
+    /// EUROCRYPT 2021, §4.2): the rotations stay over `Q·P`, are multiplied
+    /// by diagonals encoded over `Q·P`, and each giant-step sum takes one
+    /// fused ModDown + rescale. Cheaper rotations, dearer products (one more
+    /// limb); the planner weighs both.
+    ServerExtended,
+}
+
+impl BabySteps {
+    /// Whether the server makes the baby steps ([`BabySteps::Server`] or
+    /// [`BabySteps::ServerExtended`]).
+    pub fn on_server(self) -> bool {
+        matches!(self, BabySteps::Server | BabySteps::ServerExtended)
+    }
 }
 
 /// Stage B (`Δ = B_f·U`) parameters.
@@ -233,7 +249,7 @@ impl GroupPlan {
                 for (p, (&d, &r)) in self.shape.d_outs.iter().zip(&self.shape.ranks).enumerate() {
                     let width = ceil_div(d, sb.n_out);
                     let ext = match sb.baby {
-                        BabySteps::Server => r - 1,
+                        BabySteps::Server | BabySteps::ServerExtended => r - 1,
                         BabySteps::Client => ((r - 1) / sb.g) * sb.g,
                     };
                     segments.push(Segment {
@@ -266,7 +282,7 @@ impl GroupPlan {
                 })
             }
             (Mode::Standard, Some(sa)) => {
-                if sb.baby != BabySteps::Server {
+                if !sb.baby.on_server() {
                     return Err(infeasible("standard stage B needs server baby steps"));
                 }
                 // Row blocks of the stage-A output: one per projection
@@ -347,13 +363,13 @@ impl GroupPlan {
         let l = self.layout()?;
         Ok(match self.mode {
             Mode::Ffa => match self.stage_b.baby {
-                BabySteps::Server => 1,
+                BabySteps::Server | BabySteps::ServerExtended => 1,
                 BabySteps::Client => l.babies_b,
             },
             Mode::Standard => {
                 let sa = self.stage_a.ok_or_else(|| infeasible("missing stage A"))?;
                 match sa.baby {
-                    BabySteps::Server => l.n_x,
+                    BabySteps::Server | BabySteps::ServerExtended => l.n_x,
                     BabySteps::Client => l.n_x * l.babies_a,
                 }
             }
@@ -391,13 +407,13 @@ impl GroupPlan {
         let l = self.layout()?;
         let t = self.t as i64;
         let mut s = BTreeSet::new();
-        if self.stage_b.baby == BabySteps::Server {
+        if self.stage_b.baby.on_server() {
             s.extend((1..l.babies_b as i64).map(|b| b * t));
         }
         let g = self.stage_b.g as i64;
         s.extend((1..l.giants_b as i64).map(|q| q * g * t));
         if let Some(sa) = self.stage_a {
-            if sa.baby == BabySteps::Server {
+            if sa.baby.on_server() {
                 s.extend((1..l.babies_a as i64).map(|b| b * t));
             }
             s.extend((1..l.giants_a as i64).map(|q| q * sa.g as i64 * t));

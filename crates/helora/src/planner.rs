@@ -22,6 +22,16 @@ pub struct OpCosts {
     pub hoist_ms: [f64; LEVELS],
     /// Each rotation from a hoisted decomposition.
     pub hoisted_rotate_ms: [f64; LEVELS],
+    /// One ct×pt product over `Q·P` (inside a lazy dot product; double
+    /// hoisting).
+    pub ext_ct_pt_ms: [f64; LEVELS],
+    /// Each rotation from a hoisted decomposition kept over `Q·P` (key
+    /// inner product and automorphism, no ModDown).
+    pub ext_hoisted_rotate_ms: [f64; LEVELS],
+    /// Lifting an unrotated ciphertext to `Q·P` (multiplication by P).
+    pub extend_ms: [f64; LEVELS],
+    /// One fused ModDown + rescale (from that level).
+    pub mod_down_rescale_ms: [f64; LEVELS],
     /// One ciphertext addition.
     pub add_ms: [f64; LEVELS],
     /// One rescale (from that level).
@@ -55,6 +65,10 @@ impl Default for OpCosts {
             rotate_ms: [0.6, 1.0, 1.4, 1.8],
             hoist_ms: [0.3, 0.5, 0.7, 0.9],
             hoisted_rotate_ms: [0.3, 0.5, 0.7, 0.9],
+            ext_ct_pt_ms: [0.03, 0.06, 0.08, 0.1],
+            ext_hoisted_rotate_ms: [0.15, 0.25, 0.35, 0.45],
+            extend_ms: [0.01, 0.02, 0.03, 0.04],
+            mod_down_rescale_ms: [0.0, 0.2, 0.25, 0.3],
             add_ms: [0.005, 0.01, 0.015, 0.02],
             rescale_ms: [0.0, 0.15, 0.2, 0.25],
             encrypt_ms: [0.3, 0.5, 0.7, 0.9],
@@ -121,6 +135,10 @@ impl OpCosts {
             + dot(&c.rotations, &self.rotate_ms)
             + dot(&c.hoists, &self.hoist_ms)
             + dot(&c.hoisted_rotations, &self.hoisted_rotate_ms)
+            + dot(&c.ext_ct_pt, &self.ext_ct_pt_ms)
+            + dot(&c.ext_hoisted_rotations, &self.ext_hoisted_rotate_ms)
+            + dot(&c.extends, &self.extend_ms)
+            + dot(&c.mod_down_rescales, &self.mod_down_rescale_ms)
             + dot(&c.adds, &self.add_ms)
             + dot(&c.rescales, &self.rescale_ms)
             + c.rerandomizations as f64 * self.rerandomize_ms
@@ -209,8 +227,15 @@ pub fn candidates(
     match mode {
         Mode::Ffa => {
             let k = *shape.ranks.iter().max().unwrap_or(&1);
-            for baby in [BabySteps::Server, BabySteps::Client] {
+            for baby in [
+                BabySteps::Server,
+                BabySteps::ServerExtended,
+                BabySteps::Client,
+            ] {
                 for g in 1..=k {
+                    if baby == BabySteps::ServerExtended && g == 1 {
+                        continue; // no baby rotation: the same as Server
+                    }
                     let mut found = 0;
                     for n_out in 1..=d {
                         let p = mk(None, StageBPlan { n_out, g, baby });
@@ -263,24 +288,37 @@ pub fn candidates(
                     if fixed < w_in {
                         let lower = d.div_ceil(w_in - fixed).max(1);
                         if let Some(n_out) = (lower..=d).find(|&n| probe(n).layout().is_ok()) {
+                            let server = [BabySteps::Server, BabySteps::ServerExtended];
                             for gb in g_candidates(rho) {
-                                for ga in g_candidates(rho) {
-                                    for baby in [BabySteps::Server, BabySteps::Client] {
-                                        let p = mk(
-                                            Some(StageAPlan {
-                                                period,
-                                                g: ga,
-                                                baby,
-                                                segmented,
-                                            }),
-                                            StageBPlan {
-                                                n_out,
-                                                g: gb,
-                                                baby: BabySteps::Server,
-                                            },
-                                        );
-                                        if p.layout().is_ok() {
-                                            out.push(p);
+                                for baby_b in server {
+                                    if baby_b == BabySteps::ServerExtended && gb == 1 {
+                                        continue;
+                                    }
+                                    for ga in g_candidates(rho) {
+                                        for baby in [
+                                            BabySteps::Server,
+                                            BabySteps::ServerExtended,
+                                            BabySteps::Client,
+                                        ] {
+                                            if baby == BabySteps::ServerExtended && ga == 1 {
+                                                continue;
+                                            }
+                                            let p = mk(
+                                                Some(StageAPlan {
+                                                    period,
+                                                    g: ga,
+                                                    baby,
+                                                    segmented,
+                                                }),
+                                                StageBPlan {
+                                                    n_out,
+                                                    g: gb,
+                                                    baby: baby_b,
+                                                },
+                                            );
+                                            if p.layout().is_ok() {
+                                                out.push(p);
+                                            }
                                         }
                                     }
                                 }
@@ -346,6 +384,7 @@ pub fn best_per_family(
 
 impl GroupPlan {
     /// Strategy family: `hoisted-bsgs` (server baby steps, hoisted),
+    /// `double-hoisted-bsgs` (server baby steps kept over `Q·P`),
     /// `client-prerotated` (client baby steps, some server giant rotations),
     /// `client-replicated` (client supplies every diagonal's rotation: zero
     /// server rotations); standard mode names the row blocks (`fused`: one
@@ -356,16 +395,54 @@ impl GroupPlan {
             Ok(l) => l.diags_b,
             Err(_) => 0,
         };
-        match self.stage_a.map(|a| (a.segmented, a.baby)) {
+        /// `[segmented][stage-A owner][stage-B owner]`.
+        const STANDARD: [[[&str; 2]; 3]; 2] = [
+            [
+                [
+                    "fused:hoisted-bsgs-A+hoisted-bsgs-B",
+                    "fused:hoisted-bsgs-A+double-hoisted-bsgs-B",
+                ],
+                [
+                    "fused:double-hoisted-bsgs-A+hoisted-bsgs-B",
+                    "fused:double-hoisted-bsgs-A+double-hoisted-bsgs-B",
+                ],
+                [
+                    "fused:client-prerotated-A+hoisted-bsgs-B",
+                    "fused:client-prerotated-A+double-hoisted-bsgs-B",
+                ],
+            ],
+            [
+                [
+                    "segmented:hoisted-bsgs-A+hoisted-bsgs-B",
+                    "segmented:hoisted-bsgs-A+double-hoisted-bsgs-B",
+                ],
+                [
+                    "segmented:double-hoisted-bsgs-A+hoisted-bsgs-B",
+                    "segmented:double-hoisted-bsgs-A+double-hoisted-bsgs-B",
+                ],
+                [
+                    "segmented:client-prerotated-A+hoisted-bsgs-B",
+                    "segmented:client-prerotated-A+double-hoisted-bsgs-B",
+                ],
+            ],
+        ];
+        let owner = |b: BabySteps| match b {
+            BabySteps::Server => 0,
+            BabySteps::ServerExtended => 1,
+            BabySteps::Client => 2,
+        };
+        match self.stage_a {
             None => match self.stage_b.baby {
                 BabySteps::Server => "hoisted-bsgs",
+                BabySteps::ServerExtended => "double-hoisted-bsgs",
                 BabySteps::Client if self.stage_b.g >= diags => "client-replicated",
                 BabySteps::Client => "client-prerotated",
             },
-            Some((false, BabySteps::Server)) => "fused:hoisted-bsgs-A+hoisted-bsgs-B",
-            Some((false, BabySteps::Client)) => "fused:client-prerotated-A+hoisted-bsgs-B",
-            Some((true, BabySteps::Server)) => "segmented:hoisted-bsgs-A+hoisted-bsgs-B",
-            Some((true, BabySteps::Client)) => "segmented:client-prerotated-A+hoisted-bsgs-B",
+            Some(a) => {
+                // Standard stage B is always on the server.
+                let b = owner(self.stage_b.baby).min(1);
+                STANDARD[usize::from(a.segmented)][owner(a.baby)][b]
+            }
         }
     }
 

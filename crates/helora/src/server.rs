@@ -13,9 +13,51 @@ use crate::packing::{stage_a_diag, stage_b_diag};
 use crate::plan::{BabySteps, GroupPlan, Layout};
 use crate::wire::{GroupRequest, GroupResponse};
 
-/// The terms of one BSGS evaluation: per giant step, the ciphertexts and
-/// plaintexts of its dot product.
-type GiantTerms<'a, C, P> = [(Vec<&'a C>, Vec<&'a P>)];
+/// Diagonals of one stage, `[giant][term]`: ordinary plaintexts, or
+/// plaintexts over `Q·P` when the stage is double hoisted
+/// ([`GroupPlan::double_hoisted`]).
+enum Diags<S: HeServer> {
+    Plain(Vec<Vec<S::Pt>>),
+    Extended(Vec<Vec<S::ExtPt>>),
+}
+
+impl<S: HeServer> Diags<S> {
+    fn encode(server: &S, extended: bool, per_q: Vec<Vec<Vec<f64>>>, level: usize) -> Result<Self> {
+        Ok(if extended {
+            Diags::Extended(
+                per_q
+                    .iter()
+                    .map(|vs| {
+                        vs.iter()
+                            .map(|v| server.encode_weights_extended(v, level))
+                            .collect()
+                    })
+                    .collect::<Result<_>>()?,
+            )
+        } else {
+            Diags::Plain(
+                per_q
+                    .iter()
+                    .map(|vs| vs.iter().map(|v| server.encode_weights(v, level)).collect())
+                    .collect::<Result<_>>()?,
+            )
+        })
+    }
+
+    fn giants(&self) -> usize {
+        match self {
+            Diags::Plain(d) => d.len(),
+            Diags::Extended(d) => d.len(),
+        }
+    }
+}
+
+/// Baby-step rotations of a stage's input: ordinary ciphertexts, or kept
+/// over `Q·P`.
+enum Babies<'a, S: HeServer> {
+    Plain(Vec<&'a S::Ct>),
+    Extended(Vec<&'a S::ExtCt>),
+}
 
 /// A group's adapter encoded for one plan (load time: all diagonals are
 /// encoded and pre-rotated once, never per request).
@@ -24,9 +66,9 @@ pub struct PreparedGroup<S: HeServer> {
     layout: Layout,
     plan_id: u64,
     /// Stage-B diagonals `[c][q][b]`.
-    b_diags: Vec<Vec<Vec<S::Pt>>>,
+    b_diags: Vec<Diags<S>>,
     /// Stage-A diagonals `[q][c·babies + b]` (standard mode).
-    a_diags: Vec<Vec<S::Pt>>,
+    a_diags: Option<Diags<S>>,
 }
 
 impl<S: HeServer> std::fmt::Debug for PreparedGroup<S> {
@@ -64,6 +106,7 @@ impl<S: HeServer> PreparedGroup<S> {
         }
         let layout = plan.layout()?;
         let sb = plan.stage_b;
+        let ext_b = GroupPlan::double_hoisted(sb.baby, layout.babies_b);
         let mut b_diags = Vec::with_capacity(sb.n_out);
         for c in 0..sb.n_out {
             let mut per_q = Vec::with_capacity(layout.giants_b);
@@ -73,16 +116,16 @@ impl<S: HeServer> PreparedGroup<S> {
                     if q * sb.g + b >= layout.diags_b {
                         break;
                     }
-                    let v = stage_b_diag(plan, &layout, &fused, c, q, b);
-                    per_b.push(server.encode_weights(&v, 1)?);
+                    per_b.push(stage_b_diag(plan, &layout, &fused, c, q, b));
                 }
                 per_q.push(per_b);
             }
-            b_diags.push(per_q);
+            b_diags.push(Diags::encode(server, ext_b, per_q, 1)?);
         }
-        let mut a_diags = Vec::new();
+        let mut a_diags = None;
         if let Some(sa) = plan.stage_a {
             let r = layout.stride_a;
+            let mut per_q = Vec::with_capacity(layout.giants_a);
             for q in 0..layout.giants_a {
                 let mut terms = Vec::new();
                 for c in 0..layout.n_x {
@@ -90,12 +133,13 @@ impl<S: HeServer> PreparedGroup<S> {
                         if q * sa.g + b >= r {
                             break;
                         }
-                        let v = stage_a_diag(plan, &layout, &fused, c, q, b);
-                        terms.push(server.encode_weights(&v, 2)?);
+                        terms.push(stage_a_diag(plan, &layout, &fused, c, q, b));
                     }
                 }
-                a_diags.push(terms);
+                per_q.push(terms);
             }
+            let ext_a = GroupPlan::double_hoisted(sa.baby, layout.babies_a);
+            a_diags = Some(Diags::encode(server, ext_a, per_q, 2)?);
         }
         Ok(PreparedGroup {
             plan: plan.clone(),
@@ -133,17 +177,27 @@ impl<S: HeServer> PreparedGroup<S> {
                 got: server.level(bad) as u64,
             });
         }
-        let u_babies = match self.plan.stage_a {
-            None => match self.plan.stage_b.baby {
-                BabySteps::Server => self.babies(server, &inputs[0], self.layout.babies_b)?,
-                BabySteps::Client => inputs.to_vec(),
-            },
+        let u;
+        let input = match self.plan.stage_a {
+            None => inputs,
             Some(_) => {
-                let u = self.stage_a(server, inputs)?;
-                self.babies(server, &u, self.layout.babies_b)?
+                u = self.stage_a(server, inputs)?;
+                std::slice::from_ref(&u)
             }
         };
-        self.stage_b(server, &u_babies)
+        let baby = self.plan.stage_b.baby;
+        let ext = GroupPlan::double_hoisted(baby, self.layout.babies_b);
+        let (plain, extended);
+        let babies = if baby == BabySteps::Client {
+            Babies::Plain(input.iter().collect())
+        } else if ext {
+            extended = self.babies_extended(server, &input[0], self.layout.babies_b)?;
+            Babies::Extended(extended.iter().collect())
+        } else {
+            plain = self.babies(server, &input[0], self.layout.babies_b)?;
+            Babies::Plain(plain.iter().collect())
+        };
+        self.stage_b(server, &babies)
     }
 
     /// Handles one wire request: checks its header against the plan,
@@ -192,21 +246,63 @@ impl<S: HeServer> PreparedGroup<S> {
         Ok(out)
     }
 
-    /// `Σ_q rot(rescale(Σ_b pdiag_{q,b} ⊙ v_b), q·g·T)` given the terms per
-    /// giant step. Each giant partial sum is rescaled *before* its rotation,
-    /// so the giant-step key switches run one level lower (fewer limbs: about
-    /// 2.5× cheaper at N = 8192 from level 1 to 0, measured) for the price of
-    /// one rescale each.
+    /// As [`Self::babies`], kept over `Q·P` (double hoisting).
+    fn babies_extended(&self, server: &S, ct: &S::Ct, n: usize) -> Result<Vec<S::ExtCt>> {
+        let t = self.plan.t as i64;
+        let steps: Vec<i64> = (0..n as i64).map(|b| b * t).collect();
+        server.rotate_hoisted_extended(ct, &steps)
+    }
+
+    /// The giant partial sum `rescale(Σ_b pdiag_{q,b} ⊙ v_b)` of giant `q`
+    /// over the terms `idx` of the babies (one fused ModDown + rescale when
+    /// they are extended).
+    fn giant_part(
+        &self,
+        server: &S,
+        babies: &Babies<'_, S>,
+        diags: &Diags<S>,
+        q: usize,
+        idx: &[usize],
+    ) -> Result<S::Ct> {
+        match (babies, diags) {
+            (Babies::Plain(v), Diags::Plain(d)) => {
+                let cts: Vec<&S::Ct> = idx.iter().map(|&i| v[i]).collect();
+                server.rescale(&server.dot_plain(&cts, &d[q].iter().collect::<Vec<_>>())?)
+            }
+            (Babies::Extended(v), Diags::Extended(d)) => {
+                let cts: Vec<&S::ExtCt> = idx.iter().map(|&i| v[i]).collect();
+                server.mod_down_rescale(
+                    &server.dot_plain_extended(&cts, &d[q].iter().collect::<Vec<_>>())?,
+                )
+            }
+            _ => Err(HeloraError::InfeasiblePlan {
+                reason: "diagonal encoding does not match the baby steps",
+            }),
+        }
+    }
+
+    /// `Σ_q rot(rescale(Σ_b pdiag_{q,b} ⊙ v_b), q·g·T)`, `terms[q]` listing
+    /// the baby indices of giant q. Each giant partial sum is rescaled
+    /// *before* its rotation, so the giant-step key switches run one level
+    /// lower (fewer limbs: about 2.5× cheaper at N = 8192 from level 1 to 0,
+    /// measured) for the price of one rescale each.
     fn bsgs_sum(
         &self,
         server: &S,
         g: usize,
-        terms: &GiantTerms<'_, S::Ct, S::Pt>,
+        babies: &Babies<'_, S>,
+        diags: &Diags<S>,
+        terms: &[Vec<usize>],
     ) -> Result<S::Ct> {
         let t = self.plan.t as i64;
         let mut acc: Option<S::Ct> = None;
-        for (q, (cts, pts)) in terms.iter().enumerate() {
-            let mut part = server.rescale(&server.dot_plain(cts, pts)?)?;
+        if terms.len() != diags.giants() {
+            return Err(HeloraError::InfeasiblePlan {
+                reason: "giant-step count differs from the diagonals'",
+            });
+        }
+        for (q, idx) in terms.iter().enumerate() {
+            let mut part = self.giant_part(server, babies, diags, q, idx)?;
             if q > 0 {
                 part = server.rotate(&part, q as i64 * g as i64 * t)?;
             }
@@ -225,29 +321,42 @@ impl<S: HeServer> PreparedGroup<S> {
         let sa = self.plan.stage_a.ok_or(HeloraError::InfeasiblePlan {
             reason: "missing stage A",
         })?;
+        let diags = self.a_diags.as_ref().ok_or(HeloraError::InfeasiblePlan {
+            reason: "missing stage-A diagonals",
+        })?;
         let l = &self.layout;
         let r = l.stride_a;
-        // v[c][b] = x'_c rotated by b·T.
-        let v: Vec<Vec<S::Ct>> = match sa.baby {
-            BabySteps::Server => inputs
-                .iter()
-                .map(|x| self.babies(server, x, l.babies_a))
-                .collect::<Result<_>>()?,
-            BabySteps::Client => inputs.chunks(l.babies_a).map(<[S::Ct]>::to_vec).collect(),
-        };
-        let mut terms = Vec::with_capacity(l.giants_a);
-        for (q, pts) in self.a_diags.iter().enumerate() {
-            let mut cts = Vec::with_capacity(pts.len());
-            for vc in &v {
-                for (b, ct) in vc.iter().enumerate() {
-                    if q * sa.g + b < r {
-                        cts.push(ct);
-                    }
-                }
+        // v[c·babies + b] = x'_c rotated by b·T.
+        let (plain, extended);
+        let v = match (sa.baby, diags) {
+            (BabySteps::Client, _) => Babies::Plain(inputs.iter().collect()),
+            (BabySteps::Server | BabySteps::ServerExtended, Diags::Extended(_)) => {
+                extended = inputs
+                    .iter()
+                    .map(|x| self.babies_extended(server, x, l.babies_a))
+                    .collect::<Result<Vec<_>>>()?;
+                Babies::Extended(extended.iter().flatten().collect())
             }
-            terms.push((cts, pts.iter().collect()));
-        }
-        let y = self.bsgs_sum(server, sa.g, &terms)?;
+            (BabySteps::Server | BabySteps::ServerExtended, Diags::Plain(_)) => {
+                plain = inputs
+                    .iter()
+                    .map(|x| self.babies(server, x, l.babies_a))
+                    .collect::<Result<Vec<_>>>()?;
+                Babies::Plain(plain.iter().flatten().collect())
+            }
+        };
+        let terms: Vec<Vec<usize>> = (0..l.giants_a)
+            .map(|q| {
+                (0..l.n_x)
+                    .flat_map(|c| {
+                        (0..l.babies_a)
+                            .filter(move |&b| q * sa.g + b < r)
+                            .map(move |b| c * l.babies_a + b)
+                    })
+                    .collect()
+            })
+            .collect();
+        let y = self.bsgs_sum(server, sa.g, &v, diags, &terms)?;
         // Window sum over P/ρ groups of ρ dimensions.
         let mut s = y.clone();
         for (step, add_y) in GroupPlan::window_steps(l.window, r * self.plan.t) {
@@ -259,14 +368,15 @@ impl<S: HeServer> PreparedGroup<S> {
     }
 
     /// Stage B: one output ciphertext per `c`, rescaled (and rerandomised).
-    fn stage_b(&self, server: &S, v: &[S::Ct]) -> Result<Vec<S::Ct>> {
+    fn stage_b(&self, server: &S, v: &Babies<'_, S>) -> Result<Vec<S::Ct>> {
+        let l = &self.layout;
+        let g = self.plan.stage_b.g;
+        let terms: Vec<Vec<usize>> = (0..l.giants_b)
+            .map(|q| (0..l.babies_b).filter(|&b| q * g + b < l.diags_b).collect())
+            .collect();
         let mut out = Vec::with_capacity(self.b_diags.len());
-        for per_q in &self.b_diags {
-            let terms: Vec<_> = per_q
-                .iter()
-                .map(|pts| (v[..pts.len()].iter().collect(), pts.iter().collect()))
-                .collect();
-            let mut ct = self.bsgs_sum(server, self.plan.stage_b.g, &terms)?;
+        for diags in &self.b_diags {
+            let mut ct = self.bsgs_sum(server, g, v, diags, &terms)?;
             if self.plan.rerandomize {
                 ct = server.rerandomize(&ct)?;
             }

@@ -22,6 +22,21 @@ pub struct SimCt {
     pub values: Vec<f64>,
 }
 
+/// A simulated ciphertext over the extended basis `Q·P` (a different type,
+/// so the packing cannot mix it with ordinary ciphertexts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimExtCt {
+    level: usize,
+    values: Vec<f64>,
+}
+
+/// A simulated plaintext over `Q·P`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimExtPt {
+    level: usize,
+    values: Vec<f64>,
+}
+
 /// A simulated plaintext.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimPt {
@@ -154,6 +169,8 @@ fn from_bytes(bytes: &[u8], slots: usize) -> Result<SimCt> {
 impl HeServer for SlotSimulator {
     type Ct = SimCt;
     type Pt = SimPt;
+    type ExtCt = SimExtCt;
+    type ExtPt = SimExtPt;
 
     fn slots(&self) -> usize {
         self.slots
@@ -172,6 +189,72 @@ impl HeServer for SlotSimulator {
         Ok(SimPt {
             level,
             values: self.padded(values)?,
+        })
+    }
+
+    fn encode_weights_extended(&self, values: &[f64], level: usize) -> Result<SimExtPt> {
+        self.check_level(level)?;
+        Ok(SimExtPt {
+            level,
+            values: self.padded(values)?,
+        })
+    }
+
+    fn rotate_hoisted_extended(&self, ct: &SimCt, steps: &[i64]) -> Result<Vec<SimExtCt>> {
+        let rotated = steps.iter().filter(|&&s| s != 0).count() as u64;
+        let extended = steps.len() as u64 - rotated;
+        self.count(|k| {
+            if rotated > 0 {
+                k.hoists[ct.level] += 1;
+            }
+            k.ext_hoisted_rotations[ct.level] += rotated;
+            k.extends[ct.level] += extended;
+        });
+        for &s in steps.iter().filter(|&&s| s != 0) {
+            self.note_step(s);
+        }
+        Ok(steps
+            .iter()
+            .map(|&s| SimExtCt {
+                level: ct.level,
+                values: self.rot(&ct.values, s),
+            })
+            .collect())
+    }
+
+    fn dot_plain_extended(&self, cts: &[&SimExtCt], pts: &[&SimExtPt]) -> Result<SimExtCt> {
+        if cts.is_empty() || cts.len() != pts.len() {
+            return Err(HeloraError::Backend(
+                "dot_plain_extended: bad term count".into(),
+            ));
+        }
+        let level = cts[0].level;
+        let mut acc = vec![0.0; self.slots];
+        for (c, p) in cts.iter().zip(pts) {
+            if c.level != level || p.level != level {
+                return Err(HeloraError::Backend(
+                    "dot_plain_extended: level mismatch".into(),
+                ));
+            }
+            for ((a, x), w) in acc.iter_mut().zip(&c.values).zip(&p.values) {
+                *a += x * w;
+            }
+        }
+        self.count(|k| k.ext_ct_pt[level] += cts.len() as u64);
+        Ok(SimExtCt { level, values: acc })
+    }
+
+    fn mod_down_rescale(&self, ct: &SimExtCt) -> Result<SimCt> {
+        if ct.level == 0 {
+            return Err(HeloraError::NotEnoughLevels {
+                needed: 1,
+                available: 0,
+            });
+        }
+        self.count(|k| k.mod_down_rescales[ct.level] += 1);
+        Ok(SimCt {
+            level: ct.level - 1,
+            values: ct.values.clone(),
         })
     }
 

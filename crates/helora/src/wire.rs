@@ -110,6 +110,7 @@ fn baby_code(b: BabySteps) -> u8 {
     match b {
         BabySteps::Server => 0,
         BabySteps::Client => 1,
+        BabySteps::ServerExtended => 2,
     }
 }
 
@@ -184,6 +185,7 @@ pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
         match r.u8()? {
             0 => Ok(BabySteps::Server),
             1 => Ok(BabySteps::Client),
+            2 => Ok(BabySteps::ServerExtended),
             _ => Err(r.bad("unknown baby-step owner")),
         }
     };

@@ -110,6 +110,37 @@ impl KvCache {
         })
     }
 
+    /// Copies positions `from..src.len()` of `src` (a cache of the same
+    /// model) into this cache and rolls this one to `src.len()` positions.
+    /// A drafter keeps its positions `..from` when they already equal
+    /// `src`'s, so syncing after each round copies only the new ones.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if the caches have different shapes, `from`
+    /// exceeds `src.len()` or this cache's length, or `src.len()` exceeds
+    /// this cache's capacity; [`ModelError::Candle`] if a copy fails.
+    pub fn sync_from(&mut self, src: &KvCache, from: usize) -> Result<(), ModelError> {
+        let n = src.len;
+        if from > n || from > self.len || n > self.capacity || src.keys.len() != self.keys.len() {
+            return Err(ModelError::Input(format!(
+                "cannot sync positions {from}..{n} into a cache of {} of {} positions",
+                self.len, self.capacity
+            )));
+        }
+        for (dst, s) in [(&self.keys, &src.keys), (&self.values, &src.values)] {
+            for (d, s) in dst.iter().zip(s) {
+                if d.dims()[0] != s.dims()[0] || d.dims()[2] != s.dims()[2] {
+                    return Err(ModelError::Input("caches of different models".into()));
+                }
+                if n > from {
+                    d.slice_set(&s.narrow(1, from, n - from)?.contiguous()?, 1, from)?;
+                }
+            }
+        }
+        self.len = n;
+        Ok(())
+    }
+
     /// Writes keys/values (num_kv_heads, t, head_dim) of `layer` at `at..at+t`.
     pub(crate) fn write(
         &self,
@@ -136,5 +167,86 @@ impl KvCache {
     pub(crate) fn set_len(&mut self, len: usize) {
         debug_assert!(len <= self.capacity);
         self.len = len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        ModelConfig {
+            arch: crate::config::Arch::Llama,
+            hidden_size: 8,
+            num_layers: 2,
+            num_heads: 2,
+            num_kv_heads: 2,
+            head_dim: 4,
+            intermediate_size: 16,
+            vocab_size: 10,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            max_position_embeddings: 64,
+            tie_word_embeddings: true,
+            rope_style: crate::config::RopeStyle::Interleaved,
+        }
+    }
+
+    fn filled(c: &ModelConfig, cap: usize, len: usize, seed: f32) -> KvCache {
+        let mut kv = KvCache::new(c, cap).unwrap();
+        let n = c.num_kv_heads * len * c.head_dim;
+        let vals: Vec<f32> = (0..n).map(|i| seed + i as f32).collect();
+        let t = Tensor::from_vec(vals, (c.num_kv_heads, len, c.head_dim), &Device::Cpu).unwrap();
+        for l in 0..c.num_layers {
+            kv.write(l, 0, &t, &(&t * 2.0).unwrap()).unwrap();
+        }
+        kv.set_len(len);
+        kv
+    }
+
+    fn prefix(kv: &KvCache, n: usize) -> Vec<Vec<f32>> {
+        (0..kv.keys.len())
+            .flat_map(|l| {
+                let (k, v) = kv.read(l, n).unwrap();
+                [k, v].map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sync_copies_the_new_positions_and_keeps_the_synced_ones() {
+        let c = config();
+        let src = filled(&c, 8, 5, 0.0);
+        let mut dst = filled(&c, 12, 7, 1000.0);
+        dst.sync_from(&src, 0).unwrap();
+        assert_eq!(dst.len(), 5);
+        assert_eq!(prefix(&dst, 5), prefix(&src, 5));
+        // Positions below `from` are not touched: make them differ first.
+        let src2 = filled(&c, 8, 6, 0.5);
+        dst.sync_from(&src2, 3).unwrap();
+        assert_eq!(dst.len(), 6);
+        let (d, s1, s2) = (prefix(&dst, 6), prefix(&src, 5), prefix(&src2, 6));
+        let w = c.head_dim;
+        for ((d, s1), s2) in d.iter().zip(&s1).zip(&s2) {
+            for h in 0..c.num_kv_heads {
+                let (row_d, row_1, row_2) = (h * 6 * w, h * 5 * w, h * 6 * w);
+                assert_eq!(d[row_d..row_d + 3 * w], s1[row_1..row_1 + 3 * w]);
+                assert_eq!(
+                    d[row_d + 3 * w..row_d + 6 * w],
+                    s2[row_2 + 3 * w..row_2 + 6 * w]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sync_refuses_impossible_ranges() {
+        let c = config();
+        let src = filled(&c, 8, 5, 0.0);
+        let mut small = filled(&c, 4, 2, 0.0);
+        assert!(small.sync_from(&src, 0).is_err(), "beyond capacity");
+        let mut dst = filled(&c, 8, 2, 0.0);
+        assert!(dst.sync_from(&src, 3).is_err(), "from beyond this cache");
+        assert!(dst.sync_from(&src, 6).is_err(), "from beyond the source");
     }
 }

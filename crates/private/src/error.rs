@@ -32,7 +32,13 @@ pub enum PrivateError {
         /// What is wrong.
         reason: String,
     },
-    /// The transport failed (connection, status from the server).
+    /// The transport failed in a way the service does not describe (an
+    /// unexpected answer, an unknown adapter).
     #[error("transport: {0}")]
     Transport(String),
+    /// The adapter service refused or failed: its typed error, with the gRPC
+    /// status code and `ErrorReason` where the server sent one
+    /// ([`cipherlora_service::ServiceError::code`], `reason`).
+    #[error("adapter service: {0}")]
+    Service(#[from] cipherlora_service::ServiceError),
 }

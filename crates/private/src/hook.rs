@@ -35,6 +35,30 @@ pub struct HeTimings {
     pub bytes_down: u64,
 }
 
+impl HeTimings {
+    /// Adds `other`'s counters to these.
+    pub fn add(&mut self, other: &HeTimings) {
+        self.rounds += other.rounds;
+        self.encrypt_ms += other.encrypt_ms;
+        self.server_ms += other.server_ms;
+        self.network_ms += other.network_ms;
+        self.decrypt_ms += other.decrypt_ms;
+        self.bytes_up += other.bytes_up;
+        self.bytes_down += other.bytes_down;
+    }
+
+    /// Subtracts `earlier` (a snapshot of the same counters) from these.
+    pub fn subtract(&mut self, earlier: &HeTimings) {
+        self.rounds -= earlier.rounds.min(self.rounds);
+        self.encrypt_ms -= earlier.encrypt_ms;
+        self.server_ms -= earlier.server_ms;
+        self.network_ms -= earlier.network_ms;
+        self.decrypt_ms -= earlier.decrypt_ms;
+        self.bytes_up -= earlier.bytes_up.min(self.bytes_up);
+        self.bytes_down -= earlier.bytes_down.min(self.bytes_down);
+    }
+}
+
 struct ClientGroup {
     client: GroupClient,
     projs: Vec<Proj>,

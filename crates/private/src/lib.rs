@@ -10,6 +10,8 @@
 //!   each group's input (FFA: `A·X`, computed locally with the public lora_A;
 //!   standard: X itself), sends it through a [`Transport`], decrypts the
 //!   returned deltas and maps them into the client model's row layout.
+//! - [`ByWidth`]: several sessions of different widths behind one hook
+//!   (narrow verify passes, wide prefill passes).
 //! - [`Transport`]: one round trip per layer group. [`InProcess`] calls a
 //!   session directly (the demo and tests); [`GrpcTransport`] (module
 //!   [`remote`]) carries the same requests over the gRPC adapter service.
@@ -21,6 +23,7 @@
 //! back to the server).
 
 mod adapter_groups;
+mod by_width;
 mod error;
 mod hook;
 pub mod remote;
@@ -28,9 +31,10 @@ mod server;
 mod transport;
 
 pub use adapter_groups::{AdapterGroups, LoraKind};
+pub use by_width::ByWidth;
 pub use error::PrivateError;
 pub use hook::{HeHook, HeTimings};
-pub use remote::{GrpcTransport, HeBackend, connect_remote};
+pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
 pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer};
 pub use transport::{InProcess, Reply, Transport};
 

@@ -6,6 +6,8 @@
 //!   [`cipherlora_service::AdapterBackend`]. Its `AdapterInfo` carries the
 //!   PEFT description, the CKKS preset name and, for FFA adapters, the public
 //!   lora_A ([`encode_public_a`]).
+//! - [`EmbeddedServer`]: an [`HeBackend`] served on loopback with TLS and a
+//!   token, in the client's own process (demo, benchmarks).
 //! - [`connect_remote`] (client): a ready [`HeHook`](crate::HeHook) over a
 //!   [`GrpcTransport`].
 //!
@@ -23,11 +25,13 @@
 //! model, guarantee 2).
 
 mod backend;
+mod loopback;
 mod transport;
 mod wire;
 
 pub use backend::HeBackend;
-pub use transport::{GrpcTransport, RemoteOffer, connect_remote, fetch_offer};
+pub use loopback::EmbeddedServer;
+pub use transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use wire::{
     MAX_GROUPS, MAX_T, PlanRequest, PublicA, decode_offer, decode_public_a, encode_offer,
     encode_public_a, preset_from_name, preset_name,

@@ -14,7 +14,9 @@ use cipherlora_helora::{CkksClient, HeClient};
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
 };
-use cipherlora_private::remote::{GrpcTransport, HeBackend, connect_remote, fetch_offer};
+use cipherlora_private::remote::{
+    GrpcTransport, HeBackend, connect_remote, connect_widths, fetch_offer,
+};
 use cipherlora_proto::ErrorReason;
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{
@@ -27,6 +29,7 @@ const ADAPTER: &str = "code-ffa-r16";
 const TOKEN: &str = "loopback-test-token-0123456789abcdef";
 const K: usize = 4;
 const TOKENS: usize = 16;
+const PREFILL: usize = 8;
 const PROMPTS: [&str; 2] = [
     "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
     "class Stack:\n    def __init__(self):\n",
@@ -78,7 +81,19 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     let (server, cert) = start(&model);
     let config = client_config(&server, &cert);
 
-    let mut hook = connect_remote(config.clone(), ADAPTER, K + 1, model.config()).unwrap();
+    // Verify passes of K+1 positions, prefill passes of PREFILL through a
+    // second session: both must give the plaintext result.
+    let mut hook = connect_widths(config.clone(), ADAPTER, K + 1, PREFILL, model.config()).unwrap();
+
+    // A wrong token is refused with its gRPC status, kept in the typed error.
+    let mut wrong = config.clone();
+    wrong.token = Some("not-the-token-0123456789abcdef-xyz".into());
+    match connect_remote(wrong, ADAPTER, K + 1, model.config()) {
+        Err(cipherlora_private::PrivateError::Service(e)) => {
+            assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}")
+        }
+        other => panic!("a wrong token must be refused, got {other:?}"),
+    }
 
     // A second session sends bad requests; each is refused before any
     // arithmetic with its typed status.
@@ -152,6 +167,8 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
             k: K,
             adaptive: false,
             pad_to_k: true,
+            prefill_width: Some(PREFILL),
+            optimistic: true,
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
@@ -168,6 +185,10 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     let t = hook.timings();
     eprintln!("{ADAPTER} over gRPC: {t:?}");
     assert!(t.rounds > 0 && t.bytes_up > 0 && t.bytes_down > 0 && t.server_ms > 0.0);
+    for width in [K + 1, PREFILL] {
+        let s = hook.session(width).unwrap().timings();
+        assert!(s.rounds > 0, "the width-{width} session was never used");
+    }
     drop(hook);
     drop(bad);
     server.stop().unwrap();

@@ -508,9 +508,29 @@ impl AsyncAdapterClient {
 /// Blocking client for the synchronous model hook: an [`AsyncAdapterClient`]
 /// driven by its own tokio runtime (one worker thread). Do not call it from
 /// inside a tokio runtime.
+///
+/// Dropping it closes its session (best effort, at most
+/// [`CLOSE_ON_DROP_TIMEOUT`]), so the server frees the session's keys and
+/// pre-encoded adapter diagonals at once instead of at idle eviction — a
+/// benchmark or client that opens many sessions would otherwise pile them
+/// up on the server (a standard-LoRA session holds hundreds of MB).
 pub struct AdapterClient {
     rt: tokio::runtime::Runtime,
     inner: AsyncAdapterClient,
+}
+
+/// Longest wait for the session close sent when an [`AdapterClient`] drops.
+pub const CLOSE_ON_DROP_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Drop for AdapterClient {
+    fn drop(&mut self) {
+        if self.inner.session_id().is_some() {
+            let inner = &mut self.inner;
+            let _ = self.rt.block_on(async move {
+                tokio::time::timeout(CLOSE_ON_DROP_TIMEOUT, inner.close()).await
+            });
+        }
+    }
 }
 
 impl AdapterClient {

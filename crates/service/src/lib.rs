@@ -42,5 +42,5 @@ pub use error::{Result, ServiceError};
 pub use limits::Limits;
 pub use link::LinkProfile;
 pub use server::{AdapterServer, ServeConfig, serve};
-pub use server_thread::ServerThread;
+pub use server_thread::{ServerThread, ThreadHook};
 pub use tls::{ClientTls, DevCert, TlsConfig, dev_cert, write_dev_cert};

@@ -11,6 +11,10 @@ use crate::error::{Result, ServiceError};
 use crate::metrics::Metrics;
 use crate::server::{AdapterServer, ServeConfig};
 
+/// Code run at the start of every server thread (see
+/// [`ServerThread::start_with`]).
+pub type ThreadHook = Arc<dyn Fn() + Send + Sync>;
+
 /// A server running on a background thread with a `workers`-thread tokio
 /// runtime. Dropping it shuts the server down gracefully and joins the thread.
 pub struct ServerThread {
@@ -32,9 +36,29 @@ impl ServerThread {
         backends: Vec<Arc<dyn AdapterBackend>>,
         workers: usize,
     ) -> Result<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers.max(1))
-            .enable_all()
+        Self::start_with(config, backends, workers, None)
+    }
+
+    /// [`Self::start`], running `on_thread_start` first on every thread the
+    /// server uses: the serving thread, the runtime's workers and its
+    /// blocking pool (where backends compute). Benchmarks use it to pin the
+    /// server to its own CPU core, so that client and server are measured
+    /// like two machines.
+    ///
+    /// # Errors
+    /// Those of [`Self::start`].
+    pub fn start_with(
+        config: ServeConfig,
+        backends: Vec<Arc<dyn AdapterBackend>>,
+        workers: usize,
+        on_thread_start: Option<ThreadHook>,
+    ) -> Result<Self> {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(workers.max(1)).enable_all();
+        if let Some(hook) = on_thread_start.clone() {
+            builder.on_thread_start(move || hook());
+        }
+        let rt = builder
             .build()
             .map_err(|e| ServiceError::io("starting the server runtime", e))?;
         let server = rt.block_on(AdapterServer::bind(config, backends))?;
@@ -45,6 +69,9 @@ impl ServerThread {
         let thread = std::thread::Builder::new()
             .name("cipherlora-serve".into())
             .spawn(move || {
+                if let Some(hook) = on_thread_start {
+                    hook();
+                }
                 rt.block_on(server.run(async move {
                     let _ = stopped.await;
                 }))

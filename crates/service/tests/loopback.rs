@@ -427,3 +427,27 @@ fn session_request_budget_is_enforced() {
     d.open_session(params(2)).unwrap();
     check(2, 0, 1, &d.round_pipelined(0, &calls(2, 0, 1)).unwrap());
 }
+
+/// Regression: `bench e2e` opened two sessions per configuration and never
+/// closed them; the server kept every session's keys (and, with the HE
+/// backend, its pre-encoded diagonals) until idle eviction and was killed
+/// for running out of memory. Dropping a client now closes its session.
+#[test]
+fn dropping_a_client_closes_its_session_on_the_server() {
+    let fx = start(Limits::default());
+    let m = fx.server.metrics();
+    for id in 1..=3 {
+        let mut c = AdapterClient::connect(fx.client_config()).unwrap();
+        c.open_session(params(id)).unwrap();
+        let out = c.round_pipelined(0, &calls(id, 0, 0)).unwrap();
+        check(id, 0, 0, &out);
+        assert_eq!(m.sessions_active(), 1);
+        drop(c);
+        assert_eq!(m.sessions_active(), 0, "session {id} outlived its client");
+    }
+    let text = scrape(fx.server.metrics_addr().unwrap());
+    assert!(
+        text.contains("cipherlora_sessions_total{event=\"closed\"} 3"),
+        "{text}"
+    );
+}

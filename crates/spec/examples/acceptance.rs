@@ -83,6 +83,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     k,
                     adaptive: false,
                     pad_to_k: false,
+                    prefill_width: None,
+                    optimistic: false,
                     max_tokens: traj.len(),
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),

@@ -64,6 +64,7 @@ fn reference(f: &Fixture, prompt: &[u32], n: usize) -> Vec<u32> {
         .tokens
 }
 
+#[allow(clippy::too_many_arguments)]
 fn speculative(
     f: &Fixture,
     prompt: &[u32],
@@ -72,12 +73,16 @@ fn speculative(
     k: usize,
     pad: bool,
     adaptive: bool,
+    prefill_width: Option<usize>,
+    optimistic: bool,
 ) -> decode::SpecOutput {
     let cfg = SpecConfig {
         drafter,
         k,
         adaptive,
         pad_to_k: pad,
+        prefill_width,
+        optimistic,
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
@@ -101,23 +106,44 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
     let f = fixture();
     let n = 24;
     let mut rounds_base = 0;
+    let mut optimistic_hits = 0;
     for text in PROMPTS {
         let prompt = f.tokenizer.encode(text).unwrap();
         let want = reference(f, &prompt, n);
         assert_eq!(want.len(), n, "reference stopped early on {text:?}");
-        for (drafter, k, pad, adaptive) in [
-            (DrafterKind::None, 0, true, false),
-            (DrafterKind::Base, 4, true, false),
-            (DrafterKind::Base, 8, false, false),
-            (DrafterKind::Base, 8, true, true),
-            (DrafterKind::Ngram, 4, true, false),
-            (DrafterKind::Hybrid, 4, true, true),
+        for (drafter, k, pad, adaptive, prefill, optimistic) in [
+            (DrafterKind::None, 0, true, false, None, false),
+            (DrafterKind::None, 0, true, false, Some(16), false),
+            (DrafterKind::Base, 4, true, false, None, false),
+            (DrafterKind::Base, 4, true, false, Some(7), true),
+            (DrafterKind::Base, 8, false, false, None, false),
+            (DrafterKind::Base, 8, true, false, None, true),
+            (DrafterKind::Base, 8, true, true, None, false),
+            (DrafterKind::Ngram, 4, true, false, None, false),
+            (DrafterKind::Hybrid, 4, true, true, None, false),
         ] {
-            let got = speculative(f, &prompt, n, drafter, k, pad, adaptive);
+            let got = speculative(
+                f, &prompt, n, drafter, k, pad, adaptive, prefill, optimistic,
+            );
             assert_eq!(
                 got.tokens, want,
-                "{drafter:?} K={k} pad={pad} adaptive={adaptive} on {text:?}"
+                "{drafter:?} K={k} pad={pad} adaptive={adaptive} prefill={prefill:?} optimistic={optimistic} on {text:?}"
             );
+            if optimistic {
+                optimistic_hits += got.stats.ahead_hits;
+            }
+            let width = prefill.unwrap_or(if drafter == DrafterKind::None {
+                1
+            } else {
+                k + 1
+            });
+            if pad {
+                assert_eq!(
+                    got.stats.prefill_passes,
+                    (prompt.len() - 1).div_ceil(width),
+                    "prefill passes of width {width} on {text:?}"
+                );
+            }
             if drafter == DrafterKind::None {
                 assert_eq!(got.stats.rounds, n, "no drafter: one round per token");
             }
@@ -132,6 +158,9 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
         rounds_base < PROMPTS.len() * n,
         "base drafter never accepted anything"
     );
+    // Drafts made ahead must actually be used sometimes (and, above, never
+    // change the output).
+    assert!(optimistic_hits > 0, "optimistic drafting never hit");
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use cipherlora_spec::decode::DrafterKind;
 use clap::Subcommand;
 
 /// Which benchmark to run.
@@ -43,6 +44,8 @@ pub enum BenchCommand {
         #[arg(long)]
         no_e2e: bool,
     },
+    /// Private generation end to end over gRPC on loopback and a simulated WAN, vs the plaintext reference.
+    E2e(E2eBenchArgs),
     /// Plaintext model: decode tok/s and a 9-position verify pass vs one decode step, 1 and 2 threads.
     Model(ModelBenchArgs),
 }
@@ -73,10 +76,121 @@ pub struct ModelBenchArgs {
     worker: bool,
 }
 
+/// Options of `cipherlora bench e2e`.
+#[derive(Debug, clap::Args)]
+pub struct E2eBenchArgs {
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "reports/bench-e2e.json")]
+    json: PathBuf,
+    /// Where to write the Markdown table (default: JSON path with .md).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// GGUF file or HF folder (default: the fetched default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// PEFT adapter folders (default: the committed FFA and standard adapters).
+    #[arg(long = "adapter")]
+    adapters: Vec<PathBuf>,
+    /// Link profiles, semicolon-separated (`loopback`, `lan`, `wan80`, `rtt=MS,mbps=N`).
+    #[arg(long, value_delimiter = ';', default_value = "loopback;wan80")]
+    links: Vec<String>,
+    /// Decoding configurations, comma-separated: `none`, or DRAFTER:K with
+    /// DRAFTER one of base, ngram, hybrid.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,base:4,base:8,ngram:4,hybrid:4"
+    )]
+    configs: Vec<String>,
+    /// Held-out prompts, one JSON object with a "prompt" field per line.
+    #[arg(long)]
+    prompts_file: Option<PathBuf>,
+    /// Number of prompts.
+    #[arg(long, default_value_t = 2)]
+    prompts: usize,
+    /// New tokens per prompt.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// Positions per prefill pass (a second session of this width).
+    #[arg(long, default_value_t = 16)]
+    prefill_width: usize,
+    /// Do not pin client and server to different cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// Optimistic drafting during verify passes (base drafter).
+    #[arg(long)]
+    optimistic: bool,
+}
+
+impl E2eBenchArgs {
+    fn run(self) -> anyhow::Result<()> {
+        // Candle sizes its pool once per process: one thread for the client.
+        if let Some(code) = crate::cmd::generate::reexec_with_threads(Some(1))? {
+            std::process::exit(code);
+        }
+        let model = match self.model {
+            Some(p) => p,
+            None => cipherlora_model::fetch::ensure_default_model()?,
+        };
+        let adapters = if self.adapters.is_empty() {
+            vec![
+                crate::cmd::demo::committed_adapter("code-ffa-r16"),
+                crate::cmd::demo::committed_adapter("code-lora-r16"),
+            ]
+        } else {
+            self.adapters
+        };
+        let configs = self
+            .configs
+            .iter()
+            .map(|c| parse_config(c))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let prompts_file = self.prompts_file.unwrap_or_else(|| {
+            crate::cmd::demo::committed_adapter("eval").join("humaneval_0_19.jsonl")
+        });
+        cipherlora_bench::e2e::run(&cipherlora_bench::e2e::E2eBenchOptions {
+            json: self.json,
+            markdown: self.markdown,
+            model,
+            adapters,
+            links: self.links,
+            configs,
+            prompts_file,
+            prompts: self.prompts,
+            max_tokens: self.max_tokens,
+            prefill_width: self.prefill_width,
+            pin: !self.no_pin,
+            optimistic: self.optimistic,
+        })?;
+        Ok(())
+    }
+}
+
+/// `none` or `DRAFTER:K`.
+fn parse_config(s: &str) -> anyhow::Result<(DrafterKind, usize)> {
+    let (name, k) = match s.split_once(':') {
+        Some((n, k)) => (n, k.parse::<usize>()?),
+        None => (s, 0),
+    };
+    let d = match name {
+        "none" => DrafterKind::None,
+        "base" => DrafterKind::Base,
+        "ngram" => DrafterKind::Ngram,
+        "hybrid" => DrafterKind::Hybrid,
+        other => anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid)"),
+    };
+    anyhow::ensure!(
+        d == DrafterKind::None || k >= 1,
+        "{s}: a drafter needs K ≥ 1 (e.g. base:4)"
+    );
+    Ok((d, k))
+}
+
 impl BenchCommand {
     /// Runs the chosen benchmark.
     pub fn run(self) -> anyhow::Result<()> {
         match self {
+            BenchCommand::E2e(a) => a.run(),
             BenchCommand::Model(a) => {
                 cipherlora_bench::model::run(&cipherlora_bench::model::ModelBenchOptions {
                     json: a.json,

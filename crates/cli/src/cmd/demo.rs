@@ -1,17 +1,24 @@
 //! `cipherlora demo`: a private speculative generation with the default
 //! model and a committed adapter, next to the plaintext reference.
+//!
+//! The adapter server is embedded in this process but reached the way a
+//! remote one is: gRPC over TLS (a throw-away certificate) with a bearer
+//! token on a loopback socket ([`EmbeddedServer`]), so the demo exercises
+//! the real protocol, including the two-step session opening and the
+//! separate prefill session.
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
+use cipherlora_bench::split::summary;
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, TextStream, Tokenizer, fetch,
     generate,
 };
-use cipherlora_private::{AdapterServer, HeHook, InProcess};
+use cipherlora_private::{EmbeddedServer, connect_widths};
+use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use clap::{Args, ValueEnum};
 
@@ -60,6 +67,31 @@ pub struct DemoArgs {
     /// Drafter.
     #[arg(long, value_enum, default_value = "base")]
     draft: DraftArg,
+    /// Positions per prefill pass (a second session of this width).
+    #[arg(long, default_value_t = 16)]
+    prefill_width: usize,
+}
+
+/// `Ok` if the private greedy output equals the plaintext reference;
+/// otherwise an error naming the first differing position.
+///
+/// # Errors
+/// The mismatch, with the first differing generated-token index and the two
+/// tokens there (`None` where one output ended).
+pub fn check_equal(private: &[u32], reference: &[u32]) -> anyhow::Result<()> {
+    if private == reference {
+        return Ok(());
+    }
+    let first = private
+        .iter()
+        .zip(reference)
+        .position(|(a, b)| a != b)
+        .unwrap_or(private.len().min(reference.len()));
+    anyhow::bail!(
+        "MISMATCH: the private output differs from the plaintext reference at generated token {first} (private {:?}, plaintext {:?})",
+        private.get(first),
+        reference.get(first)
+    )
 }
 
 /// The committed adapter: `adapters/NAME` under the working directory, or
@@ -93,22 +125,30 @@ impl DemoArgs {
         };
 
         eprintln!("model:   {}", path.display());
+        let id = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("adapter")
+            .to_string();
+        let server = EmbeddedServer::start(&id, &dir, model.config(), None)?;
         eprintln!(
-            "adapter: {} (embedded adapter server, in-process transport)",
-            dir.display()
+            "adapter: {} (embedded adapter server on {}, gRPC over TLS with a bearer token)",
+            dir.display(),
+            server.addr()
         );
-        let server = AdapterServer::load(&dir, model.config())?;
-        let offer = server.offer(width)?;
         let t_keys = Instant::now();
-        let mut hook = HeHook::connect(&offer, model.config(), |keys| {
-            eprintln!("session: {} Galois key bytes uploaded", keys.len());
-            Ok(InProcess::new(Arc::new(server.open_session(&offer, keys)?)))
-        })?;
+        let mut hook = connect_widths(
+            server.client_config(LinkProfile::LOOPBACK),
+            &id,
+            width,
+            self.prefill_width,
+            model.config(),
+        )?;
         eprintln!(
-            "session opened in {:.1} s ({:?} LoRA, {} positions per verify pass)\n",
+            "sessions opened in {:.1} s (keys made and uploaded; {} positions per verify pass, {} per prefill pass)\n",
             t_keys.elapsed().as_secs_f64(),
-            server.groups().kind,
-            width
+            width,
+            self.prefill_width
         );
 
         let cfg = SpecConfig {
@@ -116,6 +156,8 @@ impl DemoArgs {
             k: self.k,
             adaptive: false,
             pad_to_k: true,
+            prefill_width: Some(self.prefill_width),
+            optimistic: false,
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
@@ -155,47 +197,43 @@ impl DemoArgs {
         println!("{}{}", self.prompt, tok.decode(&reference.tokens)?);
 
         let n = private.tokens.len();
-        let s = &private.stats;
-        let h = hook.timings();
         println!("--- summary ---");
         println!(
-            "tokens {n}, private {:.2} tok/s, plaintext {:.2} tok/s, rounds {}, mean accepted length {:.2}",
-            n as f64 / secs,
-            reference.tokens.len() as f64 / plain_secs,
-            s.rounds,
-            s.mean_accepted_length(n)
-        );
-        let he_ms = h.encrypt_ms + h.server_ms + h.network_ms + h.decrypt_ms;
-        println!(
-            "time: draft {:.0} ms; verify and prefill passes {:.0} ms = plaintext forward {:.0} + encrypt {:.0} + server {:.0} + transport {:.0} + decrypt {:.0} ({} verify rounds, {} prefill passes, {} group round trips)",
-            s.draft_secs * 1e3,
-            (s.verify_secs + s.prefill_secs) * 1e3,
-            (s.verify_secs + s.prefill_secs) * 1e3 - he_ms,
-            h.encrypt_ms,
-            h.server_ms,
-            h.network_ms,
-            h.decrypt_ms,
-            s.rounds,
-            s.prefill_passes,
-            h.rounds
+            "private: {}",
+            summary(n, secs, &private.stats, &hook.timings())
         );
         println!(
-            "bytes: up {:.1} MB, down {:.1} MB ({:.0} KB per token)",
-            h.bytes_up as f64 / 1e6,
-            h.bytes_down as f64 / 1e6,
-            (h.bytes_up + h.bytes_down) as f64 / 1e3 / n.max(1) as f64
+            "plaintext reference: {:.2} tok/s",
+            reference.tokens.len() as f64 / plain_secs
         );
-        if private.tokens == reference.tokens {
-            println!("MATCH: the private output equals the plaintext reference token for token");
-            Ok(())
-        } else {
-            let first = private
-                .tokens
-                .iter()
-                .zip(&reference.tokens)
-                .position(|(a, b)| a != b)
-                .unwrap_or(n.min(reference.tokens.len()));
-            anyhow::bail!("MISMATCH: outputs differ from generated token {first}")
-        }
+        check_equal(&private.tokens, &reference.tokens)?;
+        println!("MATCH: the private output equals the plaintext reference token for token");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_equal;
+
+    #[test]
+    fn equal_outputs_pass() {
+        assert!(check_equal(&[1, 2, 3], &[1, 2, 3]).is_ok());
+    }
+
+    #[test]
+    fn the_first_differing_position_is_named() {
+        let e = check_equal(&[1, 2, 9, 4], &[1, 2, 3, 4])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("generated token 2"), "{e}");
+        assert!(e.contains("Some(9)") && e.contains("Some(3)"), "{e}");
+    }
+
+    #[test]
+    fn an_output_that_stops_early_differs_where_it_ends() {
+        let e = check_equal(&[1, 2], &[1, 2, 3]).unwrap_err().to_string();
+        assert!(e.contains("generated token 2"), "{e}");
+        assert!(e.contains("None"), "{e}");
     }
 }

@@ -4,16 +4,17 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use cipherlora_bench::split::summary;
 use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
     SamplingParams, TextStream, Tokenizer, WeightMode,
 };
-use cipherlora_private::connect_remote;
+use cipherlora_private::connect_widths;
 use cipherlora_service::{ClientConfig, ClientTls, LinkProfile};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use clap::{Args, ValueEnum};
 
-use crate::cmd::demo::DraftArg;
+use crate::cmd::demo::{DraftArg, check_equal};
 
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -41,7 +42,8 @@ pub struct GenerateArgs {
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// PEFT LoRA adapter folder, applied in plaintext.
+    /// PEFT LoRA adapter folder, applied in plaintext. With --server, only
+    /// the reference of --check-plaintext (the private run never reads it).
     #[arg(long)]
     adapter: Option<PathBuf>,
     /// Sampling temperature (0 = greedy).
@@ -67,7 +69,7 @@ pub struct GenerateArgs {
     weights: WeightsArg,
     /// Private mode: adapter server URL (`https://host:port`). The adapter
     /// stays on the server; its deltas come back under CKKS.
-    #[arg(long, conflicts_with = "adapter", requires = "adapter_id")]
+    #[arg(long, requires = "adapter_id")]
     server: Option<String>,
     /// Private mode: adapter id on --server.
     #[arg(long, requires = "server")]
@@ -87,6 +89,20 @@ pub struct GenerateArgs {
     /// Private mode: drafted tokens per verify round (K).
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// Private mode: positions per prefill pass (a second session of this
+    /// width; the prompt then costs ⌈len / width⌉ round trips per group).
+    #[arg(long, default_value_t = 16, requires = "server")]
+    prefill_width: usize,
+    /// Private mode: optimistic drafting: draft the next round during the
+    /// verify pass's waits for the server (greedy, base drafter; see
+    /// BENCHMARKS.md for when it pays).
+    #[arg(long, requires = "server")]
+    optimistic: bool,
+    /// Private mode: also run the plaintext adapted model (adapter folder
+    /// from --adapter) and exit non-zero, naming the first differing
+    /// position, if the private greedy output differs.
+    #[arg(long, requires_all = ["server", "adapter"])]
+    check_plaintext: bool,
 }
 
 /// The adapter hook for this run: the one place a hook is chosen.
@@ -137,7 +153,25 @@ impl GenerateArgs {
             eos: tokenizer.eos_tokens().to_vec(),
         };
         if let Some(url) = &self.server {
-            return self.run_private(url, &model, &tokenizer, &text, &prompt, opts);
+            anyhow::ensure!(
+                adapter.is_none() || self.check_plaintext,
+                "with --server the adapter stays on the server: --adapter is only the reference of --check-plaintext"
+            );
+            if self.check_plaintext {
+                anyhow::ensure!(
+                    self.temperature == 0.0,
+                    "--check-plaintext compares greedy outputs: use --temperature 0"
+                );
+            }
+            return self.run_private(
+                url,
+                &model,
+                &tokenizer,
+                &text,
+                &prompt,
+                opts,
+                adapter.as_ref(),
+            );
         }
         let mut hook = build_hook(adapter.as_ref());
         let mut stream = TextStream::new(&tokenizer);
@@ -166,7 +200,10 @@ impl GenerateArgs {
 }
 
 impl GenerateArgs {
-    /// Private mode: speculative generation with the HE hook over gRPC.
+    /// Private mode: speculative generation with the HE hook over gRPC;
+    /// with `reference`, the plaintext adapted model's greedy output must
+    /// equal it.
+    #[allow(clippy::too_many_arguments)]
     fn run_private(
         &self,
         url: &str,
@@ -175,6 +212,7 @@ impl GenerateArgs {
         text: &str,
         prompt: &[u32],
         opts: GenerateOptions,
+        reference: Option<&LoraAdapter>,
     ) -> anyhow::Result<()> {
         let mut config = ClientConfig::new(url);
         if let Some(ca) = &self.ca_cert {
@@ -201,22 +239,25 @@ impl GenerateArgs {
             self.k + 1
         };
         let id = self.adapter_id.as_deref().unwrap_or_default();
-        let mut hook = connect_remote(config, id, width, model.config())
+        let mut hook = connect_widths(config, id, width, self.prefill_width, model.config())
             .with_context(|| format!("opening a session on {url}"))?;
         let cfg = SpecConfig {
             drafter,
             k: self.k,
             adaptive: false,
             pad_to_k: true,
+            prefill_width: Some(self.prefill_width),
+            optimistic: self.optimistic,
             max_tokens: opts.max_tokens,
-            sampling: opts.sampling,
-            eos: opts.eos,
+            sampling: opts.sampling.clone(),
+            eos: opts.eos.clone(),
         };
         let mut stream = TextStream::new(tok);
         let mut stdout = std::io::stdout().lock();
         if self.prompt.is_some() {
             write!(stdout, "{text}")?;
         }
+        let t0 = std::time::Instant::now();
         let out = decode::generate(model, prompt, &cfg, &mut hook, &mut |toks| {
             for &t in toks {
                 if let Some(piece) = stream.push(t)? {
@@ -227,12 +268,25 @@ impl GenerateArgs {
             Ok(())
         })?;
         writeln!(stdout)?;
-        tracing::info!(
-            new_tokens = out.tokens.len(),
-            rounds = out.stats.rounds,
-            timings = ?hook.timings(),
-            "done"
+        let secs = t0.elapsed().as_secs_f64();
+        eprintln!(
+            "{}",
+            summary(out.tokens.len(), secs, &out.stats, &hook.timings())
         );
+        if let Some(adapter) = reference {
+            let want = cipherlora_model::generate(
+                model,
+                prompt,
+                &opts,
+                &mut PlainLora::new(adapter),
+                &mut |_| Ok(()),
+            )?;
+            check_equal(&out.tokens, &want.tokens)?;
+            eprintln!(
+                "check-plaintext: the private output equals the plaintext adapted model's ({} tokens)",
+                out.tokens.len()
+            );
+        }
         Ok(())
     }
 }

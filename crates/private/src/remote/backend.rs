@@ -19,6 +19,9 @@ use crate::PrivateError;
 use crate::adapter_groups::{AdapterGroups, LoraKind};
 use crate::server::{AdapterServer, ServerSession, SessionOffer};
 
+/// Repetitions per CKKS op when a backend measures its planner costs at load.
+const COST_REPS: usize = 15;
+
 /// An [`AdapterServer`] behind the gRPC service.
 ///
 /// `open_session` reads a [`PlanRequest`] from the plan request bytes:
@@ -41,17 +44,22 @@ pub struct HeBackend {
 
 impl HeBackend {
     /// Loads the PEFT adapter in `dir` for a base model of shape `config`
-    /// and describes it from `adapter_config.json` and `cipherlora.json`.
+    /// and describes it from `adapter_config.json` and `cipherlora.json`;
+    /// measures this machine's CKKS op costs for the planner
+    /// ([`AdapterServer::measure_costs`], about a second).
     ///
     /// # Errors
-    /// As [`AdapterServer::load`]; [`PrivateError::Sidecar`] for an
+    /// As [`AdapterServer::load`] and [`AdapterServer::measure_costs`];
+    /// [`PrivateError::Sidecar`] for an
     /// unreadable or malformed `adapter_config.json`.
     pub fn load(
         adapter_id: impl Into<String>,
         dir: &Path,
         config: &ModelConfig,
     ) -> Result<Self, PrivateError> {
-        let server = AdapterServer::load(dir, config)?;
+        let mut server = AdapterServer::load(dir, config)?;
+        // Plan with this machine's measured op costs, not the defaults.
+        server.measure_costs(COST_REPS)?;
         let info = describe(adapter_id.into(), dir, &server)?;
         Self::new(server, info)
     }
@@ -488,7 +496,7 @@ mod tests {
         use cipherlora_helora::{CkksClient, HeClient};
         let b = backend();
         let info = b.info();
-        assert_eq!(info.ckks_presets, ["n8192-depth1"]);
+        assert_eq!(info.ckks_presets, ["n8192-depth2-fast"]);
         let preset = info.ckks_presets[0].as_str();
         let probe = PlanRequest {
             t: 3,

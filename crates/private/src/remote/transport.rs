@@ -8,6 +8,7 @@ use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, SessionParams
 
 use super::wire::{PlanRequest, decode_offer};
 use crate::PrivateError;
+use crate::by_width::ByWidth;
 use crate::hook::HeHook;
 use crate::server::SessionOffer;
 use crate::transport::{Reply, Transport};
@@ -26,7 +27,7 @@ pub struct RemoteOffer {
 }
 
 fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
-    PrivateError::Transport(e.to_string())
+    PrivateError::Service(e)
 }
 
 /// Step one of opening a session: looks `adapter_id` up with `ListAdapters`
@@ -36,7 +37,8 @@ fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
 /// closed by the next `open_session` of the same client.
 ///
 /// # Errors
-/// [`PrivateError::Transport`] for connection failures, refusals and an
+/// [`PrivateError::Service`] for connection failures and refusals,
+/// [`PrivateError::Transport`] for an
 /// unknown adapter; [`PrivateError::Helora`] for a malformed offer or one
 /// for another T.
 pub fn fetch_offer(
@@ -114,7 +116,8 @@ impl GrpcTransport {
     /// serialised Galois keys.
     ///
     /// # Errors
-    /// [`PrivateError::Transport`] when the server refuses the keys or
+    /// [`PrivateError::Service`] when the server refuses the keys,
+    /// [`PrivateError::Transport`] when it
     /// answers another offer than [`fetch_offer`] got.
     pub fn open(
         mut client: AdapterClient,
@@ -196,7 +199,7 @@ impl Transport for GrpcTransport {
 /// `model_config` is the client model's shape (for the q/k row layout).
 ///
 /// # Errors
-/// [`PrivateError::Transport`] for connection failures and refusals; those
+/// [`PrivateError::Service`] for connection failures and refusals; those
 /// of [`fetch_offer`] and [`HeHook::connect`].
 pub fn connect_remote(
     config: ClientConfig,
@@ -209,4 +212,27 @@ pub fn connect_remote(
     HeHook::connect(&offer.offer, model_config, |keys| {
         GrpcTransport::open(client, &offer, keys)
     })
+}
+
+/// [`connect_remote`] for speculative decoding: a session of width
+/// `verify_width` (K + 1) for the verify passes and, when `prefill_width`
+/// differs, a second one of that width for the prompt's prefill passes,
+/// behind one [`ByWidth`] hook (pair with `SpecConfig::prefill_width`).
+///
+/// # Errors
+/// Those of [`connect_remote`], for either session.
+pub fn connect_widths(
+    config: ClientConfig,
+    adapter_id: &str,
+    verify_width: usize,
+    prefill_width: usize,
+    model_config: &ModelConfig,
+) -> Result<ByWidth<GrpcTransport>, PrivateError> {
+    let verify = connect_remote(config.clone(), adapter_id, verify_width, model_config)?;
+    let mut hook = ByWidth::new().with(verify_width, verify);
+    if prefill_width != verify_width {
+        let wide = connect_remote(config, adapter_id, prefill_width, model_config)?;
+        hook = hook.with(prefill_width, wide);
+    }
+    Ok(hook)
 }

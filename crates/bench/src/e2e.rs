@@ -1,0 +1,413 @@
+//! `cipherlora bench e2e`: private generation end to end over the real
+//! protocol (gRPC + TLS + token, an embedded adapter server on loopback,
+//! optionally behind a simulated WAN), against the plaintext reference.
+//!
+//! For each committed adapter (FFA and standard LoRA), each link profile and
+//! each decoding configuration — no speculation (one position per round),
+//! the base-model drafter at K = 4 and K = 8, prompt lookup, the hybrid — it
+//! generates greedily from held-out HumanEval prompts and reports tok/s,
+//! mean accepted length, bytes per token and where the time went
+//! ([`TimeSplit`]); the plaintext reference (adapter merged in plaintext,
+//! no privacy) is run on the same core with the same thread count.
+//!
+//! Measured like two machines: when the machine has two cores or more, the
+//! client (this process's main thread and everything it spawns: candle's
+//! pool, the gRPC client) is pinned to one core and every server thread to
+//! another ([`EmbeddedServer`]'s thread hook); the report says which.
+//! Candle runs one thread (set by the caller, `cipherlora bench e2e`
+//! re-executes itself with `RAYON_NUM_THREADS=1`).
+//!
+//! Prefill: the prompt goes through a second session of width
+//! `prefill_width` (default 16, [`ByWidth`]) so that decoding without
+//! speculation does not pay one round trip per prompt token; tok/s counts
+//! generated tokens over the decode time (prefill excluded, reported apart).
+//! Every private run's tokens are checked against the plaintext reference.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use cipherlora_model::{
+    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
+};
+use cipherlora_private::{
+    AdapterServer, ByWidth, EmbeddedServer, GrpcTransport, HeTimings, LoraKind, connect_widths,
+};
+use cipherlora_service::{LinkProfile, ThreadHook};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
+use serde::{Deserialize, Serialize};
+
+use crate::split::TimeSplit;
+
+/// Options of `cipherlora bench e2e`.
+#[derive(Debug, Clone)]
+pub struct E2eBenchOptions {
+    /// Where the JSON report goes.
+    pub json: PathBuf,
+    /// Where the Markdown table goes (default: the JSON path with `.md`).
+    pub markdown: Option<PathBuf>,
+    /// The base model (GGUF file or HF folder).
+    pub model: PathBuf,
+    /// PEFT adapter folders (served under their folder names).
+    pub adapters: Vec<PathBuf>,
+    /// Link profiles by name (`loopback`, `wan80`, …).
+    pub links: Vec<String>,
+    /// Decoding configurations: (drafter, K); K is ignored without drafter.
+    pub configs: Vec<(DrafterKind, usize)>,
+    /// HumanEval prompts (JSON lines with a `prompt` field).
+    pub prompts_file: PathBuf,
+    /// How many prompts to use.
+    pub prompts: usize,
+    /// New tokens per prompt.
+    pub max_tokens: usize,
+    /// Positions per prefill pass.
+    pub prefill_width: usize,
+    /// Pin client and server to different cores (when there are two).
+    pub pin: bool,
+    /// Optimistic drafting during verify passes (base drafter).
+    pub optimistic: bool,
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct E2eRun {
+    /// "plaintext" (adapter merged in plaintext, no privacy) or "private".
+    pub mode: String,
+    /// "ffa" or "standard".
+    pub lora: String,
+    /// Adapter id (folder name).
+    pub adapter: String,
+    /// "none", "base", "ngram" or "hybrid".
+    pub drafter: String,
+    /// Drafted tokens per round (0 without drafter).
+    pub k: usize,
+    /// Link profile name ("local" for the plaintext reference).
+    pub link: String,
+    /// Generated tokens over decode time (drafting + verify passes; prefill
+    /// and session setup excluded), tokens/s.
+    pub tok_per_s: f64,
+    /// Generated tokens per verify round.
+    pub mean_accepted: f64,
+    /// Verify rounds.
+    pub rounds: usize,
+    /// Generated tokens (all prompts).
+    pub tokens: usize,
+    /// Bytes uploaded per generated token (verify passes; prefill excluded).
+    pub bytes_up_per_token: f64,
+    /// Bytes downloaded per generated token (verify passes; prefill excluded).
+    pub bytes_down_per_token: f64,
+    /// Where the decode time went, ms, summed over prompts (`prefill`: the
+    /// prefill passes' wall time, not part of the other fields).
+    pub split_ms: TimeSplit,
+    /// tok_per_s / the plaintext reference's, same adapter.
+    pub ratio_to_plaintext: f64,
+    /// Greedy output equals the plaintext reference token for token.
+    pub matches_plaintext: bool,
+    /// Rounds whose draft was made ahead during the previous verify pass.
+    pub ahead_hits: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct E2eReport {
+    /// "e2e".
+    pub bench: String,
+    /// The runs.
+    pub runs: Vec<E2eRun>,
+    /// Plaintext reference decode speed (mean over adapters), tokens/s.
+    pub plaintext_tok_per_s: f64,
+    /// How client and server were placed on the machine's cores.
+    pub pinning: String,
+    /// Prompts × new tokens per prompt.
+    pub prompts: usize,
+    /// New tokens per prompt (fewer when a prompt hits end-of-sequence).
+    pub max_tokens: usize,
+    /// Positions per prefill pass.
+    pub prefill_width: usize,
+}
+
+/// The thread hook pinning every server thread to `core`.
+fn pin_hook(core: core_affinity::CoreId) -> ThreadHook {
+    Arc::new(move || {
+        core_affinity::set_for_current(core);
+    })
+}
+
+/// Pins this thread (and so every thread it spawns later) to the first core
+/// and returns the hook for the server's threads, or `None` with one core.
+fn place(pin: bool) -> (Option<ThreadHook>, String) {
+    if !pin {
+        return (None, "none (--no-pin)".into());
+    }
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    if cores.len() < 2 {
+        return (None, format!("none ({} core)", cores.len()));
+    }
+    if !core_affinity::set_for_current(cores[0]) {
+        return (None, "none (pinning refused)".into());
+    }
+    (
+        Some(pin_hook(cores[1])),
+        format!(
+            "client on core {}, server on core {} (of {})",
+            cores[0].id,
+            cores[1].id,
+            cores.len()
+        ),
+    )
+}
+
+/// The verify session's counters (decode passes only when the prefill width
+/// differs from the verify width).
+fn verify_timings(hook: &ByWidth<GrpcTransport>, width: usize) -> HeTimings {
+    hook.session(width)
+        .map(|h| h.timings().clone())
+        .unwrap_or_default()
+}
+
+fn drafter_name(d: DrafterKind) -> &'static str {
+    match d {
+        DrafterKind::None => "none",
+        DrafterKind::Base => "base",
+        DrafterKind::Ngram => "ngram",
+        DrafterKind::Hybrid => "hybrid",
+    }
+}
+
+fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()).take(n) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        let Some(p) = v.get("prompt").and_then(|p| p.as_str()) else {
+            bail!("{}: a line without a \"prompt\" string", file.display());
+        };
+        out.push(p.to_string());
+    }
+    if out.len() < n {
+        bail!(
+            "{} has {} prompts, {n} asked for",
+            file.display(),
+            out.len()
+        );
+    }
+    Ok(out)
+}
+
+/// Runs the benchmark and writes the JSON and Markdown reports.
+///
+/// # Errors
+/// Model, adapter, server or I/O failures; a private run whose output
+/// differs from the plaintext reference is reported (`matches_plaintext`),
+/// not an error.
+pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
+    let (server_hook, pinning) = place(opts.pin);
+    eprintln!("placement: {pinning}");
+    let model =
+        Model::load(&opts.model).with_context(|| format!("loading {}", opts.model.display()))?;
+    let tok = Tokenizer::for_model(&opts.model)?;
+    let prompts: Vec<Vec<u32>> = read_prompts(&opts.prompts_file, opts.prompts)?
+        .iter()
+        .map(|p| tok.encode(p))
+        .collect::<Result<_, _>>()?;
+    let eos = tok.eos_tokens().to_vec();
+
+    let mut runs = Vec::new();
+    let mut plain_speeds = Vec::new();
+    for dir in &opts.adapters {
+        let id = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("adapter folder without a name")?
+            .to_string();
+        let lora = match AdapterServer::load(dir, model.config())?.groups().kind {
+            LoraKind::Ffa => "ffa",
+            LoraKind::Standard => "standard",
+        }
+        .to_string();
+
+        // The plaintext reference, on the client's core.
+        let plain = LoraAdapter::load(dir, model.config())?;
+        let gen_opts = GenerateOptions {
+            max_tokens: opts.max_tokens,
+            sampling: SamplingParams::greedy(),
+            eos: eos.clone(),
+        };
+        let mut reference = Vec::new();
+        let (mut plain_tokens, mut plain_secs) = (0usize, 0.0f64);
+        for p in &prompts {
+            let out = generate(
+                &model,
+                p,
+                &gen_opts,
+                &mut PlainLora::new(&plain),
+                &mut |_| Ok(()),
+            )?;
+            plain_tokens += out.tokens.len();
+            plain_secs += out.decode_secs;
+            reference.push(out.tokens);
+        }
+        let plain_tps = plain_tokens as f64 / plain_secs.max(1e-9);
+        plain_speeds.push(plain_tps);
+        eprintln!("{id}: plaintext reference {plain_tps:.2} tok/s");
+        runs.push(E2eRun {
+            mode: "plaintext".into(),
+            lora: lora.clone(),
+            adapter: id.clone(),
+            drafter: "none".into(),
+            k: 0,
+            link: "local".into(),
+            tok_per_s: plain_tps,
+            mean_accepted: 1.0,
+            rounds: plain_tokens,
+            tokens: plain_tokens,
+            bytes_up_per_token: 0.0,
+            bytes_down_per_token: 0.0,
+            split_ms: TimeSplit {
+                forward: plain_secs * 1e3,
+                ..TimeSplit::default()
+            },
+            ratio_to_plaintext: 1.0,
+            matches_plaintext: true,
+            ahead_hits: 0,
+        });
+
+        let server = EmbeddedServer::start(&id, dir, model.config(), server_hook.clone())?;
+        for link_name in &opts.links {
+            let link: LinkProfile = link_name
+                .parse()
+                .map_err(|e| anyhow::anyhow!("link {link_name}: {e}"))?;
+            for &(drafter, k) in &opts.configs {
+                let cfg = SpecConfig {
+                    drafter,
+                    k: if drafter == DrafterKind::None { 0 } else { k },
+                    adaptive: false,
+                    pad_to_k: true,
+                    prefill_width: Some(opts.prefill_width),
+                    optimistic: opts.optimistic,
+                    max_tokens: opts.max_tokens,
+                    sampling: SamplingParams::greedy(),
+                    eos: eos.clone(),
+                };
+                let width = cfg.verify_width();
+                let mut hook = connect_widths(
+                    server.client_config(link),
+                    &id,
+                    width,
+                    opts.prefill_width,
+                    model.config(),
+                )?;
+                let mut matches = true;
+                let (mut tokens, mut rounds, mut ahead_hits) = (0usize, 0usize, 0usize);
+                let mut split = TimeSplit::default();
+                let mut decode = HeTimings::default();
+                for (p, want) in prompts.iter().zip(&reference) {
+                    let before = verify_timings(&hook, width);
+                    let out = decode::generate(&model, p, &cfg, &mut hook, &mut |_| Ok(()))?;
+                    // The verify session saw only decode passes.
+                    let mut he = verify_timings(&hook, width);
+                    he.subtract(&before);
+                    let stats = SpecStats {
+                        prefill_secs: 0.0,
+                        ..out.stats.clone()
+                    };
+                    let mut s = TimeSplit::new(&stats, &he);
+                    s.prefill = out.stats.prefill_secs * 1e3;
+                    split = split.plus(&s);
+                    decode.add(&he);
+                    tokens += out.tokens.len();
+                    rounds += out.stats.rounds;
+                    matches &= &out.tokens == want;
+                    ahead_hits += out.stats.ahead_hits;
+                }
+                let tps = tokens as f64 / (split.total() / 1e3).max(1e-9);
+                let run = E2eRun {
+                    mode: "private".into(),
+                    lora: lora.clone(),
+                    adapter: id.clone(),
+                    drafter: drafter_name(drafter).into(),
+                    k: cfg.k,
+                    link: link_name.clone(),
+                    tok_per_s: tps,
+                    mean_accepted: tokens as f64 / rounds.max(1) as f64,
+                    rounds,
+                    tokens,
+                    bytes_up_per_token: decode.bytes_up as f64 / tokens.max(1) as f64,
+                    bytes_down_per_token: decode.bytes_down as f64 / tokens.max(1) as f64,
+                    split_ms: split,
+                    ratio_to_plaintext: tps / plain_tps,
+                    matches_plaintext: matches,
+                    ahead_hits,
+                };
+                eprintln!(
+                    "{id} {link_name} {} K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, match {}",
+                    run.drafter,
+                    run.k,
+                    run.tok_per_s,
+                    run.ratio_to_plaintext,
+                    run.mean_accepted,
+                    matches
+                );
+                runs.push(run);
+            }
+        }
+    }
+    let report = E2eReport {
+        bench: "e2e".into(),
+        plaintext_tok_per_s: plain_speeds.iter().sum::<f64>() / plain_speeds.len().max(1) as f64,
+        runs,
+        pinning,
+        prompts: opts.prompts,
+        max_tokens: opts.max_tokens,
+        prefill_width: opts.prefill_width,
+    };
+    let md = crate::write_report(
+        &opts.json,
+        opts.markdown.as_deref(),
+        &report,
+        &markdown(&report),
+    )?;
+    eprintln!("wrote {} and {}", opts.json.display(), md.display());
+    Ok(report)
+}
+
+/// The Markdown table of a report.
+#[must_use]
+pub fn markdown(r: &E2eReport) -> String {
+    let mut s = format!(
+        "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
+         | mode | LoRA | drafter | K | link | tok/s | × plaintext | tokens/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
+         | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        r.prompts, r.max_tokens, r.prefill_width, r.pinning
+    );
+    for x in &r.runs {
+        let d = &x.split_ms;
+        let per = |v: f64| v / x.tokens.max(1) as f64;
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            x.mode,
+            x.lora,
+            x.drafter,
+            x.k,
+            x.link,
+            x.tok_per_s,
+            x.ratio_to_plaintext,
+            x.mean_accepted,
+            x.bytes_up_per_token / 1e3,
+            x.bytes_down_per_token / 1e3,
+            per(d.draft),
+            per(d.forward),
+            per(d.encrypt),
+            per(d.server),
+            per(d.network),
+            per(d.decrypt),
+            if x.matches_plaintext { "yes" } else { "**NO**" },
+        ));
+    }
+    s.push_str(
+        "\nTime columns: ms per generated token, decode only (prefill runs through a separate \
+         session of the prefill width and is excluded, as is session setup).\n",
+    );
+    s
+}

@@ -1,0 +1,99 @@
+//! One client, several sessions of different verify widths.
+//!
+//! A session's plans are fixed for one T (the server sees exactly T
+//! positions per pass). Speculative decoding verifies K+1 positions per
+//! round, but the prompt is better prefilled in wider passes: on a WAN every
+//! pass costs one round trip per layer group, so a 100-token prompt through
+//! a T = 1 session (decoding without speculation) would take 100 passes.
+//! [`ByWidth`] holds one [`HeHook`] per width and sends each forward pass to
+//! the session whose T equals the pass's number of positions; pair it with
+//! `SpecConfig::prefill_width` of the speculative decoder.
+//!
+//! What the server learns is unchanged: each session sees passes of its own
+//! constant width, and the number of prefill passes (⌈prompt / width⌉)
+//! tells it no more than the number of verify-width prefill passes would.
+
+use candle_core::Tensor;
+use cipherlora_model::{DeltaHook, GroupDeltas, ModelError, ProjGroup};
+
+use crate::hook::{HeHook, HeTimings};
+use crate::transport::Transport;
+
+/// [`HeHook`]s keyed by their session's width T.
+pub struct ByWidth<T: Transport> {
+    hooks: Vec<(usize, HeHook<T>)>,
+}
+
+impl<T: Transport> std::fmt::Debug for ByWidth<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let widths: Vec<usize> = self.hooks.iter().map(|(t, _)| *t).collect();
+        f.debug_struct("ByWidth")
+            .field("widths", &widths)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport> ByWidth<T> {
+    /// Routes passes of `t` positions to `hook` (a session opened for T = `t`).
+    /// A later hook for the same `t` replaces the earlier one.
+    #[must_use]
+    pub fn with(mut self, t: usize, hook: HeHook<T>) -> Self {
+        self.hooks.retain(|(w, _)| *w != t);
+        self.hooks.push((t, hook));
+        self
+    }
+
+    /// No sessions yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self { hooks: Vec::new() }
+    }
+
+    /// Time and bytes summed over all sessions.
+    #[must_use]
+    pub fn timings(&self) -> HeTimings {
+        let mut sum = HeTimings::default();
+        for (_, h) in &self.hooks {
+            sum.add(h.timings());
+        }
+        sum
+    }
+
+    /// The session of width `t`, if any.
+    #[must_use]
+    pub fn session(&self, t: usize) -> Option<&HeHook<T>> {
+        self.hooks.iter().find(|(w, _)| *w == t).map(|(_, h)| h)
+    }
+}
+
+impl<T: Transport> Default for ByWidth<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Transport> DeltaHook for ByWidth<T> {
+    /// # Errors
+    /// [`ModelError::Hook`] when no session has the pass's width (a plan is
+    /// only valid for its own T), and the errors of the chosen session.
+    fn deltas(
+        &mut self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<GroupDeltas, ModelError> {
+        let t = x.dims().first().copied().unwrap_or(0);
+        match self.hooks.iter_mut().find(|(w, _)| *w == t) {
+            Some((_, hook)) => hook.deltas(layer, group, x),
+            None => Err(ModelError::Hook {
+                layer,
+                proj: group.projs()[0],
+                reason: format!("no session verifies {t} positions per pass"),
+            }),
+        }
+    }
+
+    fn wants(&self, layer: usize, group: ProjGroup) -> bool {
+        self.hooks.iter().any(|(_, h)| h.wants(layer, group))
+    }
+}

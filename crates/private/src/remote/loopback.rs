@@ -1,0 +1,97 @@
+//! An adapter server embedded in the client's process, on loopback, with the
+//! same protocol stack as a remote one: gRPC over TLS (a fresh development
+//! certificate) with a fresh bearer token. `cipherlora demo` and
+//! `cipherlora bench e2e` use it so that what they measure and show is the
+//! real protocol, not an in-process shortcut.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use cipherlora_model::ModelConfig;
+use cipherlora_service::auth::TokenSet;
+use cipherlora_service::{
+    AdapterBackend, ClientConfig, DevCert, LinkProfile, ServeConfig, ServerThread, ThreadHook,
+    dev_cert,
+};
+
+use super::HeBackend;
+use crate::PrivateError;
+
+/// A running loopback adapter server holding one adapter.
+///
+/// Dropping it shuts the server down.
+pub struct EmbeddedServer {
+    thread: ServerThread,
+    cert: DevCert,
+    token: String,
+    adapter_id: String,
+}
+
+impl std::fmt::Debug for EmbeddedServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedServer")
+            .field("addr", &self.thread.addr())
+            .field("adapter_id", &self.adapter_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedServer {
+    /// Loads the PEFT adapter in `dir` (served as `adapter_id`) for a base
+    /// model of shape `config` and starts serving it on `127.0.0.1`
+    /// (ephemeral port) with TLS and a random 32-byte token. Every server
+    /// thread runs `on_thread_start` first (e.g. to pin it to a core).
+    ///
+    /// # Errors
+    /// Those of [`HeBackend::load`]; [`PrivateError::Service`] if the
+    /// certificate or the listener cannot be made, [`PrivateError::Ckks`] if
+    /// the OS generator fails.
+    pub fn start(
+        adapter_id: &str,
+        dir: &Path,
+        config: &ModelConfig,
+        on_thread_start: Option<ThreadHook>,
+    ) -> Result<Self, PrivateError> {
+        let backend = HeBackend::load(adapter_id, dir, config)?;
+        let cert = dev_cert(&["localhost", "127.0.0.1"])?;
+        let token = random_token()?;
+        let mut serve = ServeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+        serve.tls = Some(cert.server_tls());
+        serve.tokens = Some(TokenSet::new(&[token.as_str()])?);
+        let backends: Vec<Arc<dyn AdapterBackend>> = vec![Arc::new(backend)];
+        let thread = ServerThread::start_with(serve, backends, 2, on_thread_start)?;
+        Ok(Self {
+            thread,
+            cert,
+            token,
+            adapter_id: adapter_id.into(),
+        })
+    }
+
+    /// The id the adapter is served under.
+    pub fn adapter_id(&self) -> &str {
+        &self.adapter_id
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.thread.addr()
+    }
+
+    /// A client configuration for this server (TLS trust, token) over the
+    /// simulated `link`.
+    pub fn client_config(&self, link: LinkProfile) -> ClientConfig {
+        let mut c = ClientConfig::new(format!("https://localhost:{}", self.addr().port()));
+        c.tls = Some(self.cert.client_tls("localhost"));
+        c.token = Some(self.token.clone());
+        c.link = link;
+        c
+    }
+}
+
+/// 32 bytes from the OS CSPRNG, hex.
+fn random_token() -> Result<String, PrivateError> {
+    let seed = cipherlora_ckks::os_seed()?;
+    Ok(seed.iter().map(|b| format!("{b:02x}")).collect())
+}
