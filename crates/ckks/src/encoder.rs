@@ -277,6 +277,24 @@ impl Encoder {
     /// or `|value·scale| ≥ 2^62`), [`CkksError::InvalidScale`],
     /// [`CkksError::LevelOutOfRange`].
     pub fn encode(&self, values: &[f64], level: usize, scale: f64) -> Result<Plaintext> {
+        let (_, data) = self.chain_limbs(values, level, scale)?;
+        Ok(Plaintext {
+            data,
+            level,
+            scale,
+            n_scaled: true,
+            digest: self.ctx.digest(),
+        })
+    }
+
+    /// The encoding's integer coefficients and its limbs modulo `q_0..=q_level`
+    /// (what [`Self::encode`] and [`Self::encode_extended`] share).
+    fn chain_limbs(
+        &self,
+        values: &[f64],
+        level: usize,
+        scale: f64,
+    ) -> Result<(Vec<i64>, Vec<u64>)> {
         let max = self.ctx.max_level();
         if level > max {
             return Err(CkksError::LevelOutOfRange { level, max });
@@ -287,13 +305,7 @@ impl Encoder {
         for (i, limb) in data.chunks_exact_mut(n).enumerate() {
             self.limb_of(&coeffs, i, limb);
         }
-        Ok(Plaintext {
-            data,
-            level,
-            scale,
-            n_scaled: true,
-            digest: self.ctx.digest(),
-        })
+        Ok((coeffs, data))
     }
 
     /// The N-scaled NTT-form limb modulo prime `i` of integer coefficients.
@@ -316,16 +328,8 @@ impl Encoder {
         level: usize,
         scale: f64,
     ) -> Result<ExtendedPlaintext> {
-        let max = self.ctx.max_level();
-        if level > max {
-            return Err(CkksError::LevelOutOfRange { level, max });
-        }
-        let coeffs = self.coefficients(values, scale)?;
+        let (coeffs, data) = self.chain_limbs(values, level, scale)?;
         let n = self.ctx.degree();
-        let mut data = vec![0u64; (level + 1) * n];
-        for (i, limb) in data.chunks_exact_mut(n).enumerate() {
-            self.limb_of(&coeffs, i, limb);
-        }
         let mut special = vec![0u64; n];
         self.limb_of(&coeffs, self.ctx.sp(), &mut special);
         Ok(ExtendedPlaintext {
