@@ -31,7 +31,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
 use cipherlora_private::{
-    AdapterServer, ByWidth, EmbeddedServer, GrpcTransport, HeTimings, LoraKind, connect_widths,
+    ByWidth, EmbeddedServer, GrpcTransport, HeTimings, LoraKind, connect_widths,
 };
 use cipherlora_service::{LinkProfile, ThreadHook};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
@@ -221,7 +221,9 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             .and_then(|n| n.to_str())
             .context("adapter folder without a name")?
             .to_string();
-        let lora = match AdapterServer::load(dir, model.config())?.groups().kind {
+        // Server threads start idle; the plaintext reference runs first.
+        let server = EmbeddedServer::start(&id, dir, model.config(), server_hook.clone())?;
+        let lora = match server.kind() {
             LoraKind::Ffa => "ffa",
             LoraKind::Standard => "standard",
         }
@@ -273,7 +275,6 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             ahead_hits: 0,
         });
 
-        let server = EmbeddedServer::start(&id, dir, model.config(), server_hook.clone())?;
         for link_name in &opts.links {
             let link: LinkProfile = link_name
                 .parse()

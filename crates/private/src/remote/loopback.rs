@@ -16,7 +16,7 @@ use cipherlora_service::{
 };
 
 use super::HeBackend;
-use crate::PrivateError;
+use crate::{LoraKind, PrivateError};
 
 /// A running loopback adapter server holding one adapter.
 ///
@@ -26,6 +26,7 @@ pub struct EmbeddedServer {
     cert: DevCert,
     token: String,
     adapter_id: String,
+    kind: LoraKind,
 }
 
 impl std::fmt::Debug for EmbeddedServer {
@@ -54,6 +55,7 @@ impl EmbeddedServer {
         on_thread_start: Option<ThreadHook>,
     ) -> Result<Self, PrivateError> {
         let backend = HeBackend::load(adapter_id, dir, config)?;
+        let kind = backend.server().groups().kind;
         let cert = dev_cert(&["localhost", "127.0.0.1"])?;
         let token = random_token()?;
         let mut serve = ServeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
@@ -66,12 +68,18 @@ impl EmbeddedServer {
             cert,
             token,
             adapter_id: adapter_id.into(),
+            kind,
         })
     }
 
     /// The id the adapter is served under.
     pub fn adapter_id(&self) -> &str {
         &self.adapter_id
+    }
+
+    /// Whether the served adapter is FFA or standard LoRA.
+    pub fn kind(&self) -> LoraKind {
+        self.kind
     }
 
     /// The bound address.
