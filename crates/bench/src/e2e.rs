@@ -52,8 +52,8 @@ pub struct E2eBenchOptions {
     pub adapters: Vec<PathBuf>,
     /// Link profiles by name (`loopback`, `wan80`, …).
     pub links: Vec<String>,
-    /// Decoding configurations: (drafter, K); K is ignored without drafter.
-    pub configs: Vec<(DrafterKind, usize)>,
+    /// Decoding configurations.
+    pub configs: Vec<DecodeConfig>,
     /// HumanEval prompts (JSON lines with a `prompt` field).
     pub prompts_file: PathBuf,
     /// How many prompts to use.
@@ -66,6 +66,33 @@ pub struct E2eBenchOptions {
     pub pin: bool,
     /// Optimistic drafting during verify passes (base drafter).
     pub optimistic: bool,
+    /// [`SpecConfig::draft_stop_below`] of every run.
+    pub draft_stop_below: f32,
+}
+
+/// One decoding configuration of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeConfig {
+    /// The drafter.
+    pub drafter: DrafterKind,
+    /// K (ignored without drafter).
+    pub k: usize,
+    /// The base drafter holds f16 weights ([`Model::to_f16_weights`])
+    /// instead of sharing the target's f32 weights.
+    pub f16_drafter: bool,
+}
+
+impl DecodeConfig {
+    /// "f16" or "f32" for a configuration that runs the base model as a
+    /// drafter, "-" otherwise.
+    #[must_use]
+    pub fn draft_weights(&self) -> &'static str {
+        match (self.drafter, self.f16_drafter) {
+            (DrafterKind::Base | DrafterKind::Hybrid, true) => "f16",
+            (DrafterKind::Base | DrafterKind::Hybrid, false) => "f32",
+            _ => "-",
+        }
+    }
 }
 
 /// One measured configuration.
@@ -79,6 +106,9 @@ pub struct E2eRun {
     pub adapter: String,
     /// "none", "base", "ngram" or "hybrid".
     pub drafter: String,
+    /// How the base drafter held its weights: "f32" (the target's own),
+    /// "f16", or "-" when no base model drafts.
+    pub draft_weights: String,
     /// Drafted tokens per round (0 without drafter).
     pub k: usize,
     /// Link profile name ("local" for the plaintext reference).
@@ -206,6 +236,11 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     eprintln!("placement: {pinning}");
     let model =
         Model::load(&opts.model).with_context(|| format!("loading {}", opts.model.display()))?;
+    let half = if opts.configs.iter().any(|c| c.draft_weights() == "f16") {
+        Some(model.to_f16_weights()?)
+    } else {
+        None
+    };
     let tok = Tokenizer::for_model(&opts.model)?;
     let prompts: Vec<Vec<u32>> = read_prompts(&opts.prompts_file, opts.prompts)?
         .iter()
@@ -258,6 +293,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             lora: lora.clone(),
             adapter: id.clone(),
             drafter: "none".into(),
+            draft_weights: "-".into(),
             k: 0,
             link: "local".into(),
             tok_per_s: plain_tps,
@@ -279,7 +315,12 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             let link: LinkProfile = link_name
                 .parse()
                 .map_err(|e| anyhow::anyhow!("link {link_name}: {e}"))?;
-            for &(drafter, k) in &opts.configs {
+            for c in &opts.configs {
+                let (drafter, k) = (c.drafter, c.k);
+                let draft_model = match (c.draft_weights(), &half) {
+                    ("f16", Some(h)) => h,
+                    _ => &model,
+                };
                 let cfg = SpecConfig {
                     drafter,
                     k: if drafter == DrafterKind::None { 0 } else { k },
@@ -287,6 +328,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     pad_to_k: true,
                     prefill_width: Some(opts.prefill_width),
                     optimistic: opts.optimistic,
+                    draft_stop_below: opts.draft_stop_below,
                     max_tokens: opts.max_tokens,
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
@@ -305,7 +347,14 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 let mut decode = HeTimings::default();
                 for (p, want) in prompts.iter().zip(&reference) {
                     let before = verify_timings(&hook, width);
-                    let out = decode::generate(&model, p, &cfg, &mut hook, &mut |_| Ok(()))?;
+                    let out = decode::generate_drafted(
+                        &model,
+                        draft_model,
+                        p,
+                        &cfg,
+                        &mut hook,
+                        &mut |_| Ok(()),
+                    )?;
                     // The verify session saw only decode passes.
                     let mut he = verify_timings(&hook, width);
                     he.subtract(&before);
@@ -328,6 +377,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     lora: lora.clone(),
                     adapter: id.clone(),
                     drafter: drafter_name(drafter).into(),
+                    draft_weights: c.draft_weights().into(),
                     k: cfg.k,
                     link: link_name.clone(),
                     tok_per_s: tps,
@@ -342,8 +392,9 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     ahead_hits,
                 };
                 eprintln!(
-                    "{id} {link_name} {} K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, match {}",
+                    "{id} {link_name} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, match {}",
                     run.drafter,
+                    run.draft_weights,
                     run.k,
                     run.tok_per_s,
                     run.ratio_to_plaintext,
@@ -378,7 +429,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
 pub fn markdown(r: &E2eReport) -> String {
     let mut s = format!(
         "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
-         | mode | LoRA | drafter | K | link | tok/s | × plaintext | tokens/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
+         | mode | LoRA | drafter (weights) | K | link | tok/s | × plaintext | tokens/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
          | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         r.prompts, r.max_tokens, r.prefill_width, r.pinning
     );
@@ -386,10 +437,15 @@ pub fn markdown(r: &E2eReport) -> String {
         let d = &x.split_ms;
         let per = |v: f64| v / x.tokens.max(1) as f64;
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {}{} | {} | {} | {:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
             x.mode,
             x.lora,
             x.drafter,
+            if x.draft_weights == "-" {
+                String::new()
+            } else {
+                format!(" ({})", x.draft_weights)
+            },
             x.k,
             x.link,
             x.tok_per_s,

@@ -169,6 +169,7 @@ pub fn run(opts: &ModelBenchOptions) -> anyhow::Result<()> {
         let mut records = Vec::new();
         for (mode, label) in [
             (WeightMode::F32, "f32"),
+            (WeightMode::F16, "f16"),
             (WeightMode::Quantized, "quantized"),
         ] {
             records.push(measure(&path, mode, label, opts)?);

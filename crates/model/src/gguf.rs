@@ -270,7 +270,7 @@ pub(crate) fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError>
         .sum::<u64>();
     let dequantize = match opts.weights {
         WeightMode::Quantized => false,
-        WeightMode::F32 => true,
+        WeightMode::F32 | WeightMode::F16 => true,
         WeightMode::Auto => f32_bytes <= AUTO_F32_LIMIT,
     };
     tracing::debug!(dequantize, f32_bytes, "GGUF weight mode");

@@ -308,3 +308,24 @@ fn bad_forward_inputs_are_errors_and_keep_the_cache() {
     ));
     assert_eq!(c.len(), 0);
 }
+
+#[test]
+fn f16_weights_stay_within_f16_rounding_of_f32_and_load_option_agrees() {
+    let f = fixture(QWEN2);
+    let f32_logits = logits(&f.hf, &mut NoAdapter);
+    let half = f.hf.to_f16_weights().unwrap();
+    let f16_logits = logits(&half, &mut NoAdapter);
+    let err = max_rel_err(&f32_logits, &f16_logits);
+    // f16 has an 11-bit significand: the weights (and inputs) are rounded,
+    // so the logits move, but only by about that much.
+    assert!(err > 0.0, "f16 weights gave bit-identical logits");
+    assert!(err < 1e-2, "{err}");
+    let loaded = Model::load_with(
+        &f.root.join("hf"),
+        &cipherlora_model::LoadOptions {
+            weights: cipherlora_model::WeightMode::F16,
+        },
+    )
+    .unwrap();
+    assert_eq!(logits(&loaded, &mut NoAdapter), f16_logits);
+}

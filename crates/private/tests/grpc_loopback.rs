@@ -169,6 +169,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
             pad_to_k: true,
             prefill_width: Some(PREFILL),
             optimistic: true,
+            draft_stop_below: 0.0,
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),

@@ -71,6 +71,7 @@ fn private_matches_plaintext(adapter: &str, k: usize) {
             pad_to_k: true,
             prefill_width: None,
             optimistic: false,
+            draft_stop_below: 0.0,
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),

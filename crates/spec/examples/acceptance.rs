@@ -85,6 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     pad_to_k: false,
                     prefill_width: None,
                     optimistic: false,
+                    draft_stop_below: 0.0,
                     max_tokens: traj.len(),
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),

@@ -74,6 +74,15 @@ pub struct SpecConfig {
     /// next round starts with its draft ready; otherwise the guess is
     /// dropped. Output is unchanged either way.
     pub optimistic: bool,
+    /// Confidence-based draft length (greedy, base drafter): a draft stops
+    /// after a token whose drafter probability (softmax of the drafter's
+    /// logits) is below this, instead of always drafting k tokens; 0 turns
+    /// it off. With constant-K padding the server still sees K+1 positions
+    /// (the rest are fillers), so this only saves drafter steps that would
+    /// most likely have been rejected (the same idea as the dynamic draft
+    /// lengths of Li et al. 2024, EAGLE-2, and Huang et al. 2024,
+    /// SpecDec++). Output is unchanged whatever the value.
+    pub draft_stop_below: f32,
     /// Stop after this many generated tokens.
     pub max_tokens: usize,
     /// Sampling parameters (temperature 0 = greedy).
@@ -160,6 +169,37 @@ pub fn generate(
     verifier: &mut dyn DeltaHook,
     on_tokens: &mut dyn FnMut(&[u32]) -> Result<(), SpecError>,
 ) -> Result<SpecOutput, SpecError> {
+    generate_drafted(model, model, prompt, cfg, verifier, on_tokens)
+}
+
+/// [`generate`] with a separate model for the base drafter: the same
+/// architecture and shapes as `model`, typically its weights held in a
+/// cheaper form ([`Model::to_f16_weights`]: a single-position step streams
+/// half the bytes). The drafter's KV cache is still synced from the target's
+/// (the adapted f32 model's keys and values), and every draft is verified by
+/// `model`, so the output is exactly [`generate`]'s; only acceptance and
+/// speed change.
+///
+/// # Errors
+/// As [`generate`]; [`SpecError::Config`] when `draft_model`'s layer count,
+/// KV heads, head size or vocabulary differ from `model`'s.
+pub fn generate_drafted(
+    model: &Model,
+    draft_model: &Model,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+    verifier: &mut dyn DeltaHook,
+    on_tokens: &mut dyn FnMut(&[u32]) -> Result<(), SpecError>,
+) -> Result<SpecOutput, SpecError> {
+    let (t, d) = (model.config(), draft_model.config());
+    if (t.num_layers, t.num_kv_heads, t.head_dim, t.vocab_size)
+        != (d.num_layers, d.num_kv_heads, d.head_dim, d.vocab_size)
+    {
+        return Err(SpecError::Config(
+            "the draft model's layers, KV heads, head size or vocabulary differ from the target's"
+                .into(),
+        ));
+    }
     if prompt.is_empty() {
         return Err(SpecError::Config("empty prompt".into()));
     }
@@ -188,7 +228,7 @@ pub fn generate(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
 
     // Drafting ahead runs K + 1 positions past a full draft.
-    let mut drafter = Drafter::new(model, cfg, capacity + width + 1)?;
+    let mut drafter = Drafter::new(draft_model, cfg, capacity + width + 1)?;
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Vec<u32>> = None;
@@ -341,6 +381,17 @@ fn greedy_token(row: &[f32]) -> u32 {
     cipherlora_model::argmax(row) as u32
 }
 
+/// The largest softmax probability of a logits row: 1 / Σ exp(l − max l).
+fn top_probability(row: &[f32]) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = row.iter().map(|&l| (l - max).exp()).sum();
+    if sum.is_finite() && sum > 0.0 {
+        1.0 / sum
+    } else {
+        0.0
+    }
+}
+
 /// What [`Drafter::draft_ahead`] guessed: the bonus token of the round being
 /// verified and the next round's draft after it.
 struct Guess {
@@ -368,6 +419,8 @@ struct Drafter<'m> {
     synced: usize,
     lookup: PromptLookup,
     adaptive: Option<AdaptiveK>,
+    /// [`SpecConfig::draft_stop_below`].
+    stop_below: f32,
 }
 
 impl<'m> Drafter<'m> {
@@ -403,6 +456,7 @@ impl<'m> Drafter<'m> {
             synced: 0,
             lookup: PromptLookup::default(),
             adaptive,
+            stop_below: cfg.draft_stop_below,
         })
     }
 
@@ -473,19 +527,21 @@ impl<'m> Drafter<'m> {
                 self.model
                     .forward(&feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
             let row = rows(&logits, feed.len())?.pop().expect("at least one row");
-            let next = if greedy {
-                greedy_token(&row)
+            // Greedy drafts stop early after a low-confidence token.
+            let (next, stop) = if greedy {
+                (greedy_token(&row), top_probability(&row) < self.stop_below)
             } else {
                 let q = sampler.probs(&row, &history);
                 let t = crate::acceptance::sample(&q, rng);
                 probs.push(q);
-                t
+                (t, false)
             };
             tokens.push(next);
             history.push(next);
-            if i + 1 < k {
-                feed = vec![next];
+            if stop || i + 1 == k {
+                break;
             }
+            feed = vec![next];
         }
         Ok(Draft {
             tokens,

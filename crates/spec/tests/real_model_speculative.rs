@@ -75,6 +75,7 @@ fn speculative(
     adaptive: bool,
     prefill_width: Option<usize>,
     optimistic: bool,
+    draft_stop_below: f32,
 ) -> decode::SpecOutput {
     let cfg = SpecConfig {
         drafter,
@@ -83,6 +84,7 @@ fn speculative(
         pad_to_k: pad,
         prefill_width,
         optimistic,
+        draft_stop_below,
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
@@ -107,30 +109,36 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
     let n = 24;
     let mut rounds_base = 0;
     let mut optimistic_hits = 0;
+    let mut early_stop_saved = 0;
     for text in PROMPTS {
         let prompt = f.tokenizer.encode(text).unwrap();
         let want = reference(f, &prompt, n);
         assert_eq!(want.len(), n, "reference stopped early on {text:?}");
-        for (drafter, k, pad, adaptive, prefill, optimistic) in [
-            (DrafterKind::None, 0, true, false, None, false),
-            (DrafterKind::None, 0, true, false, Some(16), false),
-            (DrafterKind::Base, 4, true, false, None, false),
-            (DrafterKind::Base, 4, true, false, Some(7), true),
-            (DrafterKind::Base, 8, false, false, None, false),
-            (DrafterKind::Base, 8, true, false, None, true),
-            (DrafterKind::Base, 8, true, true, None, false),
-            (DrafterKind::Ngram, 4, true, false, None, false),
-            (DrafterKind::Hybrid, 4, true, true, None, false),
+        for (drafter, k, pad, adaptive, prefill, optimistic, stop) in [
+            (DrafterKind::None, 0, true, false, None, false, 0.0),
+            (DrafterKind::None, 0, true, false, Some(16), false, 0.0),
+            (DrafterKind::Base, 4, true, false, None, false, 0.0),
+            (DrafterKind::Base, 4, true, false, Some(7), true, 0.0),
+            (DrafterKind::Base, 8, false, false, None, false, 0.0),
+            (DrafterKind::Base, 8, true, false, None, true, 0.0),
+            (DrafterKind::Base, 8, true, true, None, false, 0.0),
+            (DrafterKind::Base, 12, true, false, None, false, 0.5),
+            (DrafterKind::Base, 12, false, false, None, true, 0.5),
+            (DrafterKind::Ngram, 4, true, false, None, false, 0.0),
+            (DrafterKind::Hybrid, 4, true, true, None, false, 0.3),
         ] {
             let got = speculative(
-                f, &prompt, n, drafter, k, pad, adaptive, prefill, optimistic,
+                f, &prompt, n, drafter, k, pad, adaptive, prefill, optimistic, stop,
             );
             assert_eq!(
                 got.tokens, want,
-                "{drafter:?} K={k} pad={pad} adaptive={adaptive} prefill={prefill:?} optimistic={optimistic} on {text:?}"
+                "{drafter:?} K={k} pad={pad} adaptive={adaptive} prefill={prefill:?} optimistic={optimistic} stop={stop} on {text:?}"
             );
             if optimistic {
                 optimistic_hits += got.stats.ahead_hits;
+            }
+            if stop > 0.0 && drafter == DrafterKind::Base {
+                early_stop_saved += got.stats.rounds * k - got.stats.drafted;
             }
             let width = prefill.unwrap_or(if drafter == DrafterKind::None {
                 1
@@ -161,6 +169,8 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
     // Drafts made ahead must actually be used sometimes (and, above, never
     // change the output).
     assert!(optimistic_hits > 0, "optimistic drafting never hit");
+    // Low-confidence drafts must actually end early sometimes.
+    assert!(early_stop_saved > 0, "no draft ever stopped early");
 }
 
 #[test]
@@ -297,4 +307,56 @@ fn speculative_sampling_follows_the_adapted_softmax_on_the_real_model() {
         let pw = chi2_p_value(&p, &wrong, DRAWS);
         assert!(pw < 1e-4, "context {ctx_i}: wrong rule passed, p = {pw}");
     }
+}
+
+#[test]
+fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
+    let f = fixture();
+    let half = f.model.to_f16_weights().unwrap();
+    let n = 24;
+    let (mut rounds_f32, mut rounds_f16) = (0, 0);
+    for text in PROMPTS {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let want = reference(f, &prompt, n);
+        let cfg = SpecConfig {
+            drafter: DrafterKind::Base,
+            k: 8,
+            adaptive: false,
+            pad_to_k: true,
+            prefill_width: None,
+            optimistic: false,
+            draft_stop_below: 0.0,
+            max_tokens: n,
+            sampling: SamplingParams::greedy(),
+            eos: f.tokenizer.eos_tokens().to_vec(),
+        };
+        let mut hook = PlainLora::new(&f.adapter);
+        let got =
+            decode::generate_drafted(&f.model, &half, &prompt, &cfg, &mut hook, &mut |_| Ok(()))
+                .unwrap();
+        assert_eq!(
+            got.tokens, want,
+            "f16 drafter changed the output on {text:?}"
+        );
+        rounds_f16 += got.stats.rounds;
+        rounds_f32 += speculative(
+            f,
+            &prompt,
+            n,
+            DrafterKind::Base,
+            8,
+            true,
+            false,
+            None,
+            false,
+            0.0,
+        )
+        .stats
+        .rounds;
+    }
+    // f16 rounding flips a draft only where the base model is nearly tied.
+    assert!(
+        rounds_f16 * 4 <= rounds_f32 * 5,
+        "f16 drafter needs {rounds_f16} rounds, f32 {rounds_f32}"
+    );
 }

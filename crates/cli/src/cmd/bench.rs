@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use cipherlora_bench::e2e::DecodeConfig;
 use cipherlora_spec::decode::DrafterKind;
 use clap::Subcommand;
 
@@ -95,7 +96,8 @@ pub struct E2eBenchArgs {
     #[arg(long, value_delimiter = ';', default_value = "loopback;wan80")]
     links: Vec<String>,
     /// Decoding configurations, comma-separated: `none`, or DRAFTER:K with
-    /// DRAFTER one of base, ngram, hybrid.
+    /// DRAFTER one of base, ngram, hybrid, optionally `:f16` or `:f32` for
+    /// the base drafter's weights (default: --draft-weights).
     #[arg(
         long,
         value_delimiter = ',',
@@ -120,6 +122,14 @@ pub struct E2eBenchArgs {
     /// Optimistic drafting during verify passes (base drafter).
     #[arg(long)]
     optimistic: bool,
+    /// How the base drafter holds its weights unless a configuration says.
+    #[arg(long, value_enum, default_value = "f16")]
+    draft_weights: crate::cmd::demo::DraftWeightsArg,
+    /// Greedy base drafts stop after a token the drafter gives less than
+    /// this probability (0 = always draft K); the server still sees K+1
+    /// positions, and the output is unchanged.
+    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP)]
+    draft_stop_below: f32,
 }
 
 impl E2eBenchArgs {
@@ -143,7 +153,7 @@ impl E2eBenchArgs {
         let configs = self
             .configs
             .iter()
-            .map(|c| parse_config(c))
+            .map(|c| parse_config(c, self.draft_weights))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let prompts_file = self.prompts_file.unwrap_or_else(|| {
             crate::cmd::demo::committed_adapter("eval").join("humaneval_0_19.jsonl")
@@ -161,18 +171,31 @@ impl E2eBenchArgs {
             prefill_width: self.prefill_width,
             pin: !self.no_pin,
             optimistic: self.optimistic,
+            draft_stop_below: self.draft_stop_below,
         })?;
         Ok(())
     }
 }
 
-/// `none` or `DRAFTER:K`.
-fn parse_config(s: &str) -> anyhow::Result<(DrafterKind, usize)> {
-    let (name, k) = match s.split_once(':') {
-        Some((n, k)) => (n, k.parse::<usize>()?),
-        None => (s, 0),
+/// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16` or `f32`).
+fn parse_config(
+    s: &str,
+    default_weights: crate::cmd::demo::DraftWeightsArg,
+) -> anyhow::Result<DecodeConfig> {
+    let mut parts = s.split(':');
+    let name = parts.next().unwrap_or_default();
+    let k = match parts.next() {
+        Some(k) => k.parse::<usize>()?,
+        None => 0,
     };
-    let d = match name {
+    let f16_drafter = match parts.next() {
+        Some("f16") => true,
+        Some("f32") => false,
+        Some(other) => anyhow::bail!("{s}: unknown drafter weights {other:?} (f16, f32)"),
+        None => default_weights == crate::cmd::demo::DraftWeightsArg::F16,
+    };
+    anyhow::ensure!(parts.next().is_none(), "{s}: expected DRAFTER:K[:WEIGHTS]");
+    let drafter = match name {
         "none" => DrafterKind::None,
         "base" => DrafterKind::Base,
         "ngram" => DrafterKind::Ngram,
@@ -180,10 +203,14 @@ fn parse_config(s: &str) -> anyhow::Result<(DrafterKind, usize)> {
         other => anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid)"),
     };
     anyhow::ensure!(
-        d == DrafterKind::None || k >= 1,
+        drafter == DrafterKind::None || k >= 1,
         "{s}: a drafter needs K ≥ 1 (e.g. base:4)"
     );
-    Ok((d, k))
+    Ok(DecodeConfig {
+        drafter,
+        k,
+        f16_drafter,
+    })
 }
 
 impl BenchCommand {
@@ -228,6 +255,50 @@ impl BenchCommand {
                 rtt_ms,
                 no_e2e,
             }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::demo::DraftWeightsArg;
+
+    #[test]
+    fn configs_parse_drafter_k_and_weights() {
+        let c = parse_config("base:8", DraftWeightsArg::F16).unwrap();
+        assert_eq!(
+            c,
+            DecodeConfig {
+                drafter: DrafterKind::Base,
+                k: 8,
+                f16_drafter: true
+            }
+        );
+        assert_eq!(c.draft_weights(), "f16");
+        let c = parse_config("base:4:f32", DraftWeightsArg::F16).unwrap();
+        assert!(!c.f16_drafter);
+        assert_eq!(c.draft_weights(), "f32");
+        let c = parse_config("ngram:4:f16", DraftWeightsArg::Same).unwrap();
+        assert_eq!(c.draft_weights(), "-", "n-gram drafts without a model");
+        let c = parse_config("none", DraftWeightsArg::Same).unwrap();
+        assert_eq!((c.drafter, c.k), (DrafterKind::None, 0));
+    }
+
+    #[test]
+    fn bad_configs_are_errors() {
+        for bad in [
+            "base",
+            "base:0",
+            "base:4:f8",
+            "base:4:f16:x",
+            "tree:4",
+            "base:x",
+        ] {
+            assert!(
+                parse_config(bad, DraftWeightsArg::F16).is_err(),
+                "{bad} was accepted"
+            );
         }
     }
 }

@@ -35,6 +35,33 @@ pub enum DraftArg {
     None,
 }
 
+/// Default of `--draft-stop-below` (see BENCHMARKS.md, "Draft length").
+pub const DEFAULT_DRAFT_STOP: f32 = 0.0;
+
+/// How the base drafter holds its weights.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum DraftWeightsArg {
+    /// The target model itself (same weights).
+    Same,
+    /// A copy with f16 projection and output weights: a single-position
+    /// step streams half the bytes. Drafts are still verified by the
+    /// target model, so the output is unchanged.
+    F16,
+}
+
+impl DraftWeightsArg {
+    /// The drafter's model: `model` itself or its f16 copy.
+    ///
+    /// # Errors
+    /// A failed weight conversion.
+    pub fn drafter(self, model: &Model) -> anyhow::Result<std::borrow::Cow<'_, Model>> {
+        Ok(match self {
+            DraftWeightsArg::Same => std::borrow::Cow::Borrowed(model),
+            DraftWeightsArg::F16 => std::borrow::Cow::Owned(model.to_f16_weights()?),
+        })
+    }
+}
+
 impl From<DraftArg> for DrafterKind {
     fn from(d: DraftArg) -> Self {
         match d {
@@ -70,6 +97,14 @@ pub struct DemoArgs {
     /// Positions per prefill pass (a second session of this width).
     #[arg(long, default_value_t = 16)]
     prefill_width: usize,
+    /// How the base drafter holds its weights.
+    #[arg(long, value_enum, default_value = "f16")]
+    draft_weights: DraftWeightsArg,
+    /// Greedy base drafts stop after a token the drafter gives less than
+    /// this probability (0 = always draft K); the server still sees K+1
+    /// positions, and the output is unchanged.
+    #[arg(long, default_value_t = DEFAULT_DRAFT_STOP)]
+    draft_stop_below: f32,
 }
 
 /// `Ok` if the private greedy output equals the plaintext reference;
@@ -158,6 +193,7 @@ impl DemoArgs {
             pad_to_k: true,
             prefill_width: Some(self.prefill_width),
             optimistic: false,
+            draft_stop_below: self.draft_stop_below,
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
@@ -165,16 +201,24 @@ impl DemoArgs {
         println!("--- private (CKKS, speculative) ---");
         print!("{}", self.prompt);
         let mut stream = TextStream::new(&tok);
+        let drafter_model = self.draft_weights.drafter(&model)?;
         let t0 = Instant::now();
-        let private = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |toks| {
-            for &t in toks {
-                if let Some(s) = stream.push(t)? {
-                    print!("{s}");
+        let private = decode::generate_drafted(
+            &model,
+            &drafter_model,
+            &prompt,
+            &cfg,
+            &mut hook,
+            &mut |toks| {
+                for &t in toks {
+                    if let Some(s) = stream.push(t)? {
+                        print!("{s}");
+                    }
                 }
-            }
-            std::io::stdout().flush().ok();
-            Ok(())
-        })?;
+                std::io::stdout().flush().ok();
+                Ok(())
+            },
+        )?;
         let secs = t0.elapsed().as_secs_f64();
         println!();
 

@@ -14,7 +14,7 @@ use cipherlora_service::{ClientConfig, ClientTls, LinkProfile};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use clap::{Args, ValueEnum};
 
-use crate::cmd::demo::{DraftArg, check_equal};
+use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
 
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -25,6 +25,9 @@ pub enum WeightsArg {
     Quantized,
     /// Dequantize to f32.
     F32,
+    /// Dequantize, then hold projection and output weights as f16 (faster
+    /// single-token steps, slightly different logits).
+    F16,
 }
 
 /// Arguments of `cipherlora generate`.
@@ -89,6 +92,15 @@ pub struct GenerateArgs {
     /// Private mode: drafted tokens per verify round (K).
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// Private mode: how the base drafter holds its weights (its drafts are
+    /// verified by the --weights model either way).
+    #[arg(long, value_enum, default_value = "f16", requires = "server")]
+    draft_weights: DraftWeightsArg,
+    /// Greedy base drafts stop after a token the drafter gives less than
+    /// this probability (0 = always draft K); the server still sees K+1
+    /// positions, and the output is unchanged.
+    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP, requires = "server")]
+    draft_stop_below: f32,
     /// Private mode: positions per prefill pass (a second session of this
     /// width; the prompt then costs ⌈len / width⌉ round trips per group).
     #[arg(long, default_value_t = 16, requires = "server")]
@@ -127,6 +139,7 @@ impl GenerateArgs {
             WeightsArg::Auto => WeightMode::Auto,
             WeightsArg::Quantized => WeightMode::Quantized,
             WeightsArg::F32 => WeightMode::F32,
+            WeightsArg::F16 => WeightMode::F16,
         };
         let model = Model::load_with(&path, &LoadOptions { weights })
             .with_context(|| format!("loading {}", path.display()))?;
@@ -248,6 +261,7 @@ impl GenerateArgs {
             pad_to_k: true,
             prefill_width: Some(self.prefill_width),
             optimistic: self.optimistic,
+            draft_stop_below: self.draft_stop_below,
             max_tokens: opts.max_tokens,
             sampling: opts.sampling.clone(),
             eos: opts.eos.clone(),
@@ -257,16 +271,24 @@ impl GenerateArgs {
         if self.prompt.is_some() {
             write!(stdout, "{text}")?;
         }
+        let drafter_model = self.draft_weights.drafter(model)?;
         let t0 = std::time::Instant::now();
-        let out = decode::generate(model, prompt, &cfg, &mut hook, &mut |toks| {
-            for &t in toks {
-                if let Some(piece) = stream.push(t)? {
-                    let _ = write!(stdout, "{piece}");
+        let out = decode::generate_drafted(
+            model,
+            &drafter_model,
+            prompt,
+            &cfg,
+            &mut hook,
+            &mut |toks| {
+                for &t in toks {
+                    if let Some(piece) = stream.push(t)? {
+                        let _ = write!(stdout, "{piece}");
+                    }
                 }
-            }
-            let _ = stdout.flush();
-            Ok(())
-        })?;
+                let _ = stdout.flush();
+                Ok(())
+            },
+        )?;
         writeln!(stdout)?;
         let secs = t0.elapsed().as_secs_f64();
         eprintln!(
