@@ -78,7 +78,8 @@ impl Ciphertext {
 }
 
 /// A fresh secret-key ciphertext whose uniform part `c1 = a` is replaced by
-/// the 32-byte ChaCha20 seed it was expanded from: half the upload size.
+/// the 32-byte seed it was expanded from (ChaCha8, `sampling::expand_uniform`):
+/// half the upload size.
 #[derive(Clone)]
 pub struct SeededCiphertext {
     pub(crate) ctx: Arc<Context>,

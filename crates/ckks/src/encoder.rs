@@ -8,144 +8,109 @@
 //! `r`. Encoding error: rounding adds at most 1/2 per coefficient, i.e. at
 //! most `N/(2Δ)` (worst case) and about `√N/(2Δ)·O(1)` (typical) per slot
 //! before encryption.
+//!
+//! # The transform: a twist, one standard FFT of size N/2, a permutation
+//!
+//! Let `m(X) = Σ_{k<N} m_k X^k` with real `m_k`, `n = N/2`, and
+//! `e_j = 5^j mod 2N` for `j < n`. Because `5^j ≡ 1 (mod 4)`:
+//!
+//! 1. *Folding.* `ζ^{e_j·n} = i^{e_j} = i`, so
+//!    `m(ζ^{e_j}) = Σ_{i<n} z_i ζ^{e_j·i}` with `z_i = m_i + i·m_{i+n}`:
+//!    the N real coefficients are packed into n complex ones with no loss.
+//! 2. *Twist.* Writing `e_j = 4·l_j + 1`, `ζ^{e_j·i} = ζ^i·ω^{l_j·i}` with
+//!    `ω = ζ^4 = e^{2πi/n}`, hence
+//!    `m(ζ^{e_j}) = Σ_{i<n} (z_i ζ^i)·ω^{i·l_j} = DFT⁺(z ⊙ ζ^•)[l_j]`,
+//!    a plain size-n DFT with the positive exponent sign of the twisted
+//!    vector. This is the classical evaluation of a negacyclic polynomial
+//!    at the odd powers of a 2N-th root of unity by weighting with `ζ^i`
+//!    and one cyclic FFT (Crandall–Fagin, "Discrete weighted transforms and
+//!    large-integer arithmetic", Math. Comp. 62, 1994).
+//! 3. *Permutation.* `j ↦ l_j = (e_j − 1)/4` is a bijection of `[0, n)`
+//!    (5 generates the order-n subgroup `{x ≡ 1 mod 4}` of `(ℤ/2Nℤ)^*`), so
+//!    slot `j` is output `l_j` of the FFT and the transform is invertible:
+//!    encoding puts slot `j` at index `l_j`, runs the negative-sign DFT,
+//!    divides by n and untwists by `ζ^{-i}`; the real and imaginary parts
+//!    of `z_i` are then `m_i` and `m_{i+n}`.
+//!
+//! The FFTs are rustfft plans (radix-4/mixed radix with AVX at run time),
+//! made once per [`Encoder`]; twist factors and the slot permutation are
+//! precomputed too. This computes the same map as the CKKS reference
+//! "special FFT" (a radix-2 FFT with twiddles `ζ^{5^j}` on bit-reversed
+//! input), up to floating-point rounding.
 
 use std::f64::consts::PI;
 use std::sync::Arc;
+
+use rustfft::num_complex::Complex;
+use rustfft::{Fft, FftPlanner};
 
 use crate::context::Context;
 use crate::error::{CkksError, Result};
 use crate::modular::ShoupConst;
 use crate::plaintext::{ExtendedPlaintext, Plaintext};
 
-/// A vector of complex numbers stored as separate real and imaginary parts
-/// (structure of arrays), so the FFT butterflies vectorize.
-#[derive(Debug, Clone)]
-struct Split {
-    re: Vec<f64>,
-    im: Vec<f64>,
-}
-
-impl Split {
-    fn zeros(n: usize) -> Self {
-        Self {
-            re: vec![0.0; n],
-            im: vec![0.0; n],
-        }
-    }
-}
-
-/// One FFT stage as a pulp SIMD operation: `with_simd` is inlined into the
-/// target-feature dispatch, so the butterflies are compiled for AVX-512 (a
-/// closure this large would not be inlined).
-struct Stage<'a> {
-    v: &'a mut Split,
-    len: usize,
-    wr: &'a [f64],
-    wi: &'a [f64],
-    inverse: bool,
-}
-
-impl pulp::WithSimd for Stage<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        if self.inverse {
-            ifft_stage(self.v, self.len, self.wr, self.wi);
-        } else {
-            fft_stage(self.v, self.len, self.wr, self.wi);
-        }
-    }
-}
-
-/// One forward radix-2 stage over blocks of `len` (twiddles `wr + i·wi`).
-/// `inline(always)` so it is compiled inside the SIMD dispatch of
-/// [`crate::modular::vectorized`].
-#[inline(always)]
-fn fft_stage(v: &mut Split, len: usize, wr: &[f64], wi: &[f64]) {
-    let half = len / 2;
-    for (re, im) in v.re.chunks_exact_mut(len).zip(v.im.chunks_exact_mut(len)) {
-        let (lr, hr) = re.split_at_mut(half);
-        let (li, hi) = im.split_at_mut(half);
-        for j in 0..half {
-            let tr = hr[j] * wr[j] - hi[j] * wi[j];
-            let ti = hr[j] * wi[j] + hi[j] * wr[j];
-            let (ur, ui) = (lr[j], li[j]);
-            lr[j] = ur + tr;
-            li[j] = ui + ti;
-            hr[j] = ur - tr;
-            hi[j] = ui - ti;
-        }
-    }
-}
-
-/// One inverse radix-2 stage (Gentleman–Sande) over blocks of `len`.
-#[inline(always)]
-fn ifft_stage(v: &mut Split, len: usize, wr: &[f64], wi: &[f64]) {
-    let half = len / 2;
-    for (re, im) in v.re.chunks_exact_mut(len).zip(v.im.chunks_exact_mut(len)) {
-        let (lr, hr) = re.split_at_mut(half);
-        let (li, hi) = im.split_at_mut(half);
-        for j in 0..half {
-            let (ur, ui) = (lr[j] + hr[j], li[j] + hi[j]);
-            let (dr, di) = (lr[j] - hr[j], li[j] - hi[j]);
-            lr[j] = ur;
-            li[j] = ui;
-            hr[j] = dr * wr[j] - di * wi[j];
-            hi[j] = dr * wi[j] + di * wr[j];
-        }
-    }
-}
-
 /// Encodes and decodes real vectors (see the module docs for the embedding).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Encoder {
     ctx: Arc<Context>,
-    /// Forward special-FFT twiddles `ζ^{5^j}` of every stage (stage with
-    /// half-length h at offset h − 1), real and imaginary parts.
-    fwd_tw: Split,
-    /// The inverse transform's twiddles, laid out the same way.
-    inv_tw: Split,
+    /// Size-N/2 DFT with exponent sign `+` (rustfft's inverse direction,
+    /// unnormalised): evaluation at the slot points (decode).
+    eval_fft: Arc<dyn Fft<f64>>,
+    /// Size-N/2 DFT with exponent sign `−` (rustfft's forward direction):
+    /// interpolation (encode).
+    interp_fft: Arc<dyn Fft<f64>>,
+    /// Scratch lengths of the two plans' out-of-place calls.
+    eval_scratch: usize,
+    interp_scratch: usize,
+    /// `twist[i] = ζ^i`, `i < N/2`.
+    twist: Vec<Complex<f64>>,
+    /// `untwist[i] = ζ^{-i} / (N/2)` (the DFT normalisation folded in; N/2 is
+    /// a power of two, so this is exact).
+    untwist: Vec<Complex<f64>>,
+    /// `slot_index[j] = l_j = (5^j mod 2N − 1)/4`: where slot `j` sits in
+    /// the DFT's output (decode) or input (encode).
+    slot_index: Vec<u32>,
     /// `garner[i][j] = q_j^{-1} mod q_i` for `j < i`.
     garner: Vec<Vec<ShoupConst>>,
-    bitrev: Vec<u32>,
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("degree", &self.ctx.degree())
+            .field("slots", &self.slot_index.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Largest `|value·scale|` accepted (coefficients must fit an i64 with room).
 const MAX_COEFF: f64 = 4.611_686_018_427_388e18; // 2^62
 
 impl Encoder {
-    /// Precomputes the special-FFT tables for the context's degree.
+    /// Precomputes the FFT plans, twist factors and slot permutation for the
+    /// context's degree.
     pub fn new(ctx: &Arc<Context>) -> Self {
         let n = ctx.degree();
         let slots = n / 2;
         let m = 2 * n;
-        let mut rot_group = Vec::with_capacity(slots);
+        let mut slot_index = Vec::with_capacity(slots);
         let mut g = 1usize;
         for _ in 0..slots {
-            rot_group.push(g);
+            debug_assert_eq!(g % 4, 1);
+            slot_index.push(((g - 1) / 4) as u32);
             g = g * 5 % m;
         }
-        let root = |k: usize| {
-            let a = 2.0 * PI * k as f64 / m as f64;
-            (a.cos(), a.sin())
+        // ζ^k = e^{iπk/N}; k < N/2, so the angle stays in [0, π/2).
+        let zeta = |k: usize| {
+            let a = PI * k as f64 / n as f64;
+            Complex::new(a.cos(), a.sin())
         };
-        let mut fwd_tw = Split::zeros(slots.max(1) - 1);
-        let mut inv_tw = Split::zeros(slots.max(1) - 1);
-        let mut half = 1;
-        while 2 * half <= slots {
-            let lenq = 8 * half;
-            let stride = m / lenq;
-            for (j, &g) in rot_group[..half].iter().enumerate() {
-                let k = g & (lenq - 1);
-                let (c, s) = root(k * stride);
-                fwd_tw.re[half - 1 + j] = c;
-                fwd_tw.im[half - 1 + j] = s;
-                let (c, s) = root((lenq - k) * stride);
-                inv_tw.re[half - 1 + j] = c;
-                inv_tw.im[half - 1 + j] = s;
-            }
-            half *= 2;
-        }
+        let twist: Vec<Complex<f64>> = (0..slots).map(zeta).collect();
+        let inv_slots = 1.0 / slots as f64;
+        let untwist = twist.iter().map(|t| t.conj() * inv_slots).collect();
+        let mut planner = FftPlanner::new();
+        let eval_fft = planner.plan_fft_inverse(slots);
+        let interp_fft = planner.plan_fft_forward(slots);
         let levels = ctx.max_level() + 1;
         let garner = (0..levels)
             .map(|i| {
@@ -155,16 +120,16 @@ impl Encoder {
                     .collect()
             })
             .collect();
-        let bits = slots.trailing_zeros();
-        let bitrev = (0..slots as u32)
-            .map(|i| i.reverse_bits() >> (32 - bits))
-            .collect();
         Self {
             ctx: ctx.clone(),
-            fwd_tw,
-            inv_tw,
+            eval_scratch: eval_fft.get_outofplace_scratch_len(),
+            interp_scratch: interp_fft.get_outofplace_scratch_len(),
+            eval_fft,
+            interp_fft,
+            twist,
+            untwist,
+            slot_index,
             garner,
-            bitrev,
         }
     }
 
@@ -173,62 +138,19 @@ impl Encoder {
         &self.ctx
     }
 
-    fn bit_reverse(&self, v: &mut Split) {
-        for (i, &j) in self.bitrev.iter().enumerate() {
-            let j = j as usize;
-            if i < j {
-                v.re.swap(i, j);
-                v.im.swap(i, j);
-            }
-        }
-    }
-
-    /// Evaluates at the slot points: coefficients (packed as `m_j + i·m_{j+N/2}`)
-    /// → slot values (radix-2 Cooley–Tukey on the bit-reversed input, the
-    /// twiddles of stage `len` being `ζ^{5^j}` for `j < len/2`).
-    fn special_fft(&self, v: &mut Split) {
-        let n = v.re.len();
-        self.bit_reverse(v);
-        let mut len = 2;
-        while len <= n {
-            let half = len / 2;
-            let wr = &self.fwd_tw.re[half - 1..2 * half - 1];
-            let wi = &self.fwd_tw.im[half - 1..2 * half - 1];
-            pulp::Arch::new().dispatch(Stage {
-                v: &mut *v,
-                len,
-                wr,
-                wi,
-                inverse: false,
-            });
-            len *= 2;
-        }
-    }
-
-    /// Inverse of [`Self::special_fft`] (includes the `1/n` factor).
-    fn special_ifft(&self, v: &mut Split) {
-        let n = v.re.len();
-        let mut len = n;
-        while len >= 2 {
-            let half = len / 2;
-            let wr = &self.inv_tw.re[half - 1..2 * half - 1];
-            let wi = &self.inv_tw.im[half - 1..2 * half - 1];
-            pulp::Arch::new().dispatch(Stage {
-                v: &mut *v,
-                len,
-                wr,
-                wi,
-                inverse: true,
-            });
-            len /= 2;
-        }
-        let inv = 1.0 / n as f64;
-        crate::modular::vectorized(|| {
-            for x in v.re.iter_mut().chain(v.im.iter_mut()) {
-                *x *= inv;
-            }
-        });
-        self.bit_reverse(v);
+    /// Evaluates at the slot points: `twisted[i] = z_i·ζ^i` (the packed,
+    /// scaled coefficients times the twist; clobbered) → the real parts of
+    /// the N/2 slot values (one size-N/2 FFT, then the slot permutation).
+    fn evaluate(&self, twisted: &mut [Complex<f64>]) -> Vec<f64> {
+        let slots = twisted.len();
+        let mut out = vec![Complex::new(0.0, 0.0); slots];
+        let mut scratch = vec![Complex::new(0.0, 0.0); self.eval_scratch];
+        self.eval_fft
+            .process_outofplace_with_scratch(twisted, &mut out, &mut scratch);
+        self.slot_index
+            .iter()
+            .map(|&l| out[l as usize].re)
+            .collect()
     }
 
     /// The integer coefficients `round(Δ·m)` of the polynomial whose slots
@@ -244,31 +166,34 @@ impl Encoder {
         if !(scale.is_finite() && scale >= 1.0) {
             return Err(CkksError::InvalidScale { scale });
         }
-        let mut v = Split::zeros(slots);
-        for (i, (&x, c)) in values.iter().zip(v.re.iter_mut()).enumerate() {
+        // Slot j goes to DFT input l_j; unused slots are zero.
+        let mut spectrum = vec![Complex::new(0.0, 0.0); slots];
+        for (i, (&x, &l)) in values.iter().zip(&self.slot_index).enumerate() {
             if !x.is_finite() || (x * scale).abs() >= MAX_COEFF {
                 return Err(CkksError::ValueOutOfRange { index: i });
             }
-            *c = x;
+            spectrum[l as usize].re = x;
         }
-        self.special_ifft(&mut v);
+        let mut z = vec![Complex::new(0.0, 0.0); slots];
+        let mut scratch = vec![Complex::new(0.0, 0.0); self.interp_scratch];
+        self.interp_fft
+            .process_outofplace_with_scratch(&mut spectrum, &mut z, &mut scratch);
         let mut coeffs = vec![0i64; 2 * slots];
         let (lo, hi) = coeffs.split_at_mut(slots);
         // |coefficient| ≤ max |value| (the embedding is an isometry up to √N),
         // so the range check above keeps these inside i64.
         crate::modular::vectorized(|| {
-            for (a, &c) in lo.iter_mut().zip(&v.re) {
-                *a = (c * scale).round_ties_even() as i64;
-            }
-            for (b, &c) in hi.iter_mut().zip(&v.im) {
-                *b = (c * scale).round_ties_even() as i64;
+            for (((a, b), &c), &u) in lo.iter_mut().zip(hi.iter_mut()).zip(&z).zip(&self.untwist) {
+                let c = c * u;
+                *a = (c.re * scale).round_ties_even() as i64;
+                *b = (c.im * scale).round_ties_even() as i64;
             }
         });
         Ok(coeffs)
     }
 
     /// Encodes up to N/2 real values (zero padded) at `level` and `scale`
-    /// into an N-scaled NTT-form plaintext (one special FFT + `level+1` NTTs).
+    /// into an N-scaled NTT-form plaintext (one FFT of size N/2 + `level+1` NTTs).
     /// Any scale ≥ 1 is allowed, e.g. exactly the prime a later rescale
     /// divides by, so callers can keep scales exact.
     ///
@@ -347,7 +272,8 @@ impl Encoder {
     /// Decodes a plaintext (from [`Self::encode`] or a decryption) to its
     /// N/2 real slot values: inverse NTT per limb, CRT by Garner's algorithm
     /// with balanced digits (exact, no big integers: the value is summed in
-    /// f64 from the top digit), division by the scale, special FFT.
+    /// f64 from the top digit), division by the scale, twist, one size-N/2
+    /// FFT, slot permutation (module docs).
     ///
     /// # Panics
     /// If the plaintext belongs to another context.
@@ -369,22 +295,19 @@ impl Encoder {
         }
         let primes: Vec<u64> = (0..limbs).map(|i| self.ctx.prime(i)).collect();
         let inv_scale = 1.0 / pt.scale;
-        let mut v = Split::zeros(slots);
+        let mut v = vec![Complex::new(0.0, 0.0); slots];
         if limbs == 1 {
             // One limb (level 0, what clients decrypt): the balanced residue
-            // is the coefficient; branch-free and vectorized.
+            // is the coefficient; branch-free and vectorized, twist included.
             let (q, half) = (primes[0], primes[0] / 2);
             let (lo, hi) = coeff.split_at(slots);
+            let balanced = |t: u64| (t as i64 - q as i64 * (t > half) as i64) as f64 * inv_scale;
             crate::modular::vectorized(|| {
-                for (dst, src) in [(&mut v.re, lo), (&mut v.im, hi)] {
-                    for (o, &t) in dst.iter_mut().zip(src) {
-                        let c = t as i64 - q as i64 * (t > half) as i64;
-                        *o = c as f64 * inv_scale;
-                    }
+                for (((o, &a), &b), &w) in v.iter_mut().zip(lo).zip(hi).zip(&self.twist) {
+                    *o = Complex::new(balanced(a), balanced(b)) * w;
                 }
             });
-            self.special_fft(&mut v);
-            return v.re;
+            return self.evaluate(&mut v);
         }
         let mut digits = vec![0i64; limbs];
         for k in 0..n {
@@ -405,20 +328,204 @@ impl Encoder {
             }
             let x = x * inv_scale;
             if k < slots {
-                v.re[k] = x;
+                v[k].re = x;
             } else {
-                v.im[k - slots] = x;
+                v[k - slots].im = x;
             }
         }
-        self.special_fft(&mut v);
-        v.re
+        crate::modular::vectorized(|| {
+            for (o, &w) in v.iter_mut().zip(&self.twist) {
+                *o *= w;
+            }
+        });
+        self.evaluate(&mut v)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
     use super::*;
     use crate::params::CkksParameters;
+
+    /// N = 4096 (the smallest degree the parameter builder accepts), two
+    /// chain primes (39 and 30 bits), scale 2^30.
+    fn small_ctx() -> Arc<Context> {
+        static CTX: OnceLock<Arc<Context>> = OnceLock::new();
+        CTX.get_or_init(|| {
+            let params = CkksParameters::builder()
+                .degree(4096)
+                .moduli_bits(&[39, 30])
+                .special_moduli_bits(&[40])
+                .scale_bits(30)
+                .build()
+                .unwrap();
+            Context::new(params).unwrap()
+        })
+        .clone()
+    }
+
+    /// xorshift64 stream of `len` integers uniform in `(−2^bits, 2^bits)`.
+    fn random_ints(len: usize, bits: u32, mut x: u64) -> Vec<i64> {
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let mag = (x >> 11) as i64 & ((1i64 << bits) - 1);
+                if x & 1 == 1 { -mag } else { mag }
+            })
+            .collect()
+    }
+
+    /// Reference canonical embedding, independent of the FFT: for every slot
+    /// `j`, `Σ_k c_k·ζ^{e_j·k}` with `e_j = 5^j mod 2N`, the powers of
+    /// `ζ = e^{iπ/N}` read from a table indexed by `e_j·k mod 2N` (O(N²)).
+    fn naive_slots(coeffs: &[i64], scale: f64) -> Vec<Complex<f64>> {
+        let n = coeffs.len();
+        let two_n = 2 * n;
+        let powers: Vec<Complex<f64>> = (0..two_n)
+            .map(|t| {
+                let a = PI * t as f64 / n as f64;
+                Complex::new(a.cos(), a.sin())
+            })
+            .collect();
+        let mut e = 1usize;
+        (0..n / 2)
+            .map(|_| {
+                let mut acc = Complex::new(0.0, 0.0);
+                for (k, &c) in coeffs.iter().enumerate() {
+                    acc += powers[e * k % two_n] * c as f64;
+                }
+                e = e * 5 % two_n;
+                acc / scale
+            })
+            .collect()
+    }
+
+    /// A plaintext holding the integer polynomial `coeffs` at `level`,
+    /// N-scaled as the encoder stores it or canonical as decryption does.
+    fn plaintext_of(
+        enc: &Encoder,
+        coeffs: &[i64],
+        level: usize,
+        scale: f64,
+        n_scaled: bool,
+    ) -> Plaintext {
+        let ctx = enc.context();
+        let n = ctx.degree();
+        let mut data = vec![0u64; (level + 1) * n];
+        for (i, limb) in data.chunks_exact_mut(n).enumerate() {
+            if n_scaled {
+                enc.limb_of(coeffs, i, limb);
+            } else {
+                crate::modular::reduce_signed_limb(&ctx.moduli[i], coeffs, limb);
+                ctx.fwd(i, limb);
+            }
+        }
+        Plaintext {
+            data,
+            level,
+            scale,
+            n_scaled,
+            digest: ctx.digest(),
+        }
+    }
+
+    /// Plans are shared `Arc<dyn Fft>` (rustfft's `Fft: Send + Sync`): the
+    /// encoder stays shareable across threads, as before.
+    #[test]
+    fn encoder_is_send_sync_clone() {
+        fn check<T: Send + Sync + Clone + std::fmt::Debug>() {}
+        check::<Encoder>();
+    }
+
+    /// Decode of an arbitrary integer polynomial (complex slot values, not
+    /// made by the encoder) equals the real part of the direct evaluation at
+    /// every slot point: both the one-limb path and the Garner path (level
+    /// 1, coefficients beyond the first prime), N-scaled and canonical.
+    #[test]
+    fn decode_matches_direct_evaluation_at_every_slot() {
+        let ctx = small_ctx();
+        let enc = Encoder::new(&ctx);
+        let n = ctx.degree();
+        let scale = 2f64.powi(30);
+        for (level, bits, seed) in [(0usize, 36u32, 0x1234_5678u64), (1, 50, 0x9e37_79b9)] {
+            let coeffs = random_ints(n, bits, seed);
+            let want = naive_slots(&coeffs, scale);
+            // Any slot is bounded by Σ|c_k|/Δ; allow rounding relative to that.
+            let tol = 1e-12 * coeffs.iter().map(|&c| c.abs() as f64).sum::<f64>() / scale;
+            for n_scaled in [true, false] {
+                let got = enc.decode(&plaintext_of(&enc, &coeffs, level, scale, n_scaled));
+                assert_eq!(got.len(), n / 2);
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w.re).abs() <= tol,
+                        "level {level}, slot {j}: {g} vs {} (tol {tol})",
+                        w.re
+                    );
+                }
+            }
+        }
+    }
+
+    /// Encode, then the direct evaluation of the integer coefficients at
+    /// every slot point gives back the values (zero past a sparse input) with
+    /// imaginary parts ≈ 0.
+    #[test]
+    fn encode_matches_direct_evaluation_at_every_slot() {
+        let ctx = small_ctx();
+        let enc = Encoder::new(&ctx);
+        let slots = ctx.slots();
+        let scale = 2f64.powi(30);
+        for len in [slots, 37] {
+            let values: Vec<f64> = random_ints(len, 20, 0xdead_beef)
+                .into_iter()
+                .map(|x| x as f64 / 2f64.powi(17))
+                .collect();
+            let coeffs = enc.coefficients(&values, scale).unwrap();
+            let got = naive_slots(&coeffs, scale);
+            for (j, g) in got.iter().enumerate() {
+                let want = values.get(j).copied().unwrap_or(0.0);
+                assert!(
+                    (g.re - want).abs() < 1e-6,
+                    "len {len}, slot {j}: {g} vs {want}"
+                );
+                assert!(g.im.abs() < 1e-6, "len {len}, slot {j}: {g}");
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        /// decode ∘ encode ≈ identity (error ≤ 2^-20 at Δ = 2^30, |v| ≤ 64),
+        /// for any number of values up to N/2: slots past the input decode
+        /// to ≈ 0; at levels 0 and 1 (one-limb and Garner decode paths).
+        #[test]
+        fn prop_encode_decode_round_trip_sparse(
+            len in 0usize..=2048,
+            seed in any::<u64>(),
+            level in 0usize..2,
+        ) {
+            let ctx = small_ctx();
+            let enc = Encoder::new(&ctx);
+            let scale = 2f64.powi(30);
+            let values: Vec<f64> = random_ints(len, 40, seed | 1)
+                .into_iter()
+                .map(|x| x as f64 / 2f64.powi(34))
+                .collect();
+            let got = enc.decode(&enc.encode(&values, level, scale).unwrap());
+            prop_assert_eq!(got.len(), ctx.slots());
+            for (j, g) in got.iter().enumerate() {
+                let want = values.get(j).copied().unwrap_or(0.0);
+                prop_assert!((g - want).abs() < 2f64.powi(-20), "slot {}: {} vs {}", j, g, want);
+            }
+        }
+    }
 
     /// Independent check of the embedding: evaluate the integer polynomial at
     /// ζ^{5^k} directly (O(N²), small N).

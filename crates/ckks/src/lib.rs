@@ -17,7 +17,8 @@
 //!   products by precomputed constant vectors.
 //! * Security: 128-bit HE-standard parameter sets only
 //!   ([`params::SecurityBound`]); randomness from the OS CSPRNG through
-//!   ChaCha20; seeded uniform parts halve upload sizes.
+//!   ChaCha20; seeded uniform parts halve upload sizes (public seeds are
+//!   expanded with ChaCha8).
 //!
 //! * Parallelism: single-threaded by default; [`Evaluator::with_parallelism`]
 //!   runs ModUp digits and independent hoisted rotations on rayon.

@@ -6,7 +6,7 @@
 //! | bytes | field |
 //! | --- | --- |
 //! | 4 | magic `CKLR` |
-//! | 1 | format version (1) |
+//! | 1 | format version ([`FORMAT_VERSION`], 2) |
 //! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys |
 //! | 1 | log2 N |
 //! | 1 | level |
@@ -18,7 +18,13 @@
 //! { Galois element (u64) ‖ seed ‖ b_0 … b_L over `q_0..q_L, P` }.
 //! A polynomial is its limbs in order, limb `i` bit-packed at
 //! `⌈log2 q_i⌉` bits per coefficient (canonical NTT form). Uniform parts are
-//! never sent: they are re-expanded from the seeds.
+//! never sent: they are re-expanded from the seeds with ChaCha8
+//! (`sampling::expand_uniform` defines the expansion).
+//!
+//! Versions: 1 expanded seeds with ChaCha20; 2 (current) with ChaCha8, the
+//! layout being unchanged. Since a seed means a different polynomial, only
+//! the current version is read: any other is
+//! [`CkksError::UnsupportedVersion`].
 //!
 //! Reading checks, before allocating, that the length is exactly what the
 //! header implies; then that every coefficient is below its modulus, the
@@ -35,8 +41,9 @@ use crate::error::{CkksError, Result};
 use crate::keys::{GaloisKey, GaloisKeys, PublicKey};
 
 const MAGIC: &[u8; 4] = b"CKLR";
-/// Current format version.
-pub const FORMAT_VERSION: u8 = 1;
+/// Current format version: 2 (seeds expanded with ChaCha8; version 1,
+/// ChaCha20, is refused).
+pub const FORMAT_VERSION: u8 = 2;
 const HEADER: usize = 16;
 
 /// Object kinds in the header.
