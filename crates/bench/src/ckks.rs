@@ -94,9 +94,9 @@ pub fn measure(degree: usize, reps: usize) -> anyhow::Result<Value> {
         .map(|i| ((i % 97) as f64 - 48.0) / 50.0)
         .collect();
     let pt = enc.encode(&values, level, scale)?;
-    let seeded = encryptor.encrypt_sk(&pt, &sk, &mut rng);
+    let seeded = encryptor.encrypt_sk(&pt, &sk, &mut rng)?;
     let ct = seeded.expand();
-    let ct2 = encryptor.encrypt_pk(&pt, &pk, &mut rng);
+    let ct2 = encryptor.encrypt_pk(&pt, &pk, &mut rng)?;
     let mut ops = BTreeMap::new();
     ops.insert(
         "encode",
@@ -107,20 +107,20 @@ pub fn measure(degree: usize, reps: usize) -> anyhow::Result<Value> {
     ops.insert(
         "encrypt_sk",
         median_ms(reps, || {
-            black_box(encryptor.encrypt_sk(&pt, &sk, &mut rng));
+            black_box(encryptor.encrypt_sk(&pt, &sk, &mut rng).ok());
         }),
     );
     let mut rng2 = os_rng()?;
     ops.insert(
         "encrypt_pk",
         median_ms(reps, || {
-            black_box(encryptor.encrypt_pk(&pt, &pk, &mut rng2));
+            black_box(encryptor.encrypt_pk(&pt, &pk, &mut rng2).ok());
         }),
     );
     ops.insert(
         "decrypt_decode",
         median_ms(reps, || {
-            black_box(enc.decode(&dec.decrypt(black_box(&ct))));
+            black_box(dec.decrypt(black_box(&ct)).map(|p| enc.decode(&p)).ok());
         }),
     );
     let mut acc = ct.clone();

@@ -251,11 +251,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     let mut runs = Vec::new();
     let mut plain_speeds = Vec::new();
     for dir in &opts.adapters {
-        let id = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("adapter folder without a name")?
-            .to_string();
+        let id = cipherlora_private::adapter_id(dir)?;
         // Server threads start idle; the plaintext reference runs first.
         let server = EmbeddedServer::start(&id, dir, model.config(), server_hook.clone())?;
         let lora = match server.kind() {

@@ -22,7 +22,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let values: Vec<f64> = (0..ctx.slots()).map(|i| (i % 17) as f64 / 16.0).collect();
     let scale = ctx.params().scale();
     let pt1 = enc.encode(&values, 1, scale)?;
-    let ct1 = encryptor.encrypt_sk(&pt1, &sk, &mut rng).expand();
+    let ct1 = encryptor.encrypt_sk(&pt1, &sk, &mut rng).unwrap().expand();
     let w1 = enc.encode(&values, 1, ctx.params().moduli()[1] as f64)?;
     let prod = ev.mul_plain(&ct1, &w1)?;
     let ct0 = ev.rescale(&prod)?;
@@ -33,8 +33,18 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     for _ in 0..iters {
         match op.as_str() {
             "encode" => drop(enc.encode(&values, 1, scale)?),
-            "encrypt" => drop(encryptor.encrypt_sk(&pt1, &sk, &mut rng).to_bytes()),
-            "decrypt" => drop(enc.decode(&dec.decrypt(&Ciphertext::from_bytes(&ctx, &bytes0)?))),
+            "encrypt" => drop(
+                encryptor
+                    .encrypt_sk(&pt1, &sk, &mut rng)
+                    .unwrap()
+                    .to_bytes(),
+            ),
+            "decrypt" => drop(
+                enc.decode(
+                    &dec.decrypt(&Ciphertext::from_bytes(&ctx, &bytes0)?)
+                        .unwrap(),
+                ),
+            ),
             "decode" => drop(enc.decode(&pt1)),
             "rescale" => drop(ev.rescale(&prod)?),
             "rotate0" => drop(ev.rotate(&ct0, 9, &gks)?),

@@ -1,6 +1,7 @@
 //! Decryption: `m = c0 + c1·s` in NTT form (one SIMD product per limb).
 
 use crate::ciphertext::Ciphertext;
+use crate::error::Result;
 use crate::keys::SecretKey;
 use crate::plaintext::Plaintext;
 
@@ -20,15 +21,12 @@ impl Decryptor {
 
     /// Decrypts at the ciphertext's level and scale.
     ///
-    /// # Panics
-    /// If the ciphertext belongs to another context than the key.
-    pub fn decrypt(&self, ct: &Ciphertext) -> Plaintext {
+    /// # Errors
+    /// [`crate::CkksError::ParameterMismatch`] if the ciphertext belongs to
+    /// another context than the key.
+    pub fn decrypt(&self, ct: &Ciphertext) -> Result<Plaintext> {
         let ctx = &self.sk.ctx;
-        assert_eq!(
-            ctx.digest(),
-            ct.ctx.digest(),
-            "decrypt: ciphertext from another context"
-        );
+        ctx.check(ct.ctx.digest())?;
         let n = ctx.degree();
         let mut data = ct.c1.clone();
         for (i, limb) in data.chunks_exact_mut(n).enumerate() {
@@ -38,12 +36,12 @@ impl Decryptor {
                 *x = m.add(*x, c);
             }
         }
-        Plaintext {
+        Ok(Plaintext {
             data,
             level: ct.level,
             scale: ct.scale,
             n_scaled: false,
             digest: ctx.digest(),
-        }
+        })
     }
 }

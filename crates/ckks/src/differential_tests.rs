@@ -86,6 +86,7 @@ fn schoolbook_chain_ct_pt_rescale_rotate() {
         .collect();
     let ct = Encryptor::new(&ctx)
         .encrypt_sk(&enc.encode(&x, 2, scale).unwrap(), &sk, &mut rng)
+        .unwrap()
         .expand();
     let pt = enc.encode(&w, 2, scale).unwrap();
 

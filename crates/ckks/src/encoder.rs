@@ -531,14 +531,7 @@ mod tests {
     /// ζ^{5^k} directly (O(N²), small N).
     #[test]
     fn encoding_matches_naive_canonical_embedding() {
-        let params = CkksParameters::builder()
-            .degree(4096)
-            .moduli_bits(&[39, 30])
-            .special_moduli_bits(&[40])
-            .scale_bits(30)
-            .build()
-            .unwrap();
-        let ctx = Context::new(params).unwrap();
+        let ctx = small_ctx();
         let enc = Encoder::new(&ctx);
         let n = ctx.degree();
         let values: Vec<f64> = (0..n / 2)

@@ -11,6 +11,7 @@ use rand::CryptoRng;
 
 use crate::ciphertext::{Ciphertext, SeededCiphertext};
 use crate::context::Context;
+use crate::error::Result;
 use crate::keys::{PublicKey, SecretKey, small_ntt};
 use crate::plaintext::Plaintext;
 use crate::sampling::{expand_uniform, gaussian, ternary};
@@ -39,20 +40,18 @@ impl Encryptor {
     /// Secret-key encryption at the plaintext's level and scale; the uniform
     /// part is replaced by its seed.
     ///
-    /// # Panics
-    /// If the plaintext or key belong to another context (a programming
-    /// error: deserialized objects are checked against the context).
+    /// # Errors
+    /// [`crate::CkksError::ParameterMismatch`] if the plaintext or the key
+    /// belong to another context.
     pub fn encrypt_sk<R: CryptoRng + ?Sized>(
         &self,
         pt: &Plaintext,
         sk: &SecretKey,
         rng: &mut R,
-    ) -> SeededCiphertext {
+    ) -> Result<SeededCiphertext> {
         let ctx = &self.ctx;
-        assert!(
-            pt.digest == ctx.digest() && sk.ctx.digest() == ctx.digest(),
-            "encrypt_sk: plaintext or secret key from another context"
-        );
+        ctx.check(pt.digest)?;
+        ctx.check(sk.ctx.digest())?;
         let n = ctx.degree();
         let mut seed = [0u8; 32];
         rng.fill_bytes(&mut seed);
@@ -70,30 +69,29 @@ impl Encryptor {
                 }
             });
         }
-        SeededCiphertext {
+        Ok(SeededCiphertext {
             ctx: ctx.clone(),
             c0,
             seed,
             level: pt.level,
             scale: pt.scale,
-        }
+        })
     }
 
     /// Public-key encryption at the plaintext's level and scale.
     ///
-    /// # Panics
-    /// If the plaintext or key belong to another context.
+    /// # Errors
+    /// [`crate::CkksError::ParameterMismatch`] if the plaintext or the key
+    /// belong to another context.
     pub fn encrypt_pk<R: CryptoRng + ?Sized>(
         &self,
         pt: &Plaintext,
         pk: &PublicKey,
         rng: &mut R,
-    ) -> Ciphertext {
+    ) -> Result<Ciphertext> {
         let ctx = &self.ctx;
-        assert!(
-            pt.digest == ctx.digest() && pk.ctx.digest() == ctx.digest(),
-            "encrypt_pk: plaintext or public key from another context"
-        );
+        ctx.check(pt.digest)?;
+        ctx.check(pk.ctx.digest())?;
         let n = ctx.degree();
         let u = small_ntt(ctx, &ternary(rng, n), 0..=pt.level);
         let e0 = small_ntt(ctx, &gaussian(rng, n), 0..=pt.level);
@@ -114,12 +112,12 @@ impl Encryptor {
                 *c = md.add(*c, ev);
             }
         }
-        Ciphertext {
+        Ok(Ciphertext {
             ctx: ctx.clone(),
             c0,
             c1,
             level: pt.level,
             scale: pt.scale,
-        }
+        })
     }
 }

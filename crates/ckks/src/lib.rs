@@ -51,11 +51,11 @@
 //! let sk = SecretKey::generate(&ctx, &mut rng);
 //! let enc = Encoder::new(&ctx);
 //! let pt = enc.encode(&[1.0, 2.0, 3.0], ctx.max_level(), ctx.params().scale()).unwrap();
-//! let ct = Encryptor::new(&ctx).encrypt_sk(&pt, &sk, &mut rng).expand();
+//! let ct = Encryptor::new(&ctx).encrypt_sk(&pt, &sk, &mut rng).unwrap().expand();
 //! let w = enc.encode(&[0.5, 0.5, 0.5], ctx.max_level(), ctx.params().scale()).unwrap();
 //! let ev = Evaluator::new(&ctx);
 //! let prod = ev.rescale(&ev.mul_plain(&ct, &w).unwrap()).unwrap();
-//! let out = enc.decode(&Decryptor::new(&sk).decrypt(&prod));
+//! let out = enc.decode(&Decryptor::new(&sk).decrypt(&prod).unwrap());
 //! assert!((out[2] - 1.5).abs() < 1e-5);
 //! ```
 

@@ -33,12 +33,15 @@ fn encrypt_decrypt_sk_and_pk_every_preset() {
             .unwrap();
         let encryptor = Encryptor::new(&f.ctx);
         let dec = Decryptor::new(&f.sk);
-        let ct = encryptor.encrypt_sk(&pt, &f.sk, &mut f.rng).expand();
-        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&ct)), &v);
+        let ct = encryptor
+            .encrypt_sk(&pt, &f.sk, &mut f.rng)
+            .unwrap()
+            .expand();
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&ct).unwrap()), &v);
         assert!(bits >= 25.0, "{p:?} sk: {bits}");
         let pk = PublicKey::generate(&f.sk, &mut f.rng);
-        let ct = encryptor.encrypt_pk(&pt, &pk, &mut f.rng);
-        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&ct)), &v);
+        let ct = encryptor.encrypt_pk(&pt, &pk, &mut f.rng).unwrap();
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&ct).unwrap()), &v);
         // Public-key noise u·e + e1·s + e0 is ~√N larger than secret-key noise.
         assert!(bits >= 20.0, "{p:?} pk: {bits}");
     }
@@ -58,21 +61,23 @@ fn mul_plain_rescale_add_rotate_every_preset() {
         let dec = Decryptor::new(&f.sk);
         let ct_x = encryptor
             .encrypt_sk(&f.enc.encode(&x, top, scale).unwrap(), &f.sk, &mut f.rng)
+            .unwrap()
             .expand();
         let ct_y = encryptor
             .encrypt_sk(&f.enc.encode(&y, top, scale).unwrap(), &f.sk, &mut f.rng)
+            .unwrap()
             .expand();
         // add
         let sum = f.ev.add(&ct_x, &ct_y).unwrap();
         let want: Vec<f64> = x.iter().zip(&y).map(|(a, b)| a + b).collect();
-        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&sum)), &want);
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&sum).unwrap()), &want);
         assert!(bits >= 25.0, "{p:?} add: {bits}");
         // ct×pt + rescale: ≥ 25 bits at scale 2^40
         let pw = f.enc.encode(&w, top, scale).unwrap();
         let prod = f.ev.rescale(&f.ev.mul_plain(&ct_x, &pw).unwrap()).unwrap();
         assert_eq!(prod.level(), top - 1);
         let want: Vec<f64> = x.iter().zip(&w).map(|(a, b)| a * b).collect();
-        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&prod)), &want);
+        let bits = precision_bits(&f.enc.decode(&dec.decrypt(&prod).unwrap()), &want);
         assert!(bits >= 25.0, "{p:?} mul+rescale: {bits}");
         // rotate (positive, negative), plain and hoisted
         let steps = [1i64, 5, -3, 64];
@@ -84,9 +89,9 @@ fn mul_plain_rescale_add_rotate_every_preset() {
             let want_r: Vec<f64> = (0..slots)
                 .map(|i| want[(i as i64 + s).rem_euclid(slots as i64) as usize])
                 .collect();
-            let bits = precision_bits(&f.enc.decode(&dec.decrypt(&r)), &want_r);
+            let bits = precision_bits(&f.enc.decode(&dec.decrypt(&r).unwrap()), &want_r);
             assert!(bits >= 22.0, "{p:?} rotate {s}: {bits}");
-            let bits = precision_bits(&f.enc.decode(&dec.decrypt(&rh)), &want_r);
+            let bits = precision_bits(&f.enc.decode(&dec.decrypt(&rh).unwrap()), &want_r);
             assert!(bits >= 22.0, "{p:?} hoisted rotate {s}: {bits}");
         }
         // missing key is a typed error
@@ -95,4 +100,33 @@ fn mul_plain_rescale_add_rotate_every_preset() {
             Err(CkksError::MissingGaloisKey { step: 2, .. })
         ));
     }
+}
+
+/// Encrypting or decrypting objects of another parameter set used to panic;
+/// it is now a typed error.
+#[test]
+fn regression_cross_context_encrypt_and_decrypt_are_typed_errors() {
+    let mut a = fixture(Preset::N8192Depth2Fast, 3);
+    let b = fixture(Preset::N8192Depth2, 4);
+    let v = values(a.ctx.slots(), 13, 1.0);
+    let pt_a = a.enc.encode(&v, 1, a.ctx.params().scale()).unwrap();
+    let pt_b = b.enc.encode(&v, 1, b.ctx.params().scale()).unwrap();
+    let enc_a = Encryptor::new(&a.ctx);
+    let mismatch = |r: std::result::Result<(), CkksError>| {
+        assert!(
+            matches!(r, Err(CkksError::ParameterMismatch { .. })),
+            "{r:?}"
+        );
+    };
+    // Plaintext, secret key or public key from the other context.
+    mismatch(enc_a.encrypt_sk(&pt_b, &a.sk, &mut a.rng).map(drop));
+    mismatch(enc_a.encrypt_sk(&pt_a, &b.sk, &mut a.rng).map(drop));
+    let pk_b = PublicKey::generate(&b.sk, &mut a.rng);
+    mismatch(enc_a.encrypt_pk(&pt_a, &pk_b, &mut a.rng).map(drop));
+    // A ciphertext of context A decrypted with B's key.
+    let ct_a = enc_a.encrypt_sk(&pt_a, &a.sk, &mut a.rng).unwrap().expand();
+    mismatch(Decryptor::new(&b.sk).decrypt(&ct_a).map(drop));
+    // The same calls within one context work.
+    let back = a.enc.decode(&Decryptor::new(&a.sk).decrypt(&ct_a).unwrap());
+    assert!(precision_bits(&back, &v) >= 25.0);
 }

@@ -12,11 +12,12 @@ fn encrypt(f: &mut Fixture, v: &[f64], level: usize, scale: f64) -> Ciphertext {
     let pt = f.enc.encode(v, level, scale).unwrap();
     Encryptor::new(&f.ctx)
         .encrypt_sk(&pt, &f.sk, &mut f.rng)
+        .unwrap()
         .expand()
 }
 
 fn decrypt(f: &Fixture, ct: &Ciphertext) -> Vec<f64> {
-    f.enc.decode(&Decryptor::new(&f.sk).decrypt(ct))
+    f.enc.decode(&Decryptor::new(&f.sk).decrypt(ct).unwrap())
 }
 
 #[test]

@@ -242,7 +242,9 @@ impl HeServer for CkksServer {
             .encoder
             .encode(&noise, ct.level(), ct.scale())
             .map_err(he)?;
-        let zero = Encryptor::new(&self.ctx).encrypt_pk(&pt, pk, &mut *rng);
+        let zero = Encryptor::new(&self.ctx)
+            .encrypt_pk(&pt, pk, &mut *rng)
+            .map_err(he)?;
         drop(rng);
         let mut out = ct.clone();
         self.ev.add_assign(&mut out, &zero).map_err(he)?;
@@ -321,12 +323,15 @@ impl HeClient for CkksClient {
             .map_err(he)?;
         let ct = self
             .encryptor
-            .encrypt_sk(&pt, &self.sk, &mut *lock(&self.rng));
+            .encrypt_sk(&pt, &self.sk, &mut *lock(&self.rng))
+            .map_err(he)?;
         Ok(ct.to_bytes())
     }
 
     fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f64>> {
         let ct = Ciphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
-        Ok(self.encoder.decode(&self.decryptor.decrypt(&ct)))
+        Ok(self
+            .encoder
+            .decode(&self.decryptor.decrypt(&ct).map_err(he)?))
     }
 }

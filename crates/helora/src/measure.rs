@@ -51,7 +51,9 @@ pub fn wire_sizes(ctx: &Arc<Context>) -> Result<([f64; LEVELS], f64, f64)> {
         let pt = enc
             .encode(&[0.5], level, ctx.params().scale())
             .map_err(he)?;
-        let ct = Encryptor::new(ctx).encrypt_sk(&pt, &sk, &mut rng);
+        let ct = Encryptor::new(ctx)
+            .encrypt_sk(&pt, &sk, &mut rng)
+            .map_err(he)?;
         *slot = ct.to_bytes().len() as f64;
         if level == 0 {
             down = ct.expand().to_bytes().len() as f64;
@@ -98,7 +100,10 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
             .map(|i| {
                 let v: Vec<f64> = values.iter().map(|x| x + i as f64 * 1e-3).collect();
                 let pt = enc.encode(&v, level, scale).map_err(he)?;
-                Ok(encryptor.encrypt_sk(&pt, &sk, &mut rng).expand())
+                Ok(encryptor
+                    .encrypt_sk(&pt, &sk, &mut rng)
+                    .map_err(he)?
+                    .expand())
             })
             .collect::<Result<_>>()?;
         let mut i = 0usize;
@@ -108,7 +113,10 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
         };
         c.encrypt_ms[level] = median_ms(reps, || {
             let pt = enc.encode(&values, level, scale).map_err(he)?;
-            let _ = encryptor.encrypt_sk(&pt, &sk, &mut rng).to_bytes();
+            let _ = encryptor
+                .encrypt_sk(&pt, &sk, &mut rng)
+                .map_err(he)?
+                .to_bytes();
             Ok(())
         })?;
         let upload = encryptor
@@ -117,6 +125,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
                 &sk,
                 &mut rng,
             )
+            .map_err(he)?
             .to_bytes();
         c.parse_input_ms[level] = median_ms(reps, || {
             let _ = cipherlora_ckks::SeededCiphertext::from_bytes(ctx, &upload)
@@ -161,7 +170,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
             c.decrypt_ms = median_ms(reps, || {
                 let bytes = next().to_bytes();
                 let ct = cipherlora_ckks::Ciphertext::from_bytes(ctx, &bytes).map_err(he)?;
-                let _ = enc.decode(&dec.decrypt(&ct));
+                let _ = enc.decode(&dec.decrypt(&ct).map_err(he)?);
                 Ok(())
             })?;
             c.serialize_output_ms = median_ms(reps, || {
@@ -175,7 +184,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
                 let noise: Vec<f64> = values.iter().map(|v| v * 1e-6).collect();
                 let ct = next();
                 let pt = enc.encode(&noise, 0, ct.scale()).map_err(he)?;
-                let z = encryptor.encrypt_pk(&pt, &pk, &mut rng);
+                let z = encryptor.encrypt_pk(&pt, &pk, &mut rng).map_err(he)?;
                 let mut a = ct.clone();
                 ev.add_assign(&mut a, &z).map_err(he)
             })?;

@@ -32,6 +32,13 @@ pub enum PrivateError {
         /// What is wrong.
         reason: String,
     },
+    /// An adapter folder has no UTF-8 name to serve the adapter under
+    /// ([`crate::adapter_id`]).
+    #[error("adapter folder {path} has no usable name")]
+    AdapterId {
+        /// The folder.
+        path: std::path::PathBuf,
+    },
     /// The transport failed in a way the service does not describe (an
     /// unexpected answer, an unknown adapter).
     #[error("transport: {0}")]

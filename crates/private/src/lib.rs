@@ -35,7 +35,7 @@ pub use by_width::ByWidth;
 pub use error::PrivateError;
 pub use hook::{HeHook, HeTimings};
 pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
-pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer};
+pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer, adapter_id};
 pub use transport::{InProcess, Reply, Transport};
 
 pub use cipherlora_helora::wire::{GroupRequest, GroupResponse};

@@ -13,6 +13,21 @@ use cipherlora_helora::{CkksServer, GroupPlan, Mode};
 use cipherlora_model::{ModelConfig, Proj, ProjGroup};
 
 use crate::PrivateError;
+
+/// The id an adapter folder is served under: its folder name (the one rule
+/// `serve`, `demo` and `bench e2e` share, so a client can name it).
+///
+/// # Errors
+/// [`PrivateError::AdapterId`] when the path has no final component or it
+/// is not UTF-8.
+pub fn adapter_id(dir: &Path) -> Result<String, PrivateError> {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string)
+        .ok_or_else(|| PrivateError::AdapterId {
+            path: dir.to_path_buf(),
+        })
+}
 use crate::adapter_groups::{AdapterGroups, LoraKind};
 
 /// What a client needs to open a session for verify width `t`: the CKKS
@@ -221,5 +236,37 @@ impl ServerSession {
             },
         )?;
         Ok(pg.handle(&self.he, request)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adapter_id_is_the_folder_name_or_a_typed_error() {
+        assert_eq!(
+            adapter_id(Path::new("adapters/code-ffa-r16")).unwrap(),
+            "code-ffa-r16"
+        );
+        assert_eq!(adapter_id(Path::new("x/y/")).unwrap(), "y");
+        for bad in ["/", "..", ""] {
+            assert!(
+                matches!(
+                    adapter_id(Path::new(bad)),
+                    Err(PrivateError::AdapterId { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStrExt;
+            let not_utf8 = Path::new(std::ffi::OsStr::from_bytes(b"a/\xff\xfe"));
+            assert!(matches!(
+                adapter_id(not_utf8),
+                Err(PrivateError::AdapterId { .. })
+            ));
+        }
     }
 }

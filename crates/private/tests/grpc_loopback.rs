@@ -5,15 +5,14 @@
 //! request from another session is refused with a typed status and does not
 //! disturb the honest session.
 
+mod common;
+
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use cipherlora_helora::{CkksClient, HeClient};
-use cipherlora_model::{
-    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
-};
+use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
 use cipherlora_private::remote::{
     GrpcTransport, HeBackend, connect_remote, connect_widths, fetch_offer,
 };
@@ -35,10 +34,8 @@ const PROMPTS: [&str; 2] = [
     "class Stack:\n    def __init__(self):\n",
 ];
 
-fn adapter_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../adapters")
-        .join(ADAPTER)
+fn adapter_dir() -> std::path::PathBuf {
+    common::adapter_dir(ADAPTER)
 }
 
 fn start(model: &Model) -> (ServerThread, DevCert) {
@@ -148,20 +145,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     let plain = LoraAdapter::load(&adapter_dir(), model.config()).unwrap();
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
-        let opts = GenerateOptions {
-            max_tokens: TOKENS,
-            sampling: SamplingParams::greedy(),
-            eos: tok.eos_tokens().to_vec(),
-        };
-        let want = generate(
-            &model,
-            &prompt,
-            &opts,
-            &mut PlainLora::new(&plain),
-            &mut |_| Ok(()),
-        )
-        .unwrap()
-        .tokens;
+        let want = common::plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
             drafter: DrafterKind::Base,
             k: K,
@@ -175,13 +159,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
             eos: tok.eos_tokens().to_vec(),
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
-        assert_eq!(
-            got.tokens,
-            want,
-            "private output over gRPC differs on {text:?}:\n private: {:?}\n plain:   {:?}",
-            tok.decode(&got.tokens).unwrap(),
-            tok.decode(&want).unwrap()
-        );
+        common::assert_matches(&got, &want, &tok, &format!("over gRPC on {text:?}"));
     }
     let t = hook.timings();
     eprintln!("{ADAPTER} over gRPC: {t:?}");

@@ -2,12 +2,11 @@
 //! adapters, CKKS under the HE-LoRA plans, speculative decoding. The private
 //! greedy output must equal the plaintext adapted output token for token.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::{Arc, OnceLock};
 
-use cipherlora_model::{
-    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
-};
+use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
 use cipherlora_private::{AdapterServer, HeHook, InProcess};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 
@@ -22,11 +21,7 @@ fn model() -> &'static (Model, Tokenizer) {
     })
 }
 
-fn adapter_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../adapters")
-        .join(name)
-}
+use common::{adapter_dir, assert_matches, plaintext_reference};
 
 /// Held-out prompts (HumanEval-style signatures, not in the training corpus).
 const PROMPTS: [&str; 5] = [
@@ -38,8 +33,12 @@ const PROMPTS: [&str; 5] = [
 ];
 const TOKENS: usize = 32;
 
-fn private_matches_plaintext(adapter: &str, k: usize) {
+/// `f16_drafter`: the base drafter holds f16 weights (the CLI's default),
+/// else it shares the target's f32 weights.
+fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
     let (model, tok) = model();
+    let half = model.to_f16_weights().unwrap();
+    let drafter_model = if f16_drafter { &half } else { model };
     let dir = adapter_dir(adapter);
     let server = AdapterServer::load(&dir, model.config()).unwrap();
     let offer = server.offer(k + 1).unwrap();
@@ -50,20 +49,7 @@ fn private_matches_plaintext(adapter: &str, k: usize) {
     let plain = LoraAdapter::load(&dir, model.config()).unwrap();
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
-        let opts = GenerateOptions {
-            max_tokens: TOKENS,
-            sampling: SamplingParams::greedy(),
-            eos: tok.eos_tokens().to_vec(),
-        };
-        let want = generate(
-            model,
-            &prompt,
-            &opts,
-            &mut PlainLora::new(&plain),
-            &mut |_| Ok(()),
-        )
-        .unwrap()
-        .tokens;
+        let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
             drafter: DrafterKind::Base,
             k,
@@ -76,14 +62,12 @@ fn private_matches_plaintext(adapter: &str, k: usize) {
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
         };
-        let got = decode::generate(model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
-        assert_eq!(
-            got.tokens,
-            want,
-            "{adapter}: private output differs on {text:?}:\n private: {:?}\n plain:   {:?}",
-            tok.decode(&got.tokens).unwrap(),
-            tok.decode(&want).unwrap()
-        );
+        let got =
+            decode::generate_drafted(model, drafter_model, &prompt, &cfg, &mut hook, &mut |_| {
+                Ok(())
+            })
+            .unwrap();
+        assert_matches(&got, &want, tok, &format!("{adapter} on {text:?}"));
         assert!(got.stats.rounds < want.len(), "speculation saved no round");
     }
     let t = hook.timings();
@@ -93,7 +77,7 @@ fn private_matches_plaintext(adapter: &str, k: usize) {
 
 #[test]
 fn private_greedy_speculative_equals_plaintext_ffa() {
-    private_matches_plaintext("code-ffa-r16", 4);
+    private_matches_plaintext("code-ffa-r16", 4, true);
 }
 
 /// K = 8 here (T = 9 positions, the other verify width the demo and the
@@ -101,5 +85,5 @@ fn private_greedy_speculative_equals_plaintext_ffa() {
 /// rounds than K = 4, which keeps the slowest test of the suite shorter.
 #[test]
 fn private_greedy_speculative_equals_plaintext_standard() {
-    private_matches_plaintext("code-lora-r16", 8);
+    private_matches_plaintext("code-lora-r16", 8, false);
 }

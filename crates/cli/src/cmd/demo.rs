@@ -160,11 +160,7 @@ impl DemoArgs {
         };
 
         eprintln!("model:   {}", path.display());
-        let id = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("adapter")
-            .to_string();
+        let id = cipherlora_private::adapter_id(&dir)?;
         let server = EmbeddedServer::start(&id, &dir, model.config(), None)?;
         eprintln!(
             "adapter: {} (embedded adapter server on {}, gRPC over TLS with a bearer token)",

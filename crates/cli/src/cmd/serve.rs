@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use cipherlora_model::{Model, fetch};
 use cipherlora_private::HeBackend;
 use cipherlora_service::auth::TokenSet;
@@ -52,10 +52,8 @@ impl ServeArgs {
             Model::load(&base).with_context(|| format!("loading base model {}", base.display()))?;
         let mut backends: Vec<Arc<dyn AdapterBackend>> = Vec::new();
         for dir in &self.adapters {
-            let Some(id) = dir.file_name().and_then(|n| n.to_str()) else {
-                bail!("adapter folder {} has no usable name", dir.display());
-            };
-            let b = HeBackend::load(id, dir, model.config())
+            let id = cipherlora_private::adapter_id(dir)?;
+            let b = HeBackend::load(&id, dir, model.config())
                 .with_context(|| format!("loading adapter {}", dir.display()))?;
             eprintln!(
                 "adapter {id}: {} groups, preset {}",

@@ -1,0 +1,53 @@
+//! Shared by the end-to-end tests: the committed adapters and the plaintext
+//! reference every private generation is compared with.
+
+use std::path::PathBuf;
+
+use cipherlora_model::{
+    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
+};
+use cipherlora_spec::decode::SpecOutput;
+
+/// A committed adapter folder (`adapters/NAME`).
+pub fn adapter_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../adapters")
+        .join(name)
+}
+
+/// Greedy decoding of `tokens` new tokens with the adapter merged in
+/// plaintext (the reference of every private run).
+pub fn plaintext_reference(
+    model: &Model,
+    tok: &Tokenizer,
+    adapter: &LoraAdapter,
+    prompt: &[u32],
+    tokens: usize,
+) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_tokens: tokens,
+        sampling: SamplingParams::greedy(),
+        eos: tok.eos_tokens().to_vec(),
+    };
+    generate(
+        model,
+        prompt,
+        &opts,
+        &mut PlainLora::new(adapter),
+        &mut |_| Ok(()),
+    )
+    .unwrap()
+    .tokens
+}
+
+/// Asserts that a private generation reproduced the reference, naming both
+/// texts when it did not.
+pub fn assert_matches(got: &SpecOutput, want: &[u32], tok: &Tokenizer, what: &str) {
+    assert_eq!(
+        got.tokens,
+        want,
+        "{what}: private output differs:\n private: {:?}\n plain:   {:?}",
+        tok.decode(&got.tokens).unwrap(),
+        tok.decode(want).unwrap()
+    );
+}
