@@ -63,6 +63,16 @@ pub fn wire_sizes(ctx: &Arc<Context>) -> Result<([f64; LEVELS], f64, f64)> {
     Ok((up, down, key))
 }
 
+/// Bytes of plaintexts a streamed ct×pt measurement cycles through: twice
+/// a large last-level cache, so each product fetches its plaintext from
+/// memory as in a round.
+const STREAMED_BYTES: usize = 64 << 20;
+
+/// How many plaintexts of `limbs` limbs make [`STREAMED_BYTES`].
+fn streamed_count(ctx: &Context, limbs: usize) -> usize {
+    STREAMED_BYTES.div_ceil(limbs * ctx.degree() * 8)
+}
+
 /// Measures every cost of [`OpCosts`] on `ctx` (levels `0..=max_level`),
 /// `reps` timed runs each.
 ///
@@ -190,27 +200,36 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
             })?;
             continue;
         }
-        let ws: Vec<_> = (0..4 * DISTINCT)
-            .map(|i| {
-                let v: Vec<f64> = values.iter().map(|x| x * (1.0 + i as f64 * 1e-3)).collect();
-                enc.encode(&v, level, ctx.params().moduli()[level] as f64)
-                    .map_err(he)
-            })
-            .collect::<Result<_>>()?;
         // ct×pt inside a lazy accumulation of 8 terms (a typical g), each
-        // with its own plaintext, as plans use it.
+        // with its own plaintext, as plans use it: once over a working set
+        // larger than the last-level cache (a round streams every diagonal
+        // once; a session holds 10⁸–10⁹ bytes of them), once over a
+        // cache-resident one.
         let terms = 8;
+        let encode_q = |i: usize| {
+            let v: Vec<f64> = values.iter().map(|x| x * (1.0 + i as f64 * 1e-3)).collect();
+            enc.encode(&v, level, ctx.params().moduli()[level] as f64)
+                .map_err(he)
+        };
+        let ws: Vec<_> = (0..streamed_count(ctx, level + 1))
+            .map(encode_q)
+            .collect::<Result<_>>()?;
         let mut k = 0usize;
-        c.ct_pt_ms[level] = median_ms(reps, || {
-            let mut acc = ev.mul_accumulator(level).map_err(he)?;
-            for _ in 0..terms {
-                k += 1;
-                acc.add_product(&cts[k % DISTINCT], &ws[k % ws.len()])
-                    .map_err(he)?;
-            }
-            let _ = acc.finish();
-            Ok(())
-        })? / terms as f64;
+        let mut ct_pt = |n: usize| {
+            median_ms(reps, || {
+                let mut acc = ev.mul_accumulator(level).map_err(he)?;
+                for _ in 0..terms {
+                    k += 1;
+                    acc.add_product(&cts[k % DISTINCT], &ws[k % n])
+                        .map_err(he)?;
+                }
+                let _ = acc.finish();
+                Ok(())
+            })
+            .map(|ms| ms / terms as f64)
+        };
+        c.ct_pt_ms[level] = ct_pt(ws.len())?;
+        c.ct_pt_cached_ms[level] = ct_pt(4 * DISTINCT)?;
         let prods: Vec<_> = cts
             .iter()
             .zip(&ws)
@@ -223,7 +242,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
         })?;
         // The same over Q·P (double hoisting): extended rotations times
         // extended diagonals, then the fused ModDown + rescale.
-        let ews: Vec<_> = (0..4 * DISTINCT)
+        let ews: Vec<_> = (0..streamed_count(ctx, level + 2))
             .map(|i| {
                 let v: Vec<f64> = values.iter().map(|x| x * (1.0 + i as f64 * 1e-3)).collect();
                 enc.encode_extended(&v, level, ctx.params().moduli()[level] as f64)

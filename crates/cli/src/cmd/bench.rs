@@ -101,7 +101,7 @@ pub struct E2eBenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,base:4,base:8,ngram:4,hybrid:4"
+        default_value = "none,base:4,base:8,base:12,ngram:4,hybrid:4"
     )]
     configs: Vec<String>,
     /// Held-out prompts, one JSON object with a "prompt" field per line.
