@@ -19,7 +19,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// without this each one takes the arena's slow path: measured with `bench
 /// helora` in one run, encrypt 0.45–0.60 → 0.16 ms, parsing an upload
 /// 0.23–0.29 → 0.06 ms, a level-1 rotation 0.50–0.65 → 0.23 ms (the same
-/// as under glibc's allocator; see BENCHMARKS.md, "Allocator").
+/// as under glibc's allocator; see BENCHMARKS.md, "HE-LoRA").
 ///
 /// `unsafe`: exporting a symbol is unsafe in Rust 2024 because the linker
 /// cannot check its type; this is the documented `malloc_conf` hook (a

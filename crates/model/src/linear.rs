@@ -62,7 +62,7 @@ impl Linear {
     /// candle's GEMM then runs d_out (hundreds) rather than T (a handful)
     /// along its microkernel's rows. Measured on the SmolLM2-135M
     /// projections, one thread: T = 9 and 17 run 1.2–1.6× faster, T = 1 is
-    /// faster the usual way (see `BENCHMARKS.md`, plaintext engine).
+    /// faster the usual way (see BENCHMARKS.md, "Plaintext model").
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let y = match &self.w {
             QMatMul::Tensor(w) if x.dim(0)? >= TRANSPOSED_MIN_ROWS => {
