@@ -529,7 +529,9 @@ impl<'m> Drafter<'m> {
             let row = rows(&logits, feed.len())?.pop().expect("at least one row");
             // Greedy drafts stop early after a low-confidence token.
             let (next, stop) = if greedy {
-                (greedy_token(&row), top_probability(&row) < self.stop_below)
+                // (The softmax over the vocabulary only when the option is on.)
+                let stop = self.stop_below > 0.0 && top_probability(&row) < self.stop_below;
+                (greedy_token(&row), stop)
             } else {
                 let q = sampler.probs(&row, &history);
                 let t = crate::acceptance::sample(&q, rng);
