@@ -20,7 +20,7 @@ use cipherlora_helora::planner::{best_per_family, choose};
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{
     CkksClient, CkksServer, Estimate, GroupAdapter, GroupClient, GroupPlan, GroupShape, Link, Mode,
-    OpCosts, OpCounts, PreparedGroup, ProjectionAdapter,
+    OpCosts, OpCounts, PositionPacking, PreparedGroup, ProjectionAdapter,
 };
 use serde_json::{Value, json};
 
@@ -231,9 +231,9 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
     let mut runs: Vec<Value> = Vec::new();
     let mut md = String::new();
     md.push_str(
-        "| shape | mode | T | strategy (planner) | rot | ct×pt | floor ct×pt | up MB | down MB | client ms | server ms | floor ms | (c+s)/floor | cached floor ms | (c+s)/cached floor | e2e c+s ms | ms / proj-token | × vs TenSEAL | × vs 3,411 ms |\n",
+        "| shape | mode | T | strategy (planner) | rot | ct×pt | floor ct×pt | up MB | down MB | client ms | server ms | floor ms | (c+s)/floor | cached floor ms | (c+s)/cached floor | (c+s)/cached floor, complex slots | e2e c+s ms | e2e c+s ms, one position per slot | ms / proj-token | × vs TenSEAL | × vs 3,411 ms |\n",
     );
-    md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for model in ModelShape::all() {
         for mode in [Mode::Ffa, Mode::Standard] {
             for t in TS {
@@ -254,15 +254,33 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
                     .map(|(_, shape)| choose(shape, mode, t, slots, true, &costs, &link))
                     .collect::<Result<_, _>>()?;
                 rows.push(total(&model, rerand, false));
-                // One row per strategy family present in every group.
-                let fams: Vec<&'static str> = families[0]
+                // The planner restricted to one position per slot (what the
+                // pairing of positions in complex slots gains, side by side).
+                let real: Vec<_> = families
                     .iter()
-                    .map(|(p, _)| p.strategy_family())
+                    .map(|f| {
+                        f.iter()
+                            .filter(|(p, _)| p.packing == PositionPacking::Real)
+                            .min_by(|a, b| a.1.total_ms.total_cmp(&b.1.total_ms))
+                            .cloned()
+                            .context("no plan with one position per slot")
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                rows.push(total(&model, real, false));
+                // One row per (strategy family, position packing) present in
+                // every group.
+                let fams: Vec<_> = families[0]
+                    .iter()
+                    .map(|(p, _)| (p.strategy_family(), p.packing))
                     .collect();
                 for fam in fams {
                     let picks: Option<Vec<_>> = families
                         .iter()
-                        .map(|f| f.iter().find(|(p, _)| p.strategy_family() == fam).cloned())
+                        .map(|f| {
+                            f.iter()
+                                .find(|(p, _)| (p.strategy_family(), p.packing) == fam)
+                                .cloned()
+                        })
                         .collect();
                     if let Some(picks) = picks {
                         rows.push(total(&model, picks, false));
@@ -275,17 +293,29 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
                 // working set for reference (see OpCosts::ct_pt_ms).
                 let floor_ms = floor as f64 * costs.ct_pt_ms[stage_b_level];
                 let cached_floor_ms = floor as f64 * costs.ct_pt_cached_ms[stage_b_level];
+                // The floor counts N/2 slots per ct×pt; with two
+                // positions per complex slot a product does twice the work,
+                // so the same count over 2·(N/2) values is reported too.
+                let floor_pairs = floor_ct_pt(&model, t, 2 * slots) * model.layers as u64;
+                let cached_floor_pairs_ms =
+                    floor_pairs as f64 * costs.ct_pt_cached_ms[stage_b_level];
                 let proj_tokens = (projections(&model) * model.layers * t) as f64;
                 let e2e_wanted = !opts.no_e2e && model.name == "smollm2-135m";
+                // Measured for the planner's choice and for its
+                // one-position-per-slot restriction (rows 0 and 2).
+                let mut measured = Vec::with_capacity(rows.len());
                 for (i, row) in rows.iter().enumerate() {
-                    let e2e = if e2e_wanted && i == 0 {
+                    measured.push(if e2e_wanted && (i == 0 || i == 2) {
                         let (c, s) = e2e_layer(&ctx, &model, &row.plans).with_context(|| {
                             format!("e2e {} {} T={t}", model.name, mode_name(mode))
                         })?;
                         Some((c * model.layers as f64, s * model.layers as f64))
                     } else {
                         None
-                    };
+                    });
+                }
+                for (i, row) in rows.iter().enumerate() {
+                    let e2e = measured[i];
                     let per_pt = (row.client_ms + row.server_ms) / proj_tokens;
                     runs.push(json!({
                         "shape": model.name,
@@ -312,14 +342,21 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
                         "ratio_to_floor": (row.client_ms + row.server_ms) / floor_ms,
                         "cached_floor_ms": cached_floor_ms,
                         "ratio_to_cached_floor": (row.client_ms + row.server_ms) / cached_floor_ms,
+                        "floor_ct_pt_complex_slots": floor_pairs,
+                        "cached_floor_complex_slots_ms": cached_floor_pairs_ms,
+                        "ratio_to_cached_floor_complex_slots": (row.client_ms + row.server_ms) / cached_floor_pairs_ms,
+                        "one_position_per_slot_baseline": i == 2,
                         "per_projection_token_ms": per_pt,
                         "measured_client_ms": e2e.map(|e| e.0),
                         "measured_server_ms": e2e.map(|e| e.1),
                     }));
                     if row.chosen {
-                        let e2e_s = e2e.map_or("–".to_string(), |(c, s)| format!("{:.0}", c + s));
+                        let c_s = |e: Option<(f64, f64)>| {
+                            e.map_or("–".to_string(), |(c, s)| format!("{:.0}", c + s))
+                        };
+                        let (e2e_s, e2e_real) = (c_s(e2e), c_s(measured[2]));
                         md.push_str(&format!(
-                            "| {} | {} | {t} | `{}` | {} | {} | {floor} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {e2e_s} | {:.3} | {:.0} | {:.0} |\n",
+                            "| {} | {} | {t} | `{}` | {} | {} | {floor} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {e2e_s} | {e2e_real} | {:.3} | {:.0} | {:.0} |\n",
                             model.name,
                             mode_name(mode),
                             row.strategy,
@@ -333,6 +370,7 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
                             (row.client_ms + row.server_ms) / floor_ms,
                             cached_floor_ms,
                             (row.client_ms + row.server_ms) / cached_floor_ms,
+                            (row.client_ms + row.server_ms) / cached_floor_pairs_ms,
                             per_pt,
                             tenseal_ms(model.name, mode) / per_pt,
                             PAPER_MS / per_pt,

@@ -1,4 +1,5 @@
-//! Loops one CKKS operation for profiling (`perf record`): encrypt, decrypt,
+//! Loops one CKKS operation for profiling (`perf record`): encrypt (of an
+//! encoded plaintext), encryptv (fused encode + encrypt of values), decrypt,
 //! encode, rescale, rotations (plain, hoisted, extended), ModDown, fused
 //! ModDown + rescale. N = 8192, preset N8192Depth2Fast.
 
@@ -37,6 +38,11 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 encryptor
                     .encrypt_sk(&pt1, &sk, &mut rng)
                     .unwrap()
+                    .to_bytes(),
+            ),
+            "encryptv" => drop(
+                encryptor
+                    .encrypt_values_sk(&enc, &values, &[], 1, scale, &sk, &mut rng)?
                     .to_bytes(),
             ),
             "decrypt" => drop(

@@ -1,5 +1,13 @@
-//! Canonical-embedding encoder: real vectors of up to N/2 slots ↔ integer
-//! polynomials, written directly into N-scaled NTT form.
+//! Canonical-embedding encoder: vectors of up to N/2 real or complex slots ↔
+//! integer polynomials, written directly into N-scaled NTT form.
+//!
+//! The message space is `ℂ^{N/2}` (Cheon–Kim–Kim–Song, Asiacrypt 2017,
+//! §3.2): [`Encoder::encode`] / [`Encoder::decode`] use the real parts only,
+//! [`Encoder::encode_complex`] / [`Encoder::decode_complex`] both parts. A
+//! linear map with *real* plaintext weights (products by real plaintexts,
+//! rotations, additions, rescales) acts on the real and imaginary parts
+//! independently, so a complex slot carries two independent real values
+//! through such a circuit at no extra cost.
 //!
 //! Slot `k` is the evaluation of the message polynomial at `ζ^{5^k}` with
 //! `ζ = e^{iπ/N}` (Cheon–Kim–Kim–Song, Asiacrypt 2017, §3.2 and the
@@ -139,27 +147,31 @@ impl Encoder {
     }
 
     /// Evaluates at the slot points: `twisted[i] = z_i·ζ^i` (the packed,
-    /// scaled coefficients times the twist; clobbered) → the real parts of
-    /// the N/2 slot values (one size-N/2 FFT, then the slot permutation).
-    fn evaluate(&self, twisted: &mut [Complex<f64>]) -> Vec<f64> {
+    /// scaled coefficients times the twist; clobbered) → the N/2 complex
+    /// slot values (one size-N/2 FFT, then the slot permutation).
+    fn evaluate(&self, twisted: &mut [Complex<f64>]) -> Vec<Complex<f64>> {
         let slots = twisted.len();
         let mut out = vec![Complex::new(0.0, 0.0); slots];
         let mut scratch = vec![Complex::new(0.0, 0.0); self.eval_scratch];
         self.eval_fft
             .process_outofplace_with_scratch(twisted, &mut out, &mut scratch);
-        self.slot_index
-            .iter()
-            .map(|&l| out[l as usize].re)
-            .collect()
+        self.slot_index.iter().map(|&l| out[l as usize]).collect()
     }
 
     /// The integer coefficients `round(Δ·m)` of the polynomial whose slots
-    /// are `values` (zero padded).
-    fn coefficients(&self, values: &[f64], scale: f64) -> Result<Vec<i64>> {
+    /// are `values` (zero padded; `im`, when given, holds the imaginary
+    /// parts and is zero padded too).
+    pub(crate) fn coefficients(
+        &self,
+        values: &[f64],
+        im: Option<&[f64]>,
+        scale: f64,
+    ) -> Result<Vec<i64>> {
         let slots = self.ctx.slots();
-        if values.len() > slots {
+        let longest = values.len().max(im.map_or(0, <[f64]>::len));
+        if longest > slots {
             return Err(CkksError::TooManyValues {
-                got: values.len(),
+                got: longest,
                 slots,
             });
         }
@@ -173,6 +185,12 @@ impl Encoder {
                 return Err(CkksError::ValueOutOfRange { index: i });
             }
             spectrum[l as usize].re = x;
+        }
+        for (i, (&y, &l)) in im.unwrap_or(&[]).iter().zip(&self.slot_index).enumerate() {
+            if !y.is_finite() || (y * scale).abs() >= MAX_COEFF {
+                return Err(CkksError::ValueOutOfRange { index: i });
+            }
+            spectrum[l as usize].im = y;
         }
         let mut z = vec![Complex::new(0.0, 0.0); slots];
         let mut scratch = vec![Complex::new(0.0, 0.0); self.interp_scratch];
@@ -202,7 +220,35 @@ impl Encoder {
     /// or `|value·scale| ≥ 2^62`), [`CkksError::InvalidScale`],
     /// [`CkksError::LevelOutOfRange`].
     pub fn encode(&self, values: &[f64], level: usize, scale: f64) -> Result<Plaintext> {
-        let (_, data) = self.chain_limbs(values, level, scale)?;
+        self.encode_parts(values, None, level, scale)
+    }
+
+    /// Encodes up to N/2 complex values, given as their real parts `re` and
+    /// imaginary parts `im` (each zero padded, lengths may differ), at
+    /// `level` and `scale` (module docs: a circuit with real weights keeps
+    /// the two parts apart).
+    ///
+    /// # Errors
+    /// As [`Self::encode`]; `index` in [`CkksError::ValueOutOfRange`] is the
+    /// slot whose real or imaginary part is out of range.
+    pub fn encode_complex(
+        &self,
+        re: &[f64],
+        im: &[f64],
+        level: usize,
+        scale: f64,
+    ) -> Result<Plaintext> {
+        self.encode_parts(re, Some(im), level, scale)
+    }
+
+    fn encode_parts(
+        &self,
+        values: &[f64],
+        im: Option<&[f64]>,
+        level: usize,
+        scale: f64,
+    ) -> Result<Plaintext> {
+        let (_, data) = self.chain_limbs(values, im, level, scale)?;
         Ok(Plaintext {
             data,
             level,
@@ -217,6 +263,7 @@ impl Encoder {
     fn chain_limbs(
         &self,
         values: &[f64],
+        im: Option<&[f64]>,
         level: usize,
         scale: f64,
     ) -> Result<(Vec<i64>, Vec<u64>)> {
@@ -224,7 +271,7 @@ impl Encoder {
         if level > max {
             return Err(CkksError::LevelOutOfRange { level, max });
         }
-        let coeffs = self.coefficients(values, scale)?;
+        let coeffs = self.coefficients(values, im, scale)?;
         let n = self.ctx.degree();
         let mut data = vec![0u64; (level + 1) * n];
         for (i, limb) in data.chunks_exact_mut(n).enumerate() {
@@ -253,7 +300,7 @@ impl Encoder {
         level: usize,
         scale: f64,
     ) -> Result<ExtendedPlaintext> {
-        let (coeffs, data) = self.chain_limbs(values, level, scale)?;
+        let (coeffs, data) = self.chain_limbs(values, None, level, scale)?;
         let n = self.ctx.degree();
         let mut special = vec![0u64; n];
         self.limb_of(&coeffs, self.ctx.sp(), &mut special);
@@ -278,6 +325,14 @@ impl Encoder {
     /// # Panics
     /// If the plaintext belongs to another context.
     pub fn decode(&self, pt: &Plaintext) -> Vec<f64> {
+        self.decode_complex(pt).into_iter().map(|z| z.re).collect()
+    }
+
+    /// As [`Self::decode`], keeping both parts of the N/2 complex slots.
+    ///
+    /// # Panics
+    /// If the plaintext belongs to another context.
+    pub fn decode_complex(&self, pt: &Plaintext) -> Vec<Complex<f64>> {
         assert_eq!(
             pt.digest,
             self.ctx.digest(),
@@ -444,9 +499,10 @@ mod tests {
     }
 
     /// Decode of an arbitrary integer polynomial (complex slot values, not
-    /// made by the encoder) equals the real part of the direct evaluation at
-    /// every slot point: both the one-limb path and the Garner path (level
-    /// 1, coefficients beyond the first prime), N-scaled and canonical.
+    /// made by the encoder) equals the direct evaluation at every slot
+    /// point (`decode`: its real part, `decode_complex`: both parts): both
+    /// the one-limb path and the Garner path (level 1, coefficients beyond
+    /// the first prime), N-scaled and canonical.
     #[test]
     fn decode_matches_direct_evaluation_at_every_slot() {
         let ctx = small_ctx();
@@ -459,13 +515,20 @@ mod tests {
             // Any slot is bounded by Σ|c_k|/Δ; allow rounding relative to that.
             let tol = 1e-12 * coeffs.iter().map(|&c| c.abs() as f64).sum::<f64>() / scale;
             for n_scaled in [true, false] {
-                let got = enc.decode(&plaintext_of(&enc, &coeffs, level, scale, n_scaled));
+                let pt = plaintext_of(&enc, &coeffs, level, scale, n_scaled);
+                let got = enc.decode(&pt);
+                let got_c = enc.decode_complex(&pt);
                 assert_eq!(got.len(), n / 2);
-                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(got_c.len(), n / 2);
+                for (j, ((g, gc), w)) in got.iter().zip(&got_c).zip(&want).enumerate() {
                     assert!(
                         (g - w.re).abs() <= tol,
                         "level {level}, slot {j}: {g} vs {} (tol {tol})",
                         w.re
+                    );
+                    assert!(
+                        (gc - w).norm() <= 2.0 * tol,
+                        "level {level}, slot {j}: {gc} vs {w} (tol {tol})"
                     );
                 }
             }
@@ -486,7 +549,7 @@ mod tests {
                 .into_iter()
                 .map(|x| x as f64 / 2f64.powi(17))
                 .collect();
-            let coeffs = enc.coefficients(&values, scale).unwrap();
+            let coeffs = enc.coefficients(&values, None, scale).unwrap();
             let got = naive_slots(&coeffs, scale);
             for (j, g) in got.iter().enumerate() {
                 let want = values.get(j).copied().unwrap_or(0.0);
@@ -497,6 +560,38 @@ mod tests {
                 assert!(g.im.abs() < 1e-6, "len {len}, slot {j}: {g}");
             }
         }
+    }
+
+    /// `encode_complex`: the direct evaluation of the integer coefficients
+    /// gives back both parts, each zero padded on its own (real and
+    /// imaginary inputs of different lengths).
+    #[test]
+    fn encode_complex_matches_direct_evaluation_at_every_slot() {
+        let ctx = small_ctx();
+        let enc = Encoder::new(&ctx);
+        let scale = 2f64.powi(30);
+        let part = |len, seed| -> Vec<f64> {
+            random_ints(len, 20, seed)
+                .into_iter()
+                .map(|x| x as f64 / 2f64.powi(17))
+                .collect()
+        };
+        let (re, im) = (part(301, 0xfeed), part(1000, 0xbeef));
+        let coeffs = enc.coefficients(&re, Some(&im), scale).unwrap();
+        for (j, g) in naive_slots(&coeffs, scale).iter().enumerate() {
+            let want_re = re.get(j).copied().unwrap_or(0.0);
+            let want_im = im.get(j).copied().unwrap_or(0.0);
+            assert!((g.re - want_re).abs() < 1e-6, "slot {j}: {g} vs {want_re}");
+            assert!((g.im - want_im).abs() < 1e-6, "slot {j}: {g} vs {want_im}");
+        }
+        assert!(matches!(
+            enc.encode_complex(&re, &vec![0.0; ctx.slots() + 1], 0, scale),
+            Err(CkksError::TooManyValues { .. })
+        ));
+        assert!(matches!(
+            enc.encode_complex(&re, &[0.0, f64::NAN], 0, scale),
+            Err(CkksError::ValueOutOfRange { index: 1 })
+        ));
     }
 
     proptest! {
@@ -538,7 +633,7 @@ mod tests {
             .map(|i| ((i * 7919) % 1000) as f64 / 250.0 - 2.0)
             .collect();
         let scale = 2f64.powi(30);
-        let coeffs = enc.coefficients(&values, scale).unwrap();
+        let coeffs = enc.coefficients(&values, None, scale).unwrap();
         for k in [0usize, 1, 2, 17, n / 2 - 1] {
             let e = (0..k).fold(1usize, |g, _| g * 5 % (2 * n)) as f64;
             let (mut re, mut im) = (0.0, 0.0);

@@ -11,7 +11,8 @@ use rand::CryptoRng;
 
 use crate::ciphertext::{Ciphertext, SeededCiphertext};
 use crate::context::Context;
-use crate::error::Result;
+use crate::encoder::Encoder;
+use crate::error::{CkksError, Result};
 use crate::keys::{PublicKey, SecretKey, small_ntt};
 use crate::plaintext::Plaintext;
 use crate::sampling::{expand_uniform, gaussian, ternary};
@@ -75,6 +76,67 @@ impl Encryptor {
             seed,
             level: pt.level,
             scale: pt.scale,
+        })
+    }
+
+    /// Encodes the slot values `re + i·im` (as
+    /// [`Encoder::encode_complex`]) and encrypts them under the secret key
+    /// in one pass: the error is added to the message's integer
+    /// coefficients *before* the forward NTT, so each limb takes one NTT
+    /// instead of two (message and error) and the plaintext never exists in
+    /// N-scaled form. The ciphertext is the one `encode_complex` followed by
+    /// [`Self::encrypt_sk`] produces with the same random generator state
+    /// (the same seed and error, drawn in the same order), bit for bit.
+    ///
+    /// # Errors
+    /// As [`Encoder::encode_complex`]; [`CkksError::ParameterMismatch`] if
+    /// the encoder or the key belong to another context.
+    #[allow(clippy::too_many_arguments)]
+    pub fn encrypt_values_sk<R: CryptoRng + ?Sized>(
+        &self,
+        encoder: &Encoder,
+        re: &[f64],
+        im: &[f64],
+        level: usize,
+        scale: f64,
+        sk: &SecretKey,
+        rng: &mut R,
+    ) -> Result<SeededCiphertext> {
+        let ctx = &self.ctx;
+        ctx.check(encoder.context().digest())?;
+        ctx.check(sk.ctx.digest())?;
+        let max = ctx.max_level();
+        if level > max {
+            return Err(CkksError::LevelOutOfRange { level, max });
+        }
+        let mut coeffs = encoder.coefficients(re, Some(im), scale)?;
+        let n = ctx.degree();
+        let mut seed = [0u8; 32];
+        rng.fill_bytes(&mut seed);
+        let mut c0 = vec![0u64; (level + 1) * n];
+        expand_uniform(ctx, &seed, 0, 0..=level, &mut c0);
+        // |m| < 2^62 (checked by the encoder) and |e| ≤ 19: no overflow.
+        for (c, &e) in coeffs.iter_mut().zip(&gaussian(rng, n)) {
+            *c += i64::from(e);
+        }
+        let mut m = vec![0u64; n];
+        for (i, limb) in c0.chunks_exact_mut(n).enumerate() {
+            ctx.mul_scaled(i, limb, sk.scaled_limb(i));
+            crate::modular::reduce_signed_limb(&ctx.moduli[i], &coeffs, &mut m);
+            ctx.fwd(i, &mut m);
+            let md = ctx.moduli[i];
+            crate::modular::vectorized(|| {
+                for (c, &mv) in limb.iter_mut().zip(&m) {
+                    *c = md.sub(mv, *c);
+                }
+            });
+        }
+        Ok(SeededCiphertext {
+            ctx: ctx.clone(),
+            c0,
+            seed,
+            level,
+            scale,
         })
     }
 

@@ -89,4 +89,6 @@ pub use hoisting::{ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext
 pub use keys::{GaloisKey, GaloisKeys, PublicKey, SecretKey};
 pub use params::{CkksParameters, Preset, SecurityBound};
 pub use plaintext::{ExtendedPlaintext, Plaintext};
+/// Complex slot values ([`Encoder::encode_complex`], [`Encoder::decode_complex`]).
+pub use rustfft::num_complex::Complex64;
 pub use sampling::{os_rng, os_seed};

@@ -47,6 +47,49 @@ fn encrypt_decrypt_sk_and_pk_every_preset() {
     }
 }
 
+/// The fused encode + encrypt (error added to the integer coefficients
+/// before the NTT) is the two-step path bit for bit, for complex values at
+/// every level: same random generator state, same ciphertext; and it
+/// decrypts to both parts.
+#[test]
+fn fused_encode_encrypt_equals_encode_then_encrypt() {
+    for &p in presets() {
+        let f = fixture(p, 7);
+        let scale = f.ctx.params().scale();
+        let re = values(f.ctx.slots(), 13, 4.0);
+        let im = values(f.ctx.slots() / 3, 14, 4.0);
+        let encryptor = Encryptor::new(&f.ctx);
+        for level in 0..=f.ctx.max_level() {
+            let (mut r1, mut r2) = (f.rng.clone(), f.rng.clone());
+            let pt = f.enc.encode_complex(&re, &im, level, scale).unwrap();
+            let two_step = encryptor.encrypt_sk(&pt, &f.sk, &mut r1).unwrap();
+            let fused = encryptor
+                .encrypt_values_sk(&f.enc, &re, &im, level, scale, &f.sk, &mut r2)
+                .unwrap();
+            assert!(fused == two_step, "{p:?} level {level}");
+            let got = f
+                .enc
+                .decode_complex(&Decryptor::new(&f.sk).decrypt(&fused.expand()).unwrap());
+            let got_im: Vec<f64> = got.iter().map(|z| z.im).collect();
+            let want_im: Vec<f64> = (0..got.len())
+                .map(|i| im.get(i).copied().unwrap_or(0.0))
+                .collect();
+            assert!(
+                precision_bits(&got_im, &want_im) >= 25.0,
+                "{p:?} level {level}"
+            );
+        }
+        let other = fixture(Preset::N8192Depth2, 8);
+        if p != Preset::N8192Depth2 {
+            let mut rng = f.rng.clone();
+            assert!(matches!(
+                encryptor.encrypt_values_sk(&f.enc, &re, &im, 0, scale, &other.sk, &mut rng),
+                Err(CkksError::ParameterMismatch { .. })
+            ));
+        }
+    }
+}
+
 #[test]
 fn mul_plain_rescale_add_rotate_every_preset() {
     for &p in presets() {

@@ -8,9 +8,16 @@
 //! Implementations: [`crate::sim::SlotSimulator`] (exact f64 slot vectors,
 //! counts every operation) and the CKKS engine adapter.
 
+pub use cipherlora_ckks::Complex64;
+
 use crate::error::Result;
 
 /// Server-side homomorphic evaluation.
+///
+/// Slots are complex; every plaintext the server makes holds *real* weights
+/// (`encode_weights` takes `f64`), so the evaluation acts on the real and
+/// imaginary parts of the slots independently
+/// ([`crate::PositionPacking::ComplexPairs`] relies on it).
 ///
 /// Rotations are *left* rotations of the slot vector by `step` slots
 /// (`out[i] = in[(i + step) mod slots]`). Plaintexts are produced for a given
@@ -130,16 +137,18 @@ pub trait HeClient {
     /// Slots per ciphertext (N/2).
     fn slots(&self) -> usize;
 
-    /// Encodes and encrypts `values` at `level`; returns the upload bytes
-    /// (seeded where the backend supports it).
+    /// Encodes and encrypts the slot values `re + i·im` (each zero padded;
+    /// `im` may be empty) at `level`; returns the upload bytes (seeded where
+    /// the backend supports it).
     ///
     /// # Errors
     /// More values than slots, level out of range.
-    fn encrypt_to_bytes(&self, values: &[f64], level: usize) -> Result<Vec<u8>>;
+    fn encrypt_to_bytes(&self, re: &[f64], im: &[f64], level: usize) -> Result<Vec<u8>>;
 
-    /// Parses, decrypts and decodes a result ciphertext: all slots.
+    /// Parses, decrypts and decodes a result ciphertext: all slots, both
+    /// parts.
     ///
     /// # Errors
     /// Malformed bytes.
-    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f64>>;
+    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<Complex64>>;
 }

@@ -16,7 +16,7 @@ use cipherlora_ckks::{
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
 
-use crate::backend::{HeClient, HeServer};
+use crate::backend::{Complex64, HeClient, HeServer};
 use crate::error::{HeloraError, Result};
 
 fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
@@ -316,22 +316,26 @@ impl HeClient for CkksClient {
         self.ctx.slots()
     }
 
-    fn encrypt_to_bytes(&self, values: &[f64], level: usize) -> Result<Vec<u8>> {
-        let pt = self
-            .encoder
-            .encode(values, level, self.ctx.params().scale())
-            .map_err(he)?;
+    fn encrypt_to_bytes(&self, re: &[f64], im: &[f64], level: usize) -> Result<Vec<u8>> {
         let ct = self
             .encryptor
-            .encrypt_sk(&pt, &self.sk, &mut *lock(&self.rng))
+            .encrypt_values_sk(
+                &self.encoder,
+                re,
+                im,
+                level,
+                self.ctx.params().scale(),
+                &self.sk,
+                &mut *lock(&self.rng),
+            )
             .map_err(he)?;
         Ok(ct.to_bytes())
     }
 
-    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f64>> {
+    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<Complex64>> {
         let ct = Ciphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
         Ok(self
             .encoder
-            .decode(&self.decryptor.decrypt(&ct).map_err(he)?))
+            .decode_complex(&self.decryptor.decrypt(&ct).map_err(he)?))
     }
 }

@@ -1,19 +1,61 @@
 //! The client half: packs and encrypts a group's inputs, decrypts and unpacks
 //! the deltas. Holds no adapter secret (FFA: the public lora_A only).
+//!
+//! The client alone maps the round's T positions onto slot positions: with
+//! [`PositionPacking::ComplexPairs`] position `p < T'` goes to the real part
+//! and `p + T'` to the imaginary part of slot position `p` (`T' = ⌈T/2⌉`,
+//! see [`crate::plan`]); the packing functions and the server see the T'
+//! slot positions only.
 
 use crate::adapter::positions;
-use crate::backend::HeClient;
+use crate::backend::{Complex64, HeClient};
 use crate::error::{HeloraError, Result};
 use crate::packing::{DeltaIndex, check_mode, ffa_inputs, output_map, standard_inputs};
-use crate::plan::{GroupPlan, Mode};
+use crate::plan::{GroupPlan, Mode, PositionPacking};
 use crate::wire::{GroupRequest, GroupResponse};
+
+/// The slot values of one uploaded ciphertext: real parts and imaginary
+/// parts (the latter empty with [`PositionPacking::Real`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotValues {
+    /// Real parts, one per slot.
+    pub re: Vec<f64>,
+    /// Imaginary parts, one per slot, or empty (all zero).
+    pub im: Vec<f64>,
+}
+
+/// What a slot of a returned ciphertext must hold: the delta in its real
+/// part and the one in its imaginary part (`None`: must decrypt to zero).
+pub type SlotDeltas = [Option<DeltaIndex>; 2];
+
+/// `Σ a_k·b_k` with eight independent partial sums, so that the loop
+/// vectorizes (a single running sum is a latency-bound chain: f64 addition
+/// is not associative, so the compiler may not reorder it).
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s += x * y;
+        }
+    }
+    acc.iter().sum::<f64>() + tail
+}
 
 /// The client side of one layer group under one plan.
 #[derive(Debug, Clone)]
 pub struct GroupClient {
     plan: GroupPlan,
     plan_id: u64,
-    map: Vec<Vec<Option<DeltaIndex>>>,
+    /// Per output ciphertext and slot, the deltas of both parts (positions
+    /// of the round).
+    map: Vec<Vec<SlotDeltas>>,
     /// FFA: stacked public `A_f` (R × d_in, f64).
     public_a: Option<Vec<f64>>,
 }
@@ -57,12 +99,69 @@ impl GroupClient {
     }
 
     fn build(plan: &GroupPlan, public_a: Option<Vec<f64>>) -> Result<Self> {
+        let (t, ts) = (plan.t, plan.slot_positions());
+        let to_round = |d: Option<DeltaIndex>, offset: usize| {
+            d.and_then(|d| {
+                let pos = d.pos + offset;
+                (pos < t).then_some(DeltaIndex { pos, ..d })
+            })
+        };
+        let map = output_map(plan)?
+            .into_iter()
+            .map(|ct| {
+                ct.into_iter()
+                    .map(|d| match plan.packing {
+                        PositionPacking::Real => [d, None],
+                        PositionPacking::ComplexPairs => [to_round(d, 0), to_round(d, ts)],
+                    })
+                    .collect()
+            })
+            .collect();
         Ok(GroupClient {
             plan: plan.clone(),
             plan_id: plan.id(),
-            map: output_map(plan)?,
+            map,
             public_a,
         })
+    }
+
+    /// Packs a position-major matrix of the round (`t` rows of `width`):
+    /// `pack` turns T' rows (slot positions) into slot vectors; it is
+    /// applied to the real-part rows and, with two positions per slot, to
+    /// the imaginary-part rows.
+    fn pack_parts(
+        &self,
+        rows: &[f64],
+        width: usize,
+        pack: impl Fn(&[f64]) -> Result<Vec<Vec<f64>>>,
+    ) -> Result<Vec<SlotValues>> {
+        let (re, im) = self.split_positions(rows, width);
+        let re = pack(re)?;
+        let im = match im {
+            Some(im) => pack(&im)?,
+            None => vec![Vec::new(); re.len()],
+        };
+        Ok(re
+            .into_iter()
+            .zip(im)
+            .map(|(re, im)| SlotValues { re, im })
+            .collect())
+    }
+
+    /// Splits a position-major matrix of the round (`t` rows of `width`)
+    /// into the rows of the real parts and of the imaginary parts, each
+    /// with T' rows (the imaginary rows zero padded past T; none with
+    /// [`PositionPacking::Real`]).
+    fn split_positions<'a>(&self, m: &'a [f64], width: usize) -> (&'a [f64], Option<Vec<f64>>) {
+        let ts = self.plan.slot_positions();
+        match self.plan.packing {
+            PositionPacking::Real => (m, None),
+            PositionPacking::ComplexPairs => {
+                let mut im = m[ts * width..].to_vec();
+                im.resize(ts * width, 0.0);
+                (&m[..ts * width], Some(im))
+            }
+        }
     }
 
     /// The plan.
@@ -70,12 +169,12 @@ impl GroupClient {
         &self.plan
     }
 
-    /// The unencrypted slot vectors the client would upload for activations
+    /// The unencrypted slot values the client would upload for activations
     /// `x` (position-major T × d_in).
     ///
     /// # Errors
     /// Shape mismatch (wrong T or d_in).
-    pub fn input_slots(&self, x: &[f32]) -> Result<Vec<Vec<f64>>> {
+    pub fn input_slots(&self, x: &[f32]) -> Result<Vec<SlotValues>> {
         let d = self.plan.shape.d_in;
         let t = positions(x.len(), d)?;
         if t != self.plan.t {
@@ -87,21 +186,34 @@ impl GroupClient {
         }
         match &self.public_a {
             Some(a) => {
+                // U = A_f·X, position-major (T × R) for the split, then
+                // transposed to the R × T' the packing takes.
                 let r = self.plan.shape.total_rank();
-                let mut u = vec![0.0; r * t];
-                for i in 0..r {
-                    let row = &a[i * d..(i + 1) * d];
-                    for p in 0..t {
-                        u[i * t + p] = row
-                            .iter()
-                            .zip(&x[p * d..(p + 1) * d])
-                            .map(|(a, &x)| a * f64::from(x))
-                            .sum();
+                let mut u = vec![0.0; t * r];
+                let mut xp = vec![0.0; d];
+                for p in 0..t {
+                    for (o, &v) in xp.iter_mut().zip(&x[p * d..(p + 1) * d]) {
+                        *o = f64::from(v);
+                    }
+                    for i in 0..r {
+                        u[p * r + i] = dot(&a[i * d..(i + 1) * d], &xp);
                     }
                 }
-                ffa_inputs(&self.plan, &u)
+                self.pack_parts(&u, r, |rows| {
+                    let ts = rows.len() / r;
+                    let mut ut = vec![0.0; r * ts];
+                    for p in 0..ts {
+                        for i in 0..r {
+                            ut[i * ts + p] = rows[p * r + i];
+                        }
+                    }
+                    ffa_inputs(&self.plan, &ut)
+                })
             }
-            None => standard_inputs(&self.plan, x),
+            None => {
+                let x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+                self.pack_parts(&x, d, |rows| standard_inputs(&self.plan, rows))
+            }
         }
     }
 
@@ -121,7 +233,7 @@ impl GroupClient {
         let ciphertexts = self
             .input_slots(x)?
             .iter()
-            .map(|v| client.encrypt_to_bytes(v, level))
+            .map(|v| client.encrypt_to_bytes(&v.re, &v.im, level))
             .collect::<Result<Vec<_>>>()?;
         Ok(GroupRequest {
             plan_id: self.plan_id,
@@ -141,7 +253,7 @@ impl GroupClient {
         &self,
         client: &C,
         resp: &GroupResponse,
-    ) -> Result<Vec<Vec<f64>>> {
+    ) -> Result<Vec<Vec<Complex64>>> {
         if resp.plan_id != self.plan_id {
             return Err(HeloraError::PlanMismatch {
                 field: "plan_id",
@@ -173,7 +285,7 @@ impl GroupClient {
     }
 
     /// Unpacks decrypted slot vectors into per-projection deltas (f32).
-    pub fn unpack(&self, slots: &[Vec<f64>]) -> Vec<Vec<f32>> {
+    pub fn unpack(&self, slots: &[Vec<Complex64>]) -> Vec<Vec<f32>> {
         let t = self.plan.t;
         let mut out: Vec<Vec<f32>> = self
             .plan
@@ -183,19 +295,22 @@ impl GroupClient {
             .map(|&d| vec![0.0; t * d])
             .collect();
         for (vals, map) in slots.iter().zip(&self.map) {
-            for (v, m) in vals.iter().zip(map) {
-                if let Some(ix) = m {
-                    let d = self.plan.shape.d_outs[ix.proj];
-                    out[ix.proj][ix.pos * d + ix.row] = *v as f32;
+            for (v, parts) in vals.iter().zip(map) {
+                for (value, ix) in [v.re, v.im].into_iter().zip(parts) {
+                    if let Some(ix) = ix {
+                        let d = self.plan.shape.d_outs[ix.proj];
+                        out[ix.proj][ix.pos * d + ix.row] = value as f32;
+                    }
                 }
             }
         }
         out
     }
 
-    /// For every output ciphertext, which delta each slot must hold (`None`:
-    /// must be zero).
-    pub fn output_map(&self) -> &[Vec<Option<DeltaIndex>>] {
+    /// For every output ciphertext and slot, the deltas its real and
+    /// imaginary parts must hold (positions of the round; `None`: the part
+    /// must decrypt to zero).
+    pub fn output_map(&self) -> &[Vec<SlotDeltas>] {
         &self.map
     }
 }

@@ -33,7 +33,14 @@
 //! encryptions and r× upload); standard — `fused` or `segmented` row blocks ×
 //! stage-A baby steps on the server (hoisted or double hoisted) or
 //! pre-rotated by the client × stage-B baby steps hoisted or double hoisted,
-//! × every stage-A period P and baby-step sizes. Measured on the project machine
+//! × every stage-A period P and baby-step sizes. Every candidate exists in
+//! two position packings ([`PositionPacking`]): one position per slot, or
+//! two per complex slot (real and imaginary parts; the layout is then built
+//! for ⌈T/2⌉ slot positions, which halves the output ciphertexts, products
+//! and giant steps of a round while the baby steps stay; `pairs:` in the
+//! strategy label). The planner picks pairs at every T ≥ 2 (≈ 25–30 % less
+//! client + server CPU at T = 9; `cipherlora bench helora` reports both
+//! side by side). Measured on the project machine
 //! (`cipherlora bench helora`, N = 8192, 100 Mbit/s, rotations timed over 16
 //! distinct Galois keys as in a real evaluation), it picks server-side BSGS for FFA at
 //! every shape and T (g = 4–16 growing with T and the rank; hoisted or
@@ -51,7 +58,9 @@
 //!   in their slots and zeros (up to CKKS noise) elsewhere; partial sums of
 //!   stage A and unsummed products of adapter weights never leave the server
 //!   (see [`plan`] for why; the simulator test checks it with exact zeros,
-//!   the CKKS test at the noise level).
+//!   the CKKS test at the noise level), in the real *and* the imaginary part
+//!   of every slot: the server's plaintexts are real, so with two positions
+//!   per slot nothing crosses between the parts.
 //! - The noise of a returned ciphertext depends on the weights; the optional
 //!   rerandomisation ([`GroupPlan::rerandomize`], [`Rerandomization`]) adds a
 //!   fresh public-key encryption of zero plus slot-domain flooding noise. It
@@ -77,10 +86,10 @@ pub mod wire;
 pub use adapter::{FusedGroup, GroupAdapter, GroupShape, ProjectionAdapter};
 pub use backend::{HeClient, HeServer};
 pub use ckks_backend::{CkksClient, CkksServer, Rerandomization};
-pub use client::GroupClient;
+pub use client::{GroupClient, SlotDeltas, SlotValues};
 pub use counts::OpCounts;
 pub use error::{HeloraError, Result};
-pub use plan::{BabySteps, GroupPlan, Mode, StageAPlan, StageBPlan};
+pub use plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};
 pub use planner::{Estimate, Link, OpCosts};
 pub use server::PreparedGroup;
 pub use sim::SlotSimulator;

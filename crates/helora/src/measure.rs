@@ -121,10 +121,11 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
             i += 1;
             &cts[i % DISTINCT]
         };
+        // What the client does per upload (CkksClient::encrypt_to_bytes):
+        // fused encode + encrypt, serialise.
         c.encrypt_ms[level] = median_ms(reps, || {
-            let pt = enc.encode(&values, level, scale).map_err(he)?;
             let _ = encryptor
-                .encrypt_sk(&pt, &sk, &mut rng)
+                .encrypt_values_sk(&enc, &values, &[], level, scale, &sk, &mut rng)
                 .map_err(he)?
                 .to_bytes();
             Ok(())
@@ -180,7 +181,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
             c.decrypt_ms = median_ms(reps, || {
                 let bytes = next().to_bytes();
                 let ct = cipherlora_ckks::Ciphertext::from_bytes(ctx, &bytes).map_err(he)?;
-                let _ = enc.decode(&dec.decrypt(&ct).map_err(he)?);
+                let _ = enc.decode_complex(&dec.decrypt(&ct).map_err(he)?);
                 Ok(())
             })?;
             c.serialize_output_ms = median_ms(reps, || {

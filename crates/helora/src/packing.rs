@@ -1,7 +1,10 @@
 //! Slot vectors of a plan: client inputs, server diagonals, output map.
 //!
 //! Pure functions of the plan (and the data); see [`crate::plan`] for the
-//! layout and the algorithms. `slot(j, p) = j·T + p` everywhere.
+//! layout and the algorithms. `slot(j, p) = j·T + p` everywhere, with T the
+//! plan's [`GroupPlan::slot_positions`]: the functions here see slot
+//! positions only; [`crate::GroupClient`] maps the round's positions onto
+//! the real and imaginary parts.
 
 use crate::adapter::FusedGroup;
 use crate::error::{HeloraError, Result};
@@ -15,7 +18,8 @@ pub struct DeltaIndex {
     pub proj: usize,
     /// Output row within the projection.
     pub row: usize,
-    /// Position (0..T).
+    /// Position: a slot position (0..T') in [`output_map`], a position of
+    /// the round (0..T) in [`crate::GroupClient::output_map`].
     pub pos: usize,
 }
 
@@ -44,7 +48,7 @@ fn split_row(plan: &GroupPlan, fused: usize) -> (usize, usize) {
 /// As [`GroupPlan::layout`].
 pub fn output_map(plan: &GroupPlan) -> Result<Vec<Vec<Option<DeltaIndex>>>> {
     let l = plan.layout()?;
-    let t = plan.t;
+    let t = plan.slot_positions();
     let mut out = vec![vec![None; plan.slots]; plan.stage_b.n_out];
     for (c, map) in out.iter_mut().enumerate() {
         for s in &l.segments {
@@ -63,18 +67,19 @@ pub fn output_map(plan: &GroupPlan) -> Result<Vec<Vec<Option<DeltaIndex>>>> {
     Ok(out)
 }
 
-/// FFA client inputs from `U` (R × T row-major): the replicated `u'`
-/// (server baby steps) or its `g` pre-rotated copies (client baby steps).
+/// FFA client inputs from `U` (R × T' row-major, T' slot positions): the
+/// replicated `u'` (server baby steps) or its `g` pre-rotated copies
+/// (client baby steps).
 ///
 /// # Errors
-/// [`HeloraError::ShapeMismatch`] when `u` is not R × T; plan errors.
+/// [`HeloraError::ShapeMismatch`] when `u` is not R × T'; plan errors.
 pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
     let l = plan.layout()?;
-    let t = plan.t;
+    let t = plan.slot_positions();
     let r = plan.shape.total_rank();
     if u.len() != r * t {
         return Err(HeloraError::ShapeMismatch {
-            what: "U (R × T)",
+            what: "U (R × T')",
             expected: r * t,
             got: u.len(),
         });
@@ -97,21 +102,21 @@ pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
         .collect())
 }
 
-/// Standard-mode client inputs from X (position-major T × d_in): per chunk
-/// the periodically replicated `x'_c` (server baby steps) or its pre-rotated
-/// copies `x'_c[j+b]`, chunk-major.
+/// Standard-mode client inputs from X (position-major T' × d_in, T' slot
+/// positions): per chunk the periodically replicated `x'_c` (server baby
+/// steps) or its pre-rotated copies `x'_c[j+b]`, chunk-major.
 ///
 /// # Errors
-/// [`HeloraError::ShapeMismatch`] when `x` is not T × d_in; plan errors.
-pub fn standard_inputs(plan: &GroupPlan, x: &[f32]) -> Result<Vec<Vec<f64>>> {
+/// [`HeloraError::ShapeMismatch`] when `x` is not T' × d_in; plan errors.
+pub fn standard_inputs(plan: &GroupPlan, x: &[f64]) -> Result<Vec<Vec<f64>>> {
     let l = plan.layout()?;
     let sa = plan.stage_a.ok_or(HeloraError::InfeasiblePlan {
         reason: "standard inputs need stage A",
     })?;
-    let (t, d) = (plan.t, plan.shape.d_in);
+    let (t, d) = (plan.slot_positions(), plan.shape.d_in);
     if x.len() != t * d {
         return Err(HeloraError::ShapeMismatch {
-            what: "X (T × d_in)",
+            what: "X (T' × d_in)",
             expected: t * d,
             got: x.len(),
         });
@@ -127,7 +132,7 @@ pub fn standard_inputs(plan: &GroupPlan, x: &[f32]) -> Result<Vec<Vec<f64>>> {
             for j in 0..l.w_in {
                 let col = c * sa.period + (j + b) % sa.period;
                 if col < d {
-                    fill_dim(&mut v, t, j, |p| f64::from(x[p * d + col]));
+                    fill_dim(&mut v, t, j, |p| x[p * d + col]);
                 }
             }
             out.push(v);
@@ -146,7 +151,7 @@ pub fn stage_b_diag(
     q: usize,
     b: usize,
 ) -> Vec<f64> {
-    let t = plan.t;
+    let t = plan.slot_positions();
     let k = q * plan.stage_b.g + b;
     let shift = q * plan.stage_b.g;
     let mut v = vec![0.0; plan.slots];
@@ -182,7 +187,7 @@ pub fn stage_a_diag(
     let Some(sa) = plan.stage_a else {
         return v;
     };
-    let (t, d) = (plan.t, plan.shape.d_in);
+    let (t, d) = (plan.slot_positions(), plan.shape.d_in);
     let k = q * sa.g + b;
     let shift = q * sa.g;
     for s in &l.segments {

@@ -10,6 +10,22 @@
 //! ever wraps around (this costs a few dimensions per ciphertext, the `ext`
 //! of each segment).
 //!
+//! # Two positions per complex slot ([`PositionPacking::ComplexPairs`])
+//! CKKS slots are complex (Cheon–Kim–Kim–Song, Asiacrypt 2017, §3.2) and
+//! every server operation here is linear with *real* plaintext weights
+//! (products by real diagonals, rotations, additions, rescales), so it acts
+//! on the real and imaginary parts of the slots independently. The client
+//! therefore packs position `p < T'` in the real part and position `p + T'`
+//! in the imaginary part of the same slot, `T' = ⌈T/2⌉`: the whole layout
+//! below is built for `T'` *slot positions* ([`GroupPlan::slot_positions`]),
+//! so a round of T positions costs what a round of ⌈T/2⌉ real positions
+//! costs (fewer output ciphertexts, products, giant steps and decryptions;
+//! the baby steps do not depend on T). Only the client knows or cares: the
+//! server's computation is unchanged. Leak-freedom is unchanged too: each
+//! returned slot holds the requested deltas of two positions (or zero in the
+//! imaginary part past T), never partial sums — the weights being real, no
+//! term crosses from one part to the other.
+//!
 //! # Stage B (`Δ = B_f · U`, both modes)
 //! Generalised diagonals of a tall matrix (Halevi–Shoup, "Algorithms in
 //! HElib", CRYPTO 2014, §4): with `u'` holding U replicated cyclically along
@@ -98,6 +114,16 @@ impl BabySteps {
     }
 }
 
+/// How the T positions of a round occupy the complex slots (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PositionPacking {
+    /// One position per slot, in the real part (imaginary parts zero).
+    Real,
+    /// Two positions per slot: position `p < ⌈T/2⌉` in the real part,
+    /// position `p + ⌈T/2⌉` in the imaginary part.
+    ComplexPairs,
+}
+
 /// Stage B (`Δ = B_f·U`) parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StageBPlan {
@@ -131,6 +157,9 @@ pub struct GroupPlan {
     pub slots: usize,
     /// Positions per verify round (K+1, or draft-tree nodes).
     pub t: usize,
+    /// How positions occupy the complex slots; the layout is built for
+    /// [`GroupPlan::slot_positions`] positions.
+    pub packing: PositionPacking,
     /// LoRA variant.
     pub mode: Mode,
     /// Public shape of the group.
@@ -213,6 +242,16 @@ impl GroupPlan {
         }
     }
 
+    /// Slot positions the layout is built for: T ([`PositionPacking::Real`])
+    /// or ⌈T/2⌉ ([`PositionPacking::ComplexPairs`]). In the docs of the
+    /// layout and packing, "T" means this number.
+    pub fn slot_positions(&self) -> usize {
+        match self.packing {
+            PositionPacking::Real => self.t,
+            PositionPacking::ComplexPairs => self.t.div_ceil(2),
+        }
+    }
+
     /// Level at which the client encrypts (= depth: outputs end at level 0).
     pub fn input_level(&self) -> usize {
         self.depth()
@@ -229,7 +268,7 @@ impl GroupPlan {
         if self.t == 0 || self.slots == 0 {
             return Err(infeasible("T and slots must be positive"));
         }
-        let w_in = self.slots / self.t;
+        let w_in = self.slots / self.slot_positions();
         let sb = self.stage_b;
         if sb.n_out == 0 {
             return Err(infeasible("n_out must be positive"));
@@ -405,7 +444,7 @@ impl GroupPlan {
     /// As [`GroupPlan::layout`].
     pub fn galois_steps(&self) -> Result<BTreeSet<i64>> {
         let l = self.layout()?;
-        let t = self.t as i64;
+        let t = self.slot_positions() as i64;
         let mut s = BTreeSet::new();
         if self.stage_b.baby.on_server() {
             s.extend((1..l.babies_b as i64).map(|b| b * t));
@@ -418,7 +457,7 @@ impl GroupPlan {
             }
             s.extend((1..l.giants_a as i64).map(|q| q * sa.g as i64 * t));
             s.extend(
-                Self::window_steps(l.window, l.stride_a * self.t)
+                Self::window_steps(l.window, l.stride_a * self.slot_positions())
                     .into_iter()
                     .map(|(st, _)| st),
             );

@@ -8,7 +8,7 @@
 use crate::adapter::GroupShape;
 use crate::counts::{LEVELS, OpCounts};
 use crate::error::{HeloraError, Result};
-use crate::plan::{BabySteps, GroupPlan, Mode, StageAPlan, StageBPlan};
+use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};
 
 /// Measured (or default) per-operation costs, in milliseconds, and
 /// ciphertext sizes, in bytes, indexed by level where they depend on it.
@@ -209,10 +209,11 @@ fn g_candidates(k: usize) -> Vec<usize> {
 
 /// All plans the planner considers for a group (feasible ones only).
 ///
-/// FFA: both baby-step owners × every g × the two smallest feasible `n_out`.
-/// Standard: every stage-A period P (multiple of R) with its smallest
-/// feasible `n_out`; baby-step sizes: for each giant-step count, the
-/// smallest g reaching it.
+/// Both position packings (one position per slot, and two per complex slot
+/// when T ≥ 2). FFA: every baby-step owner × every g × the two smallest
+/// feasible `n_out`. Standard: every stage-A period P (multiple of R) with
+/// its smallest feasible `n_out`; baby-step sizes: for each giant-step
+/// count, the smallest g reaching it.
 pub fn candidates(
     shape: &GroupShape,
     mode: Mode,
@@ -221,10 +222,29 @@ pub fn candidates(
     rerandomize: bool,
 ) -> Vec<GroupPlan> {
     let mut out = Vec::new();
+    for packing in [PositionPacking::Real, PositionPacking::ComplexPairs] {
+        if packing == PositionPacking::ComplexPairs && t < 2 {
+            continue;
+        }
+        candidates_packed(shape, mode, t, packing, slots, rerandomize, &mut out);
+    }
+    out
+}
+
+fn candidates_packed(
+    shape: &GroupShape,
+    mode: Mode,
+    t: usize,
+    packing: PositionPacking,
+    slots: usize,
+    rerandomize: bool,
+    out: &mut Vec<GroupPlan>,
+) {
     let d = shape.total_out();
     let mk = |stage_a, stage_b| GroupPlan {
         slots,
         t,
+        packing,
         mode,
         shape: shape.clone(),
         stage_a,
@@ -259,9 +279,18 @@ pub fn candidates(
         }
         Mode::Standard => {
             if t == 0 {
-                return out;
+                return;
             }
-            let w_in = slots / t;
+            let w_in = slots
+                / mk(
+                    None,
+                    StageBPlan {
+                        n_out: 1,
+                        g: 1,
+                        baby: BabySteps::Server,
+                    },
+                )
+                .slot_positions();
             let equal_ranks = shape.ranks.iter().all(|&r| r == shape.ranks[0]);
             for segmented in [false, true] {
                 if segmented && (!equal_ranks || shape.ranks.len() < 2) {
@@ -337,7 +366,6 @@ pub fn candidates(
             }
         }
     }
-    out
 }
 
 /// Picks the plan with the least modelled `client + server + transfer` time.
@@ -363,7 +391,8 @@ pub fn choose(
     best.ok_or(HeloraError::NoFeasiblePlan { t, slots })
 }
 
-/// The best plan of each strategy family (see [`GroupPlan::strategy_family`]).
+/// The best plan of each strategy family (see [`GroupPlan::strategy_family`])
+/// and position packing.
 ///
 /// # Errors
 /// As [`OpCosts::estimate`].
@@ -379,8 +408,11 @@ pub fn best_per_family(
     let mut best: Vec<(GroupPlan, Estimate)> = Vec::new();
     for p in candidates(shape, mode, t, slots, rerandomize) {
         let e = costs.estimate(&p, link)?;
-        let fam = p.strategy_family();
-        match best.iter_mut().find(|(q, _)| q.strategy_family() == fam) {
+        let fam = (p.strategy_family(), p.packing);
+        match best
+            .iter_mut()
+            .find(|(q, _)| (q.strategy_family(), q.packing) == fam)
+        {
             Some(slot) if e.total_ms < slot.1.total_ms => *slot = (p, e),
             Some(_) => {}
             None => best.push((p, e)),
@@ -453,13 +485,23 @@ impl GroupPlan {
         }
     }
 
-    /// A human-readable label with the parameters.
+    /// A human-readable label with the parameters; `pairs:` in front when
+    /// two positions share each complex slot.
     pub fn strategy(&self) -> String {
         let b = self.stage_b;
+        let pairs = match self.packing {
+            PositionPacking::Real => "",
+            PositionPacking::ComplexPairs => "pairs:",
+        };
         match self.stage_a {
-            None => format!("{}(g={},n_out={})", self.strategy_family(), b.g, b.n_out),
+            None => format!(
+                "{pairs}{}(g={},n_out={})",
+                self.strategy_family(),
+                b.g,
+                b.n_out
+            ),
             Some(a) => format!(
-                "{}(P={},gA={},gB={},n_out={})",
+                "{pairs}{}(P={},gA={},gB={},n_out={})",
                 self.strategy_family(),
                 a.period,
                 a.g,

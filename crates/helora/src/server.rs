@@ -238,7 +238,7 @@ impl<S: HeServer> PreparedGroup<S> {
 
     /// `[ct, rot(ct, T), …, rot(ct, (n−1)·T)]`, the rotations hoisted.
     fn babies(&self, server: &S, ct: &S::Ct, n: usize) -> Result<Vec<S::Ct>> {
-        let t = self.plan.t as i64;
+        let t = self.plan.slot_positions() as i64;
         let steps: Vec<i64> = (1..n as i64).map(|b| b * t).collect();
         let mut out = Vec::with_capacity(n);
         out.push(ct.clone());
@@ -248,7 +248,7 @@ impl<S: HeServer> PreparedGroup<S> {
 
     /// As [`Self::babies`], kept over `Q·P` (double hoisting).
     fn babies_extended(&self, server: &S, ct: &S::Ct, n: usize) -> Result<Vec<S::ExtCt>> {
-        let t = self.plan.t as i64;
+        let t = self.plan.slot_positions() as i64;
         let steps: Vec<i64> = (0..n as i64).map(|b| b * t).collect();
         server.rotate_hoisted_extended(ct, &steps)
     }
@@ -294,7 +294,7 @@ impl<S: HeServer> PreparedGroup<S> {
         diags: &Diags<S>,
         terms: &[Vec<usize>],
     ) -> Result<S::Ct> {
-        let t = self.plan.t as i64;
+        let t = self.plan.slot_positions() as i64;
         let mut acc: Option<S::Ct> = None;
         if terms.len() != diags.giants() {
             return Err(HeloraError::InfeasiblePlan {
@@ -359,7 +359,7 @@ impl<S: HeServer> PreparedGroup<S> {
         let y = self.bsgs_sum(server, sa.g, &v, diags, &terms)?;
         // Window sum over P/ρ groups of ρ dimensions.
         let mut s = y.clone();
-        for (step, add_y) in GroupPlan::window_steps(l.window, r * self.plan.t) {
+        for (step, add_y) in GroupPlan::window_steps(l.window, r * self.plan.slot_positions()) {
             let rotated = server.rotate(&s, step)?;
             s = if add_y { y.clone() } else { s };
             server.add_assign(&mut s, &rotated)?;

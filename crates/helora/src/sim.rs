@@ -9,17 +9,17 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use crate::backend::{HeClient, HeServer};
+use crate::backend::{Complex64, HeClient, HeServer};
 use crate::counts::{LEVELS, OpCounts};
 use crate::error::{HeloraError, Result};
 
-/// A simulated ciphertext: a level and the slot values.
+/// A simulated ciphertext: a level and the (complex) slot values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimCt {
     /// Level (number of rescales still possible).
     pub level: usize,
     /// Slot values.
-    pub values: Vec<f64>,
+    pub values: Vec<Complex64>,
 }
 
 /// A simulated ciphertext over the extended basis `Q·P` (a different type,
@@ -27,7 +27,7 @@ pub struct SimCt {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimExtCt {
     level: usize,
-    values: Vec<f64>,
+    values: Vec<Complex64>,
 }
 
 /// A simulated plaintext over `Q·P`.
@@ -101,16 +101,20 @@ impl SlotSimulator {
     }
 
     fn padded(&self, values: &[f64]) -> Result<Vec<f64>> {
-        if values.len() > self.slots {
-            return Err(HeloraError::Backend(format!(
-                "{} values for {} slots",
-                values.len(),
-                self.slots
-            )));
-        }
+        self.check_len(values.len())?;
         let mut v = values.to_vec();
         v.resize(self.slots, 0.0);
         Ok(v)
+    }
+
+    fn check_len(&self, len: usize) -> Result<()> {
+        if len > self.slots {
+            return Err(HeloraError::Backend(format!(
+                "{len} values for {} slots",
+                self.slots
+            )));
+        }
+        Ok(())
     }
 
     fn check_level(&self, level: usize) -> Result<()> {
@@ -123,7 +127,7 @@ impl SlotSimulator {
         Ok(())
     }
 
-    fn rot(&self, v: &[f64], step: i64) -> Vec<f64> {
+    fn rot<T: Clone>(&self, v: &[T], step: i64) -> Vec<T> {
         let n = self.slots as i64;
         let s = step.rem_euclid(n) as usize;
         let mut out = Vec::with_capacity(v.len());
@@ -134,11 +138,12 @@ impl SlotSimulator {
 }
 
 fn to_bytes(ct: &SimCt) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + 8 * ct.values.len());
+    let mut out = Vec::with_capacity(8 + 16 * ct.values.len());
     out.extend_from_slice(&(ct.level as u32).to_le_bytes());
     out.extend_from_slice(&(ct.values.len() as u32).to_le_bytes());
     for v in &ct.values {
-        out.extend_from_slice(&v.to_le_bytes());
+        out.extend_from_slice(&v.re.to_le_bytes());
+        out.extend_from_slice(&v.im.to_le_bytes());
     }
     out
 }
@@ -153,15 +158,16 @@ fn from_bytes(bytes: &[u8], slots: usize) -> Result<SimCt> {
     }
     let level = u32::from_le_bytes(bytes[0..4].try_into().map_err(|_| bad("header"))?) as usize;
     let n = u32::from_le_bytes(bytes[4..8].try_into().map_err(|_| bad("header"))?) as usize;
-    if n != slots || bytes.len() != 8 + 8 * n {
+    if n != slots || bytes.len() != 8 + 16 * n {
         return Err(bad("wrong length"));
     }
     if level >= LEVELS {
         return Err(bad("level out of range"));
     }
+    let part = |c: &[u8]| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
     let values = bytes[8..]
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .chunks_exact(16)
+        .map(|c| Complex64::new(part(&c[..8]), part(&c[8..])))
         .collect();
     Ok(SimCt { level, values })
 }
@@ -229,7 +235,7 @@ impl HeServer for SlotSimulator {
             ));
         }
         let level = cts[0].level;
-        let mut acc = vec![0.0; self.slots];
+        let mut acc = vec![Complex64::new(0.0, 0.0); self.slots];
         for (c, p) in cts.iter().zip(pts) {
             if c.level != level || p.level != level {
                 return Err(HeloraError::Backend(
@@ -269,7 +275,7 @@ impl HeServer for SlotSimulator {
                 available: 0,
             });
         }
-        let mut acc = vec![0.0; self.slots];
+        let mut acc = vec![Complex64::new(0.0, 0.0); self.slots];
         for (c, p) in cts.iter().zip(pts) {
             if c.level != level || p.level != level {
                 return Err(HeloraError::Backend("dot_plain: level mismatch".into()));
@@ -354,17 +360,21 @@ impl HeClient for SlotSimulator {
         self.slots
     }
 
-    fn encrypt_to_bytes(&self, values: &[f64], level: usize) -> Result<Vec<u8>> {
+    fn encrypt_to_bytes(&self, re: &[f64], im: &[f64], level: usize) -> Result<Vec<u8>> {
         self.check_level(level)?;
+        self.check_len(re.len().max(im.len()))?;
+        let part = |v: &[f64], i: usize| v.get(i).copied().unwrap_or(0.0);
         let ct = SimCt {
             level,
-            values: self.padded(values)?,
+            values: (0..self.slots)
+                .map(|i| Complex64::new(part(re, i), part(im, i)))
+                .collect(),
         };
         self.count(|k| k.encryptions[level] += 1);
         Ok(to_bytes(&ct))
     }
 
-    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f64>> {
+    fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<Complex64>> {
         let ct = from_bytes(bytes, self.slots)?;
         self.count(|k| k.decryptions += 1);
         Ok(ct.values)

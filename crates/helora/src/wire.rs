@@ -7,12 +7,13 @@
 
 use crate::adapter::GroupShape;
 use crate::error::{HeloraError, Result};
-use crate::plan::{BabySteps, GroupPlan, Mode, StageAPlan, StageBPlan};
+use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};
 
 const PLAN_MAGIC: &[u8; 4] = b"HLPL";
 const REQ_MAGIC: &[u8; 4] = b"HLRQ";
 const RESP_MAGIC: &[u8; 4] = b"HLRS";
-const VERSION: u8 = 1;
+/// Version 2: plans carry their [`PositionPacking`].
+const VERSION: u8 = 2;
 /// Upper bound on ciphertexts per message (a group never needs more).
 pub const MAX_CIPHERTEXTS: usize = 1 << 16;
 /// Upper bound on projections per group.
@@ -121,6 +122,10 @@ pub fn encode_plan(p: &GroupPlan) -> Vec<u8> {
     o.push(VERSION);
     put_u32(&mut o, p.slots);
     put_u32(&mut o, p.t);
+    o.push(match p.packing {
+        PositionPacking::Real => 0,
+        PositionPacking::ComplexPairs => 1,
+    });
     o.push(match p.mode {
         Mode::Ffa => 0,
         Mode::Standard => 1,
@@ -160,6 +165,11 @@ pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
     r.header(PLAN_MAGIC)?;
     let slots = r.usize()?;
     let t = r.usize()?;
+    let packing = match r.u8()? {
+        0 => PositionPacking::Real,
+        1 => PositionPacking::ComplexPairs,
+        _ => return Err(r.bad("unknown position packing")),
+    };
     let mode = match r.u8()? {
         0 => Mode::Ffa,
         1 => Mode::Standard,
@@ -212,6 +222,7 @@ pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
     let plan = GroupPlan {
         slots,
         t,
+        packing,
         mode,
         shape: GroupShape::new(d_in, d_outs, ranks)?,
         stage_a,

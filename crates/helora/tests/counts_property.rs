@@ -5,7 +5,7 @@
 mod common;
 
 use cipherlora_helora::planner::candidates;
-use cipherlora_helora::{GroupShape, Mode, SlotSimulator};
+use cipherlora_helora::{GroupPlan, GroupShape, Mode, PositionPacking, SlotSimulator};
 use common::{random_adapter, random_x, run};
 use proptest::prelude::*;
 
@@ -50,5 +50,32 @@ proptest! {
         prop_assert!(out.max_err <= 1e-9 * out.max_ref.max(1.0));
         prop_assert_eq!(sim.counts(), plan.counts().unwrap());
         prop_assert_eq!(sim.steps_used(), plan.galois_steps().unwrap());
+    }
+
+    /// Two positions per complex slot are invisible to the server: a pairs
+    /// plan for T has the layout, operation counts and Galois steps of the
+    /// one-position-per-slot plan for ⌈T/2⌉ (only the client's mapping of
+    /// positions differs).
+    #[test]
+    fn pairs_plan_is_the_real_plan_at_half_t(
+        shape in shape_strategy(),
+        t in 2usize..12,
+        slots_log in 7u32..10,
+        standard in any::<bool>(),
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let mode = if standard { Mode::Standard } else { Mode::Ffa };
+        let pairs: Vec<GroupPlan> = candidates(&shape, mode, t, 1 << slots_log, false)
+            .into_iter()
+            .filter(|p| p.packing == PositionPacking::ComplexPairs)
+            .collect();
+        prop_assume!(!pairs.is_empty());
+        let p = &pairs[pick.index(pairs.len())];
+        let real = GroupPlan { t: t.div_ceil(2), packing: PositionPacking::Real, ..p.clone() };
+        prop_assert_eq!(p.slot_positions(), real.slot_positions());
+        prop_assert_eq!(p.layout().unwrap(), real.layout().unwrap());
+        prop_assert_eq!(p.counts().unwrap(), real.counts().unwrap());
+        prop_assert_eq!(p.galois_steps().unwrap(), real.galois_steps().unwrap());
+        prop_assert_ne!(p.id(), real.id());
     }
 }

@@ -125,7 +125,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     let garbage = vec![Bytes::from_static(b"not a ciphertext"); n_in];
     let e = bad.client_mut().round(layer, 0, 1, garbage).unwrap_err();
     refused(e, Code::InvalidArgument, ErrorReason::InvalidCiphertext);
-    let low = Bytes::from(he.encrypt_to_bytes(&[0.5; 8], 0).unwrap());
+    let low = Bytes::from(he.encrypt_to_bytes(&[0.5; 8], &[], 0).unwrap());
     let e = bad
         .client_mut()
         .round(layer, 0, 2, vec![low; n_in])

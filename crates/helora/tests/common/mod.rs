@@ -2,6 +2,7 @@
 //! the accuracy / leak checks.
 #![allow(dead_code)]
 
+use cipherlora_helora::backend::Complex64;
 use cipherlora_helora::{
     GroupAdapter, GroupClient, GroupPlan, GroupShape, HeClient, HeServer, Mode, PreparedGroup,
     ProjectionAdapter,
@@ -60,13 +61,13 @@ pub fn random_x(t: usize, d_in: usize, seed: u64) -> Vec<f32> {
 
 /// Result of one end-to-end evaluation.
 pub struct Outcome {
-    /// Every slot of every returned ciphertext, decrypted.
-    pub slots: Vec<Vec<f64>>,
+    /// Every slot of every returned ciphertext, decrypted (both parts).
+    pub slots: Vec<Vec<Complex64>>,
     /// Max |Δ_he − Δ_ref| over the delta slots.
     pub max_err: f64,
     /// Max |Δ_ref|.
     pub max_ref: f64,
-    /// Max |value| over slots that must be zero.
+    /// Max |value| over the slot parts (real or imaginary) that must be zero.
     pub max_outside: f64,
 }
 
@@ -106,18 +107,21 @@ pub fn run<S: HeServer, C: HeClient>(
     let reference = adapter.reference_delta(x).unwrap();
     let (mut max_err, mut max_ref, mut max_outside) = (0.0f64, 0.0f64, 0.0f64);
     let mut seen: Vec<Vec<bool>> = reference.iter().map(|r| vec![false; r.len()]).collect();
+    // Every part of every slot: a requested delta, or zero.
     for (vals, map) in slots.iter().zip(gc.output_map()) {
-        for (v, m) in vals.iter().zip(map) {
-            match m {
-                Some(ix) => {
-                    let d = plan.shape.d_outs[ix.proj];
-                    let want = reference[ix.proj][ix.pos * d + ix.row];
-                    assert!(!seen[ix.proj][ix.pos * d + ix.row], "delta placed twice");
-                    seen[ix.proj][ix.pos * d + ix.row] = true;
-                    max_err = max_err.max((v - want).abs());
-                    max_ref = max_ref.max(want.abs());
+        for (v, parts) in vals.iter().zip(map) {
+            for (value, m) in [v.re, v.im].into_iter().zip(parts) {
+                match m {
+                    Some(ix) => {
+                        let d = plan.shape.d_outs[ix.proj];
+                        let want = reference[ix.proj][ix.pos * d + ix.row];
+                        assert!(!seen[ix.proj][ix.pos * d + ix.row], "delta placed twice");
+                        seen[ix.proj][ix.pos * d + ix.row] = true;
+                        max_err = max_err.max((value - want).abs());
+                        max_ref = max_ref.max(want.abs());
+                    }
+                    None => max_outside = max_outside.max(value.abs()),
                 }
-                None => max_outside = max_outside.max(v.abs()),
             }
         }
     }
@@ -125,10 +129,14 @@ pub fn run<S: HeServer, C: HeClient>(
         seen.iter().flatten().all(|&s| s),
         "some delta is missing from the output map"
     );
-    // Unpacking agrees with the map.
+    // Unpacking agrees with the map (and with the reference).
     let unpacked = gc.unpack(&slots);
     for (u, r) in unpacked.iter().zip(&reference) {
         assert_eq!(u.len(), r.len());
+        for (&u, &r) in u.iter().zip(r) {
+            let tol = 1e-3 * max_ref.max(1.0);
+            assert!((f64::from(u) - r).abs() <= tol, "unpacked {u} vs {r}");
+        }
     }
     Outcome {
         slots,

@@ -537,7 +537,10 @@ mod tests {
             c.group_shape(0, 1),
             Err(BackendError::UnknownLayer { layer: 0, group: 1 })
         ));
-        let good = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], plan.input_level()).unwrap());
+        let good = Bytes::from(
+            he.encrypt_to_bytes(&[0.25; 8], &[], plan.input_level())
+                .unwrap(),
+        );
         assert_eq!(c.compute(1, 1, 0, &vec![good.clone(); n]).unwrap().len(), 1);
         let e = c.compute(1, 1, 0, &vec![good.clone(); n + 1]).unwrap_err();
         assert_eq!(
@@ -571,7 +574,7 @@ mod tests {
             ),
             "{e}"
         );
-        let low = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], 0).unwrap());
+        let low = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], &[], 0).unwrap());
         let e = c.compute(1, 1, 0, &vec![low; n]).unwrap_err();
         assert!(
             matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
