@@ -41,6 +41,11 @@ pub struct HeloraBenchOptions {
     pub rtt_ms: f64,
     /// Skip the end-to-end CKKS runs (modelled figures only).
     pub no_e2e: bool,
+    /// Full repeats (op costs measured afresh each time): the Markdown
+    /// table is the first one's, followed by the median and range over all
+    /// repeats of the default model's ratios to the floors; the JSON holds
+    /// every repeat's rows.
+    pub runs: usize,
 }
 
 /// Positions per verify round benchmarked.
@@ -221,9 +226,100 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
         Preset::N8192Depth2
     };
     let ctx = Context::new(CkksParameters::preset(preset)?)?;
+    let mut runs: Vec<Value> = Vec::new();
+    let mut first: Option<(String, OpCosts)> = None;
+    for repeat in 0..opts.runs.max(1) {
+        eprintln!("run {} of {}", repeat + 1, opts.runs.max(1));
+        let (rows, md, costs) = one_run(opts, &ctx, preset, repeat)?;
+        runs.extend(rows);
+        first.get_or_insert((md, costs));
+    }
+    let (mut md, costs) = first.context("no run")?;
+    md.push_str(&spread_table(&runs));
+    let link = Link {
+        bandwidth_mbit_s: opts.bandwidth_mbit_s,
+        rtt_ms: opts.rtt_ms,
+    };
+    let report = json!({
+        "bench": "helora",
+        "preset": format!("{preset:?}"),
+        "slots": ctx.slots(),
+        "threads": 1,
+        "repeats": opts.runs.max(1),
+        "link": {"bandwidth_mbit_s": link.bandwidth_mbit_s, "rtt_ms": link.rtt_ms},
+        "op_costs_ms": {
+            "ct_pt": costs.ct_pt_ms, "ct_pt_cached": costs.ct_pt_cached_ms, "rotate": costs.rotate_ms, "hoist": costs.hoist_ms,
+            "hoisted_rotate": costs.hoisted_rotate_ms, "add": costs.add_ms, "rescale": costs.rescale_ms,
+            "encrypt": costs.encrypt_ms, "decrypt": costs.decrypt_ms, "rerandomize": costs.rerandomize_ms,
+            "ext_ct_pt": costs.ext_ct_pt_ms, "ext_hoisted_rotate": costs.ext_hoisted_rotate_ms,
+            "extend": costs.extend_ms, "mod_down_rescale": costs.mod_down_rescale_ms,
+            "parse_input": costs.parse_input_ms, "serialize_output": costs.serialize_output_ms,
+        },
+        "bytes": {"upload_ct": costs.upload_ct_bytes, "download_ct": costs.download_ct_bytes, "galois_key": costs.galois_key_bytes},
+        "runs": runs,
+    });
+    let md_path = crate::write_report(&opts.json, opts.markdown.as_deref(), &report, &md)?;
+    eprintln!("wrote {} and {}", opts.json.display(), md_path.display());
+    Ok(())
+}
+
+/// Median and range over repeats of the planner's ratios to the floors,
+/// default model (Markdown).
+fn spread_table(runs: &[Value]) -> String {
+    let mut out = String::from(
+        "\n| mode | T | repeats | (c+s)/floor | (c+s)/cached floor | e2e (c+s)/floor | e2e (c+s)/cached floor |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let cell = |mut v: Vec<f64>| {
+        if v.is_empty() {
+            return "–".to_string();
+        }
+        v.sort_by(f64::total_cmp);
+        format!("{:.2} [{:.2}–{:.2}]", v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    for mode in ["ffa", "standard"] {
+        for t in TS {
+            let rows: Vec<&Value> = runs
+                .iter()
+                .filter(|r| {
+                    r["shape"] == "smollm2-135m"
+                        && r["mode"] == mode
+                        && r["t"] == t
+                        && r["chosen_by_planner"] == true
+                })
+                .collect();
+            let col = |f: &dyn Fn(&Value) -> Option<f64>| {
+                cell(rows.iter().filter_map(|r| f(r)).collect())
+            };
+            let measured = |r: &Value, floor: &str| {
+                Some(
+                    (r["measured_client_ms"].as_f64()? + r["measured_server_ms"].as_f64()?)
+                        / r[floor].as_f64()?,
+                )
+            };
+            out.push_str(&format!(
+                "| {mode} | {t} | {} | {} | {} | {} | {} |\n",
+                rows.len(),
+                col(&|r| r["ratio_to_floor"].as_f64()),
+                col(&|r| r["ratio_to_cached_floor"].as_f64()),
+                col(&|r| measured(r, "floor_ms")),
+                col(&|r| measured(r, "cached_floor_ms")),
+            ));
+        }
+    }
+    out
+}
+
+/// One full run (op costs measured afresh): JSON rows tagged with
+/// `repeat`, the Markdown table, the op costs.
+fn one_run(
+    opts: &HeloraBenchOptions,
+    ctx: &Arc<Context>,
+    preset: Preset,
+    repeat: usize,
+) -> anyhow::Result<(Vec<Value>, String, OpCosts)> {
     let slots = ctx.slots();
     eprintln!("measuring op costs ({preset:?}, {} reps)…", opts.reps);
-    let costs: OpCosts = cipherlora_helora::measure::measure_op_costs(&ctx, opts.reps)?;
+    let costs: OpCosts = cipherlora_helora::measure::measure_op_costs(ctx, opts.reps)?;
     let link = Link {
         bandwidth_mbit_s: opts.bandwidth_mbit_s,
         rtt_ms: opts.rtt_ms,
@@ -306,7 +402,7 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
                 let mut measured = Vec::with_capacity(rows.len());
                 for (i, row) in rows.iter().enumerate() {
                     measured.push(if e2e_wanted && (i == 0 || i == 2) {
-                        let (c, s) = e2e_layer(&ctx, &model, &row.plans).with_context(|| {
+                        let (c, s) = e2e_layer(ctx, &model, &row.plans).with_context(|| {
                             format!("e2e {} {} T={t}", model.name, mode_name(mode))
                         })?;
                         Some((c * model.layers as f64, s * model.layers as f64))
@@ -318,6 +414,7 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
                     let e2e = measured[i];
                     let per_pt = (row.client_ms + row.server_ms) / proj_tokens;
                     runs.push(json!({
+                        "repeat": repeat,
                         "shape": model.name,
                         "mode": mode_name(mode),
                         "t": t,
@@ -380,24 +477,5 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
             }
         }
     }
-    let report = json!({
-        "bench": "helora",
-        "preset": format!("{preset:?}"),
-        "slots": slots,
-        "threads": 1,
-        "link": {"bandwidth_mbit_s": link.bandwidth_mbit_s, "rtt_ms": link.rtt_ms},
-        "op_costs_ms": {
-            "ct_pt": costs.ct_pt_ms, "ct_pt_cached": costs.ct_pt_cached_ms, "rotate": costs.rotate_ms, "hoist": costs.hoist_ms,
-            "hoisted_rotate": costs.hoisted_rotate_ms, "add": costs.add_ms, "rescale": costs.rescale_ms,
-            "encrypt": costs.encrypt_ms, "decrypt": costs.decrypt_ms, "rerandomize": costs.rerandomize_ms,
-            "ext_ct_pt": costs.ext_ct_pt_ms, "ext_hoisted_rotate": costs.ext_hoisted_rotate_ms,
-            "extend": costs.extend_ms, "mod_down_rescale": costs.mod_down_rescale_ms,
-            "parse_input": costs.parse_input_ms, "serialize_output": costs.serialize_output_ms,
-        },
-        "bytes": {"upload_ct": costs.upload_ct_bytes, "download_ct": costs.download_ct_bytes, "galois_key": costs.galois_key_bytes},
-        "runs": runs,
-    });
-    let md_path = crate::write_report(&opts.json, opts.markdown.as_deref(), &report, &md)?;
-    eprintln!("wrote {} and {}", opts.json.display(), md_path.display());
-    Ok(())
+    Ok((runs, md, costs))
 }

@@ -3,31 +3,18 @@
 
 mod cmd;
 
-// The HE path allocates and frees many 64 kB–2 MB polynomial and message
-// buffers per group round. glibc serves blocks of that size with fresh
-// mmaps, each coming back as page faults and kernel page zeroing; jemalloc
-// keeps freed pages for seconds (decay-based purging) and reuses them.
-// Measured side by side on `demo --adapter adapters/code-ffa-r16
-// --max-tokens 16`: draft, server and network time each 20–30 % lower.
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc's start-up options (read once, before the first allocation).
-/// `tcache_max:1048576`: freed blocks of up to 1 MiB stay in the thread's
-/// cache instead of going back to the shared arena (default: 32 KiB). Every
-/// ciphertext, digit and key buffer of the HE path is 64 kB–1 MB, and
-/// without this each one takes the arena's slow path: measured with `bench
-/// helora` in one run, encrypt 0.45–0.60 → 0.16 ms, parsing an upload
-/// 0.23–0.29 → 0.06 ms, a level-1 rotation 0.50–0.65 → 0.23 ms (the same
-/// as under glibc's allocator; see BENCHMARKS.md, "HE-LoRA").
-///
-/// `unsafe`: exporting a symbol is unsafe in Rust 2024 because the linker
-/// cannot check its type; this is the documented `malloc_conf` hook (a
-/// NUL-terminated C string) of the `_rjem_`-prefixed jemalloc that
-/// tikv-jemalloc-sys builds.
-#[allow(unsafe_code)]
-#[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &u8 = &b"tcache_max:1048576\0"[0];
+// Allocator: the system's (glibc). Sessions 2–3 used jemalloc (its thread
+// cache raised to 1 MiB); the CKKS engine now recycles its 64 kB–1 MB
+// polynomial buffers through its own pool (`cipherlora_ckks`'s BufferPool),
+// and measured in session 4 on the same machine, jemalloc slowed the HE
+// path down as a process aged: `bench helora --runs 4`, measured ÷
+// modelled server time of the planner's FFA plans, repeats 1–4, T = 9:
+// 0.97, 1.26, 1.33, 1.42 (T = 17: 1.01 → 1.65) with session 3's jemalloc
+// settings (similar with three other `malloc_conf` variants; two more looked
+// stable in one run each), against 0.97–1.02 (1.02–1.05) with glibc, while `bench e2e` loopback tok/s did not differ beyond this
+// machine's noise (FFA K = 8: 12.2–15.2 glibc, 12.2–13.0 jemalloc; standard
+// 4.9–5.8 and 5.3–6.4). A long-running adapter server matters more than a
+// difference within noise. See BENCHMARKS.md, "Allocator".
 
 use clap::{Parser, Subcommand};
 

@@ -44,6 +44,10 @@ pub enum BenchCommand {
         /// Skip the end-to-end CKKS runs (modelled figures only).
         #[arg(long)]
         no_e2e: bool,
+        /// Full repeats, op costs measured afresh each time (the machine is
+        /// shared: the report adds the median and range of the ratios).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
     },
     /// Private generation end to end over gRPC on loopback and a simulated WAN, vs the plaintext reference.
     E2e(E2eBenchArgs),
@@ -246,6 +250,7 @@ impl BenchCommand {
                 bandwidth_mbit_s,
                 rtt_ms,
                 no_e2e,
+                runs,
             } => cipherlora_bench::helora::run(&cipherlora_bench::helora::HeloraBenchOptions {
                 json,
                 markdown,
@@ -254,6 +259,7 @@ impl BenchCommand {
                 bandwidth_mbit_s,
                 rtt_ms,
                 no_e2e,
+                runs,
             }),
         }
     }
