@@ -129,7 +129,12 @@ pub struct E2eRun {
     /// Where the decode time went, ms, summed over prompts (`prefill`: the
     /// prefill passes' wall time, not part of the other fields).
     pub split_ms: TimeSplit,
-    /// tok_per_s / the plaintext reference's, same adapter.
+    /// The plaintext reference's tok/s measured right before this run, on
+    /// the same core (for the "plaintext" row: the median of those
+    /// measurements). The machine's speed drifts by ±15 % and more between
+    /// minutes; a ratio is taken only between figures measured side by side.
+    pub plaintext_tok_per_s: f64,
+    /// tok_per_s / `plaintext_tok_per_s`.
     pub ratio_to_plaintext: f64,
     /// Greedy output equals the plaintext reference token for token.
     pub matches_plaintext: bool,
@@ -267,23 +272,28 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             sampling: SamplingParams::greedy(),
             eos: eos.clone(),
         };
-        let mut reference = Vec::new();
-        let (mut plain_tokens, mut plain_secs) = (0usize, 0.0f64);
-        for p in &prompts {
-            let out = generate(
-                &model,
-                p,
-                &gen_opts,
-                &mut PlainLora::new(&plain),
-                &mut |_| Ok(()),
-            )?;
-            plain_tokens += out.tokens.len();
-            plain_secs += out.decode_secs;
-            reference.push(out.tokens);
-        }
-        let plain_tps = plain_tokens as f64 / plain_secs.max(1e-9);
-        plain_speeds.push(plain_tps);
-        eprintln!("{id}: plaintext reference {plain_tps:.2} tok/s");
+        // Measured once for the reference tokens, then again right before
+        // every private run (its ratio's denominator).
+        let plain_run = || -> anyhow::Result<(Vec<Vec<u32>>, f64, f64)> {
+            let (mut reference, mut secs) = (Vec::new(), 0.0f64);
+            for p in &prompts {
+                let out = generate(
+                    &model,
+                    p,
+                    &gen_opts,
+                    &mut PlainLora::new(&plain),
+                    &mut |_| Ok(()),
+                )?;
+                secs += out.decode_secs;
+                reference.push(out.tokens);
+            }
+            let tokens: usize = reference.iter().map(Vec::len).sum();
+            Ok((reference, tokens as f64 / secs.max(1e-9), secs))
+        };
+        let (reference, first_tps, plain_secs) = plain_run()?;
+        let plain_tokens: usize = reference.iter().map(Vec::len).sum();
+        let mut plain_tps_all = vec![first_tps];
+        let plain_row = runs.len();
         runs.push(E2eRun {
             mode: "plaintext".into(),
             lora: lora.clone(),
@@ -292,7 +302,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             draft_weights: "-".into(),
             k: 0,
             link: "local".into(),
-            tok_per_s: plain_tps,
+            tok_per_s: first_tps,
             mean_accepted: 1.0,
             rounds: plain_tokens,
             tokens: plain_tokens,
@@ -302,6 +312,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 forward: plain_secs * 1e3,
                 ..TimeSplit::default()
             },
+            plaintext_tok_per_s: first_tps,
             ratio_to_plaintext: 1.0,
             matches_plaintext: true,
             ahead_hits: 0,
@@ -329,6 +340,12 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
                 };
+                let (again, plain_tps, _) = plain_run()?;
+                anyhow::ensure!(
+                    again == reference,
+                    "the plaintext reference is not deterministic"
+                );
+                plain_tps_all.push(plain_tps);
                 let width = cfg.verify_width();
                 let mut hook = connect_widths(
                     server.client_config(link),
@@ -383,6 +400,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     bytes_up_per_token: decode.bytes_up as f64 / tokens.max(1) as f64,
                     bytes_down_per_token: decode.bytes_down as f64 / tokens.max(1) as f64,
                     split_ms: split,
+                    plaintext_tok_per_s: plain_tps,
                     ratio_to_plaintext: tps / plain_tps,
                     matches_plaintext: matches,
                     ahead_hits,
@@ -400,6 +418,18 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 runs.push(run);
             }
         }
+        // The plaintext row: the median of its measurements.
+        plain_tps_all.sort_by(f64::total_cmp);
+        let median = plain_tps_all[plain_tps_all.len() / 2];
+        plain_speeds.push(median);
+        let row = &mut runs[plain_row];
+        row.tok_per_s = median;
+        row.plaintext_tok_per_s = median;
+        row.split_ms.forward = plain_tokens as f64 / median * 1e3;
+        eprintln!(
+            "{id}: plaintext reference, median of {} measurements: {median:.2} tok/s",
+            plain_tps_all.len()
+        );
     }
     let report = E2eReport {
         bench: "e2e".into(),
@@ -425,15 +455,15 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
 pub fn markdown(r: &E2eReport) -> String {
     let mut s = format!(
         "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
-         | mode | LoRA | drafter (weights) | K | link | tok/s | × plaintext | tokens/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
-         | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         | mode | LoRA | drafter (weights) | K | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
+         | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         r.prompts, r.max_tokens, r.prefill_width, r.pinning
     );
     for x in &r.runs {
         let d = &x.split_ms;
         let per = |v: f64| v / x.tokens.max(1) as f64;
         s.push_str(&format!(
-            "| {} | {} | {}{} | {} | {} | {:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {}{} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
             x.mode,
             x.lora,
             x.drafter,
@@ -445,6 +475,7 @@ pub fn markdown(r: &E2eReport) -> String {
             x.k,
             x.link,
             x.tok_per_s,
+            x.plaintext_tok_per_s,
             x.ratio_to_plaintext,
             x.mean_accepted,
             x.bytes_up_per_token / 1e3,
@@ -460,7 +491,9 @@ pub fn markdown(r: &E2eReport) -> String {
     }
     s.push_str(
         "\nTime columns: ms per generated token, decode only (prefill runs through a separate \
-         session of the prefill width and is excluded, as is session setup).\n",
+         session of the prefill width and is excluded, as is session setup). Each private \
+         run's ratio is to the plaintext reference measured right before it; the plaintext \
+         row shows the median of those measurements.\n",
     );
     s
 }

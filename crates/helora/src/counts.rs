@@ -199,4 +199,21 @@ impl GroupPlan {
         c.decryptions += n_out;
         Ok(c)
     }
+
+    /// Bytes of the plaintext diagonals a server holds for this plan (the
+    /// CKKS backend's layout: a diagonal at level l is `l + 1` limbs, `l + 2`
+    /// over `Q·P`, of N = 2·slots 8-byte words). Every diagonal is used once
+    /// per evaluation, so there are exactly as many as the plan's ct×pt
+    /// products at each level ([`crate::PreparedGroup::diagonal_counts`]
+    /// checks it). What a session's memory budget reserves.
+    ///
+    /// # Errors
+    /// As [`GroupPlan::layout`].
+    pub fn diagonal_bytes(&self) -> Result<u64> {
+        let c = self.counts()?;
+        let limbs: u64 = (0..LEVELS)
+            .map(|l| c.ct_pt[l] * (l as u64 + 1) + c.ext_ct_pt[l] * (l as u64 + 2))
+            .sum();
+        Ok(limbs * 2 * self.slots as u64 * 8)
+    }
 }

@@ -8,6 +8,7 @@
 
 use crate::adapter::{FusedGroup, GroupAdapter};
 use crate::backend::HeServer;
+use crate::counts::LEVELS;
 use crate::error::{HeloraError, Result};
 use crate::packing::{stage_a_diag, stage_b_diag};
 use crate::plan::{BabySteps, GroupPlan, Layout};
@@ -48,6 +49,14 @@ impl<S: HeServer> Diags<S> {
         match self {
             Diags::Plain(d) => d.len(),
             Diags::Extended(d) => d.len(),
+        }
+    }
+
+    /// Adds this stage's diagonals, at `level`, to `(plain, extended)`.
+    fn count_into(&self, level: usize, counts: &mut ([u64; LEVELS], [u64; LEVELS])) {
+        match self {
+            Diags::Plain(d) => counts.0[level] += d.iter().map(Vec::len).sum::<usize>() as u64,
+            Diags::Extended(d) => counts.1[level] += d.iter().map(Vec::len).sum::<usize>() as u64,
         }
     }
 }
@@ -148,6 +157,20 @@ impl<S: HeServer> PreparedGroup<S> {
             b_diags,
             a_diags,
         })
+    }
+
+    /// Encoded diagonals held, by level: `(ordinary, over Q·P)` (stage B
+    /// at level 1, stage A at level 2). Equal to the plan's ct×pt counts
+    /// ([`GroupPlan::diagonal_bytes`] relies on it).
+    pub fn diagonal_counts(&self) -> ([u64; LEVELS], [u64; LEVELS]) {
+        let mut counts = ([0; LEVELS], [0; LEVELS]);
+        for d in &self.b_diags {
+            d.count_into(1, &mut counts);
+        }
+        if let Some(a) = &self.a_diags {
+            a.count_into(2, &mut counts);
+        }
+        counts
     }
 
     /// The plan this group was prepared for.

@@ -5,7 +5,9 @@
 mod common;
 
 use cipherlora_helora::planner::candidates;
-use cipherlora_helora::{GroupPlan, GroupShape, Mode, PositionPacking, SlotSimulator};
+use cipherlora_helora::{
+    GroupPlan, GroupShape, Mode, PositionPacking, PreparedGroup, SlotSimulator,
+};
 use common::{random_adapter, random_x, run};
 use proptest::prelude::*;
 
@@ -50,6 +52,15 @@ proptest! {
         prop_assert!(out.max_err <= 1e-9 * out.max_ref.max(1.0));
         prop_assert_eq!(sim.counts(), plan.counts().unwrap());
         prop_assert_eq!(sim.steps_used(), plan.galois_steps().unwrap());
+        // The server holds one diagonal per product: what a session's
+        // memory budget reserves (GroupPlan::diagonal_bytes) is exact.
+        let prepared = PreparedGroup::new(&sim, plan, &adapter).unwrap();
+        let counts = plan.counts().unwrap();
+        prop_assert_eq!(prepared.diagonal_counts(), (counts.ct_pt, counts.ext_ct_pt));
+        let limbs: u64 = (0..4)
+            .map(|l| counts.ct_pt[l] * (l as u64 + 1) + counts.ext_ct_pt[l] * (l as u64 + 2))
+            .sum();
+        prop_assert_eq!(plan.diagonal_bytes().unwrap(), limbs * 16 * slots as u64);
     }
 
     /// Two positions per complex slot are invisible to the server: a pairs

@@ -34,7 +34,9 @@ pub use adapter_groups::{AdapterGroups, LoraKind};
 pub use by_width::ByWidth;
 pub use error::PrivateError;
 pub use hook::{HeHook, HeTimings};
-pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
+pub use remote::{
+    EmbeddedServer, GrpcTransport, HeBackend, SessionMemory, connect_remote, connect_widths,
+};
 pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer, adapter_id};
 pub use transport::{InProcess, Reply, Transport};
 

@@ -6,6 +6,9 @@
 //!   [`cipherlora_service::AdapterBackend`]. Its `AdapterInfo` carries the
 //!   PEFT description, the CKKS preset name and, for FFA adapters, the public
 //!   lora_A ([`encode_public_a`]).
+//! - [`SessionMemory`]: the bytes of pre-encoded diagonals open sessions
+//!   may hold; a session that would exceed it is refused
+//!   (`RESOURCE_EXHAUSTED`) before anything is encoded.
 //! - [`EmbeddedServer`]: an [`HeBackend`] served on loopback with TLS and a
 //!   token, in the client's own process (demo, benchmarks).
 //! - [`connect_remote`] (client): a ready [`HeHook`](crate::HeHook) over a
@@ -26,11 +29,13 @@
 
 mod backend;
 mod loopback;
+mod memory;
 mod transport;
 mod wire;
 
 pub use backend::HeBackend;
 pub use loopback::EmbeddedServer;
+pub use memory::SessionMemory;
 pub use transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use wire::{
     MAX_GROUPS, MAX_T, PlanRequest, PublicA, decode_offer, decode_public_a, encode_offer,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cipherlora_model::{Model, fetch};
-use cipherlora_private::HeBackend;
+use cipherlora_private::{HeBackend, SessionMemory};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterBackend, ServeConfig, TlsConfig};
 use clap::Args;
@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// Where to serve Prometheus `GET /metrics`, if anywhere.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// MiB of pre-encoded adapter diagonals all open sessions may hold
+    /// together (default: 60 % of physical memory); a session that would
+    /// exceed it is refused with RESOURCE_EXHAUSTED.
+    #[arg(long)]
+    max_session_memory_mib: Option<u64>,
 }
 
 impl ServeArgs {
@@ -50,11 +55,20 @@ impl ServeArgs {
         };
         let model =
             Model::load(&base).with_context(|| format!("loading base model {}", base.display()))?;
+        let memory = match self.max_session_memory_mib {
+            Some(mib) => SessionMemory::new(mib.saturating_mul(1 << 20)),
+            None => SessionMemory::default(),
+        };
+        eprintln!(
+            "session memory budget: {} MiB (all adapters)",
+            memory.limit() >> 20
+        );
         let mut backends: Vec<Arc<dyn AdapterBackend>> = Vec::new();
         for dir in &self.adapters {
             let id = cipherlora_private::adapter_id(dir)?;
             let b = HeBackend::load(&id, dir, model.config())
-                .with_context(|| format!("loading adapter {}", dir.display()))?;
+                .with_context(|| format!("loading adapter {}", dir.display()))?
+                .with_session_memory(memory.clone());
             eprintln!(
                 "adapter {id}: {} groups, preset {}",
                 b.server().groups().groups.len(),

@@ -14,6 +14,7 @@ use cipherlora_service::{
     OpenedSession, SessionCompute,
 };
 
+use super::memory::{Reservation, SessionMemory};
 use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
 use crate::PrivateError;
 use crate::adapter_groups::{AdapterGroups, LoraKind};
@@ -35,11 +36,18 @@ const COST_REPS: usize = 15;
 ///   diagonals pre-encoded ([`AdapterServer::open_session`]).
 ///
 /// The public key is not used (no circuit-privacy rerandomisation yet).
+///
+/// Sessions share a memory budget ([`HeBackend::with_session_memory`];
+/// default: 60 % of physical memory, for this backend alone): a session
+/// reserves its diagonals' bytes ([`SessionOffer::diagonal_bytes`]) before
+/// encoding them and is refused with [`BackendError::LimitExceeded`] if
+/// they do not fit.
 #[derive(Debug)]
 pub struct HeBackend {
     server: AdapterServer,
     info: AdapterInfo,
     ctx: Arc<Context>,
+    memory: SessionMemory,
 }
 
 impl HeBackend {
@@ -74,7 +82,27 @@ impl HeBackend {
         info.ckks_presets = vec![preset_name(server.preset()).to_string()];
         info.ffa_lora_a = (server.groups().kind == LoraKind::Ffa)
             .then(|| Bytes::from(encode_public_a(server.groups())));
-        Ok(Self { server, info, ctx })
+        Ok(Self {
+            server,
+            info,
+            ctx,
+            memory: SessionMemory::default(),
+        })
+    }
+
+    /// Makes this backend's sessions reserve from `memory`, which other
+    /// backends may share (the bytes of plaintext diagonals all their open
+    /// sessions may hold together).
+    #[must_use]
+    pub fn with_session_memory(mut self, memory: SessionMemory) -> Self {
+        self.memory = memory;
+        self
+    }
+
+    /// The session memory budget this backend reserves from.
+    #[must_use]
+    pub fn session_memory(&self) -> &SessionMemory {
+        &self.memory
     }
 
     /// The adapter server.
@@ -204,6 +232,19 @@ impl AdapterBackend for HeBackend {
                 compute: Box::new(OfferOnly),
             });
         }
+        let bytes = offer
+            .diagonal_bytes()
+            .map_err(|e| BackendError::InvalidPlan {
+                reason: e.to_string(),
+            })?;
+        let reservation =
+            self.memory
+                .reserve(bytes)
+                .map_err(|got| BackendError::LimitExceeded {
+                    what: "session plaintext memory (bytes)",
+                    got,
+                    limit: self.memory.limit(),
+                })?;
         let session = self
             .server
             .open_session(&offer, &payload.galois_keys)
@@ -215,7 +256,7 @@ impl AdapterBackend for HeBackend {
                     reason: other.to_string(),
                 },
             })?;
-        let compute = HeCompute::new(self.ctx.clone(), session, &offer)?;
+        let compute = HeCompute::new(self.ctx.clone(), session, &offer, reservation)?;
         Ok(OpenedSession {
             plan,
             compute: Box::new(compute),
@@ -258,6 +299,8 @@ struct HeCompute {
     ctx: Arc<Context>,
     session: ServerSession,
     groups: HashMap<(u32, u32), GroupMeta>,
+    /// The session's share of the memory budget, returned on drop.
+    _memory: Reservation,
 }
 
 impl HeCompute {
@@ -265,6 +308,7 @@ impl HeCompute {
         ctx: Arc<Context>,
         session: ServerSession,
         offer: &SessionOffer,
+        memory: Reservation,
     ) -> Result<Self, BackendError> {
         let mut groups = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
@@ -284,6 +328,7 @@ impl HeCompute {
             ctx,
             session,
             groups,
+            _memory: memory,
         })
     }
 
@@ -489,6 +534,62 @@ mod tests {
             Ok(_) => panic!("opened a session it should refuse"),
             Err(e) => e,
         }
+    }
+
+    /// Regression (session memory was bounded only by the session count:
+    /// the wan80 bench peaked at 18.5 GB): sessions reserve their
+    /// diagonals' bytes, one that does not fit is refused with
+    /// `LimitExceeded`, and a closed session gives its share back.
+    #[test]
+    fn regression_sessions_beyond_the_memory_budget_are_refused_until_one_closes() {
+        use cipherlora_helora::CkksClient;
+        let probe = backend();
+        let preset = probe.info().ckks_presets[0].clone();
+        let request = |offer_only| PlanRequest { t: 3, offer_only }.to_bytes();
+        let opened = probe
+            .open_session(payload(&preset, request(true), vec![]))
+            .unwrap();
+        let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
+        let need = offer.diagonal_bytes().unwrap();
+        assert!(need > 0);
+        let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+        let he = CkksClient::new(&ctx).unwrap();
+        let steps: Vec<i64> = offer.groups[0]
+            .plan
+            .galois_steps()
+            .unwrap()
+            .into_iter()
+            .collect();
+        let keys = he.galois_keys(&steps).to_bytes();
+        let open = |b: &HeBackend| b.open_session(payload(&preset, request(false), keys.clone()));
+
+        let b = backend().with_session_memory(SessionMemory::new(need + need / 2));
+        assert_eq!(b.session_memory().limit(), need + need / 2);
+        let first = open(&b).unwrap();
+        match refusal(open(&b)) {
+            BackendError::LimitExceeded { got, limit, .. } => {
+                assert_eq!((got, limit), (2 * need, need + need / 2));
+            }
+            e => panic!("{e}"),
+        }
+        // Offer-only sessions hold no diagonals and are never refused.
+        b.open_session(payload(&preset, request(true), vec![]))
+            .unwrap();
+        assert_eq!(b.session_memory().reserved(), need);
+        drop(first);
+        assert_eq!(b.session_memory().reserved(), 0);
+        let _second = open(&b).unwrap();
+        // A budget shared by two backends counts both.
+        let other = backend().with_session_memory(b.session_memory().clone());
+        assert!(matches!(
+            refusal(open(&other)),
+            BackendError::LimitExceeded { .. }
+        ));
+        let tiny = backend().with_session_memory(SessionMemory::new(need - 1));
+        assert!(matches!(
+            refusal(open(&tiny)),
+            BackendError::LimitExceeded { .. }
+        ));
     }
 
     #[test]

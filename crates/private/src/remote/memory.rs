@@ -1,0 +1,163 @@
+//! The adapter server's memory budget for sessions.
+//!
+//! A session's memory is dominated by its pre-encoded plaintext diagonals:
+//! every group's adapter encoded for the session's plans, 0.2 GB (FFA) to
+//! 1.5 GB (standard LoRA) for the default model at T = 9, and several times
+//! more at a wide prefill width. The service limits how many sessions are
+//! open; this limits how many bytes they hold. Each session reserves
+//! [`SessionOffer::diagonal_bytes`] *before* encoding anything, and gives
+//! the reservation back when it is dropped (closed, evicted for idleness,
+//! or its stream ends). A session that would exceed the budget is refused
+//! with `RESOURCE_EXHAUSTED` (`limit_exceeded`) while every open session
+//! goes on.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::server::SessionOffer;
+
+/// Share of the machine's physical memory the default budget allows.
+const DEFAULT_SHARE: f64 = 0.6;
+/// Default budget where the physical memory cannot be read.
+const FALLBACK_BYTES: u64 = 8 << 30;
+
+/// Bytes of memory sessions may hold at once, and how many are held.
+#[derive(Debug)]
+struct MemoryBudget {
+    limit: u64,
+    reserved: AtomicU64,
+}
+
+/// A session memory budget, shared by every [`crate::HeBackend`] given a
+/// clone of it (one per served adapter: the budget is the process's).
+#[derive(Debug, Clone)]
+pub struct SessionMemory(Arc<MemoryBudget>);
+
+/// Bytes held for one session until dropped.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.reserved.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+impl SessionMemory {
+    /// A budget of `limit` bytes.
+    #[must_use]
+    pub fn new(limit: u64) -> Self {
+        Self(Arc::new(MemoryBudget {
+            limit,
+            reserved: AtomicU64::new(0),
+        }))
+    }
+
+    /// The limit, bytes.
+    #[must_use]
+    pub fn limit(&self) -> u64 {
+        self.0.limit
+    }
+
+    /// Bytes reserved by open sessions now.
+    #[must_use]
+    pub fn reserved(&self) -> u64 {
+        self.0.reserved.load(Ordering::Acquire)
+    }
+
+    /// Reserves `bytes`, or returns the total that would have been held.
+    pub(crate) fn reserve(&self, bytes: u64) -> Result<Reservation, u64> {
+        let b = &self.0;
+        let mut held = b.reserved.load(Ordering::Acquire);
+        loop {
+            let want = held.saturating_add(bytes);
+            if want > b.limit {
+                return Err(want);
+            }
+            match b
+                .reserved
+                .compare_exchange_weak(held, want, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Ok(Reservation {
+                        budget: b.clone(),
+                        bytes,
+                    });
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+}
+
+impl Default for SessionMemory {
+    /// 60 % of the physical memory (`MemTotal` of `/proc/meminfo`), or
+    /// 8 GiB where that cannot be read.
+    fn default() -> Self {
+        Self::new(default_limit())
+    }
+}
+
+/// The default limit (see [`SessionMemory::default`]).
+fn default_limit() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| limit_from_meminfo(&text))
+        .unwrap_or(FALLBACK_BYTES)
+}
+
+/// [`DEFAULT_SHARE`] of the `MemTotal` line of a `/proc/meminfo` text.
+fn limit_from_meminfo(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let kib: u64 = words.next()?.parse().ok()?;
+    (words.next()? == "kB").then_some((kib as f64 * 1024.0 * DEFAULT_SHARE) as u64)
+}
+
+impl SessionOffer {
+    /// Bytes of plaintext diagonals a session for this offer holds: the sum
+    /// over its groups of [`cipherlora_helora::GroupPlan::diagonal_bytes`].
+    ///
+    /// # Errors
+    /// [`cipherlora_helora::HeloraError`] for an infeasible plan.
+    pub fn diagonal_bytes(&self) -> Result<u64, cipherlora_helora::HeloraError> {
+        self.groups
+            .iter()
+            .map(|g| g.plan.diagonal_bytes())
+            .try_fold(0u64, |a, b| Ok(a.saturating_add(b?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_add_up_refuse_past_the_limit_and_return_on_drop() {
+        let b = SessionMemory::new(100);
+        let first = b.reserve(60).unwrap();
+        assert_eq!(b.reserve(50).unwrap_err(), 110);
+        let second = b.reserve(40).unwrap();
+        assert_eq!(b.reserve(1).unwrap_err(), 101);
+        drop(first);
+        let third = b.reserve(60).unwrap();
+        assert_eq!(b.reserved(), 100);
+        let shared = b.clone();
+        assert!(shared.reserve(1).is_err());
+        drop((second, third));
+        assert_eq!(shared.reserved(), 0);
+        assert_eq!(b.reserve(u64::MAX).unwrap_err(), u64::MAX);
+    }
+
+    #[test]
+    fn default_limit_is_a_share_of_memtotal() {
+        let text = "MemFree:  1000 kB\nMemTotal:       24683820 kB\nBuffers: 3 kB\n";
+        let want = (24_683_820.0 * 1024.0 * DEFAULT_SHARE) as u64;
+        assert_eq!(limit_from_meminfo(text), Some(want));
+        assert_eq!(limit_from_meminfo("MemTotal: 12 MB\n"), None);
+        assert_eq!(limit_from_meminfo("MemFree: 12 kB\n"), None);
+    }
+}
