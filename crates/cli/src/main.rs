@@ -14,7 +14,7 @@ mod cmd;
 // stable in one run each), against 0.97–1.02 (1.02–1.05) with glibc, while `bench e2e` loopback tok/s did not differ beyond this
 // machine's noise (FFA K = 8: 12.2–15.2 glibc, 12.2–13.0 jemalloc; standard
 // 4.9–5.8 and 5.3–6.4). A long-running adapter server matters more than a
-// difference within noise. See BENCHMARKS.md, "Allocator".
+// difference within noise. See BENCHMARKS.md, "HE-LoRA".
 
 use clap::{Parser, Subcommand};
 
