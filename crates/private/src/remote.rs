@@ -23,6 +23,11 @@
 //!    same offer (it is deterministic in T) and keeps the keys; the client
 //!    checks the two offers are byte-identical.
 //!
+//! An FFA adapter's public lora_A is in `AdapterInfo.ffa_lora_a` only, not
+//! in the offers: the client attaches it to each decoded offer
+//! ([`attach_public_a`]), so it crosses the link once per `ListAdapters`
+//! instead of once per offer as well.
+//!
 //! The offer-only session computes nothing and is closed by step 2. No new
 //! RPC is needed, and nothing the client decrypts is ever sent (threat
 //! model, guarantee 2).
@@ -38,6 +43,6 @@ pub use loopback::EmbeddedServer;
 pub use memory::SessionMemory;
 pub use transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use wire::{
-    MAX_GROUPS, MAX_T, PlanRequest, PublicA, decode_offer, decode_public_a, encode_offer,
-    encode_public_a, preset_from_name, preset_name,
+    MAX_GROUPS, MAX_T, PlanRequest, PublicA, attach_public_a, decode_offer, decode_public_a,
+    encode_offer, encode_public_a, preset_from_name, preset_name,
 };

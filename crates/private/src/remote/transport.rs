@@ -6,7 +6,7 @@ use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_model::ModelConfig;
 use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, SessionParams};
 
-use super::wire::{PlanRequest, decode_offer};
+use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
 use crate::by_width::ByWidth;
 use crate::hook::HeHook;
@@ -74,7 +74,13 @@ pub fn fetch_offer(
             ),
         })
         .map_err(transport_error)?;
-    let offer = decode_offer(&session.plan)?;
+    let mut offer = decode_offer(&session.plan)?;
+    if offer.kind == crate::adapter_groups::LoraKind::Ffa {
+        let bytes = info.ffa_lora_a.as_ref().ok_or_else(|| {
+            PrivateError::Transport("the FFA adapter's info carries no lora_A".into())
+        })?;
+        attach_public_a(&mut offer, &decode_public_a(bytes)?)?;
+    }
     if offer.t != t {
         return Err(PrivateError::Transport(format!(
             "asked for T = {t}, the server offered T = {}",

@@ -106,8 +106,11 @@ pub fn preset_from_name(name: &str) -> Option<Preset> {
 }
 
 /// Serialises an offer: preset, T, kind, then per group the layer, group
-/// index, projections, the plan ([`encode_plan`]) and, for FFA, the public
-/// lora_A of each projection (f32, row-major r × d_in).
+/// index, projections and the plan ([`encode_plan`]). The public lora_A of
+/// an FFA adapter is *not* in the offer bytes: it travels once, in
+/// `AdapterInfo.ffa_lora_a` ([`encode_public_a`]), and the client puts it
+/// back with [`attach_public_a`] (an offer is fetched twice per session and
+/// once per verify width; the lora_A of the default model is 4.4 MB).
 #[must_use]
 pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     let mut o = Vec::new();
@@ -127,15 +130,8 @@ pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
         let plan = encode_plan(&g.plan);
         put_u32(&mut o, plan.len());
         o.extend_from_slice(&plan);
-        match &g.public_a {
-            None => o.push(0),
-            Some(a) => {
-                o.push(1);
-                for m in a {
-                    put_f32s(&mut o, m);
-                }
-            }
-        }
+        // Inline lora_A (flag 1) is still read, never written.
+        o.push(0);
     }
     o
 }
@@ -206,7 +202,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
             return Err(r.bad("plan shape does not match the projections"));
         }
         let public_a = match r.u8()? {
-            0 if kind == LoraKind::Standard => None,
+            0 => None,
             1 if kind == LoraKind::Ffa => {
                 let mut a = Vec::with_capacity(np);
                 for &rank in &plan.shape.ranks {
@@ -214,7 +210,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
                 }
                 Some(a)
             }
-            _ => return Err(r.bad("public lora_A flag does not match the kind")),
+            _ => return Err(r.bad("bad public lora_A flag")),
         };
         groups.push(OfferedGroup {
             layer,
@@ -254,6 +250,41 @@ pub fn encode_public_a(groups: &AdapterGroups) -> Vec<u8> {
         }
     }
     o
+}
+
+/// Puts the public lora_A of an FFA adapter (from [`decode_public_a`] of
+/// its `AdapterInfo.ffa_lora_a`) into a decoded offer: each offered group
+/// gets its projections' matrices, in the plan's order. Standard offers are
+/// left as they are.
+///
+/// # Errors
+/// [`PrivateError::Helora`] (`Malformed`) when a projection of the offer
+/// has no lora_A, or one whose rank or d_in differs from the plan's shape.
+pub fn attach_public_a(offer: &mut SessionOffer, a: &[PublicA]) -> Result<(), PrivateError> {
+    if offer.kind != LoraKind::Ffa {
+        return Ok(());
+    }
+    let bad = |reason| {
+        PrivateError::Helora(HeloraError::Malformed {
+            what: "public lora_A",
+            reason,
+        })
+    };
+    for g in &mut offer.groups {
+        let mut mats = Vec::with_capacity(g.projections.len());
+        for (i, &proj) in g.projections.iter().enumerate() {
+            let m = a
+                .iter()
+                .find(|m| m.layer == g.layer && m.proj == proj)
+                .ok_or_else(|| bad("no lora_A for an offered projection"))?;
+            if m.rank != g.plan.shape.ranks[i] || m.d_in != g.plan.shape.d_in {
+                return Err(bad("lora_A shape differs from the plan's"));
+            }
+            mats.push(m.a.clone());
+        }
+        g.public_a = Some(mats);
+    }
+    Ok(())
 }
 
 /// One projection's public lora_A from [`decode_public_a`].
@@ -486,15 +517,43 @@ mod tests {
         }
     }
 
+    /// The offer bytes carry no lora_A (it travels once, in the adapter's
+    /// info); attaching it from the info restores the server's offer.
     #[test]
-    fn offer_round_trips_ffa_and_standard() {
+    fn offer_round_trips_ffa_and_standard_with_lora_a_attached() {
         for kind in [LoraKind::Ffa, LoraKind::Standard] {
             let o = offer(kind);
             assert_eq!(o.groups.len(), 4);
-            let bytes = encode_offer(&o);
-            same(&decode_offer(&bytes).unwrap(), &o);
             assert_eq!(o.groups[0].public_a.is_some(), kind == LoraKind::Ffa);
+            let mut got = decode_offer(&encode_offer(&o)).unwrap();
+            assert!(got.groups.iter().all(|g| g.public_a.is_none()));
+            let a = decode_public_a(&encode_public_a(&groups(kind))).unwrap();
+            attach_public_a(&mut got, &a).unwrap();
+            same(&got, &o);
         }
+    }
+
+    #[test]
+    fn regression_ffa_offer_bytes_do_not_repeat_the_lora_a() {
+        let mut o = offer(LoraKind::Ffa);
+        let with = encode_offer(&o).len();
+        for g in &mut o.groups {
+            g.public_a = None;
+        }
+        assert_eq!(encode_offer(&o).len(), with);
+    }
+
+    #[test]
+    fn attach_public_a_refuses_missing_or_misshapen_matrices() {
+        let mut got = decode_offer(&encode_offer(&offer(LoraKind::Ffa))).unwrap();
+        let mut a = decode_public_a(&encode_public_a(&groups(LoraKind::Ffa))).unwrap();
+        let last = a.pop().unwrap();
+        assert!(attach_public_a(&mut got, &a).is_err());
+        a.push(PublicA {
+            rank: last.rank + 1,
+            ..last
+        });
+        assert!(attach_public_a(&mut got, &a).is_err());
     }
 
     #[test]
