@@ -134,7 +134,7 @@ fn fields(c: &mut OpCosts) -> Vec<&mut f64> {
 }
 
 /// Measures every cost of [`OpCosts`] on `ctx` (levels `0..=max_level`):
-/// [`PASSES`] passes over all operations, `⌈reps / PASSES⌉` (at least 2)
+/// 8 passes over all operations, `⌈reps / 8⌉` (at least 2)
 /// timed runs of each per pass; each cost is the median of its per-pass
 /// medians. The machine is shared: a burst of load lasting a fraction of
 /// the measurement skews the operations measured during it, and hence the

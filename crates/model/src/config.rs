@@ -19,7 +19,7 @@ pub enum Arch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
     /// Pairs (2i, 2i+1): llama.cpp's "normal" RoPE, used with llama-family GGUF
-    /// files whose q/k rows the converter permuted (see [`crate::lora`]).
+    /// files whose q/k rows the converter permuted (see the `lora` module).
     Interleaved,
     /// Pairs (i, i + head_dim/2): HF "rotate_half" (GPT-NeoX style); HF checkpoints
     /// and Qwen2 GGUF files.

@@ -2,7 +2,7 @@
 //!
 //! Model: each draft is accepted independently with probability α (the
 //! per-token agreement of drafter and target). A round that drafts K tokens
-//! then yields E[tokens] = (1 − α^{K+1}) / (1 − α) tokens (Leviathan et al.
+//! then yields E\[tokens\] = (1 − α^{K+1}) / (1 − α) tokens (Leviathan et al.
 //! 2023, Eq. 1), and costs `round + K · draft` (with constant-K padding the
 //! verify cost of a round does not depend on K; without it, `per_position`
 //! adds the marginal verify cost). K is chosen to maximise tokens per unit
