@@ -56,27 +56,51 @@ impl Encryptor {
         let n = ctx.degree();
         let mut seed = [0u8; 32];
         rng.fill_bytes(&mut seed);
-        let mut c0 = vec![0u64; (pt.level + 1) * n];
-        expand_uniform(ctx, &seed, 0, 0..=pt.level, &mut c0);
         let e = small_ntt(ctx, &gaussian(rng, n), 0..=pt.level);
+        Ok(self.seeded(sk, seed, pt.level, pt.scale, |i, limb| {
+            canonical_limb(ctx, pt, i, limb);
+            let md = ctx.moduli[i];
+            crate::modular::vectorized(|| {
+                for (m, &ev) in limb.iter_mut().zip(&e[i * n..(i + 1) * n]) {
+                    *m = md.add(*m, ev);
+                }
+            });
+        }))
+    }
+
+    /// The part both secret-key encryptions share: `a` expanded from `seed`
+    /// and, limb by limb, `c0 = (m + e) − a·s`, with `message_limb(i, buf)`
+    /// writing limb `i` of `m + e` (NTT form) into `buf`.
+    fn seeded(
+        &self,
+        sk: &SecretKey,
+        seed: [u8; 32],
+        level: usize,
+        scale: f64,
+        mut message_limb: impl FnMut(usize, &mut [u64]),
+    ) -> SeededCiphertext {
+        let ctx = &self.ctx;
+        let n = ctx.degree();
+        let mut c0 = vec![0u64; (level + 1) * n];
+        expand_uniform(ctx, &seed, 0, 0..=level, &mut c0);
         let mut m = vec![0u64; n];
         for (i, limb) in c0.chunks_exact_mut(n).enumerate() {
             ctx.mul_scaled(i, limb, sk.scaled_limb(i));
-            canonical_limb(ctx, pt, i, &mut m);
+            message_limb(i, &mut m);
             let md = ctx.moduli[i];
             crate::modular::vectorized(|| {
-                for ((c, &ev), &mv) in limb.iter_mut().zip(&e[i * n..(i + 1) * n]).zip(&m) {
-                    *c = md.sub(md.add(ev, mv), *c);
+                for (c, &mv) in limb.iter_mut().zip(&m) {
+                    *c = md.sub(mv, *c);
                 }
             });
         }
-        Ok(SeededCiphertext {
+        SeededCiphertext {
             ctx: ctx.clone(),
             c0,
             seed,
-            level: pt.level,
-            scale: pt.scale,
-        })
+            level,
+            scale,
+        }
     }
 
     /// Encodes the slot values `re + i·im` (as
@@ -110,34 +134,16 @@ impl Encryptor {
             return Err(CkksError::LevelOutOfRange { level, max });
         }
         let mut coeffs = encoder.coefficients(re, Some(im), scale)?;
-        let n = ctx.degree();
         let mut seed = [0u8; 32];
         rng.fill_bytes(&mut seed);
-        let mut c0 = vec![0u64; (level + 1) * n];
-        expand_uniform(ctx, &seed, 0, 0..=level, &mut c0);
         // |m| < 2^62 (checked by the encoder) and |e| ≤ 19: no overflow.
-        for (c, &e) in coeffs.iter_mut().zip(&gaussian(rng, n)) {
+        for (c, &e) in coeffs.iter_mut().zip(&gaussian(rng, ctx.degree())) {
             *c += i64::from(e);
         }
-        let mut m = vec![0u64; n];
-        for (i, limb) in c0.chunks_exact_mut(n).enumerate() {
-            ctx.mul_scaled(i, limb, sk.scaled_limb(i));
-            crate::modular::reduce_signed_limb(&ctx.moduli[i], &coeffs, &mut m);
-            ctx.fwd(i, &mut m);
-            let md = ctx.moduli[i];
-            crate::modular::vectorized(|| {
-                for (c, &mv) in limb.iter_mut().zip(&m) {
-                    *c = md.sub(mv, *c);
-                }
-            });
-        }
-        Ok(SeededCiphertext {
-            ctx: ctx.clone(),
-            c0,
-            seed,
-            level,
-            scale,
-        })
+        Ok(self.seeded(sk, seed, level, scale, |i, limb| {
+            crate::modular::reduce_signed_limb(&ctx.moduli[i], &coeffs, limb);
+            ctx.fwd(i, limb);
+        }))
     }
 
     /// Public-key encryption at the plaintext's level and scale.

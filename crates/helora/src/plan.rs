@@ -124,6 +124,16 @@ pub enum PositionPacking {
     ComplexPairs,
 }
 
+impl PositionPacking {
+    /// Slot positions a round of `t` positions occupies: `t` or `⌈t/2⌉`.
+    pub fn slot_positions(self, t: usize) -> usize {
+        match self {
+            PositionPacking::Real => t,
+            PositionPacking::ComplexPairs => t.div_ceil(2),
+        }
+    }
+}
+
 /// Stage B (`Δ = B_f·U`) parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StageBPlan {
@@ -246,10 +256,7 @@ impl GroupPlan {
     /// or ⌈T/2⌉ ([`PositionPacking::ComplexPairs`]). In the docs of the
     /// layout and packing, "T" means this number.
     pub fn slot_positions(&self) -> usize {
-        match self.packing {
-            PositionPacking::Real => self.t,
-            PositionPacking::ComplexPairs => self.t.div_ceil(2),
-        }
+        self.packing.slot_positions(self.t)
     }
 
     /// Level at which the client encrypts (= depth: outputs end at level 0).

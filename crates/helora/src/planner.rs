@@ -281,16 +281,7 @@ fn candidates_packed(
             if t == 0 {
                 return;
             }
-            let w_in = slots
-                / mk(
-                    None,
-                    StageBPlan {
-                        n_out: 1,
-                        g: 1,
-                        baby: BabySteps::Server,
-                    },
-                )
-                .slot_positions();
+            let w_in = slots / packing.slot_positions(t);
             let equal_ranks = shape.ranks.iter().all(|&r| r == shape.ranks[0]);
             for segmented in [false, true] {
                 if segmented && (!equal_ranks || shape.ranks.len() < 2) {
