@@ -274,7 +274,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
         };
         // Measured once for the reference tokens, then again right before
         // every private run (its ratio's denominator).
-        let plain_run = || -> anyhow::Result<(Vec<Vec<u32>>, f64, f64)> {
+        let plain_run = || -> anyhow::Result<(Vec<Vec<u32>>, f64)> {
             let (mut reference, mut secs) = (Vec::new(), 0.0f64);
             for p in &prompts {
                 let out = generate(
@@ -288,9 +288,9 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 reference.push(out.tokens);
             }
             let tokens: usize = reference.iter().map(Vec::len).sum();
-            Ok((reference, tokens as f64 / secs.max(1e-9), secs))
+            Ok((reference, tokens as f64 / secs.max(1e-9)))
         };
-        let (reference, first_tps, plain_secs) = plain_run()?;
+        let (reference, first_tps) = plain_run()?;
         let plain_tokens: usize = reference.iter().map(Vec::len).sum();
         let mut plain_tps_all = vec![first_tps];
         let plain_row = runs.len();
@@ -308,10 +308,8 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             tokens: plain_tokens,
             bytes_up_per_token: 0.0,
             bytes_down_per_token: 0.0,
-            split_ms: TimeSplit {
-                forward: plain_secs * 1e3,
-                ..TimeSplit::default()
-            },
+            // Filled in with the median of the measurements below.
+            split_ms: TimeSplit::default(),
             plaintext_tok_per_s: first_tps,
             ratio_to_plaintext: 1.0,
             matches_plaintext: true,
@@ -340,7 +338,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
                 };
-                let (again, plain_tps, _) = plain_run()?;
+                let (again, plain_tps) = plain_run()?;
                 anyhow::ensure!(
                     again == reference,
                     "the plaintext reference is not deterministic"
