@@ -35,6 +35,7 @@ use cipherlora_private::{
 };
 use cipherlora_service::{LinkProfile, ThreadHook};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
+use cipherlora_spec::schedule::Schedule;
 use serde::{Deserialize, Serialize};
 
 use crate::split::TimeSplit;
@@ -54,6 +55,10 @@ pub struct E2eBenchOptions {
     pub links: Vec<String>,
     /// Decoding configurations.
     pub configs: Vec<DecodeConfig>,
+    /// Verify schedules (`auto`, `per-group`, `fixed-point[:N]`): every
+    /// configuration runs under each; `auto` is resolved per run by
+    /// [`cipherlora_private::choose_for_session`] on the run's link.
+    pub schedules: Vec<String>,
     /// HumanEval prompts (JSON lines with a `prompt` field).
     pub prompts_file: PathBuf,
     /// How many prompts to use.
@@ -120,6 +125,15 @@ pub struct E2eRun {
     pub mean_accepted: f64,
     /// Verify rounds.
     pub rounds: usize,
+    /// The verify schedule (`per-group`, `fixed-point:N`).
+    pub schedule: String,
+    /// Network round trips per verify round (decode only): one per adapted
+    /// group on the per-group schedule, N per round on the fixed-point one.
+    pub round_trips_per_round: f64,
+    /// Rounds that continued an uncertified pass (fixed-point schedule).
+    pub continuations: usize,
+    /// Verified rows the fixed-point rounds could not use (uncertified).
+    pub uncertified_rows: usize,
     /// Generated tokens (all prompts).
     pub tokens: usize,
     /// Bytes uploaded per generated token (verify passes; prefill excluded).
@@ -305,6 +319,10 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             tok_per_s: first_tps,
             mean_accepted: 1.0,
             rounds: plain_tokens,
+            schedule: "-".into(),
+            round_trips_per_round: 0.0,
+            continuations: 0,
+            uncertified_rows: 0,
             tokens: plain_tokens,
             bytes_up_per_token: 0.0,
             bytes_down_per_token: 0.0,
@@ -320,8 +338,32 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             let link: LinkProfile = link_name
                 .parse()
                 .map_err(|e| anyhow::anyhow!("link {link_name}: {e}"))?;
-            for c in &opts.configs {
+            for (c, schedule) in opts
+                .configs
+                .iter()
+                .flat_map(|c| opts.schedules.iter().map(move |s| (c, s.as_str())))
+            {
                 let (drafter, k) = (c.drafter, c.k);
+                let width = if drafter == DrafterKind::None {
+                    1
+                } else {
+                    k + 1
+                };
+                let mut hook = connect_widths(
+                    server.client_config(link),
+                    &id,
+                    width,
+                    opts.prefill_width,
+                    model.config(),
+                )?;
+                let (schedule, schedule_name) = if schedule == "auto" {
+                    let s = cipherlora_private::choose_for_session(&model, &hook, width, &link)?
+                        .schedule;
+                    (s, format!("auto: {s}"))
+                } else {
+                    let s: Schedule = schedule.parse()?;
+                    (s, s.to_string())
+                };
                 let draft_model = match (c.draft_weights(), &half) {
                     ("f16", Some(h)) => h,
                     _ => &model,
@@ -337,6 +379,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     max_tokens: opts.max_tokens,
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
+                    schedule,
                 };
                 let (again, plain_tps) = plain_run()?;
                 anyhow::ensure!(
@@ -344,16 +387,10 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     "the plaintext reference is not deterministic"
                 );
                 plain_tps_all.push(plain_tps);
-                let width = cfg.verify_width();
-                let mut hook = connect_widths(
-                    server.client_config(link),
-                    &id,
-                    width,
-                    opts.prefill_width,
-                    model.config(),
-                )?;
+                anyhow::ensure!(width == cfg.verify_width(), "verify width");
                 let mut matches = true;
                 let (mut tokens, mut rounds, mut ahead_hits) = (0usize, 0usize, 0usize);
+                let (mut continuations, mut uncertified) = (0usize, 0usize);
                 let mut split = TimeSplit::default();
                 let mut decode = HeTimings::default();
                 for (p, want) in prompts.iter().zip(&reference) {
@@ -381,6 +418,8 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     rounds += out.stats.rounds;
                     matches &= &out.tokens == want;
                     ahead_hits += out.stats.ahead_hits;
+                    continuations += out.stats.continuations;
+                    uncertified += out.stats.uncertified_rows;
                 }
                 let tps = tokens as f64 / (split.total() / 1e3).max(1e-9);
                 let run = E2eRun {
@@ -394,6 +433,10 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     tok_per_s: tps,
                     mean_accepted: tokens as f64 / rounds.max(1) as f64,
                     rounds,
+                    schedule: schedule_name,
+                    round_trips_per_round: decode.round_trips as f64 / rounds.max(1) as f64,
+                    continuations,
+                    uncertified_rows: uncertified,
                     tokens,
                     bytes_up_per_token: decode.bytes_up as f64 / tokens.max(1) as f64,
                     bytes_down_per_token: decode.bytes_down as f64 / tokens.max(1) as f64,
@@ -404,13 +447,17 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     ahead_hits,
                 };
                 eprintln!(
-                    "{id} {link_name} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, match {}",
+                    "{id} {link_name} {} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, {:.1} round trips/round, {:.0}/{:.0} kB/token up/down, match {}",
+                    run.schedule,
                     run.drafter,
                     run.draft_weights,
                     run.k,
                     run.tok_per_s,
                     run.ratio_to_plaintext,
                     run.mean_accepted,
+                    run.round_trips_per_round,
+                    run.bytes_up_per_token / 1e3,
+                    run.bytes_down_per_token / 1e3,
                     matches
                 );
                 runs.push(run);
@@ -453,15 +500,15 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
 pub fn markdown(r: &E2eReport) -> String {
     let mut s = format!(
         "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
-         | mode | LoRA | drafter (weights) | K | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
-         | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         | mode | LoRA | drafter (weights) | K | schedule | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | round trips/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
+         | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         r.prompts, r.max_tokens, r.prefill_width, r.pinning
     );
     for x in &r.runs {
         let d = &x.split_ms;
         let per = |v: f64| v / x.tokens.max(1) as f64;
         s.push_str(&format!(
-            "| {} | {} | {}{} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {}{} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
             x.mode,
             x.lora,
             x.drafter,
@@ -471,11 +518,13 @@ pub fn markdown(r: &E2eReport) -> String {
                 format!(" ({})", x.draft_weights)
             },
             x.k,
+            x.schedule,
             x.link,
             x.tok_per_s,
             x.plaintext_tok_per_s,
             x.ratio_to_plaintext,
             x.mean_accepted,
+            x.round_trips_per_round,
             x.bytes_up_per_token / 1e3,
             x.bytes_down_per_token / 1e3,
             per(d.draft),

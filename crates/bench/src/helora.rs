@@ -194,7 +194,8 @@ fn e2e_layer(
         let (mut cs, mut ss) = (Vec::new(), Vec::new());
         for rep in 0..=E2E_REPS {
             let t0 = cpu_ms();
-            let req = gc.request(&client, 0, 0, &x)?.to_bytes();
+            let (req, scales) = gc.request(&client, 0, 0, &x)?;
+            let req = req.to_bytes();
             let t1 = cpu_ms();
             let resp = prepared
                 .handle(&server, &cipherlora_helora::GroupRequest::from_bytes(&req)?)?
@@ -203,6 +204,7 @@ fn e2e_layer(
             let _ = gc.deltas(
                 &client,
                 &cipherlora_helora::GroupResponse::from_bytes(&resp)?,
+                &scales,
             )?;
             let t3 = cpu_ms();
             if rep > 0 {

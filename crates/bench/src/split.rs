@@ -122,6 +122,7 @@ mod tests {
             prefill_secs: 0.2,
             ahead_hits: 0,
             ahead_secs: 0.0,
+            ..SpecStats::default()
         };
         let he = HeTimings {
             rounds: 8,
@@ -131,6 +132,7 @@ mod tests {
             decrypt_ms: 50.0,
             bytes_up: 1,
             bytes_down: 2,
+            ..HeTimings::default()
         };
         let s = TimeSplit::new(&stats, &he);
         assert!((s.forward - 200.0).abs() < 1e-9);

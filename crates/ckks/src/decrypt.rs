@@ -10,7 +10,7 @@ use crate::plaintext::Plaintext;
 /// server (IND-CPA-D, Li–Micciancio 2021).
 #[derive(Debug, Clone)]
 pub struct Decryptor {
-    sk: SecretKey,
+    pub(crate) sk: SecretKey,
 }
 
 impl Decryptor {

@@ -160,6 +160,31 @@ pub enum CkksError {
         /// Coefficient index within the limb.
         index: usize,
     },
+    /// Compression: invalid parameters or input (non-finite bound, a
+    /// ciphertext above level 0, `b`, `k`, `d` out of range, …).
+    #[error("invalid compression: {reason}")]
+    InvalidCompression {
+        /// What is wrong, in words.
+        reason: &'static str,
+    },
+    /// Compression: slot values up to `bound` would wrap around modulo
+    /// `q_0` at this scale even without compression (`2√2·bound·scale ≳ q_0`).
+    #[error("value bound {bound} too large for q_0 at scale {scale}")]
+    CompressionBoundTooLarge {
+        /// The bound on |real part| and |imaginary part| of every slot.
+        bound: f64,
+        /// The scale Δ of the ciphertext.
+        scale: f64,
+    },
+    /// Compression: no modulus `2^b` with `b ≤ max_bits` reaches the
+    /// requested precision.
+    #[error("compression to {precision_bits} bits of precision needs more than {max_bits} bits")]
+    CompressionInfeasible {
+        /// Requested precision, bits relative to the value bound.
+        precision_bits: u32,
+        /// Largest `b` allowed (`bits(q_0) − 1`).
+        max_bits: u32,
+    },
     /// Deserialisation: a structural field (count, Galois element, flag) is invalid.
     #[error("malformed field: {what}")]
     Malformed {

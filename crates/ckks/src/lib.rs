@@ -20,6 +20,11 @@
 //!   ChaCha20; seeded uniform parts halve upload sizes (public seeds are
 //!   expanded with ChaCha8).
 //!
+//! * Downloads: level-0 ciphertexts compress lossily by modulus switching
+//!   to a power of two and dropping headroom and low bits
+//!   ([`compress`], Brakerski–Vaikuntanathan modulus switching, Kyber-style
+//!   compression), with a chooser that bounds the added error.
+//!
 //! * Parallelism: single-threaded by default; [`Evaluator::with_parallelism`]
 //!   runs ModUp digits and independent hoisted rotations on rayon.
 //!
@@ -33,6 +38,7 @@
 //! | ct×pt + rescale, \|x\|, \|w\| ≤ 8, Δ = 2^40 | ≤ 2^-25 | `prop_ct_pt_rescale_precision` |
 //! | rotate / hoisted rotate after ct×pt + rescale | ≤ 2^-22 | `prop_rotate_random_steps` |
 //! | double-hoisted dot product (5 terms, \|x\| ≤ 2, \|w\| ≤ 1.5) | ≤ 2^-20 | `double_hoisted_dot_product_matches_plain_path_and_reference` |
+//! | compress → decrypt, vs uncompressed, \|v\| ≤ M | ≤ [`CompressionParams::predicted_error`] ≤ M·2^-P | `compressed_decryption_matches_uncompressed_to_the_predicted_precision` |
 //!
 //! The fast presets (`*Fast`, 50-bit `q_0`) bound decrypted values at
 //! level 0 by `q_0 / (2Δ) = 2^9`; the 60-bit presets by `2^19`.
@@ -60,6 +66,7 @@
 //! ```
 
 pub mod ciphertext;
+pub mod compress;
 pub mod context;
 pub mod decrypt;
 #[cfg(test)]
@@ -79,6 +86,7 @@ pub mod sampling;
 pub mod serialize;
 
 pub use ciphertext::{Ciphertext, SeededCiphertext};
+pub use compress::{CompressedCiphertext, CompressionParams};
 pub use context::Context;
 pub use decrypt::Decryptor;
 pub use encoder::Encoder;
@@ -92,3 +100,4 @@ pub use plaintext::{ExtendedPlaintext, Plaintext};
 /// Complex slot values ([`Encoder::encode_complex`], [`Encoder::decode_complex`]).
 pub use rustfft::num_complex::Complex64;
 pub use sampling::{os_rng, os_seed};
+pub use serialize::ObjectKind;

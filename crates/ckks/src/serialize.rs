@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | 4 | magic `CKLR` |
 //! | 1 | format version ([`FORMAT_VERSION`], 2) |
-//! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys |
+//! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys, 5 compressed ciphertext |
 //! | 1 | log2 N |
 //! | 1 | level |
 //! | 8 | parameter digest ([`crate::CkksParameters::digest`]) |
@@ -15,7 +15,11 @@
 //!
 //! Bodies: ciphertext = scale (f64) ‖ c0 ‖ c1; seeded = scale ‖ seed (32) ‖
 //! c0; public key = seed ‖ b (max level); Galois keys = count (u32) ‖ per key
-//! { Galois element (u64) ‖ seed ‖ b_0 … b_L over `q_0..q_L, P` }.
+//! { Galois element (u64) ‖ seed ‖ b_0 … b_L over `q_0..q_L, P` };
+//! compressed ciphertext (level 0 only, [`crate::compress`]) = scale (f64,
+//! of the uncompressed ciphertext) ‖ b (u8) ‖ k (u8) ‖ d (u8) ‖ 0 (u8) ‖
+//! `c0'` at `b − d` bits per coefficient ‖ `c1'` at `b` bits (coefficient
+//! form, same bit stream as the limbs).
 //! A polynomial is its limbs in order, limb `i` bit-packed at
 //! `⌈log2 q_i⌉` bits per coefficient (canonical NTT form). Uniform parts are
 //! never sent: they are re-expanded from the seeds with ChaCha8
@@ -29,13 +33,16 @@
 //! Reading checks, before allocating, that the length is exactly what the
 //! header implies; then that every coefficient is below its modulus, the
 //! degree, level and parameter digest match, the scale is finite and
-//! positive, Galois elements are odd, in `(1, 2N)` and distinct. Any failure
+//! positive, Galois elements are odd, in `(1, 2N)` and distinct, and the
+//! compression parameters pass [`crate::CompressionParams::validate`] (with
+//! the reserved byte 0 and the level 0). Any failure
 //! is a typed [`CkksError`]; no input can make the reader panic.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::ciphertext::{Ciphertext, SeededCiphertext};
+use crate::compress::{CompressedCiphertext, CompressionParams};
 use crate::context::Context;
 use crate::error::{CkksError, Result};
 use crate::keys::{GaloisKey, GaloisKeys, PublicKey};
@@ -54,6 +61,57 @@ enum Kind {
     Seeded = 2,
     PublicKey = 3,
     GaloisKeys = 4,
+    Compressed = 5,
+}
+
+/// The kind of a serialized object, read from its header by [`peek_kind`].
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectKind {
+    /// [`Ciphertext`] (kind byte 1).
+    Ciphertext,
+    /// [`SeededCiphertext`] (2).
+    SeededCiphertext,
+    /// [`PublicKey`] (3).
+    PublicKey,
+    /// [`GaloisKeys`] (4).
+    GaloisKeys,
+    /// [`CompressedCiphertext`] (5).
+    CompressedCiphertext,
+}
+
+/// The kind of the object `bytes` claim to hold, from the magic, version
+/// and kind bytes only (the rest is checked by the matching `from_bytes`).
+///
+/// # Errors
+/// [`CkksError::Truncated`] (fewer than 16 bytes), [`CkksError::BadMagic`],
+/// [`CkksError::UnsupportedVersion`], [`CkksError::Malformed`] (unknown
+/// kind byte).
+pub fn peek_kind(bytes: &[u8]) -> Result<ObjectKind> {
+    if bytes.len() < HEADER {
+        return Err(CkksError::Truncated {
+            expected: HEADER,
+            got: bytes.len(),
+        });
+    }
+    if &bytes[..4] != MAGIC {
+        return Err(CkksError::BadMagic);
+    }
+    if bytes[4] != FORMAT_VERSION {
+        return Err(CkksError::UnsupportedVersion { version: bytes[4] });
+    }
+    Ok(match bytes[5] {
+        1 => ObjectKind::Ciphertext,
+        2 => ObjectKind::SeededCiphertext,
+        3 => ObjectKind::PublicKey,
+        4 => ObjectKind::GaloisKeys,
+        5 => ObjectKind::CompressedCiphertext,
+        _ => {
+            return Err(CkksError::Malformed {
+                what: "object kind",
+            });
+        }
+    })
 }
 
 fn limb_bits(ctx: &Context, prime: usize) -> usize {
@@ -79,27 +137,32 @@ fn header(ctx: &Context, kind: Kind, level: usize, out: &mut Vec<u8>) {
 fn pack(ctx: &Context, data: &[u64], primes: impl Iterator<Item = usize>, out: &mut Vec<u8>) {
     let n = ctx.degree();
     for (limb, i) in data.chunks_exact(n).zip(primes) {
-        let bits = limb_bits(ctx, i);
-        out.reserve(n * bits / 8);
-        let mut acc: u128 = 0;
-        let mut fill = 0usize;
-        for &x in limb {
-            // fill < 64 and bits ≤ 62: the u128 never overflows.
-            acc |= (x as u128) << fill;
-            fill += bits;
-            if fill >= 64 {
-                out.extend_from_slice(&(acc as u64).to_le_bytes());
-                acc >>= 64;
-                fill -= 64;
-            }
-        }
-        while fill >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            fill -= 8;
-        }
-        debug_assert_eq!(fill, 0);
+        pack_limb(limb, limb_bits(ctx, i), out);
     }
+}
+
+/// Bit-packs one limb of values `< 2^bits` (`bits ≤ 62`, `limb.len()·bits`
+/// a multiple of 8).
+fn pack_limb(limb: &[u64], bits: usize, out: &mut Vec<u8>) {
+    out.reserve(limb.len() * bits / 8);
+    let mut acc: u128 = 0;
+    let mut fill = 0usize;
+    for &x in limb {
+        // fill < 64 and bits ≤ 62: the u128 never overflows.
+        acc |= (x as u128) << fill;
+        fill += bits;
+        if fill >= 64 {
+            out.extend_from_slice(&(acc as u64).to_le_bytes());
+            acc >>= 64;
+            fill -= 64;
+        }
+    }
+    while fill >= 8 {
+        out.push(acc as u8);
+        acc >>= 8;
+        fill -= 8;
+    }
+    debug_assert_eq!(fill, 0);
 }
 
 /// Unpacks `out.len()` values of `bits` bits from the little-endian bit
@@ -281,6 +344,77 @@ impl Ciphertext {
             c0,
             c1,
             level,
+            scale,
+        })
+    }
+}
+
+/// Header, scale and `(b, k, d, 0)` of a compressed ciphertext.
+const COMPRESSED_FIXED: usize = HEADER + 8 + 4;
+
+impl CompressedCiphertext {
+    /// Serializes (header at level 0, scale, `b`, `k`, `d`, a zero byte,
+    /// `c0'` at `b − d` bits and `c1'` at `b` bits per coefficient):
+    /// `28 + N·(2b − d)/8` bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let ctx = &self.ctx;
+        let p = self.params;
+        let mut out = Vec::with_capacity(COMPRESSED_FIXED + p.poly_bytes(ctx.degree()));
+        header(ctx, Kind::Compressed, 0, &mut out);
+        out.extend_from_slice(&self.scale.to_bits().to_le_bytes());
+        out.extend_from_slice(&[p.bits as u8, p.headroom as u8, p.dropped as u8, 0]);
+        pack_limb(&self.c0, (p.bits - p.dropped) as usize, &mut out);
+        pack_limb(&self.c1, p.bits as usize, &mut out);
+        out
+    }
+
+    /// Parses and validates bytes from [`Self::to_bytes`]: the header
+    /// (level 0), the scale, the parameters
+    /// ([`CompressionParams::validate`] against `q_0`, reserved byte 0), then
+    /// the exact length before allocating.
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`],
+    /// [`CkksError::InvalidCompression`] for invalid `(b, k, d)`; never
+    /// panics.
+    pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        let (level, mut r) = open(ctx, bytes, Kind::Compressed)?;
+        if level != 0 {
+            return Err(CkksError::Malformed {
+                what: "compressed ciphertext level",
+            });
+        }
+        let scale = r.scale()?;
+        let raw = r.take(4)?;
+        if raw[3] != 0 {
+            return Err(CkksError::Malformed {
+                what: "compressed ciphertext reserved byte",
+            });
+        }
+        let params = CompressionParams {
+            bits: u32::from(raw[0]),
+            headroom: u32::from(raw[1]),
+            dropped: u32::from(raw[2]),
+        };
+        params.validate(ctx.prime(0))?;
+        let n = ctx.degree();
+        exact_len(bytes, COMPRESSED_FIXED + params.poly_bytes(n))?;
+        let mut read = |bits: u32| -> Result<Vec<u64>> {
+            let bits = bits as usize;
+            let mut out = vec![0u64; n];
+            let raw = r.take(n * bits / 8)?;
+            // Every value of `bits` bits is below 2^bits: cannot fail.
+            unpack_limb(raw, bits, 1u64 << bits, &mut out)
+                .map_err(|index| CkksError::CoefficientOutOfRange { limb: 0, index })?;
+            Ok(out)
+        };
+        let c0 = read(params.bits - params.dropped)?;
+        let c1 = read(params.bits)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            c0,
+            c1,
+            params,
             scale,
         })
     }

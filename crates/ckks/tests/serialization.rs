@@ -13,6 +13,8 @@ struct Objects {
     seeded: Vec<u8>,
     pk: Vec<u8>,
     gk: Vec<u8>,
+    /// A compressed level-0 ciphertext.
+    cc: Vec<u8>,
 }
 
 fn objects() -> Objects {
@@ -28,7 +30,20 @@ fn objects() -> Objects {
     let ct = f.ev.rescale(&seeded.expand()).unwrap();
     let pk = PublicKey::generate(&f.sk, &mut f.rng);
     let gk = GaloisKeys::generate(&f.sk, &[1], &mut f.rng);
+    // Two rescales without products: declare the scale Δ again (the
+    // content does not matter here).
+    let mut ct0 = f.ev.rescale(&ct).unwrap();
+    ct0.set_scale(f.ctx.params().scale());
+    let p = CompressionParams::choose(
+        f.ctx.degree(),
+        f.ctx.params().moduli()[0],
+        ct0.scale(),
+        1.0,
+        20,
+    )
+    .unwrap();
     Objects {
+        cc: ct0.compress(&p).unwrap().to_bytes(),
         ct: ct.to_bytes(),
         seeded: seeded.to_bytes(),
         pk: pk.to_bytes(),
@@ -37,12 +52,13 @@ fn objects() -> Objects {
     }
 }
 
-fn parse_all(f: &Fixture, b: &[u8]) -> [bool; 4] {
+fn parse_all(f: &Fixture, b: &[u8]) -> [bool; 5] {
     [
         Ciphertext::from_bytes(&f.ctx, b).is_ok(),
         SeededCiphertext::from_bytes(&f.ctx, b).is_ok(),
         PublicKey::from_bytes(&f.ctx, b).is_ok(),
         GaloisKeys::from_bytes(&f.ctx, b).is_ok(),
+        CompressedCiphertext::from_bytes(&f.ctx, b).is_ok(),
     ]
 }
 
@@ -86,11 +102,14 @@ fn round_trips_preserve_objects_and_function() {
 #[test]
 fn truncated_and_extended_inputs_are_typed_errors() {
     let o = objects();
-    for (i, bytes) in [&o.ct, &o.seeded, &o.pk, &o.gk].into_iter().enumerate() {
+    for (i, bytes) in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc]
+        .into_iter()
+        .enumerate()
+    {
         let mut ok = parse_all(&o.f, bytes);
         assert!(ok[i], "object {i} must parse");
         ok[i] = false;
-        assert_eq!(ok, [false; 4], "kinds are not interchangeable");
+        assert_eq!(ok, [false; 5], "kinds are not interchangeable");
         for cut in [
             0,
             1,
@@ -194,7 +213,7 @@ fn version_1_objects_are_refused() {
     assert_eq!(serialize::FORMAT_VERSION, 2);
     let o = objects();
     let ctx = &o.f.ctx;
-    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk] {
+    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc] {
         assert_eq!(bytes[4], 2);
         let mut b = bytes.clone();
         b[4] = 1;
@@ -219,7 +238,7 @@ proptest! {
     }
 
     #[test]
-    fn random_header_with_valid_prefix_never_panics(kind in 0u8..6, level in 0u8..4, tail in proptest::collection::vec(any::<u8>(), 0..2048)) {
+    fn random_header_with_valid_prefix_never_panics(kind in 0u8..7, level in 0u8..4, tail in proptest::collection::vec(any::<u8>(), 0..2048)) {
         let f = fixture_small();
         let mut b = b"CKLR".to_vec();
         // The current version, so that parsing goes past the version check.
@@ -228,13 +247,53 @@ proptest! {
         b.extend_from_slice(&tail);
         prop_assert!(parse_all(&f, &b).iter().all(|&x| !x));
     }
+
+    /// A valid compressed-ciphertext header with random `(b, k, d)` and a
+    /// random body of about the implied length: parses iff the parameters
+    /// are valid and the length is exact (every bit pattern of the body is
+    /// a valid coefficient), a typed error otherwise; never panics.
+    #[test]
+    fn compressed_headers_with_random_parameters_and_bodies(
+        bits in 0u8..64,
+        headroom in 0u8..70,
+        dropped in 0u8..64,
+        delta in -3i64..=3,
+        seed in any::<u64>(),
+    ) {
+        let f = fixture_small();
+        let mut b = b"CKLR".to_vec();
+        b.extend_from_slice(&[serialize::FORMAT_VERSION, 5, 13, 0]);
+        b.extend_from_slice(&f.ctx.params().digest().to_le_bytes());
+        b.extend_from_slice(&f.ctx.params().scale().to_bits().to_le_bytes());
+        b.extend_from_slice(&[bits, headroom, dropped, 0]);
+        let p = CompressionParams {
+            bits: u32::from(bits),
+            headroom: u32::from(headroom),
+            dropped: u32::from(dropped),
+        };
+        let valid = p.validate(f.ctx.params().moduli()[0]).is_ok();
+        let body = if valid { p.poly_bytes(f.ctx.degree()) } else { 64 };
+        let len = (body as i64 + delta).max(0) as usize;
+        let mut x = seed | 1;
+        b.extend((0..len).map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        }));
+        let r = CompressedCiphertext::from_bytes(&f.ctx, &b);
+        prop_assert_eq!(r.is_ok(), valid && delta == 0);
+        if let Ok(c) = r {
+            prop_assert_eq!(c.to_bytes(), b);
+        }
+    }
 }
 
 #[test]
 fn bit_flips_and_truncations_of_valid_objects_never_panic() {
     let o = objects();
     let mut x = 0x1234_5678_9abc_def1u64;
-    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk] {
+    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc] {
         for _ in 0..24 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -247,6 +306,73 @@ fn bit_flips_and_truncations_of_valid_objects_never_panic() {
             assert!(parse_all(&o.f, &b[..cut]).iter().all(|&v| !v));
         }
     }
+}
+
+#[test]
+fn compressed_ciphertexts_round_trip_and_validate_their_fields() {
+    let o = objects();
+    let ctx = &o.f.ctx;
+    let cc = CompressedCiphertext::from_bytes(ctx, &o.cc).unwrap();
+    assert_eq!(cc.to_bytes(), o.cc);
+    let p = cc.params();
+    assert_eq!(o.cc.len(), 28 + p.poly_bytes(ctx.degree()));
+    assert!(o.cc.len() < o.ct.len() / 2 * 3 / 2, "no saving");
+    assert_eq!(
+        serialize::peek_kind(&o.cc),
+        Ok(ObjectKind::CompressedCiphertext)
+    );
+    assert_eq!(serialize::peek_kind(&o.ct), Ok(ObjectKind::Ciphertext));
+    assert!(serialize::peek_kind(&o.cc[..15]).is_err());
+    let mut b = o.cc.clone();
+    b[5] = 77;
+    assert!(matches!(
+        serialize::peek_kind(&b),
+        Err(CkksError::Malformed { .. })
+    ));
+    // Level other than 0.
+    let mut b = o.cc.clone();
+    b[7] = 1;
+    assert!(matches!(
+        CompressedCiphertext::from_bytes(ctx, &b),
+        Err(CkksError::Malformed { .. })
+    ));
+    // b ≥ bits(q0), d ≥ b, b + k > 64: typed errors before any allocation.
+    for (at, v) in [(24, 50u8), (24, 0), (26, 200), (25, 60)] {
+        let mut b = o.cc.clone();
+        b[at] = v;
+        assert!(
+            matches!(
+                CompressedCiphertext::from_bytes(ctx, &b),
+                Err(CkksError::InvalidCompression { .. })
+            ),
+            "byte {at} = {v}"
+        );
+    }
+    // Reserved byte.
+    let mut b = o.cc.clone();
+    b[27] = 1;
+    assert!(matches!(
+        CompressedCiphertext::from_bytes(ctx, &b),
+        Err(CkksError::Malformed { .. })
+    ));
+    // A smaller b that is valid changes the expected length: truncated.
+    let mut b = o.cc.clone();
+    b[24] += 1;
+    assert!(matches!(
+        CompressedCiphertext::from_bytes(ctx, &b),
+        Err(CkksError::Truncated { .. })
+    ));
+    b[24] -= 2;
+    assert!(matches!(
+        CompressedCiphertext::from_bytes(ctx, &b),
+        Err(CkksError::TrailingBytes { .. })
+    ));
+    // Another parameter set.
+    let other = fixture(Preset::N8192Depth2, 1);
+    assert!(matches!(
+        CompressedCiphertext::from_bytes(&other.ctx, &o.cc),
+        Err(CkksError::ParameterMismatch { .. })
+    ));
 }
 
 fn fixture_small() -> Fixture {

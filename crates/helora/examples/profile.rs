@@ -86,6 +86,11 @@ impl HeServer for Timed<'_> {
     fn output_to_bytes(&self, c: &Self::Ct) -> Vec<u8> {
         self.time("output_to_bytes", || self.inner.output_to_bytes(c))
     }
+    fn output_to_bytes_bounded(&self, c: &Self::Ct, bound: f64) -> Result<Vec<u8>> {
+        self.time("output_to_bytes", || {
+            self.inner.output_to_bytes_bounded(c, bound)
+        })
+    }
 }
 
 fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
@@ -137,7 +142,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 Mode::Standard => GroupClient::standard(&plan)?,
             };
             let x = vec![0.5f32; 9 * shape.d_in];
-            let req = gc.request(&client, 0, 0, &x)?;
+            let (req, _scales) = gc.request(&client, 0, 0, &x)?;
             let reps = 10;
             timed.t.borrow_mut().clear();
             let t0 = thread_cpu_ms();

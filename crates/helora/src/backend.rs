@@ -130,6 +130,20 @@ pub trait HeServer {
 
     /// Serialises a result ciphertext for the download.
     fn output_to_bytes(&self, ct: &Self::Ct) -> Vec<u8>;
+
+    /// Serialises a result ciphertext for the download, knowing that the
+    /// real and imaginary part of every slot is at most `bound` in absolute
+    /// value (up to the backend's own noise): a backend may then compress
+    /// it lossily with an error controlled relative to `bound` (the CKKS
+    /// backend: [`crate::ckks_backend::ResponseCompression`]). The default
+    /// ignores the bound ([`HeServer::output_to_bytes`]).
+    ///
+    /// # Errors
+    /// Backend errors while compressing.
+    fn output_to_bytes_bounded(&self, ct: &Self::Ct, bound: f64) -> Result<Vec<u8>> {
+        let _ = bound;
+        Ok(self.output_to_bytes(ct))
+    }
 }
 
 /// Client-side encryption and decryption (holds the secret key).
@@ -145,8 +159,8 @@ pub trait HeClient {
     /// More values than slots, level out of range.
     fn encrypt_to_bytes(&self, re: &[f64], im: &[f64], level: usize) -> Result<Vec<u8>>;
 
-    /// Parses, decrypts and decodes a result ciphertext: all slots, both
-    /// parts.
+    /// Parses, decrypts and decodes a result ciphertext (compressed or
+    /// not): all slots, both parts.
     ///
     /// # Errors
     /// Malformed bytes.

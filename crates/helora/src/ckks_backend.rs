@@ -6,12 +6,22 @@
 //! encoded with scale = the prime the following rescale divides by, so every
 //! rescale restores the input scale exactly and giant-step sums never need
 //! scale adjustments.
+//!
+//! Responses are compressed by default ([`ResponseCompression`]): every
+//! returned level-0 ciphertext is switched to a power-of-two modulus with
+//! the parameters [`CompressionParams::choose`] picks for the output bound
+//! the server computed at load time ([`crate::PreparedGroup::output_bounds`])
+//! and the configured precision; the client recognises the object kind and
+//! decrypts either form.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cipherlora_ckks::serialize::peek_kind;
 use cipherlora_ckks::{
-    Ciphertext, Context, Decryptor, Encoder, Encryptor, Evaluator, ExtendedCiphertext,
-    ExtendedPlaintext, GaloisKeys, Plaintext, PublicKey, SecretKey, SeededCiphertext, os_rng,
+    Ciphertext, CompressedCiphertext, CompressionParams, Context, Decryptor, Encoder, Encryptor,
+    Evaluator, ExtendedCiphertext, ExtendedPlaintext, GaloisKeys, ObjectKind, Plaintext, PublicKey,
+    SecretKey, SeededCiphertext, os_rng,
 };
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
@@ -48,6 +58,53 @@ impl Default for Rerandomization {
     }
 }
 
+/// How [`CkksServer`] serialises returned ciphertexts
+/// ([`HeServer::output_to_bytes_bounded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseCompression {
+    /// Full level-0 ciphertexts (`c0`, `c1` at `⌈log2 q_0⌉` bits per
+    /// coefficient: 102 400 bytes each for `N8192Depth2Fast`).
+    Off,
+    /// Compressed ciphertexts ([`cipherlora_ckks::compress`]) whose added
+    /// error is at most `bound·2^-bits` per slot part with high probability
+    /// (failure 2^-40 per ciphertext), `bound` being the group's output
+    /// bound for inputs normalised to max |input| ≤ 1 per position
+    /// ([`crate::PreparedGroup::output_bounds`]). Falls back to the full
+    /// ciphertext when the bound is too large for `q_0` or the precision
+    /// cannot be met.
+    Precision {
+        /// Target precision P in bits relative to the bound.
+        bits: u32,
+    },
+}
+
+impl ResponseCompression {
+    /// The default target precision: 25 bits relative to the output bound.
+    /// The bound is a worst case (`Σ_j |W_row,j|` for inputs at ±1), about
+    /// 2^2 (FFA) to 2^4 (standard, d_in = 2048) above the largest delta of
+    /// typical inputs, and the compression error adds to the evaluation
+    /// noise: 25 keeps ≥ 21.5 bits of max-abs precision relative to the
+    /// largest delta on both benchmark shapes, both modes, T ∈ {1, 5, 9,
+    /// 17} (`precision_table_all_shapes_all_t`; 24 gives 20.9 for standard
+    /// LoRA on Qwen2.5-3B). Each bit costs `2·N/8` bytes per ciphertext.
+    pub const DEFAULT_BITS: u32 = 25;
+}
+
+impl Default for ResponseCompression {
+    /// [`ResponseCompression::Precision`] with
+    /// [`ResponseCompression::DEFAULT_BITS`].
+    fn default() -> Self {
+        ResponseCompression::Precision {
+            bits: Self::DEFAULT_BITS,
+        }
+    }
+}
+
+/// Absolute margin added to every output bound before compressing: covers
+/// the CKKS evaluation noise of a returned slot (≈ 2^-23 measured) with room
+/// to spare.
+const NOISE_MARGIN: f64 = 1.0 / 65536.0;
+
 /// The server: evaluator, encoder, the Galois keys it was given, and
 /// optionally the client's public key (for rerandomisation).
 pub struct CkksServer {
@@ -56,6 +113,10 @@ pub struct CkksServer {
     encoder: Encoder,
     gks: GaloisKeys,
     pk: Option<(PublicKey, Rerandomization)>,
+    compression: ResponseCompression,
+    /// Chosen parameters by `(scale, bound)` bits: one choice per output
+    /// bound and scale, reused by every request.
+    chosen: Mutex<HashMap<(u64, u64), Option<CompressionParams>>>,
     rng: Mutex<ChaCha20Rng>,
 }
 
@@ -64,6 +125,7 @@ impl std::fmt::Debug for CkksServer {
         f.debug_struct("CkksServer")
             .field("galois_keys", &self.gks.len())
             .field("rerandomize", &self.pk.is_some())
+            .field("compression", &self.compression)
             .finish_non_exhaustive()
     }
 }
@@ -85,13 +147,49 @@ impl CkksServer {
             encoder: Encoder::new(ctx),
             gks,
             pk,
+            compression: ResponseCompression::default(),
+            chosen: Mutex::new(HashMap::new()),
             rng: Mutex::new(os_rng().map_err(he)?),
         })
+    }
+
+    /// The same server with another response compression (default:
+    /// [`ResponseCompression::default`], 25 bits relative to the bound).
+    pub fn with_compression(mut self, compression: ResponseCompression) -> Self {
+        self.compression = compression;
+        lock(&self.chosen).clear();
+        self
+    }
+
+    /// The response compression in use.
+    pub fn compression(&self) -> ResponseCompression {
+        self.compression
     }
 
     /// The CKKS context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
+    }
+
+    /// The compression parameters for a level-0 ciphertext at `scale`
+    /// whose slot parts are bounded by `bound` (plus the CKKS noise margin
+    /// and, when rerandomising, 16 flooding standard deviations); `None`
+    /// when compression is off or cannot help (bound too large for `q_0`,
+    /// precision out of reach). Chosen once per `(scale, bound)` and kept.
+    pub fn compression_params(&self, scale: f64, bound: f64) -> Option<CompressionParams> {
+        let ResponseCompression::Precision { bits } = self.compression else {
+            return None;
+        };
+        let key = (scale.to_bits(), bound.to_bits());
+        if let Some(&p) = lock(&self.chosen).get(&key) {
+            return p;
+        }
+        let flood = self.pk.as_ref().map_or(0.0, |(_, r)| 16.0 * r.flood_sigma);
+        let m = bound.abs() + NOISE_MARGIN + flood;
+        let q0 = self.ctx.params().moduli()[0];
+        let p = CompressionParams::choose(self.ctx.degree(), q0, scale, m, bits).ok();
+        lock(&self.chosen).insert(key, p);
+        p
     }
 }
 
@@ -259,6 +357,16 @@ impl HeServer for CkksServer {
     fn output_to_bytes(&self, ct: &Ciphertext) -> Vec<u8> {
         ct.to_bytes()
     }
+
+    fn output_to_bytes_bounded(&self, ct: &Ciphertext, bound: f64) -> Result<Vec<u8>> {
+        if ct.level() != 0 || !bound.is_finite() {
+            return Ok(ct.to_bytes());
+        }
+        match self.compression_params(ct.scale(), bound) {
+            Some(p) => Ok(ct.compress(&p).map_err(he)?.to_bytes()),
+            None => Ok(ct.to_bytes()),
+        }
+    }
 }
 
 /// The client: secret key, encoder, encryptor, decryptor.
@@ -333,9 +441,13 @@ impl HeClient for CkksClient {
     }
 
     fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<Complex64>> {
-        let ct = Ciphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
-        Ok(self
-            .encoder
-            .decode_complex(&self.decryptor.decrypt(&ct).map_err(he)?))
+        let pt = if peek_kind(bytes) == Ok(ObjectKind::CompressedCiphertext) {
+            let ct = CompressedCiphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
+            self.decryptor.decrypt_compressed(&ct).map_err(he)?
+        } else {
+            let ct = Ciphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
+            self.decryptor.decrypt(&ct).map_err(he)?
+        };
+        Ok(self.encoder.decode_complex(&pt))
     }
 }

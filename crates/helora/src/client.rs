@@ -6,6 +6,18 @@
 //! and `p + T'` to the imaginary part of slot position `p` (`T' = ⌈T/2⌉`,
 //! see [`crate::plan`]); the packing functions and the server see the T'
 //! slot positions only.
+//!
+//! # Input normalisation
+//! Before packing, each position's input vector (FFA: `u_p = A·x_p`;
+//! standard: `x_p`) is divided by `c_p`, the smallest power of two with
+//! `c_p ≥ max_j |input_p,j|` (1 for an all-zero input), so that every
+//! packed value is at most 1 in absolute value: the server's output bounds
+//! ([`crate::PreparedGroup::output_bounds`]) assume it, and the response
+//! compression ([`crate::ResponseCompression`]) is only safe under it. The
+//! server's map is linear, so the deltas of position p are `c_p` times the
+//! returned values; a power of two keeps both scalings exact in floating
+//! point. [`GroupClient::request`] returns the factors ([`InputScales`]) and
+//! [`GroupClient::deltas`] takes them back.
 
 use crate::adapter::positions;
 use crate::backend::{Complex64, HeClient};
@@ -22,6 +34,66 @@ pub struct SlotValues {
     pub re: Vec<f64>,
     /// Imaginary parts, one per slot, or empty (all zero).
     pub im: Vec<f64>,
+}
+
+/// The normalisation factors `c_p` of one request (module docs), one per
+/// position of the round: the client keeps them between
+/// [`GroupClient::request`] and [`GroupClient::deltas`]; they never leave
+/// the client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputScales {
+    factors: Vec<f64>,
+}
+
+impl InputScales {
+    /// Factor `c_p` of round position `pos` (a power of two); `None` past
+    /// the round.
+    pub fn factor(&self, pos: usize) -> Option<f64> {
+        self.factors.get(pos).copied()
+    }
+
+    /// All factors, one per position of the round.
+    pub fn factors(&self) -> &[f64] {
+        &self.factors
+    }
+
+    /// Divides each row of a position-major matrix (`rows.len()/width`
+    /// rows of `width`) by its smallest power of two `≥ max |row|` and
+    /// returns the factors.
+    fn normalise(rows: &mut [f64], width: usize) -> Self {
+        let factors = rows
+            .chunks_exact_mut(width)
+            .map(|row| {
+                let c = pow2_at_least(row.iter().fold(0.0, |m: f64, v| m.max(v.abs())));
+                for v in row.iter_mut() {
+                    *v /= c;
+                }
+                c
+            })
+            .collect();
+        InputScales { factors }
+    }
+}
+
+/// The smallest power of two `≥ m`, for finite `m > 0`; 1 otherwise (a
+/// zero row needs no scaling; a non-finite one is left to the encoder's
+/// range check).
+fn pow2_at_least(m: f64) -> f64 {
+    if !(m.is_finite() && m > 0.0) {
+        return 1.0;
+    }
+    let mut c = 2f64.powi(m.log2().ceil() as i32);
+    if !c.is_finite() || c == 0.0 {
+        return 1.0;
+    }
+    // log2 may be off by one ulp near powers of two.
+    while c < m {
+        c *= 2.0;
+    }
+    while c / 2.0 >= m {
+        c /= 2.0;
+    }
+    c
 }
 
 /// What a slot of a returned ciphertext must hold: the delta in its real
@@ -170,11 +242,12 @@ impl GroupClient {
     }
 
     /// The unencrypted slot values the client would upload for activations
-    /// `x` (position-major T × d_in).
+    /// `x` (position-major T × d_in), each position normalised (module
+    /// docs), and the normalisation factors.
     ///
     /// # Errors
     /// Shape mismatch (wrong T or d_in).
-    pub fn input_slots(&self, x: &[f32]) -> Result<Vec<SlotValues>> {
+    pub fn input_slots(&self, x: &[f32]) -> Result<(Vec<SlotValues>, InputScales)> {
         let d = self.plan.shape.d_in;
         let t = positions(x.len(), d)?;
         if t != self.plan.t {
@@ -199,7 +272,8 @@ impl GroupClient {
                         u[p * r + i] = dot(&a[i * d..(i + 1) * d], &xp);
                     }
                 }
-                self.pack_parts(&u, r, |rows| {
+                let scales = InputScales::normalise(&mut u, r);
+                let slots = self.pack_parts(&u, r, |rows| {
                     let ts = rows.len() / r;
                     let mut ut = vec![0.0; r * ts];
                     for p in 0..ts {
@@ -208,17 +282,22 @@ impl GroupClient {
                         }
                     }
                     ffa_inputs(&self.plan, &ut)
-                })
+                })?;
+                Ok((slots, scales))
             }
             None => {
-                let x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-                self.pack_parts(&x, d, |rows| standard_inputs(&self.plan, rows))
+                let mut x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+                let scales = InputScales::normalise(&mut x, d);
+                let slots = self.pack_parts(&x, d, |rows| standard_inputs(&self.plan, rows))?;
+                Ok((slots, scales))
             }
         }
     }
 
     /// Packs and encrypts the activations `x` (position-major T × d_in) of
-    /// layer `layer`, group `group`.
+    /// layer `layer`, group `group`, each position normalised (module
+    /// docs). Returns the request and the normalisation factors, which the
+    /// client keeps for [`GroupClient::deltas`] (they are not sent).
     ///
     /// # Errors
     /// As [`GroupClient::input_slots`]; backend errors.
@@ -228,24 +307,26 @@ impl GroupClient {
         layer: u32,
         group: u32,
         x: &[f32],
-    ) -> Result<GroupRequest> {
+    ) -> Result<(GroupRequest, InputScales)> {
         let level = self.plan.input_level();
-        let ciphertexts = self
-            .input_slots(x)?
+        let (slots, scales) = self.input_slots(x)?;
+        let ciphertexts = slots
             .iter()
             .map(|v| client.encrypt_to_bytes(&v.re, &v.im, level))
             .collect::<Result<Vec<_>>>()?;
-        Ok(GroupRequest {
+        let req = GroupRequest {
             plan_id: self.plan_id,
             layer,
             group,
             t: self.plan.t as u32,
             ciphertexts,
-        })
+        };
+        Ok((req, scales))
     }
 
     /// Decrypts every slot of every returned ciphertext (for the leak test
-    /// and diagnostics).
+    /// and diagnostics): the values of the normalised inputs (each position
+    /// still divided by its [`InputScales`] factor).
     ///
     /// # Errors
     /// Header mismatch, wrong ciphertext count, backend errors.
@@ -275,18 +356,37 @@ impl GroupClient {
     }
 
     /// Decrypts and unpacks the deltas: per projection a position-major
-    /// T × d_out_p matrix.
+    /// T × d_out_p matrix, each position multiplied back by its factor from
+    /// the `scales` that [`GroupClient::request`] returned for this
+    /// request.
     ///
     /// # Errors
-    /// As [`GroupClient::decrypt_all`].
-    pub fn deltas<C: HeClient>(&self, client: &C, resp: &GroupResponse) -> Result<Vec<Vec<f32>>> {
+    /// As [`GroupClient::decrypt_all`]; as [`GroupClient::unpack`].
+    pub fn deltas<C: HeClient>(
+        &self,
+        client: &C,
+        resp: &GroupResponse,
+        scales: &InputScales,
+    ) -> Result<Vec<Vec<f32>>> {
         let slots = self.decrypt_all(client, resp)?;
-        Ok(self.unpack(&slots))
+        self.unpack(&slots, scales)
     }
 
-    /// Unpacks decrypted slot vectors into per-projection deltas (f32).
-    pub fn unpack(&self, slots: &[Vec<Complex64>]) -> Vec<Vec<f32>> {
+    /// Unpacks decrypted slot vectors into per-projection deltas (f32),
+    /// multiplying position p by `scales.factor(p)`.
+    ///
+    /// # Errors
+    /// [`HeloraError::ShapeMismatch`] when `scales` does not hold one
+    /// factor per position of the round.
+    pub fn unpack(&self, slots: &[Vec<Complex64>], scales: &InputScales) -> Result<Vec<Vec<f32>>> {
         let t = self.plan.t;
+        if scales.factors.len() != t {
+            return Err(HeloraError::ShapeMismatch {
+                what: "input scales (one per position)",
+                expected: t,
+                got: scales.factors.len(),
+            });
+        }
         let mut out: Vec<Vec<f32>> = self
             .plan
             .shape
@@ -299,12 +399,12 @@ impl GroupClient {
                 for (value, ix) in [v.re, v.im].into_iter().zip(parts) {
                     if let Some(ix) = ix {
                         let d = self.plan.shape.d_outs[ix.proj];
-                        out[ix.proj][ix.pos * d + ix.row] = value as f32;
+                        out[ix.proj][ix.pos * d + ix.row] = (value * scales.factors[ix.pos]) as f32;
                     }
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// For every output ciphertext and slot, the deltas its real and
@@ -312,5 +412,48 @@ impl GroupClient {
     /// must decrypt to zero).
     pub fn output_map(&self) -> &[Vec<SlotDeltas>] {
         &self.map
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pow2_at_least_is_the_smallest_power_of_two_not_below() {
+        for (m, want) in [
+            (1.0, 1.0),
+            (1.0000001, 2.0),
+            (0.5, 0.5),
+            (0.50000001, 1.0),
+            (3.0, 4.0),
+            (1e-300, 2f64.powi(-996)),
+            (0.0, 1.0),
+            (-2.0, 1.0),
+            (f64::NAN, 1.0),
+            (f64::INFINITY, 1.0),
+            (f64::MAX, 1.0),
+        ] {
+            assert_eq!(pow2_at_least(m), want, "{m}");
+        }
+        let mut x = 0.37f64;
+        for _ in 0..200 {
+            x *= 1.37;
+            let c = pow2_at_least(x);
+            assert!(c >= x && c / 2.0 < x && c.log2().fract() == 0.0, "{x}: {c}");
+        }
+    }
+
+    #[test]
+    fn normalise_divides_each_row_by_its_factor() {
+        let mut rows = vec![3.0, -5.0, 0.25, 0.0, 0.0, 0.0, -0.1, 0.01, 0.0];
+        let s = InputScales::normalise(&mut rows, 3);
+        assert_eq!(s.factors(), &[8.0, 1.0, 0.125]);
+        assert_eq!(
+            rows,
+            vec![0.375, -0.625, 0.03125, 0.0, 0.0, 0.0, -0.8, 0.08, 0.0]
+        );
+        assert_eq!(s.factor(2), Some(0.125));
+        assert_eq!(s.factor(3), None);
     }
 }

@@ -20,7 +20,12 @@
 //!    standard: X) and encrypts → [`GroupRequest`].
 //! 3. Server: [`PreparedGroup::handle`] evaluates on ciphertexts →
 //!    [`GroupResponse`].
-//! 4. Client: [`GroupClient::deltas`] decrypts and unpacks per projection.
+//!    Each position's input (FFA: `U = A·X`; standard: X) is divided by a
+//!    power of two `c_p ≥ max |input|` ([`InputScales`]), so that the
+//!    server's output bound ([`PreparedGroup::output_bounds`]) holds and the
+//!    returned ciphertexts can be compressed ([`ResponseCompression`]).
+//! 4. Client: [`GroupClient::deltas`] decrypts (compressed or not), unpacks
+//!    per projection and multiplies each position back by its `c_p`.
 //!
 //! # Strategies and what the planner picks
 //! Per group the planner ([`planner::choose`]) enumerates: FFA —
@@ -67,6 +72,14 @@
 //!   is a heuristic smudging: statistical circuit privacy would need noise
 //!   2^λ above the evaluation noise, which N = 8192 cannot afford.
 //! - As the threat model says, deltas for d chosen inputs reveal `B·A`.
+//! - Response compression ([`ResponseCompression`]) is a public function of
+//!   the (rerandomised) ciphertext, so it hides nothing and adds nothing;
+//!   its noise (≈ 2^-25 of the output bound) lands in every slot alike, so
+//!   the leak test's zeros stay at the noise level. Its parameters travel in
+//!   the clear and, being chosen from the output bound, tell the client
+//!   `log2` of each returned ciphertext's `max_row Σ_j |W_row,j|` to within
+//!   about one bit: a coarse norm of the adapter, far less than the deltas
+//!   themselves reveal.
 
 pub mod adapter;
 pub mod backend;
@@ -85,8 +98,8 @@ pub mod wire;
 
 pub use adapter::{FusedGroup, GroupAdapter, GroupShape, ProjectionAdapter};
 pub use backend::{HeClient, HeServer};
-pub use ckks_backend::{CkksClient, CkksServer, Rerandomization};
-pub use client::{GroupClient, SlotDeltas, SlotValues};
+pub use ckks_backend::{CkksClient, CkksServer, Rerandomization, ResponseCompression};
+pub use client::{GroupClient, InputScales, SlotDeltas, SlotValues};
 pub use counts::OpCounts;
 pub use error::{HeloraError, Result};
 pub use plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};

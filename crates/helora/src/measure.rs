@@ -4,9 +4,11 @@
 use std::sync::Arc;
 
 use cipherlora_ckks::{
-    Context, Decryptor, Encoder, Encryptor, Evaluator, GaloisKeys, PublicKey, SecretKey, os_rng,
+    Ciphertext, CompressedCiphertext, CompressionParams, Context, Decryptor, Encoder, Encryptor,
+    Evaluator, GaloisKeys, PublicKey, SecretKey, os_rng,
 };
 
+use crate::ckks_backend::ResponseCompression;
 use crate::counts::LEVELS;
 use crate::error::{HeloraError, Result};
 use crate::planner::OpCosts;
@@ -38,9 +40,39 @@ fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(v[v.len() / 2])
 }
 
+/// The output bound (per slot part) the cost model assumes for returned
+/// ciphertexts: about what standard LoRA has on the default model (17–18;
+/// FFA 5–6). The compressed size hardly depends on it (the headroom bits
+/// absorb the bound; ±1 bit of `b` from rounding).
+pub const MODEL_OUTPUT_BOUND: f64 = 16.0;
+
+/// The compression a default [`crate::CkksServer`] applies to a response
+/// with output bound [`MODEL_OUTPUT_BOUND`] (`None` if it would not
+/// compress).
+pub fn model_compression(ctx: &Context) -> Option<CompressionParams> {
+    CompressionParams::choose(
+        ctx.degree(),
+        ctx.params().moduli()[0],
+        ctx.params().scale(),
+        MODEL_OUTPUT_BOUND,
+        ResponseCompression::DEFAULT_BITS,
+    )
+    .ok()
+}
+
+/// The download bytes of a level-0 ciphertext under `p` (full size when
+/// `None`).
+fn download_bytes(ct: &Ciphertext, p: Option<CompressionParams>) -> Result<Vec<u8>> {
+    Ok(match p {
+        Some(p) => ct.compress(&p).map_err(he)?.to_bytes(),
+        None => ct.to_bytes(),
+    })
+}
+
 /// Byte sizes of the engine's wire formats, from its serializer: `(upload
-/// of a seeded ciphertext at each level, download of a level-0 ciphertext,
-/// one Galois key)`.
+/// of a seeded ciphertext at each level, download of a level-0 ciphertext
+/// as a default server returns it (compressed: [`model_compression`]), one
+/// Galois key)`.
 ///
 /// # Errors
 /// Engine errors.
@@ -59,7 +91,7 @@ pub fn wire_sizes(ctx: &Arc<Context>) -> Result<([f64; LEVELS], f64, f64)> {
             .map_err(he)?;
         *slot = ct.to_bytes().len() as f64;
         if level == 0 {
-            down = ct.expand().to_bytes().len() as f64;
+            down = download_bytes(&ct.expand(), model_compression(ctx))?.len() as f64;
         }
     }
     let key = GaloisKeys::serialized_key_size(ctx) as f64;
@@ -359,14 +391,22 @@ impl Fixture {
                 Ok(())
             })?;
             if level == 0 {
+                // Responses as a default server sends them (compressed).
+                let cp = model_compression(ctx);
                 c.decrypt_ms = median_ms(reps, || {
-                    let bytes = next().to_bytes();
-                    let ct = cipherlora_ckks::Ciphertext::from_bytes(ctx, &bytes).map_err(he)?;
-                    let _ = enc.decode_complex(&self.dec.decrypt(&ct).map_err(he)?);
+                    let bytes = download_bytes(next(), cp)?;
+                    let pt = if cp.is_some() {
+                        let ct = CompressedCiphertext::from_bytes(ctx, &bytes).map_err(he)?;
+                        self.dec.decrypt_compressed(&ct).map_err(he)?
+                    } else {
+                        let ct = Ciphertext::from_bytes(ctx, &bytes).map_err(he)?;
+                        self.dec.decrypt(&ct).map_err(he)?
+                    };
+                    let _ = enc.decode_complex(&pt);
                     Ok(())
                 })?;
                 c.serialize_output_ms = median_ms(reps, || {
-                    let _ = next().to_bytes();
+                    let _ = download_bytes(next(), cp)?;
                     Ok(())
                 })?;
                 // The client's to_bytes above is not the client's cost: the

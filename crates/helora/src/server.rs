@@ -10,7 +10,7 @@ use crate::adapter::{FusedGroup, GroupAdapter};
 use crate::backend::HeServer;
 use crate::counts::LEVELS;
 use crate::error::{HeloraError, Result};
-use crate::packing::{stage_a_diag, stage_b_diag};
+use crate::packing::{output_map, stage_a_diag, stage_b_diag};
 use crate::plan::{BabySteps, GroupPlan, Layout};
 use crate::wire::{GroupRequest, GroupResponse};
 
@@ -78,6 +78,43 @@ pub struct PreparedGroup<S: HeServer> {
     b_diags: Vec<Diags<S>>,
     /// Stage-A diagonals `[q][c·babies + b]` (standard mode).
     a_diags: Option<Diags<S>>,
+    /// Per output ciphertext, the bound on |real part| and |imaginary part|
+    /// of every slot for inputs normalised to max |input| ≤ 1 per position.
+    output_bounds: Vec<f64>,
+}
+
+/// Per projection and output row, `Σ_j |W_row,j|` of the linear map the
+/// server applies to one position's input (FFA: `W = s·B` on `u = A·x`;
+/// standard: `W = s·B·A` on x): the largest |output| for inputs with
+/// max |input| ≤ 1 (the ∞-norm of the row, attained at `sign(W_row)`).
+fn row_bounds(fused: &FusedGroup, ffa: bool) -> Vec<Vec<f64>> {
+    let shape = &fused.shape;
+    let d_in = shape.d_in;
+    let mut w = vec![0.0f64; d_in];
+    fused
+        .b_blocks
+        .iter()
+        .enumerate()
+        .map(|(p, blk)| {
+            let (d, r, r0) = (shape.d_outs[p], shape.ranks[p], shape.rank_offset(p));
+            (0..d)
+                .map(|i| {
+                    let row = &blk[i * r..(i + 1) * r];
+                    if ffa {
+                        return row.iter().map(|v| v.abs()).sum();
+                    }
+                    w.fill(0.0);
+                    for (k, &bk) in row.iter().enumerate() {
+                        let a = &fused.a[(r0 + k) * d_in..(r0 + k + 1) * d_in];
+                        for (o, &av) in w.iter_mut().zip(a) {
+                            *o += bk * av;
+                        }
+                    }
+                    w.iter().map(|v| v.abs()).sum()
+                })
+                .collect()
+        })
+        .collect()
 }
 
 impl<S: HeServer> std::fmt::Debug for PreparedGroup<S> {
@@ -150,13 +187,37 @@ impl<S: HeServer> PreparedGroup<S> {
             let ext_a = GroupPlan::double_hoisted(sa.baby, layout.babies_a);
             a_diags = Some(Diags::encode(server, ext_a, per_q, 2)?);
         }
+        // Every returned slot holds one fully summed delta row (both parts:
+        // two positions, each normalised) or an exact zero.
+        let rows = row_bounds(&fused, plan.stage_a.is_none());
+        let output_bounds = output_map(plan)?
+            .iter()
+            .map(|ct| {
+                ct.iter()
+                    .flatten()
+                    .map(|ix| rows[ix.proj][ix.row])
+                    .fold(0.0, f64::max)
+            })
+            .collect();
         Ok(PreparedGroup {
             plan: plan.clone(),
             layout,
             plan_id: plan.id(),
             b_diags,
             a_diags,
+            output_bounds,
         })
+    }
+
+    /// Per returned ciphertext, the bound on the absolute value of the real
+    /// and imaginary part of every slot when each position's input is
+    /// normalised to max |input| ≤ 1 (FFA: `u = A·x`; standard: x; as
+    /// [`crate::GroupClient`] does): the maximum over the ciphertext's delta
+    /// rows of `Σ_j |W_row,j|`, `W` the linear map the server applies (FFA:
+    /// `s·B`; standard: `s·B·A`); computed at load time. Passed to
+    /// [`HeServer::output_to_bytes_bounded`] for the response compression.
+    pub fn output_bounds(&self) -> &[f64] {
+        &self.output_bounds
     }
 
     /// Encoded diagonals held, by level: `(ordinary, over Q·P)` (stage B
@@ -224,7 +285,9 @@ impl<S: HeServer> PreparedGroup<S> {
     }
 
     /// Handles one wire request: checks its header against the plan,
-    /// evaluates, and wraps the result ciphertexts.
+    /// evaluates, and serialises the result ciphertexts with their output
+    /// bounds ([`Self::output_bounds`]; compressed by the CKKS backend,
+    /// after rerandomisation).
     ///
     /// # Errors
     /// [`HeloraError::PlanMismatch`] on a foreign plan id or T; as
@@ -250,12 +313,17 @@ impl<S: HeServer> PreparedGroup<S> {
             .map(|b| server.input_from_bytes(b))
             .collect::<Result<Vec<_>>>()?;
         let out = self.evaluate(server, &inputs)?;
+        let ciphertexts = out
+            .iter()
+            .zip(&self.output_bounds)
+            .map(|(c, &bound)| server.output_to_bytes_bounded(c, bound))
+            .collect::<Result<Vec<_>>>()?;
         Ok(GroupResponse {
             plan_id: self.plan_id,
             layer: req.layer,
             group: req.group,
             t: req.t,
-            ciphertexts: out.iter().map(|c| server.output_to_bytes(c)).collect(),
+            ciphertexts,
         })
     }
 

@@ -237,3 +237,131 @@ fn precision_table_all_shapes_all_t() {
         }
     }
 }
+
+/// The same request answered by two servers, one compressing (default) and
+/// one not: the compressed responses are smaller, decrypt to the
+/// uncompressed values within the compression's predicted error, and the
+/// unpacked deltas match the plaintext reference (also with large
+/// activations, which the client's normalisation brings back into range).
+#[test]
+fn compressed_responses_match_uncompressed_ones() {
+    use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};
+    use common::random_adapter;
+    let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
+    let model = ModelShape::smollm2_135m();
+    let client = CkksClient::new(&ctx).unwrap();
+    let mut total = (0usize, 0usize, 0usize);
+    for mode in [Mode::Ffa, Mode::Standard] {
+        for (gi, (g, shape)) in model.groups.iter().enumerate() {
+            let (plan, _) = choose(
+                shape,
+                mode,
+                5,
+                ctx.slots(),
+                false,
+                &OpCosts::default(),
+                &Link::default(),
+            )
+            .unwrap();
+            let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+            let gks = client.galois_keys(&steps);
+            let on = CkksServer::new(&ctx, gks.clone(), None).unwrap();
+            assert_eq!(on.compression(), ResponseCompression::default());
+            let off = CkksServer::new(&ctx, gks, None)
+                .unwrap()
+                .with_compression(ResponseCompression::Off);
+            let adapter = random_adapter(shape, 200 + gi as u64);
+            let gc = match mode {
+                Mode::Ffa => {
+                    let a: Vec<Vec<f32>> =
+                        adapter.projections.iter().map(|p| p.a.clone()).collect();
+                    GroupClient::ffa(&plan, &a).unwrap()
+                }
+                Mode::Standard => GroupClient::standard(&plan).unwrap(),
+            };
+            // Activations of very different magnitudes per position.
+            let mut x = common::random_x(plan.t, shape.d_in, 300 + gi as u64);
+            for (p, row) in x.chunks_mut(shape.d_in).enumerate() {
+                let f = [1.0f32, 37.0, 0.01, 300.0, 2.5][p % 5];
+                row.iter_mut().for_each(|v| *v *= f);
+            }
+            let prepared_on = PreparedGroup::new(&on, &plan, &adapter).unwrap();
+            let prepared_off = PreparedGroup::new(&off, &plan, &adapter).unwrap();
+            let (req, scales) = gc.request(&client, 1, gi as u32, &x).unwrap();
+            let r_on = prepared_on.handle(&on, &req).unwrap();
+            let r_off = prepared_off.handle(&off, &req).unwrap();
+            let s_on = gc.decrypt_all(&client, &r_on).unwrap();
+            let s_off = gc.decrypt_all(&client, &r_off).unwrap();
+            for (c, (a, b)) in r_on.ciphertexts.iter().zip(&r_off.ciphertexts).enumerate() {
+                let bound = prepared_on.output_bounds()[c];
+                let p = on
+                    .compression_params(ctx.params().scale(), bound)
+                    .expect("the default shapes compress");
+                assert_eq!(a.len(), 28 + p.poly_bytes(ctx.degree()));
+                assert!(a.len() < b.len());
+                total.0 += a.len();
+                total.1 += b.len();
+                total.2 += 1;
+                let predicted =
+                    p.predicted_error(ctx.degree(), ctx.params().moduli()[0], ctx.params().scale());
+                let err = s_on[c]
+                    .iter()
+                    .zip(&s_off[c])
+                    .map(|(u, v)| (u.re - v.re).abs().max((u.im - v.im).abs()))
+                    .fold(0.0, f64::max);
+                eprintln!(
+                    "{g} {mode:?} ct {c}: bound {bound:.2}, {p:?}, {} → {} bytes, err {err:.2e} ≤ {predicted:.2e}",
+                    b.len(),
+                    a.len()
+                );
+                assert!(err <= predicted, "{err:e} > {predicted:e}");
+                // The precision target relative to the bound holds.
+                assert!(
+                    predicted
+                        <= bound * 2f64.powi(-(ResponseCompression::DEFAULT_BITS as i32)) * 1.01
+                            + 1e-9
+                );
+            }
+            // Deltas against the plaintext reference, position by position.
+            let got = gc.deltas(&client, &r_on, &scales).unwrap();
+            let want = adapter.reference_delta(&x).unwrap();
+            for (p, (g_p, w_p)) in got.iter().zip(&want).enumerate() {
+                let d = shape.d_outs[p];
+                for pos in 0..plan.t {
+                    let row = |v: &[f64]| v.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    let w = &w_p[pos * d..(pos + 1) * d];
+                    let max_ref = row(w);
+                    let err = g_p[pos * d..(pos + 1) * d]
+                        .iter()
+                        .zip(w)
+                        .map(|(&a, &b)| (f64::from(a) - b).abs())
+                        .fold(0.0, f64::max);
+                    let bits = -(err / max_ref).log2();
+                    assert!(
+                        bits >= 18.0,
+                        "{g} {mode:?} proj {p} pos {pos}: {bits:.1} bits"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} ciphertexts: {} → {} bytes ({:.1} %)",
+        total.2,
+        total.1,
+        total.0,
+        100.0 * total.0 as f64 / total.1 as f64
+    );
+}
+
+/// The cost model's download size is the compressed size a default server
+/// sends (what `cipherlora bench helora` reports as down MB).
+#[test]
+fn modelled_download_size_is_the_compressed_size() {
+    let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
+    let (_, down, _) = cipherlora_helora::measure::wire_sizes(&ctx).unwrap();
+    let p = cipherlora_helora::measure::model_compression(&ctx).unwrap();
+    assert_eq!(down as usize, 28 + p.poly_bytes(ctx.degree()));
+    // Uncompressed: 16 + 8 + 2 × 8192 × 50 / 8.
+    assert!(down < 0.8 * 102_424.0, "{down}");
+}

@@ -79,3 +79,108 @@ fn qwen25_3b_standard_all_t() {
         false,
     );
 }
+
+/// The server's output bounds hold for every returned slot part (exact
+/// simulator, inputs normalised by the client, activations of very
+/// different magnitudes), and in standard mode they are attained: with
+/// `x_p = sign(W_row)` for a row of the map `W = s·B·A`, the returned value
+/// of that row is exactly `Σ_j |W_row,j|`.
+#[test]
+fn output_bounds_hold_and_are_attained() {
+    use cipherlora_helora::{FusedGroup, GroupClient, PreparedGroup};
+    let sim = SlotSimulator::new(SLOTS, 2).unwrap();
+    let model = ModelShape::smollm2_135m();
+    for (gi, (g, shape)) in model.groups.iter().enumerate() {
+        let adapter = random_adapter(shape, 70 + gi as u64);
+        for mode in [Mode::Ffa, Mode::Standard] {
+            let t = 5;
+            let (plan, _) = choose(
+                shape,
+                mode,
+                t,
+                SLOTS,
+                false,
+                &OpCosts::default(),
+                &Link::default(),
+            )
+            .unwrap();
+            let prepared = PreparedGroup::new(&sim, &plan, &adapter).unwrap();
+            let bounds = prepared.output_bounds().to_vec();
+            assert_eq!(bounds.len(), plan.stage_b.n_out);
+            let gc = match mode {
+                Mode::Ffa => {
+                    let a: Vec<Vec<f32>> =
+                        adapter.projections.iter().map(|p| p.a.clone()).collect();
+                    GroupClient::ffa(&plan, &a).unwrap()
+                }
+                Mode::Standard => GroupClient::standard(&plan).unwrap(),
+            };
+            let mut x = random_x(t, shape.d_in, 9 + gi as u64);
+            for (p, row) in x.chunks_mut(shape.d_in).enumerate() {
+                let f = [1.0f32, 1e3, 1e-3, 3.0, 0.5][p];
+                row.iter_mut().for_each(|v| *v *= f);
+            }
+            // Standard: position 0 is the sign pattern of fused row 7 of W.
+            let fused = FusedGroup::new(&adapter).unwrap();
+            let (row, r0) = (7, 0);
+            let r = shape.ranks[0];
+            let w: Vec<f64> = (0..shape.d_in)
+                .map(|j| {
+                    (0..r)
+                        .map(|k| {
+                            fused.b_blocks[0][row * r + k] * fused.a[(r0 + k) * shape.d_in + j]
+                        })
+                        .sum()
+                })
+                .collect();
+            let exact: f64 = w.iter().map(|v| v.abs()).sum();
+            if mode == Mode::Standard {
+                for (o, &wj) in x[..shape.d_in].iter_mut().zip(&w) {
+                    *o = if wj >= 0.0 { 1.0 } else { -1.0 };
+                }
+            }
+            let (req, scales) = gc.request(&sim, 0, 0, &x).unwrap();
+            for &c in scales.factors() {
+                assert_eq!(c, 2f64.powi(c.log2().round() as i32), "not a power of two");
+            }
+            let resp = prepared.handle(&sim, &req).unwrap();
+            let slots = gc.decrypt_all(&sim, &resp).unwrap();
+            for (c, (vals, map)) in slots.iter().zip(gc.output_map()).enumerate() {
+                for (v, parts) in vals.iter().zip(map) {
+                    for (value, ix) in [v.re, v.im].into_iter().zip(parts) {
+                        assert!(
+                            value.abs() <= bounds[c] * (1.0 + 1e-12),
+                            "{g} {mode:?} ct {c}: {value} above the bound {}",
+                            bounds[c]
+                        );
+                        if mode == Mode::Standard
+                            && *ix
+                                == Some(cipherlora_helora::packing::DeltaIndex {
+                                    proj: 0,
+                                    row,
+                                    pos: 0,
+                                })
+                        {
+                            assert!(
+                                (value - exact).abs() <= 1e-9 * exact,
+                                "{g}: row {row} gives {value}, bound {exact}"
+                            );
+                            assert!(exact <= bounds[c] && exact >= 0.5 * bounds[c]);
+                        }
+                    }
+                }
+            }
+            // And the unpacked deltas are the reference (scales undone).
+            let got = gc.deltas(&sim, &resp, &scales).unwrap();
+            let want = adapter.reference_delta(&x).unwrap();
+            for (gp, wp) in got.iter().zip(&want) {
+                for (&a, &b) in gp.iter().zip(wp) {
+                    assert!(
+                        (f64::from(a) - b).abs() <= 1e-5 * b.abs().max(1e-3),
+                        "{a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}

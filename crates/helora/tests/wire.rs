@@ -94,7 +94,8 @@ fn server_rejects_foreign_plan_wrong_t_and_wrong_count() {
     let mut req = GroupClient::ffa(other, &a)
         .unwrap()
         .request(&sim, 0, 1, &x)
-        .unwrap();
+        .unwrap()
+        .0;
     assert!(matches!(
         server.handle(&sim, &req),
         Err(HeloraError::PlanMismatch {
@@ -105,7 +106,8 @@ fn server_rejects_foreign_plan_wrong_t_and_wrong_count() {
     req = GroupClient::ffa(p, &a)
         .unwrap()
         .request(&sim, 0, 1, &x)
-        .unwrap();
+        .unwrap()
+        .0;
     req.t = 8;
     assert!(matches!(
         server.handle(&sim, &req),

@@ -150,6 +150,17 @@ impl GroupDeltas {
     }
 }
 
+/// One group's input in a batch of [`DeltaHook::deltas_many`].
+#[derive(Debug, Clone)]
+pub struct GroupInput {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Projection group.
+    pub group: ProjGroup,
+    /// The group's input, (T, d_in) f32.
+    pub x: Tensor,
+}
+
 /// Computes adapter deltas for the forward pass; see the module docs.
 pub trait DeltaHook {
     /// `x`: the group's input for decoder layer `layer`, shape (T, d_in), f32, row
@@ -169,6 +180,40 @@ pub trait DeltaHook {
     /// skips the call (and any copy of `x`) when this is false.
     fn wants(&self, _layer: usize, _group: ProjGroup) -> bool {
         true
+    }
+
+    /// The deltas of many groups whose inputs are all known (one round trip
+    /// for a remote hook: the fixed-point schedule of
+    /// [`crate::FixedPointPass`]). Returns one [`GroupDeltas`] per input, in
+    /// order. The default answers them one by one with
+    /// [`DeltaHook::deltas`], which is exact for any hook.
+    ///
+    /// # Errors
+    /// As [`DeltaHook::deltas`].
+    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        inputs
+            .iter()
+            .map(|g| self.deltas(g.layer, g.group, &g.x))
+            .collect()
+    }
+}
+
+impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
+    fn deltas(
+        &mut self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<GroupDeltas, ModelError> {
+        (**self).deltas(layer, group, x)
+    }
+
+    fn wants(&self, layer: usize, group: ProjGroup) -> bool {
+        (**self).wants(layer, group)
+    }
+
+    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        (**self).deltas_many(inputs)
     }
 }
 

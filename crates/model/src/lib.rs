@@ -21,6 +21,7 @@
 mod config;
 mod error;
 pub mod fetch;
+mod fixed_point;
 mod generation;
 mod gguf;
 mod hf;
@@ -32,17 +33,20 @@ mod mask;
 mod model;
 mod rope;
 mod sampling;
+mod synthetic;
 mod tokenizer;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
+pub use fixed_point::{FixedPointPass, FixedPointStep};
 pub use generation::{GenerateOptions, Generated, TextStream, generate};
-pub use hook::{DeltaHook, GroupDeltas, NoAdapter, Proj, ProjGroup};
+pub use hook::{DeltaHook, GroupDeltas, GroupInput, NoAdapter, Proj, ProjGroup};
 pub use kv_cache::KvCache;
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};
 pub use mask::AttentionMask;
 pub use model::{LoadOptions, Model, WeightMode, WeightsFormat};
 pub use sampling::{Sampler, SamplingParams, argmax};
+pub use synthetic::{RandomAdapterSpec, write_random_adapter};
 pub use tokenizer::{ChatTemplate, Tokenizer};
 
 /// Re-export of candle's tensor type used throughout the API.

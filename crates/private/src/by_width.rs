@@ -14,7 +14,7 @@
 //! tells it no more than the number of verify-width prefill passes would.
 
 use candle_core::Tensor;
-use cipherlora_model::{DeltaHook, GroupDeltas, ModelError, ProjGroup};
+use cipherlora_model::{DeltaHook, GroupDeltas, GroupInput, ModelError, ProjGroup};
 
 use crate::hook::{HeHook, HeTimings};
 use crate::transport::Transport;
@@ -95,5 +95,32 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
         self.hooks.iter().any(|(_, h)| h.wants(layer, group))
+    }
+
+    /// # Errors
+    /// As [`ByWidth::deltas`]; all inputs of a batch must have one width.
+    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        let Some(first) = inputs.first() else {
+            return Ok(Vec::new());
+        };
+        let t = first.x.dims().first().copied().unwrap_or(0);
+        let unreachable = |g: &GroupInput, reason: String| ModelError::Hook {
+            layer: g.layer,
+            proj: g.group.projs()[0],
+            reason,
+        };
+        if let Some(g) = inputs
+            .iter()
+            .find(|g| g.x.dims().first().copied().unwrap_or(0) != t)
+        {
+            return Err(unreachable(g, "a batch mixes pass widths".into()));
+        }
+        match self.hooks.iter_mut().find(|(w, _)| *w == t) {
+            Some((_, hook)) => hook.deltas_many(inputs),
+            None => Err(unreachable(
+                first,
+                format!("no session verifies {t} positions per pass"),
+            )),
+        }
     }
 }

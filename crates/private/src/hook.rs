@@ -5,22 +5,27 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use cipherlora_ckks::{CkksParameters, Context};
-use cipherlora_helora::{CkksClient, GroupClient};
+use cipherlora_helora::wire::{GroupRequest, GroupResponse};
+use cipherlora_helora::{CkksClient, GroupClient, InputScales};
 use cipherlora_model::{
-    DeltaHook, GroupDeltas, ModelConfig, ModelError, Proj, ProjGroup, RopeStyle,
+    DeltaHook, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup, RopeStyle,
     gguf_qk_row_permutation,
 };
 
 use crate::PrivateError;
 use crate::adapter_groups::AdapterGroups;
+use crate::schedule_plan::PassModel;
 use crate::server::SessionOffer;
 use crate::transport::Transport;
 
 /// Where the client's time and bytes went, summed over all group rounds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HeTimings {
-    /// Group round trips.
+    /// Group requests answered (one per adapted layer group per pass).
     pub rounds: u64,
+    /// Network round trips: one per group request on the per-group
+    /// schedule, one per batch ([`DeltaHook::deltas_many`]) otherwise.
+    pub round_trips: u64,
     /// Packing + encryption (incl. FFA's A·x), ms.
     pub encrypt_ms: f64,
     /// Server compute, ms (as reported by the transport).
@@ -39,6 +44,7 @@ impl HeTimings {
     /// Adds `other`'s counters to these.
     pub fn add(&mut self, other: &HeTimings) {
         self.rounds += other.rounds;
+        self.round_trips += other.round_trips;
         self.encrypt_ms += other.encrypt_ms;
         self.server_ms += other.server_ms;
         self.network_ms += other.network_ms;
@@ -50,6 +56,7 @@ impl HeTimings {
     /// Subtracts `earlier` (a snapshot of the same counters) from these.
     pub fn subtract(&mut self, earlier: &HeTimings) {
         self.rounds -= earlier.rounds.min(self.rounds);
+        self.round_trips -= earlier.round_trips.min(self.round_trips);
         self.encrypt_ms -= earlier.encrypt_ms;
         self.server_ms -= earlier.server_ms;
         self.network_ms -= earlier.network_ms;
@@ -76,6 +83,8 @@ pub struct HeHook<T: Transport> {
     /// Row maps from the PEFT layout into the model's (GGUF q/k permutation).
     row_maps: HashMap<Proj, Vec<usize>>,
     timings: HeTimings,
+    /// The modelled cost of one pass of this session's plans.
+    pass_model: PassModel,
 }
 
 impl<T: Transport> std::fmt::Debug for HeHook<T> {
@@ -117,6 +126,7 @@ impl<T: Transport> HeHook<T> {
             groups.insert((og.layer, og.group), ClientGroup { client, projs });
         }
         let steps: Vec<i64> = steps.into_iter().collect();
+        let pass_model = PassModel::of(offer)?;
         let keys = he.galois_keys(&steps).to_bytes();
         let transport = open(&keys)?;
         let mut row_maps = HashMap::new();
@@ -140,6 +150,7 @@ impl<T: Transport> HeHook<T> {
             transport,
             row_maps,
             timings: HeTimings::default(),
+            pass_model,
         })
     }
 
@@ -149,42 +160,59 @@ impl<T: Transport> HeHook<T> {
         &self.timings
     }
 
+    /// The modelled cost of one verify pass of this session (for
+    /// [`crate::choose_schedule`]).
+    #[must_use]
+    pub fn pass_model(&self) -> &PassModel {
+        &self.pass_model
+    }
+
     /// The transport (e.g. to read its counters).
     #[must_use]
     pub fn transport(&self) -> &T {
         &self.transport
     }
 
-    fn group_deltas(
-        &mut self,
-        layer: usize,
-        group: ProjGroup,
-        x: &Tensor,
-    ) -> Result<GroupDeltas, PrivateError> {
-        let g = self
-            .groups
+    fn client_group(&self, layer: usize, group: ProjGroup) -> Result<&ClientGroup, PrivateError> {
+        self.groups
             .get(&(layer, group))
             .ok_or(PrivateError::UnknownGroup {
                 layer: layer as u32,
                 group: AdapterGroups::group_index(group),
-            })?;
-        let (t, _) = x.dims2().map_err(|e| PrivateError::Model(e.into()))?;
+            })
+    }
+
+    /// Packs and encrypts one group's input (T, d_in).
+    fn encrypt_group(
+        &self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<(GroupRequest, InputScales), PrivateError> {
+        let g = self.client_group(layer, group)?;
         let xs = x
             .flatten_all()
             .and_then(|x| x.to_vec1::<f32>())
             .map_err(|e| PrivateError::Model(e.into()))?;
-
-        let t0 = Instant::now();
-        let request = g.client.request(
+        Ok(g.client.request(
             &self.he,
             layer as u32,
             AdapterGroups::group_index(group),
             &xs,
-        )?;
-        let t1 = Instant::now();
-        let reply = self.transport.round(&request)?;
-        let t2 = Instant::now();
-        let deltas = g.client.deltas(&self.he, &reply.response)?;
+        )?)
+    }
+
+    /// Decrypts one group's response into the model's row layout.
+    fn decrypt_group(
+        &self,
+        layer: usize,
+        group: ProjGroup,
+        t: usize,
+        response: &GroupResponse,
+        scales: &InputScales,
+    ) -> Result<GroupDeltas, PrivateError> {
+        let g = self.client_group(layer, group)?;
+        let deltas = g.client.deltas(&self.he, response, scales)?;
         let mut out = GroupDeltas::none();
         for (&proj, delta) in g.projs.iter().zip(deltas) {
             let d_out = delta.len() / t;
@@ -196,20 +224,101 @@ impl<T: Transport> HeHook<T> {
                 .map_err(|e| PrivateError::Model(e.into()))?;
             out.push(proj, tensor);
         }
-        let t3 = Instant::now();
+        Ok(out)
+    }
 
+    fn group_deltas(
+        &mut self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<GroupDeltas, PrivateError> {
+        let (t, _) = x.dims2().map_err(|e| PrivateError::Model(e.into()))?;
+        let t0 = Instant::now();
+        let (request, scales) = self.encrypt_group(layer, group, x)?;
+        let t1 = Instant::now();
+        let reply = self.transport.round(&request)?;
+        let t2 = Instant::now();
+        let out = self.decrypt_group(layer, group, t, &reply.response, &scales)?;
+        let t3 = Instant::now();
+        self.account(
+            [t0, t1, t2, t3],
+            1,
+            reply.server_ms,
+            request.byte_len(),
+            reply.response.byte_len(),
+        );
+        Ok(out)
+    }
+
+    /// All groups of `inputs` in one batched round trip
+    /// ([`Transport::rounds`]).
+    fn many_group_deltas(
+        &mut self,
+        inputs: &[GroupInput],
+    ) -> Result<Vec<GroupDeltas>, PrivateError> {
+        let t0 = Instant::now();
+        let (requests, scales): (Vec<GroupRequest>, Vec<InputScales>) = inputs
+            .iter()
+            .map(|g| self.encrypt_group(g.layer, g.group, &g.x))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
+        let t1 = Instant::now();
+        let replies = self.transport.rounds(&requests)?;
+        let t2 = Instant::now();
+        if replies.len() != requests.len() {
+            return Err(PrivateError::Transport(format!(
+                "{} replies to {} group requests",
+                replies.len(),
+                requests.len()
+            )));
+        }
+        let out = inputs
+            .iter()
+            .zip(&replies)
+            .zip(&scales)
+            .map(|((g, r), sc)| {
+                let t = g.x.dims().first().copied().unwrap_or(0);
+                self.decrypt_group(g.layer, g.group, t, &r.response, sc)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let t3 = Instant::now();
+        let server_ms = replies.iter().map(|r| r.server_ms).sum::<Option<f64>>();
+        self.account(
+            [t0, t1, t2, t3],
+            requests.len(),
+            server_ms,
+            requests.iter().map(GroupRequest::byte_len).sum(),
+            replies.iter().map(|r| r.response.byte_len()).sum(),
+        );
+        Ok(out)
+    }
+
+    /// Books one round trip carrying `groups` group requests; `at` = before
+    /// encryption, after it, after the round trip, after decryption.
+    fn account(
+        &mut self,
+        at: [Instant; 4],
+        groups: usize,
+        server_ms: Option<f64>,
+        up: usize,
+        down: usize,
+    ) {
         let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-        let round_ms = ms(t1, t2);
-        let server_ms = reply.server_ms.unwrap_or(0.0).min(round_ms);
+        let round_ms = ms(at[1], at[2]);
+        // Pipelined groups overlap on the server and the wire: the server's
+        // compute counts only as far as the round trip lasted.
+        let server_ms = server_ms.unwrap_or(0.0).min(round_ms);
         let tm = &mut self.timings;
-        tm.rounds += 1;
-        tm.encrypt_ms += ms(t0, t1);
+        tm.rounds += groups as u64;
+        tm.round_trips += 1;
+        tm.encrypt_ms += ms(at[0], at[1]);
         tm.server_ms += server_ms;
         tm.network_ms += round_ms - server_ms;
-        tm.decrypt_ms += ms(t2, t3);
-        tm.bytes_up += request.byte_len() as u64;
-        tm.bytes_down += reply.response.byte_len() as u64;
-        Ok(out)
+        tm.decrypt_ms += ms(at[2], at[3]);
+        tm.bytes_up += up as u64;
+        tm.bytes_down += down as u64;
     }
 }
 
@@ -242,5 +351,21 @@ impl<T: Transport> DeltaHook for HeHook<T> {
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
         self.groups.contains_key(&(layer, group))
+    }
+
+    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.many_group_deltas(inputs).map_err(|e| match e {
+            PrivateError::Model(m) => m,
+            other => {
+                let (layer, proj) = inputs
+                    .first()
+                    .map_or((0, Proj::Q), |g| (g.layer, g.group.projs()[0]));
+                ModelError::Hook {
+                    layer,
+                    proj,
+                    reason: other.to_string(),
+                }
+            }
+        })
     }
 }

@@ -12,9 +12,14 @@
 //!   returned deltas and maps them into the client model's row layout.
 //! - [`ByWidth`]: several sessions of different widths behind one hook
 //!   (narrow verify passes, wide prefill passes).
-//! - [`Transport`]: one round trip per layer group. [`InProcess`] calls a
-//!   session directly (the demo and tests); [`GrpcTransport`] (module
-//!   [`remote`]) carries the same requests over the gRPC adapter service.
+//! - [`Transport`]: one round trip per layer group, or one per batch of
+//!   groups ([`Transport::rounds`], the fixed-point schedule of
+//!   `cipherlora_spec::schedule`). [`InProcess`] calls a session directly
+//!   (the demo and tests); [`GrpcTransport`] (module [`remote`]) carries the
+//!   same requests over the gRPC adapter service, a batch pipelined on the
+//!   session's stream.
+//! - [`choose_schedule`]: per-group or fixed-point verify passes, from the
+//!   link and a model of the pass's costs ([`PassModel`]).
 //!
 //! Design choice: the server keeps its adapter in the PEFT (Hugging Face)
 //! row layout whatever model file the client runs; a client whose GGUF file
@@ -27,6 +32,7 @@ mod by_width;
 mod error;
 mod hook;
 pub mod remote;
+pub mod schedule_plan;
 mod server;
 mod transport;
 
@@ -37,6 +43,7 @@ pub use hook::{HeHook, HeTimings};
 pub use remote::{
     EmbeddedServer, GrpcTransport, HeBackend, SessionMemory, connect_remote, connect_widths,
 };
+pub use schedule_plan::{PassModel, ScheduleChoice, choose_for_session, choose_schedule};
 pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer, adapter_id};
 pub use transport::{InProcess, Reply, Transport};
 

@@ -29,6 +29,16 @@ pub trait Transport {
     /// [`PrivateError::Transport`] when the link fails; the server's typed
     /// errors otherwise.
     fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError>;
+
+    /// Sends many group requests of one verify pass together (one round
+    /// trip on a network transport: pipelined on the session's stream) and
+    /// returns their replies in order. The default sends them one by one.
+    ///
+    /// # Errors
+    /// As [`Transport::round`].
+    fn rounds(&mut self, requests: &[GroupRequest]) -> Result<Vec<Reply>, PrivateError> {
+        requests.iter().map(|r| self.round(r)).collect()
+    }
 }
 
 /// Calls a [`ServerSession`] in the same process, through the same byte

@@ -157,6 +157,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            schedule: Default::default(),
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
         common::assert_matches(&got, &want, &tok, &format!("over gRPC on {text:?}"));

@@ -61,6 +61,7 @@ fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            schedule: Default::default(),
         };
         let got =
             decode::generate_drafted(model, drafter_model, &prompt, &cfg, &mut hook, &mut |_| {

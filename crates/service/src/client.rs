@@ -148,7 +148,7 @@ type Rpc = AdapterServiceClient<InterceptedService<Channel, BearerToken>>;
 struct RoundStream {
     tx: mpsc::Sender<GroupRequest>,
     rx: mpsc::Receiver<std::result::Result<GroupResponse, Status>>,
-    tasks: [JoinHandle<()>; 2],
+    tasks: [JoinHandle<()>; 4],
 }
 
 impl Drop for RoundStream {
@@ -181,8 +181,8 @@ impl AsyncAdapterClient {
     pub async fn connect(config: ClientConfig) -> Result<Self> {
         let bearer = BearerToken::new(config.token.as_deref())?;
         let mut c = Self {
-            up: Arc::new(LinkDirection::new(config.link)),
-            down: Arc::new(LinkDirection::new(config.link)),
+            up: Arc::new(LinkDirection::new(config.link.upload())),
+            down: Arc::new(LinkDirection::new(config.link.download())),
             config,
             bearer,
             rpc: None,
@@ -458,49 +458,57 @@ impl AsyncAdapterClient {
         Ok(out.into_iter().map(Option::unwrap_or_default).collect())
     }
 
+    /// Opens the `Rounds` stream with its link shaping: each message is
+    /// booked on its direction when it enters it and delivered in order at
+    /// its booked time ([`crate::link::deliver_in_order`]), so a pipelined
+    /// batch of requests pays the latency once, as on a real link.
     async fn open_stream(&mut self) -> Result<RoundStream> {
         let mut rpc = self.rpc().await?;
-        let (tx, mut user_rx) = mpsc::channel::<GroupRequest>(64);
-        let (wire_tx, wire_rx) = mpsc::channel::<GroupRequest>(64);
+        let (tx, mut user_rx) = mpsc::channel::<GroupRequest>(256);
+        let (booked_tx, booked_rx) = mpsc::channel(256);
+        let (wire_tx, wire_rx) = mpsc::channel::<GroupRequest>(256);
         let up = self.up.clone();
-        let up_task = tokio::spawn(async move {
+        let up_book = tokio::spawn(async move {
             while let Some(r) = user_rx.recv().await {
-                up.transit(r.encoded_len()).await;
-                if wire_tx.send(r).await.is_err() {
+                let at = (!up.is_loopback()).then(|| up.deliver_at(r.encoded_len()));
+                if booked_tx.send((at, r)).await.is_err() {
                     break;
                 }
             }
         });
+        let up_deliver = tokio::spawn(crate::link::deliver_in_order(booked_rx, wire_tx));
         let mut inbound = match rpc.rounds(ReceiverStream::new(wire_rx)).await {
             Ok(r) => r.into_inner(),
             Err(s) => {
-                up_task.abort();
+                up_book.abort();
+                up_deliver.abort();
                 return Err(s.into());
             }
         };
-        let (out_tx, rx) = mpsc::channel(64);
+        let (out_tx, rx) = mpsc::channel(256);
+        let (down_booked_tx, down_booked_rx) = mpsc::channel(256);
         let down = self.down.clone();
-        let down_task = tokio::spawn(async move {
+        let down_book = tokio::spawn(async move {
             loop {
-                match inbound.message().await {
+                let item = match inbound.message().await {
                     Ok(Some(m)) => {
-                        down.transit(m.encoded_len()).await;
-                        if out_tx.send(Ok(m)).await.is_err() {
-                            break;
-                        }
+                        let at = (!down.is_loopback()).then(|| down.deliver_at(m.encoded_len()));
+                        (at, Ok(m))
                     }
                     Ok(None) => break,
-                    Err(s) => {
-                        let _ = out_tx.send(Err(s)).await;
-                        break;
-                    }
+                    Err(s) => (None, Err(s)),
+                };
+                let last = item.1.is_err();
+                if down_booked_tx.send(item).await.is_err() || last {
+                    break;
                 }
             }
         });
+        let down_deliver = tokio::spawn(crate::link::deliver_in_order(down_booked_rx, out_tx));
         Ok(RoundStream {
             tx,
             rx,
-            tasks: [up_task, down_task],
+            tasks: [up_book, up_deliver, down_book, down_deliver],
         })
     }
 }

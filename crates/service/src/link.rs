@@ -6,10 +6,14 @@
 //! last bit left. So pipelined messages share bandwidth (serialisation delays
 //! add up) but not latency (they overlap), as on a real link. Upload delay is
 //! applied before a request is written to the socket, download delay after a
-//! response was read. `b` is the protobuf size of the message; TLS, HTTP/2 and
-//! TCP overheads (a few %) are not modelled. The added delays come on top of
-//! the real loopback's own cost; the last millisecond of each delay is
-//! busy-waited for sub-millisecond accuracy.
+//! response was read; a message is booked on its direction the moment it
+//! enters it, so messages queued behind one another pay their serialisation
+//! one after the other but the latency once ([`Shaper`]). The two directions
+//! may have different bandwidths (`home80`: a home line's slow uplink). `b`
+//! is the protobuf size of the message; TLS, HTTP/2 and TCP overheads (a few
+//! %) are not modelled. The added delays come on top of the real loopback's
+//! own cost; the last millisecond of each delay is busy-waited for
+//! sub-millisecond accuracy.
 
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -24,8 +28,12 @@ use crate::error::ServiceError;
 pub struct LinkProfile {
     /// Added one-way latency (half the round-trip time).
     pub one_way_latency: Duration,
-    /// Bandwidth cap in bits per second, both directions; `None` = unlimited.
+    /// Bandwidth cap of the download (server → client) in bits per second;
+    /// `None` = unlimited.
     pub bandwidth_bps: Option<u64>,
+    /// Bandwidth cap of the upload (client → server) in bits per second when
+    /// it differs from the download's; `None` = the same as `bandwidth_bps`.
+    pub upload_bps: Option<u64>,
 }
 
 impl LinkProfile {
@@ -33,38 +41,124 @@ impl LinkProfile {
     pub const LOOPBACK: Self = Self {
         one_way_latency: Duration::ZERO,
         bandwidth_bps: None,
+        upload_bps: None,
     };
     /// A local network: 0.5 ms RTT, 1 Gbit/s.
     pub const LAN: Self = Self {
         one_way_latency: Duration::from_micros(250),
         bandwidth_bps: Some(1_000_000_000),
+        upload_bps: None,
     };
-    /// A wide-area link: 80 ms RTT, 100 Mbit/s.
+    /// A nearby cloud region: 20 ms RTT, 100 Mbit/s both ways.
+    pub const WAN20: Self = Self {
+        one_way_latency: Duration::from_millis(10),
+        bandwidth_bps: Some(100_000_000),
+        upload_bps: None,
+    };
+    /// A wide-area link: 80 ms RTT, 100 Mbit/s both ways.
     pub const WAN80: Self = Self {
         one_way_latency: Duration::from_millis(40),
         bandwidth_bps: Some(100_000_000),
+        upload_bps: None,
+    };
+    /// A home line to a distant region: 80 ms RTT, 20 Mbit/s up, 100 Mbit/s
+    /// down.
+    pub const HOME80: Self = Self {
+        one_way_latency: Duration::from_millis(40),
+        bandwidth_bps: Some(100_000_000),
+        upload_bps: Some(20_000_000),
     };
 
+    /// The named profiles, as `--link` takes them.
+    pub const NAMED: [(&'static str, Self); 6] = [
+        ("loopback", Self::LOOPBACK),
+        ("lan", Self::LAN),
+        ("wan20", Self::WAN20),
+        ("wan80", Self::WAN80),
+        ("home80", Self::HOME80),
+        ("local", Self::LOOPBACK),
+    ];
+
+    /// Round-trip time added by the profile.
+    #[must_use]
+    pub fn rtt(&self) -> Duration {
+        self.one_way_latency * 2
+    }
+
+    /// Upload bandwidth in bits per second (`None`: unlimited).
+    #[must_use]
+    pub fn up_bps(&self) -> Option<u64> {
+        self.upload_bps.or(self.bandwidth_bps)
+    }
+
+    /// Download bandwidth in bits per second (`None`: unlimited).
+    #[must_use]
+    pub fn down_bps(&self) -> Option<u64> {
+        self.bandwidth_bps
+    }
+
+    /// The upload direction alone: its bandwidth as the profile's only cap.
+    #[must_use]
+    pub fn upload(&self) -> Self {
+        Self {
+            one_way_latency: self.one_way_latency,
+            bandwidth_bps: self.up_bps(),
+            upload_bps: None,
+        }
+    }
+
+    /// The download direction alone.
+    #[must_use]
+    pub fn download(&self) -> Self {
+        Self {
+            one_way_latency: self.one_way_latency,
+            bandwidth_bps: self.down_bps(),
+            upload_bps: None,
+        }
+    }
+
     /// A link with round-trip time `rtt_ms` and bandwidth `mbps` (Mbit/s;
-    /// 0 = unlimited), as given by `--rtt-ms/--mbps`.
+    /// 0 = unlimited) both ways, as given by `--rtt-ms/--mbps`.
+    ///
+    /// # Errors
+    /// [`ServiceError::Config`] for a negative or non-finite value.
     pub fn from_rtt_mbps(rtt_ms: f64, mbps: f64) -> Result<Self, ServiceError> {
-        if !(rtt_ms.is_finite() && rtt_ms >= 0.0 && mbps.is_finite() && mbps >= 0.0) {
+        Self::from_rtt_up_down(rtt_ms, mbps, mbps)
+    }
+
+    /// A link with round-trip time `rtt_ms`, upload `up_mbps` and download
+    /// `down_mbps` (Mbit/s; 0 = unlimited).
+    ///
+    /// # Errors
+    /// [`ServiceError::Config`] for a negative or non-finite value.
+    pub fn from_rtt_up_down(
+        rtt_ms: f64,
+        up_mbps: f64,
+        down_mbps: f64,
+    ) -> Result<Self, ServiceError> {
+        let ok = |v: f64| v.is_finite() && v >= 0.0;
+        if !(ok(rtt_ms) && ok(up_mbps) && ok(down_mbps)) {
             return Err(ServiceError::Config {
-                reason: format!("invalid link: rtt {rtt_ms} ms, {mbps} Mbit/s"),
+                reason: format!(
+                    "invalid link: rtt {rtt_ms} ms, {up_mbps} Mbit/s up, {down_mbps} Mbit/s down"
+                ),
             });
         }
+        let bps = |m: f64| (m > 0.0).then_some((m * 1e6) as u64);
         Ok(Self {
             one_way_latency: Duration::from_secs_f64(rtt_ms / 2e3),
-            bandwidth_bps: (mbps > 0.0).then_some((mbps * 1e6) as u64),
+            bandwidth_bps: bps(down_mbps),
+            upload_bps: (up_mbps != down_mbps).then_some(bps(up_mbps)).flatten(),
         })
     }
 
     /// Whether this profile adds any delay.
     pub fn is_loopback(&self) -> bool {
-        self.one_way_latency.is_zero() && self.bandwidth_bps.is_none()
+        self.one_way_latency.is_zero() && self.bandwidth_bps.is_none() && self.upload_bps.is_none()
     }
 
-    /// Time to put `bytes` on the wire at the bandwidth cap.
+    /// Time to put `bytes` on the wire at the (download) bandwidth cap; use
+    /// [`LinkProfile::upload`] for the other direction.
     pub fn serialisation_delay(&self, bytes: usize) -> Duration {
         match self.bandwidth_bps {
             Some(bps) if bps > 0 => Duration::from_secs_f64(bytes as f64 * 8.0 / bps as f64),
@@ -76,29 +170,35 @@ impl LinkProfile {
 impl FromStr for LinkProfile {
     type Err = ServiceError;
 
-    /// `loopback`, `lan`, `wan80`, or `rtt=<ms>,mbps=<Mbit/s>`.
+    /// `loopback`, `lan`, `wan20`, `wan80`, `home80`, or
+    /// `rtt=<ms>[,mbps=<Mbit/s>][,up=<Mbit/s>][,down=<Mbit/s>]`.
     fn from_str(s: &str) -> Result<Self, ServiceError> {
-        match s {
-            "loopback" => Ok(Self::LOOPBACK),
-            "lan" => Ok(Self::LAN),
-            "wan80" => Ok(Self::WAN80),
-            _ => {
-                let bad = || ServiceError::Config {
-                    reason: format!("unknown link {s:?} (loopback, lan, wan80, rtt=MS,mbps=N)"),
-                };
-                let (mut rtt, mut mbps) = (None, None);
-                for part in s.split(',') {
-                    let (k, v) = part.split_once('=').ok_or_else(bad)?;
-                    let v: f64 = v.trim().parse().map_err(|_| bad())?;
-                    match k.trim() {
-                        "rtt" => rtt = Some(v),
-                        "mbps" => mbps = Some(v),
-                        _ => return Err(bad()),
-                    }
-                }
-                Self::from_rtt_mbps(rtt.ok_or_else(bad)?, mbps.unwrap_or(0.0))
+        if let Some((_, p)) = Self::NAMED.iter().find(|(n, _)| *n == s) {
+            return Ok(*p);
+        }
+        let bad = || ServiceError::Config {
+            reason: format!(
+                "unknown link {s:?} (loopback, lan, wan20, wan80, home80, rtt=MS[,mbps=N][,up=N][,down=N])"
+            ),
+        };
+        let (mut rtt, mut mbps, mut up, mut down) = (None, None, None, None);
+        for part in s.split(',') {
+            let (k, v) = part.split_once('=').ok_or_else(bad)?;
+            let v: f64 = v.trim().parse().map_err(|_| bad())?;
+            match k.trim() {
+                "rtt" => rtt = Some(v),
+                "mbps" => mbps = Some(v),
+                "up" => up = Some(v),
+                "down" => down = Some(v),
+                _ => return Err(bad()),
             }
         }
+        let both = mbps.unwrap_or(0.0);
+        Self::from_rtt_up_down(
+            rtt.ok_or_else(bad)?,
+            up.unwrap_or(both),
+            down.unwrap_or(both),
+        )
     }
 }
 
@@ -128,6 +228,23 @@ impl LinkDirection {
         done + self.profile.one_way_latency
     }
 
+    /// Whether this direction adds no delay.
+    pub(crate) fn is_loopback(&self) -> bool {
+        self.profile.is_loopback()
+    }
+
+    /// Waits until `deadline` (see [`LinkDirection::transit`] for the
+    /// timer's granularity).
+    pub(crate) async fn wait_until(deadline: Instant) {
+        let coarse = deadline.checked_sub(Duration::from_millis(1));
+        if let Some(c) = coarse.filter(|c| *c > Instant::now()) {
+            tokio::time::sleep_until(c).await;
+        }
+        while Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Waits until a message of `bytes` entering now has been delivered.
     ///
     /// Tokio timers tick in whole milliseconds, so the timer sleeps until
@@ -138,13 +255,25 @@ impl LinkDirection {
         if self.profile.is_loopback() {
             return;
         }
-        let deadline = self.deliver_at(bytes);
-        let coarse = deadline.checked_sub(Duration::from_millis(1));
-        if let Some(c) = coarse.filter(|c| *c > Instant::now()) {
-            tokio::time::sleep_until(c).await;
+        Self::wait_until(self.deliver_at(bytes)).await;
+    }
+}
+
+/// The delivery half of a shaped stream: messages were booked on their
+/// direction when they entered it ([`LinkDirection::deliver_at`]), so a
+/// message queued behind others pays their serialisation but not their
+/// latency; this forwards each one at its delivery time, in order (booked
+/// times never decrease). Ends when either side closes.
+pub(crate) async fn deliver_in_order<T>(
+    mut booked: tokio::sync::mpsc::Receiver<(Option<Instant>, T)>,
+    out: tokio::sync::mpsc::Sender<T>,
+) {
+    while let Some((at, item)) = booked.recv().await {
+        if let Some(at) = at {
+            LinkDirection::wait_until(at).await;
         }
-        while Instant::now() < deadline {
-            tokio::task::yield_now().await;
+        if out.send(item).await.is_err() {
+            break;
         }
     }
 }
@@ -156,6 +285,16 @@ mod tests {
     #[test]
     fn profiles_parse() {
         assert_eq!("wan80".parse::<LinkProfile>().unwrap(), LinkProfile::WAN80);
+        assert_eq!(
+            "wan20".parse::<LinkProfile>().unwrap().rtt(),
+            Duration::from_millis(20)
+        );
+        let home: LinkProfile = "home80".parse().unwrap();
+        assert_eq!(home.up_bps(), Some(20_000_000));
+        assert_eq!(home.down_bps(), Some(100_000_000));
+        let custom: LinkProfile = "rtt=80,up=20,down=100".parse().unwrap();
+        assert_eq!(custom, home);
+        assert!(!home.is_loopback());
         let p: LinkProfile = "rtt=20,mbps=50".parse().unwrap();
         assert_eq!(p.one_way_latency, Duration::from_millis(10));
         assert_eq!(p.bandwidth_bps, Some(50_000_000));
@@ -169,6 +308,7 @@ mod tests {
         let p = LinkProfile {
             one_way_latency: Duration::from_millis(40),
             bandwidth_bps: Some(8_000_000), // 1 MB/s
+            upload_bps: None,
         };
         assert_eq!(p.serialisation_delay(1000), Duration::from_millis(1));
         let d = LinkDirection::new(p);
@@ -179,5 +319,18 @@ mod tests {
         assert_eq!(a - t0, Duration::from_millis(50));
         // b is delayed by a's serialisation only, not by a's latency.
         assert_eq!(b - t0, Duration::from_millis(60));
+    }
+
+    #[test]
+    fn home80_is_asymmetric() {
+        let p = LinkProfile::HOME80;
+        assert_eq!(
+            p.upload().serialisation_delay(2_500_000),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            p.download().serialisation_delay(12_500_000),
+            Duration::from_secs(1)
+        );
     }
 }

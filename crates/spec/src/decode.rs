@@ -35,6 +35,7 @@ use crate::SpecError;
 use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled};
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::ngram::PromptLookup;
+use crate::schedule::{Schedule, Window, certify_greedy, certify_sampled, prefill_pass, verify};
 
 /// Which drafter proposes the K tokens of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +90,11 @@ pub struct SpecConfig {
     pub sampling: SamplingParams,
     /// End-of-sequence tokens: generation stops before emitting one.
     pub eos: Vec<u32>,
+    /// How each verify and prefill pass gets its deltas
+    /// ([`Schedule::PerGroup`]: one round trip per layer group;
+    /// [`Schedule::FixedPoint`]: a constant number of batched round trips).
+    /// The output is the same either way (see [`crate::schedule`]).
+    pub schedule: Schedule,
 }
 
 impl SpecConfig {
@@ -126,6 +132,16 @@ pub struct SpecStats {
     /// Seconds the draft-ahead thread ran (overlapped with verify passes,
     /// so not part of the wall time unless the verify pass waited for it).
     pub ahead_secs: f64,
+    /// Batched round trips of the verify passes ([`Schedule::FixedPoint`]).
+    pub round_trips: usize,
+    /// Batched round trips of the prefill passes.
+    pub prefill_round_trips: usize,
+    /// Rounds that continued an earlier round's pass because none of its
+    /// rows was certified yet (counted in `rounds` too).
+    pub continuations: usize,
+    /// Verified rows the rounds could not use because they were not
+    /// certified (fixed-point schedule; 0 on the per-group schedule).
+    pub uncertified_rows: usize,
 }
 
 impl SpecStats {
@@ -217,13 +233,14 @@ pub fn generate_drafted(
 
     let mut target = model.new_cache(capacity)?;
     let t0 = Instant::now();
-    stats.prefill_passes = prefill(
+    (stats.prefill_passes, stats.prefill_round_trips) = prefill(
         model,
         &mut target,
         &prompt[..prompt.len() - 1],
         prefill_width,
         cfg.pad_to_k,
         verifier,
+        &cfg.schedule,
     )?;
     stats.prefill_secs = t0.elapsed().as_secs_f64();
 
@@ -262,29 +279,80 @@ pub fn generate_drafted(
         let t_verify = Instant::now();
         let before = target.len();
         let go_ahead = optimistic && draft.from_base && draft.tokens.len() == k;
-        let (logits, guess) = if go_ahead {
+        let drafts = &inputs[1..real];
+        let certify = |logits: &Tensor,
+                       change: &[f32],
+                       previous: Option<&[f32]>|
+         -> Result<usize, SpecError> {
+            Ok(match &cfg.schedule {
+                Schedule::FixedPoint(fp) if greedy => {
+                    certify_greedy(&rows(logits, real)?, change, previous, drafts, fp.margin)
+                }
+                Schedule::FixedPoint(fp) => certify_sampled(change, real, fp.sampling_tolerance),
+                Schedule::PerGroup => real,
+            })
+        };
+        // Fixed point: while the round's last trip is on the network, draft
+        // the next round from the outcome the pass before it predicts.
+        let predict = matches!(cfg.schedule, Schedule::FixedPoint(fp) if fp.draft_ahead)
+            && greedy
+            && cfg.drafter == DrafterKind::Base
+            && !cfg.adaptive
+            && draft.from_base;
+        let context_len = context.len();
+        let window = Window {
+            model,
+            tokens: &inputs,
+            real,
+            schedule: &cfg.schedule,
+            certify: &certify,
+        };
+        let (verified, guess) = if go_ahead {
             std::thread::scope(|scope| {
                 let helper = scope.spawn(|| {
                     let t = Instant::now();
                     let guess = drafter.draft_ahead(&draft.tokens, k);
                     (guess, t.elapsed().as_secs_f64())
                 });
-                let logits = model.forward(&inputs, &mut target, &AttentionMask::Causal, verifier);
+                let verified = verify::<()>(&window, &mut target, verifier, None);
                 let (guess, secs) = helper
                     .join()
                     .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()))?;
                 stats.ahead_secs += secs;
-                Ok::<_, SpecError>((logits?, Some(guess?)))
+                Ok::<_, SpecError>((verified?.0, Some(guess?)))
             })?
+        } else if predict {
+            let mut work = |logits: &Tensor| -> Result<(Guess, f64), SpecError> {
+                let t = Instant::now();
+                let argmax: Vec<u32> = rows(logits, real)?
+                    .iter()
+                    .map(|r| greedy_token(r))
+                    .collect();
+                let predicted = accept_greedy(drafts, &argmax)?;
+                let guess = drafter.draft_from(context_len, drafts, &predicted, k)?;
+                Ok((guess, t.elapsed().as_secs_f64()))
+            };
+            let (verified, g) = verify(&window, &mut target, verifier, Some(&mut work))?;
+            let guess = g.map(|(guess, secs)| {
+                stats.ahead_secs += secs;
+                guess
+            });
+            (verified, guess)
         } else {
-            let logits = model.forward(&inputs, &mut target, &AttentionMask::Causal, verifier)?;
-            (logits, None)
+            let (v, _) = verify::<()>(&window, &mut target, verifier, None)?;
+            (v, None)
         };
         stats.verify_secs += t_verify.elapsed().as_secs_f64();
-        stats.rounds += 1;
+        stats.rounds += 1 + verified.continuations;
+        stats.continuations += verified.continuations;
+        stats.round_trips += verified.round_trips;
+        stats.uncertified_rows += real - verified.usable;
 
-        let rows = rows(&logits, real)?;
-        let drafts = &inputs[1..real];
+        // Only the certified rows decide (all of them on the per-group
+        // schedule): a shorter draft, verified exactly.
+        let usable = verified.usable;
+        let rows = rows(&verified.logits, usable)?;
+        let drafts = &drafts[..usable - 1];
         let outcome = if greedy {
             let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
             accept_greedy(drafts, &argmax)?
@@ -298,15 +366,20 @@ pub fn generate_drafted(
                 }
             }
             let q = match &draft.probs {
-                Some(q) => DraftProbs::Sampled(q),
+                Some(q) => DraftProbs::Sampled(&q[..drafts.len()]),
                 None => DraftProbs::PointMass,
             };
             accept_sampled(drafts, q, &p, &mut rng)?
         };
         stats.accepted += outcome.accepted;
         let hit = guess.as_ref().is_some_and(|g| {
-            outcome.accepted == draft.tokens.len() && outcome.tokens.last() == Some(&g.bonus)
+            outcome.accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus)
         });
+        if let Some(g) = guess.as_ref().filter(|_| !hit) {
+            // A wrong guess: the drafter's cache is valid only up to the
+            // drafts both the guess and the outcome accepted.
+            drafter.truncate(context.len() + outcome.accepted.min(g.accepted));
+        }
         drafter.observe(&draft, &outcome, context.len(), guess.is_some(), hit);
         if hit {
             ahead = guess.map(|g| g.next);
@@ -342,8 +415,9 @@ pub fn generate_drafted(
 }
 
 /// Runs the prompt (all but its last token) through the adapted model, in
-/// chunks of `width` positions padded to `width` when `pad` is set. Returns
-/// the number of passes.
+/// chunks of `width` positions padded to `width` when `pad` is set, each
+/// pass under `schedule`. Returns the number of passes and of batched round
+/// trips.
 fn prefill(
     model: &Model,
     cache: &mut KvCache,
@@ -351,23 +425,24 @@ fn prefill(
     width: usize,
     pad: bool,
     hook: &mut dyn DeltaHook,
-) -> Result<usize, SpecError> {
+    schedule: &Schedule,
+) -> Result<(usize, usize), SpecError> {
     if tokens.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let chunk = if pad { width } else { tokens.len() };
-    let mut passes = 0;
+    let (mut passes, mut trips) = (0, 0);
     for part in tokens.chunks(chunk) {
         let mut inputs = part.to_vec();
         if pad {
             inputs.resize(width, *part.last().expect("chunks are non-empty"));
         }
         let before = cache.len();
-        model.forward(&inputs, cache, &AttentionMask::Causal, hook)?;
+        trips += prefill_pass(model, &inputs, cache, hook, schedule)?;
         cache.truncate(before + part.len());
         passes += 1;
     }
-    Ok(passes)
+    Ok((passes, trips))
 }
 
 /// The first `n` rows of a (T, vocab) logits tensor.
@@ -392,9 +467,11 @@ fn top_probability(row: &[f32]) -> f32 {
     }
 }
 
-/// What [`Drafter::draft_ahead`] guessed: the bonus token of the round being
-/// verified and the next round's draft after it.
+/// What [`Drafter::draft_ahead`] or [`Drafter::draft_from`] guessed: the
+/// outcome of the round being verified (accepted drafts and bonus token) and
+/// the next round's draft after it.
 struct Guess {
+    accepted: usize,
     bonus: u32,
     next: Vec<u32>,
 }
@@ -571,9 +648,61 @@ impl<'m> Drafter<'m> {
         // The last token was predicted but not fed: the cache holds the
         // bonus guess and k − 1 of the next drafts, as after a normal draft.
         Ok(Guess {
+            accepted: drafts.len(),
             bonus: tokens[0],
             next: tokens[1..].to_vec(),
         })
+    }
+
+    /// Drafts the next round as if the round being verified ends with
+    /// `predicted` (its accepted drafts and bonus token): rolls the cache
+    /// back to the context (`context_len` tokens) plus the predicted
+    /// accepted drafts, feeds what it lacks of them and the bonus token, and
+    /// drafts k tokens greedily. Leaves the cache as after a normal draft of
+    /// the next round.
+    fn draft_from(
+        &mut self,
+        context_len: usize,
+        drafts: &[u32],
+        predicted: &RoundOutcome,
+        k: usize,
+    ) -> Result<Guess, SpecError> {
+        let cache = self.cache.as_mut().expect("base drafter has a cache");
+        let accepted = predicted.accepted;
+        let bonus = *predicted
+            .tokens
+            .last()
+            .expect("an outcome has a bonus token");
+        let keep = (context_len + accepted).min(cache.len());
+        cache.truncate(keep);
+        // Positions ..keep are cached; feed the accepted drafts after them
+        // (position context_len + j holds drafts[j]) and the bonus token.
+        let mut feed: Vec<u32> = drafts[keep.saturating_sub(context_len)..accepted].to_vec();
+        feed.push(bonus);
+        let mut next = Vec::with_capacity(k);
+        for i in 0..k {
+            let logits =
+                self.model
+                    .forward(&feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
+            let row = rows(&logits, feed.len())?.pop().expect("at least one row");
+            let tok = greedy_token(&row);
+            next.push(tok);
+            if i + 1 < k {
+                feed = vec![tok];
+            }
+        }
+        Ok(Guess {
+            accepted,
+            bonus,
+            next,
+        })
+    }
+
+    /// Rolls the base cache back to at most `len` positions.
+    fn truncate(&mut self, len: usize) {
+        if let Some(cache) = self.cache.as_mut() {
+            cache.truncate(len.min(cache.len()));
+        }
     }
 
     /// Rolls the base cache back to what the round proved right and feeds the

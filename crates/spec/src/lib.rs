@@ -27,5 +27,6 @@ pub mod adaptive;
 pub mod decode;
 mod error;
 pub mod ngram;
+pub mod schedule;
 
 pub use error::SpecError;

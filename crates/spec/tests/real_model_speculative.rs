@@ -88,6 +88,7 @@ fn speculative(
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
+        schedule: Default::default(),
     };
     let mut hook = PlainLora::new(&f.adapter);
     let mut streamed = Vec::new();
@@ -329,6 +330,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
             max_tokens: n,
             sampling: SamplingParams::greedy(),
             eos: f.tokenizer.eos_tokens().to_vec(),
+            schedule: Default::default(),
         };
         let mut hook = PlainLora::new(&f.adapter);
         let got =
@@ -358,5 +360,60 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
     assert!(
         rounds_f16 * 4 <= rounds_f32 * 5,
         "f16 drafter needs {rounds_f16} rounds, f32 {rounds_f32}"
+    );
+}
+
+/// The fixed-point schedule (all groups per round trip, iterated over
+/// layers) with the plaintext hook: every round makes exactly N trips, the
+/// output equals sequential greedy decoding, and drafting ahead during the
+/// last trip (on by default) is used and changes nothing; with one trip per
+/// round the certification has to continue rounds and still never lets a
+/// wrong token through.
+#[test]
+fn fixed_point_schedule_equals_sequential_adapted_decoding() {
+    use cipherlora_spec::schedule::{FixedPoint, Schedule};
+    let f = fixture();
+    let n = 24;
+    let mut hits = 0;
+    let mut continuations = 0;
+    for text in PROMPTS {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let want = reference(f, &prompt, n);
+        for (trips, draft_ahead) in [(2, true), (2, false), (1, false), (3, true)] {
+            let fp = FixedPoint {
+                round_trips: trips,
+                draft_ahead,
+                ..FixedPoint::default()
+            };
+            let cfg = SpecConfig {
+                drafter: DrafterKind::Base,
+                k: 8,
+                adaptive: false,
+                pad_to_k: true,
+                prefill_width: Some(16),
+                optimistic: false,
+                draft_stop_below: 0.0,
+                max_tokens: n,
+                sampling: SamplingParams::greedy(),
+                eos: f.tokenizer.eos_tokens().to_vec(),
+                schedule: Schedule::FixedPoint(fp),
+            };
+            let mut hook = PlainLora::new(&f.adapter);
+            let out =
+                decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+            assert_eq!(out.tokens, want, "{text:?}: fixed point ×{trips}");
+            assert_eq!(out.stats.round_trips, out.stats.rounds * trips, "{text:?}");
+            if draft_ahead {
+                hits += out.stats.ahead_hits;
+            }
+            if trips == 1 {
+                continuations += out.stats.continuations;
+            }
+        }
+    }
+    assert!(hits > 0, "drafting ahead never matched the round's outcome");
+    assert!(
+        continuations > 0,
+        "one trip per round never needed a continuation: the certification is not exercised"
     );
 }

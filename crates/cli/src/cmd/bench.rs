@@ -96,9 +96,14 @@ pub struct E2eBenchArgs {
     /// PEFT adapter folders (default: the committed FFA and standard adapters).
     #[arg(long = "adapter")]
     adapters: Vec<PathBuf>,
-    /// Link profiles, semicolon-separated (`loopback`, `lan`, `wan80`, `rtt=MS,mbps=N`).
-    #[arg(long, value_delimiter = ';', default_value = "loopback;wan80")]
+    /// Link profiles, semicolon-separated (`loopback`, `lan`, `wan20`,
+    /// `wan80`, `home80`, `rtt=MS,mbps=N[,up=N,down=N]`).
+    #[arg(long, value_delimiter = ';', default_value = "loopback;wan20;wan80")]
     links: Vec<String>,
+    /// Verify schedules, semicolon-separated (`auto`, `per-group`,
+    /// `fixed-point`, `fixed-point:N`): every configuration runs under each.
+    #[arg(long, value_delimiter = ';', default_value = "per-group;fixed-point")]
+    schedules: Vec<String>,
     /// Decoding configurations, comma-separated: `none`, or DRAFTER:K with
     /// DRAFTER one of base, ngram, hybrid, optionally `:f16` or `:f32` for
     /// the base drafter's weights (default: --draft-weights).
@@ -169,6 +174,7 @@ impl E2eBenchArgs {
             adapters,
             links: self.links,
             configs,
+            schedules: self.schedules,
             prompts_file,
             prompts: self.prompts,
             max_tokens: self.max_tokens,

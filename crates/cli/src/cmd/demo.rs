@@ -105,6 +105,14 @@ pub struct DemoArgs {
     /// positions, and the output is unchanged.
     #[arg(long, default_value_t = DEFAULT_DRAFT_STOP)]
     draft_stop_below: f32,
+    /// Simulated link between the client and the embedded server
+    /// (`loopback`, `wan20`, `wan80`, `home80`, `rtt=MS,mbps=N`).
+    #[arg(long, default_value = "loopback")]
+    link: LinkProfile,
+    /// Verify schedule: `auto` (modelled on --link), `per-group`,
+    /// `fixed-point[:N]`.
+    #[arg(long, default_value = "auto")]
+    schedule: String,
 }
 
 /// `Ok` if the private greedy output equals the plaintext reference;
@@ -169,7 +177,7 @@ impl DemoArgs {
         );
         let t_keys = Instant::now();
         let mut hook = connect_widths(
-            server.client_config(LinkProfile::LOOPBACK),
+            server.client_config(self.link),
             &id,
             width,
             self.prefill_width,
@@ -193,6 +201,13 @@ impl DemoArgs {
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            schedule: crate::cmd::generate::resolve_schedule(
+                &self.schedule,
+                &model,
+                &hook,
+                width,
+                &self.link,
+            )?,
         };
         println!("--- private (CKKS, speculative) ---");
         print!("{}", self.prompt);

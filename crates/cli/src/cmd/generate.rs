@@ -12,6 +12,7 @@ use cipherlora_model::{
 use cipherlora_private::connect_widths;
 use cipherlora_service::{ClientConfig, ClientTls, LinkProfile};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::schedule::Schedule;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
@@ -83,7 +84,8 @@ pub struct GenerateArgs {
     /// Private mode: CA certificate (PEM) that signed --server's certificate.
     #[arg(long, requires = "server")]
     ca_cert: Option<PathBuf>,
-    /// Private mode: simulated link (`loopback`, `lan`, `wan80`, `rtt=MS,mbps=N`).
+    /// Private mode: simulated link (`loopback`, `lan`, `wan20`, `wan80`,
+    /// `home80`, `rtt=MS,mbps=N[,up=N,down=N]`).
     #[arg(long, requires = "server")]
     link: Option<LinkProfile>,
     /// Private mode: drafter.
@@ -110,6 +112,13 @@ pub struct GenerateArgs {
     /// BENCHMARKS.md for when it pays).
     #[arg(long, requires = "server")]
     optimistic: bool,
+    /// Private mode: how a verify pass gets its deltas: `auto` (the cheaper
+    /// of the two on the link, modelled: `--link`'s profile when given, else
+    /// the measured TCP round trip and 100 Mbit/s), `per-group` (one round
+    /// trip per adapted layer group), `fixed-point[:N]` (N batched round
+    /// trips per round). The output is the same.
+    #[arg(long, default_value = "auto", requires = "server")]
+    schedule: String,
     /// Private mode: also run the plaintext adapted model (adapter folder
     /// from --adapter) and exit non-zero, naming the first differing
     /// position, if the private greedy output differs.
@@ -252,8 +261,13 @@ impl GenerateArgs {
             self.k + 1
         };
         let id = self.adapter_id.as_deref().unwrap_or_default();
+        let planning_link = match self.link {
+            Some(l) => l,
+            None => measured_link(url)?,
+        };
         let mut hook = connect_widths(config, id, width, self.prefill_width, model.config())
             .with_context(|| format!("opening a session on {url}"))?;
+        let schedule = resolve_schedule(&self.schedule, model, &hook, width, &planning_link)?;
         let cfg = SpecConfig {
             drafter,
             k: self.k,
@@ -265,6 +279,7 @@ impl GenerateArgs {
             max_tokens: opts.max_tokens,
             sampling: opts.sampling.clone(),
             eos: opts.eos.clone(),
+            schedule,
         };
         let mut stream = TextStream::new(tok);
         let mut stdout = std::io::stdout().lock();
@@ -311,6 +326,57 @@ impl GenerateArgs {
         }
         Ok(())
     }
+}
+
+/// The verify schedule for `arg` (`auto`, `per-group`, `fixed-point[:N]`):
+/// `auto` models one round of each on `link` with the verify session's
+/// plans and a timed plaintext pass of `width` positions, and logs the
+/// choice.
+///
+/// # Errors
+/// An unknown schedule; a failed forward pass; no session of `width`.
+pub fn resolve_schedule<T: cipherlora_private::Transport>(
+    arg: &str,
+    model: &Model,
+    hook: &cipherlora_private::ByWidth<T>,
+    width: usize,
+    link: &LinkProfile,
+) -> anyhow::Result<Schedule> {
+    if arg != "auto" {
+        return Ok(arg.parse()?);
+    }
+    let choice = cipherlora_private::choose_for_session(model, hook, width, link)?;
+    eprintln!(
+        "schedule: {} (modelled round: per-group {:.0} ms, fixed-point {:.0} ms; link RTT {:.0} ms)",
+        choice.schedule,
+        choice.per_group_ms,
+        choice.fixed_point_ms,
+        link.rtt().as_secs_f64() * 1e3
+    );
+    Ok(choice.schedule)
+}
+
+/// A link profile for planning a real network: the round trip of a TCP
+/// handshake with the server (median of three), 100 Mbit/s assumed.
+///
+/// # Errors
+/// An unparsable URL or an unreachable server.
+fn measured_link(url: &str) -> anyhow::Result<LinkProfile> {
+    let host_port = url.split("://").last().unwrap_or(url);
+    let host_port = host_port.split('/').next().unwrap_or(host_port);
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(host_port)
+        .with_context(|| format!("resolving {host_port}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{host_port} resolves to nothing"))?;
+    let mut rtts = Vec::new();
+    for _ in 0..3 {
+        let t0 = std::time::Instant::now();
+        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
+            .with_context(|| format!("connecting to {addr}"))?;
+        rtts.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    rtts.sort_by(f64::total_cmp);
+    Ok(LinkProfile::from_rtt_mbps(rtts[1], 100.0)?)
 }
 
 // `--threads N`: candle sizes its thread pools once per process from

@@ -61,7 +61,8 @@ pub fn random_x(t: usize, d_in: usize, seed: u64) -> Vec<f32> {
 
 /// Result of one end-to-end evaluation.
 pub struct Outcome {
-    /// Every slot of every returned ciphertext, decrypted (both parts).
+    /// Every slot of every returned ciphertext, decrypted (both parts;
+    /// normalised inputs).
     pub slots: Vec<Vec<Complex64>>,
     /// Max |Δ_he − Δ_ref| over the delta slots.
     pub max_err: f64,
@@ -98,7 +99,10 @@ pub fn run<S: HeServer, C: HeClient>(
         Mode::Standard => GroupClient::standard(plan).unwrap(),
     };
     let prepared = PreparedGroup::new(server, plan, adapter).unwrap();
-    let req = gc.request(client, 3, 0, x).unwrap();
+    let (req, scales) = gc.request(client, 3, 0, x).unwrap();
+    // Each position was normalised by a power of two ≥ its max |input|.
+    assert_eq!(scales.factors().len(), plan.t);
+    let c_max = scales.factors().iter().fold(0.0f64, |m, &c| m.max(c));
     let req = cipherlora_helora::GroupRequest::from_bytes(&req.to_bytes()).unwrap();
     let resp = prepared.handle(server, &req).unwrap();
     let resp = cipherlora_helora::GroupResponse::from_bytes(&resp.to_bytes()).unwrap();
@@ -115,12 +119,14 @@ pub fn run<S: HeServer, C: HeClient>(
                     Some(ix) => {
                         let d = plan.shape.d_outs[ix.proj];
                         let want = reference[ix.proj][ix.pos * d + ix.row];
+                        let value = value * scales.factor(ix.pos).unwrap();
                         assert!(!seen[ix.proj][ix.pos * d + ix.row], "delta placed twice");
                         seen[ix.proj][ix.pos * d + ix.row] = true;
                         max_err = max_err.max((value - want).abs());
                         max_ref = max_ref.max(want.abs());
                     }
-                    None => max_outside = max_outside.max(value.abs()),
+                    // In delta units of the most scaled position.
+                    None => max_outside = max_outside.max(value.abs() * c_max),
                 }
             }
         }
@@ -130,7 +136,7 @@ pub fn run<S: HeServer, C: HeClient>(
         "some delta is missing from the output map"
     );
     // Unpacking agrees with the map (and with the reference).
-    let unpacked = gc.unpack(&slots);
+    let unpacked = gc.unpack(&slots, &scales).unwrap();
     for (u, r) in unpacked.iter().zip(&reference) {
         assert_eq!(u.len(), r.len());
         for (&u, &r) in u.iter().zip(r) {

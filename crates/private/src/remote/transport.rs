@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_model::ModelConfig;
-use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, SessionParams};
+use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, GroupCall, SessionParams};
 
 use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
@@ -191,6 +191,52 @@ impl Transport for GrpcTransport {
             },
             server_ms: Some(micros as f64 / 1e3),
         })
+    }
+
+    /// One service round carrying every request, pipelined on the session's
+    /// stream: the requests leave back to back, the server computes each as
+    /// it arrives and answers as it finishes, so upload, compute and
+    /// download overlap and the latency is paid once.
+    fn rounds(&mut self, requests: &[GroupRequest]) -> Result<Vec<Reply>, PrivateError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.round += 1;
+        self.last = None;
+        let calls: Vec<GroupCall> = requests
+            .iter()
+            .map(|r| GroupCall {
+                layer: r.layer,
+                group: r.group,
+                ciphertexts: r
+                    .ciphertexts
+                    .iter()
+                    .map(|c| Bytes::copy_from_slice(c))
+                    .collect(),
+            })
+            .collect();
+        let before = self.client.stats().server_micros;
+        let outs = self
+            .client
+            .round_pipelined(self.round, &calls)
+            .map_err(transport_error)?;
+        let micros = self.client.stats().server_micros.saturating_sub(before);
+        Ok(requests
+            .iter()
+            .zip(outs)
+            .enumerate()
+            .map(|(i, (request, out))| Reply {
+                response: GroupResponse {
+                    plan_id: request.plan_id,
+                    layer: request.layer,
+                    group: request.group,
+                    t: request.t,
+                    ciphertexts: out.into_iter().map(|b| b.to_vec()).collect(),
+                },
+                // The batch's compute, booked once.
+                server_ms: Some(if i == 0 { micros as f64 / 1e3 } else { 0.0 }),
+            })
+            .collect())
     }
 }
 

@@ -1,0 +1,196 @@
+//! Choosing the verify schedule from the link and the pass's costs.
+//!
+//! Two schedules (`cipherlora_spec::schedule`):
+//! - **per group**: one round trip per adapted layer group, in forward
+//!   order; each group's upload, server compute and download wait for the
+//!   previous group, so a pass costs
+//!   `G·RTT + server + up_bytes/up_bw + down_bytes/down_bw + client`;
+//! - **fixed point** with N round trips: every group of the pass in each
+//!   trip, pipelined on the stream (upload, server compute and download
+//!   overlap), and a plaintext pass on the client after each trip:
+//!   `N·(RTT + max(server, up_bytes/up_bw, down_bytes/down_bw) + client) + (N+1)·forward`.
+//!
+//! The fixed point pays N passes of bytes and compute to save `G − N`
+//! latencies: it wins on a WAN (G = 60 for q,k,v,o on 30 layers, 120 for
+//! all seven projections) and loses on loopback. The server time is the
+//! plan's operation counts priced with [`OpCosts::default`] (the client does
+//! not know the server's machine), the bytes are exact (the engine's own
+//! wire sizes, returned ciphertexts compressed as a default server does).
+
+use std::sync::Arc;
+
+use cipherlora_ckks::{CkksParameters, Context};
+use cipherlora_helora::OpCosts;
+use cipherlora_service::LinkProfile;
+use cipherlora_spec::schedule::{FixedPoint, Schedule};
+
+use crate::PrivateError;
+use crate::server::SessionOffer;
+
+/// The modelled cost of one verify pass of an offer, all groups.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PassModel {
+    /// Adapted layer groups (round trips of a per-group pass).
+    pub groups: usize,
+    /// Bytes uploaded per pass.
+    pub bytes_up: f64,
+    /// Bytes downloaded per pass.
+    pub bytes_down: f64,
+    /// Server compute per pass, ms.
+    pub server_ms: f64,
+    /// Client encryption and decryption per pass, ms.
+    pub client_he_ms: f64,
+}
+
+impl PassModel {
+    /// Models one pass of `offer`'s plans.
+    ///
+    /// # Errors
+    /// [`PrivateError::Ckks`] for a bad preset, [`PrivateError::Helora`]
+    /// for a plan without a layout.
+    pub fn of(offer: &SessionOffer) -> Result<Self, PrivateError> {
+        let ctx: Arc<Context> = Context::new(CkksParameters::preset(offer.preset)?)?;
+        let (up, down, _) = cipherlora_helora::measure::wire_sizes(&ctx)?;
+        let costs = OpCosts::default();
+        let mut m = PassModel {
+            groups: offer.groups.len(),
+            bytes_up: 0.0,
+            bytes_down: 0.0,
+            server_ms: 0.0,
+            client_he_ms: 0.0,
+        };
+        for g in &offer.groups {
+            let c = g.plan.counts()?;
+            m.bytes_up += c
+                .encryptions
+                .iter()
+                .zip(&up)
+                .map(|(&n, &b)| n as f64 * b)
+                .sum::<f64>();
+            m.bytes_down += c.decryptions as f64 * down;
+            m.server_ms += costs.server_ms(&c);
+            m.client_he_ms += costs.client_ms(&c);
+        }
+        Ok(m)
+    }
+}
+
+/// A schedule and the modelled time per verify round of both candidates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScheduleChoice {
+    /// The cheaper schedule.
+    pub schedule: Schedule,
+    /// Modelled per-group round, ms.
+    pub per_group_ms: f64,
+    /// Modelled fixed-point round, ms.
+    pub fixed_point_ms: f64,
+}
+
+fn transfer_ms(bytes: f64, bps: Option<u64>) -> f64 {
+    bps.map_or(0.0, |b| bytes * 8.0 / b as f64 * 1e3)
+}
+
+/// Picks the schedule with the smaller modelled round time on `link` (see
+/// the module docs); `forward_ms` is one plaintext pass of the verify width
+/// on the client.
+#[must_use]
+pub fn choose_schedule(
+    pass: &PassModel,
+    link: &LinkProfile,
+    forward_ms: f64,
+    fixed: FixedPoint,
+) -> ScheduleChoice {
+    let rtt = link.rtt().as_secs_f64() * 1e3;
+    let up = transfer_ms(pass.bytes_up, link.up_bps());
+    let down = transfer_ms(pass.bytes_down, link.down_bps());
+    let per_group_ms =
+        pass.groups as f64 * rtt + pass.server_ms + up + down + pass.client_he_ms + forward_ms;
+    let n = fixed.round_trips.max(1) as f64;
+    let fixed_point_ms =
+        n * (rtt + pass.server_ms.max(up).max(down) + pass.client_he_ms) + (n + 1.0) * forward_ms;
+    let schedule = if fixed_point_ms < per_group_ms {
+        Schedule::FixedPoint(fixed)
+    } else {
+        Schedule::PerGroup
+    };
+    ScheduleChoice {
+        schedule,
+        per_group_ms,
+        fixed_point_ms,
+    }
+}
+
+/// [`choose_schedule`] for the verify session of width `width` behind
+/// `hook`: its plans' [`PassModel`] and one plaintext pass of `width`
+/// positions of `model`, timed here.
+///
+/// # Errors
+/// [`PrivateError::Transport`] when `hook` has no session of that width;
+/// [`PrivateError::Model`] when the pass fails.
+pub fn choose_for_session<T: crate::Transport>(
+    model: &cipherlora_model::Model,
+    hook: &crate::ByWidth<T>,
+    width: usize,
+    link: &LinkProfile,
+) -> Result<ScheduleChoice, PrivateError> {
+    let session = hook
+        .session(width)
+        .ok_or_else(|| PrivateError::Transport(format!("no session of width {width}")))?;
+    let mut cache = model.new_cache(width)?;
+    let t0 = std::time::Instant::now();
+    model.forward(
+        &vec![0; width],
+        &mut cache,
+        &cipherlora_model::AttentionMask::Causal,
+        &mut cipherlora_model::NoAdapter,
+    )?;
+    let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
+    Ok(choose_schedule(
+        session.pass_model(),
+        link,
+        forward_ms,
+        FixedPoint::default(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass() -> PassModel {
+        // The default model's FFA verify pass at T = 9 (BENCHMARKS.md).
+        PassModel {
+            groups: 60,
+            bytes_up: 5.5e6,
+            bytes_down: 7.2e6,
+            server_ms: 110.0,
+            client_he_ms: 13.0,
+        }
+    }
+
+    #[test]
+    fn loopback_keeps_one_pass_per_round() {
+        let c = choose_schedule(&pass(), &LinkProfile::LOOPBACK, 40.0, FixedPoint::default());
+        assert_eq!(c.schedule, Schedule::PerGroup);
+        assert!(c.per_group_ms < c.fixed_point_ms);
+    }
+
+    #[test]
+    fn a_wan_pays_for_the_extra_passes() {
+        let c = choose_schedule(&pass(), &LinkProfile::WAN80, 40.0, FixedPoint::default());
+        assert!(matches!(c.schedule, Schedule::FixedPoint(_)), "{c:?}");
+        // 60 latencies of 80 ms alone exceed two pipelined passes.
+        assert!(c.per_group_ms > 4800.0);
+    }
+
+    #[test]
+    fn all_linear_adapters_favour_the_fixed_point_sooner() {
+        let mut p = pass();
+        let link: LinkProfile = "rtt=10,mbps=100".parse().unwrap();
+        let few = choose_schedule(&p, &link, 40.0, FixedPoint::default());
+        p.groups = 120;
+        let many = choose_schedule(&p, &link, 40.0, FixedPoint::default());
+        assert!(many.per_group_ms - few.per_group_ms > 599.0);
+        assert_eq!(many.fixed_point_ms, few.fixed_point_ms);
+    }
+}

@@ -1,0 +1,168 @@
+//! The fixed-point verify schedule end to end over gRPC (TLS + token on
+//! loopback, the embedded adapter server): every layer group's deltas of a
+//! pass travel in one batched round trip, a constant number of round trips
+//! per round, and the private greedy output must still equal the plaintext
+//! adapted model token for token — for the committed FFA and standard
+//! adapters (5 held-out prompts × 32 tokens) and for an adapter on all
+//! seven linear projections (PEFT `all-linear`).
+
+mod common;
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use cipherlora_model::{
+    LoraAdapter, Model, Proj, RandomAdapterSpec, SamplingParams, Tokenizer, fetch,
+    write_random_adapter,
+};
+use cipherlora_private::{EmbeddedServer, connect_widths};
+use cipherlora_service::LinkProfile;
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::schedule::Schedule;
+
+use common::{adapter_dir, assert_matches, plaintext_reference};
+
+/// Held-out prompts (HumanEval-style signatures, not in the training corpus).
+const PROMPTS: [&str; 5] = [
+    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "import os\n\ndef list_python_files(root):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def count_words(text):\n    \"\"\"Count how often each word occurs.\"\"\"\n",
+];
+const TOKENS: usize = 32;
+const K: usize = 8;
+const PREFILL: usize = 16;
+
+fn model() -> &'static (Model, Tokenizer) {
+    static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = fetch::ensure_default_model().expect("default model");
+        (
+            Model::load(&path).unwrap(),
+            Tokenizer::for_model(&path).unwrap(),
+        )
+    })
+}
+
+/// Private generation of `prompts` under `schedule` through an embedded
+/// server holding the adapter in `dir`; asserts token equality with the
+/// plaintext reference and that every round made exactly the schedule's
+/// round trips. Returns the number of rounds.
+fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: Schedule) -> usize {
+    let (model, tok) = model();
+    let server = EmbeddedServer::start(id, dir, model.config(), None).unwrap();
+    let mut hook = connect_widths(
+        server.client_config(LinkProfile::LOOPBACK),
+        id,
+        K + 1,
+        PREFILL,
+        model.config(),
+    )
+    .unwrap();
+    let plain = LoraAdapter::load(dir, model.config()).unwrap();
+    let mut rounds = 0;
+    for text in prompts {
+        let prompt = tok.encode(text).unwrap();
+        let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
+        let cfg = SpecConfig {
+            drafter: DrafterKind::Base,
+            k: K,
+            adaptive: false,
+            pad_to_k: true,
+            prefill_width: Some(PREFILL),
+            optimistic: false,
+            draft_stop_below: 0.0,
+            max_tokens: TOKENS,
+            sampling: SamplingParams::greedy(),
+            eos: tok.eos_tokens().to_vec(),
+            schedule,
+        };
+        let before = hook.session(K + 1).unwrap().timings().clone();
+        let got = decode::generate(model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+        assert_matches(&got, &want, tok, &format!("{id} {schedule}: {text:?}"));
+        let mut he = hook.session(K + 1).unwrap().timings().clone();
+        he.subtract(&before);
+        if let Schedule::FixedPoint(fp) = schedule {
+            // Constant work per round: the server sees exactly N round trips
+            // of the verify width per round, continuations included.
+            assert_eq!(he.round_trips as usize, got.stats.rounds * fp.round_trips);
+            assert_eq!(got.stats.round_trips, he.round_trips as usize);
+        }
+        rounds += got.stats.rounds;
+    }
+    rounds
+}
+
+#[test]
+fn fixed_point_schedule_equals_plaintext_ffa() {
+    let dir = adapter_dir("code-ffa-r16");
+    private_matches_plaintext(
+        "code-ffa-r16",
+        &dir,
+        &PROMPTS,
+        "fixed-point".parse().unwrap(),
+    );
+}
+
+#[test]
+fn fixed_point_schedule_equals_plaintext_standard() {
+    let dir = adapter_dir("code-lora-r16");
+    private_matches_plaintext(
+        "code-lora-r16",
+        &dir,
+        &PROMPTS,
+        "fixed-point:3".parse().unwrap(),
+    );
+}
+
+/// An adapter on all seven linear projections (four groups per layer: the
+/// per-group schedule's 4 round trips per layer become N per round).
+#[test]
+fn fixed_point_schedule_equals_plaintext_all_linear_adapter() {
+    let (model, tok) = model();
+    let dir = std::env::temp_dir().join(format!("cipherlora-all-linear-{}", std::process::id()));
+    write_random_adapter(
+        &dir,
+        model.config(),
+        &RandomAdapterSpec {
+            targets: Proj::ALL.to_vec(),
+            rank: 8,
+            alpha: 16.0,
+            b_std: 0.05,
+            ffa: true,
+            seed: 11,
+        },
+    )
+    .unwrap();
+    // The adapter must matter, or equality proves nothing.
+    let plain = LoraAdapter::load(&dir, model.config()).unwrap();
+    let prompt = tok.encode(PROMPTS[0]).unwrap();
+    let adapted = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
+    let base = {
+        cipherlora_model::generate(
+            model,
+            &prompt,
+            &cipherlora_model::GenerateOptions {
+                max_tokens: TOKENS,
+                sampling: SamplingParams::greedy(),
+                eos: tok.eos_tokens().to_vec(),
+            },
+            &mut cipherlora_model::NoAdapter,
+            &mut |_| Ok(()),
+        )
+        .unwrap()
+        .tokens
+    };
+    assert_ne!(
+        adapted, base,
+        "the random all-linear adapter changes nothing"
+    );
+    private_matches_plaintext(
+        "all-linear-r8",
+        &dir,
+        &PROMPTS[..2],
+        "fixed-point".parse().unwrap(),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

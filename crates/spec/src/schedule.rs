@@ -1,0 +1,438 @@
+//! How a verify pass gets its adapter deltas: one round trip per layer
+//! group, or a fixed point over layers in a constant number of batched
+//! round trips, with the rows it can vouch for.
+//!
+//! # Exactness of the fixed-point schedule
+//!
+//! [`cipherlora_model::FixedPointPass`] converges to the sequentially
+//! computed pass; after a finite number of round trips its logits differ
+//! from the exact ones by a residual that shrinks by a large factor per trip
+//! (BENCHMARKS.md, "Fewer round trips": the convergence table). A row's
+//! greedy token is *certified* when its top-1/top-2 logit margin exceeds
+//! `margin` × a bound on its logits' remaining error. With a contraction
+//! factor ρ per trip, that error is at most change·ρ/(1−ρ), where change is
+//! the largest move of any of its logits over the last round trip; the
+//! argmax cannot flip while every logit is off by less than half the
+//! margin. The bound uses the row's own observed contraction (last change
+//! over the one before), clamped to [0.2, 1/2] ([`error_factor`]), and 1/2
+//! after a single trip. Measured on the committed
+//! adapters, on random all-linear ones and on q,k,v,o adapters at 4× the
+//! trained strength (BENCHMARKS.md, convergence table): ρ ≈ 0.1 per trip
+//! (median), 0.2 in the worst window, and no certified row was ever wrong.
+//! The encrypted deltas carry CKKS noise either way; the sequential
+//! protocol has the same noise, and greedy equality with the plaintext
+//! reference rests on the same margins. Sampling needs the whole
+//! distribution, so a row is certified there only when its logits moved by
+//! at most `sampling_tolerance` over the last trip.
+//!
+//! The keys and values a round keeps come from its last pass, whose inputs
+//! are off by the residual of the fixed point (relative 1e-2 after two trips,
+//! 1e-3 after three; 3e-6, the float32 floor, after six). Later rounds read
+//! them, so their logits carry that residual too; the margin rule of each
+//! later round measures only its own iteration, not the inherited residual.
+//! This is why the default makes three round trips per prefill pass, and
+//! why the end-to-end tests compare every private output with the
+//! plaintext reference token for token.
+//!
+//! Only certified rows are used: the round accepts greedily along them
+//! (drafts before the first uncertified row, and the bonus token only if its
+//! row is certified). When even row 0 is uncertified, the round is
+//! *continued*: the same pass gets `round_trips` more round trips. The
+//! server sees every round as exactly `round_trips` batched round trips of
+//! the same width, so a continuation looks like a round that accepted few
+//! tokens: it reveals nothing beyond the rounds-per-token count that
+//! speculative decoding already reveals (threat model, guarantee 5; README).
+
+use cipherlora_model::{AttentionMask, DeltaHook, FixedPointPass, KvCache, Model, Tensor};
+
+use crate::SpecError;
+
+/// The fixed-point schedule's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FixedPoint {
+    /// Batched round trips per verify round (the server always sees this
+    /// many per round).
+    pub round_trips: usize,
+    /// A greedy row is certified when top-1 − top-2 > `margin` × its last
+    /// logit change.
+    pub margin: f32,
+    /// A sampled row is certified when its logits moved by at most this
+    /// (absolute, in logits) over the last round trip.
+    pub sampling_tolerance: f32,
+    /// Batched round trips per prefill pass (no logits to certify: the
+    /// prompt's keys and values are kept as the last pass computed them).
+    pub prefill_round_trips: usize,
+    /// Greedy decoding with the base drafter: while the last round trip is
+    /// on the network, draft the next round from the outcome the pass
+    /// before it predicts (used when the round ends that way; the output is
+    /// unchanged either way).
+    pub draft_ahead: bool,
+}
+
+impl Default for FixedPoint {
+    /// Two round trips per round (the measured convergence: the first rows'
+    /// greedy tokens are certified after two), margin 1, three for the
+    /// prompt's prefill.
+    fn default() -> Self {
+        Self {
+            round_trips: 2,
+            margin: 1.0,
+            sampling_tolerance: 1e-3,
+            prefill_round_trips: 3,
+            draft_ahead: true,
+        }
+    }
+}
+
+/// The verify pass's schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Schedule {
+    /// One round trip per adapted layer group, in forward order (each
+    /// group's input is exact when it is sent).
+    #[default]
+    PerGroup,
+    /// All groups in each batched round trip, iterated to a fixed point.
+    FixedPoint(FixedPoint),
+}
+
+impl std::fmt::Display for Schedule {
+    /// `per-group` or `fixed-point:N` (N round trips per round).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Schedule::PerGroup => f.write_str("per-group"),
+            Schedule::FixedPoint(fp) => write!(f, "fixed-point:{}", fp.round_trips),
+        }
+    }
+}
+
+impl std::str::FromStr for Schedule {
+    type Err = SpecError;
+
+    /// `per-group`, `fixed-point` (the default round trips) or
+    /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 3)).
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let bad = || {
+            SpecError::Config(format!(
+                "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N)"
+            ))
+        };
+        match s.split_once(':') {
+            None if s == "per-group" => Ok(Schedule::PerGroup),
+            None if s == "fixed-point" => Ok(Schedule::FixedPoint(FixedPoint::default())),
+            Some(("fixed-point", n)) => {
+                let n: usize = n.parse().map_err(|_| bad())?;
+                if n == 0 {
+                    return Err(bad());
+                }
+                Ok(Schedule::FixedPoint(FixedPoint {
+                    round_trips: n,
+                    prefill_round_trips: n.max(FixedPoint::default().prefill_round_trips),
+                    ..FixedPoint::default()
+                }))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// A verified pass.
+#[derive(Debug)]
+pub(crate) struct Verified {
+    /// Logits of the pass, (T, vocab).
+    pub logits: Tensor,
+    /// Leading rows the round may use (≥ 1).
+    pub usable: usize,
+    /// Batched round trips made (0 on the per-group schedule).
+    pub round_trips: usize,
+    /// Extra rounds spent on this pass because no row was certified yet.
+    pub continuations: usize,
+}
+
+/// Work to run on another thread while the last round trip of a
+/// fixed-point pass is on the network: it gets the logits of the pass
+/// before the last trip (its argmax is nearly always final, BENCHMARKS.md)
+/// and returns what the next round may use, e.g. a draft grown from the
+/// predicted outcome.
+pub(crate) type Ahead<'a, G> = &'a mut (dyn FnMut(&Tensor) -> Result<G, SpecError> + Send);
+
+/// `certify(logits, last_change, previous_change)`: how many leading rows
+/// are certified.
+pub(crate) type Certify<'a> =
+    &'a dyn Fn(&Tensor, &[f32], Option<&[f32]>) -> Result<usize, SpecError>;
+
+/// One verify pass to run: `tokens` (T, the first `real` of them not
+/// padding) under `schedule`.
+#[derive(Clone, Copy)]
+pub(crate) struct Window<'a> {
+    pub model: &'a Model,
+    pub tokens: &'a [u32],
+    pub real: usize,
+    pub schedule: &'a Schedule,
+    pub certify: Certify<'a>,
+}
+
+/// Runs one verify pass of `window.tokens` under `window.schedule`. `certify(logits,
+/// last_change, previous_change)` returns how many leading rows are
+/// certified (0: none); it is not called on the per-group schedule, whose
+/// rows are all exact. `ahead`, on the fixed-point schedule, runs on a
+/// second thread during the round's last round trip (not during
+/// continuations); its result comes back with the pass.
+///
+/// # Errors
+/// Those of the forward pass, the hook and `ahead`.
+pub(crate) fn verify<G: Send>(
+    window: &Window<'_>,
+    cache: &mut KvCache,
+    hook: &mut dyn DeltaHook,
+    mut ahead: Option<Ahead<'_, G>>,
+) -> Result<(Verified, Option<G>), SpecError> {
+    let Window {
+        model,
+        tokens,
+        real,
+        schedule,
+        certify,
+    } = *window;
+    let fp = match schedule {
+        Schedule::PerGroup => {
+            let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
+            let verified = Verified {
+                logits,
+                usable: real,
+                round_trips: 0,
+                continuations: 0,
+            };
+            return Ok((verified, None));
+        }
+        Schedule::FixedPoint(fp) => fp,
+    };
+    let mut pass = FixedPointPass::start(model, tokens, cache, &AttentionMask::Causal, hook)?;
+    // After as many trips as groups every input is exact (module docs of
+    // `FixedPointPass`): the bound that ends any run of continuations.
+    let exact_after = pass.inputs().len().max(1);
+    let mut continuations = 0;
+    let mut guess = None;
+    loop {
+        let trips = fp.round_trips.max(1);
+        for _ in 0..trips - 1 {
+            pass.iterate(cache, hook)?;
+        }
+        match ahead.take() {
+            Some(work) => {
+                let before_last = pass.logits().clone();
+                let (last, g) = std::thread::scope(|scope| {
+                    let helper = scope.spawn(move || work(&before_last));
+                    let last = pass.iterate(cache, hook).map(|_| ());
+                    let g = helper
+                        .join()
+                        .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()));
+                    (last, g)
+                });
+                last?;
+                guess = Some(g??);
+            }
+            None => {
+                pass.iterate(cache, hook)?;
+            }
+        }
+        let steps = pass.steps();
+        let change = &steps[steps.len() - 1].logit_change;
+        let previous = steps
+            .len()
+            .checked_sub(2)
+            .map(|i| &steps[i].logit_change[..]);
+        let usable = if pass.round_trips() >= exact_after {
+            real
+        } else {
+            certify(pass.logits(), change, previous)?.min(real)
+        };
+        if usable > 0 {
+            let verified = Verified {
+                logits: pass.logits().clone(),
+                usable,
+                round_trips: pass.round_trips(),
+                continuations,
+            };
+            return Ok((verified, guess));
+        }
+        continuations += 1;
+    }
+}
+
+/// A prefill pass under `schedule`: the prompt chunk's keys and values.
+///
+/// # Errors
+/// Those of the forward pass and the hook.
+pub(crate) fn prefill_pass(
+    model: &Model,
+    tokens: &[u32],
+    cache: &mut KvCache,
+    hook: &mut dyn DeltaHook,
+    schedule: &Schedule,
+) -> Result<usize, SpecError> {
+    match schedule {
+        Schedule::PerGroup => {
+            model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
+            Ok(0)
+        }
+        Schedule::FixedPoint(fp) => {
+            let mut pass =
+                FixedPointPass::start(model, tokens, cache, &AttentionMask::Causal, hook)?;
+            for _ in 0..fp.prefill_round_trips.max(1) {
+                pass.iterate(cache, hook)?;
+            }
+            Ok(pass.round_trips())
+        }
+    }
+}
+
+/// The factor a row's last logit change is multiplied by to bound its
+/// remaining error, 2·ρ/(1−ρ) (a flip needs an error of half the margin),
+/// with ρ the row's observed contraction `change / previous change`,
+/// clamped to [[`RHO_FLOOR`], 1/2]; with no previous change, ρ = 1/2.
+#[must_use]
+pub fn error_factor(change: f32, previous: Option<f32>) -> f32 {
+    let rho = match previous {
+        Some(p) if p > 0.0 && change.is_finite() => (change / p).clamp(RHO_FLOOR, 0.5),
+        _ => 0.5,
+    };
+    2.0 * rho / (1.0 - rho)
+}
+
+/// The smallest contraction per round trip the certification assumes
+/// (measured: 0.1 median, 0.2 in the worst window; BENCHMARKS.md).
+pub const RHO_FLOOR: f32 = 0.2;
+
+/// Greedy certification (the margin rule of the module docs): walks the
+/// rows in order and stops at the first row whose top-1/top-2 margin is not
+/// above `margin` × its remaining-error bound ([`error_factor`] × its last
+/// change; `previous`: the changes of the trip before, if any) — returns
+/// its index: the rows before it are usable — or at the first row whose
+/// argmax rejects its draft, or at the last real row (returns one past it:
+/// that row gives the bonus token). `drafts[j]` is the token row `j` is
+/// checked against.
+#[must_use]
+pub fn certify_greedy(
+    rows: &[Vec<f32>],
+    change: &[f32],
+    previous: Option<&[f32]>,
+    drafts: &[u32],
+    margin: f32,
+) -> usize {
+    for (j, row) in rows.iter().enumerate() {
+        let (top, second, arg) = top_two(row);
+        let moved = change.get(j).copied().unwrap_or(f32::INFINITY);
+        let bound = moved * error_factor(moved, previous.and_then(|p| p.get(j).copied()));
+        let certified = top - second > margin * bound;
+        if !certified {
+            return j;
+        }
+        if drafts.get(j).is_none_or(|&d| d != arg) {
+            return j + 1;
+        }
+    }
+    rows.len()
+}
+
+/// Sampling certification: the leading rows whose logits moved by at most
+/// `tolerance`.
+#[must_use]
+pub fn certify_sampled(change: &[f32], real: usize, tolerance: f32) -> usize {
+    change
+        .iter()
+        .take(real)
+        .take_while(|&&c| c <= tolerance)
+        .count()
+}
+
+/// Largest value, second largest, and the index of the largest (the first
+/// one on ties, as [`cipherlora_model::argmax`]).
+fn top_two(row: &[f32]) -> (f32, f32, u32) {
+    let (mut top, mut second, mut arg) = (f32::NEG_INFINITY, f32::NEG_INFINITY, 0u32);
+    for (i, &v) in row.iter().enumerate() {
+        if v > top {
+            second = top;
+            top = v;
+            arg = i as u32;
+        } else if v > second {
+            second = v;
+        }
+    }
+    (top, second, arg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_certification_stops_at_an_uncertain_row_or_a_rejection() {
+        let rows = vec![
+            vec![0.0, 5.0, 1.0], // argmax 1, margin 4
+            vec![3.0, 0.0, 2.9], // argmax 0, margin 0.1
+            vec![0.0, 0.0, 9.0],
+        ];
+        // No previous trip: ρ = 1/2, bound = 2·change. Row 1 moved 0.05:
+        // 0.1 > 2·0.05 fails → only row 0 usable.
+        assert_eq!(
+            certify_greedy(&rows, &[0.1, 0.05, 0.1], None, &[1, 0], 1.0),
+            1
+        );
+        // Row 1 barely moved: certified; it accepts draft 0; row 2 gives the bonus.
+        assert_eq!(
+            certify_greedy(&rows, &[0.1, 0.01, 0.1], None, &[1, 0], 1.0),
+            3
+        );
+        // A fast contraction (0.04 after 1.0: ρ clamped to 0.2, bound =
+        // 0.5·change) certifies row 1 at change 0.1 (0.1 > 0.05) …
+        let prev = [1.0, 1.0, 1.0];
+        assert_eq!(
+            certify_greedy(&rows, &[0.1, 0.1, 0.1], Some(&prev), &[1, 0], 1.0),
+            3
+        );
+        // … a slow one (0.1 after 0.12) does not.
+        let slow = [0.12, 0.12, 0.12];
+        assert_eq!(
+            certify_greedy(&rows, &[0.1, 0.1, 0.1], Some(&slow), &[1, 0], 1.0),
+            1
+        );
+        // Row 0 rejects its draft (argmax 1 ≠ 2): row 0 alone decides.
+        assert_eq!(
+            certify_greedy(&rows, &[0.1, 5.0, 5.0], None, &[2, 0], 1.0),
+            1
+        );
+        // Row 0 uncertain: nothing usable.
+        assert_eq!(
+            certify_greedy(&rows, &[3.0, 0.0, 0.0], None, &[1, 0], 1.0),
+            0
+        );
+        // Exact ties are never certified.
+        assert_eq!(certify_greedy(&[vec![1.0, 1.0]], &[0.0], None, &[], 1.0), 0);
+    }
+
+    #[test]
+    fn schedules_parse_and_print() {
+        for s in ["per-group", "fixed-point:1", "fixed-point:3"] {
+            assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
+        }
+        assert!(matches!(
+            "fixed-point".parse::<Schedule>().unwrap(),
+            Schedule::FixedPoint(_)
+        ));
+        for bad in [
+            "",
+            "fixed-point:0",
+            "fixed-point:x",
+            "sequential",
+            "per-group:2",
+        ] {
+            assert!(bad.parse::<Schedule>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sampled_certification_takes_the_leading_settled_rows() {
+        assert_eq!(certify_sampled(&[1e-5, 1e-4, 1e-2, 0.0], 4, 1e-3), 2);
+        assert_eq!(certify_sampled(&[1e-5, 1e-5], 1, 1e-3), 1);
+    }
+}
