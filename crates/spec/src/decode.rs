@@ -288,7 +288,9 @@ pub fn generate_drafted(
                 Schedule::FixedPoint(fp) if greedy => {
                     certify_greedy(&rows(logits, real)?, change, previous, drafts, fp.margin)
                 }
-                Schedule::FixedPoint(fp) => certify_sampled(change, real, fp.sampling_tolerance),
+                Schedule::FixedPoint(fp) => {
+                    certify_sampled(change, previous, real, fp.sampling_tolerance)
+                }
                 Schedule::PerGroup => real,
             })
         };
