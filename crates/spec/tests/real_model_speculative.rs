@@ -417,3 +417,46 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
         "one trip per round never needed a continuation: the certification is not exercised"
     );
 }
+
+/// Sampling under the fixed-point schedule: rows are certified only when
+/// their logits' remaining-error bound is below the sampling tolerance,
+/// which takes more than two trips, so rounds are continued; the
+/// generation completes, every round still makes exactly N trips, and with
+/// the same seed it samples what the per-group schedule samples (the
+/// certified logits are within 1e-4 of the exact ones, so an acceptance
+/// test could flip only for a uniform draw within ~2e-4 of its threshold).
+#[test]
+fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
+    use cipherlora_spec::schedule::Schedule;
+    let f = fixture();
+    let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
+    let run = |schedule: Schedule| {
+        let cfg = SpecConfig {
+            drafter: DrafterKind::Base,
+            k: 4,
+            adaptive: false,
+            pad_to_k: true,
+            prefill_width: Some(16),
+            optimistic: false,
+            draft_stop_below: 0.0,
+            max_tokens: 16,
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_k: None,
+                top_p: Some(0.95),
+                repetition_penalty: 1.0,
+                seed: 5,
+            },
+            eos: Vec::new(),
+            schedule,
+        };
+        let mut hook = PlainLora::new(&f.adapter);
+        decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap()
+    };
+    let exact = run(Schedule::PerGroup);
+    let fixed = run("fixed-point:2".parse().unwrap());
+    assert_eq!(fixed.tokens.len(), 16);
+    assert!(fixed.stats.continuations > 0, "{:?}", fixed.stats);
+    assert_eq!(fixed.stats.round_trips, 2 * fixed.stats.rounds);
+    assert_eq!(fixed.tokens, exact.tokens);
+}
