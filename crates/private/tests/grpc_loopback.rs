@@ -29,10 +29,8 @@ const TOKEN: &str = "loopback-test-token-0123456789abcdef";
 const K: usize = 4;
 const TOKENS: usize = 16;
 const PREFILL: usize = 8;
-const PROMPTS: [&str; 2] = [
-    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
-    "class Stack:\n    def __init__(self):\n",
-];
+/// Two of the held-out prompts.
+const PROMPTS: [&str; 2] = [common::PROMPTS[0], common::PROMPTS[3]];
 
 fn adapter_dir() -> std::path::PathBuf {
     common::adapter_dir(ADAPTER)

@@ -21,16 +21,8 @@ fn model() -> &'static (Model, Tokenizer) {
     })
 }
 
-use common::{adapter_dir, assert_matches, plaintext_reference};
+use common::{PROMPTS, adapter_dir, assert_matches, plaintext_reference};
 
-/// Held-out prompts (HumanEval-style signatures, not in the training corpus).
-const PROMPTS: [&str; 5] = [
-    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "import os\n\ndef list_python_files(root):\n",
-    "class Stack:\n    def __init__(self):\n",
-    "def count_words(text):\n    \"\"\"Count how often each word occurs.\"\"\"\n",
-];
 const TOKENS: usize = 32;
 
 /// `f16_drafter`: the base drafter holds f16 weights (the CLI's default),

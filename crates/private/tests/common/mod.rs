@@ -8,6 +8,15 @@ use cipherlora_model::{
 };
 use cipherlora_spec::decode::SpecOutput;
 
+/// Held-out prompts (HumanEval-style signatures, not in the training corpus).
+pub const PROMPTS: [&str; 5] = [
+    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "import os\n\ndef list_python_files(root):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "def count_words(text):\n    \"\"\"Count how often each word occurs.\"\"\"\n",
+];
+
 /// A committed adapter folder (`adapters/NAME`).
 pub fn adapter_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
