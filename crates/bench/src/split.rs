@@ -93,7 +93,7 @@ pub fn summary(tokens: usize, wall_secs: f64, stats: &SpecStats, he: &HeTimings)
     format!(
         "tokens {tokens}, {:.2} tok/s, {} verify rounds, mean accepted length {:.2}, {} prefill passes, {} drafts made ahead and used\n\
          time: {split}\n\
-         bytes: up {:.1} MB, down {:.1} MB ({:.0} kB per token), {} group round trips",
+         bytes: up {:.1} MB, down {:.1} MB ({:.0} kB per token), {} group requests in {} round trips",
         tokens as f64 / wall_secs.max(1e-9),
         stats.rounds,
         stats.mean_accepted_length(tokens),
@@ -103,6 +103,7 @@ pub fn summary(tokens: usize, wall_secs: f64, stats: &SpecStats, he: &HeTimings)
         he.bytes_down as f64 / 1e6,
         (he.bytes_up + he.bytes_down) as f64 / 1e3 / tokens.max(1) as f64,
         he.rounds,
+        he.round_trips,
     )
 }
 
