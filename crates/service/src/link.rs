@@ -8,7 +8,7 @@
 //! applied before a request is written to the socket, download delay after a
 //! response was read; a message is booked on its direction the moment it
 //! enters it, so messages queued behind one another pay their serialisation
-//! one after the other but the latency once ([`Shaper`]). The two directions
+//! one after the other but the latency once (`deliver_in_order`). The two directions
 //! may have different bandwidths (`home80`: a home line's slow uplink). `b`
 //! is the protobuf size of the message; TLS, HTTP/2 and TCP overheads (a few
 //! %) are not modelled. The added delays come on top of the real loopback's
