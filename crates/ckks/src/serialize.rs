@@ -88,19 +88,7 @@ pub enum ObjectKind {
 /// [`CkksError::UnsupportedVersion`], [`CkksError::Malformed`] (unknown
 /// kind byte).
 pub fn peek_kind(bytes: &[u8]) -> Result<ObjectKind> {
-    if bytes.len() < HEADER {
-        return Err(CkksError::Truncated {
-            expected: HEADER,
-            got: bytes.len(),
-        });
-    }
-    if &bytes[..4] != MAGIC {
-        return Err(CkksError::BadMagic);
-    }
-    if bytes[4] != FORMAT_VERSION {
-        return Err(CkksError::UnsupportedVersion { version: bytes[4] });
-    }
-    Ok(match bytes[5] {
+    Ok(match kind_byte(bytes)? {
         1 => ObjectKind::Ciphertext,
         2 => ObjectKind::SeededCiphertext,
         3 => ObjectKind::PublicKey,
@@ -253,8 +241,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Parses and checks the header; returns the level and a reader on the body.
-fn open<'a>(ctx: &Context, bytes: &'a [u8], kind: Kind) -> Result<(usize, Reader<'a>)> {
+/// Checks the header's length, magic and version; returns its kind byte.
+fn kind_byte(bytes: &[u8]) -> Result<u8> {
     if bytes.len() < HEADER {
         return Err(CkksError::Truncated {
             expected: HEADER,
@@ -267,10 +255,16 @@ fn open<'a>(ctx: &Context, bytes: &'a [u8], kind: Kind) -> Result<(usize, Reader
     if bytes[4] != FORMAT_VERSION {
         return Err(CkksError::UnsupportedVersion { version: bytes[4] });
     }
-    if bytes[5] != kind as u8 {
+    Ok(bytes[5])
+}
+
+/// Parses and checks the header; returns the level and a reader on the body.
+fn open<'a>(ctx: &Context, bytes: &'a [u8], kind: Kind) -> Result<(usize, Reader<'a>)> {
+    let found = kind_byte(bytes)?;
+    if found != kind as u8 {
         return Err(CkksError::WrongKind {
             expected: kind as u8,
-            found: bytes[5],
+            found,
         });
     }
     if bytes[6] as u32 != ctx.log_degree() {
