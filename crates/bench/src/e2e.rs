@@ -344,31 +344,11 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 .flat_map(|c| opts.schedules.iter().map(move |s| (c, s.as_str())))
             {
                 let (drafter, k) = (c.drafter, c.k);
-                let width = if drafter == DrafterKind::None {
-                    1
-                } else {
-                    k + 1
-                };
-                let mut hook = connect_widths(
-                    server.client_config(link),
-                    &id,
-                    width,
-                    opts.prefill_width,
-                    model.config(),
-                )?;
-                let (schedule, schedule_name) = if schedule == "auto" {
-                    let s = cipherlora_private::choose_for_session(&model, &hook, width, &link)?
-                        .schedule;
-                    (s, format!("auto: {s}"))
-                } else {
-                    let s: Schedule = schedule.parse()?;
-                    (s, s.to_string())
-                };
                 let draft_model = match (c.draft_weights(), &half) {
                     ("f16", Some(h)) => h,
                     _ => &model,
                 };
-                let cfg = SpecConfig {
+                let mut cfg = SpecConfig {
                     drafter,
                     k: if drafter == DrafterKind::None { 0 } else { k },
                     adaptive: false,
@@ -379,7 +359,25 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     max_tokens: opts.max_tokens,
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
-                    schedule,
+                    schedule: Schedule::PerGroup,
+                };
+                let width = cfg.verify_width();
+                let mut hook = connect_widths(
+                    server.client_config(link),
+                    &id,
+                    width,
+                    opts.prefill_width,
+                    model.config(),
+                )?;
+                // `auto` is modelled on this run's link with the open session.
+                let schedule_name;
+                (cfg.schedule, schedule_name) = if schedule == "auto" {
+                    let s = cipherlora_private::choose_for_session(&model, &hook, width, &link)?
+                        .schedule;
+                    (s, format!("auto: {s}"))
+                } else {
+                    let s: Schedule = schedule.parse()?;
+                    (s, s.to_string())
                 };
                 let (again, plain_tps) = plain_run()?;
                 anyhow::ensure!(
@@ -387,7 +385,6 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     "the plaintext reference is not deterministic"
                 );
                 plain_tps_all.push(plain_tps);
-                anyhow::ensure!(width == cfg.verify_width(), "verify width");
                 let mut matches = true;
                 let (mut tokens, mut rounds, mut ahead_hits) = (0usize, 0usize, 0usize);
                 let (mut continuations, mut uncertified) = (0usize, 0usize);

@@ -126,7 +126,7 @@ impl<T: Transport> HeHook<T> {
             groups.insert((og.layer, og.group), ClientGroup { client, projs });
         }
         let steps: Vec<i64> = steps.into_iter().collect();
-        let pass_model = PassModel::of(offer)?;
+        let pass_model = PassModel::of(offer, &ctx)?;
         let keys = he.galois_keys(&steps).to_bytes();
         let transport = open(&keys)?;
         let mut row_maps = HashMap::new();

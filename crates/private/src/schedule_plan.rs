@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use cipherlora_ckks::{CkksParameters, Context};
+use cipherlora_ckks::Context;
 use cipherlora_helora::OpCosts;
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
@@ -43,14 +43,14 @@ pub struct PassModel {
 }
 
 impl PassModel {
-    /// Models one pass of `offer`'s plans.
+    /// Models one pass of `offer`'s plans; `ctx` is the context of the
+    /// offer's preset.
     ///
     /// # Errors
-    /// [`PrivateError::Ckks`] for a bad preset, [`PrivateError::Helora`]
-    /// for a plan without a layout.
-    pub fn of(offer: &SessionOffer) -> Result<Self, PrivateError> {
-        let ctx: Arc<Context> = Context::new(CkksParameters::preset(offer.preset)?)?;
-        let (up, down, _) = cipherlora_helora::measure::wire_sizes(&ctx)?;
+    /// [`PrivateError::Helora`] for a plan without a layout or an engine
+    /// error while sizing the wire formats.
+    pub fn of(offer: &SessionOffer, ctx: &Arc<Context>) -> Result<Self, PrivateError> {
+        let (up, down, _) = cipherlora_helora::measure::wire_sizes(ctx)?;
         let costs = OpCosts::default();
         let mut m = PassModel {
             groups: offer.groups.len(),
