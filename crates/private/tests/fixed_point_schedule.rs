@@ -68,6 +68,7 @@ fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: S
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            first_token_from_prefill: false,
             schedule,
         };
         let before = hook.session(K + 1).unwrap().timings().clone();

@@ -155,6 +155,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            first_token_from_prefill: true,
             schedule: Default::default(),
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();

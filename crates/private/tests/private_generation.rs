@@ -53,6 +53,7 @@ fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
             max_tokens: TOKENS,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            first_token_from_prefill: false,
             schedule: Default::default(),
         };
         let got =

@@ -89,6 +89,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     max_tokens: traj.len(),
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
+                    first_token_from_prefill: false,
                     schedule: Default::default(),
                 };
                 let out = decode::generate(

@@ -90,6 +90,13 @@ pub struct SpecConfig {
     pub sampling: SamplingParams,
     /// End-of-sequence tokens: generation stops before emitting one.
     pub eos: Vec<u32>,
+    /// Prefill the whole prompt and take the first new token from its last
+    /// row (per-group schedule only; ignored under the fixed point, whose
+    /// prefill rows are not certified). The first token then arrives one
+    /// verify pass sooner (time to first token); the output is the same
+    /// (greedy) or follows the same distribution (sampling; a given seed
+    /// samples other tokens than with this off).
+    pub first_token_from_prefill: bool,
     /// How each verify and prefill pass gets its deltas
     /// ([`Schedule::PerGroup`]: one round trip per layer group;
     /// [`Schedule::FixedPoint`]: a constant number of batched round trips).
@@ -163,6 +170,8 @@ pub struct SpecOutput {
     pub tokens: Vec<u32>,
     /// Whether generation stopped at an EOS token.
     pub stopped_at_eos: bool,
+    /// Whether `on_tokens` ended the generation ([`SpecError::Stopped`]).
+    pub stopped_by_caller: bool,
     /// Counters and timings.
     pub stats: SpecStats,
 }
@@ -233,15 +242,24 @@ pub fn generate_drafted(
 
     let mut target = model.new_cache(capacity)?;
     let t0 = Instant::now();
-    (stats.prefill_passes, stats.prefill_round_trips) = prefill(
+    // With the first token taken from the prefill, the prefill covers the
+    // whole prompt; otherwise its last token opens the first verify round.
+    let first_from_prefill = cfg.first_token_from_prefill && cfg.schedule == Schedule::PerGroup;
+    let prefilled = if first_from_prefill {
+        prompt
+    } else {
+        &prompt[..prompt.len() - 1]
+    };
+    let done = prefill(
         model,
         &mut target,
-        &prompt[..prompt.len() - 1],
-        prefill_width,
+        prefilled,
+        (prefill_width, width),
         cfg.pad_to_k,
         verifier,
         &cfg.schedule,
     )?;
+    (stats.prefill_passes, stats.prefill_round_trips) = (done.passes, done.round_trips);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
 
     // Drafting ahead runs K + 1 positions past a full draft.
@@ -251,7 +269,31 @@ pub fn generate_drafted(
     let mut ahead: Option<Vec<u32>> = None;
     let mut out = Vec::new();
     let mut stopped_at_eos = false;
-    while out.len() < cfg.max_tokens {
+    let mut stopped_by_caller = false;
+    if let Some(row) = done
+        .last_row
+        .filter(|_| first_from_prefill && cfg.max_tokens > 0)
+    {
+        // The prefill's last row is the adapted model's exact distribution
+        // of the first new token (per-group schedule): take it as the
+        // sequential decoder would.
+        let first = if greedy {
+            greedy_token(&row)
+        } else {
+            crate::acceptance::sample(&sampler.probs(&row, &context), &mut rng)
+        };
+        if cfg.eos.contains(&first) {
+            stopped_at_eos = true;
+        } else {
+            out.push(first);
+            context.push(first);
+            match on_tokens(&[first]) {
+                Err(SpecError::Stopped) => stopped_by_caller = true,
+                other => other?,
+            }
+        }
+    }
+    while out.len() < cfg.max_tokens && !stopped_at_eos && !stopped_by_caller {
         let k = drafter.next_k();
         let t_draft = Instant::now();
         let draft = match ahead.take() {
@@ -403,7 +445,13 @@ pub fn generate_drafted(
         }
         context.extend(&fresh);
         if !fresh.is_empty() {
-            on_tokens(&fresh)?;
+            match on_tokens(&fresh) {
+                Err(SpecError::Stopped) => {
+                    stopped_by_caller = true;
+                    break;
+                }
+                other => other?,
+            }
         }
         if stopped_at_eos {
             break;
@@ -412,39 +460,64 @@ pub fn generate_drafted(
     Ok(SpecOutput {
         tokens: out,
         stopped_at_eos,
+        stopped_by_caller,
         stats,
     })
 }
 
-/// Runs the prompt (all but its last token) through the adapted model, in
-/// chunks of `width` positions padded to `width` when `pad` is set, each
-/// pass under `schedule`. Returns the number of passes and of batched round
-/// trips.
+/// What [`prefill`] did.
+struct Prefilled {
+    /// Passes through the hook.
+    passes: usize,
+    /// Batched round trips of those passes.
+    round_trips: usize,
+    /// The logits row of the last prefilled token (per-group schedule; the
+    /// fixed-point schedule's rows are not certified, so `None`).
+    last_row: Option<Vec<f32>>,
+}
+
+/// Runs `tokens` (a prompt, or all but its last token) through the adapted
+/// model, in chunks of `width` positions padded to `width` when `pad` is
+/// set, each pass under `schedule`. With padding, a last chunk that fits
+/// the verify width `narrow` is padded to that instead: a private client's
+/// verify session then runs it, a pass several times cheaper than a wide
+/// one (the server sees one more pass of the verify width, as it would
+/// for a round).
 fn prefill(
     model: &Model,
     cache: &mut KvCache,
     tokens: &[u32],
-    width: usize,
+    (width, narrow): (usize, usize),
     pad: bool,
     hook: &mut dyn DeltaHook,
     schedule: &Schedule,
-) -> Result<(usize, usize), SpecError> {
+) -> Result<Prefilled, SpecError> {
+    let mut done = Prefilled {
+        passes: 0,
+        round_trips: 0,
+        last_row: None,
+    };
     if tokens.is_empty() {
-        return Ok((0, 0));
+        return Ok(done);
     }
     let chunk = if pad { width } else { tokens.len() };
-    let (mut passes, mut trips) = (0, 0);
     for part in tokens.chunks(chunk) {
         let mut inputs = part.to_vec();
         if pad {
-            inputs.resize(width, *part.last().expect("chunks are non-empty"));
+            let padded = if part.len() <= narrow { narrow } else { width };
+            inputs.resize(padded, *part.last().expect("chunks are non-empty"));
         }
         let before = cache.len();
-        trips += prefill_pass(model, &inputs, cache, hook, schedule)?;
+        let (trips, logits) = prefill_pass(model, &inputs, cache, hook, schedule)?;
+        done.round_trips += trips;
+        done.last_row = match logits {
+            Some(l) => Some(rows(&l, part.len())?.pop().expect("a chunk is non-empty")),
+            None => None,
+        };
         cache.truncate(before + part.len());
-        passes += 1;
+        done.passes += 1;
     }
-    Ok((passes, trips))
+    Ok(done)
 }
 
 /// The first `n` rows of a (T, vocab) logits tensor.

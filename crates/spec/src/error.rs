@@ -43,6 +43,13 @@ pub enum SpecError {
     /// with a drafter, …).
     #[error("invalid generation settings: {0}")]
     Config(String),
+    /// Returned by an `on_tokens` callback to end the generation early (a
+    /// stop sequence was seen, or whoever waits for the tokens is gone).
+    /// The generator then returns `Ok` with the tokens so far and
+    /// [`SpecOutput::stopped_by_caller`](crate::decode::SpecOutput) set; it
+    /// never returns this variant itself.
+    #[error("the caller stopped the generation")]
+    Stopped,
     /// The forward pass, the sampler or the delta hook (in private mode: the
     /// HE client or the transport) failed.
     #[error(transparent)]

@@ -263,7 +263,9 @@ pub(crate) fn verify<G: Send>(
     }
 }
 
-/// A prefill pass under `schedule`: the prompt chunk's keys and values.
+/// A prefill pass under `schedule`: the prompt chunk's keys and values,
+/// the number of batched round trips, and the pass's logits when they are
+/// exact (per-group schedule).
 ///
 /// # Errors
 /// Those of the forward pass and the hook.
@@ -273,11 +275,11 @@ pub(crate) fn prefill_pass(
     cache: &mut KvCache,
     hook: &mut dyn DeltaHook,
     schedule: &Schedule,
-) -> Result<usize, SpecError> {
+) -> Result<(usize, Option<Tensor>), SpecError> {
     match schedule {
         Schedule::PerGroup => {
-            model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
-            Ok(0)
+            let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
+            Ok((0, Some(logits)))
         }
         Schedule::FixedPoint(fp) => {
             let mut pass =
@@ -285,7 +287,7 @@ pub(crate) fn prefill_pass(
             for _ in 0..fp.prefill_round_trips.max(1) {
                 pass.iterate(cache, hook)?;
             }
-            Ok(pass.round_trips())
+            Ok((pass.round_trips(), None))
         }
     }
 }

@@ -88,6 +88,7 @@ fn speculative(
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
+        first_token_from_prefill: false,
         schedule: Default::default(),
     };
     let mut hook = PlainLora::new(&f.adapter);
@@ -330,6 +331,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
             max_tokens: n,
             sampling: SamplingParams::greedy(),
             eos: f.tokenizer.eos_tokens().to_vec(),
+            first_token_from_prefill: false,
             schedule: Default::default(),
         };
         let mut hook = PlainLora::new(&f.adapter);
@@ -396,6 +398,7 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
                 max_tokens: n,
                 sampling: SamplingParams::greedy(),
                 eos: f.tokenizer.eos_tokens().to_vec(),
+                first_token_from_prefill: false,
                 schedule: Schedule::FixedPoint(fp),
             };
             let mut hook = PlainLora::new(&f.adapter);
@@ -448,6 +451,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
                 seed: 5,
             },
             eos: Vec::new(),
+            first_token_from_prefill: false,
             schedule,
         };
         let mut hook = PlainLora::new(&f.adapter);
@@ -459,4 +463,147 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
     assert!(fixed.stats.continuations > 0, "{:?}", fixed.stats);
     assert_eq!(fixed.stats.round_trips, 2 * fixed.stats.rounds);
     assert_eq!(fixed.tokens, exact.tokens);
+}
+
+#[test]
+fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
+    let f = fixture();
+    let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
+    let want = reference(f, &prompt, 24);
+    let cfg = SpecConfig {
+        drafter: DrafterKind::Base,
+        k: 4,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: None,
+        optimistic: false,
+        draft_stop_below: 0.0,
+        max_tokens: 24,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+        first_token_from_prefill: false,
+        schedule: Default::default(),
+    };
+    let mut hook = PlainLora::new(&f.adapter);
+    let mut calls = 0;
+    let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| {
+        calls += 1;
+        if calls == 2 {
+            Err(cipherlora_spec::SpecError::Stopped)
+        } else {
+            Ok(())
+        }
+    })
+    .expect("a stop asked for by the callback is not an error");
+    assert_eq!(calls, 2, "no round may run after the stop");
+    assert!(out.stopped_by_caller && !out.stopped_at_eos);
+    assert!(out.tokens.len() < want.len(), "stopped before max_tokens");
+    assert_eq!(out.tokens, want[..out.tokens.len()]);
+}
+
+fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usize) -> SpecConfig {
+    SpecConfig {
+        drafter: DrafterKind::Base,
+        k,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: Some(prefill_width),
+        optimistic: false,
+        draft_stop_below: 0.0,
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+        first_token_from_prefill: true,
+        schedule: Default::default(),
+    }
+}
+
+#[test]
+fn first_token_from_prefill_keeps_greedy_output_equal_to_sequential_decoding() {
+    let f = fixture();
+    for (i, text) in PROMPTS.iter().enumerate() {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let want = reference(f, &prompt, 20);
+        // A prefill width below, at and above the prompt's length.
+        for (k, width) in [(4, 8), (3, prompt.len()), (8, 64)] {
+            let cfg = first_from_prefill_config(f, k, width, 20);
+            let mut streamed = Vec::new();
+            let mut first_call = None;
+            let out = decode::generate(
+                &f.model,
+                &prompt,
+                &cfg,
+                &mut PlainLora::new(&f.adapter),
+                &mut |t| {
+                    first_call.get_or_insert(t.len());
+                    streamed.extend_from_slice(t);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            assert_eq!(out.tokens, want, "prompt {i}, K {k}, width {width}");
+            assert_eq!(streamed, want);
+            assert_eq!(
+                first_call,
+                Some(1),
+                "the first token arrives alone, before any verify round"
+            );
+        }
+    }
+}
+
+#[test]
+fn first_token_from_prefill_samples_the_adapted_softmax() {
+    let f = fixture();
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_k: Some(40),
+        ..SamplingParams::default()
+    };
+    let sampler = Sampler::new(params.clone()).unwrap();
+    let prompt = f.tokenizer.encode(PROMPTS[2]).unwrap();
+    let p = last_probs(f, &prompt, &mut PlainLora::new(&f.adapter), &sampler);
+    let q = last_probs(f, &prompt, &mut NoAdapter, &sampler);
+    // Wrong rule for contrast (the χ² must be able to tell): the base
+    // model's softmax, what a prefill without the adapter's deltas samples.
+    let tv: f64 = p
+        .iter()
+        .zip(&q)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .sum::<f64>()
+        / 2.0;
+    assert!(tv > 0.05, "adapter barely changes this row (TV {tv})");
+    const DRAWS: usize = 300;
+    let mut counts = vec![0usize; p.len()];
+    let mut base_counts = vec![0usize; p.len()];
+    for seed in 0..DRAWS as u64 {
+        let mut cfg = first_from_prefill_config(f, 2, 16, 1);
+        cfg.sampling = SamplingParams {
+            seed,
+            ..params.clone()
+        };
+        let out = decode::generate(
+            &f.model,
+            &prompt,
+            &cfg,
+            &mut PlainLora::new(&f.adapter),
+            &mut |_| Ok(()),
+        )
+        .unwrap();
+        counts[out.tokens[0] as usize] += 1;
+    }
+    let mut rng = ChaCha20Rng::seed_from_u64(5);
+    for _ in 0..DRAWS {
+        base_counts[sample(&q, &mut rng) as usize] += 1;
+    }
+    let pv = chi2_p_value(&p, &counts, DRAWS);
+    assert!(
+        pv > 1e-3,
+        "first tokens do not follow the adapted softmax: p = {pv}"
+    );
+    let pw = chi2_p_value(&p, &base_counts, DRAWS);
+    assert!(
+        pw < 1e-3,
+        "the base model's draws passed as adapted: p = {pw}"
+    );
 }

@@ -51,8 +51,75 @@ pub enum BenchCommand {
     },
     /// Private generation end to end over gRPC on loopback and a simulated WAN, vs the plaintext reference.
     E2e(E2eBenchArgs),
+    /// The OpenAI endpoint's engine: time to first token on warm sessions, loopback.
+    Api(ApiBenchArgs),
     /// Plaintext model: decode tok/s and a 9-position verify pass vs one decode step, 1 and 2 threads.
     Model(ModelBenchArgs),
+}
+
+/// Options of `cipherlora bench api`.
+#[derive(Debug, clap::Args)]
+pub struct ApiBenchArgs {
+    /// Where to write the JSON report (Markdown beside it).
+    #[arg(long, default_value = "reports/bench-api.json")]
+    json: PathBuf,
+    /// GGUF file or HF folder (default: the fetched default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// PEFT adapter folders (default: the committed FFA and standard ones).
+    #[arg(long = "adapter")]
+    adapters: Vec<PathBuf>,
+    /// Drafted tokens per verify round.
+    #[arg(long, default_value_t = 4)]
+    k: usize,
+    /// Prefill widths to compare, `;`-separated.
+    #[arg(long, default_value = "32", value_delimiter = ';')]
+    prefill_widths: Vec<usize>,
+    /// Verify schedule of the sessions (`auto`, `per-group`, `fixed-point[:N]`).
+    #[arg(long, default_value = "auto")]
+    schedule: String,
+    /// New tokens per request.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    /// Requests per prompt.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Do not pin client and server to different cores.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+impl ApiBenchArgs {
+    fn run(self) -> anyhow::Result<()> {
+        if let Some(code) = crate::cmd::generate::reexec_with_threads(Some(1))? {
+            std::process::exit(code);
+        }
+        let model = match self.model {
+            Some(p) => p,
+            None => cipherlora_model::fetch::ensure_default_model()?,
+        };
+        let adapters = if self.adapters.is_empty() {
+            vec![
+                crate::cmd::demo::committed_adapter("code-ffa-r16"),
+                crate::cmd::demo::committed_adapter("code-lora-r16"),
+            ]
+        } else {
+            self.adapters
+        };
+        let md = cipherlora_bench::api::run(&cipherlora_bench::api::ApiBenchOptions {
+            json: self.json,
+            model,
+            adapters,
+            k: self.k,
+            prefill_widths: self.prefill_widths,
+            schedule: self.schedule,
+            max_tokens: self.max_tokens,
+            repeats: self.repeats,
+            pin: !self.no_pin,
+        })?;
+        println!("{md}");
+        Ok(())
+    }
 }
 
 /// Options of `cipherlora bench model`.
@@ -228,6 +295,7 @@ impl BenchCommand {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
             BenchCommand::E2e(a) => a.run(),
+            BenchCommand::Api(a) => a.run(),
             BenchCommand::Model(a) => {
                 cipherlora_bench::model::run(&cipherlora_bench::model::ModelBenchOptions {
                     json: a.json,

@@ -201,6 +201,7 @@ impl DemoArgs {
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
+            first_token_from_prefill: true,
             schedule: crate::cmd::generate::resolve_schedule(
                 &self.schedule,
                 &model,

@@ -10,7 +10,7 @@ use cipherlora_model::{
     SamplingParams, TextStream, Tokenizer, WeightMode,
 };
 use cipherlora_private::connect_widths;
-use cipherlora_service::{ClientConfig, ClientTls, LinkProfile};
+use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
 use clap::{Args, ValueEnum};
@@ -29,6 +29,17 @@ pub enum WeightsArg {
     /// Dequantize, then hold projection and output weights as f16 (faster
     /// single-token steps, slightly different logits).
     F16,
+}
+
+impl From<WeightsArg> for WeightMode {
+    fn from(w: WeightsArg) -> Self {
+        match w {
+            WeightsArg::Auto => WeightMode::Auto,
+            WeightsArg::Quantized => WeightMode::Quantized,
+            WeightsArg::F32 => WeightMode::F32,
+            WeightsArg::F16 => WeightMode::F16,
+        }
+    }
 }
 
 /// Arguments of `cipherlora generate`.
@@ -144,12 +155,7 @@ impl GenerateArgs {
             Some(p) => p.clone(),
             None => cipherlora_model::fetch::ensure_default_model()?,
         };
-        let weights = match self.weights {
-            WeightsArg::Auto => WeightMode::Auto,
-            WeightsArg::Quantized => WeightMode::Quantized,
-            WeightsArg::F32 => WeightMode::F32,
-            WeightsArg::F16 => WeightMode::F16,
-        };
+        let weights = WeightMode::from(self.weights);
         let model = Model::load_with(&path, &LoadOptions { weights })
             .with_context(|| format!("loading {}", path.display()))?;
         let tokenizer = Tokenizer::for_model(&path)?;
@@ -236,24 +242,12 @@ impl GenerateArgs {
         opts: GenerateOptions,
         reference: Option<&LoraAdapter>,
     ) -> anyhow::Result<()> {
-        let mut config = ClientConfig::new(url);
-        if let Some(ca) = &self.ca_cert {
-            let host = url.split("://").last().unwrap_or(url);
-            let host = host.split(['/', ':']).next().unwrap_or("localhost");
-            config.tls = Some(ClientTls::from_file(ca, host)?);
-        }
-        if let Some(f) = &self.token_file {
-            let t =
-                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            config.token = t
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .map(String::from);
-        }
-        if let Some(link) = self.link {
-            config.link = link;
-        }
+        let config = crate::cmd::remote::client_config(
+            url,
+            self.ca_cert.as_deref(),
+            self.token_file.as_deref(),
+            self.link,
+        )?;
         let drafter = DrafterKind::from(self.draft);
         let width = if drafter == DrafterKind::None {
             1
@@ -263,7 +257,7 @@ impl GenerateArgs {
         let id = self.adapter_id.as_deref().unwrap_or_default();
         let planning_link = match self.link {
             Some(l) => l,
-            None => measured_link(url)?,
+            None => LinkProfile::measure_tcp(url)?,
         };
         let mut hook = connect_widths(config, id, width, self.prefill_width, model.config())
             .with_context(|| format!("opening a session on {url}"))?;
@@ -279,6 +273,7 @@ impl GenerateArgs {
             max_tokens: opts.max_tokens,
             sampling: opts.sampling.clone(),
             eos: opts.eos.clone(),
+            first_token_from_prefill: true,
             schedule,
         };
         let mut stream = TextStream::new(tok);
@@ -354,29 +349,6 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
         link.rtt().as_secs_f64() * 1e3
     );
     Ok(choice.schedule)
-}
-
-/// A link profile for planning a real network: the round trip of a TCP
-/// handshake with the server (median of three), 100 Mbit/s assumed.
-///
-/// # Errors
-/// An unparsable URL or an unreachable server.
-fn measured_link(url: &str) -> anyhow::Result<LinkProfile> {
-    let host_port = url.split("://").last().unwrap_or(url);
-    let host_port = host_port.split('/').next().unwrap_or(host_port);
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(host_port)
-        .with_context(|| format!("resolving {host_port}"))?
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("{host_port} resolves to nothing"))?;
-    let mut rtts = Vec::new();
-    for _ in 0..3 {
-        let t0 = std::time::Instant::now();
-        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))
-            .with_context(|| format!("connecting to {addr}"))?;
-        rtts.push(t0.elapsed().as_secs_f64() * 1e3);
-    }
-    rtts.sort_by(f64::total_cmp);
-    Ok(LinkProfile::from_rtt_mbps(rtts[1], 100.0)?)
 }
 
 // `--threads N`: candle sizes its thread pools once per process from

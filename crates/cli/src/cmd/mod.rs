@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
+pub mod api;
 pub mod bench;
 pub mod demo;
 pub mod devcert;
 pub mod fetch;
 pub mod generate;
+pub mod remote;
 pub mod serve;

@@ -99,7 +99,7 @@ impl ServeArgs {
 }
 
 /// Ctrl-C, or SIGTERM on Unix (what service managers send).
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -1,0 +1,459 @@
+//! The generation engine behind the HTTP routes: the base model (for the
+//! bare base model and as the drafter), the tokenizer, and the adapters of
+//! the adapter server with their warm sessions.
+//!
+//! A [`Job`] is one request after parsing: prompt tokens, limits, sampling,
+//! stop sequences. [`Engine::run`] generates it on the caller's thread
+//! (blocking; the routes run it on a thread of its own), hands text to a
+//! sink as it is produced and returns the [`Finished`] summary. A sink that
+//! returns `false` (the HTTP client went away) cancels the generation at
+//! the end of the current round.
+//!
+//! Private requests use speculative decoding with the base model as
+//! drafter (`cipherlora_spec::decode`), verified through the adapter's warm
+//! HE sessions; their greedy output equals the plaintext adapted model's.
+//! Requests for the base model run it alone, in plaintext, here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cipherlora_model::{
+    ChatMessage, LoadOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer, WeightMode,
+};
+use cipherlora_private::HeTimings;
+use cipherlora_service::{AdapterClient, ClientConfig};
+use cipherlora_spec::SpecError;
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecOutput};
+use cipherlora_spec::schedule::Schedule;
+
+use crate::ApiError;
+use crate::openai::{PrivateCost, Usage};
+use crate::sessions::{SessionSettings, Warm, WarmAdapter};
+use crate::stop::StopMatcher;
+
+/// What the engine is built from.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// GGUF file or HF folder of the base model.
+    pub model_path: PathBuf,
+    /// How to hold its weights.
+    pub weights: WeightMode,
+    /// The id the base model is listed under (default: the file stem).
+    pub base_id: Option<String>,
+    /// The adapter server and how to open sessions on it; `None`: the base
+    /// model only.
+    pub sessions: Option<SessionSettings>,
+    /// Largest `max_tokens` a request may ask for (and the default of chat
+    /// requests that give none).
+    pub max_tokens_cap: usize,
+}
+
+/// One request, parsed.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Model id (base or adapter).
+    pub model: String,
+    /// Prompt token ids (chat template applied).
+    pub prompt: Vec<u32>,
+    /// Most new tokens.
+    pub max_tokens: usize,
+    /// Temperature, top-p, seed.
+    pub sampling: SamplingParams,
+    /// Stop sequences.
+    pub stops: Vec<String>,
+    /// When the request arrived (for time to first token).
+    pub received: Instant,
+}
+
+/// How a generation ended.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// `stop` (EOS or stop sequence) or `length`.
+    pub finish_reason: &'static str,
+    /// Token counts.
+    pub usage: Usage,
+    /// What the private path cost.
+    pub cost: PrivateCost,
+}
+
+/// The base model, the tokenizer and the adapters.
+pub struct Engine {
+    base_id: String,
+    model: Model,
+    drafter: Model,
+    tokenizer: Tokenizer,
+    adapters: Vec<Arc<WarmAdapter>>,
+    max_tokens_cap: usize,
+    created: u64,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("base_id", &self.base_id)
+            .field(
+                "adapters",
+                &self.adapters.iter().map(|a| a.id()).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Loads the model and tokenizer, and lists the adapter server's
+    /// adapters (sessions are opened later: [`Engine::warm_up`] or the first
+    /// request).
+    ///
+    /// # Errors
+    /// [`ApiError::Internal`] when the model cannot be loaded;
+    /// [`ApiError::Upstream`] when the adapter server cannot be reached.
+    pub fn new(config: EngineConfig) -> Result<Self, ApiError> {
+        let internal = |e: &dyn std::fmt::Display| ApiError::Internal(e.to_string());
+        let path = &config.model_path;
+        let model = Model::load_with(
+            path,
+            &LoadOptions {
+                weights: config.weights,
+            },
+        )
+        .map_err(|e| internal(&e))?;
+        let drafter = model.to_f16_weights().map_err(|e| internal(&e))?;
+        let tokenizer = Tokenizer::for_model(path).map_err(|e| internal(&e))?;
+        let base_id = config.base_id.clone().unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "base".into())
+        });
+        let adapters = match &config.sessions {
+            Some(s) => list_adapters(&s.client)?
+                .into_iter()
+                .map(|id| Arc::new(WarmAdapter::new(id, s.clone())))
+                .collect(),
+            None => Vec::new(),
+        };
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Ok(Self {
+            base_id,
+            model,
+            drafter,
+            tokenizer,
+            adapters,
+            max_tokens_cap: config.max_tokens_cap,
+            created,
+        })
+    }
+
+    /// The base model's id.
+    pub fn base_id(&self) -> &str {
+        &self.base_id
+    }
+
+    /// The adapters, in the server's order.
+    pub fn adapters(&self) -> &[Arc<WarmAdapter>] {
+        &self.adapters
+    }
+
+    /// Unix seconds when the engine started.
+    pub fn created(&self) -> u64 {
+        self.created
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Largest `max_tokens`.
+    pub fn max_tokens_cap(&self) -> usize {
+        self.max_tokens_cap
+    }
+
+    /// Opens every adapter's sessions, one after the other, and runs one
+    /// throw-away request of a fixed prompt through them (the server's and
+    /// this process's first pass of each width pays one-time costs that
+    /// the first real request would otherwise wait for). Failures are
+    /// logged; the first request for a failed adapter tries again.
+    pub fn warm_up(&self) {
+        for a in &self.adapters {
+            let job = Job {
+                model: a.id().to_string(),
+                prompt: self.encode("Hello").unwrap_or_default(),
+                max_tokens: 2,
+                sampling: SamplingParams::greedy(),
+                stops: Vec::new(),
+                received: Instant::now(),
+            };
+            if let Err(e) = self.run(&job, &mut |_| true) {
+                tracing::warn!(adapter = a.id(), error = %e, "warm-up failed");
+                eprintln!("adapter {}: warm-up failed: {e}", a.id());
+            }
+        }
+    }
+
+    /// Drops every adapter's sessions (at shutdown), waiting for running
+    /// generations to end.
+    pub fn close_all(&self) {
+        for a in &self.adapters {
+            if let Ok(t) = a.enter() {
+                let mut state = a.lock(&t);
+                WarmAdapter::close(&mut state, "shut down".into());
+            }
+        }
+    }
+
+    /// Prompt tokens of a chat.
+    ///
+    /// # Errors
+    /// [`ApiError::BadRequest`] when the model's template refuses the
+    /// messages or the model has none.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let text = self
+            .tokenizer
+            .render_chat(messages, true)
+            .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+        self.encode(&text)
+    }
+
+    /// Prompt tokens of raw text.
+    ///
+    /// # Errors
+    /// [`ApiError::BadRequest`] for text the tokenizer refuses.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::bad("prompt", e.to_string()))
+    }
+
+    fn adapter(&self, id: &str) -> Option<&Arc<WarmAdapter>> {
+        self.adapters.iter().find(|a| a.id() == id)
+    }
+
+    /// Checks `job` before any work: known model, prompt and limits within
+    /// the model's context.
+    ///
+    /// # Errors
+    /// [`ApiError::ModelNotFound`], [`ApiError::BadRequest`].
+    pub fn check(&self, job: &Job) -> Result<(), ApiError> {
+        if job.model != self.base_id && self.adapter(&job.model).is_none() {
+            return Err(ApiError::model_not_found(&job.model));
+        }
+        if job.prompt.is_empty() {
+            return Err(ApiError::bad("prompt", "the prompt is empty"));
+        }
+        let context = self.model.config().max_position_embeddings;
+        let width = self
+            .adapters
+            .iter()
+            .map(|a| a.settings().prefill_width.max(a.verify_width()))
+            .max()
+            .unwrap_or(1);
+        if job.prompt.len() + job.max_tokens + width + 1 > context {
+            return Err(ApiError::BadRequest {
+                message: format!(
+                    "the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {context} tokens",
+                    job.prompt.len(),
+                    job.max_tokens
+                ),
+                param: Some("max_tokens"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Generates `job`, handing each new piece of text to `sink` (which
+    /// returns `false` to cancel).
+    ///
+    /// # Errors
+    /// Those of [`Engine::check`]; [`ApiError::QueueFull`];
+    /// [`ApiError::Upstream`] when the adapter server fails (the adapter's
+    /// sessions are then dropped and reopened by the next request);
+    /// [`ApiError::Internal`] for model failures.
+    pub fn run(
+        &self,
+        job: &Job,
+        sink: &mut dyn FnMut(String) -> bool,
+    ) -> Result<Finished, ApiError> {
+        self.check(job)?;
+        let mut text = TextOut::new(&self.tokenizer, job, sink);
+        let (out, cost) = match self.adapter(&job.model) {
+            None => {
+                let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, 64);
+                let out =
+                    decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
+                        text.push(t)
+                    })
+                    .map_err(|e| ApiError::Internal(e.to_string()))?;
+                (out, PrivateCost::default())
+            }
+            Some(adapter) => {
+                let ticket = adapter.enter()?;
+                let mut state = adapter.acquire(&ticket, &self.model)?;
+                let Warm::Open(open) = &mut *state else {
+                    return Err(ApiError::Internal("sessions not open".into()));
+                };
+                let cfg = self.spec_config(
+                    job,
+                    DrafterKind::Base,
+                    open.schedule,
+                    adapter.settings().prefill_width,
+                );
+                let before = open.hook.timings();
+                let result = decode::generate_drafted(
+                    &self.model,
+                    &self.drafter,
+                    &job.prompt,
+                    &cfg,
+                    &mut open.hook,
+                    &mut |t| text.push(t),
+                );
+                let mut he = open.hook.timings();
+                he.subtract(&before);
+                let schedule = open.schedule.to_string();
+                match result {
+                    Ok(out) => {
+                        let cost = private_cost(&out, &he, schedule);
+                        (out, cost)
+                    }
+                    Err(e) => {
+                        let reason = e.to_string();
+                        WarmAdapter::close(&mut state, reason.clone());
+                        return Err(match e {
+                            SpecError::Model(_) => ApiError::Upstream(reason),
+                            _ => ApiError::Internal(reason),
+                        });
+                    }
+                }
+            }
+        };
+        Ok(text.finish(job, &out, cost))
+    }
+
+    fn spec_config(
+        &self,
+        job: &Job,
+        drafter: DrafterKind,
+        schedule: Schedule,
+        prefill_width: usize,
+    ) -> SpecConfig {
+        let k = self
+            .adapter(&job.model)
+            .map(|a| a.settings().k)
+            .unwrap_or(1);
+        SpecConfig {
+            drafter,
+            k,
+            adaptive: false,
+            pad_to_k: drafter != DrafterKind::None,
+            prefill_width: Some(prefill_width),
+            optimistic: false,
+            draft_stop_below: 0.0,
+            max_tokens: job.max_tokens,
+            sampling: job.sampling.clone(),
+            eos: self.tokenizer.eos_tokens().to_vec(),
+            first_token_from_prefill: true,
+            schedule,
+        }
+    }
+}
+
+/// The adapter ids the server lists.
+fn list_adapters(config: &ClientConfig) -> Result<Vec<String>, ApiError> {
+    let mut client =
+        AdapterClient::connect(config.clone()).map_err(|e| ApiError::Upstream(e.to_string()))?;
+    let list = client
+        .list_adapters()
+        .map_err(|e| ApiError::Upstream(e.to_string()))?;
+    Ok(list.into_iter().map(|a| a.adapter_id).collect())
+}
+
+fn private_cost(out: &SpecOutput, he: &HeTimings, schedule: String) -> PrivateCost {
+    PrivateCost {
+        private: true,
+        schedule: Some(schedule),
+        rounds: out.stats.rounds as u64,
+        tokens_per_round: out.stats.mean_accepted_length(out.tokens.len()),
+        round_trips: he.round_trips,
+        bytes_up: he.bytes_up,
+        bytes_down: he.bytes_down,
+        client_he_ms: he.encrypt_ms + he.decrypt_ms,
+        server_ms: he.server_ms,
+        network_ms: he.network_ms,
+        ttft_ms: 0.0,
+        total_ms: 0.0,
+    }
+}
+
+/// Token ids → text pieces → stop sequences → the sink; counts tokens and
+/// times the first one.
+struct TextOut<'a> {
+    stream: TextStream<'a>,
+    stop: StopMatcher,
+    sink: &'a mut dyn FnMut(String) -> bool,
+    tokens: usize,
+    first: Option<Instant>,
+    cancelled: bool,
+}
+
+impl<'a> TextOut<'a> {
+    fn new(tokenizer: &'a Tokenizer, job: &Job, sink: &'a mut dyn FnMut(String) -> bool) -> Self {
+        Self {
+            stream: TextStream::new(tokenizer),
+            stop: StopMatcher::new(job.stops.clone()),
+            sink,
+            tokens: 0,
+            first: None,
+            cancelled: false,
+        }
+    }
+
+    /// One round's tokens; `Err(Stopped)` ends the generation.
+    fn push(&mut self, tokens: &[u32]) -> Result<(), SpecError> {
+        self.first.get_or_insert_with(Instant::now);
+        for &t in tokens {
+            self.tokens += 1;
+            if let Some(piece) = self.stream.push(t)? {
+                let out = self.stop.push(&piece);
+                if !out.is_empty() && !(self.sink)(out) {
+                    self.cancelled = true;
+                    return Err(SpecError::Stopped);
+                }
+                if self.stop.stopped() {
+                    return Err(SpecError::Stopped);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, job: &Job, out: &SpecOutput, mut cost: PrivateCost) -> Finished {
+        let rest = self.stop.finish();
+        if !rest.is_empty() && !self.cancelled {
+            (self.sink)(rest);
+        }
+        let finish_reason = if self.stop.stopped() || out.stopped_at_eos {
+            "stop"
+        } else {
+            "length"
+        };
+        let now = Instant::now();
+        cost.ttft_ms = self
+            .first
+            .map_or(0.0, |f| (f - job.received).as_secs_f64() * 1e3);
+        cost.total_ms = (now - job.received).as_secs_f64() * 1e3;
+        let prompt_tokens = job.prompt.len() as u32;
+        let completion_tokens = self.tokens as u32;
+        Finished {
+            finish_reason,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
+            },
+            cost,
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The crate's one error type, and how each variant reaches an HTTP client:
+//! OpenAI's JSON error shape (`{"error": {"message", "type", "param",
+//! "code"}}`) with the status code OpenAI uses for the same situation.
+//!
+//! Messages never quote the prompt or the generated text; quoted request
+//! fields (a model id) are cut to 64 characters.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::openai::{ErrorBody, ErrorDetail, truncate};
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// The request is malformed or asks for something not served (400,
+    /// `invalid_request_error`).
+    #[error("{message}")]
+    BadRequest {
+        /// What is wrong.
+        message: String,
+        /// The field at fault.
+        param: Option<&'static str>,
+    },
+    /// `model` names neither the base model nor an adapter of the adapter
+    /// server (404, `model_not_found`).
+    #[error("the model {model:?} does not exist")]
+    ModelNotFound {
+        /// The requested id, cut to 64 characters.
+        model: String,
+    },
+    /// Too many requests are queued for this model (429).
+    #[error("{queued} requests are already queued for {model:?}; retry later")]
+    QueueFull {
+        /// The model.
+        model: String,
+        /// Requests waiting or running.
+        queued: usize,
+    },
+    /// The adapter's sessions are not open yet, or the adapter server
+    /// refused for lack of capacity (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The adapter server could not be reached or failed mid-generation
+    /// (502). The warm sessions are reopened for the next request.
+    #[error("adapter server: {0}")]
+    Upstream(String),
+    /// A failure of this process (500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 about `param`.
+    pub fn bad(param: &'static str, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    /// A 404 for `model`.
+    pub fn model_not_found(model: &str) -> Self {
+        Self::ModelNotFound {
+            model: truncate(model, 64),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's error body.
+    pub fn body(&self) -> ErrorBody {
+        let (kind, param, code) = match self {
+            ApiError::BadRequest { param, .. } => ("invalid_request_error", *param, None),
+            ApiError::ModelNotFound { .. } => (
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
+            ApiError::QueueFull { .. } => ("rate_limit_error", None, Some("rate_limit_exceeded")),
+            ApiError::Unavailable(_) => ("api_error", None, Some("service_unavailable")),
+            ApiError::Upstream(_) => ("api_error", None, Some("adapter_server_error")),
+            ApiError::Internal(_) => ("api_error", None, None),
+        };
+        ErrorBody {
+            error: ErrorDetail {
+                message: truncate(&self.to_string(), 512),
+                kind: kind.into(),
+                param: param.map(String::from),
+                code: code.map(String::from),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status().is_server_error() {
+            tracing::warn!(status = %self.status(), error = %self, "request failed");
+        }
+        (self.status(), axum::Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,219 @@
+//! Warm sessions: one adapter's HE sessions, kept open across requests.
+//!
+//! Opening a session is the slow part of a private request (a fresh CKKS
+//! secret key, Galois keys for the plans' rotation steps, their upload, the
+//! server encoding the adapter's diagonals: tens of seconds). A
+//! [`WarmAdapter`] opens its sessions once (a verify width K+1 and a prefill
+//! width) and keeps them for every later request, so a request pays only
+//! its own passes.
+//!
+//! States, one type each: [`Warm::Closed`] (never opened, or dropped after
+//! a failure: the next request opens afresh) and [`Warm::Open`] (keys and
+//! sessions live). The lock around the state is the adapter's queue:
+//! requests for one adapter run one at a time, in arrival order of the
+//! lock, and at most `max_queue` wait ([`WarmAdapter::enter`]).
+//!
+//! Restarts and evictions: the gRPC client replays a round on the same
+//! keys when its connection drops or its session is gone; if that fails the
+//! request ends with a 502, the sessions are dropped, and the next request
+//! opens new ones (fresh keys).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cipherlora_model::Model;
+use cipherlora_private::{ByWidth, GrpcTransport, connect_widths};
+use cipherlora_service::{ClientConfig, LinkProfile};
+use cipherlora_spec::schedule::Schedule;
+
+use crate::ApiError;
+
+/// An adapter's sessions, when open.
+pub struct OpenSessions {
+    /// The HE hook: one session per width.
+    pub hook: ByWidth<GrpcTransport>,
+    /// The verify schedule chosen for this link.
+    pub schedule: Schedule,
+}
+
+/// The state of one adapter's sessions.
+pub enum Warm {
+    /// No sessions (not opened yet, or dropped after a failure); the reason
+    /// of the last failure, if any.
+    Closed(Option<String>),
+    /// Keys made, sessions open.
+    Open(OpenSessions),
+}
+
+/// How sessions are opened.
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// The adapter server.
+    pub client: ClientConfig,
+    /// Drafted tokens per verify round (the verify width is K + 1).
+    pub k: usize,
+    /// Positions per prefill pass (a second session of this width).
+    pub prefill_width: usize,
+    /// `auto`, `per-group` or `fixed-point[:N]`.
+    pub schedule: String,
+    /// The link to plan `auto` on (`None`: measured, 100 Mbit/s).
+    pub planning_link: Option<LinkProfile>,
+    /// Requests that may wait for one adapter (beyond it: 429).
+    pub max_queue: usize,
+}
+
+/// One adapter of the adapter server, with its warm sessions.
+pub struct WarmAdapter {
+    id: String,
+    settings: SessionSettings,
+    state: Mutex<Warm>,
+    queued: AtomicUsize,
+}
+
+/// A place in an adapter's queue; leaving it (drop) frees the place.
+pub struct QueueTicket<'a> {
+    adapter: &'a WarmAdapter,
+}
+
+impl Drop for QueueTicket<'_> {
+    fn drop(&mut self) {
+        self.adapter.queued.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl WarmAdapter {
+    /// An adapter whose sessions are not open yet.
+    pub fn new(id: String, settings: SessionSettings) -> Self {
+        Self {
+            id,
+            settings,
+            state: Mutex::new(Warm::Closed(None)),
+            queued: AtomicUsize::new(0),
+        }
+    }
+
+    /// The adapter id (the `model` of requests).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Verify width K + 1.
+    pub fn verify_width(&self) -> usize {
+        self.settings.k + 1
+    }
+
+    /// How sessions are opened.
+    pub fn settings(&self) -> &SessionSettings {
+        &self.settings
+    }
+
+    /// Takes a place in the queue.
+    ///
+    /// # Errors
+    /// [`ApiError::QueueFull`] when `max_queue` requests already wait or run.
+    pub fn enter(&self) -> Result<QueueTicket<'_>, ApiError> {
+        let before = self.queued.fetch_add(1, Ordering::SeqCst);
+        let ticket = QueueTicket { adapter: self };
+        if before >= self.settings.max_queue {
+            return Err(ApiError::QueueFull {
+                model: self.id.clone(),
+                queued: before,
+            });
+        }
+        Ok(ticket)
+    }
+
+    /// Waits for the adapter (its queue), opens its sessions if they are
+    /// closed, and returns them locked for one generation.
+    ///
+    /// # Errors
+    /// [`ApiError::Upstream`] when the sessions cannot be opened.
+    pub fn acquire<'a>(
+        &'a self,
+        _ticket: &QueueTicket<'a>,
+        model: &Model,
+    ) -> Result<MutexGuard<'a, Warm>, ApiError> {
+        let mut state = self.lock(_ticket);
+        if let Warm::Closed(_) = &*state {
+            match self.open(model) {
+                Ok(open) => *state = Warm::Open(open),
+                Err(e) => {
+                    *state = Warm::Closed(Some(e.to_string()));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(state)
+    }
+
+    /// Waits for the adapter (its queue) and returns its state locked,
+    /// open or not.
+    pub fn lock<'a>(&'a self, _ticket: &QueueTicket<'a>) -> MutexGuard<'a, Warm> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens the sessions now unless they are open (warm-up at start).
+    ///
+    /// # Errors
+    /// As [`WarmAdapter::acquire`].
+    pub fn warm_up(&self, model: &Model) -> Result<(), ApiError> {
+        let ticket = self.enter()?;
+        self.acquire(&ticket, model).map(drop)
+    }
+
+    /// Drops the sessions after a failure; the next request reopens them.
+    pub fn close(state: &mut Warm, reason: String) {
+        *state = Warm::Closed(Some(reason));
+    }
+
+    /// Whether the sessions are open (without waiting for the queue).
+    pub fn is_open(&self) -> Option<bool> {
+        self.state
+            .try_lock()
+            .ok()
+            .map(|s| matches!(&*s, Warm::Open(_)))
+    }
+
+    fn open(&self, model: &Model) -> Result<OpenSessions, ApiError> {
+        let s = &self.settings;
+        let spinner = indicatif::ProgressBar::new_spinner();
+        spinner.set_message(format!(
+            "adapter {}: making keys and opening sessions (T = {} and {})",
+            self.id,
+            self.verify_width(),
+            s.prefill_width
+        ));
+        spinner.enable_steady_tick(Duration::from_millis(120));
+        let t0 = Instant::now();
+        let upstream = |e: &dyn std::fmt::Display| ApiError::Upstream(e.to_string());
+        let hook = connect_widths(
+            s.client.clone(),
+            &self.id,
+            self.verify_width(),
+            s.prefill_width,
+            model.config(),
+        )
+        .map_err(|e| upstream(&e))?;
+        let schedule = if s.schedule == "auto" {
+            let link = match s.planning_link {
+                Some(l) => l,
+                None => LinkProfile::measure_tcp(&s.client.endpoint).map_err(|e| upstream(&e))?,
+            };
+            cipherlora_private::choose_for_session(model, &hook, self.verify_width(), &link)
+                .map_err(|e| upstream(&e))?
+                .schedule
+        } else {
+            s.schedule
+                .parse()
+                .map_err(|e| ApiError::Internal(format!("schedule: {e}")))?
+        };
+        spinner.finish_and_clear();
+        eprintln!(
+            "adapter {}: sessions open in {:.1} s (schedule {schedule})",
+            self.id,
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(OpenSessions { hook, schedule })
+    }
+}

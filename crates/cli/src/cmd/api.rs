@@ -1,0 +1,142 @@
+//! `cipherlora api`: a local OpenAI-compatible endpoint for private
+//! generation, with warm HE sessions (crate `cipherlora-api`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use cipherlora_api::{Engine, EngineConfig, SessionSettings};
+use cipherlora_model::{WeightMode, fetch};
+use cipherlora_service::LinkProfile;
+use clap::Args;
+
+use crate::cmd::generate::{WeightsArg, reexec_with_threads};
+
+/// Arguments of `cipherlora api`.
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    /// Address to serve the OpenAI API on (keep it on loopback: the
+    /// endpoint has no authentication, and what it returns is plaintext).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Adapter server URL (`https://host:port`); its adapters are listed as
+    /// models. Without, only the base model is served.
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token file for --server (first non-empty line).
+    #[arg(long, requires = "server")]
+    token_file: Option<PathBuf>,
+    /// CA certificate (PEM) that signed --server's certificate.
+    #[arg(long, requires = "server")]
+    ca_cert: Option<PathBuf>,
+    /// Simulated link to --server (`loopback`, `wan20`, `wan80`, …).
+    #[arg(long, requires = "server")]
+    link: Option<LinkProfile>,
+    /// GGUF file or HF folder (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The id the base model is listed under (default: the file name).
+    #[arg(long)]
+    model_id: Option<String>,
+    /// How to hold GGUF weights.
+    #[arg(long, value_enum, default_value = "auto")]
+    weights: WeightsArg,
+    /// Drafted tokens per verify round (K; the verify sessions have width K+1).
+    #[arg(long, default_value_t = 4)]
+    k: usize,
+    /// Positions per prefill pass (a second session of this width): one
+    /// pass covers prompts up to this length, so a larger width lowers the
+    /// time to first token of long prompts at some cost per pass.
+    #[arg(long, default_value_t = 32)]
+    prefill_width: usize,
+    /// Verify schedule: `auto`, `per-group`, `fixed-point[:N]`.
+    #[arg(long, default_value = "auto")]
+    schedule: String,
+    /// Requests that may wait or run per adapter; more get 429.
+    #[arg(long, default_value_t = 4)]
+    max_queue: usize,
+    /// Largest max_tokens (also the default of chat requests).
+    #[arg(long, default_value_t = 1024)]
+    max_tokens: usize,
+    /// Open sessions at the first request instead of at start.
+    #[arg(long)]
+    lazy: bool,
+    /// CPU threads (default: candle's choice, or RAYON_NUM_THREADS).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl ApiArgs {
+    /// Loads the model, lists the adapters, opens their sessions in the
+    /// background and serves until Ctrl-C or SIGTERM; then closes the
+    /// sessions.
+    pub fn run(self) -> anyhow::Result<()> {
+        if let Some(code) = reexec_with_threads(self.threads)? {
+            std::process::exit(code);
+        }
+        anyhow::ensure!(
+            self.listen.ip().is_loopback(),
+            "--listen {}: the endpoint returns plaintext and has no authentication; serve it on loopback",
+            self.listen
+        );
+        let model_path = match &self.model {
+            Some(p) => p.clone(),
+            None => fetch::ensure_default_model()?,
+        };
+        let sessions = match &self.server {
+            Some(url) => Some(SessionSettings {
+                client: crate::cmd::remote::client_config(
+                    url,
+                    self.ca_cert.as_deref(),
+                    self.token_file.as_deref(),
+                    self.link,
+                )?,
+                k: self.k,
+                prefill_width: self.prefill_width,
+                schedule: self.schedule.clone(),
+                planning_link: self.link,
+                max_queue: self.max_queue,
+            }),
+            None => None,
+        };
+        let engine = Arc::new(
+            Engine::new(EngineConfig {
+                model_path,
+                weights: WeightMode::from(self.weights),
+                base_id: self.model_id.clone(),
+                sessions,
+                max_tokens_cap: self.max_tokens,
+            })
+            .context("starting the endpoint")?,
+        );
+        let names: Vec<&str> = std::iter::once(engine.base_id())
+            .chain(engine.adapters().iter().map(|a| a.id()))
+            .collect();
+        eprintln!("models: {}", names.join(", "));
+        if !self.lazy {
+            let e = engine.clone();
+            std::thread::spawn(move || e.warm_up());
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind(self.listen)
+                .await
+                .with_context(|| format!("binding {}", self.listen))?;
+            eprintln!(
+                "OpenAI-compatible API on http://{}/v1",
+                listener.local_addr()?
+            );
+            cipherlora_api::serve(listener, engine, async {
+                crate::cmd::serve::shutdown_signal().await;
+                eprintln!("shutting down");
+            })
+            .await?;
+            anyhow::Ok(())
+        })
+    }
+}
