@@ -16,6 +16,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use cipherlora_model::{
@@ -29,6 +30,7 @@ use cipherlora_spec::schedule::Schedule;
 
 use crate::ApiError;
 use crate::openai::{PrivateCost, Usage};
+use crate::queue::Queue;
 use crate::sessions::{SessionSettings, Warm, WarmAdapter};
 use crate::stop::StopMatcher;
 
@@ -47,6 +49,9 @@ pub struct EngineConfig {
     /// Largest `max_tokens` a request may ask for (and the default of chat
     /// requests that give none).
     pub max_tokens_cap: usize,
+    /// Requests that may wait or run for the base model (beyond: 429);
+    /// adapters have theirs in [`SessionSettings::max_queue`].
+    pub max_queue: usize,
 }
 
 /// One request, parsed.
@@ -86,6 +91,8 @@ pub struct Engine {
     adapters: Vec<Arc<WarmAdapter>>,
     max_tokens_cap: usize,
     created: u64,
+    base_queue: Queue,
+    cancelled: AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -137,13 +144,15 @@ impl Engine {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         Ok(Self {
-            base_id,
             model,
             drafter,
             tokenizer,
             adapters,
             max_tokens_cap: config.max_tokens_cap,
             created,
+            base_queue: Queue::new(base_id.clone(), config.max_queue),
+            cancelled: AtomicU64::new(0),
+            base_id,
         })
     }
 
@@ -194,13 +203,20 @@ impl Engine {
         }
     }
 
-    /// Drops every adapter's sessions (at shutdown), waiting for running
-    /// generations to end.
+    /// Closes every adapter's sessions on the server (at shutdown), after
+    /// the generations running on them.
     pub fn close_all(&self) {
         for a in &self.adapters {
             if let Ok(t) = a.enter() {
                 let mut state = a.lock(&t);
-                WarmAdapter::close(&mut state, "shut down".into());
+                let old = std::mem::replace(&mut *state, Warm::Closed(Some("shut down".into())));
+                if let Warm::Open(open) = old {
+                    for (_, hook) in open.hook.into_sessions() {
+                        if let Err(e) = hook.into_transport().close() {
+                            tracing::debug!(adapter = a.id(), error = %e, "closing a session");
+                        }
+                    }
+                }
             }
         }
     }
@@ -281,6 +297,7 @@ impl Engine {
         let mut text = TextOut::new(&self.tokenizer, job, sink);
         let (out, cost) = match self.adapter(&job.model) {
             None => {
+                let _ticket = self.base_queue.enter()?;
                 let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, 64);
                 let out =
                     decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
@@ -329,7 +346,15 @@ impl Engine {
                 }
             }
         };
+        if text.cancelled {
+            self.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(text.finish(job, &out, cost))
+    }
+
+    /// Generations cancelled because their HTTP client went away.
+    pub fn cancelled(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
     }
 
     fn spec_config(

@@ -18,18 +18,21 @@
 //! - [`sessions`]: each adapter's warm HE sessions, opened once and kept
 //!   across requests, with a bounded queue.
 //! - [`openai`]: the request and response bodies.
+//! - [`Queue`]: the bounded queue of requests per model (429 beyond it).
 //! - [`StopMatcher`]: stop sequences over streamed text.
 //! - [`ApiError`]: every failure, as OpenAI's JSON error with its HTTP status.
 
 mod engine;
 mod error;
 pub mod openai;
+mod queue;
 pub mod routes;
 pub mod sessions;
 mod stop;
 
 pub use engine::{Engine, EngineConfig, Finished, Job};
 pub use error::ApiError;
+pub use queue::{Queue, Ticket};
 pub use routes::router;
 pub use sessions::{SessionSettings, WarmAdapter};
 pub use stop::StopMatcher;

@@ -18,7 +18,6 @@
 //! request ends with a 502, the sessions are dropped, and the next request
 //! opens new ones (fresh keys).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,6 +27,7 @@ use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::schedule::Schedule;
 
 use crate::ApiError;
+use crate::queue::{Queue, Ticket};
 
 /// An adapter's sessions, when open.
 pub struct OpenSessions {
@@ -68,28 +68,17 @@ pub struct WarmAdapter {
     id: String,
     settings: SessionSettings,
     state: Mutex<Warm>,
-    queued: AtomicUsize,
-}
-
-/// A place in an adapter's queue; leaving it (drop) frees the place.
-pub struct QueueTicket<'a> {
-    adapter: &'a WarmAdapter,
-}
-
-impl Drop for QueueTicket<'_> {
-    fn drop(&mut self) {
-        self.adapter.queued.fetch_sub(1, Ordering::SeqCst);
-    }
+    queue: Queue,
 }
 
 impl WarmAdapter {
     /// An adapter whose sessions are not open yet.
     pub fn new(id: String, settings: SessionSettings) -> Self {
         Self {
+            queue: Queue::new(id.clone(), settings.max_queue),
             id,
             settings,
             state: Mutex::new(Warm::Closed(None)),
-            queued: AtomicUsize::new(0),
         }
     }
 
@@ -108,20 +97,12 @@ impl WarmAdapter {
         &self.settings
     }
 
-    /// Takes a place in the queue.
+    /// Takes a place in the adapter's queue.
     ///
     /// # Errors
     /// [`ApiError::QueueFull`] when `max_queue` requests already wait or run.
-    pub fn enter(&self) -> Result<QueueTicket<'_>, ApiError> {
-        let before = self.queued.fetch_add(1, Ordering::SeqCst);
-        let ticket = QueueTicket { adapter: self };
-        if before >= self.settings.max_queue {
-            return Err(ApiError::QueueFull {
-                model: self.id.clone(),
-                queued: before,
-            });
-        }
-        Ok(ticket)
+    pub fn enter(&self) -> Result<Ticket<'_>, ApiError> {
+        self.queue.enter()
     }
 
     /// Waits for the adapter (its queue), opens its sessions if they are
@@ -131,7 +112,7 @@ impl WarmAdapter {
     /// [`ApiError::Upstream`] when the sessions cannot be opened.
     pub fn acquire<'a>(
         &'a self,
-        _ticket: &QueueTicket<'a>,
+        _ticket: &Ticket<'a>,
         model: &Model,
     ) -> Result<MutexGuard<'a, Warm>, ApiError> {
         let mut state = self.lock(_ticket);
@@ -149,7 +130,7 @@ impl WarmAdapter {
 
     /// Waits for the adapter (its queue) and returns its state locked,
     /// open or not.
-    pub fn lock<'a>(&'a self, _ticket: &QueueTicket<'a>) -> MutexGuard<'a, Warm> {
+    pub fn lock<'a>(&'a self, _ticket: &Ticket<'a>) -> MutexGuard<'a, Warm> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 

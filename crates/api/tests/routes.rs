@@ -24,6 +24,7 @@ fn engine() -> Arc<Engine> {
                 base_id: Some("base".into()),
                 sessions: None,
                 max_tokens_cap: 64,
+                max_queue: 4,
             })
             .expect("engine"),
         )
@@ -196,4 +197,31 @@ async fn a_stop_sequence_cuts_the_answer_before_it() {
     .await;
     assert_eq!(v["choices"][0]["text"], &full[..cut]);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_its_generation() {
+    let engine = engine();
+    let before = engine.cancelled();
+    let body = json!({"model": "base", "prompt": "Once upon a time", "max_tokens": 64,
+                      "temperature": 0, "stream": true});
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = router(engine.clone()).oneshot(req).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a first event").unwrap();
+    assert!(first.data_ref().is_some());
+    drop(body);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while engine.cancelled() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the generation went on after its client left"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }

@@ -131,6 +131,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                     max_queue: 4,
                 }),
                 max_tokens_cap: opts.max_tokens,
+                max_queue: 4,
             })?;
             let t0 = Instant::now();
             engine.warm_up();

@@ -59,6 +59,12 @@ impl<T: Transport> ByWidth<T> {
         sum
     }
 
+    /// The sessions, by width (e.g. to close them).
+    #[must_use]
+    pub fn into_sessions(self) -> Vec<(usize, HeHook<T>)> {
+        self.hooks
+    }
+
     /// The session of width `t`, if any.
     #[must_use]
     pub fn session(&self, t: usize) -> Option<&HeHook<T>> {

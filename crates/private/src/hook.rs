@@ -173,6 +173,12 @@ impl<T: Transport> HeHook<T> {
         &self.transport
     }
 
+    /// The transport, the session's keys dropped (e.g. to close it).
+    #[must_use]
+    pub fn into_transport(self) -> T {
+        self.transport
+    }
+
     fn client_group(&self, layer: usize, group: ProjGroup) -> Result<&ClientGroup, PrivateError> {
         self.groups
             .get(&(layer, group))

@@ -107,6 +107,7 @@ impl ApiArgs {
                 base_id: self.model_id.clone(),
                 sessions,
                 max_tokens_cap: self.max_tokens,
+                max_queue: self.max_queue,
             })
             .context("starting the endpoint")?,
         );

@@ -157,6 +157,15 @@ impl GrpcTransport {
         })
     }
 
+    /// Closes the session on the server (`CloseSession`): its keys and
+    /// buffers are freed now instead of at its idle timeout.
+    ///
+    /// # Errors
+    /// [`PrivateError::Service`] when the call fails.
+    pub fn close(mut self) -> Result<(), PrivateError> {
+        self.client.close().map_err(transport_error)
+    }
+
     /// The gRPC client (stats, or raw calls).
     pub fn client_mut(&mut self) -> &mut AdapterClient {
         &mut self.client
