@@ -28,7 +28,11 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::ApiError;
 use crate::engine::{Engine, Finished, Job};
-use crate::openai::{ChatRequest, CompletionRequest, ModelCard, ModelList, Prompt, SamplingFields};
+use crate::openai::{
+    ChatChoice, ChatChunk, ChatRequest, ChatResponse, ChunkChoice, ChunkDelta, CompletionChoice,
+    CompletionRequest, CompletionResponse, ModelCard, ModelList, PrivateCost, Prompt,
+    ResponseMessage, SamplingFields, Usage,
+};
 
 /// Largest request body, bytes.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -280,58 +284,102 @@ impl Envelope {
     /// A streamed chunk with new text (or the chat's first, role-only one),
     /// or the finishing chunk.
     fn chunk(&self, text: Option<&str>, role: bool, finished: Option<&Finished>) -> Value {
-        let finish = finished.map(|f| f.finish_reason);
-        let choice = match self.shape {
-            Shape::Chat => {
-                let mut delta = serde_json::Map::new();
-                if role {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(t) = text {
-                    delta.insert("content".into(), json!(t));
-                }
-                json!({"index": 0, "delta": delta, "finish_reason": finish})
-            }
-            Shape::Completion => {
-                json!({"index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null})
-            }
-        };
-        let mut v = json!({
-            "id": self.id, "object": self.object(true), "created": self.created,
-            "model": self.model, "choices": [choice],
-        });
-        if let Some(f) = finished {
-            v["cipherlora"] = json!(f.cost);
+        let finish_reason = finished.map(|f| f.finish_reason.to_string());
+        let cipherlora = finished.map(|f| f.cost.clone());
+        match self.shape {
+            Shape::Chat => json!(ChatChunk {
+                id: self.id.clone(),
+                object: self.object(true).into(),
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![ChunkChoice {
+                    index: 0,
+                    delta: ChunkDelta {
+                        role: role.then(|| "assistant".into()),
+                        content: text.map(String::from),
+                    },
+                    finish_reason,
+                }],
+                usage: None,
+                cipherlora,
+            }),
+            Shape::Completion => json!(self.completion(
+                vec![CompletionChoice {
+                    index: 0,
+                    text: text.unwrap_or_default().into(),
+                    finish_reason,
+                    logprobs: None,
+                }],
+                None,
+                cipherlora,
+            )),
         }
-        v
+    }
+
+    fn completion(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<Usage>,
+        cipherlora: Option<PrivateCost>,
+    ) -> CompletionResponse {
+        CompletionResponse {
+            id: self.id.clone(),
+            object: self.object(false).into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+            cipherlora,
+        }
     }
 
     /// The usage chunk (`stream_options.include_usage`).
     fn usage_chunk(&self, finished: &Finished) -> Value {
-        json!({
-            "id": self.id, "object": self.object(true), "created": self.created,
-            "model": self.model, "choices": [], "usage": finished.usage,
-        })
+        match self.shape {
+            Shape::Chat => json!(ChatChunk {
+                id: self.id.clone(),
+                object: self.object(true).into(),
+                created: self.created,
+                model: self.model.clone(),
+                choices: Vec::new(),
+                usage: Some(finished.usage),
+                cipherlora: None,
+            }),
+            Shape::Completion => json!(self.completion(Vec::new(), Some(finished.usage), None)),
+        }
     }
 
     /// The whole (non-streamed) response.
     fn full(&self, text: String, finished: &Finished) -> Value {
-        let choice = match self.shape {
-            Shape::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finished.finish_reason,
-                "logprobs": null,
+        let finish_reason = finished.finish_reason.to_string();
+        match self.shape {
+            Shape::Chat => json!(ChatResponse {
+                id: self.id.clone(),
+                object: self.object(false).into(),
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: ResponseMessage {
+                        role: "assistant".into(),
+                        content: text,
+                    },
+                    finish_reason,
+                }],
+                usage: finished.usage,
+                cipherlora: finished.cost.clone(),
             }),
-            Shape::Completion => json!({
-                "index": 0, "text": text, "finish_reason": finished.finish_reason, "logprobs": null,
-            }),
-        };
-        json!({
-            "id": self.id, "object": self.object(false), "created": self.created,
-            "model": self.model, "choices": [choice], "usage": finished.usage,
-            "cipherlora": finished.cost,
-        })
+            Shape::Completion => json!(self.completion(
+                vec![CompletionChoice {
+                    index: 0,
+                    text,
+                    finish_reason: Some(finish_reason),
+                    logprobs: None,
+                }],
+                Some(finished.usage),
+                Some(finished.cost.clone()),
+            )),
+        }
     }
 }
 

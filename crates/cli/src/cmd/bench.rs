@@ -94,18 +94,7 @@ impl ApiBenchArgs {
         if let Some(code) = crate::cmd::generate::reexec_with_threads(Some(1))? {
             std::process::exit(code);
         }
-        let model = match self.model {
-            Some(p) => p,
-            None => cipherlora_model::fetch::ensure_default_model()?,
-        };
-        let adapters = if self.adapters.is_empty() {
-            vec![
-                crate::cmd::demo::committed_adapter("code-ffa-r16"),
-                crate::cmd::demo::committed_adapter("code-lora-r16"),
-            ]
-        } else {
-            self.adapters
-        };
+        let (model, adapters) = model_and_adapters(self.model, self.adapters)?;
         let md = cipherlora_bench::api::run(&cipherlora_bench::api::ApiBenchOptions {
             json: self.json,
             model,
@@ -214,18 +203,7 @@ impl E2eBenchArgs {
         if let Some(code) = crate::cmd::generate::reexec_with_threads(Some(1))? {
             std::process::exit(code);
         }
-        let model = match self.model {
-            Some(p) => p,
-            None => cipherlora_model::fetch::ensure_default_model()?,
-        };
-        let adapters = if self.adapters.is_empty() {
-            vec![
-                crate::cmd::demo::committed_adapter("code-ffa-r16"),
-                crate::cmd::demo::committed_adapter("code-lora-r16"),
-            ]
-        } else {
-            self.adapters
-        };
+        let (model, adapters) = model_and_adapters(self.model, self.adapters)?;
         let configs = self
             .configs
             .iter()
@@ -252,6 +230,27 @@ impl E2eBenchArgs {
         })?;
         Ok(())
     }
+}
+
+/// `--model` or the default model, and `--adapter`s or the two committed
+/// code adapters (FFA and standard).
+fn model_and_adapters(
+    model: Option<PathBuf>,
+    adapters: Vec<PathBuf>,
+) -> anyhow::Result<(PathBuf, Vec<PathBuf>)> {
+    let model = match model {
+        Some(p) => p,
+        None => cipherlora_model::fetch::ensure_default_model()?,
+    };
+    let adapters = if adapters.is_empty() {
+        vec![
+            crate::cmd::demo::committed_adapter("code-ffa-r16"),
+            crate::cmd::demo::committed_adapter("code-lora-r16"),
+        ]
+    } else {
+        adapters
+    };
+    Ok((model, adapters))
 }
 
 /// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16` or `f32`).
