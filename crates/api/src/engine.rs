@@ -188,9 +188,14 @@ impl Engine {
     /// logged; the first request for a failed adapter tries again.
     pub fn warm_up(&self) {
         for a in &self.adapters {
+            // Longer than the verify width, so that the prefill session runs
+            // a pass too (shorter prompts go through the verify session).
+            let word = self.encode(" Hello").unwrap_or_default();
+            let len = a.verify_width() + 2;
+            let prompt = word.iter().copied().cycle().take(len).collect();
             let job = Job {
                 model: a.id().to_string(),
-                prompt: self.encode("Hello").unwrap_or_default(),
+                prompt,
                 max_tokens: 2,
                 sampling: SamplingParams::greedy(),
                 stops: Vec::new(),
