@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod backend;
+mod budget;
 pub mod client;
 mod convert;
 pub mod error;

@@ -23,6 +23,8 @@ use cipherlora_service::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub const TOKEN: &str = "test-token-0123456789abcdef";
+/// A second accepted token (per-token limits).
+pub const TOKEN2: &str = "test-token-second-0123456789";
 pub const ADAPTER: &str = "test-adapter";
 pub const LAYERS: u32 = 4;
 pub const SLOTS: usize = 2048; // test-n4096
@@ -34,14 +36,29 @@ pub struct Fixture {
 
 pub fn start(limits: Limits) -> Fixture {
     let cert = dev_cert(&["localhost"]).unwrap();
-    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    let server = start_on(
+        &cert,
+        "127.0.0.1:0".parse().unwrap(),
+        limits,
+        TestBackend::new(ADAPTER, LAYERS),
+    );
+    Fixture { server, cert }
+}
+
+/// A TLS + token server with `cert` on `listen`, serving `backend`.
+pub fn start_on(
+    cert: &DevCert,
+    listen: SocketAddr,
+    limits: Limits,
+    backend: TestBackend,
+) -> ServerThread {
+    let mut cfg = ServeConfig::new(listen);
     cfg.tls = Some(cert.server_tls());
-    cfg.tokens = Some(TokenSet::new(&[TOKEN]).unwrap());
+    cfg.tokens = Some(TokenSet::new(&[TOKEN, TOKEN2]).unwrap());
     cfg.limits = limits;
     cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    let backends: Vec<Arc<dyn AdapterBackend>> = vec![Arc::new(TestBackend::new(ADAPTER, LAYERS))];
-    let server = ServerThread::start(cfg, backends, 2).unwrap();
-    Fixture { server, cert }
+    let backends: Vec<Arc<dyn AdapterBackend>> = vec![Arc::new(backend)];
+    ServerThread::start(cfg, backends, 2).unwrap()
 }
 
 impl Fixture {
