@@ -29,6 +29,7 @@
 
 mod adapter_groups;
 mod by_width;
+pub mod cost_cache;
 mod error;
 mod hook;
 pub mod remote;

@@ -153,6 +153,22 @@ impl AdapterServer {
         Ok(&self.costs)
     }
 
+    /// As [`AdapterServer::measure_costs`], but measured once per machine:
+    /// read from the op-cost cache ([`crate::cost_cache`]) when present, so
+    /// that a restarted server offers the same plans.
+    ///
+    /// # Errors
+    /// As [`AdapterServer::measure_costs`].
+    pub fn cached_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
+        let preset = crate::remote::preset_name(self.preset());
+        let dir = crate::cost_cache::cache_dir();
+        let costs = crate::cost_cache::cached_costs(dir.as_deref(), preset, || {
+            Ok(self.measure_costs(reps)?.clone())
+        })?;
+        self.costs = costs;
+        Ok(&self.costs)
+    }
+
     /// The adapter's groups.
     #[must_use]
     pub fn groups(&self) -> &AdapterGroups {

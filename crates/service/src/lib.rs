@@ -36,6 +36,7 @@ pub use backend::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupShape, OpenSessionPayload,
     OpenedSession, SessionCompute,
 };
+pub use cipherlora_proto::plan_id;
 pub use client::{
     AdapterClient, AsyncAdapterClient, ClientConfig, GroupCall, SessionInfo, SessionParams,
 };

@@ -59,8 +59,9 @@ pub struct HeBackend {
 impl HeBackend {
     /// Loads the PEFT adapter in `dir` for a base model of shape `config`
     /// and describes it from `adapter_config.json` and `cipherlora.json`;
-    /// measures this machine's CKKS op costs for the planner
-    /// ([`AdapterServer::measure_costs`], about a second).
+    /// plans with this machine's CKKS op costs
+    /// ([`AdapterServer::cached_costs`]: measured once per machine, about a
+    /// second, then read from the cache).
     ///
     /// # Errors
     /// As [`AdapterServer::load`] and [`AdapterServer::measure_costs`];
@@ -72,8 +73,9 @@ impl HeBackend {
         config: &ModelConfig,
     ) -> Result<Self, PrivateError> {
         let mut server = AdapterServer::load(dir, config)?;
-        // Plan with this machine's measured op costs, not the defaults.
-        server.measure_costs(COST_REPS)?;
+        // Plan with this machine's measured op costs, not the defaults,
+        // measured once per machine so that a restart offers the same plans.
+        server.cached_costs(COST_REPS)?;
         let info = describe(adapter_id.into(), dir, &server)?;
         Self::new(server, info)
     }
