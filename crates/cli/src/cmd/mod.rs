@@ -6,3 +6,4 @@ pub mod devcert;
 pub mod fetch;
 pub mod generate;
 pub mod serve;
+pub mod serve_limits;
