@@ -14,7 +14,7 @@ use cipherlora_helora::{CkksServer, GroupPlan, Mode};
 use cipherlora_model::{ModelConfig, Proj, ProjGroup};
 
 use crate::PrivateError;
-use crate::remote::{Reservation, SessionMemory};
+use crate::session_memory::{Reservation, SessionMemory};
 
 /// The id an adapter folder is served under: its folder name (the one rule
 /// `serve`, `demo` and `bench e2e` share, so a client can name it).
@@ -160,9 +160,9 @@ impl AdapterServer {
     /// # Errors
     /// As [`AdapterServer::measure_costs`].
     pub fn cached_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
-        let preset = crate::remote::preset_name(self.preset());
+        let preset = format!("{:?}", self.preset());
         let dir = crate::cost_cache::cache_dir();
-        let costs = crate::cost_cache::cached_costs(dir.as_deref(), preset, || {
+        let costs = crate::cost_cache::cached_costs(dir.as_deref(), &preset, || {
             Ok(self.measure_costs(reps)?.clone())
         })?;
         self.costs = costs;
@@ -326,6 +326,20 @@ impl AdapterServer {
         });
         *slot = Arc::downgrade(&p);
         Ok(p)
+    }
+}
+
+impl SessionOffer {
+    /// Bytes of plaintext diagonals a session for this offer holds: the sum
+    /// over its groups of [`cipherlora_helora::GroupPlan::diagonal_bytes`].
+    ///
+    /// # Errors
+    /// [`cipherlora_helora::HeloraError`] for an infeasible plan.
+    pub fn diagonal_bytes(&self) -> Result<u64, cipherlora_helora::HeloraError> {
+        self.groups
+            .iter()
+            .map(|g| g.plan.diagonal_bytes())
+            .try_fold(0u64, |a, b| Ok(a.saturating_add(b?)))
     }
 }
 

@@ -14,11 +14,11 @@ use cipherlora_service::{
     OpenedSession, SessionCompute,
 };
 
-use super::memory::SessionMemory;
 use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
 use crate::PrivateError;
 use crate::adapter_groups::{AdapterGroups, LoraKind};
 use crate::server::{AdapterServer, ServerSession, SessionOffer};
+use crate::session_memory::SessionMemory;
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 const COST_REPS: usize = 15;

@@ -7,7 +7,7 @@
 //! offer (adapter, width, plans) and shared by every session of that offer
 //! ([`crate::AdapterServer`]); the service limits how many sessions are open
 //! and how many key bytes they hold, this limits the diagonals' bytes. The
-//! first session of an offer reserves [`SessionOffer::diagonal_bytes`]
+//! first session of an offer reserves [`crate::SessionOffer::diagonal_bytes`]
 //! *before* encoding anything; the reservation is given back when the last
 //! session of the offer is dropped (closed, evicted for idleness, or its
 //! stream ends). A session whose offer would exceed the budget is refused
@@ -16,8 +16,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::server::SessionOffer;
 
 /// Share of the machine's physical memory the default budget allows.
 const DEFAULT_SHARE: f64 = 0.6;
@@ -118,20 +116,6 @@ fn limit_from_meminfo(text: &str) -> Option<u64> {
     let mut words = line.split_whitespace().skip(1);
     let kib: u64 = words.next()?.parse().ok()?;
     (words.next()? == "kB").then_some((kib as f64 * 1024.0 * DEFAULT_SHARE) as u64)
-}
-
-impl SessionOffer {
-    /// Bytes of plaintext diagonals a session for this offer holds: the sum
-    /// over its groups of [`cipherlora_helora::GroupPlan::diagonal_bytes`].
-    ///
-    /// # Errors
-    /// [`cipherlora_helora::HeloraError`] for an infeasible plan.
-    pub fn diagonal_bytes(&self) -> Result<u64, cipherlora_helora::HeloraError> {
-        self.groups
-            .iter()
-            .map(|g| g.plan.diagonal_bytes())
-            .try_fold(0u64, |a, b| Ok(a.saturating_add(b?)))
-    }
 }
 
 #[cfg(test)]
