@@ -50,6 +50,10 @@ pub enum PrivateError {
         /// Keys in the set the plans never use.
         extra: usize,
     },
+    /// The offer's plans rerandomise their outputs (circuit privacy) and
+    /// the client sent no public key, or one that does not parse.
+    #[error("circuit privacy is on: the session needs the client's public key")]
+    PublicKeyRequired,
     /// Encoding the adapter for another offer would exceed the session
     /// memory budget ([`crate::SessionMemory`]).
     #[error("session plaintext memory: {got} bytes would be held, the limit is {limit}")]

@@ -48,4 +48,5 @@ pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer, adapt
 pub use session_memory::SessionMemory;
 pub use transport::{InProcess, Reply, Transport};
 
+pub use cipherlora_helora::Rerandomization;
 pub use cipherlora_helora::wire::{GroupRequest, GroupResponse};

@@ -6,11 +6,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use cipherlora_ckks::{CkksParameters, Context, GaloisKeys, Preset};
+use cipherlora_ckks::{CkksParameters, Context, GaloisKeys, Preset, PublicKey};
 use cipherlora_helora::planner::{Link, OpCosts, choose};
 use cipherlora_helora::server::PreparedGroup;
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
-use cipherlora_helora::{CkksServer, GroupPlan, Mode};
+use cipherlora_helora::{CkksServer, GroupPlan, Mode, Rerandomization};
 use cipherlora_model::{ModelConfig, Proj, ProjGroup};
 
 use crate::PrivateError;
@@ -76,6 +76,9 @@ pub struct AdapterServer {
     costs: OpCosts,
     link: Link,
     memory: SessionMemory,
+    /// Circuit privacy: every returned ciphertext rerandomised under the
+    /// client's public key, with flooding noise.
+    circuit_privacy: Option<Rerandomization>,
     /// The prepared offers alive now, by [`OfferKey`]. Each entry has its own
     /// lock so that two widths encode at once while two sessions of one
     /// width encode once.
@@ -117,8 +120,22 @@ impl AdapterServer {
             costs: OpCosts::default(),
             link: Link::default(),
             memory: SessionMemory::default(),
+            circuit_privacy: None,
             prepared: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Turns circuit privacy on (`Some`) or off: offers made from now on
+    /// plan rerandomised outputs ([`GroupPlan::rerandomize`]), and their
+    /// sessions need the client's public key.
+    pub fn set_circuit_privacy(&mut self, r: Option<Rerandomization>) {
+        self.circuit_privacy = r;
+    }
+
+    /// The circuit-privacy setting.
+    #[must_use]
+    pub fn circuit_privacy(&self) -> Option<Rerandomization> {
+        self.circuit_privacy
     }
 
     /// Makes this server's prepared offers reserve from `memory`, which
@@ -205,7 +222,9 @@ impl AdapterServer {
             let plan = match plans.get(&shape) {
                 Some(p) => p.clone(),
                 None => {
-                    let (p, _) = choose(&shape, mode, t, slots, false, &self.costs, &self.link)?;
+                    let rerandomize = self.circuit_privacy.is_some();
+                    let (p, _) =
+                        choose(&shape, mode, t, slots, rerandomize, &self.costs, &self.link)?;
                     plans.insert(shape, p.clone());
                     p
                 }
@@ -251,6 +270,22 @@ impl AdapterServer {
         offer: &SessionOffer,
         galois_keys: &[u8],
     ) -> Result<ServerSession, PrivateError> {
+        self.open_session_with_public_key(offer, galois_keys, None)
+    }
+
+    /// [`AdapterServer::open_session`] with the client's serialised public
+    /// key, which circuit privacy needs (ignored without).
+    ///
+    /// # Errors
+    /// Those of [`AdapterServer::open_session`];
+    /// [`PrivateError::PublicKeyRequired`] when the offer rerandomises and
+    /// `public_key` is `None`; [`PrivateError::Ckks`] for a malformed one.
+    pub fn open_session_with_public_key(
+        &self,
+        offer: &SessionOffer,
+        galois_keys: &[u8],
+        public_key: Option<&[u8]>,
+    ) -> Result<ServerSession, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(offer.preset)?)?;
         let gks = GaloisKeys::from_bytes(&ctx, galois_keys)?;
         let mut needed = BTreeSet::new();
@@ -269,7 +304,16 @@ impl AdapterServer {
                 extra: given.difference(&needed).count(),
             });
         }
-        let he = CkksServer::new(&ctx, gks, None)?;
+        let rerandomize = offer.groups.iter().any(|g| g.plan.rerandomize);
+        let pk = match (rerandomize, public_key) {
+            (false, _) => None,
+            (true, None) => return Err(PrivateError::PublicKeyRequired),
+            (true, Some(b)) => Some((
+                PublicKey::from_bytes(&ctx, b)?,
+                self.circuit_privacy.unwrap_or_default(),
+            )),
+        };
+        let he = CkksServer::new(&ctx, gks, pk)?;
         let prepared = self.prepared_offer(offer, &he)?;
         Ok(ServerSession { ctx, he, prepared })
     }

@@ -52,6 +52,12 @@ pub struct ServeArgs {
     /// host only.
     #[arg(long)]
     insecure: bool,
+    /// Circuit privacy: rerandomise every returned ciphertext under the
+    /// client's public key with flooding noise (2^-20 in slot units), so the
+    /// noise does not carry the adapter's weights; costs one encryption of
+    /// zero per returned ciphertext.
+    #[arg(long)]
+    circuit_privacy: bool,
     /// TOML file with a `[limits]` table (any limit flag's name, with `_`)
     /// and `max_session_memory_mib`; flags win over it.
     #[arg(long)]
@@ -91,9 +97,12 @@ impl ServeArgs {
         let mut backends: Vec<Arc<dyn AdapterBackend>> = Vec::new();
         for dir in &self.adapters {
             let id = cipherlora_private::adapter_id(dir)?;
-            let b = HeBackend::load(&id, dir, model.config())
+            let mut b = HeBackend::load(&id, dir, model.config())
                 .with_context(|| format!("loading adapter {}", dir.display()))?
                 .with_session_memory(memory.clone());
+            if self.circuit_privacy {
+                b = b.with_circuit_privacy(cipherlora_private::Rerandomization::default());
+            }
             eprintln!(
                 "adapter {id}: {} groups, preset {}",
                 b.server().groups().groups.len(),

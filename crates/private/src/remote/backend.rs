@@ -36,7 +36,8 @@ const COST_REPS: usize = 15;
 ///   rotations, then the offer's plaintext diagonals, shared with every
 ///   other session of the offer ([`AdapterServer::open_session`]).
 ///
-/// The public key is not used (no circuit-privacy rerandomisation yet).
+/// The public key is used only with circuit privacy
+/// ([`HeBackend::with_circuit_privacy`]): outputs are rerandomised under it.
 ///
 /// Prepared offers share a memory budget ([`HeBackend::with_session_memory`];
 /// default: 60 % of physical memory, for this backend alone): the first
@@ -99,6 +100,14 @@ impl HeBackend {
     #[must_use]
     pub fn with_session_memory(mut self, memory: SessionMemory) -> Self {
         self.server.set_session_memory(memory);
+        self
+    }
+
+    /// Turns circuit privacy on: offers plan rerandomised outputs and
+    /// sessions need the client's public key (`serve --circuit-privacy`).
+    #[must_use]
+    pub fn with_circuit_privacy(mut self, r: crate::Rerandomization) -> Self {
+        self.server.set_circuit_privacy(Some(r));
         self
     }
 
@@ -235,10 +244,14 @@ impl AdapterBackend for HeBackend {
                 compute: Box::new(OfferOnly),
             });
         }
+        let public_key = (!payload.public_key.is_empty()).then_some(&payload.public_key[..]);
         let session = self
             .server
-            .open_session(&offer, &payload.galois_keys)
+            .open_session_with_public_key(&offer, &payload.galois_keys, public_key)
             .map_err(|e| match e {
+                e @ PrivateError::PublicKeyRequired => BackendError::InvalidKey {
+                    what: e.to_string(),
+                },
                 PrivateError::Ckks(e) => BackendError::InvalidKey {
                     what: e.to_string(),
                 },
@@ -793,6 +806,61 @@ mod tests {
         assert!(
             matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
             "{e}"
+        );
+    }
+
+    /// `serve --circuit-privacy` (issue 15: rerandomised outputs existed but
+    /// could not be switched on over the network): the offer's plans
+    /// rerandomise, a session without the client's public key is refused
+    /// (`InvalidKey`, nothing reserved), and with it the deltas decrypt to
+    /// those of a session without circuit privacy, in fresh ciphertexts.
+    #[test]
+    fn circuit_privacy_needs_the_public_key_and_keeps_the_deltas() {
+        use cipherlora_helora::{CkksClient, HeClient};
+        let plain = backend();
+        let private = backend().with_circuit_privacy(crate::Rerandomization::default());
+        let (offer, _, steps) = offer_and_keys(&private, 3);
+        assert!(offer.groups.iter().all(|g| g.plan.rerandomize));
+        let (plain_offer, _, _) = offer_and_keys(&plain, 3);
+        assert!(plain_offer.groups.iter().all(|g| !g.plan.rerandomize));
+        let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+        let he = CkksClient::new(&ctx).unwrap();
+        let keys = he.galois_keys(&steps).to_bytes();
+        match refusal(open_t(&private, 3, &keys)) {
+            BackendError::InvalidKey { .. } => {}
+            e => panic!("{e}"),
+        }
+        assert_eq!(private.session_memory().reserved(), 0);
+        let preset = private.info().ckks_presets[0].clone();
+        let real = PlanRequest {
+            t: 3,
+            offer_only: false,
+        }
+        .to_bytes();
+        let mut p = payload(&preset, real, keys.clone());
+        p.public_key = Bytes::from(he.public_key().to_bytes());
+        let c = private.open_session(p).unwrap().compute;
+        let c0 = open_t(&plain, 3, &keys).unwrap().compute;
+        let n = c.group_shape(1, 1).unwrap().input_ciphertexts;
+        let x: Vec<f64> = (0..8).map(|i| 0.1 * i as f64 - 0.3).collect();
+        let level = offer.groups[0].plan.input_level();
+        let ct = Bytes::from(he.encrypt_to_bytes(&x, &[], level).unwrap());
+        let a = c.compute(1, 1, 0, &vec![ct.clone(); n]).unwrap();
+        let b = c0.compute(1, 1, 0, &vec![ct; n]).unwrap();
+        assert_ne!(a, b, "rerandomised outputs are fresh ciphertexts");
+        let (da, db) = (
+            he.decrypt_from_bytes(&a[0]).unwrap(),
+            he.decrypt_from_bytes(&b[0]).unwrap(),
+        );
+        let worst = da
+            .iter()
+            .zip(&db)
+            .map(|(u, v)| (u - v).norm())
+            .fold(0.0f64, f64::max);
+        assert!(worst < 1e-3, "deltas differ by {worst}");
+        assert!(
+            db.iter().any(|v| v.norm() > 1e-2),
+            "the deltas are not all zero"
         );
     }
 
