@@ -159,6 +159,11 @@ impl GrpcTransport {
         })
     }
 
+    /// The gRPC client (stats, session).
+    pub fn client(&self) -> &AdapterClient {
+        &self.client
+    }
+
     /// The gRPC client (stats, or raw calls).
     pub fn client_mut(&mut self) -> &mut AdapterClient {
         &mut self.client
