@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // out of the received buffer without copying.
         .bytes(".")
         .build_transport(false)
+        // Undecodable messages are the caller's fault: INVALID_ARGUMENT, not
+        // tonic-prost's INTERNAL.
+        .codec_path("crate::codec::ProtoCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -19,16 +19,8 @@ use crate::keys::GaloisKeys;
 use crate::keyswitch::mod_up;
 use crate::plaintext::Plaintext;
 
-/// Relative tolerance under which two scales count as equal.
-pub const SCALE_TOLERANCE: f64 = 1e-9;
-
-pub(crate) fn check_scale(a: f64, b: f64) -> Result<()> {
-    if (a - b).abs() <= SCALE_TOLERANCE * a.abs().max(b.abs()) {
-        Ok(())
-    } else {
-        Err(CkksError::ScaleMismatch { left: a, right: b })
-    }
-}
+pub use crate::scale::SCALE_TOLERANCE;
+use crate::scale::check_scale;
 
 fn check_same(a: &Ciphertext, b: &Ciphertext) -> Result<()> {
     a.ctx.check(b.ctx.digest())?;

@@ -201,7 +201,7 @@ pub(crate) fn add_extended(
             right: x.level,
         });
     }
-    crate::evaluator::check_scale(acc.scale, x.scale)?;
+    crate::scale::check_scale(acc.scale, x.scale)?;
     let n = ctx.degree();
     for (k, j) in ctx.qp_primes(acc.level).enumerate() {
         let m = ctx.moduli[j];
@@ -293,7 +293,7 @@ impl ExtendedMulAccumulator {
         }
         let s = ct.scale * pt.pt.scale;
         match self.scale {
-            Some(prev) => crate::evaluator::check_scale(prev, s)?,
+            Some(prev) => crate::scale::check_scale(prev, s)?,
             None => self.scale = Some(s),
         }
         let n = self.ctx.degree();

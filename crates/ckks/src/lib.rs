@@ -83,6 +83,7 @@ pub mod params;
 pub mod plaintext;
 mod pool;
 pub mod sampling;
+mod scale;
 pub mod serialize;
 
 pub use ciphertext::{Ciphertext, SeededCiphertext};

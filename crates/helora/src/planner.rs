@@ -12,7 +12,9 @@ use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, Stage
 
 /// Measured (or default) per-operation costs, in milliseconds, and
 /// ciphertext sizes, in bytes, indexed by level where they depend on it.
-#[derive(Debug, Clone, PartialEq)]
+/// Serialisable so that a server can measure them once per machine and
+/// plan with the same figures after a restart.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OpCosts {
     /// One ct×pt product (inside a lazy dot product), its plaintext
     /// streamed from memory as in a real round (every diagonal is used

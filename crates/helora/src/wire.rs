@@ -357,3 +357,17 @@ impl GroupResponse {
         msg_len(&self.ciphertexts)
     }
 }
+
+impl GroupPlan {
+    /// A stable identifier of the plan (FNV-1a over its canonical encoding),
+    /// carried by every request and response.
+    pub fn id(&self) -> u64 {
+        let bytes = encode_plan(self);
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    }
+}

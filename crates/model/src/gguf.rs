@@ -17,8 +17,8 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
 
 use crate::linear::Linear;
-use crate::model::{Layer, WeightsFormat};
-use crate::model::{LoadOptions, WeightMode};
+use crate::progress::progress_bar;
+use crate::weights::{Layer, LoadOptions, WeightMode, WeightsFormat};
 use crate::{Arch, Model, ModelConfig, ModelError, RopeStyle};
 
 /// [`WeightMode::Auto`] dequantizes when the f32 weights fit in this many bytes.
@@ -230,22 +230,6 @@ impl TensorReader<'_> {
         };
         Linear::from_qtensor(w, b, self.dequantize)
     }
-}
-
-/// A progress bar over `total` bytes on stderr (hidden when stderr is not a terminal).
-pub(crate) fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let pb = indicatif::ProgressBar::new(total);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({eta})")
-    {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb.set_message(what.to_string());
-    pb
 }
 
 /// Loads a GGUF model.

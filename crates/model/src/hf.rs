@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use crate::linear::Linear;
-use crate::model::{Layer, WeightsFormat};
+use crate::weights::{Layer, WeightsFormat};
 use crate::{Arch, Model, ModelConfig, ModelError};
 
 /// Tensors of a set of safetensors files, remembering which file held each.
@@ -24,7 +24,7 @@ impl SafetensorsSet {
             .iter()
             .map(|f| f.metadata().map(|m| m.len()).unwrap_or(0))
             .sum();
-        let pb = crate::gguf::progress_bar(total, "loading weights");
+        let pb = crate::progress::progress_bar(total, "loading weights");
         let mut tensors = HashMap::new();
         for f in files {
             let loaded = read_file(f)?;

@@ -29,13 +29,16 @@ mod hf;
 mod hook;
 mod kv_cache;
 mod linear;
+mod load;
 mod lora;
 mod mask;
 mod model;
+mod progress;
 mod rope;
 mod sampling;
 mod synthetic;
 mod tokenizer;
+mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, RopeStyle};
@@ -46,10 +49,11 @@ pub use hook::{DeltaHook, GroupDeltas, GroupInput, NoAdapter, Proj, ProjGroup};
 pub use kv_cache::KvCache;
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};
 pub use mask::AttentionMask;
-pub use model::{LoadOptions, Model, WeightMode, WeightsFormat};
+pub use model::Model;
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use synthetic::{RandomAdapterSpec, write_random_adapter};
 pub use tokenizer::Tokenizer;
+pub use weights::{LoadOptions, WeightMode, WeightsFormat};
 
 /// Re-export of candle's tensor type used throughout the API.
 pub use candle_core::Tensor;

@@ -11,76 +11,10 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{D, DType, Device, Tensor};
 
-use crate::hook::{DeltaHook, Proj, ProjGroup};
+use crate::hook::{DeltaHook, ProjGroup};
 use crate::linear::Linear;
+use crate::weights::{Layer, WeightsFormat};
 use crate::{AttentionMask, KvCache, ModelConfig, ModelError, rope};
-
-/// Weights of one decoder layer.
-#[derive(Debug, Clone)]
-pub(crate) struct Layer {
-    pub(crate) attn_norm: Tensor,
-    pub(crate) q: Linear,
-    pub(crate) k: Linear,
-    pub(crate) v: Linear,
-    pub(crate) o: Linear,
-    pub(crate) ffn_norm: Tensor,
-    pub(crate) gate: Linear,
-    pub(crate) up: Linear,
-    pub(crate) down: Linear,
-}
-
-impl Layer {
-    fn linear(&self, p: Proj) -> &Linear {
-        match p {
-            Proj::Q => &self.q,
-            Proj::K => &self.k,
-            Proj::V => &self.v,
-            Proj::O => &self.o,
-            Proj::Gate => &self.gate,
-            Proj::Up => &self.up,
-            Proj::Down => &self.down,
-        }
-    }
-}
-
-/// How GGUF weights are held in memory.
-///
-/// Candle's quantized matmul (like llama.cpp's) quantizes the activations to
-/// 8 bits per block of 32 before the dot products. On SmolLM2-135M that changes
-/// the greedy continuation of the golden prompt after 11 tokens and derails the
-/// chat answer, while f32 weights reproduce the NumPy reference exactly; so
-/// small models are dequantized by default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WeightMode {
-    /// f32 if the dequantized weights take at most 2 GiB, else quantized.
-    #[default]
-    Auto,
-    /// Keep Q4_0/Q4_1/Q8_0/K-quant tensors quantized (`QMatMul`).
-    Quantized,
-    /// Dequantize everything to f32 at load time.
-    F32,
-    /// Dequantize to f32, then hold the projection and output weights as
-    /// f16 (see [`Model::to_f16_weights`]): for a drafter, not for the
-    /// model whose output must match a reference.
-    F16,
-}
-
-/// Options of [`Model::load_with`].
-#[derive(Debug, Clone, Default)]
-pub struct LoadOptions {
-    /// How GGUF weights are held. Safetensors folders are always loaded as
-    /// f32; [`WeightMode::F16`] then converts them like GGUF weights.
-    pub weights: WeightMode,
-}
-
-/// Where the weights came from: decides the q/k row layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WeightsFormat {
-    /// A llama.cpp GGUF file.
-    Gguf,
-    /// An HF folder of safetensors files.
-    Safetensors,
-}
 
 /// A loaded decoder-only model (CPU, f32 activations).
 #[derive(Debug, Clone)]
@@ -95,32 +29,6 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads a GGUF file or an HF folder (config.json + *.safetensors).
-    ///
-    /// # Errors
-    /// See [`ModelError`]: I/O, malformed or truncated files, missing tensors,
-    /// shape mismatches, unsupported architectures.
-    pub fn load(path: &Path) -> Result<Self, ModelError> {
-        Self::load_with(path, &LoadOptions::default())
-    }
-
-    /// [`Model::load`] with options.
-    ///
-    /// # Errors
-    /// As [`Model::load`].
-    pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
-        let model = if path.is_dir() {
-            crate::hf::load(path)?
-        } else {
-            crate::gguf::load(path, opts)?
-        };
-        if opts.weights == WeightMode::F16 {
-            model.to_f16_weights()
-        } else {
-            Ok(model)
-        }
-    }
-
     /// A copy whose dense projection and output (lm_head) weights are held as
     /// f16; quantized weights, norms and the embedding table are shared
     /// unchanged. Logits differ from the f32 model's by f16 rounding (about

@@ -39,6 +39,30 @@ pub enum PrivateError {
         /// The folder.
         path: std::path::PathBuf,
     },
+    /// The Galois keys of a session are not exactly those its plans rotate
+    /// by (an empty set, keys made for another width).
+    #[error(
+        "Galois keys do not match the plan: {missing} rotation keys missing, {extra} not needed"
+    )]
+    GaloisKeysMismatch {
+        /// Keys the plans need and the set lacks.
+        missing: usize,
+        /// Keys in the set the plans never use.
+        extra: usize,
+    },
+    /// The offer's plans rerandomise their outputs (circuit privacy) and
+    /// the client sent no public key, or one that does not parse.
+    #[error("circuit privacy is on: the session needs the client's public key")]
+    PublicKeyRequired,
+    /// Encoding the adapter for another offer would exceed the session
+    /// memory budget ([`crate::SessionMemory`]).
+    #[error("session plaintext memory: {got} bytes would be held, the limit is {limit}")]
+    MemoryBudget {
+        /// Bytes that would be held with this offer's diagonals.
+        got: u64,
+        /// The budget, bytes.
+        limit: u64,
+    },
     /// The transport failed in a way the service does not describe (an
     /// unexpected answer, an unknown adapter).
     #[error("transport: {0}")]

@@ -99,7 +99,9 @@ impl<T: Transport> std::fmt::Debug for HeHook<T> {
 impl<T: Transport> HeHook<T> {
     /// Generates a fresh secret key (OS CSPRNG), the Galois keys for exactly
     /// the rotation steps of the offered plans, and opens the session with
-    /// `open(galois_key_bytes)`, which returns the transport.
+    /// `open(galois_key_bytes, public_key_bytes)`, which returns the
+    /// transport; the public key is `Some` only when a plan rerandomises its
+    /// outputs (circuit privacy), the one use the server has for it.
     ///
     /// `config` is the client model's shape: for llama-family GGUF files the
     /// decrypted q/k deltas are permuted into llama.cpp's row layout.
@@ -110,7 +112,7 @@ impl<T: Transport> HeHook<T> {
     pub fn connect(
         offer: &SessionOffer,
         config: &ModelConfig,
-        open: impl FnOnce(&[u8]) -> Result<T, PrivateError>,
+        open: impl FnOnce(&[u8], Option<&[u8]>) -> Result<T, PrivateError>,
     ) -> Result<Self, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(offer.preset)?)?;
         let he = CkksClient::new(&ctx)?;
@@ -128,7 +130,12 @@ impl<T: Transport> HeHook<T> {
         let steps: Vec<i64> = steps.into_iter().collect();
         let pass_model = PassModel::of(offer, &ctx)?;
         let keys = he.galois_keys(&steps).to_bytes();
-        let transport = open(&keys)?;
+        let public_key = offer
+            .groups
+            .iter()
+            .any(|g| g.plan.rerandomize)
+            .then(|| he.public_key().to_bytes());
+        let transport = open(&keys, public_key.as_deref())?;
         let mut row_maps = HashMap::new();
         if config.rope_style == RopeStyle::Interleaved {
             let to_usize = |v: Vec<u32>| v.into_iter().map(|i| i as usize).collect::<Vec<_>>();

@@ -29,22 +29,24 @@
 
 mod adapter_groups;
 mod by_width;
+pub mod cost_cache;
 mod error;
 mod hook;
 pub mod remote;
 pub mod schedule_plan;
 mod server;
+mod session_memory;
 mod transport;
 
 pub use adapter_groups::{AdapterGroups, LoraKind};
 pub use by_width::ByWidth;
 pub use error::PrivateError;
 pub use hook::{HeHook, HeTimings};
-pub use remote::{
-    EmbeddedServer, GrpcTransport, HeBackend, SessionMemory, connect_remote, connect_widths,
-};
+pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
 pub use schedule_plan::{PassModel, ScheduleChoice, choose_for_session, choose_schedule};
 pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer, adapter_id};
+pub use session_memory::SessionMemory;
 pub use transport::{InProcess, Reply, Transport};
 
+pub use cipherlora_helora::Rerandomization;
 pub use cipherlora_helora::wire::{GroupRequest, GroupResponse};

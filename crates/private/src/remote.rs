@@ -6,8 +6,9 @@
 //!   [`cipherlora_service::AdapterBackend`]. Its `AdapterInfo` carries the
 //!   PEFT description, the CKKS preset name and, for FFA adapters, the public
 //!   lora_A ([`encode_public_a`]).
-//! - [`SessionMemory`]: the bytes of pre-encoded diagonals open sessions
-//!   may hold; a session that would exceed it is refused
+//! - [`SessionMemory`] (re-exported): the bytes of pre-encoded diagonals the server may
+//!   hold (once per offer, shared by its sessions); a session whose offer
+//!   is not encoded yet and would exceed it is refused
 //!   (`RESOURCE_EXHAUSTED`) before anything is encoded.
 //! - [`EmbeddedServer`]: an [`HeBackend`] served on loopback with TLS and a
 //!   token, in the client's own process (demo, benchmarks).
@@ -34,13 +35,12 @@
 
 mod backend;
 mod loopback;
-mod memory;
 mod transport;
 mod wire;
 
+pub use crate::session_memory::SessionMemory;
 pub use backend::HeBackend;
 pub use loopback::EmbeddedServer;
-pub use memory::SessionMemory;
 pub use transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use wire::{
     MAX_GROUPS, MAX_T, PlanRequest, PublicA, attach_public_a, decode_offer, decode_public_a,

@@ -1,18 +1,20 @@
-//! The adapter server's side: plans on offer, sessions with pre-encoded
-//! weights.
+//! The adapter server's side: plans on offer, the adapter's plaintext
+//! diagonals encoded once per offer and shared, sessions holding only the
+//! client's keys.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
-use cipherlora_ckks::{CkksParameters, Context, GaloisKeys, Preset};
+use cipherlora_ckks::{CkksParameters, Context, GaloisKeys, Preset, PublicKey};
 use cipherlora_helora::planner::{Link, OpCosts, choose};
 use cipherlora_helora::server::PreparedGroup;
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
-use cipherlora_helora::{CkksServer, GroupPlan, Mode};
+use cipherlora_helora::{CkksServer, GroupPlan, Mode, Rerandomization};
 use cipherlora_model::{ModelConfig, Proj, ProjGroup};
 
 use crate::PrivateError;
+use crate::session_memory::{Reservation, SessionMemory};
 
 /// The id an adapter folder is served under: its folder name (the one rule
 /// `serve`, `demo` and `bench e2e` share, so a client can name it).
@@ -62,11 +64,43 @@ pub struct OfferedGroup {
 }
 
 /// A PEFT adapter served under HE; see the crate docs.
+///
+/// The plaintext diagonals of an offer ([`PreparedOffer`]) depend only on
+/// the adapter, the offer's plans and the CKKS parameters, not on the
+/// client: they are encoded when the first session of that offer opens,
+/// charged once to the [`SessionMemory`] budget, shared by every session of
+/// the offer, and freed (with their reservation) when the last one closes.
 #[derive(Debug)]
 pub struct AdapterServer {
     groups: AdapterGroups,
     costs: OpCosts,
     link: Link,
+    memory: SessionMemory,
+    /// Circuit privacy: every returned ciphertext rerandomised under the
+    /// client's public key, with flooding noise.
+    circuit_privacy: Option<Rerandomization>,
+    /// The prepared offers alive now, by [`OfferKey`]. Each entry has its own
+    /// lock so that two widths encode at once while two sessions of one
+    /// width encode once.
+    prepared: Mutex<HashMap<OfferKey, Arc<Mutex<Weak<PreparedOffer>>>>>,
+}
+
+/// What identifies an offer's diagonals: T and each group's plan id.
+type OfferKey = (usize, Vec<(usize, u32, u64)>);
+
+/// An adapter's plaintext diagonals encoded for one offer: every group's
+/// [`PreparedGroup`], with the offer's share of the memory budget.
+pub struct PreparedOffer {
+    groups: HashMap<(u32, u32), PreparedGroup<CkksServer>>,
+    _memory: Reservation,
+}
+
+impl std::fmt::Debug for PreparedOffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedOffer")
+            .field("groups", &self.groups.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl AdapterServer {
@@ -85,7 +119,35 @@ impl AdapterServer {
             groups,
             costs: OpCosts::default(),
             link: Link::default(),
+            memory: SessionMemory::default(),
+            circuit_privacy: None,
+            prepared: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Turns circuit privacy on (`Some`) or off: offers made from now on
+    /// plan rerandomised outputs ([`GroupPlan::rerandomize`]), and their
+    /// sessions need the client's public key.
+    pub fn set_circuit_privacy(&mut self, r: Option<Rerandomization>) {
+        self.circuit_privacy = r;
+    }
+
+    /// The circuit-privacy setting.
+    #[must_use]
+    pub fn circuit_privacy(&self) -> Option<Rerandomization> {
+        self.circuit_privacy
+    }
+
+    /// Makes this server's prepared offers reserve from `memory`, which
+    /// other servers may share.
+    pub fn set_session_memory(&mut self, memory: SessionMemory) {
+        self.memory = memory;
+    }
+
+    /// The session memory budget this server's prepared offers reserve from.
+    #[must_use]
+    pub fn session_memory(&self) -> &SessionMemory {
+        &self.memory
     }
 
     /// Replaces the planner's op costs (e.g. measured on this machine) and link.
@@ -105,6 +167,22 @@ impl AdapterServer {
     pub fn measure_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(self.preset())?)?;
         self.costs = cipherlora_helora::measure::measure_op_costs(&ctx, reps.max(1))?;
+        Ok(&self.costs)
+    }
+
+    /// As [`AdapterServer::measure_costs`], but measured once per machine:
+    /// read from the op-cost cache ([`crate::cost_cache`]) when present, so
+    /// that a restarted server offers the same plans.
+    ///
+    /// # Errors
+    /// As [`AdapterServer::measure_costs`].
+    pub fn cached_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
+        let preset = format!("{:?}", self.preset());
+        let dir = crate::cost_cache::cache_dir();
+        let costs = crate::cost_cache::cached_costs(dir.as_deref(), &preset, || {
+            Ok(self.measure_costs(reps)?.clone())
+        })?;
+        self.costs = costs;
         Ok(&self.costs)
     }
 
@@ -144,7 +222,9 @@ impl AdapterServer {
             let plan = match plans.get(&shape) {
                 Some(p) => p.clone(),
                 None => {
-                    let (p, _) = choose(&shape, mode, t, slots, false, &self.costs, &self.link)?;
+                    let rerandomize = self.circuit_privacy.is_some();
+                    let (p, _) =
+                        choose(&shape, mode, t, slots, rerandomize, &self.costs, &self.link)?;
                     plans.insert(shape, p.clone());
                     p
                 }
@@ -174,21 +254,105 @@ impl AdapterServer {
     }
 
     /// Opens a session for `offer` with the client's serialised Galois keys:
-    /// parses and validates the keys, then pre-encodes every group's
-    /// plaintext diagonals for the offered plans.
+    /// parses the keys and checks they are exactly the rotations the
+    /// offer's plans use, *then* takes the offer's shared diagonals,
+    /// encoding them (and reserving their bytes) only if no open session
+    /// holds them already.
     ///
     /// # Errors
     /// [`PrivateError::Ckks`] for malformed keys or parameters,
-    /// [`PrivateError::Helora`] when a plan does not fit the adapter.
+    /// [`PrivateError::GaloisKeysMismatch`] for keys that are not the
+    /// plans' rotations (nothing reserved, nothing encoded),
+    /// [`PrivateError::MemoryBudget`] when the diagonals do not fit the
+    /// budget, [`PrivateError::Helora`] when a plan does not fit the adapter.
     pub fn open_session(
         &self,
         offer: &SessionOffer,
         galois_keys: &[u8],
     ) -> Result<ServerSession, PrivateError> {
+        self.open_session_with_public_key(offer, galois_keys, None)
+    }
+
+    /// [`AdapterServer::open_session`] with the client's serialised public
+    /// key, which circuit privacy needs (ignored without).
+    ///
+    /// # Errors
+    /// Those of [`AdapterServer::open_session`];
+    /// [`PrivateError::PublicKeyRequired`] when the offer rerandomises and
+    /// `public_key` is `None`; [`PrivateError::Ckks`] for a malformed one.
+    pub fn open_session_with_public_key(
+        &self,
+        offer: &SessionOffer,
+        galois_keys: &[u8],
+        public_key: Option<&[u8]>,
+    ) -> Result<ServerSession, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(offer.preset)?)?;
         let gks = GaloisKeys::from_bytes(&ctx, galois_keys)?;
-        let he = CkksServer::new(&ctx, gks, None)?;
-        let mut prepared = HashMap::with_capacity(offer.groups.len());
+        let mut needed = BTreeSet::new();
+        for og in &offer.groups {
+            for step in og.plan.galois_steps()? {
+                let g = ctx.galois_element(step);
+                if g != 1 {
+                    needed.insert(g);
+                }
+            }
+        }
+        let given: BTreeSet<u64> = gks.galois_elements().into_iter().collect();
+        if given != needed {
+            return Err(PrivateError::GaloisKeysMismatch {
+                missing: needed.difference(&given).count(),
+                extra: given.difference(&needed).count(),
+            });
+        }
+        let rerandomize = offer.groups.iter().any(|g| g.plan.rerandomize);
+        let pk = match (rerandomize, public_key) {
+            (false, _) => None,
+            (true, None) => return Err(PrivateError::PublicKeyRequired),
+            (true, Some(b)) => Some((
+                PublicKey::from_bytes(&ctx, b)?,
+                self.circuit_privacy.unwrap_or_default(),
+            )),
+        };
+        let he = CkksServer::new(&ctx, gks, pk)?;
+        let prepared = self.prepared_offer(offer, &he)?;
+        Ok(ServerSession { ctx, he, prepared })
+    }
+
+    /// The shared diagonals of `offer`, encoded with `he`'s encoder if no
+    /// open session holds them.
+    fn prepared_offer(
+        &self,
+        offer: &SessionOffer,
+        he: &CkksServer,
+    ) -> Result<Arc<PreparedOffer>, PrivateError> {
+        let key: OfferKey = (
+            offer.t,
+            offer
+                .groups
+                .iter()
+                .map(|g| (g.layer, AdapterGroups::group_index(g.group), g.plan.id()))
+                .collect(),
+        );
+        let slot = {
+            let mut map = self.prepared.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, v| {
+                Arc::strong_count(v) > 1 || v.lock().is_ok_and(|w| w.strong_count() > 0)
+            });
+            map.entry(key).or_default().clone()
+        };
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = slot.upgrade() {
+            return Ok(p);
+        }
+        let bytes = offer.diagonal_bytes()?;
+        let memory = self
+            .memory
+            .reserve(bytes)
+            .map_err(|got| PrivateError::MemoryBudget {
+                got,
+                limit: self.memory.limit(),
+            })?;
+        let mut groups = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
             let g = self
                 .groups
@@ -197,25 +361,45 @@ impl AdapterServer {
                     layer: og.layer as u32,
                     group: AdapterGroups::group_index(og.group),
                 })?;
-            let pg = PreparedGroup::new(&he, &og.plan, &g.adapter)?;
-            prepared.insert((og.layer as u32, AdapterGroups::group_index(og.group)), pg);
+            let pg = PreparedGroup::new(he, &og.plan, &g.adapter)?;
+            groups.insert((og.layer as u32, AdapterGroups::group_index(og.group)), pg);
         }
-        Ok(ServerSession { ctx, he, prepared })
+        let p = Arc::new(PreparedOffer {
+            groups,
+            _memory: memory,
+        });
+        *slot = Arc::downgrade(&p);
+        Ok(p)
     }
 }
 
-/// One client's session: its Galois keys and the pre-encoded weights.
+impl SessionOffer {
+    /// Bytes of plaintext diagonals a session for this offer holds: the sum
+    /// over its groups of [`cipherlora_helora::GroupPlan::diagonal_bytes`].
+    ///
+    /// # Errors
+    /// [`cipherlora_helora::HeloraError`] for an infeasible plan.
+    pub fn diagonal_bytes(&self) -> Result<u64, cipherlora_helora::HeloraError> {
+        self.groups
+            .iter()
+            .map(|g| g.plan.diagonal_bytes())
+            .try_fold(0u64, |a, b| Ok(a.saturating_add(b?)))
+    }
+}
+
+/// One client's session: its Galois keys, and a handle on the offer's
+/// shared diagonals.
 pub struct ServerSession {
     ctx: Arc<Context>,
     he: CkksServer,
-    prepared: HashMap<(u32, u32), PreparedGroup<CkksServer>>,
+    prepared: Arc<PreparedOffer>,
 }
 
 impl std::fmt::Debug for ServerSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerSession")
             .field("slots", &self.ctx.slots())
-            .field("groups", &self.prepared.len())
+            .field("groups", &self.prepared.groups.len())
             .finish_non_exhaustive()
     }
 }
@@ -229,12 +413,14 @@ impl ServerSession {
     /// of ciphertexts or malformed ciphertext bytes (checked before any
     /// arithmetic).
     pub fn handle(&self, request: &GroupRequest) -> Result<GroupResponse, PrivateError> {
-        let pg = self.prepared.get(&(request.layer, request.group)).ok_or(
-            PrivateError::UnknownGroup {
+        let pg = self
+            .prepared
+            .groups
+            .get(&(request.layer, request.group))
+            .ok_or(PrivateError::UnknownGroup {
                 layer: request.layer,
                 group: request.group,
-            },
-        )?;
+            })?;
         Ok(pg.handle(&self.he, request)?)
     }
 }

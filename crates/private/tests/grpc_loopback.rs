@@ -114,7 +114,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
         .into_iter()
         .collect();
     let keys = he.galois_keys(&steps).to_bytes();
-    let mut bad = GrpcTransport::open(raw, &offer, &keys).unwrap();
+    let mut bad = GrpcTransport::open(raw, &offer, &keys, None).unwrap();
     let n_in = first.plan.input_cts().unwrap();
     let layer = first.layer as u32;
     let refused = |e: cipherlora_service::ServiceError, code: Code, reason: ErrorReason| {

@@ -34,7 +34,7 @@ fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
     let dir = adapter_dir(adapter);
     let server = AdapterServer::load(&dir, model.config()).unwrap();
     let offer = server.offer(k + 1).unwrap();
-    let mut hook = HeHook::connect(&offer, model.config(), |keys| {
+    let mut hook = HeHook::connect(&offer, model.config(), |keys, _| {
         Ok(InProcess::new(Arc::new(server.open_session(&offer, keys)?)))
     })
     .unwrap();

@@ -10,12 +10,15 @@
 //! validation belong to the HE crates. This crate checks only the envelope:
 //! session-id length, ciphertext counts and sizes ([`validate`]).
 
+pub mod codec;
 pub mod error;
+pub mod plan_id;
 pub mod reason;
 pub mod session_id;
 pub mod validate;
 
 pub use error::ProtoError;
+pub use plan_id::plan_id;
 pub use reason::{ERROR_REASON_KEY, ErrorReason};
 pub use session_id::SessionId;
 pub use validate::{RequestLimits, decode_group_request, validate_group_request};

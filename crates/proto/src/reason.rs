@@ -56,6 +56,9 @@ reasons! {
     LimitExceeded => "limit_exceeded",
     /// The stream mixes sessions or goes back in rounds.
     ProtocolViolation => "protocol_violation",
+    /// A group request names another plan than its session's (the client
+    /// laid its ciphertexts out for a plan the server does not run).
+    PlanMismatch => "plan_mismatch",
     /// The server is shutting down.
     ShuttingDown => "shutting_down",
     /// A bug or resource failure on the server.

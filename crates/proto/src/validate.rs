@@ -89,6 +89,7 @@ mod tests {
             layer: 1,
             group: 0,
             ciphertexts: cts,
+            plan_id: 7,
         }
     }
 

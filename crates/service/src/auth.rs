@@ -81,39 +81,107 @@ impl TokenSet {
     /// Whether `presented` is one of the tokens (constant time in the token
     /// contents; all tokens are compared).
     pub fn accepts(&self, presented: &[u8]) -> bool {
-        let mut ok = subtle::Choice::from(0u8);
-        for t in &self.tokens {
-            ok |= t.as_slice().ct_eq(presented);
+        self.find(presented).is_some()
+    }
+
+    /// The index of `presented` in the set (its [`Principal`]), compared in
+    /// constant time against every token.
+    pub fn find(&self, presented: &[u8]) -> Option<Principal> {
+        use subtle::ConditionallySelectable;
+        let mut index = u32::MAX;
+        for (i, t) in self.tokens.iter().enumerate() {
+            let i = u32::try_from(i).unwrap_or(u32::MAX);
+            index = u32::conditional_select(&index, &i, t.as_slice().ct_eq(presented));
         }
-        ok.into()
+        (index != u32::MAX).then_some(Principal(index))
     }
 }
 
 /// Server-side interceptor: rejects calls without a valid bearer token with
 /// `UNAUTHENTICATED`. With no token set, every call passes.
+/// Who made a call: the index of its bearer token in the server's
+/// [`TokenSet`] ([`Principal::ANONYMOUS`] when authentication is off). The
+/// interceptor puts it in the request's extensions; per-token limits and the
+/// extraction budget are kept per principal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Principal(pub u32);
+
+impl Principal {
+    /// Every caller of a server without authentication.
+    pub const ANONYMOUS: Principal = Principal(u32::MAX);
+
+    /// The principal the interceptor attached to `req`.
+    pub(crate) fn of<T>(req: &Request<T>) -> Principal {
+        req.extensions()
+            .get::<Principal>()
+            .copied()
+            .unwrap_or(Principal::ANONYMOUS)
+    }
+}
+
+/// Rejected calls are logged at WARN at most once per this interval (with
+/// the count since the last WARN line); the others at DEBUG, so a client
+/// with a wrong token cannot flood the log.
+const REJECTION_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// When the last WARN line about a rejected token was written, and how many
+/// rejections were logged at DEBUG since.
+#[derive(Debug, Default)]
+pub(crate) struct RejectionLog {
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl RejectionLog {
+    /// Logs one rejection: WARN if none was logged at WARN within
+    /// [`REJECTION_WARN_INTERVAL`], else DEBUG.
+    pub(crate) fn rejected(&self, remote: Option<std::net::SocketAddr>) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        let due =
+            st.0.is_none_or(|t| now.duration_since(t) >= REJECTION_WARN_INTERVAL);
+        if due {
+            let suppressed = st.1;
+            *st = (Some(now), 0);
+            drop(st);
+            tracing::warn!(
+                ?remote,
+                suppressed,
+                "rejected call: missing or wrong bearer token (further rejections within a minute at DEBUG)"
+            );
+        } else {
+            st.1 += 1;
+            drop(st);
+            tracing::debug!(?remote, "rejected call: missing or wrong bearer token");
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct AuthInterceptor {
     pub(crate) tokens: Option<Arc<TokenSet>>,
     pub(crate) metrics: Arc<Metrics>,
+    pub(crate) rejections: Arc<RejectionLog>,
 }
 
 impl tonic::service::Interceptor for AuthInterceptor {
-    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
         let Some(tokens) = &self.tokens else {
+            req.extensions_mut().insert(Principal::ANONYMOUS);
             return Ok(req);
         };
-        let presented = req
+        let principal = req
             .metadata()
             .get(AUTHORIZATION_KEY)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-        match presented {
-            Some(tok) if tokens.accepts(tok) => Ok(req),
-            _ => {
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .and_then(|tok| tokens.find(tok));
+        match principal {
+            Some(p) => {
+                req.extensions_mut().insert(p);
+                Ok(req)
+            }
+            None => {
                 self.metrics.auth_failure();
-                tracing::warn!(
-                    remote = ?req.remote_addr(),
-                    "rejected call: missing or wrong bearer token"
-                );
+                self.rejections.rejected(req.remote_addr());
                 Err(status(
                     Code::Unauthenticated,
                     ErrorReason::Unauthenticated,
@@ -124,7 +192,6 @@ impl tonic::service::Interceptor for AuthInterceptor {
     }
 }
 
-/// Client-side interceptor: adds `authorization: Bearer <token>`.
 #[derive(Clone)]
 pub(crate) struct BearerToken {
     pub(crate) value: Option<tonic::metadata::AsciiMetadataValue>,

@@ -87,6 +87,9 @@ pub struct OpenedSession {
 pub struct GroupShape {
     /// Ciphertexts in each request for this group.
     pub input_ciphertexts: usize,
+    /// Positions (token rows) one request of this group evaluates the delta
+    /// for: what the extraction budget counts.
+    pub positions: u32,
 }
 
 /// One served adapter.
@@ -104,6 +107,13 @@ pub trait AdapterBackend: Send + Sync + 'static {
 
 /// The per-session half: computes LoRA deltas on ciphertexts.
 pub trait SessionCompute: Send + Sync {
+    /// True for a session that computes nothing (opened only to learn the
+    /// plan): it expires after `Limits::offer_timeout` and counts against
+    /// `Limits::max_offers_per_token`.
+    fn offer_only(&self) -> bool {
+        false
+    }
+
     /// The request shape of `(layer, group)`.
     ///
     /// # Errors
@@ -229,7 +239,8 @@ pub enum BackendError {
         what: String,
     },
     /// The CKKS preset is not served. → `INVALID_ARGUMENT`, `parameter_mismatch`.
-    #[error("unknown CKKS preset {preset:?}")]
+    /// The message does not echo the (client-supplied) name.
+    #[error("CKKS preset not served (ListAdapters names the served ones)")]
     UnknownPreset {
         /// The preset asked for.
         preset: String,

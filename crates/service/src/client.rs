@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cipherlora_proto::v1::adapter_service_client::AdapterServiceClient;
 use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
-use cipherlora_proto::{ErrorReason, SessionId};
+use cipherlora_proto::{ErrorReason, SessionId, plan_id};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -53,15 +53,25 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Longest wait for one round (all its groups), including upload.
     pub round_timeout: Duration,
-    /// Replays of a round after transient failures.
+    /// Replays of a round after transient failures, at least: the client
+    /// keeps replaying past this count until `retry_for` has passed since
+    /// the round's first failure.
     pub max_retries: u32,
-    /// Wait before retry `i` is `i · retry_backoff`.
+    /// How long a round keeps being retried after its first transient
+    /// failure (a server restarting: 2 s warm, 18 s cold, measured).
+    pub retry_for: Duration,
+    /// Wait before retry `i` is `retry_backoff · 2^(i−1)`, at most
+    /// [`MAX_BACKOFF`].
     pub retry_backoff: Duration,
 }
 
+/// Longest wait between two retries of a round.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
 impl ClientConfig {
     /// Defaults: no TLS, no token, loopback link, 128 MiB messages, 10 s
-    /// connect timeout, 120 s round timeout, 3 retries, 100 ms backoff.
+    /// connect timeout, 120 s round timeout, retries for 30 s (at least 3),
+    /// 100 ms first backoff.
     pub fn new(endpoint: impl Into<String>) -> Self {
         Self {
             endpoint: endpoint.into(),
@@ -72,6 +82,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(10),
             round_timeout: Duration::from_secs(120),
             max_retries: 3,
+            retry_for: Duration::from_secs(30),
             retry_backoff: Duration::from_millis(100),
         }
     }
@@ -167,6 +178,9 @@ pub struct AsyncAdapterClient {
     down: Arc<LinkDirection>,
     rpc: Option<Rpc>,
     params: Option<SessionParams>,
+    /// The plan of the first session opened with `params`: a reopened
+    /// session must run the same one.
+    pinned_plan: Option<Bytes>,
     session: Option<(SessionId, SessionInfo)>,
     stream: Option<RoundStream>,
     stats: ClientStats,
@@ -187,6 +201,7 @@ impl AsyncAdapterClient {
             bearer,
             rpc: None,
             params: None,
+            pinned_plan: None,
             session: None,
             stream: None,
             stats: ClientStats::default(),
@@ -236,6 +251,11 @@ impl AsyncAdapterClient {
         self.session.as_ref().map(|(id, _)| *id)
     }
 
+    /// The open session's plan and limits, if any.
+    pub fn session_info(&self) -> Option<&SessionInfo> {
+        self.session.as_ref().map(|(_, info)| info)
+    }
+
     /// Every adapter the server serves.
     ///
     /// # Errors
@@ -261,6 +281,7 @@ impl AsyncAdapterClient {
             let _ = self.close().await;
         }
         self.params = Some(params);
+        self.pinned_plan = None;
         let r = self.reopen().await;
         if r.is_err() {
             // A refused opening leaves no session to replay into.
@@ -287,6 +308,20 @@ impl AsyncAdapterClient {
         let id = SessionId::from_slice(&resp.session_id).map_err(|e| ServiceError::Protocol {
             what: format!("open-session answer: {e}"),
         })?;
+        match &self.pinned_plan {
+            Some(old) if *old != resp.plan => {
+                // Leave the new session to the server's timeout: nothing
+                // will be computed against a layout the client did not make.
+                let _ = rpc
+                    .close_session(v1::CloseSessionRequest {
+                        session_id: resp.session_id.clone(),
+                    })
+                    .await;
+                return Err(ServiceError::PlanChanged);
+            }
+            Some(_) => {}
+            None => self.pinned_plan = Some(resp.plan.clone()),
+        }
         let info = SessionInfo {
             plan: resp.plan,
             idle_timeout: Duration::from_millis(resp.idle_timeout_ms),
@@ -307,6 +342,7 @@ impl AsyncAdapterClient {
     pub async fn close(&mut self) -> Result<()> {
         self.stream = None;
         self.params = None;
+        self.pinned_plan = None;
         let Some((id, _)) = self.session.take() else {
             return Ok(());
         };
@@ -370,6 +406,7 @@ impl AsyncAdapterClient {
             }
         }
         let mut attempt = 0;
+        let mut first_failure: Option<std::time::Instant> = None;
         loop {
             let after = self.config.round_timeout;
             let r = match tokio::time::timeout(after, self.try_round(round, calls, &index)).await {
@@ -381,7 +418,9 @@ impl AsyncAdapterClient {
                 Err(e) => e,
             };
             self.stream = None;
-            if !e.is_transient() || attempt >= self.config.max_retries {
+            let since = *first_failure.get_or_insert_with(std::time::Instant::now);
+            let out_of_time = since.elapsed() >= self.config.retry_for;
+            if !e.is_transient() || (attempt >= self.config.max_retries && out_of_time) {
                 return Err(e);
             }
             attempt += 1;
@@ -394,7 +433,12 @@ impl AsyncAdapterClient {
                 self.rpc = None;
             }
             tracing::warn!(round, attempt, error = %e, "round failed, replaying");
-            tokio::time::sleep(self.config.retry_backoff * attempt).await;
+            let backoff = self
+                .config
+                .retry_backoff
+                .saturating_mul(1u32 << (attempt - 1).min(16))
+                .min(MAX_BACKOFF);
+            tokio::time::sleep(backoff).await;
         }
     }
 
@@ -407,10 +451,11 @@ impl AsyncAdapterClient {
         if self.session.is_none() {
             self.reopen().await?;
         }
-        let Some((id, _)) = &self.session else {
+        let Some((id, info)) = &self.session else {
             return Err(ServiceError::NoSession);
         };
         let sid = id.to_bytes();
+        let plan = plan_id(&info.plan);
         if self.stream.is_none() {
             self.stream = Some(self.open_stream().await?);
         }
@@ -426,6 +471,7 @@ impl AsyncAdapterClient {
                 layer: c.layer,
                 group: c.group,
                 ciphertexts: c.ciphertexts.clone(),
+                plan_id: plan,
             };
             if stream.tx.send(req).await.is_err() {
                 break; // the stream died; its status is read below
@@ -615,5 +661,10 @@ impl AdapterClient {
     /// See [`AsyncAdapterClient::session_id`].
     pub fn session_id(&self) -> Option<SessionId> {
         self.inner.session_id()
+    }
+
+    /// The open session's plan and limits, if any.
+    pub fn session_info(&self) -> Option<&SessionInfo> {
+        self.inner.session_info()
     }
 }

@@ -56,6 +56,14 @@ pub enum ServiceError {
     /// A round was requested before a session was opened.
     #[error("no open session: call open_session first")]
     NoSession,
+    /// A session reopened after a loss (eviction, server restart) runs
+    /// another plan than the one the client laid its ciphertexts out for:
+    /// the server's planner changed. Not transient: the caller must start
+    /// over with the new plan.
+    #[error(
+        "the reopened session runs another plan than the lost one (the server's planner changed)"
+    )]
+    PlanChanged,
     /// The server's answer does not match the request (unknown group,
     /// duplicate response, malformed open-session response).
     #[error("protocol violation by the server: {what}")]

@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod backend;
+mod budget;
 pub mod client;
 mod convert;
 pub mod error;
@@ -35,6 +36,7 @@ pub use backend::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupShape, OpenSessionPayload,
     OpenedSession, SessionCompute,
 };
+pub use cipherlora_proto::plan_id;
 pub use client::{
     AdapterClient, AsyncAdapterClient, ClientConfig, GroupCall, SessionInfo, SessionParams,
 };

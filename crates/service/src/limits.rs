@@ -16,6 +16,16 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Open sessions at once, over all adapters and clients.
     pub max_sessions: usize,
+    /// Open sessions at once per bearer token (all callers of a server
+    /// without authentication share one token's limits).
+    pub max_sessions_per_token: usize,
+    /// Offer-only sessions (opened without keys, to learn the plan) at once
+    /// per bearer token.
+    pub max_offers_per_token: usize,
+    /// Key bytes (public plus Galois keys) the open sessions of one bearer
+    /// token may hold together: a session's own memory is its keys and
+    /// buffers (the adapter's encoded diagonals are shared).
+    pub max_key_bytes_per_token: usize,
     /// Public key plus Galois keys bytes per session.
     pub max_key_bytes_per_session: usize,
     /// Ciphertexts in one layer-group request.
@@ -30,25 +40,53 @@ pub struct Limits {
     pub max_requests_per_session: u64,
     /// A session without a request for this long is dropped with its keys.
     pub idle_timeout: Duration,
+    /// An offer-only session is dropped this long after it was opened (a
+    /// round on it never refreshes its timer: it computes nothing).
+    pub offer_timeout: Duration,
+    /// A keyed session that has not yet started a round is dropped after
+    /// this long (a killed client's half-opened sessions go fast).
+    pub unstarted_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection (one `Rounds` stream per
+    /// session, plus unary calls).
+    pub max_concurrent_streams: u32,
+    /// Delta evaluations (positions × layer groups, replays included) one
+    /// bearer token may have computed on one adapter within
+    /// `extraction_window`; beyond it group requests are refused with
+    /// `RESOURCE_EXHAUSTED` (`limit_exceeded`) until old evaluations leave
+    /// the window. See README's security section for what it buys.
+    pub extraction_budget: u64,
+    /// The sliding window of `extraction_budget`.
+    pub extraction_window: Duration,
     /// Time in-flight streams get to finish after shutdown was asked for.
     pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
-    /// 128 MiB messages, 32 sessions, 96 MiB of keys per session, 64
-    /// ciphertexts of at most 8 MiB per request, 4 requests in flight per
-    /// stream, 10 million requests per session, 10 min idle timeout, 10 s
-    /// shutdown grace.
+    /// 128 MiB messages, 32 sessions (16 per token, at most 4 of them offer-only),
+    /// 96 MiB of keys per session and 1 GiB per token, 64 ciphertexts of
+    /// at most 8 MiB per request, 4 requests in flight per stream, 64
+    /// HTTP/2 streams per connection, 10 million requests per session, 10
+    /// min idle timeout (60 s before the first round, 30 s for offer-only
+    /// sessions), 20 million delta evaluations per token and adapter per
+    /// hour, 10 s shutdown grace.
     fn default() -> Self {
         Self {
             max_message_bytes: 128 << 20,
             max_sessions: 32,
+            max_sessions_per_token: 16,
+            max_offers_per_token: 4,
+            max_key_bytes_per_token: 1 << 30,
             max_key_bytes_per_session: 96 << 20,
             max_ciphertexts_per_request: 64,
             max_ciphertext_bytes: 8 << 20,
             max_in_flight_per_stream: 4,
             max_requests_per_session: 10_000_000,
             idle_timeout: Duration::from_secs(600),
+            offer_timeout: Duration::from_secs(30),
+            unstarted_timeout: Duration::from_secs(60),
+            max_concurrent_streams: 64,
+            extraction_budget: 20_000_000,
+            extraction_window: Duration::from_secs(3600),
             shutdown_grace: Duration::from_secs(10),
         }
     }

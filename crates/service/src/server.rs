@@ -1,10 +1,19 @@
 //! The adapter server: `cipherlora serve` is [`serve`] with a real HE backend.
 //!
 //! Order of checks for every layer-group request, all before any arithmetic:
-//! bearer token (interceptor) → message size (tonic decoder) → envelope
-//! (session-id length, ciphertext count and sizes) → stream bound to one
-//! session → session exists → session request budget → layer/group exists → ciphertext count matches
-//! the plan → the backend parses and validates every ciphertext.
+//! bearer token (interceptor) → message size and protobuf decoding (tonic
+//! decoder; undecodable: `INVALID_ARGUMENT`) → envelope (session-id length,
+//! ciphertext count and sizes) → stream bound to one session → session
+//! exists and belongs to the caller's token → plan id matches the session's
+//! (`FAILED_PRECONDITION`) → session request budget → layer/group exists →
+//! ciphertext count matches the plan → the token's extraction budget for
+//! the adapter → the backend parses and validates every ciphertext.
+//!
+//! `OpenSession` checks the global and per-token session limits and the key
+//! bytes before the backend parses anything; the backend validates keys and
+//! plan before it reserves memory. Status messages are at most
+//! [`crate::status::MAX_STATUS_MESSAGE`] bytes and never echo a
+//! client-supplied string.
 //!
 //! Logs carry session tags (first 4 bytes of the id), sizes and timings,
 //! never key or ciphertext bytes.
@@ -19,7 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cipherlora_proto::v1::adapter_service_server::{AdapterService, AdapterServiceServer};
 use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
-use cipherlora_proto::{ErrorReason, SessionId, validate_group_request};
+use cipherlora_proto::{ErrorReason, SessionId, plan_id, validate_group_request};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -27,12 +36,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use crate::auth::{AuthInterceptor, TokenSet};
-use crate::backend::{AdapterBackend, AdapterInfo, BackendError, OpenSessionPayload};
+use crate::auth::{AuthInterceptor, Principal, RejectionLog, TokenSet};
+use crate::backend::{AdapterBackend, BackendError, OpenSessionPayload};
+use crate::budget::ExtractionBudget;
 use crate::error::{Result, ServiceError};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, serve_metrics};
-use crate::sessions::{InsertError, Session, SessionTable};
+use crate::sessions::{InsertError, NewSession, Session, SessionTable};
 use crate::status::{from_backend, from_proto, status};
 use crate::tls::TlsConfig;
 
@@ -73,8 +83,11 @@ impl ServeConfig {
 
 struct State {
     adapters: BTreeMap<String, Arc<dyn AdapterBackend>>,
-    infos: Vec<AdapterInfo>,
+    /// The `ListAdapters` answer, built once at bind (its size checked
+    /// against the message limit there).
+    list: v1::ListAdaptersResponse,
     sessions: SessionTable,
+    budget: ExtractionBudget,
     limits: Limits,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
@@ -99,10 +112,15 @@ impl AdapterServer {
     pub async fn bind(config: ServeConfig, backends: Vec<Arc<dyn AdapterBackend>>) -> Result<Self> {
         let l = &config.limits;
         if l.max_sessions == 0
+            || l.max_sessions_per_token == 0
             || l.max_message_bytes == 0
             || l.max_ciphertexts_per_request == 0
             || l.max_in_flight_per_stream == 0
+            || l.max_concurrent_streams == 0
             || l.idle_timeout.is_zero()
+            || l.offer_timeout.is_zero()
+            || l.unstarted_timeout.is_zero()
+            || l.extraction_window.is_zero()
         {
             return Err(ServiceError::Config {
                 reason: "limits must be positive".into(),
@@ -124,6 +142,14 @@ impl AdapterServer {
             }
             infos.push(info);
         }
+        let list = v1::ListAdaptersResponse {
+            adapters: infos.iter().map(Into::into).collect(),
+        };
+        if prost::Message::encoded_len(&list) > l.max_message_bytes {
+            return Err(ServiceError::Config {
+                reason: "the adapter descriptions exceed max_message_bytes".into(),
+            });
+        }
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|e| ServiceError::io(format!("binding {}", config.listen), e))?;
@@ -141,8 +167,12 @@ impl AdapterServer {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let state = Arc::new(State {
             adapters,
-            infos,
-            sessions: SessionTable::new(config.limits.max_sessions),
+            list,
+            sessions: SessionTable::new(config.limits.clone()),
+            budget: ExtractionBudget::new(
+                config.limits.extraction_budget,
+                config.limits.extraction_window,
+            ),
             limits: config.limits.clone(),
             metrics: Arc::new(Metrics::default()),
             shutdown: shutdown_rx,
@@ -196,7 +226,8 @@ impl AdapterServer {
             .initial_stream_window_size(Some(STREAM_WINDOW))
             .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .max_concurrent_streams(Some(limits.max_concurrent_streams));
         match &config.tls {
             Some(tls) => {
                 builder = builder.tls_config(
@@ -219,6 +250,7 @@ impl AdapterServer {
             AuthInterceptor {
                 tokens: config.tokens.clone().map(Arc::new),
                 metrics: state.metrics.clone(),
+                rejections: Arc::new(RejectionLog::default()),
             },
         );
 
@@ -286,13 +318,13 @@ pub async fn serve(
 }
 
 async fn evict_loop(state: Arc<State>) {
-    let idle = state.limits.idle_timeout;
-    let period = (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let period = (state.sessions.shortest_timeout() / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(5));
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        for s in state.sessions.evict_idle(idle) {
+        for s in state.sessions.evict_idle() {
             state.metrics.session("evicted");
             tracing::info!(session = %s.id.tag(), adapter = %s.adapter_id, "evicted idle session");
         }
@@ -313,16 +345,15 @@ impl AdapterService for Svc {
         _req: Request<v1::ListAdaptersRequest>,
     ) -> std::result::Result<Response<v1::ListAdaptersResponse>, Status> {
         self.state.metrics.request("list_adapters", Code::Ok);
-        Ok(Response::new(v1::ListAdaptersResponse {
-            adapters: self.state.infos.iter().map(Into::into).collect(),
-        }))
+        Ok(Response::new(self.state.list.clone()))
     }
 
     async fn open_session(
         &self,
         req: Request<v1::OpenSessionRequest>,
     ) -> std::result::Result<Response<v1::OpenSessionResponse>, Status> {
-        let r = self.state.open_session(req.into_inner()).await;
+        let who = Principal::of(&req);
+        let r = self.state.open_session(who, req.into_inner()).await;
         self.state.metrics.request(
             "open_session",
             r.as_ref().map_or_else(Status::code, |_| Code::Ok),
@@ -336,9 +367,10 @@ impl AdapterService for Svc {
         &self,
         req: Request<Streaming<GroupRequest>>,
     ) -> std::result::Result<Response<RoundsStream>, Status> {
+        let who = Principal::of(&req);
         let inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(self.state.limits.max_in_flight_per_stream * 2);
-        tokio::spawn(run_stream(self.state.clone(), inbound, tx));
+        tokio::spawn(run_stream(self.state.clone(), who, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -346,10 +378,12 @@ impl AdapterService for Svc {
         &self,
         req: Request<v1::CloseSessionRequest>,
     ) -> std::result::Result<Response<v1::CloseSessionResponse>, Status> {
+        let who = Principal::of(&req);
         let r = SessionId::from_slice(&req.get_ref().session_id)
             .map_err(|e| from_proto(&e))
             .and_then(|id| {
-                if self.state.sessions.remove(&id) {
+                let mine = self.state.sessions.get(&id).is_some_and(|s| s.owner == who);
+                if mine && self.state.sessions.remove(&id) {
                     self.state.metrics.session("closed");
                     tracing::info!(session = %id.tag(), "closed session");
                     Ok(v1::CloseSessionResponse {})
@@ -376,13 +410,14 @@ fn unknown_session() -> Status {
 impl State {
     async fn open_session(
         &self,
+        who: Principal,
         req: v1::OpenSessionRequest,
     ) -> std::result::Result<v1::OpenSessionResponse, Status> {
         let backend = self.adapters.get(&req.adapter_id).cloned().ok_or_else(|| {
             status(
                 Code::NotFound,
                 ErrorReason::UnknownAdapter,
-                format!("no adapter {:?}", req.adapter_id),
+                "no such adapter (ListAdapters names the served ones)",
             )
         })?;
         let key_bytes = req.public_key.len() + req.galois_keys.len();
@@ -398,9 +433,9 @@ impl State {
                 ),
             ));
         }
-        if !self.sessions.has_room() {
-            return Err(sessions_full(self.limits.max_sessions));
-        }
+        self.sessions
+            .check_room(who, key_bytes, None)
+            .map_err(insert_error)?;
         let payload = OpenSessionPayload {
             ckks_preset: req.ckks_preset,
             public_key: req.public_key,
@@ -413,16 +448,20 @@ impl State {
             .await
             .map_err(|e| internal(&e))?
             .map_err(|e| {
-                tracing::info!(adapter = %req.adapter_id, error = %e, "open session refused");
-                from_backend(&e)
+                let s = from_backend(&e);
+                tracing::info!(adapter = %req.adapter_id, code = ?s.code(), "open session refused: {}", s.message());
+                s
             })?;
         let id = self
             .sessions
-            .insert(req.adapter_id.clone(), opened.compute)
-            .map_err(|e| match e {
-                InsertError::Full { limit } => sessions_full(limit),
-                InsertError::Rng(e) => internal(&e),
-            })?;
+            .insert(NewSession {
+                adapter_id: req.adapter_id.clone(),
+                owner: who,
+                compute: opened.compute,
+                plan_id: plan_id(&opened.plan),
+                key_bytes,
+            })
+            .map_err(insert_error)?;
         self.metrics.session("opened");
         tracing::info!(
             session = %id.tag(),
@@ -444,6 +483,7 @@ impl State {
     /// Every check of a layer-group request that needs no arithmetic.
     fn admit(
         &self,
+        who: Principal,
         req: &GroupRequest,
         bound: &mut Option<SessionId>,
     ) -> std::result::Result<Arc<Session>, Status> {
@@ -459,7 +499,18 @@ impl State {
             }
             _ => *bound = Some(id),
         }
-        let session = self.sessions.get(&id).ok_or_else(unknown_session)?;
+        let session = self
+            .sessions
+            .get(&id)
+            .filter(|s| s.owner == who)
+            .ok_or_else(unknown_session)?;
+        if req.plan_id != session.plan_id {
+            return Err(status(
+                Code::FailedPrecondition,
+                ErrorReason::PlanMismatch,
+                "the request's plan id is not the session's plan: reopen the session",
+            ));
+        }
         let n = session.count_request();
         if n > self.limits.max_requests_per_session {
             return Err(status(
@@ -481,16 +532,32 @@ impl State {
                 got: req.ciphertexts.len(),
             }));
         }
+        self.budget
+            .charge(who, &session.adapter_id, u64::from(shape.positions))
+            .map_err(|e| {
+                status(
+                    Code::ResourceExhausted,
+                    ErrorReason::LimitExceeded,
+                    format!(
+                        "extraction budget: {} delta evaluations in the window, limit {}",
+                        e.would_be, e.limit
+                    ),
+                )
+            })?;
+        self.sessions.touch(&session);
         Ok(session)
     }
 }
 
-fn sessions_full(limit: usize) -> Status {
-    status(
-        Code::ResourceExhausted,
-        ErrorReason::LimitExceeded,
-        format!("{limit} sessions open, the server's limit"),
-    )
+fn insert_error(e: InsertError) -> Status {
+    match e {
+        InsertError::Full { what, limit } => status(
+            Code::ResourceExhausted,
+            ErrorReason::LimitExceeded,
+            format!("limit reached: {what} (limit {limit})"),
+        ),
+        InsertError::Rng(e) => internal(&e),
+    }
 }
 
 fn internal(e: &dyn std::fmt::Display) -> Status {
@@ -508,7 +575,12 @@ type Tx = mpsc::Sender<std::result::Result<GroupResponse, Status>>;
 /// `max_in_flight_per_stream` of them at once on blocking threads, and sends
 /// each response as soon as it is ready. The first refusal ends the stream
 /// with its status; the session stays open.
-async fn run_stream(state: Arc<State>, mut inbound: Streaming<GroupRequest>, tx: Tx) {
+async fn run_stream(
+    state: Arc<State>,
+    who: Principal,
+    mut inbound: Streaming<GroupRequest>,
+    tx: Tx,
+) {
     let depth = state.limits.max_in_flight_per_stream;
     let permits = Arc::new(Semaphore::new(depth));
     let mut bound: Option<SessionId> = None;
@@ -552,7 +624,7 @@ async fn run_stream(state: Arc<State>, mut inbound: Streaming<GroupRequest>, tx:
                 break;
             }
         };
-        let session = match state.admit(&req, &mut bound) {
+        let session = match state.admit(who, &req, &mut bound) {
             Ok(s) => s,
             Err(s) => {
                 tracing::info!(

@@ -1,21 +1,37 @@
-//! The session table: ids, per-session compute state, idle eviction.
+//! The session table: ids, per-session compute state, per-token limits and
+//! idle eviction.
+//!
+//! A session is dropped after `offer_timeout` if it is offer-only (a round
+//! on it never refreshes its timer), after `unstarted_timeout` if it has
+//! not yet had a round admitted, else after `idle_timeout` without one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cipherlora_proto::SessionId;
 
+use crate::auth::Principal;
 use crate::backend::SessionCompute;
+use crate::limits::Limits;
 
 /// One open session.
 pub(crate) struct Session {
     pub(crate) id: SessionId,
     pub(crate) adapter_id: String,
+    pub(crate) owner: Principal,
     pub(crate) compute: Box<dyn SessionCompute>,
-    /// Milliseconds since the table's epoch at the last request.
+    /// `cipherlora_proto::plan_id` of the plan returned at opening.
+    pub(crate) plan_id: u64,
+    /// Public plus Galois key bytes the session holds.
+    key_bytes: usize,
+    offer_only: bool,
+    /// Milliseconds since the table's epoch at the last admitted request
+    /// (at opening before that).
     last_used_ms: AtomicU64,
+    /// Whether a round was admitted.
+    started: AtomicBool,
     /// Layer-group requests admitted so far.
     requests: AtomicU64,
 }
@@ -27,27 +43,41 @@ impl Session {
     }
 }
 
-/// All open sessions, bounded in number.
+/// What a new session brings to the table.
+pub(crate) struct NewSession {
+    pub(crate) adapter_id: String,
+    pub(crate) owner: Principal,
+    pub(crate) compute: Box<dyn SessionCompute>,
+    pub(crate) plan_id: u64,
+    pub(crate) key_bytes: usize,
+}
+
+/// All open sessions, bounded in number globally and per token.
 pub(crate) struct SessionTable {
     map: Mutex<HashMap<SessionId, Arc<Session>>>,
     epoch: Instant,
-    max_sessions: usize,
+    limits: Limits,
 }
 
 /// Why a session could not be inserted.
 pub(crate) enum InsertError {
-    /// The table is full.
-    Full { limit: usize },
+    /// A count or size limit is reached.
+    Full {
+        /// Which limit, in words.
+        what: &'static str,
+        /// Its value.
+        limit: usize,
+    },
     /// The OS CSPRNG failed.
     Rng(String),
 }
 
 impl SessionTable {
-    pub(crate) fn new(max_sessions: usize) -> Self {
+    pub(crate) fn new(limits: Limits) -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
-            max_sessions,
+            limits,
         }
     }
 
@@ -59,24 +89,29 @@ impl SessionTable {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Whether another session fits (checked before the backend does any key
-    /// parsing; [`SessionTable::insert`] checks again).
-    pub(crate) fn has_room(&self) -> bool {
-        self.lock().len() < self.max_sessions
+    /// Whether `owner` may open another session holding `key_bytes`
+    /// (offer-only or not), checked before the backend parses any key;
+    /// [`SessionTable::insert`] checks again, offers included.
+    pub(crate) fn check_room(
+        &self,
+        owner: Principal,
+        key_bytes: usize,
+        offer_only: Option<bool>,
+    ) -> Result<(), InsertError> {
+        check(&self.lock(), &self.limits, owner, key_bytes, offer_only)
     }
 
     /// Stores a session under a fresh random 128-bit id.
-    pub(crate) fn insert(
-        &self,
-        adapter_id: String,
-        compute: Box<dyn SessionCompute>,
-    ) -> Result<SessionId, InsertError> {
+    pub(crate) fn insert(&self, new: NewSession) -> Result<SessionId, InsertError> {
         let mut map = self.lock();
-        if map.len() >= self.max_sessions {
-            return Err(InsertError::Full {
-                limit: self.max_sessions,
-            });
-        }
+        let offer_only = new.compute.offer_only();
+        check(
+            &map,
+            &self.limits,
+            new.owner,
+            new.key_bytes,
+            Some(offer_only),
+        )?;
         let id = loop {
             let mut raw = [0u8; 16];
             getrandom::fill(&mut raw).map_err(|e| InsertError::Rng(e.to_string()))?;
@@ -89,20 +124,32 @@ impl SessionTable {
             id,
             Arc::new(Session {
                 id,
-                adapter_id,
-                compute,
+                adapter_id: new.adapter_id,
+                owner: new.owner,
+                compute: new.compute,
+                plan_id: new.plan_id,
+                key_bytes: new.key_bytes,
+                offer_only,
                 last_used_ms: AtomicU64::new(self.now_ms()),
+                started: AtomicBool::new(false),
                 requests: AtomicU64::new(0),
             }),
         );
         Ok(id)
     }
 
-    /// The session `id`, marked as used now.
+    /// The session `id`. Its idle timer is not refreshed: see
+    /// [`SessionTable::touch`].
     pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
-        let s = self.lock().get(id).cloned()?;
+        self.lock().get(id).cloned()
+    }
+
+    /// Marks `s` as used now and started: called once a round request passed
+    /// every check (a refused request, e.g. any round on an offer-only
+    /// session, keeps a session no longer).
+    pub(crate) fn touch(&self, s: &Session) {
         s.last_used_ms.store(self.now_ms(), Ordering::Relaxed);
-        Some(s)
+        s.started.store(true, Ordering::Relaxed);
     }
 
     /// Removes the session `id`; whether it existed.
@@ -110,22 +157,81 @@ impl SessionTable {
         self.lock().remove(id).is_some()
     }
 
-    /// Removes sessions idle for longer than `idle`; returns them. A request
-    /// already running keeps its own handle and completes.
-    pub(crate) fn evict_idle(&self, idle: Duration) -> Vec<Arc<Session>> {
+    /// Removes sessions past their timeout (see the module docs); returns
+    /// them. A request already running keeps its own handle and completes.
+    pub(crate) fn evict_idle(&self) -> Vec<Arc<Session>> {
         let now = self.now_ms();
-        let idle_ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let l = &self.limits;
+        let (idle, unstarted, offer) = (
+            ms(l.idle_timeout),
+            ms(l.unstarted_timeout.min(l.idle_timeout)),
+            ms(l.offer_timeout.min(l.idle_timeout)),
+        );
         let mut map = self.lock();
         let stale: Vec<SessionId> = map
             .values()
-            .filter(|s| now.saturating_sub(s.last_used_ms.load(Ordering::Relaxed)) > idle_ms)
+            .filter(|s| {
+                let timeout = if s.offer_only {
+                    offer
+                } else if !s.started.load(Ordering::Relaxed) {
+                    unstarted
+                } else {
+                    idle
+                };
+                now.saturating_sub(s.last_used_ms.load(Ordering::Relaxed)) > timeout
+            })
             .map(|s| s.id)
             .collect();
         stale.iter().filter_map(|id| map.remove(id)).collect()
+    }
+
+    /// The shortest of the timeouts: how often eviction should look.
+    pub(crate) fn shortest_timeout(&self) -> Duration {
+        let l = &self.limits;
+        l.idle_timeout.min(l.unstarted_timeout).min(l.offer_timeout)
     }
 
     /// Open sessions now.
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
+}
+
+/// The limits check of [`SessionTable::check_room`] on a locked map;
+/// `offer_only: None` skips the offer count (not known yet).
+fn check(
+    map: &HashMap<SessionId, Arc<Session>>,
+    l: &Limits,
+    owner: Principal,
+    key_bytes: usize,
+    offer_only: Option<bool>,
+) -> Result<(), InsertError> {
+    let full = |what, limit| Err(InsertError::Full { what, limit });
+    if map.len() >= l.max_sessions {
+        return full("sessions open on this server", l.max_sessions);
+    }
+    let mine = map.values().filter(|s| s.owner == owner);
+    let (mut sessions, mut offers, mut keys) = (0usize, 0usize, 0usize);
+    for s in mine {
+        sessions += 1;
+        offers += usize::from(s.offer_only);
+        keys = keys.saturating_add(s.key_bytes);
+    }
+    if sessions >= l.max_sessions_per_token {
+        return full("sessions open for this token", l.max_sessions_per_token);
+    }
+    if offer_only == Some(true) && offers >= l.max_offers_per_token {
+        return full(
+            "offer-only sessions open for this token",
+            l.max_offers_per_token,
+        );
+    }
+    if keys.saturating_add(key_bytes) > l.max_key_bytes_per_token {
+        return full(
+            "key bytes held by this token's sessions",
+            l.max_key_bytes_per_token,
+        );
+    }
+    Ok(())
 }

@@ -6,14 +6,32 @@ use tonic::{Code, Status};
 
 use crate::backend::BackendError;
 
-/// A status with `code`, `message` and the machine-readable `reason`.
+/// Longest status message the server sends, bytes; longer ones are cut at
+/// a character boundary and end with `…`.
+pub const MAX_STATUS_MESSAGE: usize = 256;
+
+/// A status with `code`, `message` (cut to [`MAX_STATUS_MESSAGE`] bytes) and
+/// the machine-readable `reason`.
 pub fn status(code: Code, reason: ErrorReason, message: impl Into<String>) -> Status {
-    let mut s = Status::new(code, message);
+    let mut s = Status::new(code, bounded(message.into()));
     s.metadata_mut().insert(
         ERROR_REASON_KEY,
         tonic::metadata::MetadataValue::from_static(reason.as_str()),
     );
     s
+}
+
+/// `m` cut to at most [`MAX_STATUS_MESSAGE`] bytes.
+fn bounded(mut m: String) -> String {
+    if m.len() > MAX_STATUS_MESSAGE {
+        let mut end = MAX_STATUS_MESSAGE - '…'.len_utf8();
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push('…');
+    }
+    m
 }
 
 /// The reason attached to a status, if the server attached a known one.
@@ -111,5 +129,23 @@ mod tests {
             assert_eq!(s.code(), code, "{e}");
             assert_eq!(reason_of(&s), Some(reason), "{e}");
         }
+    }
+
+    #[test]
+    fn status_messages_are_bounded_and_never_echo_a_preset_name() {
+        let long = "é".repeat(10_000);
+        let s = status(Code::InvalidArgument, ErrorReason::InvalidPlan, long);
+        assert!(
+            s.message().len() <= MAX_STATUS_MESSAGE,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().ends_with('…'));
+        let preset = "x".repeat(1 << 20);
+        let s = from_backend(&BackendError::UnknownPreset {
+            preset: preset.clone(),
+        });
+        assert!(!s.message().contains("xxxx"), "{}", s.message());
+        assert_eq!(s.code(), Code::InvalidArgument);
     }
 }

@@ -12,7 +12,9 @@
 //!   its modulus".
 //! - public key: `"TPK"`, version `1`, `log2 N` (u8), 32 bytes of key material.
 //! - Galois keys: `"TGK"`, version `1`, count (u32), `count` rotation steps (i64).
-//! - plan request: positions per round `T` (u32, 1..=64).
+//! - plan request: positions per round `T` (u32, 1..=64), or 0 for an
+//!   offer-only session (the plan is returned, every round is refused with
+//!   `UnknownLayer`, like the HE backend's first opening step).
 //!
 //! Arithmetic: for input slots `x` of `(layer, group)` in a session whose
 //! public key is `pk`, the output ciphertext holds
@@ -251,9 +253,9 @@ impl AdapterBackend for TestBackend {
             .map_err(|_| BackendError::InvalidPlan {
                 reason: "plan request must be 4 bytes".into(),
             })?;
-        if !(1..=64).contains(&t) {
+        if t > 64 {
             return Err(BackendError::InvalidPlan {
-                reason: format!("T = {t} positions outside 1..=64"),
+                reason: format!("T = {t} positions above 64"),
             });
         }
         let mut plan = BytesMut::new();
@@ -265,6 +267,7 @@ impl AdapterBackend for TestBackend {
         Ok(OpenedSession {
             plan: plan.freeze(),
             compute: Box::new(TestSession {
+                t,
                 log2_n,
                 tag: session_tag(&p.public_key),
                 num_layers: self.info.num_layers,
@@ -275,6 +278,8 @@ impl AdapterBackend for TestBackend {
 }
 
 struct TestSession {
+    /// Positions per request; 0: offer-only.
+    t: u32,
     log2_n: u8,
     tag: f64,
     num_layers: u32,
@@ -282,10 +287,15 @@ struct TestSession {
 }
 
 impl SessionCompute for TestSession {
+    fn offer_only(&self) -> bool {
+        self.t == 0
+    }
+
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
         match self.cts_per_group.get(group as usize) {
-            Some(&n) if layer < self.num_layers => Ok(GroupShape {
+            Some(&n) if layer < self.num_layers && self.t > 0 => Ok(GroupShape {
                 input_ciphertexts: n,
+                positions: self.t,
             }),
             _ => Err(BackendError::UnknownLayer { layer, group }),
         }

@@ -215,12 +215,14 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
     check(3, 2, 0, &out);
 
     // Unknown session and a stream mixing sessions (forged with a raw client).
+    let plan = cipherlora_proto::plan_id(&bad.session_info().unwrap().plan);
     let forged = |sid: [u8; 16]| GroupRequest {
         session_id: Bytes::copy_from_slice(&sid),
         round: 0,
         layer: 0,
         group: 0,
         ciphertexts: vec![encode_ct(12, 2, &inputs(3, 0, 0, 0))],
+        plan_id: plan,
     };
     let s = raw_rounds(fx.server.addr(), &fx.cert, vec![forged([0xEE; 16])]).unwrap_err();
     assert_eq!(s.code(), Code::NotFound);
@@ -272,7 +274,7 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
         (Code::InvalidArgument, Some(ErrorReason::ParameterMismatch))
     );
     let mut p = params(4);
-    p.plan_request = Bytes::from_static(&[0, 0, 0, 0]);
+    p.plan_request = Bytes::from_static(&[65, 0, 0, 0]); // T = 65 > 64
     assert_eq!(
         rpc_err(opener.open_session(p).unwrap_err()),
         (Code::InvalidArgument, Some(ErrorReason::InvalidPlan))

@@ -8,3 +8,4 @@ pub mod fetch;
 pub mod generate;
 pub mod remote;
 pub mod serve;
+pub mod serve_limits;

@@ -13,6 +13,8 @@ use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterBackend, ServeConfig, TlsConfig};
 use clap::Args;
 
+use super::serve_limits::{LimitArgs, ServeFile};
+
 /// Arguments of `cipherlora serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -22,13 +24,15 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
-    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2.
+    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2
+    /// (refused unless --insecure).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// File of accepted bearer tokens, one per line; without, no auth.
+    /// File of accepted bearer tokens, one per line; without, no auth
+    /// (refused unless --insecure).
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Base model file whose shapes the adapters fit (default: the fetched
@@ -43,19 +47,46 @@ pub struct ServeArgs {
     /// exceed it is refused with RESOURCE_EXHAUSTED.
     #[arg(long)]
     max_session_memory_mib: Option<u64>,
+    /// Serve without TLS or without bearer tokens (tokens and ciphertexts
+    /// in clear, or anyone may use the adapter): for tests on a trusted
+    /// host only.
+    #[arg(long)]
+    insecure: bool,
+    /// Circuit privacy: rerandomise every returned ciphertext under the
+    /// client's public key with flooding noise (2^-20 in slot units), so the
+    /// noise does not carry the adapter's weights; costs one encryption of
+    /// zero per returned ciphertext.
+    #[arg(long)]
+    circuit_privacy: bool,
+    /// TOML file with a `[limits]` table (any limit flag's name, with `_`)
+    /// and `max_session_memory_mib`; flags win over it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 impl ServeArgs {
     /// Loads the adapters and serves until Ctrl-C or SIGTERM, then shuts
     /// down gracefully.
     pub fn run(self) -> anyhow::Result<()> {
+        self.check_security()?;
+        let file = match &self.config {
+            Some(p) => ServeFile::read(p)?,
+            None => ServeFile::default(),
+        };
+        let limits = self
+            .limits
+            .clone()
+            .over(file.limits)
+            .apply(cipherlora_service::Limits::default());
         let base = match &self.base_model {
             Some(p) => p.clone(),
             None => fetch::ensure_default_model()?,
         };
         let model =
             Model::load(&base).with_context(|| format!("loading base model {}", base.display()))?;
-        let memory = match self.max_session_memory_mib {
+        let memory = match self.max_session_memory_mib.or(file.max_session_memory_mib) {
             Some(mib) => SessionMemory::new(mib.saturating_mul(1 << 20)),
             None => SessionMemory::default(),
         };
@@ -66,9 +97,12 @@ impl ServeArgs {
         let mut backends: Vec<Arc<dyn AdapterBackend>> = Vec::new();
         for dir in &self.adapters {
             let id = cipherlora_private::adapter_id(dir)?;
-            let b = HeBackend::load(&id, dir, model.config())
+            let mut b = HeBackend::load(&id, dir, model.config())
                 .with_context(|| format!("loading adapter {}", dir.display()))?
                 .with_session_memory(memory.clone());
+            if self.circuit_privacy {
+                b = b.with_circuit_privacy(cipherlora_private::Rerandomization::default());
+            }
             eprintln!(
                 "adapter {id}: {} groups, preset {}",
                 b.server().groups().groups.len(),
@@ -85,6 +119,7 @@ impl ServeArgs {
             config.tokens = Some(TokenSet::from_file(f)?);
         }
         config.metrics_listen = self.metrics_listen;
+        config.limits = limits;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -95,6 +130,33 @@ impl ServeArgs {
             eprintln!("shutting down");
         }))?;
         Ok(())
+    }
+}
+
+impl ServeArgs {
+    /// Refuses to serve without TLS or without tokens unless `--insecure`:
+    /// checked before anything is loaded.
+    ///
+    /// # Errors
+    /// What is missing, and the flag that allows it.
+    pub fn check_security(&self) -> anyhow::Result<()> {
+        if self.insecure {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        if self.tls_cert.is_none() {
+            missing.push("TLS (--tls-cert/--tls-key)");
+        }
+        if self.token_file.is_none() {
+            missing.push("bearer tokens (--token-file)");
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "refusing to serve without {}: pass --insecure to allow it (tests on a trusted host only)",
+            missing.join(" and ")
+        )
     }
 }
 

@@ -14,11 +14,11 @@ use cipherlora_service::{
     OpenedSession, SessionCompute,
 };
 
-use super::memory::{Reservation, SessionMemory};
 use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
 use crate::PrivateError;
 use crate::adapter_groups::{AdapterGroups, LoraKind};
 use crate::server::{AdapterServer, ServerSession, SessionOffer};
+use crate::session_memory::SessionMemory;
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 const COST_REPS: usize = 15;
@@ -32,29 +32,37 @@ const COST_REPS: usize = 15;
 ///   step of the client's two-step opening: it needs the plans' Galois steps
 ///   to make the keys.
 /// - otherwise: the same offer (deterministic in T and the server's planner
-///   costs), the Galois keys parsed and validated, every group's plaintext
-///   diagonals pre-encoded ([`AdapterServer::open_session`]).
+///   costs), the Galois keys parsed and checked to be exactly the plans'
+///   rotations, then the offer's plaintext diagonals, shared with every
+///   other session of the offer ([`AdapterServer::open_session`]).
 ///
-/// The public key is not used (no circuit-privacy rerandomisation yet).
+/// The public key is used only with circuit privacy
+/// ([`HeBackend::with_circuit_privacy`]): outputs are rerandomised under it.
 ///
-/// Sessions share a memory budget ([`HeBackend::with_session_memory`];
-/// default: 60 % of physical memory, for this backend alone): a session
-/// reserves its diagonals' bytes ([`SessionOffer::diagonal_bytes`]) before
-/// encoding them and is refused with [`BackendError::LimitExceeded`] if
-/// they do not fit.
+/// Prepared offers share a memory budget ([`HeBackend::with_session_memory`];
+/// default: 60 % of physical memory, for this backend alone): the first
+/// session of an offer reserves its diagonals' bytes
+/// ([`SessionOffer::diagonal_bytes`]) before encoding them and is refused
+/// with [`BackendError::LimitExceeded`] if they do not fit; later sessions
+/// of the offer reserve nothing.
+///
+/// Every group request's ciphertexts are checked against the plan before
+/// any arithmetic: framing and coefficients, level, and a scale equal to
+/// the parameters' (a finite, huge scale is `ParameterMismatch`, never
+/// `INTERNAL`).
 #[derive(Debug)]
 pub struct HeBackend {
     server: AdapterServer,
     info: AdapterInfo,
     ctx: Arc<Context>,
-    memory: SessionMemory,
 }
 
 impl HeBackend {
     /// Loads the PEFT adapter in `dir` for a base model of shape `config`
     /// and describes it from `adapter_config.json` and `cipherlora.json`;
-    /// measures this machine's CKKS op costs for the planner
-    /// ([`AdapterServer::measure_costs`], about a second).
+    /// plans with this machine's CKKS op costs
+    /// ([`AdapterServer::cached_costs`]: measured once per machine, about a
+    /// second, then read from the cache).
     ///
     /// # Errors
     /// As [`AdapterServer::load`] and [`AdapterServer::measure_costs`];
@@ -66,8 +74,9 @@ impl HeBackend {
         config: &ModelConfig,
     ) -> Result<Self, PrivateError> {
         let mut server = AdapterServer::load(dir, config)?;
-        // Plan with this machine's measured op costs, not the defaults.
-        server.measure_costs(COST_REPS)?;
+        // Plan with this machine's measured op costs, not the defaults,
+        // measured once per machine so that a restart offers the same plans.
+        server.cached_costs(COST_REPS)?;
         let info = describe(adapter_id.into(), dir, &server)?;
         Self::new(server, info)
     }
@@ -82,27 +91,30 @@ impl HeBackend {
         info.ckks_presets = vec![preset_name(server.preset()).to_string()];
         info.ffa_lora_a = (server.groups().kind == LoraKind::Ffa)
             .then(|| Bytes::from(encode_public_a(server.groups())));
-        Ok(Self {
-            server,
-            info,
-            ctx,
-            memory: SessionMemory::default(),
-        })
+        Ok(Self { server, info, ctx })
     }
 
-    /// Makes this backend's sessions reserve from `memory`, which other
-    /// backends may share (the bytes of plaintext diagonals all their open
-    /// sessions may hold together).
+    /// Makes this backend's prepared offers reserve from `memory`, which
+    /// other backends may share (the bytes of plaintext diagonals all their
+    /// offers with open sessions may hold together).
     #[must_use]
     pub fn with_session_memory(mut self, memory: SessionMemory) -> Self {
-        self.memory = memory;
+        self.server.set_session_memory(memory);
+        self
+    }
+
+    /// Turns circuit privacy on: offers plan rerandomised outputs and
+    /// sessions need the client's public key (`serve --circuit-privacy`).
+    #[must_use]
+    pub fn with_circuit_privacy(mut self, r: crate::Rerandomization) -> Self {
+        self.server.set_circuit_privacy(Some(r));
         self
     }
 
     /// The session memory budget this backend reserves from.
     #[must_use]
     pub fn session_memory(&self) -> &SessionMemory {
-        &self.memory
+        self.server.session_memory()
     }
 
     /// The adapter server.
@@ -232,31 +244,30 @@ impl AdapterBackend for HeBackend {
                 compute: Box::new(OfferOnly),
             });
         }
-        let bytes = offer
-            .diagonal_bytes()
-            .map_err(|e| BackendError::InvalidPlan {
-                reason: e.to_string(),
-            })?;
-        let reservation =
-            self.memory
-                .reserve(bytes)
-                .map_err(|got| BackendError::LimitExceeded {
-                    what: "session plaintext memory (bytes)",
-                    got,
-                    limit: self.memory.limit(),
-                })?;
+        let public_key = (!payload.public_key.is_empty()).then_some(&payload.public_key[..]);
         let session = self
             .server
-            .open_session(&offer, &payload.galois_keys)
+            .open_session_with_public_key(&offer, &payload.galois_keys, public_key)
             .map_err(|e| match e {
+                e @ PrivateError::PublicKeyRequired => BackendError::InvalidKey {
+                    what: e.to_string(),
+                },
                 PrivateError::Ckks(e) => BackendError::InvalidKey {
                     what: e.to_string(),
+                },
+                e @ PrivateError::GaloisKeysMismatch { .. } => BackendError::InvalidKey {
+                    what: e.to_string(),
+                },
+                PrivateError::MemoryBudget { got, limit } => BackendError::LimitExceeded {
+                    what: "session plaintext memory (bytes)",
+                    got,
+                    limit,
                 },
                 other => BackendError::InvalidPlan {
                     reason: other.to_string(),
                 },
             })?;
-        let compute = HeCompute::new(self.ctx.clone(), session, &offer, reservation)?;
+        let compute = HeCompute::new(self.ctx.clone(), session, &offer)?;
         Ok(OpenedSession {
             plan,
             compute: Box::new(compute),
@@ -268,6 +279,10 @@ impl AdapterBackend for HeBackend {
 struct OfferOnly;
 
 impl SessionCompute for OfferOnly {
+    fn offer_only(&self) -> bool {
+        true
+    }
+
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
         Err(BackendError::UnknownLayer { layer, group })
     }
@@ -290,6 +305,8 @@ struct GroupMeta {
     t: u32,
     inputs: usize,
     level: usize,
+    /// The scale every input ciphertext must have (the parameters').
+    scale: f64,
 }
 
 /// A live HE session: validates each request's ciphertexts (framing,
@@ -299,8 +316,6 @@ struct HeCompute {
     ctx: Arc<Context>,
     session: ServerSession,
     groups: HashMap<(u32, u32), GroupMeta>,
-    /// The session's share of the memory budget, returned on drop.
-    _memory: Reservation,
 }
 
 impl HeCompute {
@@ -308,7 +323,6 @@ impl HeCompute {
         ctx: Arc<Context>,
         session: ServerSession,
         offer: &SessionOffer,
-        memory: Reservation,
     ) -> Result<Self, BackendError> {
         let mut groups = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
@@ -320,6 +334,7 @@ impl HeCompute {
                 t: og.plan.t as u32,
                 inputs,
                 level: og.plan.input_level(),
+                scale: ctx.params().scale(),
             };
             let key = (og.layer as u32, AdapterGroups::group_index(og.group));
             groups.insert(key, meta);
@@ -328,7 +343,6 @@ impl HeCompute {
             ctx,
             session,
             groups,
-            _memory: memory,
         })
     }
 
@@ -342,8 +356,10 @@ impl HeCompute {
 
 impl SessionCompute for HeCompute {
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
+        let meta = self.meta(layer, group)?;
         Ok(GroupShape {
-            input_ciphertexts: self.meta(layer, group)?.inputs,
+            input_ciphertexts: meta.inputs,
+            positions: meta.t,
         })
     }
 
@@ -370,6 +386,12 @@ impl SessionCompute for HeCompute {
                     what: format!("level {}, the plan needs {}", ct.level(), meta.level),
                 });
             }
+            if !scale_matches(ct.scale(), meta.scale) {
+                return Err(BackendError::ParameterMismatch {
+                    index,
+                    what: "scale differs from the parameters' scale".into(),
+                });
+            }
         }
         let request = GroupRequest {
             plan_id: meta.plan_id,
@@ -381,6 +403,13 @@ impl SessionCompute for HeCompute {
         let response = self.session.handle(&request).map_err(backend_error)?;
         Ok(response.ciphertexts.into_iter().map(Bytes::from).collect())
     }
+}
+
+/// Whether an input ciphertext's `scale` is finite and the plan's
+/// `expected` one, to 1024 ulps (the scale travels as exact f64 bits; the
+/// margin only absorbs a client computing the same scale another way).
+fn scale_matches(scale: f64, expected: f64) -> bool {
+    scale.is_finite() && (scale - expected).abs() <= expected * f64::EPSILON * 1024.0
 }
 
 /// Maps a CKKS deserialisation error of ciphertext `index`.
@@ -536,22 +565,17 @@ mod tests {
         }
     }
 
-    /// Regression (session memory was bounded only by the session count:
-    /// the wan80 bench peaked at 18.5 GB): sessions reserve their
-    /// diagonals' bytes, one that does not fit is refused with
-    /// `LimitExceeded`, and a closed session gives its share back.
-    #[test]
-    fn regression_sessions_beyond_the_memory_budget_are_refused_until_one_closes() {
+    /// The offer for width `t` and exactly-matching Galois keys for it.
+    fn offer_and_keys(b: &HeBackend, t: usize) -> (SessionOffer, Vec<u8>, Vec<i64>) {
         use cipherlora_helora::CkksClient;
-        let probe = backend();
-        let preset = probe.info().ckks_presets[0].clone();
-        let request = |offer_only| PlanRequest { t: 3, offer_only }.to_bytes();
-        let opened = probe
-            .open_session(payload(&preset, request(true), vec![]))
-            .unwrap();
+        let preset = b.info().ckks_presets[0].clone();
+        let request = PlanRequest {
+            t,
+            offer_only: true,
+        }
+        .to_bytes();
+        let opened = b.open_session(payload(&preset, request, vec![])).unwrap();
         let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
-        let need = offer.diagonal_bytes().unwrap();
-        assert!(need > 0);
         let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
         let he = CkksClient::new(&ctx).unwrap();
         let steps: Vec<i64> = offer.groups[0]
@@ -561,35 +585,137 @@ mod tests {
             .into_iter()
             .collect();
         let keys = he.galois_keys(&steps).to_bytes();
-        let open = |b: &HeBackend| b.open_session(payload(&preset, request(false), keys.clone()));
+        (offer, keys, steps)
+    }
 
-        let b = backend().with_session_memory(SessionMemory::new(need + need / 2));
-        assert_eq!(b.session_memory().limit(), need + need / 2);
-        let first = open(&b).unwrap();
-        match refusal(open(&b)) {
-            BackendError::LimitExceeded { got, limit, .. } => {
-                assert_eq!((got, limit), (2 * need, need + need / 2));
-            }
+    fn open_t(b: &HeBackend, t: usize, keys: &[u8]) -> Result<OpenedSession, BackendError> {
+        let preset = b.info().ckks_presets[0].clone();
+        let request = PlanRequest {
+            t,
+            offer_only: false,
+        }
+        .to_bytes();
+        b.open_session(payload(&preset, request, keys.to_vec()))
+    }
+
+    /// Regression (issue 15: every session encoded its own copy of the
+    /// adapter's diagonals; N clients paid N copies): sessions of one offer
+    /// share its diagonals, charged to the budget once; they are freed when
+    /// the last session closes; another width that does not fit beside
+    /// them is refused with `LimitExceeded` until they are freed.
+    #[test]
+    fn sessions_of_one_offer_share_its_diagonals_charged_once() {
+        let probe = backend();
+        let (offer3, keys3, _) = offer_and_keys(&probe, 3);
+        let (offer5, keys5, _) = offer_and_keys(&probe, 5);
+        let (need3, need5) = (
+            offer3.diagonal_bytes().unwrap(),
+            offer5.diagonal_bytes().unwrap(),
+        );
+        assert!(need3 > 0 && need5 > 0);
+        let b = backend().with_session_memory(SessionMemory::new(need3.max(need5) + 1));
+        let sessions: Vec<_> = (0..4).map(|_| open_t(&b, 3, &keys3).unwrap()).collect();
+        assert_eq!(
+            b.session_memory().reserved(),
+            need3,
+            "charged once for 4 sessions"
+        );
+        match refusal(open_t(&b, 5, &keys5)) {
+            BackendError::LimitExceeded { got, .. } => assert_eq!(got, need3 + need5),
             e => panic!("{e}"),
         }
         // Offer-only sessions hold no diagonals and are never refused.
-        b.open_session(payload(&preset, request(true), vec![]))
-            .unwrap();
-        assert_eq!(b.session_memory().reserved(), need);
-        drop(first);
+        let preset = b.info().ckks_presets[0].clone();
+        let probe_req = PlanRequest {
+            t: 5,
+            offer_only: true,
+        }
+        .to_bytes();
+        b.open_session(payload(&preset, probe_req, vec![])).unwrap();
+        let mut sessions = sessions;
+        sessions.truncate(1);
+        assert_eq!(
+            b.session_memory().reserved(),
+            need3,
+            "one session still holds them"
+        );
+        drop(sessions);
         assert_eq!(b.session_memory().reserved(), 0);
-        let _second = open(&b).unwrap();
+        let _five = open_t(&b, 5, &keys5).unwrap();
+        assert_eq!(b.session_memory().reserved(), need5);
         // A budget shared by two backends counts both.
         let other = backend().with_session_memory(b.session_memory().clone());
         assert!(matches!(
-            refusal(open(&other)),
+            refusal(open_t(&other, 3, &keys3)),
             BackendError::LimitExceeded { .. }
         ));
-        let tiny = backend().with_session_memory(SessionMemory::new(need - 1));
+        let tiny = backend().with_session_memory(SessionMemory::new(need3 - 1));
         assert!(matches!(
-            refusal(open(&tiny)),
+            refusal(open_t(&tiny, 3, &keys3)),
             BackendError::LimitExceeded { .. }
         ));
+    }
+
+    /// Regression (issue 15: a session opened with an empty key set, or keys
+    /// for another width, was accepted, reserved its diagonals' memory and
+    /// failed every round with INTERNAL "no Galois key for rotation step").
+    #[test]
+    fn open_session_rejects_galois_keys_missing_plan_steps() {
+        use cipherlora_helora::CkksClient;
+        let b = backend();
+        let (offer, _, steps) = offer_and_keys(&b, 3);
+        assert!(!steps.is_empty(), "the test plan must rotate");
+        let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+        let he = CkksClient::new(&ctx).unwrap();
+        let empty = he.galois_keys(&[]).to_bytes();
+        let missing_one = he.galois_keys(&steps[1..]).to_bytes();
+        let mut other_width: Vec<i64> = steps.clone();
+        other_width.push(ctx.slots() as i64 / 2 + 1);
+        let extra_one = he.galois_keys(&other_width).to_bytes();
+        for (what, keys) in [
+            ("empty", empty),
+            ("missing", missing_one),
+            ("extra", extra_one),
+        ] {
+            match refusal(open_t(&b, 3, &keys)) {
+                BackendError::InvalidKey { .. } => {}
+                e => panic!("{what}: {e}"),
+            }
+            assert_eq!(b.session_memory().reserved(), 0, "{what}: nothing reserved");
+        }
+    }
+
+    /// Regression (issue 15: a seeded ciphertext whose scale field is 1e300
+    /// passed validation and failed later with INTERNAL "scale mismatch:
+    /// inf vs inf").
+    #[test]
+    fn ciphertext_with_scale_1e300_is_parameter_mismatch_not_internal() {
+        use cipherlora_helora::{CkksClient, HeClient};
+        let b = backend();
+        let (offer, _, steps) = offer_and_keys(&b, 3);
+        let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+        // Keys and ciphertexts under one secret key.
+        let he = CkksClient::new(&ctx).unwrap();
+        let keys = he.galois_keys(&steps).to_bytes();
+        let c = open_t(&b, 3, &keys).unwrap().compute;
+        let n = c.group_shape(1, 1).unwrap().input_ciphertexts;
+        let level = offer.groups[0].plan.input_level();
+        let good = he.encrypt_to_bytes(&[0.25; 8], &[], level).unwrap();
+        assert_eq!(
+            c.compute(1, 1, 0, &vec![Bytes::from(good.clone()); n])
+                .unwrap()
+                .len(),
+            1
+        );
+        for scale in [1e300, 2.0, ctx.params().scale() * 2.0] {
+            let mut bad = good.clone();
+            bad[16..24].copy_from_slice(&f64::to_bits(scale).to_le_bytes());
+            let e = c.compute(1, 1, 0, &vec![Bytes::from(bad); n]).unwrap_err();
+            assert!(
+                matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
+                "scale {scale}: {e}"
+            );
+        }
     }
 
     #[test]
@@ -680,6 +806,61 @@ mod tests {
         assert!(
             matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
             "{e}"
+        );
+    }
+
+    /// `serve --circuit-privacy` (issue 15: rerandomised outputs existed but
+    /// could not be switched on over the network): the offer's plans
+    /// rerandomise, a session without the client's public key is refused
+    /// (`InvalidKey`, nothing reserved), and with it the deltas decrypt to
+    /// those of a session without circuit privacy, in fresh ciphertexts.
+    #[test]
+    fn circuit_privacy_needs_the_public_key_and_keeps_the_deltas() {
+        use cipherlora_helora::{CkksClient, HeClient};
+        let plain = backend();
+        let private = backend().with_circuit_privacy(crate::Rerandomization::default());
+        let (offer, _, steps) = offer_and_keys(&private, 3);
+        assert!(offer.groups.iter().all(|g| g.plan.rerandomize));
+        let (plain_offer, _, _) = offer_and_keys(&plain, 3);
+        assert!(plain_offer.groups.iter().all(|g| !g.plan.rerandomize));
+        let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+        let he = CkksClient::new(&ctx).unwrap();
+        let keys = he.galois_keys(&steps).to_bytes();
+        match refusal(open_t(&private, 3, &keys)) {
+            BackendError::InvalidKey { .. } => {}
+            e => panic!("{e}"),
+        }
+        assert_eq!(private.session_memory().reserved(), 0);
+        let preset = private.info().ckks_presets[0].clone();
+        let real = PlanRequest {
+            t: 3,
+            offer_only: false,
+        }
+        .to_bytes();
+        let mut p = payload(&preset, real, keys.clone());
+        p.public_key = Bytes::from(he.public_key().to_bytes());
+        let c = private.open_session(p).unwrap().compute;
+        let c0 = open_t(&plain, 3, &keys).unwrap().compute;
+        let n = c.group_shape(1, 1).unwrap().input_ciphertexts;
+        let x: Vec<f64> = (0..8).map(|i| 0.1 * i as f64 - 0.3).collect();
+        let level = offer.groups[0].plan.input_level();
+        let ct = Bytes::from(he.encrypt_to_bytes(&x, &[], level).unwrap());
+        let a = c.compute(1, 1, 0, &vec![ct.clone(); n]).unwrap();
+        let b = c0.compute(1, 1, 0, &vec![ct; n]).unwrap();
+        assert_ne!(a, b, "rerandomised outputs are fresh ciphertexts");
+        let (da, db) = (
+            he.decrypt_from_bytes(&a[0]).unwrap(),
+            he.decrypt_from_bytes(&b[0]).unwrap(),
+        );
+        let worst = da
+            .iter()
+            .zip(&db)
+            .map(|(u, v)| (u - v).norm())
+            .fold(0.0f64, f64::max);
+        assert!(worst < 1e-3, "deltas differ by {worst}");
+        assert!(
+            db.iter().any(|v| v.norm() > 1e-2),
+            "the deltas are not all zero"
         );
     }
 

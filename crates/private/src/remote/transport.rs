@@ -119,7 +119,8 @@ impl std::fmt::Debug for GrpcTransport {
 
 impl GrpcTransport {
     /// Step two: opens the real session for `offer` with the client's
-    /// serialised Galois keys.
+    /// serialised Galois keys and, for an offer with circuit privacy, its
+    /// public key.
     ///
     /// # Errors
     /// [`PrivateError::Service`] when the server refuses the keys,
@@ -129,12 +130,13 @@ impl GrpcTransport {
         mut client: AdapterClient,
         offer: &RemoteOffer,
         galois_keys: &[u8],
+        public_key: Option<&[u8]>,
     ) -> Result<Self, PrivateError> {
         let session = client
             .open_session(SessionParams {
                 adapter_id: offer.info.adapter_id.clone(),
                 ckks_preset: offer.ckks_preset.clone(),
-                public_key: Bytes::new(),
+                public_key: public_key.map(Bytes::copy_from_slice).unwrap_or_default(),
                 galois_keys: Bytes::copy_from_slice(galois_keys),
                 plan_request: Bytes::from(
                     PlanRequest {
@@ -164,6 +166,11 @@ impl GrpcTransport {
     /// [`PrivateError::Service`] when the call fails.
     pub fn close(mut self) -> Result<(), PrivateError> {
         self.client.close().map_err(transport_error)
+    }
+
+    /// The gRPC client (stats, session).
+    pub fn client(&self) -> &AdapterClient {
+        &self.client
     }
 
     /// The gRPC client (stats, or raw calls).
@@ -270,8 +277,8 @@ pub fn connect_remote(
 ) -> Result<HeHook<GrpcTransport>, PrivateError> {
     let mut client = AdapterClient::connect(config).map_err(transport_error)?;
     let offer = fetch_offer(&mut client, adapter_id, t)?;
-    HeHook::connect(&offer.offer, model_config, |keys| {
-        GrpcTransport::open(client, &offer, keys)
+    HeHook::connect(&offer.offer, model_config, |keys, pk| {
+        GrpcTransport::open(client, &offer, keys, pk)
     })
 }
 

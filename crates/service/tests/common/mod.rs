@@ -23,6 +23,8 @@ use cipherlora_service::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub const TOKEN: &str = "test-token-0123456789abcdef";
+/// A second accepted token (per-token limits).
+pub const TOKEN2: &str = "test-token-second-0123456789";
 pub const ADAPTER: &str = "test-adapter";
 pub const LAYERS: u32 = 4;
 pub const SLOTS: usize = 2048; // test-n4096
@@ -34,14 +36,29 @@ pub struct Fixture {
 
 pub fn start(limits: Limits) -> Fixture {
     let cert = dev_cert(&["localhost"]).unwrap();
-    let mut cfg = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    let server = start_on(
+        &cert,
+        "127.0.0.1:0".parse().unwrap(),
+        limits,
+        TestBackend::new(ADAPTER, LAYERS),
+    );
+    Fixture { server, cert }
+}
+
+/// A TLS + token server with `cert` on `listen`, serving `backend`.
+pub fn start_on(
+    cert: &DevCert,
+    listen: SocketAddr,
+    limits: Limits,
+    backend: TestBackend,
+) -> ServerThread {
+    let mut cfg = ServeConfig::new(listen);
     cfg.tls = Some(cert.server_tls());
-    cfg.tokens = Some(TokenSet::new(&[TOKEN]).unwrap());
+    cfg.tokens = Some(TokenSet::new(&[TOKEN, TOKEN2]).unwrap());
     cfg.limits = limits;
     cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
-    let backends: Vec<Arc<dyn AdapterBackend>> = vec![Arc::new(TestBackend::new(ADAPTER, LAYERS))];
-    let server = ServerThread::start(cfg, backends, 2).unwrap();
-    Fixture { server, cert }
+    let backends: Vec<Arc<dyn AdapterBackend>> = vec![Arc::new(backend)];
+    ServerThread::start(cfg, backends, 2).unwrap()
 }
 
 impl Fixture {
@@ -249,4 +266,50 @@ pub fn scrape(addr: SocketAddr) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
+}
+
+/// Sends and receives raw bytes as gRPC messages.
+#[derive(Clone, Copy)]
+pub struct RawCodec;
+
+pub struct RawEncoder;
+pub struct RawDecoder;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawEncoder;
+    type Decoder = RawDecoder;
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawDecoder {
+    type Item = Bytes;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Bytes>, tonic::Status> {
+        use bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
 }

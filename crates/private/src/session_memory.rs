@@ -1,20 +1,21 @@
 //! The adapter server's memory budget for sessions.
 //!
-//! A session's memory is dominated by its pre-encoded plaintext diagonals:
-//! every group's adapter encoded for the session's plans, 0.2 GB (FFA) to
-//! 1.5 GB (standard LoRA) for the default model at T = 9, and several times
-//! more at a wide prefill width. The service limits how many sessions are
-//! open; this limits how many bytes they hold. Each session reserves
-//! [`SessionOffer::diagonal_bytes`] *before* encoding anything, and gives
-//! the reservation back when it is dropped (closed, evicted for idleness,
-//! or its stream ends). A session that would exceed the budget is refused
+//! The server's memory is dominated by the pre-encoded plaintext
+//! diagonals: every group's adapter encoded for an offer's plans, 0.2 GB
+//! (FFA) to 1.5 GB (standard LoRA) for the default model at T = 9, and
+//! several times more at a wide prefill width. They are encoded once per
+//! offer (adapter, width, plans) and shared by every session of that offer
+//! ([`crate::AdapterServer`]); the service limits how many sessions are open
+//! and how many key bytes they hold, this limits the diagonals' bytes. The
+//! first session of an offer reserves [`crate::SessionOffer::diagonal_bytes`]
+//! *before* encoding anything; the reservation is given back when the last
+//! session of the offer is dropped (closed, evicted for idleness, or its
+//! stream ends). A session whose offer would exceed the budget is refused
 //! with `RESOURCE_EXHAUSTED` (`limit_exceeded`) while every open session
 //! goes on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::server::SessionOffer;
 
 /// Share of the machine's physical memory the default budget allows.
 const DEFAULT_SHARE: f64 = 0.6;
@@ -115,20 +116,6 @@ fn limit_from_meminfo(text: &str) -> Option<u64> {
     let mut words = line.split_whitespace().skip(1);
     let kib: u64 = words.next()?.parse().ok()?;
     (words.next()? == "kB").then_some((kib as f64 * 1024.0 * DEFAULT_SHARE) as u64)
-}
-
-impl SessionOffer {
-    /// Bytes of plaintext diagonals a session for this offer holds: the sum
-    /// over its groups of [`cipherlora_helora::GroupPlan::diagonal_bytes`].
-    ///
-    /// # Errors
-    /// [`cipherlora_helora::HeloraError`] for an infeasible plan.
-    pub fn diagonal_bytes(&self) -> Result<u64, cipherlora_helora::HeloraError> {
-        self.groups
-            .iter()
-            .map(|g| g.plan.diagonal_bytes())
-            .try_fold(0u64, |a, b| Ok(a.saturating_add(b?)))
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,134 @@
+//! Planner op costs measured once per machine and kept in a file.
+//!
+//! A server plans every session from its [`OpCosts`]; re-measured at each
+//! start they differ a little, and so may the plans: a server restarted
+//! during a generation would offer the reopening client another plan than
+//! the one its ciphertexts are laid out for. So the costs of a preset are
+//! measured once per machine and stored as JSON in
+//! `<cache dir>/cipherlora/opcosts-v1-<preset>-<machine>.json`, where the
+//! cache dir is `$CIPHERLORA_CACHE_DIR`, else `$XDG_CACHE_HOME`, else
+//! `$HOME/.cache`, and `<machine>` is a hash of the CPU model name and the
+//! number of CPUs. An unreadable or malformed file is measured again and
+//! rewritten; a failed write only costs the next start a measurement.
+
+use std::path::{Path, PathBuf};
+
+use cipherlora_helora::planner::OpCosts;
+
+use crate::PrivateError;
+
+/// The cache directory (see the module docs), if any can be named.
+#[must_use]
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("CIPHERLORA_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("cipherlora")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache").join("cipherlora")))
+}
+
+/// A stable name for this machine's CPU: FNV-1a 64 of the first `model
+/// name` of `/proc/cpuinfo` (empty where unreadable) and the CPU count.
+#[must_use]
+pub fn machine_key() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let id = cipherlora_service::plan_id(format!("{model}|{cpus}").as_bytes());
+    format!("{id:016x}")
+}
+
+/// The costs for `preset` from `dir`'s cache file, or `measure()`d and
+/// stored there.
+///
+/// # Errors
+/// Those of `measure`; never a cache read or write failure.
+pub fn cached_costs(
+    dir: Option<&Path>,
+    preset: &str,
+    measure: impl FnOnce() -> Result<OpCosts, PrivateError>,
+) -> Result<OpCosts, PrivateError> {
+    let file = dir.map(|d| d.join(format!("opcosts-v1-{preset}-{}.json", machine_key())));
+    if let Some(f) = &file
+        && let Ok(text) = std::fs::read_to_string(f)
+    {
+        match serde_json::from_str::<OpCosts>(&text) {
+            Ok(c) => {
+                tracing::info!(file = %f.display(), "planner op costs from the machine cache");
+                return Ok(c);
+            }
+            Err(e) => {
+                tracing::warn!(file = %f.display(), error = %e, "ignoring a malformed op-cost cache")
+            }
+        }
+    }
+    // Plan with what a later start will read back (JSON text → f64 may
+    // differ from the measured f64 in the last bit): the same plans.
+    let measured = measure()?;
+    let json = serde_json::to_string_pretty(&measured).unwrap_or_default();
+    let costs = serde_json::from_str::<OpCosts>(&json).unwrap_or(measured);
+    if let Some(f) = &file {
+        let write = || -> std::io::Result<()> {
+            if let Some(parent) = f.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, &json)?;
+            std::fs::rename(&tmp, f)
+        };
+        if let Err(e) = write() {
+            tracing::warn!(file = %f.display(), error = %e, "could not cache the op costs");
+        }
+    }
+    Ok(costs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (issue 15: op costs were re-measured at every server
+    /// start, so a restarted server could pick other plans).
+    #[test]
+    fn op_costs_are_measured_once_per_machine_and_read_back_identical() {
+        let dir = std::env::temp_dir().join(format!("cl-costs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut measured = OpCosts::default();
+        measured.rotate_ms[1] = 1.234_567_890_123;
+        let mut calls = 0;
+        let first = cached_costs(Some(&dir), "p", || {
+            calls += 1;
+            Ok(measured.clone())
+        })
+        .unwrap();
+        let second = cached_costs(Some(&dir), "p", || {
+            calls += 1;
+            Ok(OpCosts::default())
+        })
+        .unwrap();
+        assert_eq!(calls, 1, "the second start must not measure");
+        assert_eq!(first, second, "a restart must plan with the same costs");
+        assert!((first.rotate_ms[1] - measured.rotate_ms[1]).abs() < 1e-12);
+        // Another preset is measured on its own.
+        let other = cached_costs(Some(&dir), "q", || Ok(OpCosts::default())).unwrap();
+        assert_eq!(other, OpCosts::default());
+        // A corrupt file is measured again and rewritten.
+        for e in std::fs::read_dir(&dir).unwrap() {
+            std::fs::write(e.unwrap().path(), "{not json").unwrap();
+        }
+        let again = cached_costs(Some(&dir), "p", || Ok(measured.clone())).unwrap();
+        assert_eq!(again, first);
+        let reread = cached_costs(Some(&dir), "p", || panic!("must be cached")).unwrap();
+        assert_eq!(reread, first);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

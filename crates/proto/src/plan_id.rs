@@ -1,0 +1,26 @@
+//! The id that binds every group request to its session's plan.
+
+/// The id of a serialised plan (the `plan` bytes of `OpenSessionResponse`):
+/// FNV-1a, 64 bits, over the bytes. Not a MAC: it only has to tell two
+/// honest plans apart, so that a client never gets deltas computed for a
+/// layout other than the one it encrypted for.
+#[must_use]
+pub fn plan_id(plan: &[u8]) -> u64 {
+    plan.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_id_is_fnv1a_64() {
+        // Known vectors of FNV-1a 64.
+        assert_eq!(plan_id(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(plan_id(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(plan_id(b"foobar"), 0x8594_4171_f739_67e8);
+        assert_ne!(plan_id(b"plan-1"), plan_id(b"plan-2"));
+    }
+}
