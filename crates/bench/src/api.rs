@@ -21,13 +21,13 @@ use cipherlora_private::EmbeddedServer;
 use cipherlora_service::LinkProfile;
 use serde::{Deserialize, Serialize};
 
-/// Prompts of about 30 tokens: general English and code (none from the
-/// adapters' training data).
+/// Prompts of 29–31 tokens (SmolLM2's tokenizer): general English and code
+/// (none from the adapters' training data).
 pub const PROMPTS: [&str; 4] = [
-    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined movable metal type with an oil-based ink and",
-    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n    result = []\n    i = j = 0\n",
-    "Photosynthesis is the process by which green plants use sunlight, water and carbon dioxide to make glucose. In the first stage of",
-    "import json\n\ndef load_config(path):\n    \"\"\"Read a JSON configuration file and return it as a dict.\"\"\"\n",
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined movable metal type with an oil-based ink and a wooden press to",
+    "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n    result = []\n    i = j = 0\n",
+    "Photosynthesis is the process by which green plants use sunlight, water and carbon dioxide to make glucose and oxygen. In the first stage of this process,",
+    "import json\n\ndef load_config(path):\n    \"\"\"Read a JSON file as a dict.\"\"\"\n    with open(path) as f:\n",
 ];
 
 /// Options of the benchmark.
