@@ -78,9 +78,19 @@ fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: S
         he.subtract(&before);
         if let Schedule::FixedPoint(fp) = schedule {
             // Constant work per round: the server sees exactly N round trips
-            // of the verify width per round, continuations included.
-            assert_eq!(he.round_trips as usize, got.stats.rounds * fp.round_trips);
-            assert_eq!(got.stats.round_trips, he.round_trips as usize);
+            // of the verify width per round, continuations included, plus
+            // the prefill's last chunk when it fits the verify width.
+            let prefilled = prompt.len() - 1;
+            let last_chunk = (prefilled - 1) % PREFILL + 1;
+            let narrow_prefill = usize::from(last_chunk <= K + 1) * fp.prefill_round_trips;
+            assert_eq!(
+                he.round_trips as usize,
+                got.stats.rounds * fp.round_trips + narrow_prefill
+            );
+            assert_eq!(
+                got.stats.round_trips + narrow_prefill,
+                he.round_trips as usize
+            );
         }
         rounds += got.stats.rounds;
     }
