@@ -287,12 +287,8 @@ impl Envelope {
         let finish_reason = finished.map(|f| f.finish_reason.to_string());
         let cipherlora = finished.map(|f| f.cost.clone());
         match self.shape {
-            Shape::Chat => json!(ChatChunk {
-                id: self.id.clone(),
-                object: self.object(true).into(),
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![ChunkChoice {
+            Shape::Chat => json!(self.chat_chunk(
+                vec![ChunkChoice {
                     index: 0,
                     delta: ChunkDelta {
                         role: role.then(|| "assistant".into()),
@@ -300,9 +296,9 @@ impl Envelope {
                     },
                     finish_reason,
                 }],
-                usage: None,
+                None,
                 cipherlora,
-            }),
+            )),
             Shape::Completion => json!(self.completion(
                 vec![CompletionChoice {
                     index: 0,
@@ -313,6 +309,23 @@ impl Envelope {
                 None,
                 cipherlora,
             )),
+        }
+    }
+
+    fn chat_chunk(
+        &self,
+        choices: Vec<ChunkChoice>,
+        usage: Option<Usage>,
+        cipherlora: Option<PrivateCost>,
+    ) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: self.object(true).into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+            cipherlora,
         }
     }
 
@@ -336,15 +349,7 @@ impl Envelope {
     /// The usage chunk (`stream_options.include_usage`).
     fn usage_chunk(&self, finished: &Finished) -> Value {
         match self.shape {
-            Shape::Chat => json!(ChatChunk {
-                id: self.id.clone(),
-                object: self.object(true).into(),
-                created: self.created,
-                model: self.model.clone(),
-                choices: Vec::new(),
-                usage: Some(finished.usage),
-                cipherlora: None,
-            }),
+            Shape::Chat => json!(self.chat_chunk(Vec::new(), Some(finished.usage), None)),
             Shape::Completion => json!(self.completion(Vec::new(), Some(finished.usage), None)),
         }
     }
