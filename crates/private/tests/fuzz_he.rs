@@ -11,7 +11,8 @@
 //! Passes when every refusal is a typed status (`INTERNAL`, `UNKNOWN` and
 //! transport failures fail it), no request panics the server, the honest
 //! output equals the plaintext reference, and the process RSS grows by less
-//! than 512 MiB. Prints the count per outcome and the RSS before and after.
+//! than 256 MiB from a tenth of the run to its end. Prints the count per
+//! outcome and the RSS at both points.
 
 mod common;
 
@@ -229,11 +230,16 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
         })
     };
 
-    let rss_before = rss_mib();
+    // RSS is compared from a tenth of the run on: by then the honest
+    // client has loaded its model and opened its sessions.
+    let mut rss_before = 0;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut outcomes: BTreeMap<(&str, String), usize> = BTreeMap::new();
     let t0 = std::time::Instant::now();
-    for _ in 0..n {
+    for i in 0..n {
+        if i == n / 10 {
+            rss_before = rss_mib();
+        }
         let (kind, layer, group, cts) = mutate(&mut rng, &seed, &low, layers);
         round += 1;
         let outcome = match bad.client_mut().round(layer, group, round, cts) {
@@ -250,16 +256,16 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
         *outcomes.entry((kind, outcome)).or_default() += 1;
     }
     let secs = t0.elapsed().as_secs_f64();
-    honest.join().expect("the honest client");
     let rss_after = rss_mib();
+    honest.join().expect("the honest client");
     for ((kind, outcome), count) in &outcomes {
         eprintln!("{kind:>26}  {outcome:<18} {count}");
     }
     eprintln!(
-        "{n} malformed requests in {secs:.1} s; process RSS {rss_before} → {rss_after} MiB (peak per /proc: see VmHWM)"
+        "{n} malformed requests in {secs:.1} s; process RSS after a tenth of them {rss_before} MiB, at the end {rss_after} MiB"
     );
     assert!(
-        rss_after < rss_before + 512,
+        rss_after < rss_before + 256,
         "RSS grew from {rss_before} to {rss_after} MiB"
     );
     // The server still serves a well-formed request.
