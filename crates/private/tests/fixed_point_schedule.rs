@@ -17,7 +17,7 @@ use cipherlora_model::{
 };
 use cipherlora_private::{EmbeddedServer, connect_widths};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::decode::{self, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
 
 use common::{PROMPTS, adapter_dir, assert_matches, plaintext_reference};
@@ -58,18 +58,9 @@ fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: S
         let prompt = tok.encode(text).unwrap();
         let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
-            drafter: DrafterKind::Base,
-            k: K,
-            adaptive: false,
-            pad_to_k: true,
             prefill_width: Some(PREFILL),
-            optimistic: false,
-            draft_stop_below: 0.0,
-            max_tokens: TOKENS,
-            sampling: SamplingParams::greedy(),
-            eos: tok.eos_tokens().to_vec(),
-            first_token_from_prefill: false,
             schedule,
+            ..common::greedy_spec(K, TOKENS, tok)
         };
         let before = hook.session(K + 1).unwrap().timings().clone();
         let got = decode::generate(model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();

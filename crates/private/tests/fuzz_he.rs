@@ -22,11 +22,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cipherlora_helora::{CkksClient, HeClient};
-use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
 use cipherlora_private::remote::{GrpcTransport, HeBackend, connect_widths, fetch_offer};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterClient, ClientConfig, ServeConfig, ServerThread, dev_cert};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::decode::{self, SpecConfig};
 use tonic::Code;
 
 const ADAPTER: &str = "code-ffa-r16";
@@ -210,18 +210,9 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
                 let prompt = tok.encode(text).unwrap();
                 let want = common::plaintext_reference(&model, &tok, &plain, &prompt, 16);
                 let cfg = SpecConfig {
-                    drafter: DrafterKind::Base,
-                    k: K,
-                    adaptive: false,
-                    pad_to_k: true,
                     prefill_width: Some(8),
-                    optimistic: false,
-                    draft_stop_below: 0.0,
-                    max_tokens: 16,
-                    sampling: SamplingParams::greedy(),
-                    eos: tok.eos_tokens().to_vec(),
                     first_token_from_prefill: true,
-                    schedule: Default::default(),
+                    ..common::greedy_spec(K, 16, &tok)
                 };
                 let got =
                     decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cipherlora_helora::{CkksClient, HeClient};
-use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
 use cipherlora_private::remote::{
     GrpcTransport, HeBackend, connect_remote, connect_widths, fetch_offer,
 };
@@ -21,7 +21,7 @@ use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{
     AdapterBackend, AdapterClient, ClientConfig, DevCert, ServeConfig, ServerThread, dev_cert,
 };
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::decode::{self, SpecConfig};
 use tonic::Code;
 
 const ADAPTER: &str = "code-ffa-r16";
@@ -145,18 +145,10 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
         let prompt = tok.encode(text).unwrap();
         let want = common::plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
-            drafter: DrafterKind::Base,
-            k: K,
-            adaptive: false,
-            pad_to_k: true,
             prefill_width: Some(PREFILL),
             optimistic: true,
-            draft_stop_below: 0.0,
-            max_tokens: TOKENS,
-            sampling: SamplingParams::greedy(),
-            eos: tok.eos_tokens().to_vec(),
             first_token_from_prefill: true,
-            schedule: Default::default(),
+            ..common::greedy_spec(K, TOKENS, &tok)
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
         common::assert_matches(&got, &want, &tok, &format!("over gRPC on {text:?}"));

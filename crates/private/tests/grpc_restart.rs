@@ -11,11 +11,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
 use cipherlora_private::remote::{HeBackend, connect_remote};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{ClientConfig, DevCert, ServeConfig, ServerThread, dev_cert};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::decode::{self};
 use tonic::Code;
 
 const ADAPTER: &str = "code-ffa-r16";
@@ -65,20 +65,7 @@ fn server_restart_during_generation_resumes_with_the_plaintext_output() {
             start(&model, &cert, addr)
         })
     };
-    let spec = SpecConfig {
-        drafter: DrafterKind::Base,
-        k: K,
-        adaptive: false,
-        pad_to_k: true,
-        prefill_width: None,
-        optimistic: false,
-        draft_stop_below: 0.0,
-        max_tokens: TOKENS,
-        sampling: SamplingParams::greedy(),
-        eos: tok.eos_tokens().to_vec(),
-        first_token_from_prefill: false,
-        schedule: Default::default(),
-    };
+    let spec = common::greedy_spec(K, TOKENS, &tok);
     let got = decode::generate(&model, &prompt, &spec, &mut hook, &mut |_| Ok(())).unwrap();
     let restarted = restarter.join().unwrap();
     common::assert_matches(&got, &want, &tok, "across a server restart");

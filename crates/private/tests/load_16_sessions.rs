@@ -21,12 +21,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
 use cipherlora_private::SessionMemory;
 use cipherlora_private::remote::{HeBackend, connect_remote};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterBackend, ClientConfig, ServeConfig, ServerThread, dev_cert};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::decode::{self};
 
 const ADAPTERS: [&str; 2] = ["code-ffa-r16", "code-lora-r16"];
 const PER_ADAPTER: usize = 8;
@@ -124,20 +124,7 @@ fn sixteen_concurrent_sessions_share_the_diagonals_and_match_plaintext() {
                 let mut hook = connect_remote(cfg, adapter, K + 1, model.config()).unwrap();
                 // Every session is open before any generates: 16 at once.
                 all_open.wait();
-                let spec = SpecConfig {
-                    drafter: DrafterKind::Base,
-                    k: K,
-                    adaptive: false,
-                    pad_to_k: true,
-                    prefill_width: None,
-                    optimistic: false,
-                    draft_stop_below: 0.0,
-                    max_tokens: TOKENS,
-                    sampling: SamplingParams::greedy(),
-                    eos: tok.eos_tokens().to_vec(),
-                    first_token_from_prefill: false,
-                    schedule: Default::default(),
-                };
+                let spec = common::greedy_spec(K, TOKENS, &tok);
                 let got =
                     decode::generate(&model, &prompt, &spec, &mut hook, &mut |_| Ok(())).unwrap();
                 common::assert_matches(&got, &want, &tok, &format!("{adapter} client {i}"));

@@ -6,9 +6,9 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use cipherlora_model::{LoraAdapter, Model, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
 use cipherlora_private::{AdapterServer, HeHook, InProcess};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::decode::{self};
 
 fn model() -> &'static (Model, Tokenizer) {
     static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
@@ -42,20 +42,7 @@ fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
         let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
-        let cfg = SpecConfig {
-            drafter: DrafterKind::Base,
-            k,
-            adaptive: false,
-            pad_to_k: true,
-            prefill_width: None,
-            optimistic: false,
-            draft_stop_below: 0.0,
-            max_tokens: TOKENS,
-            sampling: SamplingParams::greedy(),
-            eos: tok.eos_tokens().to_vec(),
-            first_token_from_prefill: false,
-            schedule: Default::default(),
-        };
+        let cfg = common::greedy_spec(k, TOKENS, tok);
         let got =
             decode::generate_drafted(model, drafter_model, &prompt, &cfg, &mut hook, &mut |_| {
                 Ok(())

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
-use cipherlora_spec::decode::SpecOutput;
+use cipherlora_spec::decode::{DrafterKind, SpecConfig, SpecOutput};
 
 /// Held-out prompts (HumanEval-style signatures, not in the training corpus).
 pub const PROMPTS: [&str; 5] = [
@@ -59,4 +59,24 @@ pub fn assert_matches(got: &SpecOutput, want: &[u32], tok: &Tokenizer, what: &st
         tok.decode(&got.tokens).unwrap(),
         tok.decode(want).unwrap()
     );
+}
+
+/// The private tests' decoding: greedy, the base drafter with K drafts,
+/// constant-K padding, prefill through the verify session, the per-group
+/// schedule; tests change what they exercise with struct-update syntax.
+pub fn greedy_spec(k: usize, tokens: usize, tok: &Tokenizer) -> SpecConfig {
+    SpecConfig {
+        drafter: DrafterKind::Base,
+        k,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: None,
+        optimistic: false,
+        draft_stop_below: 0.0,
+        max_tokens: tokens,
+        sampling: SamplingParams::greedy(),
+        eos: tok.eos_tokens().to_vec(),
+        first_token_from_prefill: false,
+        schedule: Default::default(),
+    }
 }
