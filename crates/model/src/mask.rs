@@ -1,5 +1,6 @@
 //! Attention masks for a forward pass over T new positions: causal (a chain)
-//! or an arbitrary token tree (speculative decoding's verify pass).
+//! or an arbitrary token tree (speculative decoding's draft and verify
+//! passes), possibly extending tree nodes an earlier pass cached.
 
 use candle_core::{Device, Tensor};
 
@@ -7,45 +8,67 @@ use crate::ModelError;
 
 /// Which earlier positions each of the T new positions may attend to.
 ///
-/// Every new position always sees the whole cache prefix `[0, cache_len)` and
+/// Every new position always sees the cache prefix before the tree and
 /// itself. Positions (for RoPE) are `cache_len + i` for `Causal` and
-/// `cache_len + depth(i)` for `Tree`.
+/// `cache_len − cached + depth(node)` for `Tree`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttentionMask {
     /// New position i sees new positions 0..=i.
     Causal,
-    /// A tree over the new positions: `parents[i]` is the index (< i) of node i's
-    /// parent among the new positions, or `None` for a root hanging off the cache
-    /// prefix. Node i sees itself and its ancestors. A chain
-    /// (`[None, Some(0), Some(1), …]`) is the causal mask.
+    /// A token tree (speculative decoding's draft or verify tree).
+    /// `parents[i]` is the index (< i) of node i's parent, or `None` for a
+    /// root hanging off the cache prefix; node i sees itself and its
+    /// ancestors. The first `cached` nodes are already the cache's last
+    /// `cached` positions (written by earlier passes of the same tree, in
+    /// node order); the pass computes nodes `cached..parents.len()`, so a
+    /// drafter can grow a tree level by level, each level one batched pass
+    /// that reuses the keys and values of the levels before it (as EAGLE-2's
+    /// drafter does: Li et al. 2024, "EAGLE-2", §4). With `cached` = 0 and a
+    /// chain (`[None, Some(0), Some(1), …]`) it is the causal mask.
     Tree {
-        /// Parent of each node, in node order.
+        /// Parent of each node, in node order (cached nodes first).
         parents: Vec<Option<usize>>,
+        /// Nodes already in the cache (the cache's last `cached` positions).
+        cached: usize,
     },
 }
 
 impl AttentionMask {
-    /// A tree mask from its parent array.
+    /// A tree mask from its parent array, every node new.
     pub fn tree(parents: Vec<Option<usize>>) -> Self {
-        AttentionMask::Tree { parents }
+        AttentionMask::Tree { parents, cached: 0 }
+    }
+
+    /// A tree mask whose first `cached` nodes are the cache's last `cached`
+    /// positions; the pass computes the rest.
+    pub fn tree_extension(parents: Vec<Option<usize>>, cached: usize) -> Self {
+        AttentionMask::Tree { parents, cached }
+    }
+
+    /// Tree nodes already in the cache (0 for `Causal`).
+    pub fn cached_nodes(&self) -> usize {
+        match self {
+            AttentionMask::Causal => 0,
+            AttentionMask::Tree { cached, .. } => *cached,
+        }
     }
 
     /// Depth of each of the `t` new positions (0 for roots / the first causal one).
     ///
     /// # Errors
-    /// [`ModelError::Input`] if a tree's length differs from `t` or a parent index
-    /// is not smaller than its child's.
+    /// [`ModelError::Input`] if a tree's length differs from `cached + t` or a
+    /// parent index is not smaller than its child's.
     pub fn depths(&self, t: usize) -> Result<Vec<usize>, ModelError> {
         match self {
             AttentionMask::Causal => Ok((0..t).collect()),
-            AttentionMask::Tree { parents } => {
-                if parents.len() != t {
+            AttentionMask::Tree { parents, cached } => {
+                if parents.len() != cached + t {
                     return Err(ModelError::Input(format!(
-                        "tree mask has {} nodes for {t} tokens",
+                        "tree mask has {} nodes ({cached} cached) for {t} tokens",
                         parents.len()
                     )));
                 }
-                let mut depth = Vec::with_capacity(t);
+                let mut depth = Vec::with_capacity(parents.len());
                 for (i, p) in parents.iter().enumerate() {
                     match *p {
                         None => depth.push(0),
@@ -57,16 +80,16 @@ impl AttentionMask {
                         }
                     }
                 }
-                Ok(depth)
+                Ok(depth.split_off(*cached))
             }
         }
     }
 
-    /// Whether new position `i` may attend to new position `j`.
+    /// Whether node (or new position) `i` may attend to node `j`.
     fn sees(&self, i: usize, j: usize) -> bool {
         match self {
             AttentionMask::Causal => j <= i,
-            AttentionMask::Tree { parents } => {
+            AttentionMask::Tree { parents, .. } => {
                 let mut n = Some(i);
                 while let Some(k) = n {
                     if k == j {
@@ -83,7 +106,8 @@ impl AttentionMask {
     }
 
     /// Additive attention bias of shape (t, cache_len + t): 0 where allowed,
-    /// -inf where masked. Call [`AttentionMask::depths`] first to validate.
+    /// -inf where masked. Call [`AttentionMask::depths`] first to validate,
+    /// and check `cached_nodes() <= cache_len`.
     pub(crate) fn bias(
         &self,
         cache_len: usize,
@@ -91,11 +115,14 @@ impl AttentionMask {
         device: &Device,
     ) -> Result<Tensor, ModelError> {
         let total = cache_len + t;
+        let cached = self.cached_nodes();
+        // Column of node j (cached or new) in the (cache_len + t) keys.
+        let tree_start = cache_len - cached;
         let mut data = vec![0f32; t * total];
         for i in 0..t {
-            for j in 0..t {
-                if !self.sees(i, j) {
-                    data[i * total + cache_len + j] = f32::NEG_INFINITY;
+            for j in 0..cached + t {
+                if !self.sees(cached + i, j) {
+                    data[i * total + tree_start + j] = f32::NEG_INFINITY;
                 }
             }
         }
@@ -127,6 +154,22 @@ mod tests {
         let m = AttentionMask::tree(vec![None, Some(0), Some(0), Some(1)]);
         assert_eq!(m.depths(4).unwrap(), vec![0, 1, 1, 2]);
         assert!(m.sees(3, 1) && m.sees(3, 0) && !m.sees(3, 2) && !m.sees(2, 1));
+    }
+
+    #[test]
+    fn extension_bias_equals_the_whole_trees_rows() {
+        // 0 -> {1, 2}, 1 -> 3, 2 -> 4: nodes 0..3 cached, 3 and 4 new.
+        let parents = vec![None, Some(0), Some(0), Some(1), Some(2)];
+        let whole = AttentionMask::tree(parents.clone());
+        let ext = AttentionMask::tree_extension(parents, 3);
+        let dev = Device::Cpu;
+        let w = whole.bias(2, 5, &dev).unwrap().to_vec2::<f32>().unwrap();
+        let e = ext.bias(5, 2, &dev).unwrap().to_vec2::<f32>().unwrap();
+        // Same keys (2 prefix + 5 nodes), the extension's rows are the
+        // whole tree's last two.
+        assert_eq!(e, w[3..].to_vec());
+        assert_eq!(ext.depths(2).unwrap(), vec![2, 2]);
+        assert!(ext.depths(3).is_err());
     }
 
     #[test]

@@ -97,7 +97,8 @@ impl Model {
     /// Runs `tokens` (T ≥ 1) after the `cache.len()` cached positions and returns
     /// logits (T, vocab_size) f32, row t for input position t.
     ///
-    /// Positions are `cache.len() + i` (causal) or `cache.len() + depth(i)` (tree);
+    /// Positions are `cache.len() + i` (causal) or `cache.len() − cached + depth(i)`
+    /// (tree; [`AttentionMask::Tree`]);
     /// the T new keys/values are appended, so `cache.len()` grows by T (roll back
     /// with [`KvCache::truncate`], keep a tree path with [`KvCache::compact`]).
     /// At each projection group of each layer, `hook` sees the group's input and
@@ -135,7 +136,13 @@ impl Model {
             )));
         }
         let depths = mask.depths(t)?;
-        let positions: Vec<usize> = depths.iter().map(|d| start + d).collect();
+        let cached = mask.cached_nodes();
+        if cached > start {
+            return Err(ModelError::Input(format!(
+                "tree extends {cached} cached nodes but the cache holds {start} positions"
+            )));
+        }
+        let positions: Vec<usize> = depths.iter().map(|d| start - cached + d).collect();
         let dev = Device::Cpu;
         let (cos, sin) = rope::tables(
             &positions,

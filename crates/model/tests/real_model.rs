@@ -188,6 +188,46 @@ fn tree_nodes_match_their_paths_and_compact_keeps_a_path() {
     assert_eq!(f.len(), tc.len() + 1);
 }
 
+/// A tree grown level by level (each level one pass that extends the cached
+/// nodes, as the tree drafter does) gives the same logits as the whole tree
+/// in one pass.
+#[test]
+fn tree_grown_level_by_level_equals_the_whole_tree() {
+    let (m, tok) = model();
+    let prefix = tok.encode("The capital of France").unwrap();
+    let ids: Vec<u32> = [" is", " Paris", " was", ".", " It", " in"]
+        .iter()
+        .map(|w| tok.encode(w).unwrap()[0])
+        .collect();
+    // 0 -> {1, 2}, 1 -> {3, 4}, 2 -> 5
+    let parents = vec![None, Some(0), Some(0), Some(1), Some(1), Some(2)];
+    let mut whole_cache = m.new_cache(32).unwrap();
+    run(m, &prefix, &mut whole_cache, &AttentionMask::Causal);
+    let whole = run(
+        m,
+        &ids,
+        &mut whole_cache,
+        &AttentionMask::tree(parents.clone()),
+    );
+    let mut grown_cache = m.new_cache(32).unwrap();
+    run(m, &prefix, &mut grown_cache, &AttentionMask::Causal);
+    let mut grown = Vec::new();
+    for (from, to) in [(0, 1), (1, 3), (3, 6)] {
+        let mask = AttentionMask::tree_extension(parents[..to].to_vec(), from);
+        grown.extend(run(m, &ids[from..to], &mut grown_cache, &mask));
+    }
+    for (node, (w, g)) in whole.iter().zip(&grown).enumerate() {
+        let err = max_rel_err(w, g);
+        assert!(err <= 1e-4, "node {node}: relative error {err}");
+    }
+    // More cached nodes than the cache holds is an input error.
+    let bad = AttentionMask::tree_extension(vec![None; 40], 39);
+    assert!(
+        m.forward(&[ids[0]], &mut grown_cache, &bad, &mut NoAdapter)
+            .is_err()
+    );
+}
+
 #[test]
 fn gguf_tokenizer_matches_known_ids() {
     let (_, tok) = model();
