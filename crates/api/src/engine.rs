@@ -374,6 +374,7 @@ impl Engine {
             .map(|a| a.settings().k)
             .unwrap_or(1);
         SpecConfig {
+            tree: None,
             drafter,
             k,
             adaptive: false,

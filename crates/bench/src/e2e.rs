@@ -36,6 +36,7 @@ use cipherlora_private::{
 use cipherlora_service::{LinkProfile, ThreadHook};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
 use cipherlora_spec::schedule::Schedule;
+use cipherlora_spec::tree_draft::TreeParams;
 use serde::{Deserialize, Serialize};
 
 use crate::split::TimeSplit;
@@ -85,6 +86,9 @@ pub struct DecodeConfig {
     /// The base drafter holds f16 weights ([`Model::to_f16_weights`])
     /// instead of sharing the target's f32 weights.
     pub f16_drafter: bool,
+    /// Tree drafts of K nodes of this shape instead of a chain of K tokens
+    /// (base drafter; [`cipherlora_spec::tree_draft`]).
+    pub tree: Option<TreeParams>,
 }
 
 impl DecodeConfig {
@@ -349,6 +353,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     _ => &model,
                 };
                 let mut cfg = SpecConfig {
+                    tree: c.tree.map(Into::into),
                     drafter,
                     k: if drafter == DrafterKind::None { 0 } else { k },
                     adaptive: false,
@@ -391,8 +396,14 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 let (mut continuations, mut uncertified) = (0usize, 0usize);
                 let mut split = TimeSplit::default();
                 let mut decode = HeTimings::default();
+                let mut calibration = None;
                 for (p, want) in prompts.iter().zip(&reference) {
                     let before = verify_timings(&hook, width);
+                    // Tree drafts carry their acceptance estimate from
+                    // prompt to prompt, as a long-running client does.
+                    if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
+                        tree.calibration = c;
+                    }
                     let out = decode::generate_drafted(
                         &model,
                         draft_model,
@@ -412,6 +423,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     s.prefill = out.stats.prefill_secs * 1e3;
                     split = split.plus(&s);
                     decode.add(&he);
+                    calibration = out.calibration.clone();
                     tokens += out.tokens.len();
                     rounds += out.stats.rounds;
                     matches &= &out.tokens == want;
@@ -424,7 +436,10 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     mode: "private".into(),
                     lora: lora.clone(),
                     adapter: id.clone(),
-                    drafter: drafter_name(drafter).into(),
+                    drafter: match c.tree {
+                        Some(t) => format!("{} {t}", drafter_name(drafter)),
+                        None => drafter_name(drafter).into(),
+                    },
                     draft_weights: c.draft_weights().into(),
                     k: cfg.k,
                     link: link_name.clone(),

@@ -58,6 +58,7 @@ fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: S
         let prompt = tok.encode(text).unwrap();
         let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
+            tree: None,
             prefill_width: Some(PREFILL),
             schedule,
             ..common::greedy_spec(K, TOKENS, tok)

@@ -145,6 +145,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
         let prompt = tok.encode(text).unwrap();
         let want = common::plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
+            tree: None,
             prefill_width: Some(PREFILL),
             optimistic: true,
             first_token_from_prefill: true,

@@ -156,7 +156,11 @@ pub fn sample<R: Rng + ?Sized>(probs: &[f32], rng: &mut R) -> u32 {
 
 /// Draws from `norm(max(0, p − q))`; falls back to `p` in the measure-zero
 /// case where the residual vanishes (p ≤ q everywhere, i.e. p = q).
-fn sample_residual<R: Rng + ?Sized>(p: &[f32], q: impl Fn(usize) -> f64, rng: &mut R) -> u32 {
+pub(crate) fn sample_residual<R: Rng + ?Sized>(
+    p: &[f32],
+    q: impl Fn(usize) -> f64,
+    rng: &mut R,
+) -> u32 {
     let residual = |t: usize| (f64::from(p[t]) - q(t)).max(0.0);
     let total: f64 = (0..p.len()).map(residual).sum();
     if total > 0.0 {
@@ -167,7 +171,11 @@ fn sample_residual<R: Rng + ?Sized>(p: &[f32], q: impl Fn(usize) -> f64, rng: &m
 }
 
 /// Inverse-CDF sampling over unnormalised non-negative weights.
-fn sample_weights<R: Rng + ?Sized>(n: usize, w: impl Fn(usize) -> f64, rng: &mut R) -> u32 {
+pub(crate) fn sample_weights<R: Rng + ?Sized>(
+    n: usize,
+    w: impl Fn(usize) -> f64,
+    rng: &mut R,
+) -> u32 {
     let total: f64 = (0..n).map(&w).sum();
     let mut target = rng.random::<f64>() * total;
     let mut last_positive = 0;
@@ -194,7 +202,7 @@ fn check_target_count(drafts: usize, got: usize) -> Result<(), SpecError> {
     }
 }
 
-fn check_distribution(row: usize, p: &[f32], vocab: usize) -> Result<(), SpecError> {
+pub(crate) fn check_distribution(row: usize, p: &[f32], vocab: usize) -> Result<(), SpecError> {
     if p.len() != vocab || vocab == 0 {
         return Err(SpecError::BadDistribution {
             row,

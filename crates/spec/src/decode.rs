@@ -35,7 +35,11 @@ use crate::SpecError;
 use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled};
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::ngram::PromptLookup;
-use crate::schedule::{Schedule, Window, certify_greedy, certify_sampled, prefill_pass, verify};
+use crate::schedule::{
+    Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy, prefill_pass, verify,
+};
+use crate::tree::{DraftTree, accept_tree_greedy, accept_tree_sampled};
+use crate::tree_draft::{Calibration, GrownTree, TreeDrafts, TreeParams, grow};
 
 /// Which drafter proposes the K tokens of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +101,12 @@ pub struct SpecConfig {
     /// (greedy) or follows the same distribution (sampling; a given seed
     /// samples other tokens than with this off).
     pub first_token_from_prefill: bool,
+    /// Draft a tree of K nodes instead of a chain of K tokens (base
+    /// drafter only; [`crate::tree`], [`crate::tree_draft`]): the verify
+    /// pass still carries K+1 positions, spread over the drafter's most
+    /// likely continuations. Adaptive K, optimistic drafting and
+    /// `draft_stop_below` do not apply to trees.
+    pub tree: Option<TreeDrafts>,
     /// How each verify and prefill pass gets its deltas
     /// ([`Schedule::PerGroup`]: one round trip per layer group;
     /// [`Schedule::FixedPoint`]: a constant number of batched round trips).
@@ -172,6 +182,9 @@ pub struct SpecOutput {
     pub stopped_at_eos: bool,
     /// Whether `on_tokens` ended the generation ([`SpecError::Stopped`]).
     pub stopped_by_caller: bool,
+    /// Tree drafts: the acceptance estimate after this generation (start
+    /// the next one from it: [`TreeDrafts::calibration`]).
+    pub calibration: Option<Calibration>,
     /// Counters and timings.
     pub stats: SpecStats,
 }
@@ -231,6 +244,11 @@ pub fn generate_drafted(
     if cfg.drafter != DrafterKind::None && cfg.k == 0 {
         return Err(SpecError::Config("a drafter needs K ≥ 1".into()));
     }
+    if cfg.tree.is_some() && (cfg.drafter != DrafterKind::Base || cfg.adaptive) {
+        return Err(SpecError::Config(
+            "tree drafts need the base drafter and a fixed K".into(),
+        ));
+    }
     let width = cfg.verify_width();
     let prefill_width = cfg.prefill_width.unwrap_or(width).max(1);
     let capacity = prompt.len() + cfg.max_tokens + width.max(prefill_width) + 1;
@@ -263,7 +281,7 @@ pub fn generate_drafted(
     stats.prefill_secs = t0.elapsed().as_secs_f64();
 
     // Drafting ahead runs K + 1 positions past a full draft.
-    let mut drafter = Drafter::new(draft_model, cfg, capacity + width + 1)?;
+    let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Vec<u32>> = None;
@@ -303,9 +321,13 @@ pub fn generate_drafted(
                     tokens,
                     probs: None,
                     from_base: true,
+                    tree: None,
                 }
             }
-            None => drafter.draft(&context, &target, k, &sampler, &mut rng)?,
+            None => match &cfg.tree {
+                Some(tree) => drafter.draft_tree(&context, &target, k, &tree.shape)?,
+                None => drafter.draft(&context, &target, k, &sampler, &mut rng)?,
+            },
         };
         stats.draft_secs += t_draft.elapsed().as_secs_f64();
         stats.drafted += draft.tokens.len();
@@ -318,22 +340,37 @@ pub fn generate_drafted(
             let filler = *inputs.last().expect("non-empty");
             inputs.resize(width, filler);
         }
+        let tree = draft.tree.as_ref().map(|g| &g.tree);
+        let mask = match tree {
+            Some(t) => AttentionMask::tree(t.verify_parents(inputs.len())?),
+            None => AttentionMask::Causal,
+        };
         let t_verify = Instant::now();
         let before = target.len();
-        let go_ahead = optimistic && draft.from_base && draft.tokens.len() == k;
+        let go_ahead =
+            optimistic && draft.from_base && draft.tokens.len() == k && draft.tree.is_none();
         let drafts = &inputs[1..real];
         let certify = |logits: &Tensor,
                        change: &[f32],
                        previous: Option<&[f32]>|
          -> Result<usize, SpecError> {
-            Ok(match &cfg.schedule {
-                Schedule::FixedPoint(fp) if greedy => {
+            Ok(match (&cfg.schedule, tree) {
+                (Schedule::FixedPoint(fp), Some(t)) if greedy => {
+                    certify_tree_greedy(&rows(logits, real)?, change, previous, t, fp.margin)
+                }
+                (Schedule::FixedPoint(fp), None) if greedy => {
                     certify_greedy(&rows(logits, real)?, change, previous, drafts, fp.margin)
                 }
-                Schedule::FixedPoint(fp) => {
-                    certify_sampled(change, previous, real, fp.sampling_tolerance)
+                (Schedule::FixedPoint(fp), tree) => {
+                    let rows = certify_sampled(change, previous, real, fp.sampling_tolerance);
+                    // A sampled tree walk may visit any row: all or none.
+                    if tree.is_some() && rows < real {
+                        0
+                    } else {
+                        rows
+                    }
                 }
-                Schedule::PerGroup => real,
+                (Schedule::PerGroup, _) => real,
             })
         };
         // Fixed point: while the round's last trip is on the network, draft
@@ -342,11 +379,13 @@ pub fn generate_drafted(
             && greedy
             && cfg.drafter == DrafterKind::Base
             && !cfg.adaptive
-            && draft.from_base;
+            && draft.from_base
+            && draft.tree.is_none();
         let context_len = context.len();
         let window = Window {
             model,
             tokens: &inputs,
+            mask: &mask,
             real,
             schedule: &cfg.schedule,
             certify: &certify,
@@ -395,6 +434,29 @@ pub fn generate_drafted(
         // Only the certified rows decide (all of them on the per-group
         // schedule): a shorter draft, verified exactly.
         let usable = verified.usable;
+        if let Some(grown) = &draft.tree {
+            let all = rows(&verified.logits, real)?;
+            let argmax: Vec<u32> = all.iter().map(|r| greedy_token(r)).collect();
+            drafter.calibration.observe_tree(grown, &argmax);
+            let outcome = accept_tree(&grown.tree, &all, usable, &sampler, &context, &mut rng)?;
+            stats.accepted += outcome.path.len();
+            // Keep `last` and the accepted path; the new last token is not cached.
+            let keep: Vec<usize> = std::iter::once(0)
+                .chain(outcome.path.iter().map(|&n| n + 1))
+                .collect();
+            target.compact(before, &keep)?;
+            drafter.keep_tree_path(context.len(), grown, &outcome.path)?;
+            let round = RoundOutcome {
+                accepted: outcome.path.len(),
+                tokens: outcome.tokens,
+            };
+            let ended = emit(&round, cfg, &mut out, &mut context, on_tokens)?;
+            (stopped_at_eos, stopped_by_caller) = ended;
+            if stopped_at_eos || stopped_by_caller {
+                break;
+            }
+            continue;
+        }
         let rows = rows(&verified.logits, usable)?;
         let drafts = &drafts[..usable - 1];
         let outcome = if greedy {
@@ -430,30 +492,9 @@ pub fn generate_drafted(
         }
         // Keep `last` and the accepted drafts; the new last token is not cached.
         target.truncate(before + 1 + outcome.accepted);
-
-        let mut fresh = Vec::with_capacity(outcome.tokens.len());
-        for &tok in &outcome.tokens {
-            if cfg.eos.contains(&tok) {
-                stopped_at_eos = true;
-                break;
-            }
-            if out.len() == cfg.max_tokens {
-                break;
-            }
-            fresh.push(tok);
-            out.push(tok);
-        }
-        context.extend(&fresh);
-        if !fresh.is_empty() {
-            match on_tokens(&fresh) {
-                Err(SpecError::Stopped) => {
-                    stopped_by_caller = true;
-                    break;
-                }
-                other => other?,
-            }
-        }
-        if stopped_at_eos {
+        (stopped_at_eos, stopped_by_caller) =
+            emit(&outcome, cfg, &mut out, &mut context, on_tokens)?;
+        if stopped_at_eos || stopped_by_caller {
             break;
         }
     }
@@ -462,7 +503,73 @@ pub fn generate_drafted(
         stopped_at_eos,
         stopped_by_caller,
         stats,
+        calibration: cfg.tree.is_some().then_some(drafter.calibration),
     })
+}
+
+/// Appends a round's tokens to `out` and `context` up to the first EOS
+/// token or `max_tokens`, and shows them to `on_tokens`. Returns
+/// (stopped at EOS, stopped by the caller).
+fn emit(
+    outcome: &RoundOutcome,
+    cfg: &SpecConfig,
+    out: &mut Vec<u32>,
+    context: &mut Vec<u32>,
+    on_tokens: &mut dyn FnMut(&[u32]) -> Result<(), SpecError>,
+) -> Result<(bool, bool), SpecError> {
+    let mut fresh = Vec::with_capacity(outcome.tokens.len());
+    let mut eos = false;
+    for &tok in &outcome.tokens {
+        if cfg.eos.contains(&tok) {
+            eos = true;
+            break;
+        }
+        if out.len() == cfg.max_tokens {
+            break;
+        }
+        fresh.push(tok);
+        out.push(tok);
+    }
+    context.extend(&fresh);
+    if !fresh.is_empty() {
+        match on_tokens(&fresh) {
+            Err(SpecError::Stopped) => return Ok((eos, true)),
+            other => other?,
+        }
+    }
+    Ok((eos, false))
+}
+
+/// Accepts a tree round from its verify rows (`rows[r]`: the logits of
+/// verify row r, root first; `usable`: rows of the path that may be used,
+/// see [`accept_tree_greedy`]). Sampling takes each row's distribution
+/// after its own history (the context and the row's path).
+fn accept_tree(
+    tree: &DraftTree,
+    rows: &[Vec<f32>],
+    usable: usize,
+    sampler: &Sampler,
+    context: &[u32],
+    rng: &mut ChaCha20Rng,
+) -> Result<crate::tree::TreeOutcome, SpecError> {
+    let rows = &rows[..=tree.len()];
+    if sampler.is_greedy() {
+        let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
+        return accept_tree_greedy(tree, &argmax, usable);
+    }
+    let mut probs = Vec::with_capacity(rows.len());
+    for (r, row) in rows.iter().enumerate() {
+        let mut history = context.to_vec();
+        let mut path = Vec::new();
+        let mut node = r.checked_sub(1);
+        while let Some(n) = node {
+            path.push(tree.tokens[n]);
+            node = tree.parents[n];
+        }
+        history.extend(path.iter().rev());
+        probs.push(sampler.probs(row, &history));
+    }
+    accept_tree_sampled(tree, &probs, rng)
 }
 
 /// What [`prefill`] did.
@@ -558,11 +665,16 @@ struct Draft {
     probs: Option<Vec<Vec<f32>>>,
     /// Whether the base model produced it (its cache then ran ahead).
     from_base: bool,
+    /// A tree draft (`tokens` then lists its nodes).
+    tree: Option<GrownTree>,
 }
 
 /// Drafter state: the base model's own KV cache and the adaptive-K controller.
 struct Drafter<'m> {
     model: &'m Model,
+    /// The model for a tree level's batched pass (the target's weights:
+    /// f32 runs several positions faster than f16 does).
+    batch_model: &'m Model,
     kind: DrafterKind,
     k_max: usize,
     cache: Option<KvCache>,
@@ -573,10 +685,16 @@ struct Drafter<'m> {
     adaptive: Option<AdaptiveK>,
     /// [`SpecConfig::draft_stop_below`].
     stop_below: f32,
+    /// Tree drafts: the acceptance estimate learnt from earlier rounds.
+    calibration: Calibration,
 }
 
 impl<'m> Drafter<'m> {
-    fn new(model: &'m Model, cfg: &SpecConfig, capacity: usize) -> Result<Self, SpecError> {
+    fn new(
+        (model, batch_model): (&'m Model, &'m Model),
+        cfg: &SpecConfig,
+        capacity: usize,
+    ) -> Result<Self, SpecError> {
         let needs_base = matches!(cfg.drafter, DrafterKind::Base | DrafterKind::Hybrid);
         let cache = if needs_base {
             Some(model.new_cache(capacity)?)
@@ -602,6 +720,7 @@ impl<'m> Drafter<'m> {
         });
         Ok(Self {
             model,
+            batch_model,
             kind: cfg.drafter,
             k_max: cfg.k,
             cache,
@@ -609,6 +728,11 @@ impl<'m> Drafter<'m> {
             lookup: PromptLookup::default(),
             adaptive,
             stop_below: cfg.draft_stop_below,
+            calibration: cfg
+                .tree
+                .as_ref()
+                .map(|t| t.calibration.clone())
+                .unwrap_or_default(),
         })
     }
 
@@ -632,12 +756,14 @@ impl<'m> Drafter<'m> {
             tokens: self.lookup.draft(context, k),
             probs: None,
             from_base: false,
+            tree: None,
         };
         match self.kind {
             DrafterKind::None => Ok(Draft {
                 tokens: Vec::new(),
                 probs: None,
                 from_base: false,
+                tree: None,
             }),
             DrafterKind::Ngram => Ok(lookup()),
             DrafterKind::Hybrid => {
@@ -701,7 +827,54 @@ impl<'m> Drafter<'m> {
             tokens,
             probs: (!greedy).then_some(probs),
             from_base: true,
+            tree: None,
         })
+    }
+
+    /// A tree of at most k nodes from the base model
+    /// ([`crate::tree_draft`]), synced from the target cache as
+    /// [`Self::draft_base`] is. Afterwards the cache holds the context and
+    /// the tree nodes growth fed.
+    fn draft_tree(
+        &mut self,
+        context: &[u32],
+        target: &KvCache,
+        k: usize,
+        params: &TreeParams,
+    ) -> Result<Draft, SpecError> {
+        let cache = self.cache.as_mut().expect("base drafter has a cache");
+        let from = self.synced.min(cache.len());
+        cache.sync_from(target, from)?;
+        self.synced = target.len();
+        let feed = context[cache.len()..].to_vec();
+        let grown = grow(
+            (self.model, self.batch_model),
+            cache,
+            &feed,
+            k,
+            params,
+            &self.calibration,
+        )?;
+        Ok(Draft {
+            tokens: grown.tree.tokens.clone(),
+            probs: None,
+            from_base: true,
+            tree: Some(grown),
+        })
+    }
+
+    /// After a tree round that accepted `path`: keeps the context
+    /// (`context_len` tokens) and the accepted nodes growth had fed.
+    fn keep_tree_path(
+        &mut self,
+        context_len: usize,
+        grown: &GrownTree,
+        path: &[usize],
+    ) -> Result<(), SpecError> {
+        if let Some(cache) = self.cache.as_mut() {
+            cache.compact(context_len, &grown.cached_path(path))?;
+        }
+        Ok(())
     }
 
     /// Optimistic drafting: with the cache holding the context and the

@@ -14,6 +14,9 @@
 //! - [`ngram`]: the prompt-lookup (n-gram) drafter, which costs nothing.
 //! - [`decode`]: the generation loop over a [`cipherlora_model::Model`]:
 //!   drafting, one verify pass per round through a delta hook, KV rollback.
+//! - [`tree`], [`tree_draft`]: draft trees (several candidate
+//!   continuations verified in one pass under a tree attention mask), their
+//!   growth by the base drafter and their greedy and sampled acceptance.
 //! - [`adaptive`]: choosing K per round from the observed acceptance rate
 //!   and the measured cost of a round.
 //!
@@ -28,5 +31,7 @@ pub mod decode;
 mod error;
 pub mod ngram;
 pub mod schedule;
+pub mod tree;
+pub mod tree_draft;
 
 pub use error::SpecError;

@@ -170,6 +170,8 @@ pub(crate) type Certify<'a> =
 pub(crate) struct Window<'a> {
     pub model: &'a Model,
     pub tokens: &'a [u32],
+    /// Causal for a chain, a tree mask for a draft tree.
+    pub mask: &'a AttentionMask,
     pub real: usize,
     pub schedule: &'a Schedule,
     pub certify: Certify<'a>,
@@ -193,13 +195,14 @@ pub(crate) fn verify<G: Send>(
     let Window {
         model,
         tokens,
+        mask,
         real,
         schedule,
         certify,
     } = *window;
     let fp = match schedule {
         Schedule::PerGroup => {
-            let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
+            let logits = model.forward(tokens, cache, mask, hook)?;
             let verified = Verified {
                 logits,
                 usable: real,
@@ -210,7 +213,7 @@ pub(crate) fn verify<G: Send>(
         }
         Schedule::FixedPoint(fp) => fp,
     };
-    let mut pass = FixedPointPass::start(model, tokens, cache, &AttentionMask::Causal, hook)?;
+    let mut pass = FixedPointPass::start(model, tokens, cache, mask, hook)?;
     // After as many trips as groups every input is exact (module docs of
     // `FixedPointPass`): the bound that ends any run of continuations.
     let exact_after = pass.inputs().len().max(1);
@@ -326,18 +329,61 @@ pub fn certify_greedy(
     margin: f32,
 ) -> usize {
     for (j, row) in rows.iter().enumerate() {
-        let (top, second, arg) = top_two(row);
-        let moved = change.get(j).copied().unwrap_or(f32::INFINITY);
-        let bound = moved * error_factor(moved, previous.and_then(|p| p.get(j).copied()));
-        let certified = top - second > margin * bound;
-        if !certified {
+        let Some(arg) = certified_argmax(row, j, change, previous, margin) else {
             return j;
-        }
+        };
         if drafts.get(j).is_none_or(|&d| d != arg) {
             return j + 1;
         }
     }
     rows.len()
+}
+
+/// The argmax of verify row `j` if its top-1/top-2 margin is above
+/// `margin` × its remaining-error bound (the margin rule of the module docs).
+fn certified_argmax(
+    row: &[f32],
+    j: usize,
+    change: &[f32],
+    previous: Option<&[f32]>,
+    margin: f32,
+) -> Option<u32> {
+    let (top, second, arg) = top_two(row);
+    let moved = change.get(j).copied().unwrap_or(f32::INFINITY);
+    let bound = moved * error_factor(moved, previous.and_then(|p| p.get(j).copied()));
+    (top - second > margin * bound).then_some(arg)
+}
+
+/// Greedy certification of a tree pass ([`crate::tree`]): walks the path
+/// greedy acceptance would take (root row first, then the child whose
+/// token is the row's argmax) and returns how many of its rows are
+/// certified by the margin rule before the first that is not (0: not even
+/// the root's). [`crate::tree::accept_tree_greedy`] limited to that many
+/// rows then walks the same, exact, path.
+#[must_use]
+pub fn certify_tree_greedy(
+    rows: &[Vec<f32>],
+    change: &[f32],
+    previous: Option<&[f32]>,
+    tree: &crate::tree::DraftTree,
+    margin: f32,
+) -> usize {
+    let children = tree.children();
+    let (mut row, mut certified) = (0, 0);
+    while let Some(arg) = rows
+        .get(row)
+        .and_then(|r| certified_argmax(r, row, change, previous, margin))
+    {
+        certified += 1;
+        match children
+            .get(row)
+            .and_then(|c| c.iter().find(|&&n| tree.tokens[n] == arg))
+        {
+            Some(&n) => row = n + 1,
+            None => break,
+        }
+    }
+    certified
 }
 
 /// Sampling certification: the leading rows (of the first `real`) whose

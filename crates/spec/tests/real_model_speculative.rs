@@ -11,11 +11,10 @@
 //!    tokens plus a rest bucket), and a wrong acceptance rule fails.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, GenerateOptions, LoraAdapter, Model, NoAdapter, PlainLora, Sampler,
-    SamplingParams, Tokenizer, fetch, generate,
+    AttentionMask, DeltaHook, GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler,
+    SamplingParams, generate,
 };
 use cipherlora_spec::acceptance::{DraftProbs, accept_sampled, sample};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
@@ -23,46 +22,8 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
-struct Fixture {
-    model: Model,
-    tokenizer: Tokenizer,
-    adapter: LoraAdapter,
-}
-
-fn fixture() -> &'static Fixture {
-    static F: OnceLock<Fixture> = OnceLock::new();
-    F.get_or_init(|| {
-        let path = fetch::ensure_default_model().expect("default model");
-        let model = Model::load(&path).expect("load model");
-        let tokenizer = Tokenizer::for_model(&path).expect("tokenizer");
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../adapters/code-lora-r16");
-        let adapter = LoraAdapter::load(&dir, model.config()).expect("load adapter");
-        Fixture {
-            model,
-            tokenizer,
-            adapter,
-        }
-    })
-}
-
-/// Held-out code prompts (not from the training corpus).
-const PROMPTS: [&str; 3] = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "import os\n\ndef list_python_files(root):\n",
-    "class Stack:\n    def __init__(self):\n",
-];
-
-fn reference(f: &Fixture, prompt: &[u32], n: usize) -> Vec<u32> {
-    let opts = GenerateOptions {
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        eos: f.tokenizer.eos_tokens().to_vec(),
-    };
-    let mut hook = PlainLora::new(&f.adapter);
-    generate(&f.model, prompt, &opts, &mut hook, &mut |_| Ok(()))
-        .unwrap()
-        .tokens
-}
+mod common;
+use common::{Fixture, PROMPTS, fixture, reference};
 
 #[allow(clippy::too_many_arguments)]
 fn speculative(
@@ -78,6 +39,7 @@ fn speculative(
     draft_stop_below: f32,
 ) -> decode::SpecOutput {
     let cfg = SpecConfig {
+        tree: None,
         drafter,
         k,
         adaptive,
@@ -321,6 +283,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
         let prompt = f.tokenizer.encode(text).unwrap();
         let want = reference(f, &prompt, n);
         let cfg = SpecConfig {
+            tree: None,
             drafter: DrafterKind::Base,
             k: 8,
             adaptive: false,
@@ -388,6 +351,7 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
                 ..FixedPoint::default()
             };
             let cfg = SpecConfig {
+                tree: None,
                 drafter: DrafterKind::Base,
                 k: 8,
                 adaptive: false,
@@ -435,6 +399,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let run = |schedule: Schedule| {
         let cfg = SpecConfig {
+            tree: None,
             drafter: DrafterKind::Base,
             k: 4,
             adaptive: false,
@@ -471,6 +436,7 @@ fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let want = reference(f, &prompt, 24);
     let cfg = SpecConfig {
+        tree: None,
         drafter: DrafterKind::Base,
         k: 4,
         adaptive: false,
@@ -503,6 +469,7 @@ fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
 
 fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usize) -> SpecConfig {
     SpecConfig {
+        tree: None,
         drafter: DrafterKind::Base,
         k,
         adaptive: false,

@@ -6,9 +6,13 @@
 //! distribution of the two tokens must pass a χ² goodness-of-fit test
 //! against the target chain, and two deliberately wrong acceptance rules
 //! (resampling from p instead of norm(max(0, p − q)); accepting every draft)
-//! must fail it. Seeds are fixed, so the test is deterministic.
+//! must fail it. The same holds for tree drafts: multi-draft speculative
+//! sampling over a tree of the drafter's top tokens passes, and a rule that
+//! forgets to renormalise after a rejected sibling fails. Seeds are fixed,
+//! so the test is deterministic.
 
 use cipherlora_spec::acceptance::{DraftProbs, RoundOutcome, accept_sampled, sample};
+use cipherlora_spec::tree::{DraftTree, accept_tree_sampled};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{ChiSquared, ContinuousCDF};
@@ -104,12 +108,21 @@ fn two_tokens(
 
 /// χ² p-value of the observed joint counts against the target chain.
 fn p_value(rule: Rule, seed: u64) -> f64 {
-    let target = chain(11, 2.0);
     let draft = chain(12, 2.0);
+    joint_p_value(seed, |target, rng| two_tokens(target, &draft, rule, rng))
+}
+
+/// χ² p-value against the target chain of the first two tokens after
+/// `CONTEXT` that `generate(target, rng)` produces, over `DRAWS` draws.
+fn joint_p_value(
+    seed: u64,
+    mut generate: impl FnMut(&[Vec<f32>], &mut ChaCha20Rng) -> (u32, u32),
+) -> f64 {
+    let target = chain(11, 2.0);
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let mut counts = vec![0usize; V * V];
     for _ in 0..DRAWS {
-        let (a, b) = two_tokens(&target, &draft, rule, &mut rng);
+        let (a, b) = generate(&target, &mut rng);
         counts[a as usize * V + b as usize] += 1;
     }
     // Cells with expected count < 5 are pooled into one rest bucket.
@@ -178,4 +191,112 @@ fn point_mass_drafts_also_follow_the_target() {
         .sum();
     let p = 1.0 - ChiSquared::new((V - 1) as f64).unwrap().cdf(chi2);
     assert!(p > 1e-3, "point-mass acceptance biased: p = {p}");
+}
+
+/// The drafter's `n` most likely tokens after `token` (ties: lower id).
+fn top(draft: &[Vec<f32>], token: u32, n: usize) -> Vec<u32> {
+    let row = &draft[token as usize];
+    let mut ids: Vec<u32> = (0..V as u32).collect();
+    ids.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
+    ids.truncate(n);
+    ids
+}
+
+/// A deterministic tree after `last`: the drafter's top 3 tokens, each
+/// with its own top 2 children (9 nodes, level order).
+fn draft_tree(draft: &[Vec<f32>], last: u32) -> DraftTree {
+    let first = top(draft, last, 3);
+    let mut tree = DraftTree {
+        tokens: first.clone(),
+        parents: vec![None; 3],
+    };
+    for (i, &t) in first.iter().enumerate() {
+        for c in top(draft, t, 2) {
+            tree.tokens.push(c);
+            tree.parents.push(Some(i));
+        }
+    }
+    tree
+}
+
+/// The target's row at every verify row of `tree` (root: `last`).
+fn tree_rows(target: &[Vec<f32>], tree: &DraftTree, last: u32) -> Vec<Vec<f32>> {
+    std::iter::once(last)
+        .chain(tree.tokens.iter().copied())
+        .map(|t| target[t as usize].clone())
+        .collect()
+}
+
+/// Two tokens after `CONTEXT` from tree rounds accepted by `accept`.
+fn two_tokens_by_tree(
+    target: &[Vec<f32>],
+    accept: impl Fn(&DraftTree, &[Vec<f32>], &mut ChaCha20Rng) -> Vec<u32>,
+    rng: &mut ChaCha20Rng,
+) -> (u32, u32) {
+    // A drafter that differs from the target, so rejections happen.
+    let draft = chain(12, 2.0);
+    let mut out = vec![CONTEXT];
+    while out.len() < 3 {
+        let last = *out.last().unwrap();
+        let tree = draft_tree(&draft, last);
+        out.extend(accept(&tree, &tree_rows(target, &tree, last), rng));
+    }
+    (out[1], out[2])
+}
+
+#[test]
+fn tree_speculative_sampling_follows_the_target_distribution() {
+    let p = joint_p_value(3, |target, rng| {
+        two_tokens_by_tree(
+            target,
+            |tree, rows, rng| accept_tree_sampled(tree, rows, rng).unwrap().tokens,
+            rng,
+        )
+    });
+    assert!(p > 1e-3, "tree acceptance rejected by χ²: p = {p}");
+}
+
+/// Wrong: tries each child with its plain target probability p(x), never
+/// renormalising after a rejected sibling, then samples p without them.
+fn tree_without_renormalising(
+    tree: &DraftTree,
+    rows: &[Vec<f32>],
+    rng: &mut ChaCha20Rng,
+) -> Vec<u32> {
+    let children = tree.children();
+    let (mut row, mut tokens) = (0usize, Vec::new());
+    'rows: loop {
+        let p = &rows[row];
+        let mut rejected = Vec::new();
+        for &c in &children[row] {
+            let x = tree.tokens[c];
+            if rng.random::<f64>() < f64::from(p[x as usize]) {
+                tokens.push(x);
+                row = c + 1;
+                continue 'rows;
+            }
+            rejected.push(x);
+        }
+        let rest: Vec<f32> = (0..V as u32)
+            .map(|t| {
+                if rejected.contains(&t) {
+                    0.0
+                } else {
+                    p[t as usize]
+                }
+            })
+            .collect();
+        let total: f32 = rest.iter().sum();
+        let rest: Vec<f32> = rest.iter().map(|x| x / total).collect();
+        tokens.push(sample(&rest, rng));
+        return tokens;
+    }
+}
+
+#[test]
+fn chi2_detects_a_tree_rule_that_does_not_renormalise() {
+    let p = joint_p_value(3, |target, rng| {
+        two_tokens_by_tree(target, tree_without_renormalising, rng)
+    });
+    assert!(p < 1e-6, "wrong tree rule passed χ²: p = {p}");
 }

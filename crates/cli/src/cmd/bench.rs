@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use cipherlora_bench::e2e::DecodeConfig;
 use cipherlora_spec::decode::DrafterKind;
+use cipherlora_spec::tree_draft::TreeParams;
 use clap::Subcommand;
 
 /// Which benchmark to run.
@@ -162,7 +163,8 @@ pub struct E2eBenchArgs {
     schedules: Vec<String>,
     /// Decoding configurations, comma-separated: `none`, or DRAFTER:K with
     /// DRAFTER one of base, ngram, hybrid, optionally `:f16` or `:f32` for
-    /// the base drafter's weights (default: --draft-weights).
+    /// the base drafter's weights (default: --draft-weights); or
+    /// `tree:K[:BxD]` for base-drafted trees of K nodes (branch B, depth D).
     #[arg(
         long,
         value_delimiter = ',',
@@ -253,16 +255,30 @@ fn model_and_adapters(
     Ok((model, adapters))
 }
 
-/// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16` or `f32`).
+/// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16` or `f32`);
+/// `tree:K[:BxD][:WEIGHTS]`: the base drafter growing trees of K nodes
+/// (branch B, depth D; default [`TreeParams::default`]).
 fn parse_config(
     s: &str,
     default_weights: crate::cmd::demo::DraftWeightsArg,
 ) -> anyhow::Result<DecodeConfig> {
-    let mut parts = s.split(':');
+    let mut parts = s.split(':').peekable();
     let name = parts.next().unwrap_or_default();
     let k = match parts.next() {
         Some(k) => k.parse::<usize>()?,
         None => 0,
+    };
+    let tree = match (name, parts.peek()) {
+        ("tree", Some(shape)) if shape.contains('x') => {
+            let shape = format!("tree:{}", parts.next().unwrap_or_default());
+            Some(
+                shape
+                    .parse::<TreeParams>()
+                    .map_err(|e| anyhow::anyhow!("{s}: {e}"))?,
+            )
+        }
+        ("tree", _) => Some(TreeParams::default()),
+        _ => None,
     };
     let f16_drafter = match parts.next() {
         Some("f16") => true,
@@ -273,10 +289,10 @@ fn parse_config(
     anyhow::ensure!(parts.next().is_none(), "{s}: expected DRAFTER:K[:WEIGHTS]");
     let drafter = match name {
         "none" => DrafterKind::None,
-        "base" => DrafterKind::Base,
+        "base" | "tree" => DrafterKind::Base,
         "ngram" => DrafterKind::Ngram,
         "hybrid" => DrafterKind::Hybrid,
-        other => anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid)"),
+        other => anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid, tree)"),
     };
     anyhow::ensure!(
         drafter == DrafterKind::None || k >= 1,
@@ -286,6 +302,7 @@ fn parse_config(
         drafter,
         k,
         f16_drafter,
+        tree,
     })
 }
 
@@ -351,9 +368,19 @@ mod tests {
             DecodeConfig {
                 drafter: DrafterKind::Base,
                 k: 8,
-                f16_drafter: true
+                f16_drafter: true,
+                tree: None,
             }
         );
+        let t = parse_config("tree:16:3x12:f32", DraftWeightsArg::F16).unwrap();
+        assert_eq!(
+            (t.drafter, t.k, t.f16_drafter),
+            (DrafterKind::Base, 16, false)
+        );
+        assert_eq!(t.tree, Some("tree:3x12".parse().unwrap()));
+        let t = parse_config("tree:8", DraftWeightsArg::F16).unwrap();
+        assert_eq!((t.tree, t.f16_drafter), (Some(TreeParams::default()), true));
+        assert!(parse_config("tree:8:0x3", DraftWeightsArg::F16).is_err());
         assert_eq!(c.draft_weights(), "f16");
         let c = parse_config("base:4:f32", DraftWeightsArg::F16).unwrap();
         assert!(!c.f16_drafter);

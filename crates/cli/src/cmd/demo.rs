@@ -191,6 +191,7 @@ impl DemoArgs {
         );
 
         let cfg = SpecConfig {
+            tree: None,
             drafter,
             k: self.k,
             adaptive: false,

@@ -13,6 +13,7 @@ use cipherlora_private::connect_widths;
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
+use cipherlora_spec::tree_draft::TreeParams;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
@@ -105,6 +106,11 @@ pub struct GenerateArgs {
     /// Private mode: drafted tokens per verify round (K).
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// Private mode: draft trees of K nodes instead of chains of K tokens
+    /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8).
+    /// The verify pass still carries K+1 positions; the output is the same.
+    #[arg(long, requires = "server", value_parser = parse_tree_shape)]
+    tree: Option<TreeParams>,
     /// Private mode: how the base drafter holds its weights (its drafts are
     /// verified by the --weights model either way).
     #[arg(long, value_enum, default_value = "f16", requires = "server")]
@@ -262,7 +268,12 @@ impl GenerateArgs {
         let mut hook = connect_widths(config, id, width, self.prefill_width, model.config())
             .with_context(|| format!("opening a session on {url}"))?;
         let schedule = resolve_schedule(&self.schedule, model, &hook, width, &planning_link)?;
+        anyhow::ensure!(
+            self.tree.is_none() || drafter == DrafterKind::Base,
+            "--tree needs --draft base"
+        );
         let cfg = SpecConfig {
+            tree: self.tree.map(Into::into),
             drafter,
             k: self.k,
             adaptive: false,
@@ -373,4 +384,12 @@ pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>
         .env("CANDLE_NUM_THREADS", &want)
         .status()?;
     Ok(Some(status.code().unwrap_or(1)))
+}
+
+/// `default` or `BxD` (branch, depth), as `--tree` takes them.
+fn parse_tree_shape(s: &str) -> Result<TreeParams, String> {
+    if s == "default" {
+        return Ok(TreeParams::default());
+    }
+    format!("tree:{s}").parse().map_err(|e| format!("{e}"))
 }

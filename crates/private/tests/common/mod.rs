@@ -66,6 +66,7 @@ pub fn assert_matches(got: &SpecOutput, want: &[u32], tok: &Tokenizer, what: &st
 /// schedule; tests change what they exercise with struct-update syntax.
 pub fn greedy_spec(k: usize, tokens: usize, tok: &Tokenizer) -> SpecConfig {
     SpecConfig {
+        tree: None,
         drafter: DrafterKind::Base,
         k,
         adaptive: false,

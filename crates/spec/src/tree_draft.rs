@@ -1,0 +1,526 @@
+//! Growing a draft tree with the base drafter: a dynamic tree in the manner
+//! of EAGLE-2 (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models
+//! with Dynamic Draft Trees", §4.1-4.2).
+//!
+//! Every candidate node carries the drafter's log probability of its whole
+//! path (the sum of its tokens' log-softmax values), an estimate of the
+//! chance that verification reaches it. Growth runs level by level: the
+//! children of the root are the drafter's top `branch` tokens after the
+//! context; each further level expands the `branch` best nodes of the
+//! level before (one batched forward pass of at most `branch` positions
+//! that extends the tree already in the drafter's cache:
+//! [`AttentionMask::tree_extension`]) into their top `branch` children. A
+//! path's score never grows with depth, so a level stops early once none of
+//! its nodes could still be among the `budget` best. Finally the `budget`
+//! best candidates are kept; that set is closed under taking parents (a
+//! parent scores at least as high as its child), so it is a tree.
+//!
+//! Calibration. A drafter's softmax is a poor estimate of the chance that
+//! the *adapted* model picks a token: a base model with 0.5 on its first
+//! choice and 0.3 on its second may be matched by the adapted argmax on the
+//! first 90 % of the time. Scores therefore use a calibrated acceptance
+//! estimate c(q) of a child whose drafter probability is q, learnt online
+//! from every verify pass ([`Calibration`]: each verified row tells, for
+//! each of its children, whether the target's choice was that child),
+//! starting from c(q) = q (EAGLE-2's choice). On text where the drafter is
+//! usually right the estimate pushes growth deep (a chain-like tree); where
+//! it is often wrong, it spends nodes on alternatives.
+//!
+//! The shape depends only on the drafter's probabilities and on earlier
+//! rounds, never on this round's target, so greedy verification stays
+//! exact and sampled verification (deterministic drafts,
+//! [`crate::tree::accept_tree_sampled`]) stays unbiased whatever the shape.
+
+use cipherlora_model::{AttentionMask, KvCache, Model, NoAdapter};
+
+use crate::SpecError;
+use crate::tree::DraftTree;
+
+/// Shape limits of a draft tree; the node budget is the round's K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeParams {
+    /// Children per expanded node, and nodes expanded per level (top-k).
+    pub branch: usize,
+    /// Deepest level drafted (a chain of K has depth K).
+    pub max_depth: usize,
+}
+
+impl Default for TreeParams {
+    /// Branch 4, depth 8 (measured with the acceptance example:
+    /// BENCHMARKS.md, "Tree drafts").
+    fn default() -> Self {
+        Self {
+            branch: 4,
+            max_depth: 8,
+        }
+    }
+}
+
+impl std::fmt::Display for TreeParams {
+    /// `tree:BRANCHxDEPTH`, as parsed by [`std::str::FromStr`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "tree:{}x{}", self.branch, self.max_depth)
+    }
+}
+
+impl std::str::FromStr for TreeParams {
+    type Err = SpecError;
+
+    /// `tree` (the defaults) or `tree:BRANCHxDEPTH` (both ≥ 1).
+    fn from_str(s: &str) -> Result<Self, SpecError> {
+        let bad = || SpecError::Config(format!("bad tree shape {s:?} (tree or tree:BxD)"));
+        match s.split_once(':') {
+            None if s == "tree" => Ok(Self::default()),
+            Some(("tree", shape)) => {
+                let (b, d) = shape.split_once('x').ok_or_else(bad)?;
+                let branch: usize = b.parse().map_err(|_| bad())?;
+                let max_depth: usize = d.parse().map_err(|_| bad())?;
+                if branch == 0 || max_depth == 0 {
+                    return Err(bad());
+                }
+                Ok(Self { branch, max_depth })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Online estimate of c(rank, q): the probability that the target's choice
+/// at a row is a given child, as a function of the child's rank among its
+/// siblings (the drafter's first choice, second, or later) and of the
+/// drafter's probability q of it, in `BINS` equal bins of q; each cell is a
+/// hit rate with a prior of `PRIOR` pseudo-trials. The rank matters: with
+/// the base model drafting over the adapted prefix, a first choice is
+/// accepted far more often than its q says (measured on the general-English
+/// adapter: 53 % at q < 0.1, 76-100 % from q = 0.1 on), a second choice
+/// about as often as q or less (4-15 %). The prior is √q for a first
+/// choice (between those), q for the others (EAGLE-2's estimate).
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    hits: [[f32; Self::BINS]; Self::RANKS],
+    trials: [[f32; Self::BINS]; Self::RANKS],
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Self {
+            hits: [[0.0; Self::BINS]; Self::RANKS],
+            trials: [[0.0; Self::BINS]; Self::RANKS],
+        }
+    }
+}
+
+impl Calibration {
+    const BINS: usize = 20;
+    const RANKS: usize = 3;
+    const PRIOR: f32 = 4.0;
+
+    fn bin(q: f32) -> usize {
+        ((q.clamp(0.0, 1.0) * Self::BINS as f32) as usize).min(Self::BINS - 1)
+    }
+
+    /// The estimated acceptance of a child of sibling rank `rank` (0: the
+    /// drafter's first choice) and drafter probability `q`.
+    #[must_use]
+    pub fn estimate(&self, rank: usize, q: f32) -> f32 {
+        let (r, b) = (rank.min(Self::RANKS - 1), Self::bin(q));
+        let centre = (b as f32 + 0.5) / Self::BINS as f32;
+        let prior = if r == 0 { centre.sqrt() } else { centre };
+        let c = (self.hits[r][b] + Self::PRIOR * prior) / (self.trials[r][b] + Self::PRIOR);
+        c.clamp(1e-4, 1.0)
+    }
+
+    /// Records one child of sibling rank `rank` and drafter probability
+    /// `q`: whether the target chose it.
+    pub fn observe(&mut self, rank: usize, q: f32, hit: bool) {
+        let (r, b) = (rank.min(Self::RANKS - 1), Self::bin(q));
+        self.trials[r][b] += 1.0;
+        self.hits[r][b] += f32::from(u8::from(hit));
+    }
+
+    /// Learns from a verified tree: `argmax[r]` is the target's choice at
+    /// verify row r (root first); every child of every row is one trial.
+    pub(crate) fn observe_tree(&mut self, grown: &GrownTree, argmax: &[u32]) {
+        for (row, children) in grown.tree.children().iter().enumerate() {
+            let Some(&want) = argmax.get(row) else {
+                continue;
+            };
+            for &c in children {
+                self.observe(grown.rank[c], grown.q[c], grown.tree.tokens[c] == want);
+            }
+        }
+    }
+}
+
+/// Tree drafting settings of a generation: the shape limits and the
+/// acceptance estimate to start from (a caller that generates repeatedly
+/// passes on [`crate::decode::SpecOutput::calibration`], so later
+/// generations start calibrated).
+#[derive(Debug, Clone, Default)]
+pub struct TreeDrafts {
+    /// Shape limits.
+    pub shape: TreeParams,
+    /// The acceptance estimate growth starts from.
+    pub calibration: Calibration,
+}
+
+impl From<TreeParams> for TreeDrafts {
+    fn from(shape: TreeParams) -> Self {
+        Self {
+            shape,
+            calibration: Calibration::default(),
+        }
+    }
+}
+
+/// A grown tree and where its nodes sit in the drafter's cache.
+#[derive(Debug, Clone)]
+pub(crate) struct GrownTree {
+    /// The draft tree (level order).
+    pub tree: DraftTree,
+    /// For each node, its index among the tree positions of the drafter's
+    /// cache (after the context), if the drafter fed it (expanded nodes
+    /// were fed; leaves were not).
+    pub fed: Vec<Option<usize>>,
+    /// Each node's drafter probability given its parent (softmax).
+    pub q: Vec<f32>,
+    /// Each node's rank among the drafter's choices after its parent.
+    pub rank: Vec<usize>,
+}
+
+impl GrownTree {
+    /// The drafter-cache indices to keep after a round accepted `path`:
+    /// the fed prefix of the path (see [`KvCache::compact`]).
+    pub fn cached_path(&self, path: &[usize]) -> Vec<usize> {
+        path.iter().map_while(|&n| self.fed[n]).collect()
+    }
+}
+
+/// A candidate during growth.
+#[derive(Debug, Clone)]
+struct Candidate {
+    token: u32,
+    parent: Option<usize>,
+    /// Drafter probability of the token after its parent.
+    q: f32,
+    /// Rank among the drafter's choices after the parent (0: first).
+    rank: usize,
+    /// Log of the path's estimated acceptance (Σ ln c(q) along it).
+    score: f32,
+    depth: usize,
+    /// Index among the fed tree positions, once fed.
+    fed: Option<usize>,
+}
+
+/// The selection logic of growth, apart from the model (module docs).
+#[derive(Debug)]
+pub(crate) struct TreeGrowth {
+    budget: usize,
+    branch: usize,
+    cands: Vec<Candidate>,
+    /// Candidate ids of the newest level.
+    level: Vec<usize>,
+    /// Parents (as fed indices) of the fed nodes, in feed order: the tree
+    /// the drafter's cache holds.
+    fed_parents: Vec<Option<usize>>,
+}
+
+impl TreeGrowth {
+    pub fn new(budget: usize, branch: usize) -> Self {
+        Self {
+            budget,
+            branch: branch.max(1),
+            cands: Vec::new(),
+            level: Vec::new(),
+            fed_parents: Vec::new(),
+        }
+    }
+
+    /// Adds the top `branch` tokens of the logits `row` as children of
+    /// `parent` (`None`: the root), scored by `calibration`. Call once per
+    /// node of a level, then [`Self::next_level`].
+    pub fn expand(&mut self, parent: Option<usize>, row: &[f32], calibration: &Calibration) {
+        let (base, depth) =
+            parent.map_or((0.0, 1), |p| (self.cands[p].score, self.cands[p].depth + 1));
+        let log_z = log_sum_exp(row);
+        for (rank, (token, logit)) in top_k(row, self.branch).into_iter().enumerate() {
+            let q = (logit - log_z).exp();
+            self.cands.push(Candidate {
+                token,
+                parent,
+                q,
+                rank,
+                score: base + calibration.estimate(rank, q).ln(),
+                depth,
+                fed: None,
+            });
+        }
+    }
+
+    /// Closes the level just expanded: its candidates form the next
+    /// frontier.
+    pub fn next_level(&mut self, first_new: usize) {
+        self.level = (first_new..self.cands.len()).collect();
+    }
+
+    /// Number of candidates so far (ids are `0..len`).
+    pub fn len(&self) -> usize {
+        self.cands.len()
+    }
+
+    /// The nodes of the newest level to expand next (at most `branch`, best
+    /// first), marked fed; with the attention mask that extends the cached
+    /// tree by them. Empty when no node of the level could still be among
+    /// the `budget` best.
+    pub fn take_frontier(&mut self) -> (Vec<usize>, Vec<u32>, AttentionMask) {
+        let threshold = self.kth_best_score(self.budget);
+        let mut level: Vec<usize> = self
+            .level
+            .iter()
+            .copied()
+            .filter(|&c| self.cands[c].score >= threshold)
+            .collect();
+        level.sort_by(|&a, &b| self.cands[b].score.total_cmp(&self.cands[a].score));
+        level.truncate(self.branch);
+        let cached = self.fed_parents.len();
+        let tokens = level.iter().map(|&c| self.cands[c].token).collect();
+        for &c in &level {
+            let parent = self.cands[c].parent.map(|p| {
+                self.cands[p]
+                    .fed
+                    .expect("an expanded node's parent was fed")
+            });
+            self.cands[c].fed = Some(self.fed_parents.len());
+            self.fed_parents.push(parent);
+        }
+        let mask = AttentionMask::tree_extension(self.fed_parents.clone(), cached);
+        (level, tokens, mask)
+    }
+
+    /// The `budget` best candidates as a tree in level order, with each
+    /// node's fed index, drafter probability and rank.
+    pub fn finish(self) -> (DraftTree, Vec<Option<usize>>, Vec<f32>, Vec<usize>) {
+        let mut order: Vec<usize> = (0..self.cands.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (x, y) = (&self.cands[a], &self.cands[b]);
+            y.score
+                .total_cmp(&x.score)
+                .then(x.depth.cmp(&y.depth))
+                .then(a.cmp(&b))
+        });
+        order.truncate(self.budget);
+        order.sort_by_key(|&c| (self.cands[c].depth, c));
+        let mut node_of = vec![None; self.cands.len()];
+        for (n, &c) in order.iter().enumerate() {
+            node_of[c] = Some(n);
+        }
+        let tree = DraftTree {
+            tokens: order.iter().map(|&c| self.cands[c].token).collect(),
+            parents: order
+                .iter()
+                .map(|&c| {
+                    self.cands[c]
+                        .parent
+                        .map(|p| node_of[p].expect("the best set is closed under parents"))
+                })
+                .collect(),
+        };
+        let fed = order.iter().map(|&c| self.cands[c].fed).collect();
+        let q = order.iter().map(|&c| self.cands[c].q).collect();
+        let rank = order.iter().map(|&c| self.cands[c].rank).collect();
+        (tree, fed, q, rank)
+    }
+
+    /// The k-th best score so far (−∞ when there are fewer than k).
+    fn kth_best_score(&self, k: usize) -> f32 {
+        if k == 0 || self.cands.len() < k {
+            return f32::NEG_INFINITY;
+        }
+        let mut scores: Vec<f32> = self.cands.iter().map(|c| c.score).collect();
+        scores.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        scores[k - 1]
+    }
+}
+
+/// Grows a tree of at most `budget` nodes (module docs). `cache` holds a
+/// prefix of the context; `feed` is the rest of it (at least the last
+/// token), fed first to get the root's distribution. Afterwards `cache`
+/// holds the context followed by the fed tree nodes ([`GrownTree::fed`]).
+/// Scores use `calibration` (module docs).
+/// `models` = (the single-position model, the batched one): the same
+/// architecture, e.g. f16 weights for single positions and f32 for the
+/// levels (candle's f16 GEMM on the CPU is ~5× slower than f32 for a few
+/// rows, while f16 halves a single position's weight traffic; measured for
+/// SmolLM2-135M, BENCHMARKS.md "Tree drafts").
+///
+/// # Errors
+/// Those of the forward pass (a full cache included).
+pub(crate) fn grow(
+    (model, batch_model): (&Model, &Model),
+    cache: &mut KvCache,
+    feed: &[u32],
+    budget: usize,
+    params: &TreeParams,
+    calibration: &Calibration,
+) -> Result<GrownTree, SpecError> {
+    let logits = model.forward(feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
+    let root = last_row(&logits, feed.len())?;
+    let mut g = TreeGrowth::new(budget, params.branch);
+    g.expand(None, &root, calibration);
+    g.next_level(0);
+    for _ in 1..params.max_depth.min(budget) {
+        let (level, tokens, mask) = g.take_frontier();
+        if level.is_empty() {
+            break;
+        }
+        let level_model = if tokens.len() > 1 { batch_model } else { model };
+        let logits = level_model.forward(&tokens, cache, &mask, &mut NoAdapter)?;
+        let rows = logits
+            .to_vec2::<f32>()
+            .map_err(|e| SpecError::Model(e.into()))?;
+        let first_new = g.len();
+        for (&c, row) in level.iter().zip(&rows) {
+            g.expand(Some(c), row, calibration);
+        }
+        g.next_level(first_new);
+    }
+    let (tree, fed, q, rank) = g.finish();
+    Ok(GrownTree { tree, fed, q, rank })
+}
+
+fn last_row(logits: &cipherlora_model::Tensor, n: usize) -> Result<Vec<f32>, SpecError> {
+    logits
+        .narrow(0, n - 1, 1)
+        .and_then(|t| t.squeeze(0))
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| SpecError::Model(e.into()))
+}
+
+/// log Σ exp(row), computed stably.
+fn log_sum_exp(row: &[f32]) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return max;
+    }
+    let sum: f32 = row.iter().map(|&l| (l - max).exp()).sum();
+    max + sum.ln()
+}
+
+/// The `k` largest entries of `row` as (index, value), largest first (ties:
+/// lower index first).
+fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &v) in row.iter().enumerate() {
+        if best.len() == k && best.last().is_some_and(|&(_, w)| v <= w) {
+            continue;
+        }
+        let at = best.partition_point(|&(_, w)| w >= v);
+        best.insert(at, (i as u32, v));
+        best.truncate(k);
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_is_sorted_and_breaks_ties_by_index() {
+        let row = [0.1, 3.0, -1.0, 3.0, 2.0];
+        assert_eq!(top_k(&row, 3), vec![(1, 3.0), (3, 3.0), (4, 2.0)]);
+        assert_eq!(top_k(&row, 10).len(), 5);
+    }
+
+    /// A row whose softmax puts `p` on each listed token (the rest spread
+    /// thinly over `vocab`).
+    fn row(vocab: usize, probs: &[(u32, f32)]) -> Vec<f32> {
+        let mut r = vec![-30.0f32; vocab];
+        for &(t, p) in probs {
+            r[t as usize] = p.ln();
+        }
+        r
+    }
+
+    #[test]
+    fn growth_keeps_the_most_likely_paths_as_a_tree() {
+        let c = Calibration::default();
+        let mut g = TreeGrowth::new(4, 2);
+        // Root: token 1 (0.6), token 2 (0.3).
+        g.expand(None, &row(8, &[(1, 0.6), (2, 0.3)]), &c);
+        g.next_level(0);
+        let (level, tokens, mask) = g.take_frontier();
+        assert_eq!((level, tokens), (vec![0, 1], vec![1, 2]));
+        assert_eq!(mask, AttentionMask::tree_extension(vec![None, None], 0));
+        let first = g.len();
+        // After 1: token 3 (0.9), 4 (0.05); after 2: token 5 (0.5), 6 (0.4).
+        g.expand(Some(0), &row(8, &[(3, 0.9), (4, 0.05)]), &c);
+        g.expand(Some(1), &row(8, &[(5, 0.5), (6, 0.4)]), &c);
+        g.next_level(first);
+        // Scores: 1: .6, 2: .3, 1-3: .54, 1-4: .03, 2-5: .15, 2-6: .12.
+        let (level, _, mask) = g.take_frontier();
+        assert_eq!(level, vec![2, 4]); // 1-3 and 2-5, above the 4th best (.15)
+        assert_eq!(
+            mask,
+            AttentionMask::tree_extension(vec![None, None, Some(0), Some(1)], 2)
+        );
+        let (tree, fed, _, _) = g.finish();
+        // The 4 best: 1, 1-3, 2, 2-5 — in level order, siblings by rank.
+        assert_eq!(tree.tokens, vec![1, 2, 3, 5]);
+        assert_eq!(tree.parents, vec![None, None, Some(0), Some(1)]);
+        assert_eq!(fed, vec![Some(0), Some(1), Some(2), Some(3)]);
+    }
+
+    #[test]
+    fn budget_one_is_the_drafters_greedy_token() {
+        let mut g = TreeGrowth::new(1, 4);
+        g.expand(
+            None,
+            &row(8, &[(7, 0.5), (2, 0.4)]),
+            &Calibration::default(),
+        );
+        g.next_level(0);
+        let (tree, fed, q, rank) = g.finish();
+        assert_eq!(rank, vec![0]);
+        assert!((q[0] - 0.5 / 0.9).abs() < 1e-3);
+        assert_eq!(tree, DraftTree::chain(&[7]));
+        assert_eq!(fed, vec![None]);
+    }
+
+    #[test]
+    fn calibration_learns_hit_rates_from_its_prior() {
+        let mut c = Calibration::default();
+        // Prior: the bin centre, its square root for a first choice.
+        assert!((c.estimate(1, 0.52) - 0.525).abs() < 1e-6);
+        assert!((c.estimate(0, 0.52) - 0.525f32.sqrt()).abs() < 1e-6);
+        for _ in 0..96 {
+            c.observe(1, 0.52, true);
+        }
+        // 96 hits + 4 × 0.525 pseudo-hits over 100 trials.
+        assert!((c.estimate(1, 0.51) - (96.0 + 2.1) / 100.0).abs() < 1e-5);
+        // Other bins and ranks keep their prior; estimates stay in (0, 1].
+        assert!((c.estimate(1, 0.1) - 0.125).abs() < 1e-6);
+        assert!((c.estimate(2, 0.52) - 0.525).abs() < 1e-6);
+        for _ in 0..1000 {
+            c.observe(5, 0.01, false);
+        }
+        assert!(c.estimate(2, 0.01) > 0.0 && c.estimate(2, 0.01) < 0.01);
+    }
+
+    #[test]
+    fn shape_strings_round_trip() {
+        let p: TreeParams = "tree:3x6".parse().unwrap();
+        assert_eq!(
+            p,
+            TreeParams {
+                branch: 3,
+                max_depth: 6
+            }
+        );
+        assert_eq!(p.to_string().parse::<TreeParams>().unwrap(), p);
+        assert_eq!("tree".parse::<TreeParams>().unwrap(), TreeParams::default());
+        for bad in ["tree:0x3", "tree:3", "chain", "tree:ax2"] {
+            assert!(bad.parse::<TreeParams>().is_err(), "{bad}");
+        }
+    }
+}

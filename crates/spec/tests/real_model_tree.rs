@@ -1,0 +1,244 @@
+//! Tree drafts on the real default model with the committed adapters, the
+//! plaintext LoRA hook standing in for the adapter server.
+//!
+//! 1. Greedy: with tree drafts of several shapes and budgets, on the
+//!    per-group and the fixed-point schedule, the output equals sequential
+//!    greedy decoding of the adapted model token for token (how many
+//!    tokens a round yields, trees against chains, is measured by the
+//!    acceptance example, not tested).
+//! 2. Sampling: on the real model's distributions, the first token of a
+//!    tree round (the base model's top tokens as the root's children)
+//!    follows the adapted softmax (χ²), and a rule that does not
+//!    renormalise after a rejected child fails; a sampled tree generation
+//!    runs end to end and is reproducible from its seed.
+
+mod common;
+
+use cipherlora_model::{AttentionMask, DeltaHook, NoAdapter, PlainLora, Sampler, SamplingParams};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::schedule::{FixedPoint, Schedule};
+use cipherlora_spec::tree::{DraftTree, accept_tree_sampled};
+use cipherlora_spec::tree_draft::TreeParams;
+use common::{Fixture, PROMPTS, fixture, load_adapter, reference_with};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha20Rng;
+use statrs::distribution::{ChiSquared, ContinuousCDF};
+
+fn config(
+    f: &Fixture,
+    k: usize,
+    tree: Option<TreeParams>,
+    schedule: Schedule,
+    n: usize,
+) -> SpecConfig {
+    SpecConfig {
+        tree: tree.map(Into::into),
+        drafter: DrafterKind::Base,
+        k,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: None,
+        optimistic: false,
+        draft_stop_below: 0.0,
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+        first_token_from_prefill: false,
+        schedule,
+    }
+}
+
+#[test]
+fn tree_greedy_output_equals_sequential_adapted_decoding() {
+    let f = fixture();
+    let half = f.model.to_f16_weights().unwrap();
+    let n = 16;
+    let fixed = Schedule::FixedPoint(FixedPoint::default());
+    let wide = TreeParams {
+        branch: 3,
+        max_depth: 6,
+    };
+    let narrow = TreeParams {
+        branch: 2,
+        max_depth: 4,
+    };
+    for (name, runs) in [
+        (
+            "code-lora-r16",
+            [
+                (8, TreeParams::default(), Schedule::PerGroup),
+                (15, wide, Schedule::PerGroup),
+            ],
+        ),
+        (
+            "code-ffa-r16",
+            [
+                (8, TreeParams::default(), Schedule::PerGroup),
+                (8, narrow, fixed),
+            ],
+        ),
+    ] {
+        let adapter = load_adapter(name, &f.model);
+        for text in PROMPTS {
+            let prompt = f.tokenizer.encode(text).unwrap();
+            let want = reference_with(f, &adapter, &prompt, n);
+            for (k, tree, schedule) in runs {
+                let cfg = config(f, k, Some(tree), schedule, n);
+                let mut hook = PlainLora::new(&adapter);
+                let mut streamed = Vec::new();
+                let out =
+                    decode::generate_drafted(&f.model, &half, &prompt, &cfg, &mut hook, &mut |t| {
+                        streamed.extend_from_slice(t);
+                        Ok(())
+                    })
+                    .unwrap();
+                let label = format!("{name} K={k} {tree} {schedule} on {text:?}");
+                assert_eq!(out.tokens, want, "{label}");
+                assert_eq!(streamed, out.tokens, "{label}: streamed tokens differ");
+                assert!(out.stats.rounds < n, "{label}: no tree node accepted");
+            }
+        }
+    }
+}
+
+/// Softmax (after the sampling transforms) of the last position.
+fn last_probs(
+    f: &Fixture,
+    prompt: &[u32],
+    hook: &mut dyn DeltaHook,
+    sampler: &Sampler,
+) -> Vec<f32> {
+    let mut cache = f.model.new_cache(prompt.len()).unwrap();
+    let logits = f
+        .model
+        .forward(prompt, &mut cache, &AttentionMask::Causal, hook)
+        .unwrap();
+    let row = logits
+        .get(prompt.len() - 1)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    sampler.probs(&row, prompt)
+}
+
+/// χ² p-value of `counts` (over `draws`) against `p`: the 12 most likely
+/// tokens are cells of their own, everything else one rest bucket.
+fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    let (mut chi2, mut rest_o, mut rest_e) = (0.0, draws as f64, 1.0);
+    for &t in &order[..12] {
+        let e = draws as f64 * f64::from(p[t]);
+        chi2 += (counts[t] as f64 - e).powi(2) / e;
+        rest_o -= counts[t] as f64;
+        rest_e -= f64::from(p[t]);
+    }
+    let rest_e = draws as f64 * rest_e;
+    let cells = if rest_e >= 5.0 {
+        chi2 += (rest_o - rest_e).powi(2) / rest_e;
+        13
+    } else {
+        12
+    };
+    1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
+}
+
+#[test]
+fn tree_sampling_follows_the_adapted_softmax_on_the_real_model() {
+    let f = fixture();
+    let sampler = Sampler::new(SamplingParams {
+        temperature: 1.0,
+        top_k: Some(40),
+        seed: 7,
+        ..SamplingParams::default()
+    })
+    .unwrap();
+    const DRAWS: usize = 10_000;
+    for (ctx_i, text) in PROMPTS.iter().enumerate() {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let p_full = last_probs(f, &prompt, &mut PlainLora::new(&f.adapter), &sampler);
+        let q_full = last_probs(f, &prompt, &mut NoAdapter, &sampler);
+        // Restricted to the union of the supports (as the chain test).
+        let support: Vec<usize> = (0..p_full.len())
+            .filter(|&t| p_full[t] > 0.0 || q_full[t] > 0.0)
+            .collect();
+        let p: Vec<f32> = support.iter().map(|&t| p_full[t]).collect();
+        let q: Vec<f32> = support.iter().map(|&t| q_full[t]).collect();
+        // The root's children: the base model's 4 most likely tokens.
+        let mut ids: Vec<u32> = (0..q.len() as u32).collect();
+        ids.sort_by(|&a, &b| q[b as usize].total_cmp(&q[a as usize]));
+        let tree = DraftTree {
+            tokens: ids[..4].to_vec(),
+            parents: vec![None; 4],
+        };
+        let covered: f32 = tree.tokens.iter().map(|&t| p[t as usize]).sum();
+        assert!(
+            covered > 0.2 && covered < 0.98,
+            "context {ctx_i}: children cover {covered}"
+        );
+        // Children rows stand in with p; only the first token is tested.
+        let rows = vec![p.clone(); 5];
+        let mut rng = ChaCha20Rng::seed_from_u64(200 + ctx_i as u64);
+        let (mut right, mut wrong) = (vec![0usize; p.len()], vec![0usize; p.len()]);
+        for _ in 0..DRAWS {
+            let out = accept_tree_sampled(&tree, &rows, &mut rng).unwrap();
+            right[out.tokens[0] as usize] += 1;
+            // Wrong rule: each child with its plain p(x), no renormalisation.
+            let tok = tree
+                .tokens
+                .iter()
+                .copied()
+                .find(|&x| rng.random::<f64>() < f64::from(p[x as usize]))
+                .unwrap_or_else(|| {
+                    let rest: Vec<f32> = (0..p.len() as u32)
+                        .map(|t| {
+                            if tree.tokens.contains(&t) {
+                                0.0
+                            } else {
+                                p[t as usize]
+                            }
+                        })
+                        .collect();
+                    let total: f32 = rest.iter().sum();
+                    let rest: Vec<f32> = rest.iter().map(|x| x / total).collect();
+                    cipherlora_spec::acceptance::sample(&rest, &mut rng)
+                });
+            wrong[tok as usize] += 1;
+        }
+        let pv = chi2_p_value(&p, &right, DRAWS);
+        assert!(pv > 1e-3, "context {ctx_i}: exact rule rejected, p = {pv}");
+        let pw = chi2_p_value(&p, &wrong, DRAWS);
+        assert!(pw < 1e-4, "context {ctx_i}: wrong rule passed, p = {pw}");
+    }
+}
+
+#[test]
+fn sampled_tree_generation_runs_and_repeats_from_its_seed() {
+    let f = fixture();
+    let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
+    let mut cfg = config(f, 8, Some(TreeParams::default()), Schedule::PerGroup, 20);
+    cfg.sampling = SamplingParams {
+        temperature: 0.8,
+        top_p: Some(0.95),
+        seed: 11,
+        ..SamplingParams::default()
+    };
+    let run = || {
+        let mut hook = PlainLora::new(&f.adapter);
+        decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap()
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a.tokens, b.tokens);
+    assert!(!a.tokens.is_empty());
+    assert!(
+        a.stats.rounds < a.tokens.len(),
+        "no tree node was ever accepted"
+    );
+    // A tree with the n-gram drafter or adaptive K is a configuration error.
+    cfg.drafter = DrafterKind::Ngram;
+    let mut hook = PlainLora::new(&f.adapter);
+    assert!(matches!(
+        decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())),
+        Err(cipherlora_spec::SpecError::Config(_))
+    ));
+}
