@@ -1,7 +1,7 @@
 //! Private generation: what connects the plaintext model to the HE-LoRA
 //! halves.
 //!
-//! - [`AdapterServer`] (server side): a PEFT adapter split into fused layer
+//! - [`HeAdapter`] (server side): a PEFT adapter split into fused layer
 //!   groups (q,k,v; o; gate,up; down), the plans it offers for a verify width
 //!   T, and [`ServerSession`]s, each holding one client's Galois keys and the
 //!   pre-encoded plaintext diagonals, answering one [`GroupRequest`] per layer
@@ -44,7 +44,7 @@ pub use error::PrivateError;
 pub use hook::{HeHook, HeTimings};
 pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
 pub use schedule_plan::{PassModel, ScheduleChoice, choose_for_session, choose_schedule};
-pub use server::{AdapterServer, OfferedGroup, ServerSession, SessionOffer, adapter_id};
+pub use server::{HeAdapter, OfferedGroup, ServerSession, SessionOffer, adapter_id};
 pub use session_memory::SessionMemory;
 pub use transport::{InProcess, Reply, Transport};
 

@@ -2,7 +2,7 @@
 //! gRPC adapter service (`cipherlora-service`), and the client's transport
 //! to it.
 //!
-//! - [`HeBackend`] (server): an [`AdapterServer`](crate::AdapterServer) as a
+//! - [`HeBackend`] (server): an [`HeAdapter`](crate::HeAdapter) as a
 //!   [`cipherlora_service::AdapterBackend`]. Its `AdapterInfo` carries the
 //!   PEFT description, the CKKS preset name and, for FFA adapters, the public
 //!   lora_A ([`encode_public_a`]).

@@ -71,7 +71,7 @@ pub struct OfferedGroup {
 /// charged once to the [`SessionMemory`] budget, shared by every session of
 /// the offer, and freed (with their reservation) when the last one closes.
 #[derive(Debug)]
-pub struct AdapterServer {
+pub struct HeAdapter {
     groups: AdapterGroups,
     costs: OpCosts,
     link: Link,
@@ -103,7 +103,7 @@ impl std::fmt::Debug for PreparedOffer {
     }
 }
 
-impl AdapterServer {
+impl HeAdapter {
     /// Loads the adapter in `dir` for a base model of shape `config`.
     ///
     /// # Errors
@@ -170,12 +170,12 @@ impl AdapterServer {
         Ok(&self.costs)
     }
 
-    /// As [`AdapterServer::measure_costs`], but measured once per machine:
+    /// As [`HeAdapter::measure_costs`], but measured once per machine:
     /// read from the op-cost cache ([`crate::cost_cache`]) when present, so
     /// that a restarted server offers the same plans.
     ///
     /// # Errors
-    /// As [`AdapterServer::measure_costs`].
+    /// As [`HeAdapter::measure_costs`].
     pub fn cached_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
         let preset = format!("{:?}", self.preset());
         let dir = crate::cost_cache::cache_dir();
@@ -273,11 +273,11 @@ impl AdapterServer {
         self.open_session_with_public_key(offer, galois_keys, None)
     }
 
-    /// [`AdapterServer::open_session`] with the client's serialised public
+    /// [`HeAdapter::open_session`] with the client's serialised public
     /// key, which circuit privacy needs (ignored without).
     ///
     /// # Errors
-    /// Those of [`AdapterServer::open_session`];
+    /// Those of [`HeAdapter::open_session`];
     /// [`PrivateError::PublicKeyRequired`] when the offer rerandomises and
     /// `public_key` is `None`; [`PrivateError::Ckks`] for a malformed one.
     pub fn open_session_with_public_key(

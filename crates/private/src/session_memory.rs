@@ -5,7 +5,7 @@
 //! (FFA) to 1.5 GB (standard LoRA) for the default model at T = 9, and
 //! several times more at a wide prefill width. They are encoded once per
 //! offer (adapter, width, plans) and shared by every session of that offer
-//! ([`crate::AdapterServer`]); the service limits how many sessions are open
+//! ([`crate::HeAdapter`]); the service limits how many sessions are open
 //! and how many key bytes they hold, this limits the diagonals' bytes. The
 //! first session of an offer reserves [`crate::SessionOffer::diagonal_bytes`]
 //! *before* encoding anything; the reservation is given back when the last

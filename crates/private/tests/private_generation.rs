@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
-use cipherlora_private::{AdapterServer, HeHook, InProcess};
+use cipherlora_private::{HeAdapter, HeHook, InProcess};
 use cipherlora_spec::decode::{self};
 
 fn model() -> &'static (Model, Tokenizer) {
@@ -32,7 +32,7 @@ fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
     let half = model.to_f16_weights().unwrap();
     let drafter_model = if f16_drafter { &half } else { model };
     let dir = adapter_dir(adapter);
-    let server = AdapterServer::load(&dir, model.config()).unwrap();
+    let server = HeAdapter::load(&dir, model.config()).unwrap();
     let offer = server.offer(k + 1).unwrap();
     let mut hook = HeHook::connect(&offer, model.config(), |keys, _| {
         Ok(InProcess::new(Arc::new(server.open_session(&offer, keys)?)))

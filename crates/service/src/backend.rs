@@ -84,7 +84,7 @@ pub struct OpenedSession {
 
 /// What one layer group of a session expects per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupShape {
+pub struct GroupRequestShape {
     /// Ciphertexts in each request for this group.
     pub input_ciphertexts: usize,
     /// Positions (token rows) one request of this group evaluates the delta
@@ -118,7 +118,7 @@ pub trait SessionCompute: Send + Sync {
     ///
     /// # Errors
     /// [`BackendError::UnknownLayer`] when the layer or group does not exist.
-    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError>;
+    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError>;
 
     /// Ciphertexts of the deltas of `(layer, group)` for one verify round.
     ///

@@ -33,8 +33,8 @@ pub mod testing;
 pub mod tls;
 
 pub use backend::{
-    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupShape, OpenSessionPayload,
-    OpenedSession, SessionCompute,
+    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
+    OpenSessionPayload, OpenedSession, SessionCompute,
 };
 pub use cipherlora_proto::plan_id;
 pub use client::{

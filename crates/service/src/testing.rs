@@ -24,8 +24,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::backend::{
-    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupShape, OpenSessionPayload,
-    OpenedSession, SessionCompute,
+    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
+    OpenSessionPayload, OpenedSession, SessionCompute,
 };
 
 /// Values must have `|v|` below this ("coefficient below its modulus").
@@ -291,9 +291,9 @@ impl SessionCompute for TestSession {
         self.t == 0
     }
 
-    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
+    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError> {
         match self.cts_per_group.get(group as usize) {
-            Some(&n) if layer < self.num_layers && self.t > 0 => Ok(GroupShape {
+            Some(&n) if layer < self.num_layers && self.t > 0 => Ok(GroupRequestShape {
                 input_ciphertexts: n,
                 positions: self.t,
             }),

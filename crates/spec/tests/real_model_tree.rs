@@ -1,7 +1,8 @@
 //! Tree drafts on the real default model with the committed adapters, the
 //! plaintext LoRA hook standing in for the adapter server.
 //!
-//! 1. Greedy: with tree drafts of several shapes and budgets, on the
+//! 1. Greedy: with tree drafts of several shapes and budgets, on the code
+//!    adapters and the general-English all-linear adapter, on the
 //!    per-group and the fixed-point schedule, the output equals sequential
 //!    greedy decoding of the adapted model token for token (how many
 //!    tokens a round yields, trees against chains, is measured by the
@@ -72,6 +73,14 @@ fn tree_greedy_output_equals_sequential_adapted_decoding() {
         ),
         (
             "code-ffa-r16",
+            [
+                (8, TreeParams::default(), Schedule::PerGroup),
+                (8, narrow, fixed),
+            ],
+        ),
+        // General English, adapted on all seven linear projections.
+        (
+            "general-all-r8",
             [
                 (8, TreeParams::default(), Schedule::PerGroup),
                 (8, narrow, fixed),

@@ -10,20 +10,20 @@ use cipherlora_helora::HeloraError;
 use cipherlora_helora::wire::GroupRequest;
 use cipherlora_model::ModelConfig;
 use cipherlora_service::{
-    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupShape, OpenSessionPayload,
-    OpenedSession, SessionCompute,
+    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
+    OpenSessionPayload, OpenedSession, SessionCompute,
 };
 
 use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
 use crate::PrivateError;
 use crate::adapter_groups::{AdapterGroups, LoraKind};
-use crate::server::{AdapterServer, ServerSession, SessionOffer};
+use crate::server::{HeAdapter, ServerSession, SessionOffer};
 use crate::session_memory::SessionMemory;
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 const COST_REPS: usize = 15;
 
-/// An [`AdapterServer`] behind the gRPC service.
+/// An [`HeAdapter`] behind the gRPC service.
 ///
 /// `open_session` reads a [`PlanRequest`] from the plan request bytes:
 /// - `offer_only`: answers the encoded [`SessionOffer`] for T
@@ -34,7 +34,7 @@ const COST_REPS: usize = 15;
 /// - otherwise: the same offer (deterministic in T and the server's planner
 ///   costs), the Galois keys parsed and checked to be exactly the plans'
 ///   rotations, then the offer's plaintext diagonals, shared with every
-///   other session of the offer ([`AdapterServer::open_session`]).
+///   other session of the offer ([`HeAdapter::open_session`]).
 ///
 /// The public key is used only with circuit privacy
 /// ([`HeBackend::with_circuit_privacy`]): outputs are rerandomised under it.
@@ -52,7 +52,7 @@ const COST_REPS: usize = 15;
 /// `INTERNAL`).
 #[derive(Debug)]
 pub struct HeBackend {
-    server: AdapterServer,
+    server: HeAdapter,
     info: AdapterInfo,
     ctx: Arc<Context>,
 }
@@ -61,11 +61,11 @@ impl HeBackend {
     /// Loads the PEFT adapter in `dir` for a base model of shape `config`
     /// and describes it from `adapter_config.json` and `cipherlora.json`;
     /// plans with this machine's CKKS op costs
-    /// ([`AdapterServer::cached_costs`]: measured once per machine, about a
+    /// ([`HeAdapter::cached_costs`]: measured once per machine, about a
     /// second, then read from the cache).
     ///
     /// # Errors
-    /// As [`AdapterServer::load`] and [`AdapterServer::measure_costs`];
+    /// As [`HeAdapter::load`] and [`HeAdapter::measure_costs`];
     /// [`PrivateError::Sidecar`] for an
     /// unreadable or malformed `adapter_config.json`.
     pub fn load(
@@ -73,7 +73,7 @@ impl HeBackend {
         dir: &Path,
         config: &ModelConfig,
     ) -> Result<Self, PrivateError> {
-        let mut server = AdapterServer::load(dir, config)?;
+        let mut server = HeAdapter::load(dir, config)?;
         // Plan with this machine's measured op costs, not the defaults,
         // measured once per machine so that a restart offers the same plans.
         server.cached_costs(COST_REPS)?;
@@ -86,7 +86,7 @@ impl HeBackend {
     ///
     /// # Errors
     /// [`PrivateError::Ckks`] if the preset's context cannot be built.
-    pub fn new(server: AdapterServer, mut info: AdapterInfo) -> Result<Self, PrivateError> {
+    pub fn new(server: HeAdapter, mut info: AdapterInfo) -> Result<Self, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(server.preset())?)?;
         info.ckks_presets = vec![preset_name(server.preset()).to_string()];
         info.ffa_lora_a = (server.groups().kind == LoraKind::Ffa)
@@ -119,7 +119,7 @@ impl HeBackend {
 
     /// The adapter server.
     #[must_use]
-    pub fn server(&self) -> &AdapterServer {
+    pub fn server(&self) -> &HeAdapter {
         &self.server
     }
 }
@@ -128,7 +128,7 @@ impl HeBackend {
 fn describe(
     adapter_id: String,
     dir: &Path,
-    server: &AdapterServer,
+    server: &HeAdapter,
 ) -> Result<AdapterInfo, PrivateError> {
     let json = |name: &str| -> Result<Option<serde_json::Value>, PrivateError> {
         let path = dir.join(name);
@@ -283,7 +283,7 @@ impl SessionCompute for OfferOnly {
         true
     }
 
-    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
+    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError> {
         Err(BackendError::UnknownLayer { layer, group })
     }
 
@@ -355,9 +355,9 @@ impl HeCompute {
 }
 
 impl SessionCompute for HeCompute {
-    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupShape, BackendError> {
+    fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError> {
         let meta = self.meta(layer, group)?;
-        Ok(GroupShape {
+        Ok(GroupRequestShape {
             input_ciphertexts: meta.inputs,
             positions: meta.t,
         })
@@ -546,7 +546,7 @@ mod tests {
                 adapter,
             }],
         };
-        HeBackend::new(AdapterServer::new(groups), AdapterInfo::default()).unwrap()
+        HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap()
     }
 
     fn payload(preset: &str, request: Vec<u8>, keys: Vec<u8>) -> OpenSessionPayload {

@@ -463,7 +463,7 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use crate::adapter_groups::LayerGroup;
-    use crate::server::AdapterServer;
+    use crate::server::HeAdapter;
     use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
     use proptest::prelude::*;
 
@@ -503,7 +503,7 @@ mod tests {
     }
 
     fn offer(kind: LoraKind) -> SessionOffer {
-        AdapterServer::new(groups(kind)).offer(5).unwrap()
+        HeAdapter::new(groups(kind)).offer(5).unwrap()
     }
 
     fn same(a: &SessionOffer, b: &SessionOffer) {
