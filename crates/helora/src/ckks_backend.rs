@@ -26,8 +26,8 @@ use cipherlora_ckks::{
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
 
-use crate::backend::{Complex64, HeClient, HeServer};
 use crate::error::{HeloraError, Result};
+use crate::he_traits::{Complex64, HeClient, HeServer};
 
 fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
     HeloraError::Backend(e.to_string())

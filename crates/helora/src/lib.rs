@@ -6,8 +6,8 @@
 //! - [`plan`]: the slot layout and BSGS parameters of a group (the algorithms
 //!   and their sources are documented there); [`counts`]: exact operation
 //!   counts of a plan; [`planner`]: picks a plan from measured costs.
-//! - [`backend`]: the small HE interface; [`sim`]: an exact slot simulator.
-//! - [`client`] / [`server`]: the two halves; they exchange only
+//! - [`he_traits`]: the small HE interface; [`sim`]: an exact slot simulator.
+//! - [`group_client`] / [`group_server`]: the two halves; they exchange only
 //!   [`wire::GroupRequest`] / [`wire::GroupResponse`] bytes (ciphertexts) and
 //!   public keys.
 //!
@@ -82,28 +82,28 @@
 //!   themselves reveal.
 
 pub mod adapter;
-pub mod backend;
 pub mod ckks_backend;
-pub mod client;
 pub mod counts;
 pub mod error;
+pub mod group_client;
+pub mod group_server;
+pub mod he_traits;
 pub mod measure;
 pub mod packing;
 pub mod plan;
 pub mod planner;
-pub mod server;
 pub mod shapes;
 pub mod sim;
 pub mod wire;
 
 pub use adapter::{FusedGroup, GroupAdapter, GroupShape, ProjectionAdapter};
-pub use backend::{HeClient, HeServer};
 pub use ckks_backend::{CkksClient, CkksServer, Rerandomization, ResponseCompression};
-pub use client::{GroupClient, InputScales, SlotDeltas, SlotValues};
 pub use counts::OpCounts;
 pub use error::{HeloraError, Result};
+pub use group_client::{GroupClient, InputScales, SlotDeltas, SlotValues};
+pub use group_server::PreparedGroup;
+pub use he_traits::{HeClient, HeServer};
 pub use plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};
 pub use planner::{Estimate, Link, OpCosts};
-pub use server::PreparedGroup;
 pub use sim::SlotSimulator;
 pub use wire::{GroupRequest, GroupResponse};

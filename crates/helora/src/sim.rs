@@ -9,9 +9,9 @@
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
-use crate::backend::{Complex64, HeClient, HeServer};
 use crate::counts::{LEVELS, OpCounts};
 use crate::error::{HeloraError, Result};
+use crate::he_traits::{Complex64, HeClient, HeServer};
 
 /// A simulated ciphertext: a level and the (complex) slot values.
 #[derive(Debug, Clone, PartialEq)]

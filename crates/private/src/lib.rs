@@ -27,26 +27,23 @@
 //! (a public permutation applied after decryption, so nothing about it goes
 //! back to the server).
 
-mod adapter_groups;
-mod by_width;
-pub mod cost_cache;
+pub mod client;
 mod error;
-mod hook;
 pub mod remote;
-pub mod schedule_plan;
-mod server;
-mod session_memory;
-mod transport;
+pub mod server;
 
-pub use adapter_groups::{AdapterGroups, LoraKind};
-pub use by_width::ByWidth;
+pub use client::schedule_plan;
+pub use client::{
+    ByWidth, HeHook, HeTimings, InProcess, PassModel, Reply, ScheduleChoice, Transport,
+    choose_for_session, choose_schedule,
+};
 pub use error::PrivateError;
-pub use hook::{HeHook, HeTimings};
 pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
-pub use schedule_plan::{PassModel, ScheduleChoice, choose_for_session, choose_schedule};
-pub use server::{HeAdapter, OfferedGroup, ServerSession, SessionOffer, adapter_id};
-pub use session_memory::SessionMemory;
-pub use transport::{InProcess, Reply, Transport};
+pub use server::cost_cache;
+pub use server::{
+    AdapterGroups, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory, SessionOffer,
+    adapter_id,
+};
 
 pub use cipherlora_helora::Rerandomization;
 pub use cipherlora_helora::wire::{GroupRequest, GroupResponse};

@@ -33,15 +33,15 @@
 //! RPC is needed, and nothing the client decrypts is ever sent (threat
 //! model, guarantee 2).
 
-mod backend;
+mod grpc_transport;
+mod he_backend;
 mod loopback;
-mod transport;
 mod wire;
 
-pub use crate::session_memory::SessionMemory;
-pub use backend::HeBackend;
+pub use crate::server::SessionMemory;
+pub use grpc_transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
+pub use he_backend::HeBackend;
 pub use loopback::EmbeddedServer;
-pub use transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use wire::{
     MAX_GROUPS, MAX_T, PlanRequest, PublicA, attach_public_a, decode_offer, decode_public_a,
     encode_offer, encode_public_a, preset_from_name, preset_name,

@@ -2,7 +2,7 @@
 //! the accuracy / leak checks.
 #![allow(dead_code)]
 
-use cipherlora_helora::backend::Complex64;
+use cipherlora_helora::he_traits::Complex64;
 use cipherlora_helora::{
     GroupAdapter, GroupClient, GroupPlan, GroupShape, HeClient, HeServer, Mode, PreparedGroup,
     ProjectionAdapter,

@@ -17,7 +17,7 @@ use cipherlora_helora::{HeloraError, Mode};
 use cipherlora_model::{Proj, ProjGroup};
 
 use crate::PrivateError;
-use crate::adapter_groups::{AdapterGroups, LoraKind};
+use crate::server::{AdapterGroups, LoraKind};
 use crate::server::{OfferedGroup, SessionOffer};
 
 const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
@@ -462,8 +462,8 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adapter_groups::LayerGroup;
     use crate::server::HeAdapter;
+    use crate::server::LayerGroup;
     use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
     use proptest::prelude::*;
 

@@ -13,10 +13,10 @@ use cipherlora_model::{
 };
 
 use crate::PrivateError;
-use crate::adapter_groups::AdapterGroups;
-use crate::schedule_plan::PassModel;
+use crate::client::Transport;
+use crate::client::schedule_plan::PassModel;
+use crate::server::AdapterGroups;
 use crate::server::SessionOffer;
-use crate::transport::Transport;
 
 /// Where the client's time and bytes went, summed over all group rounds.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -16,8 +16,8 @@
 use candle_core::Tensor;
 use cipherlora_model::{DeltaHook, GroupDeltas, GroupInput, ModelError, ProjGroup};
 
-use crate::hook::{HeHook, HeTimings};
-use crate::transport::Transport;
+use crate::client::Transport;
+use crate::client::{HeHook, HeTimings};
 
 /// [`HeHook`]s keyed by their session's width T.
 pub struct ByWidth<T: Transport> {

@@ -7,9 +7,9 @@
 //! is multiplied by an exact zero weight (see [`crate::plan`]).
 
 use crate::adapter::{FusedGroup, GroupAdapter};
-use crate::backend::HeServer;
 use crate::counts::LEVELS;
 use crate::error::{HeloraError, Result};
+use crate::he_traits::HeServer;
 use crate::packing::{output_map, stage_a_diag, stage_b_diag};
 use crate::plan::{BabySteps, GroupPlan, Layout};
 use crate::wire::{GroupRequest, GroupResponse};
@@ -240,7 +240,7 @@ impl<S: HeServer> PreparedGroup<S> {
     }
 
     /// Evaluates the delta on the uploaded ciphertexts (in the order
-    /// [`crate::client`] produces them); returns `n_out` ciphertexts at level 0.
+    /// [`crate::group_client`] produces them); returns `n_out` ciphertexts at level 0.
     ///
     /// # Errors
     /// Wrong number or level of inputs, backend errors (missing Galois key, …).

@@ -20,8 +20,8 @@
 //! [`GroupClient::deltas`] takes them back.
 
 use crate::adapter::positions;
-use crate::backend::{Complex64, HeClient};
 use crate::error::{HeloraError, Result};
+use crate::he_traits::{Complex64, HeClient};
 use crate::packing::{DeltaIndex, check_mode, ffa_inputs, output_map, standard_inputs};
 use crate::plan::{GroupPlan, Mode, PositionPacking};
 use crate::wire::{GroupRequest, GroupResponse};

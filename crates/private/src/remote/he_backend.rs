@@ -16,9 +16,9 @@ use cipherlora_service::{
 
 use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
 use crate::PrivateError;
-use crate::adapter_groups::{AdapterGroups, LoraKind};
+use crate::server::SessionMemory;
+use crate::server::{AdapterGroups, LoraKind};
 use crate::server::{HeAdapter, ServerSession, SessionOffer};
-use crate::session_memory::SessionMemory;
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 const COST_REPS: usize = 15;
@@ -525,7 +525,7 @@ mod tests {
     }
 
     fn backend() -> HeBackend {
-        use crate::adapter_groups::LayerGroup;
+        use crate::server::LayerGroup;
         use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
         let adapter = GroupAdapter {
             d_in: 8,

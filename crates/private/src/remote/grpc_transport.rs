@@ -8,10 +8,10 @@ use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, GroupCall, Se
 
 use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
-use crate::by_width::ByWidth;
-use crate::hook::HeHook;
+use crate::client::ByWidth;
+use crate::client::HeHook;
+use crate::client::{Reply, Transport};
 use crate::server::SessionOffer;
-use crate::transport::{Reply, Transport};
 
 /// An adapter's offer for one verify width, as the server sent it.
 #[derive(Debug, Clone)]
@@ -75,7 +75,7 @@ pub fn fetch_offer(
         })
         .map_err(transport_error)?;
     let mut offer = decode_offer(&session.plan)?;
-    if offer.kind == crate::adapter_groups::LoraKind::Ffa {
+    if offer.kind == crate::server::LoraKind::Ffa {
         let bytes = info.ffa_lora_a.as_ref().ok_or_else(|| {
             PrivateError::Transport("the FFA adapter's info carries no lora_A".into())
         })?;

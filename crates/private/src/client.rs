@@ -1,0 +1,21 @@
+//! The client side: what runs beside the plaintext model and holds the
+//! only secret key.
+//!
+//! - [`HeHook`]: the model's delta hook that encrypts each group's input,
+//!   sends it through a [`Transport`] and decrypts the deltas;
+//! - [`ByWidth`]: one hook per pass width (a narrow verify session and a
+//!   wide prefill session);
+//! - [`Transport`] and [`InProcess`]: how a group request reaches a server
+//!   (the gRPC transport is [`crate::remote::GrpcTransport`]);
+//! - [`schedule_plan`]: choosing the per-group or fixed-point schedule from
+//!   the link and the session's costs.
+
+mod by_width;
+mod hook;
+pub mod schedule_plan;
+mod transport;
+
+pub use by_width::*;
+pub use hook::*;
+pub use schedule_plan::*;
+pub use transport::*;
