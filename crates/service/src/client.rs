@@ -170,6 +170,53 @@ impl Drop for RoundStream {
     }
 }
 
+/// Where the client's session stands: one variant per state, so that no
+/// combination of optional fields can stand for a state that does not
+/// exist (an open session with nothing to reopen it from, a plan pinned
+/// without a session). Transitions: `Closed` → `Open` ([`open_session`]),
+/// `Open` → `Lost` (the server no longer knows the session: eviction or
+/// restart), `Lost` → `Open` (the next round reopens it with the same keys
+/// and must get the same plan), any → `Closed` ([`close`], a refused
+/// opening).
+///
+/// [`open_session`]: AsyncAdapterClient::open_session
+/// [`close`]: AsyncAdapterClient::close
+enum Session {
+    /// No session.
+    Closed,
+    /// Opened with `params`, running plan `plan`, but gone from the server.
+    Lost { params: SessionParams, plan: Bytes },
+    /// Open on the server (its plan is `info.plan`), with its `Rounds`
+    /// stream once one runs.
+    Open {
+        params: SessionParams,
+        id: SessionId,
+        info: SessionInfo,
+        stream: Option<RoundStream>,
+    },
+}
+
+impl Session {
+    /// Drops the `Rounds` stream (it failed or the connection is suspect).
+    fn drop_stream(&mut self) {
+        if let Session::Open { stream, .. } = self {
+            *stream = None;
+        }
+    }
+
+    /// The server lost an open session: keep what reopening it needs.
+    fn lose(&mut self) {
+        if let Session::Open { .. } = self
+            && let Session::Open { params, info, .. } = std::mem::replace(self, Session::Closed)
+        {
+            *self = Session::Lost {
+                params,
+                plan: info.plan,
+            };
+        }
+    }
+}
+
 /// The async client. Not `Clone`: one session, one stream.
 pub struct AsyncAdapterClient {
     config: ClientConfig,
@@ -177,12 +224,7 @@ pub struct AsyncAdapterClient {
     up: Arc<LinkDirection>,
     down: Arc<LinkDirection>,
     rpc: Option<Rpc>,
-    params: Option<SessionParams>,
-    /// The plan of the first session opened with `params`: a reopened
-    /// session must run the same one.
-    pinned_plan: Option<Bytes>,
-    session: Option<(SessionId, SessionInfo)>,
-    stream: Option<RoundStream>,
+    session: Session,
     stats: ClientStats,
 }
 
@@ -200,10 +242,7 @@ impl AsyncAdapterClient {
             config,
             bearer,
             rpc: None,
-            params: None,
-            pinned_plan: None,
-            session: None,
-            stream: None,
+            session: Session::Closed,
             stats: ClientStats::default(),
         };
         c.rpc().await?;
@@ -248,12 +287,18 @@ impl AsyncAdapterClient {
 
     /// The open session's id, if any.
     pub fn session_id(&self) -> Option<SessionId> {
-        self.session.as_ref().map(|(id, _)| *id)
+        match &self.session {
+            Session::Open { id, .. } => Some(*id),
+            _ => None,
+        }
     }
 
     /// The open session's plan and limits, if any.
     pub fn session_info(&self) -> Option<&SessionInfo> {
-        self.session.as_ref().map(|(_, info)| info)
+        match &self.session {
+            Session::Open { info, .. } => Some(info),
+            _ => None,
+        }
     }
 
     /// Every adapter the server serves.
@@ -277,30 +322,60 @@ impl AsyncAdapterClient {
     /// `RESOURCE_EXHAUSTED`/`limit_exceeded`), [`ServiceError::Transport`],
     /// [`ServiceError::Protocol`] for a malformed answer.
     pub async fn open_session(&mut self, params: SessionParams) -> Result<SessionInfo> {
-        if self.session.is_some() {
+        if matches!(self.session, Session::Open { .. }) {
             let _ = self.close().await;
         }
-        self.params = Some(params);
-        self.pinned_plan = None;
-        let r = self.reopen().await;
-        if r.is_err() {
-            // A refused opening leaves no session to replay into.
-            self.params = None;
-        }
-        r
+        self.session = Session::Closed;
+        // A refused opening leaves no session to replay into.
+        let (id, info) = self.send_open(&params).await?;
+        self.session = Session::Open {
+            params,
+            id,
+            info: info.clone(),
+            stream: None,
+        };
+        Ok(info)
     }
 
-    async fn reopen(&mut self) -> Result<SessionInfo> {
-        let p = self.params.clone().ok_or(ServiceError::NoSession)?;
-        self.stream = None;
-        self.session = None;
+    /// Reopens a lost session with the same keys; the server must offer the
+    /// same plan ([`ServiceError::PlanChanged`] otherwise, the session
+    /// staying lost).
+    async fn reopen(&mut self) -> Result<()> {
+        let Session::Lost { params, plan } = &self.session else {
+            return Err(ServiceError::NoSession);
+        };
+        let (params, plan) = (params.clone(), plan.clone());
+        let (id, info) = self.send_open(&params).await?;
+        if info.plan != plan {
+            // Leave the new session to the server's timeout: nothing will
+            // be computed against a layout the client did not make.
+            if let Ok(mut rpc) = self.rpc().await {
+                let _ = rpc
+                    .close_session(v1::CloseSessionRequest {
+                        session_id: id.to_bytes(),
+                    })
+                    .await;
+            }
+            return Err(ServiceError::PlanChanged);
+        }
+        self.session = Session::Open {
+            params,
+            id,
+            info,
+            stream: None,
+        };
+        Ok(())
+    }
+
+    /// Sends `OpenSession` with `params`.
+    async fn send_open(&mut self, p: &SessionParams) -> Result<(SessionId, SessionInfo)> {
         let mut rpc = self.rpc().await?;
         let req = v1::OpenSessionRequest {
-            adapter_id: p.adapter_id,
-            ckks_preset: p.ckks_preset,
-            public_key: p.public_key,
-            galois_keys: p.galois_keys,
-            plan_request: p.plan_request,
+            adapter_id: p.adapter_id.clone(),
+            ckks_preset: p.ckks_preset.clone(),
+            public_key: p.public_key.clone(),
+            galois_keys: p.galois_keys.clone(),
+            plan_request: p.plan_request.clone(),
         };
         self.up.transit(req.encoded_len()).await;
         let resp = rpc.open_session(req).await?.into_inner();
@@ -308,20 +383,6 @@ impl AsyncAdapterClient {
         let id = SessionId::from_slice(&resp.session_id).map_err(|e| ServiceError::Protocol {
             what: format!("open-session answer: {e}"),
         })?;
-        match &self.pinned_plan {
-            Some(old) if *old != resp.plan => {
-                // Leave the new session to the server's timeout: nothing
-                // will be computed against a layout the client did not make.
-                let _ = rpc
-                    .close_session(v1::CloseSessionRequest {
-                        session_id: resp.session_id.clone(),
-                    })
-                    .await;
-                return Err(ServiceError::PlanChanged);
-            }
-            Some(_) => {}
-            None => self.pinned_plan = Some(resp.plan.clone()),
-        }
         let info = SessionInfo {
             plan: resp.plan,
             idle_timeout: Duration::from_millis(resp.idle_timeout_ms),
@@ -330,8 +391,7 @@ impl AsyncAdapterClient {
         };
         self.stats.sessions_opened += 1;
         tracing::debug!(session = %id.tag(), "session opened");
-        self.session = Some((id, info.clone()));
-        Ok(info)
+        Ok((id, info))
     }
 
     /// Closes the session (the server forgets its keys). Idempotent.
@@ -340,10 +400,7 @@ impl AsyncAdapterClient {
     /// [`ServiceError::Rpc`], [`ServiceError::Transport`]; the local session
     /// is forgotten either way.
     pub async fn close(&mut self) -> Result<()> {
-        self.stream = None;
-        self.params = None;
-        self.pinned_plan = None;
-        let Some((id, _)) = self.session.take() else {
+        let Session::Open { id, .. } = std::mem::replace(&mut self.session, Session::Closed) else {
             return Ok(());
         };
         let mut rpc = self.rpc().await?;
@@ -394,7 +451,7 @@ impl AsyncAdapterClient {
         round: u64,
         calls: &[GroupCall],
     ) -> Result<Vec<Vec<Bytes>>> {
-        if self.params.is_none() {
+        if matches!(self.session, Session::Closed) {
             return Err(ServiceError::NoSession);
         }
         let mut index = HashMap::new();
@@ -417,7 +474,7 @@ impl AsyncAdapterClient {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
-            self.stream = None;
+            self.session.drop_stream();
             let since = *first_failure.get_or_insert_with(std::time::Instant::now);
             let out_of_time = since.elapsed() >= self.config.retry_for;
             if !e.is_transient() || (attempt >= self.config.max_retries && out_of_time) {
@@ -427,7 +484,7 @@ impl AsyncAdapterClient {
             self.stats.replays += 1;
             if e.reason() == Some(ErrorReason::UnknownSession) {
                 // The server lost the session (evicted, restarted): reopen.
-                self.session = None;
+                self.session.lose();
             } else {
                 // The connection is suspect: make a fresh one.
                 self.rpc = None;
@@ -448,22 +505,26 @@ impl AsyncAdapterClient {
         calls: &[GroupCall],
         index: &HashMap<(u32, u32), usize>,
     ) -> Result<Vec<Vec<Bytes>>> {
-        if self.session.is_none() {
+        if matches!(self.session, Session::Lost { .. }) {
             self.reopen().await?;
         }
-        let Some((id, info)) = &self.session else {
+        if matches!(self.session, Session::Open { stream: None, .. }) {
+            let fresh = self.open_stream().await?;
+            if let Session::Open { stream, .. } = &mut self.session {
+                *stream = Some(fresh);
+            }
+        }
+        let Session::Open {
+            id,
+            info,
+            stream: Some(stream),
+            ..
+        } = &mut self.session
+        else {
             return Err(ServiceError::NoSession);
         };
         let sid = id.to_bytes();
         let plan = plan_id(&info.plan);
-        if self.stream.is_none() {
-            self.stream = Some(self.open_stream().await?);
-        }
-        let Some(stream) = self.stream.as_mut() else {
-            return Err(ServiceError::StreamClosed {
-                pending: calls.len(),
-            });
-        };
         for c in calls {
             let req = GroupRequest {
                 session_id: sid.clone(),
