@@ -30,7 +30,7 @@ use crate::error::{HeloraError, Result};
 use crate::he_traits::{Complex64, HeClient, HeServer};
 
 fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
-    HeloraError::Backend(e.to_string())
+    HeloraError::Ckks(e)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -135,7 +135,7 @@ impl CkksServer {
     /// privacy, its public key.
     ///
     /// # Errors
-    /// [`HeloraError::Backend`] when the OS random generator fails.
+    /// [`HeloraError::Ckks`] when the OS random generator fails.
     pub fn new(
         ctx: &Arc<Context>,
         gks: GaloisKeys,
@@ -389,7 +389,7 @@ impl CkksClient {
     /// A client with a fresh secret key from the OS CSPRNG.
     ///
     /// # Errors
-    /// [`HeloraError::Backend`] when the OS random generator fails.
+    /// [`HeloraError::Ckks`] when the OS random generator fails.
     pub fn new(ctx: &Arc<Context>) -> Result<Self> {
         let mut rng = os_rng().map_err(he)?;
         let sk = SecretKey::generate(ctx, &mut rng);

@@ -75,7 +75,14 @@ pub enum HeloraError {
         /// Levels above 0 in the backend's chain.
         available: usize,
     },
-    /// An error reported by the HE backend (CKKS engine), in words.
+    /// The CKKS engine refused an operation (malformed or mismatched
+    /// ciphertext, scale or level out of range, …), with its typed error so
+    /// callers can tell client faults from their own.
+    #[error("CKKS: {0}")]
+    Ckks(#[from] cipherlora_ckks::CkksError),
+    /// A backend's own consistency check failed (the slot simulator's, or
+    /// an operation called with inconsistent arguments by this crate): a
+    /// programming error, never a property of client input.
     #[error("HE backend: {0}")]
     Backend(String),
 }

@@ -14,7 +14,7 @@ use crate::error::{HeloraError, Result};
 use crate::planner::OpCosts;
 
 fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
-    HeloraError::Backend(e.to_string())
+    HeloraError::Ckks(e)
 }
 
 /// CPU time consumed by the calling thread, in ms

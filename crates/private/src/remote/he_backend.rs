@@ -464,7 +464,9 @@ fn backend_error(e: PrivateError) -> BackendError {
             index: 0,
             what: format!("{field} is {got}, the plan needs {expected}"),
         },
-        PrivateError::Ckks(e) => ciphertext_error(0, e),
+        PrivateError::Ckks(e) | PrivateError::Helora(HeloraError::Ckks(e)) => {
+            ciphertext_error(0, e)
+        }
         other => BackendError::Internal {
             reason: other.to_string(),
         },
