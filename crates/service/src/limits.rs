@@ -49,6 +49,11 @@ pub struct Limits {
     /// Concurrent HTTP/2 streams per connection (one `Rounds` stream per
     /// session, plus unary calls).
     pub max_concurrent_streams: u32,
+    /// Group requests computed at once by the whole server, over all
+    /// connections and sessions (the compute pool; requests beyond it wait
+    /// their turn without holding a thread). Default: the cores this
+    /// process may run on.
+    pub max_concurrent_computations: usize,
     /// Delta evaluations (positions × layer groups, replays included) one
     /// bearer token may have computed on one adapter within
     /// `extraction_window`; beyond it group requests are refused with
@@ -63,6 +68,7 @@ pub struct Limits {
 
 impl Default for Limits {
     /// 128 MiB messages, 32 sessions (16 per token, at most 4 of them offer-only),
+    /// as many group computations at once as the process has cores,
     /// 96 MiB of keys per session and 1 GiB per token, 64 ciphertexts of
     /// at most 8 MiB per request, 4 requests in flight per stream, 64
     /// HTTP/2 streams per connection, 10 million requests per session, 10
@@ -85,6 +91,8 @@ impl Default for Limits {
             offer_timeout: Duration::from_secs(30),
             unstarted_timeout: Duration::from_secs(60),
             max_concurrent_streams: 64,
+            max_concurrent_computations: std::thread::available_parallelism()
+                .map_or(1, std::num::NonZeroUsize::get),
             extraction_budget: 20_000_000,
             extraction_window: Duration::from_secs(3600),
             shutdown_grace: Duration::from_secs(10),

@@ -91,6 +91,8 @@ struct State {
     limits: Limits,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
+    /// The server-wide compute pool ([`Limits::max_concurrent_computations`]).
+    compute: Arc<Semaphore>,
 }
 
 /// A bound, not yet running server.
@@ -116,6 +118,7 @@ impl AdapterServer {
             || l.max_message_bytes == 0
             || l.max_ciphertexts_per_request == 0
             || l.max_in_flight_per_stream == 0
+            || l.max_concurrent_computations == 0
             || l.max_concurrent_streams == 0
             || l.idle_timeout.is_zero()
             || l.offer_timeout.is_zero()
@@ -176,6 +179,7 @@ impl AdapterServer {
             limits: config.limits.clone(),
             metrics: Arc::new(Metrics::default()),
             shutdown: shutdown_rx,
+            compute: Arc::new(Semaphore::new(config.limits.max_concurrent_computations)),
         });
         Ok(Self {
             state,
@@ -668,7 +672,16 @@ async fn compute_group(
     let (layer, group, round) = (req.layer, req.group, req.round);
     let tag = session.id.tag();
     let cts = req.ciphertexts;
+    // A turn in the server-wide pool before a blocking thread: however many
+    // connections and streams, at most this many groups compute at once.
+    let turn = state
+        .compute
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| internal(&e))?;
     let (out, took) = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         let t0 = Instant::now();
         let out = session.compute.compute(layer, group, round, &cts);
         (out, t0.elapsed())

@@ -57,6 +57,9 @@ pub struct LimitArgs {
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long)]
     pub max_concurrent_streams: Option<u32>,
+    /// Group requests the whole server computes at once (default: cores).
+    #[arg(long)]
+    pub max_concurrent_computations: Option<usize>,
     /// Delta evaluations (positions × groups) per token and adapter per
     /// extraction window.
     #[arg(long)]
@@ -91,6 +94,7 @@ impl LimitArgs {
             offer_timeout_secs,
             unstarted_timeout_secs,
             max_concurrent_streams,
+            max_concurrent_computations,
             extraction_budget,
             extraction_window_secs,
             shutdown_grace_ms
@@ -123,6 +127,7 @@ impl LimitArgs {
             offer_timeout_secs => offer_timeout via secs,
             unstarted_timeout_secs => unstarted_timeout via secs,
             max_concurrent_streams => max_concurrent_streams,
+            max_concurrent_computations => max_concurrent_computations,
             extraction_budget => extraction_budget,
             extraction_window_secs => extraction_window via secs,
             shutdown_grace_ms => shutdown_grace via Duration::from_millis,
@@ -199,6 +204,7 @@ mod tests {
             offer_timeout_secs: Some(1),
             unstarted_timeout_secs: Some(1),
             max_concurrent_streams: Some(1),
+            max_concurrent_computations: Some(usize::MAX),
             extraction_budget: Some(1),
             extraction_window_secs: Some(1),
             shutdown_grace_ms: Some(1),
@@ -219,6 +225,7 @@ mod tests {
             offer_timeout,
             unstarted_timeout,
             max_concurrent_streams,
+            max_concurrent_computations,
             extraction_budget,
             extraction_window,
             shutdown_grace,
@@ -236,6 +243,7 @@ mod tests {
         assert!(idle_timeout != d.idle_timeout && offer_timeout != d.offer_timeout);
         assert!(unstarted_timeout != d.unstarted_timeout);
         assert!(max_concurrent_streams != d.max_concurrent_streams);
+        assert!(max_concurrent_computations != d.max_concurrent_computations);
         assert!(extraction_budget != d.extraction_budget);
         assert!(extraction_window != d.extraction_window && shutdown_grace != d.shutdown_grace);
     }
