@@ -398,7 +398,9 @@ mod tests {
             "base:0",
             "base:4:f8",
             "base:4:f16:x",
-            "tree:4",
+            "forest:4",
+            "tree:8:2y3",
+            "tree",
             "base:x",
         ] {
             assert!(
