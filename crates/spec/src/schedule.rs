@@ -64,7 +64,13 @@ pub struct FixedPoint {
     /// logits).
     pub sampling_tolerance: f32,
     /// Batched round trips per prefill pass (no logits to certify: the
-    /// prompt's keys and values are kept as the last pass computed them).
+    /// prompt's keys and values are kept as the last pass computed them,
+    /// and no later certification sees their residual error, which every
+    /// later row inherits). Three trips were once too few: on a general-
+    /// English prompt of ~90 tokens the residual flipped a near-tie 0.003
+    /// logits wide 26 tokens later (K = 16, plaintext and HE alike; found
+    /// by `bench e2e`); four were enough, five are the default
+    /// (BENCHMARKS.md, "A hole in the fixed point's exactness").
     pub prefill_round_trips: usize,
     /// Greedy decoding with the base drafter: while the last round trip is
     /// on the network, draft the next round from the outcome the pass
@@ -75,14 +81,14 @@ pub struct FixedPoint {
 
 impl Default for FixedPoint {
     /// Two round trips per round (the measured convergence: the first rows'
-    /// greedy tokens are certified after two), margin 1, three for the
+    /// greedy tokens are certified after two), margin 1, five for the
     /// prompt's prefill.
     fn default() -> Self {
         Self {
             round_trips: 2,
             margin: 1.0,
             sampling_tolerance: 1e-4,
-            prefill_round_trips: 3,
+            prefill_round_trips: 5,
             draft_ahead: true,
         }
     }
@@ -113,7 +119,7 @@ impl std::str::FromStr for Schedule {
     type Err = SpecError;
 
     /// `per-group`, `fixed-point` (the default round trips) or
-    /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 3)).
+    /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)).
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let bad = || {
             SpecError::Config(format!(

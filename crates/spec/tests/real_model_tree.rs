@@ -20,7 +20,7 @@ use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
 use cipherlora_spec::tree::{DraftTree, accept_tree_sampled};
 use cipherlora_spec::tree_draft::TreeParams;
-use common::{Fixture, PROMPTS, fixture, load_adapter, reference_with};
+use common::{Fixture, PROMPTS, chi2_p_value, fixture, last_probs, load_adapter, reference_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{ChiSquared, ContinuousCDF};
@@ -108,48 +108,6 @@ fn tree_greedy_output_equals_sequential_adapted_decoding() {
             }
         }
     }
-}
-
-/// Softmax (after the sampling transforms) of the last position.
-fn last_probs(
-    f: &Fixture,
-    prompt: &[u32],
-    hook: &mut dyn DeltaHook,
-    sampler: &Sampler,
-) -> Vec<f32> {
-    let mut cache = f.model.new_cache(prompt.len()).unwrap();
-    let logits = f
-        .model
-        .forward(prompt, &mut cache, &AttentionMask::Causal, hook)
-        .unwrap();
-    let row = logits
-        .get(prompt.len() - 1)
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
-    sampler.probs(&row, prompt)
-}
-
-/// χ² p-value of `counts` (over `draws`) against `p`: the 12 most likely
-/// tokens are cells of their own, everything else one rest bucket.
-fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
-    let mut order: Vec<usize> = (0..p.len()).collect();
-    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-    let (mut chi2, mut rest_o, mut rest_e) = (0.0, draws as f64, 1.0);
-    for &t in &order[..12] {
-        let e = draws as f64 * f64::from(p[t]);
-        chi2 += (counts[t] as f64 - e).powi(2) / e;
-        rest_o -= counts[t] as f64;
-        rest_e -= f64::from(p[t]);
-    }
-    let rest_e = draws as f64 * rest_e;
-    let cells = if rest_e >= 5.0 {
-        chi2 += (rest_o - rest_e).powi(2) / rest_e;
-        13
-    } else {
-        12
-    };
-    1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
 }
 
 #[test]

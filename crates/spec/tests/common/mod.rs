@@ -1,14 +1,16 @@
 //! The real default model, its tokenizer and the committed standard LoRA
 //! adapter, shared by the real-model tests of this crate; the plaintext
-//! reference they compare against.
+//! reference they compare against; the χ² test of sampled first tokens.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use cipherlora_model::{
-    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
+    AttentionMask, DeltaHook, GenerateOptions, LoraAdapter, Model, PlainLora, Sampler,
+    SamplingParams, Tokenizer, fetch, generate,
 };
+use statrs::distribution::{ChiSquared, ContinuousCDF};
 
 /// A committed adapter under `adapters/`.
 pub fn load_adapter(name: &str, model: &Model) -> LoraAdapter {
@@ -63,4 +65,48 @@ pub fn reference_with(f: &Fixture, adapter: &LoraAdapter, prompt: &[u32], n: usi
     generate(&f.model, prompt, &opts, &mut hook, &mut |_| Ok(()))
         .unwrap()
         .tokens
+}
+
+/// Softmax rows (after the sampling transforms) of the last position.
+pub fn last_probs(
+    f: &Fixture,
+    prompt: &[u32],
+    hook: &mut dyn DeltaHook,
+    sampler: &Sampler,
+) -> Vec<f32> {
+    let mut cache = f.model.new_cache(prompt.len()).unwrap();
+    let logits = f
+        .model
+        .forward(prompt, &mut cache, &AttentionMask::Causal, hook)
+        .unwrap();
+    let row = logits
+        .get(prompt.len() - 1)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    sampler.probs(&row, prompt)
+}
+
+/// χ² p-value of first-token draws against `p`: the 12 most likely tokens
+/// are cells of their own, everything else one rest bucket.
+pub fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    let top = &order[..12];
+    let (mut chi2, mut rest_o, mut rest_e) = (0.0, draws as f64, 1.0);
+    for &t in top {
+        let e = draws as f64 * f64::from(p[t]);
+        let o = counts[t] as f64;
+        chi2 += (o - e).powi(2) / e;
+        rest_o -= o;
+        rest_e -= f64::from(p[t]);
+    }
+    let rest_e = draws as f64 * rest_e;
+    let cells = if rest_e >= 5.0 {
+        chi2 += (rest_o - rest_e).powi(2) / rest_e;
+        13
+    } else {
+        12
+    };
+    1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
 }
