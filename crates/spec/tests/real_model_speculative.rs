@@ -13,14 +13,12 @@
 use std::path::PathBuf;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler,
-    SamplingParams, generate,
+    GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler, SamplingParams, generate,
 };
 use cipherlora_spec::acceptance::{DraftProbs, accept_sampled, sample};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use statrs::distribution::{ChiSquared, ContinuousCDF};
 
 mod common;
 use common::{Fixture, PROMPTS, chi2_p_value, fixture, last_probs, reference};

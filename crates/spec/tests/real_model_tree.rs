@@ -15,7 +15,7 @@
 
 mod common;
 
-use cipherlora_model::{AttentionMask, DeltaHook, NoAdapter, PlainLora, Sampler, SamplingParams};
+use cipherlora_model::{NoAdapter, PlainLora, Sampler, SamplingParams};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
 use cipherlora_spec::tree::{DraftTree, accept_tree_sampled};
@@ -23,7 +23,6 @@ use cipherlora_spec::tree_draft::TreeParams;
 use common::{Fixture, PROMPTS, chi2_p_value, fixture, last_probs, load_adapter, reference_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
-use statrs::distribution::{ChiSquared, ContinuousCDF};
 
 fn config(
     f: &Fixture,
