@@ -31,7 +31,8 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
 use cipherlora_private::{
-    ByWidth, EmbeddedServer, GrpcTransport, HeTimings, LoraKind, connect_widths,
+    ByWidth, EmbeddedServer, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
+    connect_widths,
 };
 use cipherlora_service::{LinkProfile, ThreadHook};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
@@ -74,6 +75,9 @@ pub struct E2eBenchOptions {
     pub optimistic: bool,
     /// [`SpecConfig::draft_stop_below`] of every run.
     pub draft_stop_below: f32,
+    /// The per-token acceptance rate α the verify-width model assumes for
+    /// configurations with `auto` K ([`cipherlora_private::width_plan`]).
+    pub acceptance_prior: f64,
 }
 
 /// One decoding configuration of the benchmark.
@@ -81,8 +85,12 @@ pub struct E2eBenchOptions {
 pub struct DecodeConfig {
     /// The drafter.
     pub drafter: DrafterKind,
-    /// K (ignored without drafter).
+    /// K (ignored without drafter); with `auto_k`, the largest K considered.
     pub k: usize,
+    /// Choose K per run from the link, the plans' costs and
+    /// [`E2eBenchOptions::acceptance_prior`]
+    /// ([`cipherlora_private::width_plan`]).
+    pub auto_k: bool,
     /// The base drafter holds f16 weights ([`Model::to_f16_weights`])
     /// instead of sharing the target's f32 weights.
     pub f16_drafter: bool,
@@ -208,6 +216,22 @@ pub fn place(pin: bool) -> (Option<ThreadHook>, String) {
             cores.len()
         ),
     )
+}
+
+/// One line per modelled K of a verify-width choice (stderr).
+#[must_use]
+pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> String {
+    let mut out = format!(
+        "verify width: K = {} (modelled {:.2} tok/s); K: tok/s [round ms, tokens/round, schedule]",
+        choice.best.k, choice.best.tok_per_s
+    );
+    for c in &choice.candidates {
+        out.push_str(&format!(
+            "\n  {:2}: {:5.2} [{:6.0}, {:4.2}, {}]",
+            c.k, c.tok_per_s, c.round_ms, c.expected_tokens, c.schedule.schedule
+        ));
+    }
+    out
 }
 
 /// The verify session's counters (decode passes only when the prefill width
@@ -367,14 +391,38 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     first_token_from_prefill: false,
                     schedule: Schedule::PerGroup,
                 };
-                let width = cfg.verify_width();
-                let mut hook = connect_widths(
-                    server.client_config(link),
-                    &id,
-                    width,
-                    opts.prefill_width,
-                    model.config(),
-                )?;
+                let (mut hook, width) = if c.auto_k {
+                    let (hook, width) = connect_chosen_width(
+                        server.client_config(link),
+                        &id,
+                        opts.prefill_width,
+                        model.config(),
+                        |space| {
+                            let choice = cipherlora_private::width_plan::choose_width_for_client(
+                                space,
+                                &model,
+                                draft_model,
+                                &link,
+                                opts.acceptance_prior,
+                                k,
+                            )?;
+                            eprintln!("{}", width_report(&choice));
+                            Ok(choice.best.k)
+                        },
+                    )?;
+                    cfg.k = width - 1;
+                    (hook, width)
+                } else {
+                    let width = cfg.verify_width();
+                    let hook = connect_widths(
+                        server.client_config(link),
+                        &id,
+                        width,
+                        opts.prefill_width,
+                        model.config(),
+                    )?;
+                    (hook, width)
+                };
                 // `auto` is modelled on this run's link with the open session.
                 let schedule_name;
                 (cfg.schedule, schedule_name) = if schedule == "auto" {
@@ -436,9 +484,10 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     mode: "private".into(),
                     lora: lora.clone(),
                     adapter: id.clone(),
-                    drafter: match c.tree {
-                        Some(t) => format!("{} {t}", drafter_name(drafter)),
-                        None => drafter_name(drafter).into(),
+                    drafter: match (c.tree, c.auto_k) {
+                        (Some(t), _) => format!("{} {t}", drafter_name(drafter)),
+                        (None, true) => format!("{} (auto K ≤ {k})", drafter_name(drafter)),
+                        (None, false) => drafter_name(drafter).into(),
                     },
                     draft_weights: c.draft_weights().into(),
                     k: cfg.k,

@@ -8,12 +8,15 @@
 //! - [`Transport`] and [`InProcess`]: how a group request reaches a server
 //!   (the gRPC transport is [`crate::remote::GrpcTransport`]);
 //! - [`schedule_plan`]: choosing the per-group or fixed-point schedule from
-//!   the link and the session's costs.
+//!   the link and the session's costs;
+//! - [`width_plan`]: choosing the verify width K + 1 from the link, the
+//!   plans' step-wise costs and an acceptance prior.
 
 mod by_width;
 mod hook;
 pub mod schedule_plan;
 mod transport;
+pub mod width_plan;
 
 pub use by_width::*;
 pub use hook::*;

@@ -63,6 +63,18 @@ pub enum PrivateError {
         /// The budget, bytes.
         limit: u64,
     },
+    /// The verify-width model was asked for no candidate, or given
+    /// client timings for fewer widths than it models
+    /// ([`crate::width_plan::choose_width`]).
+    #[error("verify-width model: K up to {k_max} needs passes of 1..={needed} positions timed, got {timed}")]
+    WidthModel {
+        /// The largest K asked for.
+        k_max: usize,
+        /// Pass widths needed (k_max + 1).
+        needed: usize,
+        /// Pass widths timed.
+        timed: usize,
+    },
     /// The transport failed in a way the service does not describe (an
     /// unexpected answer, an unknown adapter).
     #[error("transport: {0}")]

@@ -165,6 +165,8 @@ pub struct E2eBenchArgs {
     /// DRAFTER one of base, ngram, hybrid, optionally `:f16` or `:f32` for
     /// the base drafter's weights (default: --draft-weights); or
     /// `tree:K[:BxD]` for base-drafted trees of K nodes (branch B, depth D).
+    /// K may be `auto` (K ≤ 16) or `autoN` (K ≤ N): the client picks K from
+    /// the link, the plans' costs and --acceptance-prior.
     #[arg(
         long,
         value_delimiter = ',',
@@ -197,6 +199,10 @@ pub struct E2eBenchArgs {
     /// positions, and the output is unchanged.
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP)]
     draft_stop_below: f32,
+    /// The per-token acceptance rate the verify-width model assumes for
+    /// `auto` K configurations.
+    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR)]
+    acceptance_prior: f64,
 }
 
 impl E2eBenchArgs {
@@ -229,6 +235,7 @@ impl E2eBenchArgs {
             pin: !self.no_pin,
             optimistic: self.optimistic,
             draft_stop_below: self.draft_stop_below,
+            acceptance_prior: self.acceptance_prior,
         })?;
         Ok(())
     }
@@ -264,10 +271,17 @@ fn parse_config(
 ) -> anyhow::Result<DecodeConfig> {
     let mut parts = s.split(':').peekable();
     let name = parts.next().unwrap_or_default();
-    let k = match parts.next() {
-        Some(k) => k.parse::<usize>()?,
-        None => 0,
+    // `auto` (K ≤ 16) or `autoN` (K ≤ N): the verify-width model picks K.
+    let (k, auto_k) = match parts.next() {
+        Some("auto") => (16, true),
+        Some(k) if k.starts_with("auto") => (k["auto".len()..].parse::<usize>()?, true),
+        Some(k) => (k.parse::<usize>()?, false),
+        None => (0, false),
     };
+    anyhow::ensure!(
+        !auto_k || (name == "base" || name == "hybrid" || name == "ngram"),
+        "{s}: auto K is for chain drafters (base, ngram, hybrid)"
+    );
     let tree = match (name, parts.peek()) {
         ("tree", Some(shape)) if shape.contains('x') => {
             let shape = format!("tree:{}", parts.next().unwrap_or_default());
@@ -301,6 +315,7 @@ fn parse_config(
     Ok(DecodeConfig {
         drafter,
         k,
+        auto_k,
         f16_drafter,
         tree,
     })
@@ -368,10 +383,17 @@ mod tests {
             DecodeConfig {
                 drafter: DrafterKind::Base,
                 k: 8,
+                auto_k: false,
                 f16_drafter: true,
                 tree: None,
             }
         );
+        let a = parse_config("base:auto", DraftWeightsArg::F16).unwrap();
+        assert_eq!((a.k, a.auto_k), (16, true));
+        let a = parse_config("base:auto12:f32", DraftWeightsArg::F16).unwrap();
+        assert_eq!((a.k, a.auto_k, a.f16_drafter), (12, true, false));
+        assert!(parse_config("tree:auto", DraftWeightsArg::F16).is_err());
+        assert!(parse_config("base:autox", DraftWeightsArg::F16).is_err());
         let t = parse_config("tree:16:3x12:f32", DraftWeightsArg::F16).unwrap();
         assert_eq!(
             (t.drafter, t.k, t.f16_drafter),

@@ -38,6 +38,14 @@ pub enum DraftArg {
 /// Default of `--draft-stop-below` (see BENCHMARKS.md, "Draft length").
 pub const DEFAULT_DRAFT_STOP: f32 = 0.0;
 
+/// Default per-token acceptance rate the verify-width model assumes
+/// (`--k auto`): the base model drafting over the adapted prefix agreed
+/// with the adapted model's greedy token on 0.85-0.9 of positions for the
+/// committed code and general-English adapters (BENCHMARKS.md, "Tree
+/// drafts"); a value a little below keeps K from overshooting on adapters
+/// that change more.
+pub const DEFAULT_ACCEPTANCE_PRIOR: f64 = 0.85;
+
 /// How the base drafter holds its weights.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum DraftWeightsArg {

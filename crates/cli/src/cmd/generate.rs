@@ -9,7 +9,7 @@ use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
     SamplingParams, TextStream, Tokenizer, WeightMode,
 };
-use cipherlora_private::connect_widths;
+use cipherlora_private::{connect_chosen_width, connect_widths};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
@@ -103,9 +103,14 @@ pub struct GenerateArgs {
     /// Private mode: drafter.
     #[arg(long, value_enum, default_value = "base")]
     draft: DraftArg,
-    /// Private mode: drafted tokens per verify round (K).
-    #[arg(long, default_value_t = 4)]
-    k: usize,
+    /// Private mode: drafted tokens per verify round (K), or `auto` (K ≤ 16)
+    /// / `autoN` (K ≤ N): chosen from the link, the server's plans and
+    /// --acceptance-prior before the first token (never from the text).
+    #[arg(long, default_value = "auto")]
+    k: KArg,
+    /// Private mode: the per-token acceptance rate `--k auto` assumes.
+    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR, requires = "server")]
+    acceptance_prior: f64,
     /// Private mode: draft trees of K nodes instead of chains of K tokens
     /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8).
     /// The verify pass still carries K+1 positions; the output is the same.
@@ -255,18 +260,42 @@ impl GenerateArgs {
             self.link,
         )?;
         let drafter = DrafterKind::from(self.draft);
-        let width = if drafter == DrafterKind::None {
-            1
-        } else {
-            self.k + 1
-        };
         let id = self.adapter_id.as_deref().unwrap_or_default();
         let planning_link = match self.link {
             Some(l) => l,
             None => LinkProfile::measure_tcp(url)?,
         };
-        let mut hook = connect_widths(config, id, width, self.prefill_width, model.config())
-            .with_context(|| format!("opening a session on {url}"))?;
+        let drafter_model = self.draft_weights.drafter(model)?;
+        let (mut hook, width) = match (drafter, self.k) {
+            (DrafterKind::None, _) => {
+                let hook = connect_widths(config, id, 1, self.prefill_width, model.config())
+                    .with_context(|| format!("opening a session on {url}"))?;
+                (hook, 1)
+            }
+            (_, KArg::Fixed(k)) => {
+                let hook = connect_widths(config, id, k + 1, self.prefill_width, model.config())
+                    .with_context(|| format!("opening a session on {url}"))?;
+                (hook, k + 1)
+            }
+            (_, KArg::Auto(k_max)) => {
+                connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
+                    let choice = cipherlora_private::width_plan::choose_width_for_client(
+                        space,
+                        model,
+                        &drafter_model,
+                        &planning_link,
+                        self.acceptance_prior,
+                        k_max,
+                    )?;
+                    eprintln!(
+                        "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.2})",
+                        choice.best.k, choice.best.tok_per_s, self.acceptance_prior
+                    );
+                    Ok(choice.best.k)
+                })
+                .with_context(|| format!("opening a session on {url}"))?
+            }
+        };
         let schedule = resolve_schedule(&self.schedule, model, &hook, width, &planning_link)?;
         anyhow::ensure!(
             self.tree.is_none() || drafter == DrafterKind::Base,
@@ -275,7 +304,7 @@ impl GenerateArgs {
         let cfg = SpecConfig {
             tree: self.tree.map(Into::into),
             drafter,
-            k: self.k,
+            k: width - 1,
             adaptive: false,
             pad_to_k: true,
             prefill_width: Some(self.prefill_width),
@@ -292,7 +321,6 @@ impl GenerateArgs {
         if self.prompt.is_some() {
             write!(stdout, "{text}")?;
         }
-        let drafter_model = self.draft_weights.drafter(model)?;
         let t0 = std::time::Instant::now();
         let out = decode::generate_drafted(
             model,
@@ -384,6 +412,32 @@ pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>
         .env("CANDLE_NUM_THREADS", &want)
         .status()?;
     Ok(Some(status.code().unwrap_or(1)))
+}
+
+/// `--k`: a fixed K, or `auto` / `autoN` (the verify-width model picks
+/// K ≤ 16 / ≤ N).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KArg {
+    /// Draft exactly this many tokens per round.
+    Fixed(usize),
+    /// Let the client choose K up to this bound.
+    Auto(usize),
+}
+
+impl std::str::FromStr for KArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |_| format!("{s:?}: expected a number, `auto` or `autoN`");
+        match s.strip_prefix("auto") {
+            Some("") => Ok(KArg::Auto(16)),
+            Some(n) => match n.parse::<usize>().map_err(bad)? {
+                0 => Err("auto0: K must be at least 1".into()),
+                n => Ok(KArg::Auto(n)),
+            },
+            None => s.parse().map(KArg::Fixed).map_err(bad),
+        }
+    }
 }
 
 /// `default` or `BxD` (branch, depth), as `--tree` takes them.

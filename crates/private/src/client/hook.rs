@@ -15,6 +15,7 @@ use cipherlora_model::{
 use crate::PrivateError;
 use crate::client::Transport;
 use crate::client::schedule_plan::PassModel;
+use crate::client::width_plan::PlanSpace;
 use crate::server::AdapterGroups;
 use crate::server::SessionOffer;
 
@@ -85,6 +86,9 @@ pub struct HeHook<T: Transport> {
     timings: HeTimings,
     /// The modelled cost of one pass of this session's plans.
     pass_model: PassModel,
+    /// The preset, mode and group shapes of the offer (for the plans of
+    /// other widths, [`crate::width_plan`]).
+    plan_space: PlanSpace,
 }
 
 impl<T: Transport> std::fmt::Debug for HeHook<T> {
@@ -129,6 +133,7 @@ impl<T: Transport> HeHook<T> {
         }
         let steps: Vec<i64> = steps.into_iter().collect();
         let pass_model = PassModel::of(offer, &ctx)?;
+        let plan_space = PlanSpace::of(offer);
         let keys = he.galois_keys(&steps).to_bytes();
         let public_key = offer
             .groups
@@ -158,6 +163,7 @@ impl<T: Transport> HeHook<T> {
             row_maps,
             timings: HeTimings::default(),
             pass_model,
+            plan_space,
         })
     }
 
@@ -172,6 +178,13 @@ impl<T: Transport> HeHook<T> {
     #[must_use]
     pub fn pass_model(&self) -> &PassModel {
         &self.pass_model
+    }
+
+    /// The preset, LoRA variant and group shapes of this session's offer:
+    /// what [`crate::width_plan::choose_width`] needs to model other widths.
+    #[must_use]
+    pub fn plan_space(&self) -> &PlanSpace {
+        &self.plan_space
     }
 
     /// The transport (e.g. to read its counters).

@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use cipherlora_ckks::Context;
-use cipherlora_helora::OpCosts;
+use cipherlora_helora::{GroupPlan, OpCosts};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
 
@@ -50,21 +50,35 @@ impl PassModel {
     /// [`PrivateError::Helora`] for a plan without a layout or an engine
     /// error while sizing the wire formats.
     pub fn of(offer: &SessionOffer, ctx: &Arc<Context>) -> Result<Self, PrivateError> {
-        let (up, down, _) = cipherlora_helora::measure::wire_sizes(ctx)?;
+        let sizes = cipherlora_helora::measure::wire_sizes(ctx)?;
+        Self::of_plans(offer.groups.iter().map(|g| &g.plan), &sizes)
+    }
+
+    /// Models one pass of `plans` (one per adapted group), with the wire
+    /// sizes `sizes` of [`cipherlora_helora::measure::wire_sizes`].
+    ///
+    /// # Errors
+    /// [`PrivateError::Helora`] for a plan without a layout.
+    pub fn of_plans<'a>(
+        plans: impl IntoIterator<Item = &'a GroupPlan>,
+        sizes: &WireSizes,
+    ) -> Result<Self, PrivateError> {
+        let (up, down, _) = sizes;
         let costs = OpCosts::default();
         let mut m = PassModel {
-            groups: offer.groups.len(),
+            groups: 0,
             bytes_up: 0.0,
             bytes_down: 0.0,
             server_ms: 0.0,
             client_he_ms: 0.0,
         };
-        for g in &offer.groups {
-            let c = g.plan.counts()?;
+        for plan in plans {
+            let c = plan.counts()?;
+            m.groups += 1;
             m.bytes_up += c
                 .encryptions
                 .iter()
-                .zip(&up)
+                .zip(up)
                 .map(|(&n, &b)| n as f64 * b)
                 .sum::<f64>();
             m.bytes_down += c.decryptions as f64 * down;
@@ -74,6 +88,11 @@ impl PassModel {
         Ok(m)
     }
 }
+
+/// The engine's wire sizes, bytes: a seeded upload at each level, a
+/// level-0 download as a default server returns it, one Galois key
+/// ([`cipherlora_helora::measure::wire_sizes`]).
+pub type WireSizes = ([f64; cipherlora_helora::counts::LEVELS], f64, f64);
 
 /// A schedule and the modelled time per verify round of both candidates.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -10,6 +10,7 @@ use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
 use crate::client::ByWidth;
 use crate::client::HeHook;
+use crate::client::width_plan::PlanSpace;
 use crate::client::{Reply, Transport};
 use crate::server::SessionOffer;
 
@@ -303,4 +304,30 @@ pub fn connect_widths(
         hook = hook.with(prefill_width, wide);
     }
     Ok(hook)
+}
+
+/// [`connect_widths`] with a verify width the client chooses from the
+/// server's plans: opens the prefill session of `prefill_width` first,
+/// passes its [`PlanSpace`] (the adapter's public group shapes) to
+/// `choose`, which returns K, then opens the verify session of width K + 1
+/// (the prefill session serves it when the widths are equal). Returns the
+/// hook and the verify width. See [`crate::width_plan`].
+///
+/// # Errors
+/// Those of [`connect_remote`] and of `choose`.
+pub fn connect_chosen_width(
+    config: ClientConfig,
+    adapter_id: &str,
+    prefill_width: usize,
+    model_config: &ModelConfig,
+    choose: impl FnOnce(&PlanSpace) -> Result<usize, PrivateError>,
+) -> Result<(ByWidth<GrpcTransport>, usize), PrivateError> {
+    let wide = connect_remote(config.clone(), adapter_id, prefill_width, model_config)?;
+    let verify_width = choose(wide.plan_space())? + 1;
+    let mut hook = ByWidth::new().with(prefill_width, wide);
+    if verify_width != prefill_width {
+        let verify = connect_remote(config, adapter_id, verify_width, model_config)?;
+        hook = hook.with(verify_width, verify);
+    }
+    Ok((hook, verify_width))
 }

@@ -1,0 +1,350 @@
+//! Choosing the verify width T = K + 1 from the link, the plans' costs and
+//! an acceptance prior.
+//!
+//! # The model
+//! A round that drafts K tokens, each accepted with probability α, yields
+//! `E(K) = (1 − α^(K+1)) / (1 − α)` tokens (Leviathan et al., "Fast
+//! Inference from Transformers via Speculative Decoding", ICML 2023, Eq. 1)
+//! and costs K draft steps plus one verify round of T = K + 1 positions,
+//! modelled as in [`crate::schedule_plan`] (the cheaper of the per-group and
+//! the fixed-point schedule on the link, with the plans the server's planner
+//! picks for width T). K is the one that maximises `E(K) / round`.
+//!
+//! # Why it is worth choosing
+//! The cost of a verify round is a step function of T: a returned
+//! ciphertext holds `⌊slots / T'⌋` output dimensions of every position
+//! (T' = ⌈T/2⌉ slot positions with two positions per complex slot,
+//! [`cipherlora_helora::plan`]), so the number of ciphertexts per group —
+//! bytes, server products and decryptions — jumps at a few widths and stays
+//! flat between them. On the default model with a rank-16 q,k,v,o adapter,
+//! FFA needs 2 output ciphertexts per layer at T ≤ 8, 3 at T = 9–12 and 5 at
+//! T = 15–22: T = 8 moves a third fewer bytes than T = 9 for one position
+//! less. Which step wins depends on the link (bytes against round trips),
+//! the client's speed (a pass of T positions) and α, so it is computed, not
+//! fixed.
+//!
+//! # What it reveals
+//! K is fixed for the session before the first token, from the link, the
+//! adapter's public shapes, the client's own timings and a prior α — not
+//! from acceptance observed during generation — so the verify width tells
+//! the server nothing about the text (it already sees T).
+
+use std::sync::Arc;
+
+use cipherlora_ckks::{CkksParameters, Context, Preset};
+use cipherlora_helora::planner::choose;
+use cipherlora_helora::{GroupPlan, GroupShape, Link, Mode, OpCosts};
+use cipherlora_service::LinkProfile;
+use cipherlora_spec::adaptive::expected_tokens;
+use cipherlora_spec::schedule::FixedPoint;
+
+use crate::PrivateError;
+use crate::schedule_plan::{PassModel, ScheduleChoice, WireSizes, choose_schedule};
+use crate::server::{LoraKind, SessionOffer};
+
+/// What the client knows of the server's plans at any width: the preset,
+/// the LoRA variant and the public shape of every adapted group (from any
+/// one offer).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSpace {
+    /// CKKS parameter preset.
+    pub preset: Preset,
+    /// LoRA variant of the plans.
+    pub mode: Mode,
+    /// Whether the plans rerandomise their outputs (circuit privacy).
+    pub rerandomize: bool,
+    /// Public shape of each adapted group, in forward order.
+    pub shapes: Vec<GroupShape>,
+}
+
+impl PlanSpace {
+    /// The space of `offer` (its width does not matter).
+    #[must_use]
+    pub fn of(offer: &SessionOffer) -> Self {
+        PlanSpace {
+            preset: offer.preset,
+            mode: match offer.kind {
+                LoraKind::Ffa => Mode::Ffa,
+                LoraKind::Standard => Mode::Standard,
+            },
+            rerandomize: offer.groups.iter().any(|g| g.plan.rerandomize),
+            shapes: offer.groups.iter().map(|g| g.plan.shape.clone()).collect(),
+        }
+    }
+
+    /// The plans a server with default op costs and link offers at width
+    /// `t`, one per group (the server's own may differ where its measured
+    /// costs tip a choice; the model needs only their order of magnitude).
+    ///
+    /// # Errors
+    /// [`PrivateError::Helora`] when no plan fits T; [`PrivateError::Ckks`]
+    /// for the preset.
+    pub fn plans(&self, t: usize) -> Result<Vec<GroupPlan>, PrivateError> {
+        let slots = CkksParameters::preset(self.preset)?.slots();
+        let (costs, link) = (OpCosts::default(), Link::default());
+        let mut out: Vec<GroupPlan> = Vec::with_capacity(self.shapes.len());
+        for shape in &self.shapes {
+            // Groups of one shape get one plan (as the server caches them).
+            let plan = match out.iter().find(|p| &p.shape == shape) {
+                Some(p) => p.clone(),
+                None => choose(shape, self.mode, t, slots, self.rerandomize, &costs, &link)?.0,
+            };
+            out.push(plan);
+        }
+        Ok(out)
+    }
+}
+
+/// The client-side costs the width model needs, ms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientCosts {
+    /// `forward_ms[t − 1]`: one plaintext pass of t positions of the
+    /// verified model (t = 1 ..= the largest width considered).
+    pub forward_ms: Vec<f64>,
+    /// One draft step of the drafter.
+    pub draft_ms: f64,
+}
+
+/// One candidate K and its modelled round.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WidthCandidate {
+    /// Drafted tokens per round (T = K + 1).
+    pub k: usize,
+    /// The schedule the round would use, with both schedules' round times.
+    pub schedule: ScheduleChoice,
+    /// Drafting plus the cheaper schedule's verify round, ms.
+    pub round_ms: f64,
+    /// Expected tokens per round at the prior α (bonus token included).
+    pub expected_tokens: f64,
+    /// `expected_tokens / round_ms`, tokens/s.
+    pub tok_per_s: f64,
+}
+
+/// The chosen K and every candidate's model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WidthChoice {
+    /// The candidate with the most modelled tokens per second.
+    pub best: WidthCandidate,
+    /// All candidates, by K.
+    pub candidates: Vec<WidthCandidate>,
+}
+
+/// Models every K in `1..=k_max` (module docs) and picks the fastest.
+///
+/// `alpha` is the prior per-token acceptance rate (clamped to [0, 1]).
+///
+/// # Errors
+/// [`PrivateError::Helora`] when no plan fits a width;
+/// [`PrivateError::WidthModel`] when `k_max` is 0 or `client.forward_ms`
+/// has fewer than `k_max + 1` entries.
+pub fn choose_width(
+    space: &PlanSpace,
+    sizes: &WireSizes,
+    link: &LinkProfile,
+    client: &ClientCosts,
+    alpha: f64,
+    k_max: usize,
+    fixed: FixedPoint,
+) -> Result<WidthChoice, PrivateError> {
+    if k_max == 0 || client.forward_ms.len() < k_max + 1 {
+        return Err(PrivateError::WidthModel {
+            k_max,
+            needed: k_max + 1,
+            timed: client.forward_ms.len(),
+        });
+    }
+    let mut candidates = Vec::with_capacity(k_max);
+    for k in 1..=k_max {
+        let plans = space.plans(k + 1)?;
+        let pass = PassModel::of_plans(&plans, sizes)?;
+        let schedule = choose_schedule(&pass, link, client.forward_ms[k], fixed);
+        let round_ms =
+            k as f64 * client.draft_ms + schedule.per_group_ms.min(schedule.fixed_point_ms);
+        let expected = expected_tokens(alpha, k);
+        candidates.push(WidthCandidate {
+            k,
+            schedule,
+            round_ms,
+            expected_tokens: expected,
+            tok_per_s: expected / round_ms.max(1e-9) * 1e3,
+        });
+    }
+    let best = *candidates
+        .iter()
+        .max_by(|a, b| a.tok_per_s.total_cmp(&b.tok_per_s))
+        .unwrap_or(&candidates[0]);
+    Ok(WidthChoice { best, candidates })
+}
+
+/// Times the client side for [`choose_width`]: one plaintext pass of each
+/// width `1..=t_max` of `model` (the best of two) and one draft step of
+/// `drafter`.
+///
+/// # Errors
+/// [`PrivateError::Model`] when a pass fails.
+pub fn time_client(
+    model: &cipherlora_model::Model,
+    drafter: &cipherlora_model::Model,
+    t_max: usize,
+) -> Result<ClientCosts, PrivateError> {
+    let pass = |m: &cipherlora_model::Model, t: usize| -> Result<f64, PrivateError> {
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let mut cache = m.new_cache(t)?;
+            let t0 = std::time::Instant::now();
+            m.forward(
+                &vec![0; t],
+                &mut cache,
+                &cipherlora_model::AttentionMask::Causal,
+                &mut cipherlora_model::NoAdapter,
+            )?;
+            best = best.min(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok(best)
+    };
+    let forward_ms = (1..=t_max).map(|t| pass(model, t)).collect::<Result<_, _>>()?;
+    Ok(ClientCosts {
+        forward_ms,
+        draft_ms: pass(drafter, 1)?,
+    })
+}
+
+/// [`choose_width`] for a client about to open its verify session: the
+/// plan space of an offer it already holds (e.g. its prefill session's),
+/// its own timed passes ([`time_client`]), the engine's wire sizes.
+///
+/// # Errors
+/// As [`choose_width`] and [`time_client`]; [`PrivateError::Ckks`] for the
+/// preset.
+pub fn choose_width_for_client(
+    space: &PlanSpace,
+    model: &cipherlora_model::Model,
+    drafter: &cipherlora_model::Model,
+    link: &LinkProfile,
+    alpha: f64,
+    k_max: usize,
+) -> Result<WidthChoice, PrivateError> {
+    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
+    let sizes = cipherlora_helora::measure::wire_sizes(&ctx)?;
+    let client = time_client(model, drafter, k_max + 1)?;
+    choose_width(
+        space,
+        &sizes,
+        link,
+        &client,
+        alpha,
+        k_max,
+        FixedPoint::default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default model's q,k,v,o groups at rank 16, 30 layers.
+    fn space(mode: Mode) -> PlanSpace {
+        let qkv = GroupShape::new(576, vec![576, 192, 192], vec![16, 16, 16]).unwrap();
+        let o = GroupShape::new(576, vec![576], vec![16]).unwrap();
+        PlanSpace {
+            preset: Preset::N8192Depth2Fast,
+            mode,
+            rerandomize: false,
+            shapes: (0..30).flat_map(|_| [qkv.clone(), o.clone()]).collect(),
+        }
+    }
+
+    fn sizes() -> WireSizes {
+        // Seeded uploads by level, a compressed download (measured sizes of
+        // the N = 8192 preset, BENCHMARKS.md), one Galois key.
+        ([51e3, 92e3, 133e3, 174e3], 79e3, 786e3)
+    }
+
+    /// Client passes that cost 40 ms plus 4 ms per position.
+    fn client() -> ClientCosts {
+        ClientCosts {
+            forward_ms: (1..=24).map(|t| 40.0 + 4.0 * t as f64).collect(),
+            draft_ms: 12.0,
+        }
+    }
+
+    #[test]
+    fn output_ciphertexts_jump_between_widths_8_and_9_for_ffa() {
+        // The step the module docs describe, read from the plans
+        // themselves: it is what makes K = 7 worth considering.
+        let s = space(Mode::Ffa);
+        let downs = |t| {
+            s.plans(t)
+                .unwrap()
+                .iter()
+                .map(|p| p.counts().unwrap().decryptions)
+                .sum::<u64>()
+        };
+        assert_eq!(downs(8), 60);
+        assert_eq!(downs(9), 90);
+    }
+
+    #[test]
+    fn a_bandwidth_bound_link_picks_a_width_before_a_step() {
+        let c = choose_width(
+            &space(Mode::Ffa),
+            &sizes(),
+            &LinkProfile::WAN80,
+            &client(),
+            0.9,
+            16,
+            FixedPoint::default(),
+        )
+        .unwrap();
+        // Every candidate is modelled; the best is at the end of a flat
+        // stretch of the step function (T = 8, 12 or 22 for FFA): one more
+        // position there would cost another ciphertext per group.
+        assert_eq!(c.candidates.len(), 16);
+        let t = c.best.k + 1;
+        let next = c
+            .candidates
+            .iter()
+            .find(|x| x.k == c.best.k + 1)
+            .map(|x| x.schedule.fixed_point_ms);
+        assert!(
+            next.is_none_or(|n| n > c.best.schedule.fixed_point_ms),
+            "T = {t}: {c:?}"
+        );
+        assert!(c.candidates.iter().all(|x| x.tok_per_s <= c.best.tok_per_s));
+    }
+
+    #[test]
+    fn poor_acceptance_shortens_the_draft() {
+        let at = |alpha| {
+            choose_width(
+                &space(Mode::Standard),
+                &sizes(),
+                &LinkProfile::LOOPBACK,
+                &client(),
+                alpha,
+                16,
+                FixedPoint::default(),
+            )
+            .unwrap()
+            .best
+            .k
+        };
+        assert!(at(0.3) < at(0.95), "α = 0.3: {}, α = 0.95: {}", at(0.3), at(0.95));
+    }
+
+    #[test]
+    fn too_few_timed_widths_is_an_error_not_a_panic() {
+        let mut c = client();
+        c.forward_ms.truncate(4);
+        let r = choose_width(
+            &space(Mode::Ffa),
+            &sizes(),
+            &LinkProfile::WAN20,
+            &c,
+            0.8,
+            8,
+            FixedPoint::default(),
+        );
+        assert!(matches!(r, Err(PrivateError::WidthModel { .. })), "{r:?}");
+    }
+}
