@@ -4,6 +4,15 @@
 //! A session is dropped after `offer_timeout` if it is offer-only (a round
 //! on it never refreshes its timer), after `unstarted_timeout` if it has
 //! not yet had a round admitted, else after `idle_timeout` without one.
+//!
+//! A round admitted on any session of a token also refreshes that token's
+//! unstarted (keyed) sessions: a client opens its verify session and its
+//! prefill session together and may spend minutes prefilling a long prompt
+//! on a WAN before the verify session's first round, which the short
+//! timeout used to cut off (a replay and a reopen, seconds of the user's
+//! time). A killed client makes no rounds, so its sessions still go after
+//! `unstarted_timeout`; a live one could keep its sessions just as well by
+//! starting them, and the per-token session and memory limits bound both.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -147,9 +156,17 @@ impl SessionTable {
     /// Marks `s` as used now and started: called once a round request passed
     /// every check (a refused request, e.g. any round on an offer-only
     /// session, keeps a session no longer).
+    /// Also refreshes the owner's unstarted keyed sessions (module docs).
     pub(crate) fn touch(&self, s: &Session) {
-        s.last_used_ms.store(self.now_ms(), Ordering::Relaxed);
+        let now = self.now_ms();
+        s.last_used_ms.store(now, Ordering::Relaxed);
         s.started.store(true, Ordering::Relaxed);
+        for other in self.lock().values() {
+            if other.owner == s.owner && !other.offer_only && !other.started.load(Ordering::Relaxed)
+            {
+                other.last_used_ms.fetch_max(now, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Removes the session `id`; whether it existed.

@@ -153,6 +153,46 @@ fn session_that_never_started_a_round_expires_after_the_short_timeout() {
     assert_eq!(started.stats().sessions_opened, 1);
 }
 
+/// Bug: a client's verify session, opened before a prefill that took more
+/// than `unstarted_timeout` on a WAN (standard LoRA, 80 ms), was evicted
+/// while the client was busy on its prefill session, and the first verify
+/// round failed with NOT_FOUND and a reopen. Rounds on one session of a
+/// token now keep the token's unstarted sessions; another token's still go.
+#[test]
+fn unstarted_session_survives_a_long_prefill_on_its_sibling() {
+    let fx = start(Limits {
+        unstarted_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    });
+    let mut prefill = AdapterClient::connect(fx.client_config()).unwrap();
+    prefill.open_session(params(1)).unwrap();
+    let mut verify = AdapterClient::connect(fx.client_config()).unwrap();
+    verify.open_session(params(2)).unwrap();
+    let mut stranger = AdapterClient::connect(config_with_token(&fx, TOKEN2)).unwrap();
+    stranger.open_session(params(3)).unwrap();
+    assert_eq!(fx.server.metrics().sessions_active(), 3);
+    // A "prefill" of 1 s: rounds on the sibling every 50 ms.
+    let t0 = Instant::now();
+    let mut round = 0;
+    while t0.elapsed() < Duration::from_millis(1000) {
+        check(
+            1,
+            round,
+            0,
+            &prefill.round_pipelined(round, &calls(1, round, 0)).unwrap(),
+        );
+        round += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        fx.server.metrics().sessions_active(),
+        2,
+        "the other token's unstarted session should be gone, the sibling kept"
+    );
+    check(2, 0, 0, &verify.round_pipelined(0, &calls(2, 0, 0)).unwrap());
+    assert_eq!(verify.stats().sessions_opened, 1, "the verify session was reopened");
+}
+
 /// Finding: group requests carried no plan id, so a request laid out for
 /// one plan could be computed against another.
 #[test]
