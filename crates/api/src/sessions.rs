@@ -181,9 +181,15 @@ impl WarmAdapter {
                 Some(l) => l,
                 None => LinkProfile::measure_tcp(&s.client.endpoint).map_err(|e| upstream(&e))?,
             };
-            cipherlora_private::choose_for_session(model, &hook, self.verify_width(), &link)
-                .map_err(|e| upstream(&e))?
-                .schedule
+            cipherlora_private::choose_for_session(
+                model,
+                &hook,
+                self.verify_width(),
+                Some(s.prefill_width),
+                &link,
+            )
+            .map_err(|e| upstream(&e))?
+            .schedule
         } else {
             s.schedule
                 .parse()

@@ -426,8 +426,14 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 // `auto` is modelled on this run's link with the open session.
                 let schedule_name;
                 (cfg.schedule, schedule_name) = if schedule == "auto" {
-                    let s = cipherlora_private::choose_for_session(&model, &hook, width, &link)?
-                        .schedule;
+                    let s = cipherlora_private::choose_for_session(
+                        &model,
+                        &hook,
+                        width,
+                        Some(opts.prefill_width),
+                        &link,
+                    )?
+                    .schedule;
                     (s, format!("auto: {s}"))
                 } else {
                     let s: Schedule = schedule.parse()?;

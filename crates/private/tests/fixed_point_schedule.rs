@@ -18,7 +18,7 @@ use cipherlora_model::{
 use cipherlora_private::{EmbeddedServer, connect_widths};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, SpecConfig};
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_spec::schedule::{Prefill, Schedule};
 
 use common::{PROMPTS, adapter_dir, assert_matches, plaintext_reference};
 
@@ -74,7 +74,11 @@ fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: S
             // the prefill's last chunk when it fits the verify width.
             let prefilled = prompt.len() - 1;
             let last_chunk = (prefilled - 1) % PREFILL + 1;
-            let narrow_prefill = usize::from(last_chunk <= K + 1) * fp.prefill_round_trips;
+            let prefill_trips = match fp.prefill {
+                Prefill::FixedPoint(n) => n,
+                Prefill::PerGroup => hook.session(K + 1).unwrap().pass_model().groups,
+            };
+            let narrow_prefill = usize::from(last_chunk <= K + 1) * prefill_trips;
             assert_eq!(
                 he.round_trips as usize,
                 got.stats.rounds * fp.round_trips + narrow_prefill

@@ -50,6 +50,32 @@ use cipherlora_model::{AttentionMask, DeltaHook, FixedPointPass, KvCache, Model,
 
 use crate::SpecError;
 
+/// Batched round trips per prefill pass by default (see
+/// [`FixedPoint::prefill`]).
+pub const PREFILL_ROUND_TRIPS: usize = 5;
+
+/// How a prefill pass gets its deltas under the fixed-point schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// One round trip per adapted layer group, in forward order: exact
+    /// keys and values, G round trips per pass (G = 60 for q,k,v,o on the
+    /// default model), the pass's bytes once.
+    PerGroup,
+    /// This many batched round trips of the fixed point (≥ 1), each
+    /// carrying the whole pass's bytes.
+    FixedPoint(usize),
+}
+
+impl std::fmt::Display for Prefill {
+    /// `per-group` or `fixed-point:N`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Prefill::PerGroup => f.write_str("per-group"),
+            Prefill::FixedPoint(n) => write!(f, "fixed-point:{n}"),
+        }
+    }
+}
+
 /// The fixed-point schedule's settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FixedPoint {
@@ -63,15 +89,18 @@ pub struct FixedPoint {
     /// error ([`error_factor`] × last change) is at most this (absolute, in
     /// logits).
     pub sampling_tolerance: f32,
-    /// Batched round trips per prefill pass (no logits to certify: the
-    /// prompt's keys and values are kept as the last pass computed them,
-    /// and no later certification sees their residual error, which every
-    /// later row inherits). Three trips were once too few: on a general-
-    /// English prompt of ~90 tokens the residual flipped a near-tie 0.003
-    /// logits wide 26 tokens later (K = 16, plaintext and HE alike; found
-    /// by `bench e2e`); four were enough, five are the default
-    /// (BENCHMARKS.md, "A hole in the fixed point's exactness").
-    pub prefill_round_trips: usize,
+    /// How prefill passes get their deltas. With [`Prefill::FixedPoint`]
+    /// there are no logits to certify: the prompt's keys and values are
+    /// kept as the last pass computed them, and no later certification
+    /// sees their residual error, which every later row inherits. Three
+    /// trips were once too few: on a general-English prompt of ~90 tokens
+    /// the residual flipped a near-tie 0.003 logits wide 26 tokens later
+    /// (K = 16, plaintext and HE alike; found by `bench e2e`); four were
+    /// enough, five are the default (BENCHMARKS.md, "A hole in the fixed
+    /// point's exactness"). [`Prefill::PerGroup`] leaves no residual at
+    /// all, and on a link of moderate latency costs less than five trips
+    /// of a wide pass (`cipherlora_private::schedule_plan` models both).
+    pub prefill: Prefill,
     /// Greedy decoding with the base drafter: while the last round trip is
     /// on the network, draft the next round from the outcome the pass
     /// before it predicts (used when the round ends that way; the output is
@@ -81,14 +110,14 @@ pub struct FixedPoint {
 
 impl Default for FixedPoint {
     /// Two round trips per round (the measured convergence: the first rows'
-    /// greedy tokens are certified after two), margin 1, five for the
-    /// prompt's prefill.
+    /// greedy tokens are certified after two), margin 1, five batched trips
+    /// per prefill pass.
     fn default() -> Self {
         Self {
             round_trips: 2,
             margin: 1.0,
             sampling_tolerance: 1e-4,
-            prefill_round_trips: 5,
+            prefill: Prefill::FixedPoint(5),
             draft_ahead: true,
         }
     }
@@ -106,11 +135,21 @@ pub enum Schedule {
 }
 
 impl std::fmt::Display for Schedule {
-    /// `per-group` or `fixed-point:N` (N round trips per round).
+    /// `per-group` or `fixed-point:N` (N round trips per round), followed
+    /// by `/prefill:per-group` when prefill passes go group by group.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Schedule::PerGroup => f.write_str("per-group"),
-            Schedule::FixedPoint(fp) => write!(f, "fixed-point:{}", fp.round_trips),
+            Schedule::FixedPoint(fp) => {
+                write!(f, "fixed-point:{}", fp.round_trips)?;
+                match fp.prefill {
+                    Prefill::PerGroup => f.write_str("/prefill:per-group"),
+                    Prefill::FixedPoint(n) if n != fp.round_trips.max(PREFILL_ROUND_TRIPS) => {
+                        write!(f, "/prefill:{n}")
+                    }
+                    Prefill::FixedPoint(_) => Ok(()),
+                }
+            }
         }
     }
 }
@@ -119,29 +158,42 @@ impl std::str::FromStr for Schedule {
     type Err = SpecError;
 
     /// `per-group`, `fixed-point` (the default round trips) or
-    /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)).
+    /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)),
+    /// optionally followed by `/prefill:per-group` or `/prefill:M` (M ≥ 1
+    /// batched trips per prefill pass). Parses what `Display` writes.
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let bad = || {
             SpecError::Config(format!(
-                "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N)"
+                "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N, \
+                 each fixed point optionally /prefill:per-group or /prefill:M)"
             ))
         };
-        match s.split_once(':') {
-            None if s == "per-group" => Ok(Schedule::PerGroup),
-            None if s == "fixed-point" => Ok(Schedule::FixedPoint(FixedPoint::default())),
-            Some(("fixed-point", n)) => {
-                let n: usize = n.parse().map_err(|_| bad())?;
-                if n == 0 {
-                    return Err(bad());
-                }
-                Ok(Schedule::FixedPoint(FixedPoint {
-                    round_trips: n,
-                    prefill_round_trips: n.max(FixedPoint::default().prefill_round_trips),
-                    ..FixedPoint::default()
-                }))
-            }
+        let positive = |n: &str| match n.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
             _ => Err(bad()),
+        };
+        let (main, prefill) = match s.split_once("/prefill:") {
+            Some((m, "per-group")) => (m, Some(Prefill::PerGroup)),
+            Some((m, n)) => (m, Some(Prefill::FixedPoint(positive(n)?))),
+            None => (s, None),
+        };
+        let mut fp = match main.split_once(':') {
+            None if main == "per-group" && prefill.is_none() => return Ok(Schedule::PerGroup),
+            None if main == "fixed-point" => FixedPoint::default(),
+            Some(("fixed-point", n)) => {
+                let n = positive(n)?;
+                FixedPoint {
+                    round_trips: n,
+                    prefill: Prefill::FixedPoint(n.max(PREFILL_ROUND_TRIPS)),
+                    ..FixedPoint::default()
+                }
+            }
+            _ => return Err(bad()),
+        };
+        if let Some(p) = prefill {
+            fp.prefill = p;
         }
+        Ok(Schedule::FixedPoint(fp))
     }
 }
 
@@ -290,10 +342,20 @@ pub(crate) fn prefill_pass(
             let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
             Ok((0, Some(logits)))
         }
-        Schedule::FixedPoint(fp) => {
+        Schedule::FixedPoint(FixedPoint {
+            prefill: Prefill::PerGroup,
+            ..
+        }) => {
+            let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
+            Ok((0, Some(logits)))
+        }
+        Schedule::FixedPoint(FixedPoint {
+            prefill: Prefill::FixedPoint(n),
+            ..
+        }) => {
             let mut pass =
                 FixedPointPass::start(model, tokens, cache, &AttentionMask::Causal, hook)?;
-            for _ in 0..fp.prefill_round_trips.max(1) {
+            for _ in 0..(*n).max(1) {
                 pass.iterate(cache, hook)?;
             }
             Ok((pass.round_trips(), None))
@@ -479,8 +541,20 @@ mod tests {
 
     #[test]
     fn schedules_parse_and_print() {
-        for s in ["per-group", "fixed-point:1", "fixed-point:3"] {
+        for s in [
+            "per-group",
+            "fixed-point:1",
+            "fixed-point:3",
+            "fixed-point:2/prefill:per-group",
+            "fixed-point:2/prefill:3",
+        ] {
             assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
+        }
+        match "fixed-point/prefill:per-group".parse::<Schedule>().unwrap() {
+            Schedule::FixedPoint(fp) => {
+                assert_eq!((fp.round_trips, fp.prefill), (2, Prefill::PerGroup));
+            }
+            other => panic!("{other}"),
         }
         assert!(matches!(
             "fixed-point".parse::<Schedule>().unwrap(),
@@ -492,6 +566,9 @@ mod tests {
             "fixed-point:x",
             "sequential",
             "per-group:2",
+            "per-group/prefill:per-group",
+            "fixed-point:2/prefill:0",
+            "fixed-point:2/prefill:all",
         ] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }

@@ -287,10 +287,11 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
 /// output equals sequential greedy decoding, and drafting ahead during the
 /// last trip (on by default) is used and changes nothing; with one trip per
 /// round the certification has to continue rounds and still never lets a
-/// wrong token through.
+/// wrong token through; a prompt prefilled group by group under a fixed-
+/// point decode gives the same output too.
 #[test]
 fn fixed_point_schedule_equals_sequential_adapted_decoding() {
-    use cipherlora_spec::schedule::{FixedPoint, Schedule};
+    use cipherlora_spec::schedule::{FixedPoint, Prefill, Schedule};
     let f = fixture();
     let n = 24;
     let mut hits = 0;
@@ -298,10 +299,19 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
     for text in PROMPTS {
         let prompt = f.tokenizer.encode(text).unwrap();
         let want = reference(f, &prompt, n);
-        for (trips, draft_ahead) in [(2, true), (2, false), (1, false), (3, true)] {
+        for (trips, draft_ahead, prefill) in [
+            (2, true, Prefill::FixedPoint(5)),
+            (2, false, Prefill::FixedPoint(5)),
+            (1, false, Prefill::FixedPoint(5)),
+            (3, true, Prefill::FixedPoint(5)),
+            // The prompt group by group (exact keys and values), the
+            // rounds by the fixed point.
+            (2, true, Prefill::PerGroup),
+        ] {
             let fp = FixedPoint {
                 round_trips: trips,
                 draft_ahead,
+                prefill,
                 ..FixedPoint::default()
             };
             let cfg = SpecConfig {
@@ -322,8 +332,16 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
             let mut hook = PlainLora::new(&f.adapter);
             let out =
                 decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
-            assert_eq!(out.tokens, want, "{text:?}: fixed point ×{trips}");
+            assert_eq!(
+                out.tokens, want,
+                "{text:?}: fixed point ×{trips}, prefill {prefill}"
+            );
             assert_eq!(out.stats.round_trips, out.stats.rounds * trips, "{text:?}");
+            let prefill_trips = match prefill {
+                Prefill::FixedPoint(m) => m * out.stats.prefill_passes,
+                Prefill::PerGroup => 0,
+            };
+            assert_eq!(out.stats.prefill_round_trips, prefill_trips, "{text:?}");
             if draft_ahead {
                 hits += out.stats.ahead_hits;
             }

@@ -215,7 +215,7 @@ impl DemoArgs {
                 &self.schedule,
                 &model,
                 &hook,
-                width,
+                (width, self.prefill_width),
                 &self.link,
             )?,
         };

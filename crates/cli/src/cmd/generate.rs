@@ -296,7 +296,13 @@ impl GenerateArgs {
                 .with_context(|| format!("opening a session on {url}"))?
             }
         };
-        let schedule = resolve_schedule(&self.schedule, model, &hook, width, &planning_link)?;
+        let schedule = resolve_schedule(
+            &self.schedule,
+            model,
+            &hook,
+            (width, self.prefill_width),
+            &planning_link,
+        )?;
         anyhow::ensure!(
             self.tree.is_none() || drafter == DrafterKind::Base,
             "--tree needs --draft base"
@@ -373,15 +379,22 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
     arg: &str,
     model: &Model,
     hook: &cipherlora_private::ByWidth<T>,
-    width: usize,
+    (width, prefill_width): (usize, usize),
     link: &LinkProfile,
 ) -> anyhow::Result<Schedule> {
     if arg != "auto" {
         return Ok(arg.parse()?);
     }
-    let choice = cipherlora_private::choose_for_session(model, hook, width, link)?;
+    let choice =
+        cipherlora_private::choose_for_session(model, hook, width, Some(prefill_width), link)?;
+    let prefill = choice.prefill.map_or(String::new(), |p| {
+        format!(
+            "; prefill pass: per-group {:.0} ms, fixed-point {:.0} ms",
+            p.per_group_ms, p.fixed_point_ms
+        )
+    });
     eprintln!(
-        "schedule: {} (modelled round: per-group {:.0} ms, fixed-point {:.0} ms; link RTT {:.0} ms)",
+        "schedule: {} (modelled round: per-group {:.0} ms, fixed-point {:.0} ms{prefill}; link RTT {:.0} ms)",
         choice.schedule,
         choice.per_group_ms,
         choice.fixed_point_ms,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use cipherlora_ckks::Context;
 use cipherlora_helora::{GroupPlan, OpCosts};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::schedule::{FixedPoint, Schedule};
+use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 
 use crate::PrivateError;
 use crate::server::SessionOffer;
@@ -97,11 +97,24 @@ pub type WireSizes = ([f64; cipherlora_helora::counts::LEVELS], f64, f64);
 /// A schedule and the modelled time per verify round of both candidates.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScheduleChoice {
-    /// The cheaper schedule.
+    /// The cheaper schedule (with, for the fixed point, how prefill passes
+    /// run: [`choose_for_session`] decides that too).
     pub schedule: Schedule,
     /// Modelled per-group round, ms.
     pub per_group_ms: f64,
     /// Modelled fixed-point round, ms.
+    pub fixed_point_ms: f64,
+    /// For a fixed-point schedule with a prefill session: one prefill pass
+    /// modelled group by group and as batched trips, ms.
+    pub prefill: Option<PrefillChoice>,
+}
+
+/// The modelled cost of one prefill pass both ways.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillChoice {
+    /// One round trip per group (exact keys and values), ms.
+    pub per_group_ms: f64,
+    /// The fixed point's prefill trips, ms.
     pub fixed_point_ms: f64,
 }
 
@@ -136,12 +149,19 @@ pub fn choose_schedule(
         schedule,
         per_group_ms,
         fixed_point_ms,
+        prefill: None,
     }
 }
 
 /// [`choose_schedule`] for the verify session of width `width` behind
 /// `hook`: its plans' [`PassModel`] and one plaintext pass of `width`
-/// positions of `model`, timed here.
+/// positions of `model`, timed here. When that picks the fixed point and
+/// `hook` has a session of `prefill_width`, the prefill passes are modelled
+/// the same way (one pass of that session group by group against the fixed
+/// point's prefill trips) and run group by group when that is cheaper: the
+/// prompt's keys and values are then exact as well (no residual for later
+/// rows to inherit), and a wide pass's bytes cross the link once instead
+/// of once per trip.
 ///
 /// # Errors
 /// [`PrivateError::Transport`] when `hook` has no session of that width;
@@ -150,11 +170,52 @@ pub fn choose_for_session<T: crate::Transport>(
     model: &cipherlora_model::Model,
     hook: &crate::ByWidth<T>,
     width: usize,
+    prefill_width: Option<usize>,
     link: &LinkProfile,
 ) -> Result<ScheduleChoice, PrivateError> {
     let session = hook
         .session(width)
         .ok_or_else(|| PrivateError::Transport(format!("no session of width {width}")))?;
+    let mut choice = choose_schedule(
+        session.pass_model(),
+        link,
+        time_pass(model, width)?,
+        FixedPoint::default(),
+    );
+    let wide = prefill_width
+        .filter(|&w| w != width)
+        .and_then(|w| Some((w, hook.session(w)?)));
+    if let (Schedule::FixedPoint(mut fp), Some((w, wide))) = (choice.schedule, wide) {
+        let trips = match fp.prefill {
+            Prefill::FixedPoint(n) => n,
+            Prefill::PerGroup => PREFILL_ROUND_TRIPS,
+        };
+        let c = choose_schedule(
+            wide.pass_model(),
+            link,
+            time_pass(model, w)?,
+            FixedPoint {
+                round_trips: trips,
+                ..fp
+            },
+        );
+        if c.schedule == Schedule::PerGroup {
+            fp.prefill = Prefill::PerGroup;
+            choice.schedule = Schedule::FixedPoint(fp);
+        }
+        choice.prefill = Some(PrefillChoice {
+            per_group_ms: c.per_group_ms,
+            fixed_point_ms: c.fixed_point_ms,
+        });
+    }
+    Ok(choice)
+}
+
+/// One plaintext pass of `width` positions of `model`, ms.
+pub(crate) fn time_pass(
+    model: &cipherlora_model::Model,
+    width: usize,
+) -> Result<f64, PrivateError> {
     let mut cache = model.new_cache(width)?;
     let t0 = std::time::Instant::now();
     model.forward(
@@ -163,13 +224,7 @@ pub fn choose_for_session<T: crate::Transport>(
         &cipherlora_model::AttentionMask::Causal,
         &mut cipherlora_model::NoAdapter,
     )?;
-    let forward_ms = t0.elapsed().as_secs_f64() * 1e3;
-    Ok(choose_schedule(
-        session.pass_model(),
-        link,
-        forward_ms,
-        FixedPoint::default(),
-    ))
+    Ok(t0.elapsed().as_secs_f64() * 1e3)
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use cipherlora_spec::adaptive::expected_tokens;
 use cipherlora_spec::schedule::FixedPoint;
 
 use crate::PrivateError;
-use crate::schedule_plan::{PassModel, ScheduleChoice, WireSizes, choose_schedule};
+use crate::schedule_plan::{PassModel, ScheduleChoice, WireSizes, choose_schedule, time_pass};
 use crate::server::{LoraKind, SessionOffer};
 
 /// What the client knows of the server's plans at any width: the preset,
@@ -187,22 +187,13 @@ pub fn time_client(
     drafter: &cipherlora_model::Model,
     t_max: usize,
 ) -> Result<ClientCosts, PrivateError> {
+    // The better of two timings of each pass (the first may pay warm-up).
     let pass = |m: &cipherlora_model::Model, t: usize| -> Result<f64, PrivateError> {
-        let mut best = f64::INFINITY;
-        for _ in 0..2 {
-            let mut cache = m.new_cache(t)?;
-            let t0 = std::time::Instant::now();
-            m.forward(
-                &vec![0; t],
-                &mut cache,
-                &cipherlora_model::AttentionMask::Causal,
-                &mut cipherlora_model::NoAdapter,
-            )?;
-            best = best.min(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok(best)
+        Ok(time_pass(m, t)?.min(time_pass(m, t)?))
     };
-    let forward_ms = (1..=t_max).map(|t| pass(model, t)).collect::<Result<_, _>>()?;
+    let forward_ms = (1..=t_max)
+        .map(|t| pass(model, t))
+        .collect::<Result<_, _>>()?;
     Ok(ClientCosts {
         forward_ms,
         draft_ms: pass(drafter, 1)?,
@@ -329,7 +320,12 @@ mod tests {
             .best
             .k
         };
-        assert!(at(0.3) < at(0.95), "α = 0.3: {}, α = 0.95: {}", at(0.3), at(0.95));
+        assert!(
+            at(0.3) < at(0.95),
+            "α = 0.3: {}, α = 0.95: {}",
+            at(0.3),
+            at(0.95)
+        );
     }
 
     #[test]

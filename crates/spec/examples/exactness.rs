@@ -1,0 +1,192 @@
+//! How often the fixed-point verify schedule changes the greedy output,
+//! measured with the plaintext engine (the delta hook is the plaintext
+//! LoRA, so only the schedule is tested; CKKS noise is not).
+//!
+//! For each adapter and held-out prompt: the adapted model's sequential
+//! greedy trajectory (up to 64 tokens), then speculative generation with
+//! the f16 base drafter at each verify width and each number of round trips
+//! per round, prefilled in passes of 16 positions with `--prefill-trips`
+//! trips each; a run *diverges* when its tokens differ from the trajectory.
+//! The schedule is exact when no run diverges; the module docs of
+//! `cipherlora_spec::schedule` say why it may not be (the residual the last
+//! trip leaves in the kept keys and values).
+//!
+//! Run (defaults shown):
+//! `cargo run --release -p cipherlora-spec --example exactness -- \
+//!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 \
+//!   --widths 9,17 --trips 2,3 --prefill-trips 5 --out reports/exactness.json`
+
+use std::path::{Path, PathBuf};
+
+use cipherlora_model::{
+    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
+};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::schedule::{FixedPoint, Prefill, Schedule};
+
+const NEW_TOKENS: usize = 64;
+const PREFILL_WIDTH: usize = 16;
+
+struct Args {
+    adapters: Vec<String>,
+    widths: Vec<usize>,
+    trips: Vec<usize>,
+    prefill_trips: usize,
+    limit: usize,
+    out: PathBuf,
+}
+
+fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
+    let mut a = Args {
+        adapters: [
+            "code-lora-r16",
+            "code-ffa-r16",
+            "general-lora-r16",
+            "general-all-r8",
+        ]
+        .map(String::from)
+        .to_vec(),
+        widths: vec![9, 17],
+        trips: vec![2, 3],
+        prefill_trips: 5,
+        limit: usize::MAX,
+        out: root.join("reports/exactness.json"),
+    };
+    let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
+    let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
+        v.split(',').map(str::parse).collect()
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let v = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--adapters" => a.adapters = list(&v),
+            "--widths" => a.widths = nums(&v)?,
+            "--trips" => a.trips = nums(&v)?,
+            "--prefill-trips" => a.prefill_trips = v.parse()?,
+            "--limit" => a.limit = v.parse()?,
+            "--out" => a.out = root.join(v),
+            _ => return Err(format!("unknown option {flag}").into()),
+        }
+    }
+    Ok(a)
+}
+
+/// The held-out prompts of an adapter: prose for the general-English ones,
+/// HumanEval for the code ones.
+fn prompts(root: &Path, adapter: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let file = if adapter.starts_with("general") {
+        "adapters/eval/general_prompts.jsonl"
+    } else {
+        "adapters/eval/humaneval_0_19.jsonl"
+    };
+    let text = std::fs::read_to_string(root.join(file))?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        out.push(
+            v["prompt"]
+                .as_str()
+                .ok_or("a line without a prompt")?
+                .to_string(),
+        );
+    }
+    Ok(out)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let args = args(&root)?;
+    let path = fetch::ensure_default_model()?;
+    let model = Model::load(&path)?;
+    let drafter = model.to_f16_weights()?;
+    let tok = Tokenizer::for_model(&path)?;
+    let eos = tok.eos_tokens().to_vec();
+    let mut report = Vec::new();
+    println!(
+        "| adapter | T | trips per round | prompts | diverged | first divergence (token index) |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | --- |");
+    for name in &args.adapters {
+        let adapter = LoraAdapter::load(&root.join("adapters").join(name), model.config())?;
+        let prompts = prompts(&root, name)?;
+        let n = prompts.len().min(args.limit);
+        // (width, trips) → first divergence per prompt.
+        let mut diverged: Vec<Vec<Option<usize>>> =
+            vec![Vec::new(); args.widths.len() * args.trips.len()];
+        for text in &prompts[..n] {
+            let prompt = tok.encode(text)?;
+            let opts = GenerateOptions {
+                max_tokens: NEW_TOKENS,
+                sampling: SamplingParams::greedy(),
+                eos: eos.clone(),
+            };
+            let traj = generate(
+                &model,
+                &prompt,
+                &opts,
+                &mut PlainLora::new(&adapter),
+                &mut |_| Ok(()),
+            )?
+            .tokens;
+            for (w, &width) in args.widths.iter().enumerate() {
+                for (r, &trips) in args.trips.iter().enumerate() {
+                    let cfg = SpecConfig {
+                        tree: None,
+                        drafter: DrafterKind::Base,
+                        k: width - 1,
+                        adaptive: false,
+                        pad_to_k: true,
+                        prefill_width: Some(PREFILL_WIDTH),
+                        optimistic: false,
+                        draft_stop_below: 0.0,
+                        max_tokens: traj.len(),
+                        sampling: SamplingParams::greedy(),
+                        eos: eos.clone(),
+                        first_token_from_prefill: false,
+                        schedule: Schedule::FixedPoint(FixedPoint {
+                            round_trips: trips,
+                            prefill: Prefill::FixedPoint(args.prefill_trips),
+                            ..FixedPoint::default()
+                        }),
+                    };
+                    let out = decode::generate_drafted(
+                        &model,
+                        &drafter,
+                        &prompt,
+                        &cfg,
+                        &mut PlainLora::new(&adapter),
+                        &mut |_| Ok(()),
+                    )?;
+                    let first = traj
+                        .iter()
+                        .zip(&out.tokens)
+                        .position(|(a, b)| a != b)
+                        .or((out.tokens.len() != traj.len())
+                            .then(|| out.tokens.len().min(traj.len())));
+                    diverged[w * args.trips.len() + r].push(first);
+                }
+            }
+        }
+        for (w, &width) in args.widths.iter().enumerate() {
+            for (r, &trips) in args.trips.iter().enumerate() {
+                let d = &diverged[w * args.trips.len() + r];
+                let at: Vec<usize> = d.iter().flatten().copied().collect();
+                println!(
+                    "| {name} | {width} | {trips} | {} | {} | {at:?} |",
+                    d.len(),
+                    at.len()
+                );
+                report.push(serde_json::json!({
+                    "adapter": name, "verify_width": width, "round_trips": trips,
+                    "prefill_round_trips": args.prefill_trips, "prompts": d.len(),
+                    "new_tokens": NEW_TOKENS, "diverged": at.len(), "first_divergence": at,
+                }));
+            }
+        }
+    }
+    std::fs::create_dir_all(args.out.parent().ok_or("no parent")?)?;
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
