@@ -5,8 +5,9 @@
 //! For each adapter and held-out prompt: the adapted model's sequential
 //! greedy trajectory (up to 64 tokens), then speculative generation with
 //! the f16 base drafter at each verify width and each number of round trips
-//! per round, prefilled in passes of 16 positions with `--prefill-trips`
-//! trips each; a run *diverges* when its tokens differ from the trajectory.
+//! per round, prefilled in passes of 16 positions (`--prefill N`: N batched
+//! trips each, or `per-group`); a run *diverges* when its tokens differ
+//! from the trajectory.
 //! The schedule is exact when no run diverges; the module docs of
 //! `cipherlora_spec::schedule` say why it may not be (the residual the last
 //! trip leaves in the kept keys and values).
@@ -14,7 +15,7 @@
 //! Run (defaults shown):
 //! `cargo run --release -p cipherlora-spec --example exactness -- \
 //!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 \
-//!   --widths 9,17 --trips 2,3 --prefill-trips 5 --out reports/exactness.json`
+//!   --widths 9,17 --trips 2,3 --prefill 5 --out reports/exactness.json`
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +23,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
 };
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
-use cipherlora_spec::schedule::{FixedPoint, Prefill, Schedule};
+use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 
 const NEW_TOKENS: usize = 64;
 const PREFILL_WIDTH: usize = 16;
@@ -31,7 +32,7 @@ struct Args {
     adapters: Vec<String>,
     widths: Vec<usize>,
     trips: Vec<usize>,
-    prefill_trips: usize,
+    prefill: Prefill,
     limit: usize,
     out: PathBuf,
 }
@@ -48,7 +49,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         .to_vec(),
         widths: vec![9, 17],
         trips: vec![2, 3],
-        prefill_trips: 5,
+        prefill: Prefill::FixedPoint(PREFILL_ROUND_TRIPS),
         limit: usize::MAX,
         out: root.join("reports/exactness.json"),
     };
@@ -63,7 +64,12 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             "--adapters" => a.adapters = list(&v),
             "--widths" => a.widths = nums(&v)?,
             "--trips" => a.trips = nums(&v)?,
-            "--prefill-trips" => a.prefill_trips = v.parse()?,
+            "--prefill" => {
+                a.prefill = match v.as_str() {
+                    "per-group" => Prefill::PerGroup,
+                    n => Prefill::FixedPoint(n.parse()?),
+                }
+            }
             "--limit" => a.limit = v.parse()?,
             "--out" => a.out = root.join(v),
             _ => return Err(format!("unknown option {flag}").into()),
@@ -146,7 +152,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         first_token_from_prefill: false,
                         schedule: Schedule::FixedPoint(FixedPoint {
                             round_trips: trips,
-                            prefill: Prefill::FixedPoint(args.prefill_trips),
+                            prefill: args.prefill,
                             ..FixedPoint::default()
                         }),
                     };
@@ -165,6 +171,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .or((out.tokens.len() != traj.len())
                             .then(|| out.tokens.len().min(traj.len())));
                     diverged[w * args.trips.len() + r].push(first);
+                    if let Some(at) = first {
+                        let head: String = text.chars().take(40).collect();
+                        eprintln!(
+                            "{name} T={width} trips={trips}: {head:?}… diverges at token {at}"
+                        );
+                    }
                 }
             }
         }
@@ -179,7 +191,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
                 report.push(serde_json::json!({
                     "adapter": name, "verify_width": width, "round_trips": trips,
-                    "prefill_round_trips": args.prefill_trips, "prompts": d.len(),
+                    "prefill": args.prefill.to_string(), "prompts": d.len(),
                     "new_tokens": NEW_TOKENS, "diverged": at.len(), "first_divergence": at,
                 }));
             }
