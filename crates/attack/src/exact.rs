@@ -266,7 +266,7 @@ pub fn invert_window(
             model.config().num_layers
         )));
     }
-    if observed.is_empty() || observed.len() % dim != 0 {
+    if observed.is_empty() || !observed.len().is_multiple_of(dim) {
         return Err(AttackError::Input(format!(
             "{} state values is not a positive multiple of {dim}",
             observed.len()
@@ -395,6 +395,7 @@ pub fn invert_window(
 /// # Errors
 /// [`AttackError::Input`] if the lengths do not add up; as
 /// [`invert_window`].
+#[allow(clippy::too_many_arguments)]
 pub fn invert_windows(
     model: &Model,
     states: &[f32],

@@ -301,7 +301,7 @@ impl Inverter {
     }
 
     fn check(&self, x: &[f32]) -> Result<usize> {
-        if x.is_empty() || x.len() % self.dim != 0 {
+        if x.is_empty() || !x.len().is_multiple_of(self.dim) {
             return Err(AttackError::Input(format!(
                 "{} features is not a positive multiple of dimension {}",
                 x.len(),
