@@ -175,6 +175,9 @@ fn nearest_rows(table: &Tensor, sq: &[f32], r: &[f32], k: usize) -> Result<Vec<u
     Ok(idx)
 }
 
+/// Candidates per pass of [`ExactConfig::full_search`].
+pub const FULL_SEARCH_BATCH: usize = 1024;
+
 /// Search settings.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct ExactConfig {
@@ -184,6 +187,13 @@ pub struct ExactConfig {
     pub batch: usize,
     /// Relative L2 distance under which a candidate matches.
     pub tolerance: f64,
+    /// After `budget` candidates without a match, go on through the whole
+    /// vocabulary (nearest embeddings to the refinement first, 1024 per
+    /// pass) until one matches: by injectivity one does, so every position
+    /// is verified, at up to `vocab · depth` token-layers per miss. Needs
+    /// the embedding ranker.
+    #[serde(default)]
+    pub full_search: bool,
 }
 
 impl Default for ExactConfig {
@@ -192,6 +202,7 @@ impl Default for ExactConfig {
             budget: 256,
             batch: 64,
             tolerance: 1e-3,
+            full_search: false,
         }
     }
 }
@@ -276,7 +287,12 @@ pub fn invert_window(
         return Err(AttackError::Input("zero budget or batch".into()));
     }
     let t = observed.len() / dim;
-    let mut cache = model.new_cache(t + cfg.batch.min(cfg.budget))?;
+    let widest = if cfg.full_search {
+        cfg.batch.min(cfg.budget).max(FULL_SEARCH_BATCH)
+    } else {
+        cfg.batch.min(cfg.budget)
+    };
+    let mut cache = model.new_cache(t + widest)?;
     let mut res = ExactResult {
         closest_wrong: f64::INFINITY,
         ..Default::default()
@@ -366,6 +382,43 @@ pub fn invert_window(
                     .collect();
                 refined = er.nearest(&r, cfg.batch + tried.len())?;
                 next_refined = 0;
+            }
+        }
+        if found.is_none()
+            && cfg.full_search
+            && let (Some(er), Some((bc, _))) = (refine, best)
+        {
+            let e = er.row(bc)?;
+            let r: Vec<f32> = target
+                .iter()
+                .zip(&best_row)
+                .zip(&e)
+                .map(|((t, h), e)| t - h + e)
+                .collect();
+            let order: Vec<u32> = er
+                .nearest(&r, usize::MAX)?
+                .into_iter()
+                .filter(|c| !tried.contains(c))
+                .collect();
+            for group in order.chunks(FULL_SEARCH_BATCH) {
+                let mask = AttentionMask::tree(vec![None; group.len()]);
+                let h = model.hidden_states(group, &mut cache, &mask, depth)?;
+                cache.truncate(pos);
+                res.candidates_tried += group.len();
+                let rows = h.to_vec2::<f32>()?;
+                let mut hit = None;
+                for (&c, row) in group.iter().zip(&rows) {
+                    let d = rel_dist(row, target);
+                    if d < cfg.tolerance && hit.is_none_or(|(_, hd)| d < hd) {
+                        hit = Some((c, d));
+                    } else if matched_so_far {
+                        res.closest_wrong = res.closest_wrong.min(d);
+                    }
+                }
+                if hit.is_some() {
+                    found = hit;
+                    break;
+                }
             }
         }
         let token = match found {

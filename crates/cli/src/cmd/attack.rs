@@ -47,6 +47,10 @@ pub struct AttackArgs {
     /// Exact attack: candidates per position at most.
     #[arg(long, default_value_t = 256)]
     budget: usize,
+    /// Exact attack: after the budget, search the whole vocabulary until a
+    /// candidate matches (every position verified; slow at depth).
+    #[arg(long)]
+    full_search: bool,
     /// Seed of sampling, training and encryption.
     #[arg(long, default_value_t = 17)]
     seed: u64,
@@ -120,6 +124,7 @@ impl AttackArgs {
         cfg.train.epochs = self.epochs;
         cfg.train.seed = self.seed;
         cfg.exact.budget = self.budget;
+        cfg.exact.full_search = self.full_search;
         let report = run_study(&model, &tok, &data, &cfg, &mut |line| eprintln!("{line}"))?;
         if let Some(dir) = self.json.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
