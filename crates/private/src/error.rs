@@ -66,9 +66,7 @@ pub enum PrivateError {
     /// The verify-width model was asked for no candidate, or given
     /// client timings for fewer widths than it models
     /// ([`crate::width_plan::choose_width`]).
-    #[error(
-        "verify-width model: K up to {k_max} needs passes of 1..={needed} positions timed, got {timed}"
-    )]
+    #[error("verify-width model: K up to {k_max} needs passes of 1..={needed} positions timed, got {timed}")]
     WidthModel {
         /// The largest K asked for.
         k_max: usize,

@@ -32,11 +32,11 @@ mod error;
 pub mod remote;
 pub mod server;
 
+pub use client::{schedule_plan, width_plan};
 pub use client::{
     ByWidth, HeHook, HeTimings, InProcess, PassModel, Reply, ScheduleChoice, Transport,
     choose_for_session, choose_schedule,
 };
-pub use client::{schedule_plan, width_plan};
 pub use error::PrivateError;
 pub use remote::{
     EmbeddedServer, GrpcTransport, HeBackend, connect_chosen_width, connect_remote, connect_widths,

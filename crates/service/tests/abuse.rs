@@ -189,17 +189,8 @@ fn unstarted_session_survives_a_long_prefill_on_its_sibling() {
         2,
         "the other token's unstarted session should be gone, the sibling kept"
     );
-    check(
-        2,
-        0,
-        0,
-        &verify.round_pipelined(0, &calls(2, 0, 0)).unwrap(),
-    );
-    assert_eq!(
-        verify.stats().sessions_opened,
-        1,
-        "the verify session was reopened"
-    );
+    check(2, 0, 0, &verify.round_pipelined(0, &calls(2, 0, 0)).unwrap());
+    assert_eq!(verify.stats().sessions_opened, 1, "the verify session was reopened");
 }
 
 /// Finding: group requests carried no plan id, so a request laid out for

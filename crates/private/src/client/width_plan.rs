@@ -202,9 +202,7 @@ pub fn time_client(
         }
         Ok(best)
     };
-    let forward_ms = (1..=t_max)
-        .map(|t| pass(model, t))
-        .collect::<Result<_, _>>()?;
+    let forward_ms = (1..=t_max).map(|t| pass(model, t)).collect::<Result<_, _>>()?;
     Ok(ClientCosts {
         forward_ms,
         draft_ms: pass(drafter, 1)?,
@@ -331,12 +329,7 @@ mod tests {
             .best
             .k
         };
-        assert!(
-            at(0.3) < at(0.95),
-            "α = 0.3: {}, α = 0.95: {}",
-            at(0.3),
-            at(0.95)
-        );
+        assert!(at(0.3) < at(0.95), "α = 0.3: {}, α = 0.95: {}", at(0.3), at(0.95));
     }
 
     #[test]
