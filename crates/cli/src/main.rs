@@ -45,6 +45,9 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Write a development CA and a localhost server certificate.
     DevCert(cmd::devcert::DevCertArgs),
+    /// Inversion attacks on split-inference activations and on HE-LoRA
+    /// ciphertexts (issue 17); writes JSON + Markdown reports.
+    Attack(cmd::attack::AttackArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -57,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Api(a) => a.run(),
+        Command::Attack(a) => a.run(),
         Command::Bench(b) => b.run(),
         Command::Demo(a) => a.run(),
         Command::Fetch(a) => a.run(),

@@ -115,6 +115,91 @@ impl Model {
         mask: &AttentionMask,
         hook: &mut dyn DeltaHook,
     ) -> Result<Tensor, ModelError> {
+        let n = self.layers.len();
+        let mut states = self.run_layers(tokens, cache, mask, hook, &[n])?;
+        let x = states.pop().expect("one depth requested");
+        self.head(&x)
+    }
+
+    /// The residual stream after the first `layers` decoder layers, (T, hidden)
+    /// f32, row t for input position t: what a split-inference server whose
+    /// client runs layers `[0, layers)` locally would receive. `layers = 0`
+    /// gives the embedding rows; `layers = num_layers` the input of the final
+    /// norm ([`Model::head`] of it equals [`Model::forward`]'s logits).
+    ///
+    /// Positions, `mask` and the cache behave as in [`Model::forward`] (no
+    /// adapter), except that only layers `[0, layers)` write keys and values:
+    /// a cache filled by this call can be continued (for example
+    /// position by position, or with a tree of candidate tokens) only by calls
+    /// with at most the same `layers`.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `layers > num_layers`, and as [`Model::forward`].
+    pub fn hidden_states(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        layers: usize,
+    ) -> Result<Tensor, ModelError> {
+        let mut states = self.hidden_states_at(tokens, cache, mask, &[layers])?;
+        Ok(states.pop().expect("one depth requested"))
+    }
+
+    /// [`Model::hidden_states`] at several depths in one pass: entry i is the
+    /// residual stream (T, hidden) f32 after the first `depths[i]` layers
+    /// (depths in any order, repeats allowed). The pass runs
+    /// `max(depths)` layers.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `depths` is empty or a depth exceeds
+    /// `num_layers`, and as [`Model::forward`].
+    pub fn hidden_states_at(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        depths: &[usize],
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let n = self.layers.len();
+        if depths.is_empty() {
+            return Err(ModelError::Input("no depth requested".into()));
+        }
+        if let Some(&bad) = depths.iter().find(|&&d| d > n) {
+            return Err(ModelError::Input(format!(
+                "depth {bad} > {n} decoder layers"
+            )));
+        }
+        self.run_layers(tokens, cache, mask, &mut crate::NoAdapter, depths)
+    }
+
+    /// The output head on hidden states `x` (T, hidden) f32: final RMSNorm then
+    /// the output projection, giving logits (T, vocab_size).
+    ///
+    /// # Errors
+    /// [`ModelError::Candle`] if `x` is not (T, hidden).
+    pub fn head(&self, x: &Tensor) -> Result<Tensor, ModelError> {
+        let x = candle_nn::ops::rms_norm(x, &self.norm, self.config.rms_norm_eps as f32)?;
+        let _span = tracing::trace_span!("lm_head").entered();
+        self.lm_head.forward(&x)
+    }
+
+    /// The token embedding table (vocab_size, hidden) f32.
+    pub fn embedding(&self) -> &Tensor {
+        &self.embed
+    }
+
+    /// Validates the input, embeds `tokens` and runs layers `[0, max(depths))`,
+    /// returning the residual stream after each of `depths` (all ≤ num_layers,
+    /// non-empty); the cache grows by T on success.
+    fn run_layers(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        hook: &mut dyn DeltaHook,
+        depths: &[usize],
+    ) -> Result<Vec<Tensor>, ModelError> {
         let t = tokens.len();
         if t == 0 {
             return Err(ModelError::Input("no tokens".into()));
@@ -135,14 +220,14 @@ impl Model {
                 cache.capacity()
             )));
         }
-        let depths = mask.depths(t)?;
+        let depths_in_tree = mask.depths(t)?;
         let cached = mask.cached_nodes();
         if cached > start {
             return Err(ModelError::Input(format!(
                 "tree extends {cached} cached nodes but the cache holds {start} positions"
             )));
         }
-        let positions: Vec<usize> = depths.iter().map(|d| start - cached + d).collect();
+        let positions: Vec<usize> = depths_in_tree.iter().map(|d| start - cached + d).collect();
         let dev = Device::Cpu;
         let (cos, sin) = rope::tables(
             &positions,
@@ -153,14 +238,26 @@ impl Model {
         let bias = mask.bias(start, t, &dev)?;
         let ids = Tensor::new(tokens, &dev)?;
         let mut x = self.embed.index_select(&ids, 0)?;
-        for (li, layer) in self.layers.iter().enumerate() {
+        let last = depths.iter().copied().max().unwrap_or(0);
+        let mut out: Vec<Option<Tensor>> = vec![None; depths.len()];
+        let mut keep = |done: usize, x: &Tensor| {
+            for (slot, &d) in out.iter_mut().zip(depths) {
+                if d == done {
+                    *slot = Some(x.clone());
+                }
+            }
+        };
+        keep(0, &x);
+        for (li, layer) in self.layers[..last].iter().enumerate() {
             let _span = tracing::trace_span!("layer", index = li).entered();
             x = self.layer_forward(li, layer, &x, start, &cos, &sin, &bias, cache, hook)?;
+            keep(li + 1, &x);
         }
         cache.set_len(start + t);
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, self.config.rms_norm_eps as f32)?;
-        let _span = tracing::trace_span!("lm_head").entered();
-        self.lm_head.forward(&x)
+        Ok(out
+            .into_iter()
+            .map(|s| s.expect("every depth ≤ last was kept"))
+            .collect())
     }
 
     /// Runs the projections of `group` on `x` and adds the hook's deltas.

@@ -265,3 +265,92 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     assert_eq!(run(1), run(1));
     assert_ne!(run(1), run(2));
 }
+
+/// The hidden states after all layers, through [`Model::head`], are
+/// `forward`'s logits; after 0 layers they are the embedding rows (checked
+/// against the raw table, an independent path: `index_select` vs row reads).
+#[test]
+fn hidden_states_compose_to_forward_and_start_at_the_embedding() {
+    let (m, tok) = model();
+    let ids = tok.encode(GOLDEN_PROMPT).unwrap();
+    let n = m.config().num_layers;
+    let mut c1 = m.new_cache(32).unwrap();
+    let logits = m
+        .forward(&ids, &mut c1, &AttentionMask::Causal, &mut NoAdapter)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let mut c2 = m.new_cache(32).unwrap();
+    let h = m
+        .hidden_states(&ids, &mut c2, &AttentionMask::Causal, n)
+        .unwrap();
+    assert_eq!(c2.len(), ids.len());
+    let via = m.head(&h).unwrap().to_vec2::<f32>().unwrap();
+    for (a, b) in logits.iter().zip(&via) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + x.abs()), "{x} vs {y}");
+        }
+    }
+    let mut c3 = m.new_cache(32).unwrap();
+    let h0 = m
+        .hidden_states(&ids, &mut c3, &AttentionMask::Causal, 0)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let table = m.embedding();
+    for (row, &id) in h0.iter().zip(&ids) {
+        let want = table.get(id as usize).unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(row, &want);
+    }
+    // Several depths in one pass equal separate passes; a continuation from
+    // a depth-2 cache equals the full pass's last row.
+    let mut c4 = m.new_cache(32).unwrap();
+    let both = m
+        .hidden_states_at(&ids, &mut c4, &AttentionMask::Causal, &[2, 1])
+        .unwrap();
+    let mut c5 = m.new_cache(32).unwrap();
+    let one = m
+        .hidden_states(&ids, &mut c5, &AttentionMask::Causal, 1)
+        .unwrap();
+    let diff = (&both[1] - &one)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(diff < 1e-4, "{diff}");
+    let mut c6 = m.new_cache(32).unwrap();
+    let k = ids.len() - 1;
+    m.hidden_states(&ids[..k], &mut c6, &AttentionMask::Causal, 2)
+        .unwrap();
+    let last = m
+        .hidden_states(&ids[k..], &mut c6, &AttentionMask::Causal, 2)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let full = both[0].to_vec2::<f32>().unwrap();
+    for (x, y) in last[0].iter().zip(&full[k]) {
+        assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+    }
+}
+
+#[test]
+fn hidden_states_reject_a_depth_beyond_the_model() {
+    let (m, _) = model();
+    let n = m.config().num_layers;
+    let mut c = m.new_cache(4).unwrap();
+    let err = m
+        .hidden_states(&[1, 2], &mut c, &AttentionMask::Causal, n + 1)
+        .unwrap_err();
+    assert!(
+        matches!(err, cipherlora_model::ModelError::Input(_)),
+        "{err}"
+    );
+    assert_eq!(c.len(), 0);
+    assert!(
+        m.hidden_states_at(&[1], &mut c, &AttentionMask::Causal, &[])
+            .is_err()
+    );
+}

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod api;
+pub mod attack;
 pub mod bench;
 pub mod demo;
 pub mod devcert;
