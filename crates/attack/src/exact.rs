@@ -262,14 +262,7 @@ pub fn invert_window(
     first: Option<&FirstPositionTable>,
     cfg: &ExactConfig,
 ) -> Result<ExactResult> {
-    if let Some(f) = first
-        && f.depth != depth
-    {
-        return Err(AttackError::Input(format!(
-            "position-0 table for depth {}, attack at depth {depth}",
-            f.depth
-        )));
-    }
+    check_table_depth(first, depth)?;
     let dim = model.config().hidden_size;
     if depth > model.config().num_layers {
         return Err(AttackError::Input(format!(
@@ -442,6 +435,17 @@ pub fn invert_window(
     Ok(res)
 }
 
+/// A position-0 table, if any, must be for the attack's depth.
+fn check_table_depth(first: Option<&FirstPositionTable>, depth: usize) -> Result<()> {
+    match first {
+        Some(f) if f.depth != depth => Err(AttackError::Input(format!(
+            "position-0 table for depth {}, attack at depth {depth}",
+            f.depth
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// [`invert_window`] over consecutive windows of `states` (row-major, the
 /// windows' positions in order), `window_lens` positions each.
 ///
@@ -459,14 +463,7 @@ pub fn invert_windows(
     first: Option<&FirstPositionTable>,
     cfg: &ExactConfig,
 ) -> Result<ExactResult> {
-    if let Some(f) = first
-        && f.depth != depth
-    {
-        return Err(AttackError::Input(format!(
-            "position-0 table for depth {}, attack at depth {depth}",
-            f.depth
-        )));
-    }
+    check_table_depth(first, depth)?;
     let dim = model.config().hidden_size;
     let total: usize = window_lens.iter().sum();
     if total * dim != states.len() || total == 0 {
