@@ -145,30 +145,27 @@ pub fn gutenberg_body(raw: &str) -> Option<String> {
         .unwrap_or(body.len());
     let mut paras: Vec<String> = Vec::new();
     let mut cur: Vec<&str> = Vec::new();
+    // A paragraph's lines joined, runs of whitespace collapsed to one space.
+    let flush = |cur: &mut Vec<&str>, paras: &mut Vec<String>| {
+        if !cur.is_empty() {
+            paras.push(
+                cur.join(" ")
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            );
+            cur.clear();
+        }
+    };
     for l in &body[..end] {
         let l = l.trim();
         if l.is_empty() {
-            if !cur.is_empty() {
-                paras.push(
-                    cur.join(" ")
-                        .split_whitespace()
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                );
-                cur.clear();
-            }
+            flush(&mut cur, &mut paras);
         } else {
             cur.push(l);
         }
     }
-    if !cur.is_empty() {
-        paras.push(
-            cur.join(" ")
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
-    }
+    flush(&mut cur, &mut paras);
     Some(paras.join("\n\n"))
 }
 

@@ -220,21 +220,15 @@ pub fn run_study(
                 100.0 * rate,
                 t.elapsed().as_secs_f64()
             ));
-            rows.push(AttackRow {
+            rows.push(learned_row(
                 depth,
-                attacker: name.into(),
-                eval_tokens: eval_acts.len(),
-                recovery: rate,
-                train_states: train.len(),
-                parameters: inv.parameters(),
-                classes: inv.classes(),
-                class_coverage: inv.coverage(),
-                candidates_per_token: None,
-                matched: None,
-                closest_wrong: None,
-                farthest_match: None,
-                seconds: t.elapsed().as_secs_f64(),
-            });
+                name,
+                eval_acts.len(),
+                rate,
+                train.len(),
+                &inv,
+                t,
+            ));
             if attacker == Attacker::Linear {
                 linear = Some(inv);
             }
@@ -342,21 +336,15 @@ pub fn run_study(
                     100.0 * rate,
                     t1.elapsed().as_secs_f64()
                 ));
-                rows.push(AttackRow {
+                rows.push(learned_row(
                     depth,
-                    attacker: name.into(),
-                    eval_tokens: eval_acts.len(),
-                    recovery: rate,
-                    train_states: ctrain.len(),
-                    parameters: inv.parameters(),
-                    classes: inv.classes(),
-                    class_coverage: inv.coverage(),
-                    candidates_per_token: None,
-                    matched: None,
-                    closest_wrong: None,
-                    farthest_match: None,
-                    seconds: t.elapsed().as_secs_f64(),
-                });
+                    name,
+                    eval_acts.len(),
+                    rate,
+                    ctrain.len(),
+                    &inv,
+                    t,
+                ));
             }
         }
     }
@@ -387,4 +375,31 @@ pub fn run_study(
         ],
         complete: true,
     })
+}
+
+/// The report row of a learned attacker (no exact-search fields).
+fn learned_row(
+    depth: usize,
+    name: &str,
+    eval_tokens: usize,
+    recovery: f64,
+    train_states: usize,
+    inv: &Inverter,
+    started: Instant,
+) -> AttackRow {
+    AttackRow {
+        depth,
+        attacker: name.into(),
+        eval_tokens,
+        recovery,
+        train_states,
+        parameters: inv.parameters(),
+        classes: inv.classes(),
+        class_coverage: inv.coverage(),
+        candidates_per_token: None,
+        matched: None,
+        closest_wrong: None,
+        farthest_match: None,
+        seconds: started.elapsed().as_secs_f64(),
+    }
 }
