@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::Model;
-use cipherlora_private::{ByWidth, GrpcTransport, connect_widths};
+use cipherlora_private::{ByWidth, GrpcTransport, Grouping, connect_widths};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::schedule::Schedule;
 
@@ -171,7 +171,7 @@ impl WarmAdapter {
         let hook = connect_widths(
             s.client.clone(),
             &self.id,
-            self.verify_width(),
+            (self.verify_width(), Grouping::ByInput),
             s.prefill_width,
             model.config(),
         )

@@ -31,7 +31,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
 use cipherlora_private::{
-    ByWidth, EmbeddedServer, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
+    ByWidth, EmbeddedServer, GrpcTransport, Grouping, HeTimings, LoraKind, connect_chosen_width,
     connect_widths,
 };
 use cipherlora_service::{LinkProfile, ThreadHook};
@@ -227,8 +227,8 @@ pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> Str
     );
     for c in &choice.candidates {
         out.push_str(&format!(
-            "\n  {:2}: {:5.2} [{:6.0}, {:4.2}, {}]",
-            c.k, c.tok_per_s, c.round_ms, c.expected_tokens, c.schedule.schedule
+            "\n  {:2}: {:5.2} [{:6.0}, {:4.2}, {}, grouped {:?}]",
+            c.k, c.tok_per_s, c.round_ms, c.expected_tokens, c.schedule.schedule, c.grouping
         ));
     }
     out
@@ -391,6 +391,10 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     first_token_from_prefill: false,
                     schedule: Schedule::PerGroup,
                 };
+                let forced = match schedule {
+                    "auto" => None,
+                    s => Some(s.parse::<Schedule>()?),
+                };
                 let (mut hook, width) = if c.auto_k {
                     let (hook, width) = connect_chosen_width(
                         server.client_config(link),
@@ -407,7 +411,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                                 k,
                             )?;
                             eprintln!("{}", width_report(&choice));
-                            Ok(choice.best.k)
+                            Ok((choice.best.k, choice.best.grouping_for(space, forced.as_ref())))
                         },
                     )?;
                     cfg.k = width - 1;
@@ -417,7 +421,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     let hook = connect_widths(
                         server.client_config(link),
                         &id,
-                        width,
+                        (width, Grouping::ByInput),
                         opts.prefill_width,
                         model.config(),
                     )?;

@@ -24,6 +24,15 @@ pub enum PrivateError {
         /// Group index ([`crate::AdapterGroups::group_index`]).
         group: u32,
     },
+    /// A session grouped by layer ([`crate::Grouping::ByLayer`]) was asked
+    /// for one group's deltas, or for a batch without every input of a
+    /// layer: its requests need all of a layer's inputs at once (the
+    /// fixed-point schedule).
+    #[error("the session groups layer {layer} into one request: it needs all of the layer's inputs at once (use the fixed-point schedule)")]
+    GroupedByLayer {
+        /// Decoder layer index.
+        layer: u32,
+    },
     /// The adapter's sidecar file (cipherlora.json) is malformed.
     #[error("{path}: {reason}")]
     Sidecar {

@@ -43,7 +43,7 @@ pub use remote::{
 };
 pub use server::cost_cache;
 pub use server::{
-    AdapterGroups, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory, SessionOffer,
+    AdapterGroups, Grouping, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory, SessionOffer,
     adapter_id,
 };
 

@@ -15,7 +15,7 @@ use cipherlora_model::{
     LoraAdapter, Model, Proj, RandomAdapterSpec, SamplingParams, Tokenizer, fetch,
     write_random_adapter,
 };
-use cipherlora_private::{EmbeddedServer, connect_widths};
+use cipherlora_private::{EmbeddedServer, Grouping, connect_widths};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, SpecConfig};
 use cipherlora_spec::schedule::{Prefill, Schedule};
@@ -40,18 +40,32 @@ fn model() -> &'static (Model, Tokenizer) {
 /// Private generation of `prompts` under `schedule` through an embedded
 /// server holding the adapter in `dir`; asserts token equality with the
 /// plaintext reference and that every round made exactly the schedule's
-/// round trips. Returns the number of rounds.
-fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: Schedule) -> usize {
+/// round trips. The verify session's requests are grouped as `grouping`
+/// asks (by layer: one request per layer, FFA only). Returns the number of
+/// rounds.
+fn private_matches_plaintext(
+    id: &str,
+    dir: &Path,
+    prompts: &[&str],
+    schedule: Schedule,
+    grouping: Grouping,
+) -> usize {
     let (model, tok) = model();
     let server = EmbeddedServer::start(id, dir, model.config(), None).unwrap();
     let mut hook = connect_widths(
         server.client_config(LinkProfile::LOOPBACK),
         id,
-        K + 1,
+        (K + 1, grouping),
         PREFILL,
         model.config(),
     )
     .unwrap();
+    let verify = hook.session(K + 1).unwrap();
+    assert_eq!(verify.plan_space().grouping, grouping, "{id}");
+    if grouping == Grouping::ByLayer {
+        // One request per layer: as many groups as the model has layers.
+        assert_eq!(verify.pass_model().groups, model.config().num_layers);
+    }
     let plain = LoraAdapter::load(dir, model.config()).unwrap();
     let mut rounds = 0;
     for text in prompts {
@@ -74,9 +88,11 @@ fn private_matches_plaintext(id: &str, dir: &Path, prompts: &[&str], schedule: S
             // the prefill's last chunk when it fits the verify width.
             let prefilled = prompt.len() - 1;
             let last_chunk = (prefilled - 1) % PREFILL + 1;
+            // A group-by-group prefill keeps its last chunk in the wide
+            // session (the verify session may be grouped by layer).
             let prefill_trips = match fp.prefill {
                 Prefill::FixedPoint(n) => n,
-                Prefill::PerGroup => hook.session(K + 1).unwrap().pass_model().groups,
+                Prefill::PerGroup => 0,
             };
             let narrow_prefill = usize::from(last_chunk <= K + 1) * prefill_trips;
             assert_eq!(
@@ -101,6 +117,7 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
         &dir,
         &PROMPTS,
         "fixed-point".parse().unwrap(),
+        Grouping::ByLayer,
     );
 }
 
@@ -112,6 +129,7 @@ fn fixed_point_schedule_equals_plaintext_standard() {
         &dir,
         &PROMPTS,
         "fixed-point:3".parse().unwrap(),
+        Grouping::ByInput,
     );
 }
 
@@ -162,6 +180,7 @@ fn fixed_point_schedule_equals_plaintext_all_linear_adapter() {
         &dir,
         &PROMPTS[..2],
         "fixed-point".parse().unwrap(),
+        Grouping::ByLayer,
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

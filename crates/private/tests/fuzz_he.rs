@@ -23,6 +23,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cipherlora_helora::{CkksClient, HeClient};
 use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
+use cipherlora_private::Grouping;
 use cipherlora_private::remote::{GrpcTransport, HeBackend, connect_widths, fetch_offer};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterClient, ClientConfig, ServeConfig, ServerThread, dev_cert};
@@ -151,7 +152,7 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
     let mut raw_config = config.clone();
     raw_config.max_retries = 0;
     let mut raw = AdapterClient::connect(raw_config).unwrap();
-    let offer = fetch_offer(&mut raw, ADAPTER, K + 1).unwrap();
+    let offer = fetch_offer(&mut raw, ADAPTER, K + 1, Grouping::ByInput).unwrap();
     let ctx = cipherlora_ckks::Context::new(
         cipherlora_ckks::CkksParameters::preset(offer.offer.preset).unwrap(),
     )
@@ -205,7 +206,7 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
             let model = Model::load(&model_path).unwrap();
             let tok = Tokenizer::for_model(&model_path).unwrap();
             let plain = LoraAdapter::load(&common::adapter_dir(ADAPTER), model.config()).unwrap();
-            let mut hook = connect_widths(config, ADAPTER, K + 1, 8, model.config()).unwrap();
+            let mut hook = connect_widths(config, ADAPTER, (K + 1, Grouping::ByInput), 8, model.config()).unwrap();
             for text in [common::PROMPTS[1], common::PROMPTS[4]] {
                 let prompt = tok.encode(text).unwrap();
                 let want = common::plaintext_reference(&model, &tok, &plain, &prompt, 16);

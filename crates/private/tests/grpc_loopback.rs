@@ -13,6 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cipherlora_helora::{CkksClient, HeClient};
 use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
+use cipherlora_private::Grouping;
 use cipherlora_private::remote::{
     GrpcTransport, HeBackend, connect_remote, connect_widths, fetch_offer,
 };
@@ -78,12 +79,18 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
 
     // Verify passes of K+1 positions, prefill passes of PREFILL through a
     // second session: both must give the plaintext result.
-    let mut hook = connect_widths(config.clone(), ADAPTER, K + 1, PREFILL, model.config()).unwrap();
+    let mut hook = connect_widths(
+        config.clone(),
+        ADAPTER,
+        (K + 1, Grouping::ByInput),
+        PREFILL,
+        model.config(),
+    ).unwrap();
 
     // A wrong token is refused with its gRPC status, kept in the typed error.
     let mut wrong = config.clone();
     wrong.token = Some("not-the-token-0123456789abcdef-xyz".into());
-    match connect_remote(wrong, ADAPTER, K + 1, model.config()) {
+    match connect_remote(wrong, ADAPTER, K + 1, Grouping::ByInput, model.config()) {
         Err(cipherlora_private::PrivateError::Service(e)) => {
             assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}")
         }
@@ -93,7 +100,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     // A second session sends bad requests; each is refused before any
     // arithmetic with its typed status.
     let mut raw = AdapterClient::connect(config.clone()).unwrap();
-    let offer = fetch_offer(&mut raw, ADAPTER, K + 1).unwrap();
+    let offer = fetch_offer(&mut raw, ADAPTER, K + 1, Grouping::ByInput).unwrap();
     let public_a =
         cipherlora_private::remote::decode_public_a(offer.info.ffa_lora_a.as_deref().unwrap())
             .unwrap();

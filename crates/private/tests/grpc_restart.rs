@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
+use cipherlora_private::Grouping;
 use cipherlora_private::remote::{HeBackend, connect_remote};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{ClientConfig, DevCert, ServeConfig, ServerThread, dev_cert};
@@ -43,7 +44,7 @@ fn server_restart_during_generation_resumes_with_the_plaintext_output() {
     let mut config = ClientConfig::new(format!("https://localhost:{}", addr.port()));
     config.tls = Some(cert.client_tls("localhost"));
     config.token = Some(TOKEN.into());
-    let mut hook = connect_remote(config, ADAPTER, K + 1, model.config()).unwrap();
+    let mut hook = connect_remote(config, ADAPTER, K + 1, Grouping::ByInput, model.config()).unwrap();
 
     let plain = LoraAdapter::load(&common::adapter_dir(ADAPTER), model.config()).unwrap();
     let prompt = tok.encode(common::PROMPTS[1]).unwrap();

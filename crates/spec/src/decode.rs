@@ -36,7 +36,8 @@ use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled}
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::ngram::PromptLookup;
 use crate::schedule::{
-    Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy, prefill_pass, verify,
+    FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
+    prefill_pass, verify,
 };
 use crate::tree::{DraftTree, accept_tree_greedy, accept_tree_sampled};
 use crate::tree_draft::{Calibration, GrownTree, TreeDrafts, TreeParams, grow};
@@ -268,11 +269,23 @@ pub fn generate_drafted(
     } else {
         &prompt[..prompt.len() - 1]
     };
+    // A group-by-group prefill under the fixed point keeps its last chunk
+    // in the wide session too: the verify session may group its requests
+    // by layer (one request per layer needs the whole layer's inputs, which
+    // a group-by-group pass does not have), and the wide session's deltas
+    // are exact all the same.
+    let narrow = match cfg.schedule {
+        Schedule::FixedPoint(FixedPoint {
+            prefill: Prefill::PerGroup,
+            ..
+        }) => 0,
+        _ => width,
+    };
     let done = prefill(
         model,
         &mut target,
         prefilled,
-        (prefill_width, width),
+        (prefill_width, narrow),
         cfg.pad_to_k,
         verifier,
         &cfg.schedule,
@@ -589,7 +602,7 @@ struct Prefilled {
 /// the verify width `narrow` is padded to that instead: a private client's
 /// verify session then runs it, a pass several times cheaper than a wide
 /// one (the server sees one more pass of the verify width, as it would
-/// for a round).
+/// for a round); `narrow` = 0 keeps every chunk at `width`.
 fn prefill(
     model: &Model,
     cache: &mut KvCache,

@@ -17,7 +17,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, TextStream, Tokenizer, fetch,
     generate,
 };
-use cipherlora_private::{EmbeddedServer, connect_widths};
+use cipherlora_private::{EmbeddedServer, Grouping, connect_widths};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use clap::{Args, ValueEnum};
@@ -187,7 +187,7 @@ impl DemoArgs {
         let mut hook = connect_widths(
             server.client_config(self.link),
             &id,
-            width,
+            (width, Grouping::ByInput),
             self.prefill_width,
             model.config(),
         )?;

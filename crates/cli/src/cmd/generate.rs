@@ -9,7 +9,7 @@ use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
     SamplingParams, TextStream, Tokenizer, WeightMode,
 };
-use cipherlora_private::{connect_chosen_width, connect_widths};
+use cipherlora_private::{Grouping, connect_chosen_width, connect_widths};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
@@ -266,14 +266,30 @@ impl GenerateArgs {
             None => LinkProfile::measure_tcp(url)?,
         };
         let drafter_model = self.draft_weights.drafter(model)?;
+        let forced = match self.schedule.as_str() {
+            "auto" => None,
+            s => Some(s.parse::<Schedule>()?),
+        };
         let (mut hook, width) = match (drafter, self.k) {
             (DrafterKind::None, _) => {
-                let hook = connect_widths(config, id, 1, self.prefill_width, model.config())
+                let hook = connect_widths(
+                    config,
+                    id,
+                    (1, Grouping::ByInput),
+                    self.prefill_width,
+                    model.config(),
+                )
                     .with_context(|| format!("opening a session on {url}"))?;
                 (hook, 1)
             }
             (_, KArg::Fixed(k)) => {
-                let hook = connect_widths(config, id, k + 1, self.prefill_width, model.config())
+                let hook = connect_widths(
+                    config,
+                    id,
+                    (k + 1, Grouping::ByInput),
+                    self.prefill_width,
+                    model.config(),
+                )
                     .with_context(|| format!("opening a session on {url}"))?;
                 (hook, k + 1)
             }
@@ -287,11 +303,12 @@ impl GenerateArgs {
                         self.acceptance_prior,
                         k_max,
                     )?;
+                    let grouping = choice.best.grouping_for(space, forced.as_ref());
                     eprintln!(
-                        "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.2})",
+                        "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.2}; requests grouped {grouping:?})",
                         choice.best.k, choice.best.tok_per_s, self.acceptance_prior
                     );
-                    Ok(choice.best.k)
+                    Ok((choice.best.k, grouping))
                 })
                 .with_context(|| format!("opening a session on {url}"))?
             }

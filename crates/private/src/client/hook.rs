@@ -70,6 +70,17 @@ impl HeTimings {
 struct ClientGroup {
     client: GroupClient,
     projs: Vec<Proj>,
+    /// The model groups whose inputs make this group's input, concatenated
+    /// in this order (one, unless the offer is [`Grouping::ByLayer`](crate::Grouping::ByLayer)).
+    members: Vec<ProjGroup>,
+}
+
+/// One encrypted request of a batch: the session group it goes to, its
+/// input, and which of the batch's [`GroupInput`]s it answers.
+struct Unit {
+    key: (usize, ProjGroup),
+    x: Tensor,
+    inputs: Vec<usize>,
 }
 
 /// A [`DeltaHook`] whose deltas come from the adapter server under CKKS.
@@ -80,6 +91,9 @@ struct ClientGroup {
 pub struct HeHook<T: Transport> {
     he: CkksClient,
     groups: HashMap<(usize, ProjGroup), ClientGroup>,
+    /// The session group each adapted model group's input goes to (itself,
+    /// unless the offer is [`Grouping::ByLayer`](crate::Grouping::ByLayer)).
+    group_of: HashMap<(usize, ProjGroup), (usize, ProjGroup)>,
     transport: T,
     /// Row maps from the PEFT layout into the model's (GGUF q/k permutation).
     row_maps: HashMap<Proj, Vec<usize>>,
@@ -122,6 +136,7 @@ impl<T: Transport> HeHook<T> {
         let he = CkksClient::new(&ctx)?;
         let mut steps = BTreeSet::new();
         let mut groups = HashMap::with_capacity(offer.groups.len());
+        let mut group_of = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
             steps.extend(og.plan.galois_steps()?);
             let client = match &og.public_a {
@@ -129,7 +144,19 @@ impl<T: Transport> HeHook<T> {
                 None => GroupClient::standard(&og.plan)?,
             };
             let projs = og.projections.clone();
-            groups.insert((og.layer, og.group), ClientGroup { client, projs });
+            let mut members: Vec<ProjGroup> = projs.iter().map(|p| p.group()).collect();
+            members.dedup();
+            for &m in &members {
+                group_of.insert((og.layer, m), (og.layer, og.group));
+            }
+            groups.insert(
+                (og.layer, og.group),
+                ClientGroup {
+                    client,
+                    projs,
+                    members,
+                },
+            );
         }
         let steps: Vec<i64> = steps.into_iter().collect();
         let pass_model = PassModel::of(offer, &ctx)?;
@@ -159,6 +186,7 @@ impl<T: Transport> HeHook<T> {
         Ok(Self {
             he,
             groups,
+            group_of,
             transport,
             row_maps,
             timings: HeTimings::default(),
@@ -259,6 +287,11 @@ impl<T: Transport> HeHook<T> {
         group: ProjGroup,
         x: &Tensor,
     ) -> Result<GroupDeltas, PrivateError> {
+        if self.client_group(layer, group)?.members.len() > 1 {
+            return Err(PrivateError::GroupedByLayer {
+                layer: layer as u32,
+            });
+        }
         let (t, _) = x.dims2().map_err(|e| PrivateError::Model(e.into()))?;
         let t0 = Instant::now();
         let (request, scales) = self.encrypt_group(layer, group, x)?;
@@ -279,14 +312,63 @@ impl<T: Transport> HeHook<T> {
 
     /// All groups of `inputs` in one batched round trip
     /// ([`Transport::rounds`]).
+    /// The encrypted requests of a batch: one per session group, its input
+    /// concatenated from its members' (every member must be in the batch).
+    fn units(&self, inputs: &[GroupInput]) -> Result<Vec<Unit>, PrivateError> {
+        let mut units: Vec<Unit> = Vec::new();
+        for (i, g) in inputs.iter().enumerate() {
+            let key = *self
+                .group_of
+                .get(&(g.layer, g.group))
+                .ok_or(PrivateError::UnknownGroup {
+                    layer: g.layer as u32,
+                    group: AdapterGroups::group_index(g.group),
+                })?;
+            match units.iter_mut().find(|u| u.key == key) {
+                Some(u) => u.inputs.push(i),
+                None => units.push(Unit {
+                    key,
+                    x: g.x.clone(),
+                    inputs: vec![i],
+                }),
+            }
+        }
+        for u in &mut units {
+            let members = &self.client_group(u.key.0, u.key.1)?.members;
+            if members.len() == 1 && u.inputs.len() == 1 {
+                continue;
+            }
+            let mut xs = Vec::with_capacity(members.len());
+            for m in members {
+                let i = u
+                    .inputs
+                    .iter()
+                    .copied()
+                    .find(|&i| inputs[i].group == *m)
+                    .ok_or(PrivateError::GroupedByLayer {
+                        layer: u.key.0 as u32,
+                    })?;
+                xs.push(&inputs[i].x);
+            }
+            if u.inputs.len() != members.len() {
+                return Err(PrivateError::GroupedByLayer {
+                    layer: u.key.0 as u32,
+                });
+            }
+            u.x = Tensor::cat(&xs, 1).map_err(|e| PrivateError::Model(e.into()))?;
+        }
+        Ok(units)
+    }
+
     fn many_group_deltas(
         &mut self,
         inputs: &[GroupInput],
     ) -> Result<Vec<GroupDeltas>, PrivateError> {
         let t0 = Instant::now();
-        let (requests, scales): (Vec<GroupRequest>, Vec<InputScales>) = inputs
+        let units = self.units(inputs)?;
+        let (requests, scales): (Vec<GroupRequest>, Vec<InputScales>) = units
             .iter()
-            .map(|g| self.encrypt_group(g.layer, g.group, &g.x))
+            .map(|u| self.encrypt_group(u.key.0, u.key.1, &u.x))
             .collect::<Result<Vec<_>, _>>()?
             .into_iter()
             .unzip();
@@ -300,15 +382,18 @@ impl<T: Transport> HeHook<T> {
                 requests.len()
             )));
         }
-        let out = inputs
-            .iter()
-            .zip(&replies)
-            .zip(&scales)
-            .map(|((g, r), sc)| {
-                let t = g.x.dims().first().copied().unwrap_or(0);
-                self.decrypt_group(g.layer, g.group, t, &r.response, sc)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut out = vec![GroupDeltas::none(); inputs.len()];
+        for ((u, r), sc) in units.iter().zip(&replies).zip(&scales) {
+            let t = u.x.dims().first().copied().unwrap_or(0);
+            let deltas = self.decrypt_group(u.key.0, u.key.1, t, &r.response, sc)?;
+            for &i in &u.inputs {
+                for (proj, d) in deltas.iter() {
+                    if proj.group() == inputs[i].group {
+                        out[i].push(proj, d.clone());
+                    }
+                }
+            }
+        }
         let t3 = Instant::now();
         let server_ms = replies.iter().map(|r| r.server_ms).sum::<Option<f64>>();
         self.account(
@@ -376,7 +461,7 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     }
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
-        self.groups.contains_key(&(layer, group))
+        self.group_of.contains_key(&(layer, group))
     }
 
     fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {

@@ -132,11 +132,35 @@ pub fn choose_schedule(
     forward_ms: f64,
     fixed: FixedPoint,
 ) -> ScheduleChoice {
+    choose_schedule_grouped(pass, pass, link, forward_ms, fixed)
+}
+
+/// [`choose_schedule`] with the per-group schedule modelled on `per_group`
+/// (plans grouped by input) and the fixed point on `fixed_point` (e.g. the
+/// same adapter grouped by layer, [`crate::Grouping::ByLayer`], which only
+/// the fixed point can use).
+#[must_use]
+pub fn choose_schedule_grouped(
+    per_group: &PassModel,
+    fixed_point: &PassModel,
+    link: &LinkProfile,
+    forward_ms: f64,
+    fixed: FixedPoint,
+) -> ScheduleChoice {
     let rtt = link.rtt().as_secs_f64() * 1e3;
+    let (up, down) = (
+        transfer_ms(per_group.bytes_up, link.up_bps()),
+        transfer_ms(per_group.bytes_down, link.down_bps()),
+    );
+    let per_group_ms = per_group.groups as f64 * rtt
+        + per_group.server_ms
+        + up
+        + down
+        + per_group.client_he_ms
+        + forward_ms;
+    let pass = fixed_point;
     let up = transfer_ms(pass.bytes_up, link.up_bps());
     let down = transfer_ms(pass.bytes_down, link.down_bps());
-    let per_group_ms =
-        pass.groups as f64 * rtt + pass.server_ms + up + down + pass.client_he_ms + forward_ms;
     let n = fixed.round_trips.max(1) as f64;
     let fixed_point_ms =
         n * (rtt + pass.server_ms.max(up).max(down) + pass.client_he_ms) + (n + 1.0) * forward_ms;
@@ -182,6 +206,11 @@ pub fn choose_for_session<T: crate::Transport>(
         time_pass(model, width)?,
         FixedPoint::default(),
     );
+    if session.plan_space().grouping == crate::Grouping::ByLayer {
+        // Its requests need a whole layer's inputs: only the fixed point.
+        choice.per_group_ms = f64::INFINITY;
+        choice.schedule = Schedule::FixedPoint(FixedPoint::default());
+    }
     let wide = prefill_width
         .filter(|&w| w != width)
         .and_then(|w| Some((w, hook.session(w)?)));

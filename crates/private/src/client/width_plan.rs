@@ -36,11 +36,13 @@ use cipherlora_helora::planner::choose;
 use cipherlora_helora::{GroupPlan, GroupShape, Link, Mode, OpCosts};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::adaptive::expected_tokens;
-use cipherlora_spec::schedule::FixedPoint;
+use cipherlora_spec::schedule::{FixedPoint, Schedule};
 
 use crate::PrivateError;
-use crate::schedule_plan::{PassModel, ScheduleChoice, WireSizes, choose_schedule, time_pass};
-use crate::server::{LoraKind, SessionOffer};
+use crate::schedule_plan::{
+    PassModel, ScheduleChoice, WireSizes, choose_schedule_grouped, time_pass,
+};
+use crate::server::{Grouping, LoraKind, SessionOffer};
 
 /// What the client knows of the server's plans at any width: the preset,
 /// the LoRA variant and the public shape of every adapted group (from any
@@ -55,6 +57,10 @@ pub struct PlanSpace {
     pub rerandomize: bool,
     /// Public shape of each adapted group, in forward order.
     pub shapes: Vec<GroupShape>,
+    /// The decoder layer of each shape.
+    pub layers: Vec<usize>,
+    /// How the shapes group the projections.
+    pub grouping: Grouping,
 }
 
 impl PlanSpace {
@@ -69,7 +75,44 @@ impl PlanSpace {
             },
             rerandomize: offer.groups.iter().any(|g| g.plan.rerandomize),
             shapes: offer.groups.iter().map(|g| g.plan.shape.clone()).collect(),
+            layers: offer.groups.iter().map(|g| g.layer).collect(),
+            grouping: offer.grouping,
         }
+    }
+
+    /// The same adapter grouped by layer, as a [`Grouping::ByLayer`] offer
+    /// would be (the server's `AdapterGroups::fuse_layers`): one shape per
+    /// layer, the inputs concatenated and the projections listed in
+    /// forward order. `None` for standard LoRA, whose offers stay by input.
+    #[must_use]
+    pub fn by_layer(&self) -> Option<PlanSpace> {
+        if self.mode != Mode::Ffa {
+            return None;
+        }
+        if self.grouping == Grouping::ByLayer {
+            return Some(self.clone());
+        }
+        let mut shapes: Vec<GroupShape> = Vec::new();
+        let mut layers: Vec<usize> = Vec::new();
+        for (shape, &layer) in self.shapes.iter().zip(&self.layers) {
+            match (layers.last(), shapes.last_mut()) {
+                (Some(&last), Some(fused)) if last == layer => {
+                    fused.d_in += shape.d_in;
+                    fused.d_outs.extend_from_slice(&shape.d_outs);
+                    fused.ranks.extend_from_slice(&shape.ranks);
+                }
+                _ => {
+                    shapes.push(shape.clone());
+                    layers.push(layer);
+                }
+            }
+        }
+        Some(PlanSpace {
+            shapes,
+            layers,
+            grouping: Grouping::ByLayer,
+            ..self.clone()
+        })
     }
 
     /// The plans a server with default op costs and link offers at width
@@ -112,6 +155,10 @@ pub struct WidthCandidate {
     pub k: usize,
     /// The schedule the round would use, with both schedules' round times.
     pub schedule: ScheduleChoice,
+    /// How the verify session should group the projections:
+    /// [`Grouping::ByLayer`] when the fixed point wins and the adapter
+    /// allows it (FFA), whose plans the fixed point's time is modelled on.
+    pub grouping: Grouping,
     /// Drafting plus the cheaper schedule's verify round, ms.
     pub round_ms: f64,
     /// Expected tokens per round at the prior α (bonus token included).
@@ -154,16 +201,32 @@ pub fn choose_width(
         });
     }
     let mut candidates = Vec::with_capacity(k_max);
+    let by_layer = space.by_layer();
     for k in 1..=k_max {
         let plans = space.plans(k + 1)?;
         let pass = PassModel::of_plans(&plans, sizes)?;
-        let schedule = choose_schedule(&pass, link, client.forward_ms[k], fixed);
+        let fused = match &by_layer {
+            Some(s) => Some(PassModel::of_plans(&s.plans(k + 1)?, sizes)?),
+            None => None,
+        };
+        let schedule = choose_schedule_grouped(
+            &pass,
+            fused.as_ref().unwrap_or(&pass),
+            link,
+            client.forward_ms[k],
+            fixed,
+        );
+        let grouping = match (schedule.schedule, &fused) {
+            (Schedule::FixedPoint(_), Some(_)) => Grouping::ByLayer,
+            _ => Grouping::ByInput,
+        };
         let round_ms =
             k as f64 * client.draft_ms + schedule.per_group_ms.min(schedule.fixed_point_ms);
         let expected = expected_tokens(alpha, k);
         candidates.push(WidthCandidate {
             k,
             schedule,
+            grouping,
             round_ms,
             expected_tokens: expected,
             tok_per_s: expected / round_ms.max(1e-9) * 1e3,
@@ -174,6 +237,22 @@ pub fn choose_width(
         .max_by(|a, b| a.tok_per_s.total_cmp(&b.tok_per_s))
         .unwrap_or(&candidates[0]);
     Ok(WidthChoice { best, candidates })
+}
+
+impl WidthCandidate {
+    /// The verify session's grouping when the schedule is `forced` (parsed
+    /// from `--schedule`; `None` for `auto`, which keeps the modelled
+    /// choice): by layer for a forced fixed point wherever `space` allows
+    /// it, by input for a forced per-group schedule.
+    #[must_use]
+    pub fn grouping_for(&self, space: &PlanSpace, forced: Option<&Schedule>) -> Grouping {
+        match forced {
+            None => self.grouping,
+            Some(Schedule::PerGroup) => Grouping::ByInput,
+            Some(Schedule::FixedPoint(_)) if space.by_layer().is_some() => Grouping::ByLayer,
+            Some(_) => Grouping::ByInput,
+        }
+    }
 }
 
 /// Times the client side for [`choose_width`]: one plaintext pass of each
@@ -242,6 +321,8 @@ mod tests {
             mode,
             rerandomize: false,
             shapes: (0..30).flat_map(|_| [qkv.clone(), o.clone()]).collect(),
+            layers: (0..30).flat_map(|l| [l, l]).collect(),
+            grouping: Grouping::ByInput,
         }
     }
 

@@ -12,7 +12,7 @@ use crate::client::ByWidth;
 use crate::client::HeHook;
 use crate::client::width_plan::PlanSpace;
 use crate::client::{Reply, Transport};
-use crate::server::SessionOffer;
+use crate::server::{Grouping, SessionOffer};
 
 /// An adapter's offer for one verify width, as the server sent it.
 #[derive(Debug, Clone)]
@@ -46,6 +46,7 @@ pub fn fetch_offer(
     client: &mut AdapterClient,
     adapter_id: &str,
     t: usize,
+    grouping: Grouping,
 ) -> Result<RemoteOffer, PrivateError> {
     let info = client
         .list_adapters()
@@ -70,6 +71,7 @@ pub fn fetch_offer(
                 PlanRequest {
                     t,
                     offer_only: true,
+                    grouping,
                 }
                 .to_bytes(),
             ),
@@ -143,6 +145,7 @@ impl GrpcTransport {
                     PlanRequest {
                         t: offer.offer.t,
                         offer_only: false,
+                        grouping: offer.offer.grouping,
                     }
                     .to_bytes(),
                 ),
@@ -274,44 +277,65 @@ pub fn connect_remote(
     config: ClientConfig,
     adapter_id: &str,
     t: usize,
+    grouping: Grouping,
     model_config: &ModelConfig,
 ) -> Result<HeHook<GrpcTransport>, PrivateError> {
     let mut client = AdapterClient::connect(config).map_err(transport_error)?;
-    let offer = fetch_offer(&mut client, adapter_id, t)?;
+    let offer = fetch_offer(&mut client, adapter_id, t, grouping)?;
     HeHook::connect(&offer.offer, model_config, |keys, pk| {
         GrpcTransport::open(client, &offer, keys, pk)
     })
 }
 
 /// [`connect_remote`] for speculative decoding: a session of width
-/// `verify_width` (K + 1) for the verify passes and, when `prefill_width`
-/// differs, a second one of that width for the prompt's prefill passes,
-/// behind one [`ByWidth`] hook (pair with `SpecConfig::prefill_width`).
+/// `verify_width` (K + 1) for the verify passes, its groups as
+/// `verify_grouping` asks ([`Grouping::ByLayer`] only for the fixed-point
+/// schedule), and, when `prefill_width` differs, a second one of that width
+/// grouped by input for the prompt's prefill passes, behind one [`ByWidth`]
+/// hook (pair with `SpecConfig::prefill_width`).
 ///
 /// # Errors
 /// Those of [`connect_remote`], for either session.
 pub fn connect_widths(
     config: ClientConfig,
     adapter_id: &str,
-    verify_width: usize,
+    (verify_width, verify_grouping): (usize, Grouping),
     prefill_width: usize,
     model_config: &ModelConfig,
 ) -> Result<ByWidth<GrpcTransport>, PrivateError> {
-    let verify = connect_remote(config.clone(), adapter_id, verify_width, model_config)?;
+    let grouping = if prefill_width == verify_width {
+        Grouping::ByInput
+    } else {
+        verify_grouping
+    };
+    let verify = connect_remote(
+        config.clone(),
+        adapter_id,
+        verify_width,
+        grouping,
+        model_config,
+    )?;
     let mut hook = ByWidth::new().with(verify_width, verify);
     if prefill_width != verify_width {
-        let wide = connect_remote(config, adapter_id, prefill_width, model_config)?;
+        let wide = connect_remote(
+            config,
+            adapter_id,
+            prefill_width,
+            Grouping::ByInput,
+            model_config,
+        )?;
         hook = hook.with(prefill_width, wide);
     }
     Ok(hook)
 }
 
 /// [`connect_widths`] with a verify width the client chooses from the
-/// server's plans: opens the prefill session of `prefill_width` first,
-/// passes its [`PlanSpace`] (the adapter's public group shapes) to
-/// `choose`, which returns K, then opens the verify session of width K + 1
-/// (the prefill session serves it when the widths are equal). Returns the
-/// hook and the verify width. See [`crate::width_plan`].
+/// server's plans: opens the prefill session of `prefill_width` first
+/// (grouped by input), passes its [`PlanSpace`] (the adapter's public group
+/// shapes) to `choose`, which returns K and the verify session's grouping,
+/// then opens the verify session of width K + 1 (the prefill session
+/// serves it when the widths are equal). Returns the hook and the verify
+/// width. See [`crate::width_plan`].
 ///
 /// # Errors
 /// Those of [`connect_remote`] and of `choose`.
@@ -320,13 +344,20 @@ pub fn connect_chosen_width(
     adapter_id: &str,
     prefill_width: usize,
     model_config: &ModelConfig,
-    choose: impl FnOnce(&PlanSpace) -> Result<usize, PrivateError>,
+    choose: impl FnOnce(&PlanSpace) -> Result<(usize, Grouping), PrivateError>,
 ) -> Result<(ByWidth<GrpcTransport>, usize), PrivateError> {
-    let wide = connect_remote(config.clone(), adapter_id, prefill_width, model_config)?;
-    let verify_width = choose(wide.plan_space())? + 1;
+    let wide = connect_remote(
+        config.clone(),
+        adapter_id,
+        prefill_width,
+        Grouping::ByInput,
+        model_config,
+    )?;
+    let (k, grouping) = choose(wide.plan_space())?;
+    let verify_width = k + 1;
     let mut hook = ByWidth::new().with(prefill_width, wide);
     if verify_width != prefill_width {
-        let verify = connect_remote(config, adapter_id, verify_width, model_config)?;
+        let verify = connect_remote(config, adapter_id, verify_width, grouping, model_config)?;
         hook = hook.with(verify_width, verify);
     }
     Ok((hook, verify_width))

@@ -233,7 +233,7 @@ impl AdapterBackend for HeBackend {
         })?;
         let offer = self
             .server
-            .offer(request.t)
+            .offer_grouped(request.t, request.grouping)
             .map_err(|e| BackendError::InvalidPlan {
                 reason: e.to_string(),
             })?;
@@ -476,6 +476,7 @@ fn backend_error(e: PrivateError) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Grouping;
 
     #[test]
     fn ckks_faults_map_to_their_backend_errors() {
@@ -574,6 +575,7 @@ mod tests {
         let request = PlanRequest {
             t,
             offer_only: true,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
         let opened = b.open_session(payload(&preset, request, vec![])).unwrap();
@@ -595,6 +597,7 @@ mod tests {
         let request = PlanRequest {
             t,
             offer_only: false,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
         b.open_session(payload(&preset, request, keys.to_vec()))
@@ -631,6 +634,7 @@ mod tests {
         let probe_req = PlanRequest {
             t: 5,
             offer_only: true,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
         b.open_session(payload(&preset, probe_req, vec![])).unwrap();
@@ -730,11 +734,13 @@ mod tests {
         let probe = PlanRequest {
             t: 3,
             offer_only: true,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
         let real = PlanRequest {
             t: 3,
             offer_only: false,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
         let e = refusal(b.open_session(payload("n4096", probe.clone(), vec![])));
@@ -837,6 +843,7 @@ mod tests {
         let real = PlanRequest {
             t: 3,
             offer_only: false,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
         let mut p = payload(&preset, real, keys.clone());

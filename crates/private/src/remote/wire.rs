@@ -18,7 +18,7 @@ use cipherlora_model::{Proj, ProjGroup};
 
 use crate::PrivateError;
 use crate::server::{AdapterGroups, LoraKind};
-use crate::server::{OfferedGroup, SessionOffer};
+use crate::server::{Grouping, OfferedGroup, SessionOffer};
 
 const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
 const OFFER_MAGIC: &[u8; 4] = b"CLOF";
@@ -39,17 +39,21 @@ pub struct PlanRequest {
     /// computes nothing); the client needs the offer's Galois steps before it
     /// can make the keys of the real session.
     pub offer_only: bool,
+    /// The grouping asked for; the offer says which one the server made
+    /// ([`Grouping::ByLayer`] only for FFA adapters).
+    pub grouping: Grouping,
 }
 
 impl PlanRequest {
-    /// 10 bytes: magic, version, T (u32), flags (bit 0: offer only).
+    /// 10 bytes: magic, version, T (u32), flags (bit 0: offer only,
+    /// bit 1: grouped by layer).
     #[must_use]
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut o = Vec::with_capacity(10);
         o.extend_from_slice(REQUEST_MAGIC);
         o.push(VERSION);
         put_u32(&mut o, self.t);
-        o.push(u8::from(self.offer_only));
+        o.push(u8::from(self.offer_only) | (u8::from(self.grouping == Grouping::ByLayer) << 1));
         o
     }
 
@@ -65,13 +69,16 @@ impl PlanRequest {
         if t == 0 || t > MAX_T {
             return Err(r.bad("T out of range"));
         }
-        let offer_only = match r.u8()? {
-            0 => false,
-            1 => true,
-            _ => return Err(r.bad("unknown flags")),
-        };
+        let flags = r.u8()?;
+        if flags > 3 {
+            return Err(r.bad("unknown flags"));
+        }
         r.finish()?;
-        Ok(Self { t, offer_only })
+        Ok(Self {
+            t,
+            offer_only: flags & 1 == 1,
+            grouping: grouping_of(flags >> 1),
+        })
     }
 }
 
@@ -119,6 +126,7 @@ pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     o.push(preset_code(offer.preset));
     put_u32(&mut o, offer.t);
     o.push(kind_code(offer.kind));
+    o.push(u8::from(offer.grouping == Grouping::ByLayer));
     put_u32(&mut o, offer.groups.len());
     for g in &offer.groups {
         put_u32(&mut o, g.layer);
@@ -163,6 +171,11 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         1 => LoraKind::Standard,
         _ => return Err(r.bad("unknown LoRA kind")),
     };
+    let grouping = match r.u8()? {
+        0 => Grouping::ByInput,
+        1 if kind == LoraKind::Ffa => Grouping::ByLayer,
+        _ => return Err(r.bad("unknown grouping")),
+    };
     let n = r.usize()?;
     if n > MAX_GROUPS {
         return Err(r.bad("too many groups"));
@@ -176,16 +189,28 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
             return Err(r.bad("group offered twice"));
         }
         let np = r.usize()?;
-        if np == 0 || np > group.projs().len() {
+        let most = match grouping {
+            Grouping::ByInput => group.projs().len(),
+            Grouping::ByLayer => Proj::ALL.len(),
+        };
+        if np == 0 || np > most {
             return Err(r.bad("projection count out of range"));
         }
-        let mut projections = Vec::with_capacity(np);
+        let mut projections: Vec<Proj> = Vec::with_capacity(np);
         for _ in 0..np {
             let p = *Proj::ALL
                 .get(r.u8()? as usize)
                 .ok_or_else(|| r.bad("unknown projection"))?;
-            if !group.projs().contains(&p) || projections.contains(&p) {
-                return Err(r.bad("projection not in group or repeated"));
+            let fits = match grouping {
+                Grouping::ByInput => group.projs().contains(&p) && !projections.contains(&p),
+                // Forward order, starting in the group the fused group is keyed by.
+                Grouping::ByLayer => match projections.last() {
+                    None => p.group() == group,
+                    Some(&last) => last < p,
+                },
+            };
+            if !fits {
+                return Err(r.bad("projection not in group, repeated or out of order"));
             }
             projections.push(p);
         }
@@ -225,6 +250,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         preset,
         t,
         kind,
+        grouping,
         groups,
     })
 }
@@ -271,16 +297,39 @@ pub fn attach_public_a(offer: &mut SessionOffer, a: &[PublicA]) -> Result<(), Pr
         })
     };
     for g in &mut offer.groups {
-        let mut mats = Vec::with_capacity(g.projections.len());
-        for (i, &proj) in g.projections.iter().enumerate() {
-            let m = a
-                .iter()
-                .find(|m| m.layer == g.layer && m.proj == proj)
-                .ok_or_else(|| bad("no lora_A for an offered projection"))?;
-            if m.rank != g.plan.shape.ranks[i] || m.d_in != g.plan.shape.d_in {
+        let mine = g
+            .projections
+            .iter()
+            .map(|&proj| {
+                a.iter()
+                    .find(|m| m.layer == g.layer && m.proj == proj)
+                    .ok_or_else(|| bad("no lora_A for an offered projection"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Each projection's columns start after the inputs of the groups
+        // before its own (one group's input only, unless grouped by layer).
+        let mut offsets = Vec::with_capacity(mine.len());
+        let mut d_in = 0;
+        for (i, m) in mine.iter().enumerate() {
+            if i > 0 && m.proj.group() != mine[i - 1].proj.group() {
+                d_in += mine[i - 1].d_in;
+            }
+            offsets.push(d_in);
+        }
+        d_in += mine.last().map_or(0, |m| m.d_in);
+        if d_in != g.plan.shape.d_in {
+            return Err(bad("lora_A shape differs from the plan's"));
+        }
+        let mut mats = Vec::with_capacity(mine.len());
+        for ((i, m), &offset) in mine.iter().enumerate().zip(&offsets) {
+            if m.rank != g.plan.shape.ranks[i] {
                 return Err(bad("lora_A shape differs from the plan's"));
             }
-            mats.push(m.a.clone());
+            let mut padded = vec![0.0f32; m.rank * d_in];
+            for (row, src) in m.a.chunks(m.d_in.max(1)).enumerate() {
+                padded[row * d_in + offset..][..src.len()].copy_from_slice(src);
+            }
+            mats.push(padded);
         }
         g.public_a = Some(mats);
     }
@@ -344,6 +393,14 @@ pub fn decode_public_a(bytes: &[u8]) -> Result<Vec<PublicA>, PrivateError> {
     }
     r.finish()?;
     Ok(out)
+}
+
+fn grouping_of(bit: u8) -> Grouping {
+    if bit == 1 {
+        Grouping::ByLayer
+    } else {
+        Grouping::ByInput
+    }
 }
 
 fn group_of(r: &Reader<'_>, code: u8) -> Result<ProjGroup, PrivateError> {
@@ -507,7 +564,10 @@ mod tests {
     }
 
     fn same(a: &SessionOffer, b: &SessionOffer) {
-        assert_eq!((a.preset, a.t, a.kind), (b.preset, b.t, b.kind));
+        assert_eq!(
+            (a.preset, a.t, a.kind, a.grouping),
+            (b.preset, b.t, b.kind, b.grouping)
+        );
         assert_eq!(a.groups.len(), b.groups.len());
         for (x, y) in a.groups.iter().zip(&b.groups) {
             assert_eq!((x.layer, x.group), (y.layer, y.group));
@@ -531,6 +591,44 @@ mod tests {
             attach_public_a(&mut got, &a).unwrap();
             same(&got, &o);
         }
+    }
+
+    /// Grouped by layer, an FFA offer has one group per layer holding
+    /// q, v and o; the client rebuilds the zero-padded lora_A (each
+    /// projection in its own input's columns) from the unfused public
+    /// lora_A exactly as the server padded it. A standard adapter's offer
+    /// stays grouped by input.
+    #[test]
+    fn offer_grouped_by_layer_round_trips_with_padded_lora_a() {
+        let server = HeAdapter::new(groups(LoraKind::Ffa));
+        let o = server.offer_grouped(5, Grouping::ByLayer).unwrap();
+        assert_eq!(o.grouping, Grouping::ByLayer);
+        assert_eq!(o.groups.len(), 2);
+        assert_eq!(o.groups[0].projections, [Proj::Q, Proj::V, Proj::O]);
+        assert_eq!(o.groups[0].plan.shape.d_in, 16);
+        let a = &o.groups[0].public_a.as_ref().unwrap()[2];
+        // o_proj's lora_A row 1 sits in columns 8..16 of the fused input.
+        assert!(a[16..24].iter().all(|&v| v == 0.0));
+        assert_eq!(a[24], 0.25 + 8.0 / 16.0);
+        let mut got = decode_offer(&encode_offer(&o)).unwrap();
+        let public = decode_public_a(&encode_public_a(&groups(LoraKind::Ffa))).unwrap();
+        attach_public_a(&mut got, &public).unwrap();
+        same(&got, &o);
+        let std = HeAdapter::new(groups(LoraKind::Standard));
+        let o = std.offer_grouped(5, Grouping::ByLayer).unwrap();
+        assert_eq!((o.grouping, o.groups.len()), (Grouping::ByInput, 4));
+    }
+
+    #[test]
+    fn offer_grouped_by_layer_refuses_projections_out_of_order() {
+        let mut o = HeAdapter::new(groups(LoraKind::Ffa))
+            .offer_grouped(5, Grouping::ByLayer)
+            .unwrap();
+        o.groups[0].projections.swap(0, 2);
+        assert!(decode_offer(&encode_offer(&o)).is_err());
+        let mut o = offer(LoraKind::Ffa);
+        o.groups[0].projections.push(Proj::O);
+        assert!(decode_offer(&encode_offer(&o)).is_err());
     }
 
     #[test]
@@ -558,14 +656,23 @@ mod tests {
 
     #[test]
     fn plan_request_round_trips_and_rejects_bad_t() {
-        for (t, offer_only) in [(1, false), (5, true), (MAX_T, false)] {
-            let r = PlanRequest { t, offer_only };
+        for (t, offer_only, grouping) in [
+            (1, false, Grouping::ByInput),
+            (5, true, Grouping::ByLayer),
+            (MAX_T, false, Grouping::ByLayer),
+        ] {
+            let r = PlanRequest {
+                t,
+                offer_only,
+                grouping,
+            };
             assert_eq!(PlanRequest::from_bytes(&r.to_bytes()).unwrap(), r);
         }
         for t in [0, MAX_T + 1] {
             let b = PlanRequest {
                 t,
                 offer_only: false,
+                grouping: Grouping::ByInput,
             }
             .to_bytes();
             assert!(PlanRequest::from_bytes(&b).is_err());
@@ -573,9 +680,10 @@ mod tests {
         let mut b = PlanRequest {
             t: 5,
             offer_only: false,
+            grouping: Grouping::ByInput,
         }
         .to_bytes();
-        b[9] = 2;
+        b[9] = 4;
         assert!(PlanRequest::from_bytes(&b).is_err());
     }
 

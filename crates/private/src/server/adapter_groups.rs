@@ -100,6 +100,62 @@ impl AdapterGroups {
         }
     }
 
+    /// One group per layer holding every adapted projection of the layer
+    /// (FFA sessions under the fixed-point schedule: one upload per layer
+    /// instead of one per input, and fewer returned ciphertexts at most
+    /// widths; BENCHMARKS.md, "One upload per layer").
+    ///
+    /// A fused group is keyed by the layer's first adapted [`ProjGroup`];
+    /// its input is the concatenation, in forward order, of the inputs of
+    /// the layer's adapted groups (`d_in` = their sum), and each
+    /// projection's lora_A is placed in the columns of its own group's
+    /// input, zero elsewhere. `B·A·x` is then the unfused delta for every
+    /// projection: FFA sends `u = A·x`, so the zeros cost the server
+    /// nothing. Standard LoRA is returned unfused (its uploads are the
+    /// inputs themselves, which do not fit one ciphertext per layer).
+    #[must_use]
+    pub fn fuse_layers(&self) -> AdapterGroups {
+        if self.kind != LoraKind::Ffa {
+            return self.clone();
+        }
+        let mut groups: Vec<LayerGroup> = Vec::new();
+        let mut i = 0;
+        while i < self.groups.len() {
+            let layer = self.groups[i].layer;
+            let members: Vec<&LayerGroup> = self.groups[i..]
+                .iter()
+                .take_while(|g| g.layer == layer)
+                .collect();
+            i += members.len();
+            let d_in: usize = members.iter().map(|g| g.adapter.d_in).sum();
+            let mut projections = Vec::new();
+            let mut offset = 0;
+            for g in &members {
+                for p in &g.adapter.projections {
+                    let mut a = vec![0.0f32; p.rank * d_in];
+                    for (row, src) in p.a.chunks(g.adapter.d_in).enumerate() {
+                        let at = row * d_in + offset;
+                        a[at..at + src.len()].copy_from_slice(src);
+                    }
+                    projections.push(ProjectionAdapter {
+                        a,
+                        ..p.clone()
+                    });
+                }
+                offset += g.adapter.d_in;
+            }
+            groups.push(LayerGroup {
+                layer,
+                group: members[0].group,
+                adapter: GroupAdapter { d_in, projections },
+            });
+        }
+        AdapterGroups {
+            kind: self.kind,
+            groups,
+        }
+    }
+
     /// The group adapted at (`layer`, `group`), if any.
     #[must_use]
     pub fn get(&self, layer: usize, group: ProjGroup) -> Option<&LayerGroup> {
@@ -130,5 +186,83 @@ fn read_kind(dir: &Path) -> Result<LoraKind, PrivateError> {
             path,
             reason: format!("`ffa` must be a boolean, not {other}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer with q,k,v (d_in 3) and o (d_in 2) at ranks 2 and 1, plus a
+    /// layer with only o: small enough to check by hand, with distinct
+    /// weights everywhere.
+    fn groups(kind: LoraKind) -> AdapterGroups {
+        let proj = |name: &str, d_out: usize, rank: usize, d_in: usize, seed: f32| {
+            ProjectionAdapter {
+                name: name.into(),
+                d_out,
+                rank,
+                a: (0..rank * d_in).map(|i| seed + i as f32 * 0.1).collect(),
+                b: (0..d_out * rank).map(|i| seed - i as f32 * 0.05).collect(),
+                scaling: 1.5,
+            }
+        };
+        let group = |layer, group, d_in, projections| LayerGroup {
+            layer,
+            group,
+            adapter: GroupAdapter { d_in, projections },
+        };
+        AdapterGroups {
+            kind,
+            groups: vec![
+                group(
+                    0,
+                    ProjGroup::Qkv,
+                    3,
+                    vec![proj("q_proj", 4, 2, 3, 0.3), proj("k_proj", 2, 2, 3, -0.2)],
+                ),
+                group(0, ProjGroup::O, 2, vec![proj("o_proj", 4, 1, 2, 0.7)]),
+                group(1, ProjGroup::O, 2, vec![proj("o_proj", 4, 1, 2, -0.4)]),
+            ],
+        }
+    }
+
+    /// The fused group's delta on the concatenated input equals each
+    /// unfused group's delta on its own input (the reference is the
+    /// unfused adapter, computed independently by `reference_delta`).
+    #[test]
+    fn a_layer_group_gives_every_projection_its_unfused_delta() {
+        let unfused = groups(LoraKind::Ffa);
+        let fused = unfused.fuse_layers();
+        assert_eq!(fused.groups.len(), 2);
+        let layer0 = &fused.groups[0];
+        assert_eq!((layer0.layer, layer0.group), (0, ProjGroup::Qkv));
+        assert_eq!(layer0.adapter.d_in, 5);
+        layer0.adapter.validate().unwrap();
+        // Two positions, position-major.
+        let x_qkv = [0.5f32, -1.0, 2.0, 0.25, 0.75, -0.5];
+        let x_o = [1.5f32, -0.25, -2.0, 0.5];
+        let mut x = Vec::new();
+        for p in 0..2 {
+            x.extend_from_slice(&x_qkv[p * 3..p * 3 + 3]);
+            x.extend_from_slice(&x_o[p * 2..p * 2 + 2]);
+        }
+        let got = layer0.adapter.reference_delta(&x).unwrap();
+        let mut want = unfused.groups[0].adapter.reference_delta(&x_qkv).unwrap();
+        want.extend(unfused.groups[1].adapter.reference_delta(&x_o).unwrap());
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            for (a, b) in g.iter().zip(w) {
+                assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+            }
+        }
+        // A layer with one group is unchanged.
+        assert_eq!(fused.groups[1].adapter, unfused.groups[2].adapter);
+    }
+
+    #[test]
+    fn standard_adapters_stay_grouped_by_input() {
+        let g = groups(LoraKind::Standard);
+        assert_eq!(g.fuse_layers().groups.len(), 3);
     }
 }

@@ -43,9 +43,28 @@ pub struct SessionOffer {
     pub t: usize,
     /// LoRA variant.
     pub kind: LoraKind,
+    /// How the offer groups the adapted projections.
+    pub grouping: Grouping,
     /// Per adapted group: layer, group, plan, and (FFA) the public lora_A of
     /// each projection of the group (r × d_in, row-major).
     pub groups: Vec<OfferedGroup>,
+}
+
+/// How a [`SessionOffer`] groups the adapted projections of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Grouping {
+    /// One group per shared input ([`ProjGroup`]: q,k,v; o; gate,up; down):
+    /// each group's input is known as soon as the forward pass reaches it,
+    /// so any schedule can run (one round trip per group, or the fixed
+    /// point).
+    #[default]
+    ByInput,
+    /// One group per layer ([`AdapterGroups::fuse_layers`], FFA only):
+    /// keyed by the layer's first adapted [`ProjGroup`], its input the
+    /// concatenation of the layer's group inputs in forward order. Only a
+    /// schedule that knows every input of a layer at once (the fixed point)
+    /// can use it; it uploads one ciphertext per layer.
+    ByLayer,
 }
 
 /// One adapted group of a [`SessionOffer`].
@@ -73,6 +92,9 @@ pub struct OfferedGroup {
 #[derive(Debug)]
 pub struct HeAdapter {
     groups: AdapterGroups,
+    /// [`AdapterGroups::fuse_layers`] of `groups`, for [`Grouping::ByLayer`]
+    /// offers.
+    layer_groups: AdapterGroups,
     costs: OpCosts,
     link: Link,
     memory: SessionMemory,
@@ -85,8 +107,9 @@ pub struct HeAdapter {
     prepared: Mutex<HashMap<OfferKey, Arc<Mutex<Weak<PreparedOffer>>>>>,
 }
 
-/// What identifies an offer's diagonals: T and each group's plan id.
-type OfferKey = (usize, Vec<(usize, u32, u64)>);
+/// What identifies an offer's diagonals: T, the grouping and each group's
+/// plan id.
+type OfferKey = (usize, Grouping, Vec<(usize, u32, u64)>);
 
 /// An adapter's plaintext diagonals encoded for one offer: every group's
 /// [`PreparedGroup`], with the offer's share of the memory budget.
@@ -116,6 +139,7 @@ impl HeAdapter {
     #[must_use]
     pub fn new(groups: AdapterGroups) -> Self {
         Self {
+            layer_groups: groups.fuse_layers(),
             groups,
             costs: OpCosts::default(),
             link: Link::default(),
@@ -203,12 +227,37 @@ impl HeAdapter {
         Preset::N8192Depth2Fast
     }
 
-    /// The plans (chosen by the planner from the op costs) for verify width `t`.
+    /// The plans (chosen by the planner from the op costs) for verify width
+    /// `t`, one per shared input ([`Grouping::ByInput`]).
     ///
     /// # Errors
     /// [`PrivateError::Helora`] when no plan fits, [`PrivateError::Ckks`] for
     /// a bad preset.
     pub fn offer(&self, t: usize) -> Result<SessionOffer, PrivateError> {
+        self.offer_grouped(t, Grouping::ByInput)
+    }
+
+    /// The groups an offer of `grouping` is made of: [`Grouping::ByLayer`]
+    /// only for FFA adapters (a standard adapter's offer stays by input).
+    fn grouped(&self, grouping: Grouping) -> (&AdapterGroups, Grouping) {
+        match (grouping, self.groups.kind) {
+            (Grouping::ByLayer, LoraKind::Ffa) => (&self.layer_groups, Grouping::ByLayer),
+            _ => (&self.groups, Grouping::ByInput),
+        }
+    }
+
+    /// [`HeAdapter::offer`] with the projections grouped as `grouping` asks
+    /// where the adapter allows it (the offer's
+    /// [`SessionOffer::grouping`] says what it is).
+    ///
+    /// # Errors
+    /// As [`HeAdapter::offer`].
+    pub fn offer_grouped(
+        &self,
+        t: usize,
+        grouping: Grouping,
+    ) -> Result<SessionOffer, PrivateError> {
+        let (adapter_groups, grouping) = self.grouped(grouping);
         let preset = self.preset();
         let slots = CkksParameters::preset(preset)?.slots();
         let mode = match self.groups.kind {
@@ -216,8 +265,8 @@ impl HeAdapter {
             LoraKind::Standard => Mode::Standard,
         };
         let mut plans: HashMap<cipherlora_helora::GroupShape, GroupPlan> = HashMap::new();
-        let mut groups = Vec::with_capacity(self.groups.groups.len());
-        for g in &self.groups.groups {
+        let mut groups = Vec::with_capacity(adapter_groups.groups.len());
+        for g in &adapter_groups.groups {
             let shape = g.adapter.shape();
             let plan = match plans.get(&shape) {
                 Some(p) => p.clone(),
@@ -249,6 +298,7 @@ impl HeAdapter {
             preset,
             t,
             kind: self.groups.kind,
+            grouping,
             groups,
         })
     }
@@ -327,6 +377,7 @@ impl HeAdapter {
     ) -> Result<Arc<PreparedOffer>, PrivateError> {
         let key: OfferKey = (
             offer.t,
+            offer.grouping,
             offer
                 .groups
                 .iter()
@@ -352,10 +403,10 @@ impl HeAdapter {
                 got,
                 limit: self.memory.limit(),
             })?;
+        let (adapter_groups, _) = self.grouped(offer.grouping);
         let mut groups = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
-            let g = self
-                .groups
+            let g = adapter_groups
                 .get(og.layer, og.group)
                 .ok_or(PrivateError::UnknownGroup {
                     layer: og.layer as u32,
