@@ -391,6 +391,14 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     first_token_from_prefill: false,
                     schedule: Schedule::PerGroup,
                 };
+                // `SCHEDULE@by-input` keeps the verify session grouped by
+                // input (the comparison with the by-layer default of FFA
+                // under the fixed point).
+                let (schedule, by_input) = match schedule.split_once('@') {
+                    Some((s, "by-input")) => (s, true),
+                    Some((_, other)) => anyhow::bail!("unknown grouping @{other}"),
+                    None => (schedule, false),
+                };
                 let forced = match schedule {
                     "auto" => None,
                     s => Some(s.parse::<Schedule>()?),
@@ -411,7 +419,12 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                                 k,
                             )?;
                             eprintln!("{}", width_report(&choice));
-                            Ok((choice.best.k, choice.best.grouping_for(space, forced.as_ref())))
+                            let grouping = if by_input {
+                                Grouping::ByInput
+                            } else {
+                                choice.best.grouping_for(space, forced.as_ref())
+                            };
+                            Ok((choice.best.k, grouping))
                         },
                     )?;
                     cfg.k = width - 1;
@@ -442,6 +455,13 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 } else {
                     let s: Schedule = schedule.parse()?;
                     (s, s.to_string())
+                };
+                let grouped = hook
+                    .session(width)
+                    .map_or(Grouping::ByInput, |h| h.plan_space().grouping);
+                let schedule_name = match grouped {
+                    Grouping::ByLayer => format!("{schedule_name}, by layer"),
+                    _ => schedule_name,
                 };
                 let (again, plain_tps) = plain_run()?;
                 anyhow::ensure!(

@@ -86,9 +86,9 @@ impl HeServer for Timed<'_> {
     fn output_to_bytes(&self, c: &Self::Ct) -> Vec<u8> {
         self.time("output_to_bytes", || self.inner.output_to_bytes(c))
     }
-    fn output_to_bytes_bounded(&self, c: &Self::Ct, bound: f64) -> Result<Vec<u8>> {
+    fn output_to_bytes_bounded(&self, c: &Self::Ct, bound: f64, bits: u32) -> Result<Vec<u8>> {
         self.time("output_to_bytes", || {
-            self.inner.output_to_bytes_bounded(c, bound)
+            self.inner.output_to_bytes_bounded(c, bound, bits)
         })
     }
 }

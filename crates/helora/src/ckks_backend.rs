@@ -88,6 +88,11 @@ impl ResponseCompression {
     /// 17} (`precision_table_all_shapes_all_t`; 24 gives 20.9 for standard
     /// LoRA on Qwen2.5-3B). Each bit costs `2·N/8` bytes per ciphertext.
     pub const DEFAULT_BITS: u32 = 25;
+
+    /// The fewest bits a client may ask for per request
+    /// (`GroupRequest::response_bits`): below this the compressed size
+    /// hardly falls further (the two polynomials keep the noise's bits).
+    pub const MIN_BITS: u32 = 8;
 }
 
 impl Default for ResponseCompression {
@@ -114,9 +119,9 @@ pub struct CkksServer {
     gks: GaloisKeys,
     pk: Option<(PublicKey, Rerandomization)>,
     compression: ResponseCompression,
-    /// Chosen parameters by `(scale, bound)` bits: one choice per output
+    /// Chosen parameters by `(scale, bound)` bits and precision: one choice per output
     /// bound and scale, reused by every request.
-    chosen: Mutex<HashMap<(u64, u64), Option<CompressionParams>>>,
+    chosen: Mutex<HashMap<(u64, u64, u32), Option<CompressionParams>>>,
     rng: Mutex<ChaCha20Rng>,
 }
 
@@ -177,10 +182,28 @@ impl CkksServer {
     /// when compression is off or cannot help (bound too large for `q_0`,
     /// precision out of reach). Chosen once per `(scale, bound)` and kept.
     pub fn compression_params(&self, scale: f64, bound: f64) -> Option<CompressionParams> {
+        self.compression_params_at(scale, bound, 0)
+    }
+
+    /// [`CkksServer::compression_params`] at `asked` bits of precision
+    /// when that is fewer than the configured ones (a client may lower the
+    /// precision of its own responses, never raise it; 0 or more: the
+    /// configured precision), but never fewer than
+    /// [`ResponseCompression::MIN_BITS`].
+    pub fn compression_params_at(
+        &self,
+        scale: f64,
+        bound: f64,
+        asked: u32,
+    ) -> Option<CompressionParams> {
         let ResponseCompression::Precision { bits } = self.compression else {
             return None;
         };
-        let key = (scale.to_bits(), bound.to_bits());
+        let bits = match asked {
+            0 => bits,
+            a => a.clamp(ResponseCompression::MIN_BITS, bits.max(ResponseCompression::MIN_BITS)),
+        };
+        let key = (scale.to_bits(), bound.to_bits(), bits);
         if let Some(&p) = lock(&self.chosen).get(&key) {
             return p;
         }
@@ -358,11 +381,11 @@ impl HeServer for CkksServer {
         ct.to_bytes()
     }
 
-    fn output_to_bytes_bounded(&self, ct: &Ciphertext, bound: f64) -> Result<Vec<u8>> {
+    fn output_to_bytes_bounded(&self, ct: &Ciphertext, bound: f64, bits: u32) -> Result<Vec<u8>> {
         if ct.level() != 0 || !bound.is_finite() {
             return Ok(ct.to_bytes());
         }
-        match self.compression_params(ct.scale(), bound) {
+        match self.compression_params_at(ct.scale(), bound, bits) {
             Some(p) => Ok(ct.compress(&p).map_err(he)?.to_bytes()),
             None => Ok(ct.to_bytes()),
         }

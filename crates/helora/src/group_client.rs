@@ -320,6 +320,7 @@ impl GroupClient {
             group,
             t: self.plan.t as u32,
             ciphertexts,
+            response_bits: 0,
         };
         Ok((req, scales))
     }

@@ -316,7 +316,7 @@ impl<S: HeServer> PreparedGroup<S> {
         let ciphertexts = out
             .iter()
             .zip(&self.output_bounds)
-            .map(|(c, &bound)| server.output_to_bytes_bounded(c, bound))
+            .map(|(c, &bound)| server.output_to_bytes_bounded(c, bound, req.response_bits))
             .collect::<Result<Vec<_>>>()?;
         Ok(GroupResponse {
             plan_id: self.plan_id,

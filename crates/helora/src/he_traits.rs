@@ -135,13 +135,15 @@ pub trait HeServer {
     /// real and imaginary part of every slot is at most `bound` in absolute
     /// value (up to the backend's own noise): a backend may then compress
     /// it lossily with an error controlled relative to `bound` (the CKKS
-    /// backend: [`crate::ckks_backend::ResponseCompression`]). The default
-    /// ignores the bound ([`HeServer::output_to_bytes`]).
+    /// backend: [`crate::ckks_backend::ResponseCompression`]), to
+    /// `bits` of precision when the client asks for fewer than the
+    /// backend's default (0: the default). The default implementation
+    /// ignores both ([`HeServer::output_to_bytes`]).
     ///
     /// # Errors
     /// Backend errors while compressing.
-    fn output_to_bytes_bounded(&self, ct: &Self::Ct, bound: f64) -> Result<Vec<u8>> {
-        let _ = bound;
+    fn output_to_bytes_bounded(&self, ct: &Self::Ct, bound: f64, bits: u32) -> Result<Vec<u8>> {
+        let _ = (bound, bits);
         Ok(self.output_to_bytes(ct))
     }
 }

@@ -32,6 +32,10 @@ pub struct GroupRequest {
     pub t: u32,
     /// Input ciphertexts, in plan order.
     pub ciphertexts: Vec<Vec<u8>>,
+    /// Precision asked for in the returned ciphertexts, bits relative to
+    /// their output bound (0: the server's default, which it never
+    /// exceeds; [`crate::ResponseCompression`]).
+    pub response_bits: u32,
 }
 
 /// What the server returns for one layer group: the delta ciphertexts only.
@@ -288,16 +292,19 @@ fn decode_msg(bytes: &[u8], magic: &[u8; 4], what: &'static str) -> Result<Msg> 
 }
 
 impl GroupRequest {
-    /// Serialises the request.
+    /// Serialises the request: the message framing shared with
+    /// [`GroupResponse`], then `response_bits` (u32).
     pub fn to_bytes(&self) -> Vec<u8> {
-        encode_msg(
+        let mut o = encode_msg(
             REQ_MAGIC,
             self.plan_id,
             self.layer,
             self.group,
             self.t,
             &self.ciphertexts,
-        )
+        );
+        o.extend_from_slice(&self.response_bits.to_le_bytes());
+        o
     }
 
     /// Parses and validates a request (the ciphertexts themselves are
@@ -306,20 +313,28 @@ impl GroupRequest {
     /// # Errors
     /// [`HeloraError::Malformed`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let Some(split) = bytes.len().checked_sub(4) else {
+            return Err(HeloraError::Malformed {
+                what: "group request",
+                reason: "truncated",
+            });
+        };
+        let (msg, bits) = bytes.split_at(split);
         let (plan_id, layer, group, t, ciphertexts) =
-            decode_msg(bytes, REQ_MAGIC, "group request")?;
+            decode_msg(msg, REQ_MAGIC, "group request")?;
         Ok(GroupRequest {
             plan_id,
             layer,
             group,
             t,
             ciphertexts,
+            response_bits: u32::from_le_bytes([bits[0], bits[1], bits[2], bits[3]]),
         })
     }
 
     /// Upload size in bytes.
     pub fn byte_len(&self) -> usize {
-        msg_len(&self.ciphertexts)
+        msg_len(&self.ciphertexts) + 4
     }
 }
 

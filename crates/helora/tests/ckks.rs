@@ -354,6 +354,68 @@ fn compressed_responses_match_uncompressed_ones() {
     );
 }
 
+/// A client may ask for fewer bits per request (the first trips of a
+/// fixed-point round): the responses shrink, stay within the asked
+/// precision relative to the output bound (against an uncompressed server),
+/// never get more precise than the server's default, and never fewer than
+/// `MIN_BITS`.
+#[test]
+fn coarse_responses_are_smaller_and_within_the_asked_precision() {
+    use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};
+    let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
+    let shape = &ModelShape::smollm2_135m().groups[0].1;
+    let (plan, _) = choose(
+        shape,
+        Mode::Ffa,
+        8,
+        ctx.slots(),
+        false,
+        &OpCosts::default(),
+        &Link::default(),
+    )
+    .unwrap();
+    let client = CkksClient::new(&ctx).unwrap();
+    let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+    let gks = client.galois_keys(&steps);
+    let on = CkksServer::new(&ctx, gks.clone(), None).unwrap();
+    let off = CkksServer::new(&ctx, gks, None)
+        .unwrap()
+        .with_compression(ResponseCompression::Off);
+    let adapter = common::random_adapter(shape, 77);
+    let a: Vec<Vec<f32>> = adapter.projections.iter().map(|p| p.a.clone()).collect();
+    let gc = GroupClient::ffa(&plan, &a).unwrap();
+    let x = common::random_x(plan.t, shape.d_in, 78);
+    let prepared_on = PreparedGroup::new(&on, &plan, &adapter).unwrap();
+    let prepared_off = PreparedGroup::new(&off, &plan, &adapter).unwrap();
+    let (mut req, _) = gc.request(&client, 0, 0, &x).unwrap();
+    let exact = gc
+        .decrypt_all(&client, &prepared_off.handle(&off, &req).unwrap())
+        .unwrap();
+    let mut size = |bits: u32| {
+        req.response_bits = bits;
+        let r = prepared_on.handle(&on, &req).unwrap();
+        let got = gc.decrypt_all(&client, &r).unwrap();
+        for (c, (g, e)) in got.iter().zip(&exact).enumerate() {
+            let bound = prepared_on.output_bounds()[c];
+            let err = g
+                .iter()
+                .zip(e)
+                .map(|(u, v)| (u.re - v.re).abs().max((u.im - v.im).abs()))
+                .fold(0.0, f64::max);
+            let asked = bits.clamp(ResponseCompression::MIN_BITS, ResponseCompression::DEFAULT_BITS);
+            let allowed = bound * 2f64.powi(-(asked as i32));
+            assert!(err <= allowed, "{bits} bits, ct {c}: {err:e} > {allowed:e}");
+        }
+        r.ciphertexts.iter().map(Vec::len).sum::<usize>()
+    };
+    let default = size(0);
+    let (b16, b12) = (size(16), size(12));
+    eprintln!("response bytes: default {default}, 16 bits {b16}, 12 bits {b12}");
+    assert!(b12 < b16 && b16 < default);
+    assert_eq!(size(40), default, "more bits than the default");
+    assert_eq!(size(3), size(ResponseCompression::MIN_BITS));
+}
+
 /// The cost model's download size is the compressed size a default server
 /// sends (what `cipherlora bench helora` reports as down MB).
 #[test]

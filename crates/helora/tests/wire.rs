@@ -58,6 +58,7 @@ fn truncated_messages_are_typed_errors() {
         group: 2,
         t: 9,
         ciphertexts: vec![vec![1, 2, 3], vec![], vec![4; 40]],
+        response_bits: 12,
     };
     let bytes = req.to_bytes();
     assert_eq!(bytes.len(), req.byte_len());

@@ -149,7 +149,26 @@ impl<'m> FixedPointPass<'m> {
         cache: &mut KvCache,
         hook: &mut dyn DeltaHook,
     ) -> Result<&FixedPointStep, ModelError> {
-        let answers = hook.deltas_many(&self.inputs)?;
+        self.iterate_within(cache, hook, None)
+    }
+
+    /// [`FixedPointPass::iterate`] with deltas that may be off by
+    /// `tolerance` (relative, [`DeltaHook::deltas_many_within`]; `None`:
+    /// as exact as the hook can): for trips whose inputs are still
+    /// estimates, whose own error dwarfs that.
+    ///
+    /// # Errors
+    /// As [`FixedPointPass::iterate`].
+    pub fn iterate_within(
+        &mut self,
+        cache: &mut KvCache,
+        hook: &mut dyn DeltaHook,
+        tolerance: Option<f64>,
+    ) -> Result<&FixedPointStep, ModelError> {
+        let answers = match tolerance {
+            Some(t) => hook.deltas_many_within(&self.inputs, t)?,
+            None => hook.deltas_many(&self.inputs)?,
+        };
         if answers.len() != self.inputs.len() {
             let proj = self
                 .inputs

@@ -196,6 +196,23 @@ pub trait DeltaHook {
             .map(|g| self.deltas(g.layer, g.group, &g.x))
             .collect()
     }
+
+    /// [`DeltaHook::deltas_many`] for inputs that are still estimates (the
+    /// first trips of a [`crate::FixedPointPass`]): a delta may be off by
+    /// `tolerance` relative to the largest delta its group can return, and
+    /// a remote hook may ask for that much less precision (fewer bytes).
+    /// The default answers exactly, with [`DeltaHook::deltas_many`].
+    ///
+    /// # Errors
+    /// As [`DeltaHook::deltas`].
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        let _ = tolerance;
+        self.deltas_many(inputs)
+    }
 }
 
 impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
@@ -214,6 +231,14 @@ impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
 
     fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
         (**self).deltas_many(inputs)
+    }
+
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        (**self).deltas_many_within(inputs, tolerance)
     }
 }
 

@@ -123,7 +123,10 @@ pub trait SessionCompute: Send + Sync {
     /// Ciphertexts of the deltas of `(layer, group)` for one verify round.
     ///
     /// `ciphertexts` has exactly `group_shape(layer, group).input_ciphertexts`
-    /// entries (the service checks this first). Runs on a blocking thread.
+    /// entries (the service checks this first). `response_bits` is the
+    /// precision the client asks for in the returned ciphertexts (bits
+    /// relative to their output bound; 0: the backend's default, which a
+    /// backend never exceeds). Runs on a blocking thread.
     ///
     /// # Errors
     /// [`BackendError::InvalidCiphertext`], [`BackendError::ParameterMismatch`],
@@ -133,6 +136,7 @@ pub trait SessionCompute: Send + Sync {
         layer: u32,
         group: u32,
         round: u64,
+        response_bits: u32,
         ciphertexts: &[Bytes],
     ) -> Result<Vec<Bytes>, BackendError>;
 }

@@ -137,6 +137,10 @@ pub struct GroupCall {
     pub group: u32,
     /// Ciphertexts of the group's LoRA inputs.
     pub ciphertexts: Vec<Bytes>,
+    /// Precision asked for in the returned ciphertexts, bits relative to
+    /// their output bound (0: the server's default; the proto's
+    /// `GroupRequest.response_bits`).
+    pub response_bits: u32,
 }
 
 /// Counters of the client's recovery work.
@@ -432,6 +436,7 @@ impl AsyncAdapterClient {
                     layer,
                     group,
                     ciphertexts,
+                    response_bits: 0,
                 }],
             )
             .await?;
@@ -533,6 +538,7 @@ impl AsyncAdapterClient {
                 group: c.group,
                 ciphertexts: c.ciphertexts.clone(),
                 plan_id: plan,
+                response_bits: c.response_bits,
             };
             if stream.tx.send(req).await.is_err() {
                 break; // the stream died; its status is read below

@@ -306,6 +306,7 @@ impl SessionCompute for TestSession {
         layer: u32,
         group: u32,
         _round: u64,
+        _response_bits: u32,
         ciphertexts: &[Bytes],
     ) -> Result<Vec<Bytes>, BackendError> {
         self.group_shape(layer, group)?;
@@ -364,7 +365,7 @@ mod tests {
     fn test_backend_computes_the_documented_function() {
         let s = session();
         let x: Vec<f64> = (0..2048).map(|i| i as f64 - 1000.5).collect();
-        let out = s.compute(1, 1, 0, &[encode_ct(12, 2, &x)]).unwrap();
+        let out = s.compute(1, 1, 0, 0, &[encode_ct(12, 2, &x)]).unwrap();
         let y = decode_ct(&out[0]).unwrap();
         assert_eq!(y.level, 1);
         let tag = f64::from(u32::from_le_bytes([3; 4]) % 1024);
@@ -377,7 +378,7 @@ mod tests {
     fn test_backend_rejects_malformed_ciphertexts_with_typed_errors() {
         let s = session();
         let good = encode_ct(12, 2, &vec![1.0; 2048]);
-        let run = |b: Bytes| s.compute(0, 0, 0, &[b]).unwrap_err();
+        let run = |b: Bytes| s.compute(0, 0, 0, 0, &[b]).unwrap_err();
         assert_eq!(
             run(good.slice(..good.len() - 1)),
             BackendError::InvalidCiphertext {
@@ -406,7 +407,7 @@ mod tests {
             BackendError::ParameterMismatch { index: 0, .. }
         ));
         assert_eq!(
-            s.compute(2, 0, 0, &[good]).unwrap_err(),
+            s.compute(2, 0, 0, 0, &[good]).unwrap_err(),
             BackendError::UnknownLayer { layer: 2, group: 0 }
         );
     }

@@ -104,6 +104,7 @@ fn offer_only_session_expires_fast_and_rounds_on_it_do_not_refresh_its_timer() {
         group: 0,
         ciphertexts: vec![encode_ct(12, 2, &inputs(1, 0, 0, 0))],
         plan_id: plan,
+        response_bits: 0,
     };
     let mut codes = Vec::new();
     while t0.elapsed() < Duration::from_millis(900) {
@@ -218,6 +219,7 @@ fn group_request_with_another_plan_id_is_refused_with_failed_precondition() {
         group: 0,
         ciphertexts: vec![encode_ct(12, 2, &inputs(1, 0, 0, 0))],
         plan_id,
+        response_bits: 0,
     };
     let s = raw_rounds(fx.server.addr(), &fx.cert, vec![req(plan ^ 1)]).unwrap_err();
     assert_eq!(s.code(), Code::FailedPrecondition);

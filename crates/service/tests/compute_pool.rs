@@ -64,13 +64,14 @@ impl SessionCompute for CountingSession {
         layer: u32,
         group: u32,
         round: u64,
+        _response_bits: u32,
         ciphertexts: &[Bytes],
     ) -> Result<Vec<Bytes>, BackendError> {
         let running = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(running, Ordering::SeqCst);
         // Long enough for every client's requests to be waiting at once.
         std::thread::sleep(Duration::from_millis(30));
-        let out = self.inner.compute(layer, group, round, ciphertexts);
+        let out = self.inner.compute(layer, group, round, 0, ciphertexts);
         self.now.fetch_sub(1, Ordering::SeqCst);
         out
     }

@@ -97,6 +97,7 @@ fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
             group: rng.below(3) as u32,
             ciphertexts: cts,
             plan_id,
+            response_bits: 0,
         }
         .encode_to_vec()
     };

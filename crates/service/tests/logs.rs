@@ -62,6 +62,7 @@ fn logs_never_contain_keys_ciphertexts_or_tokens() {
             layer: 1,
             group: 1,
             ciphertexts: vec![good],
+            response_bits: 0,
         }],
     );
     c.close().unwrap();

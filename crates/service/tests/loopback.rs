@@ -223,6 +223,7 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
         group: 0,
         ciphertexts: vec![encode_ct(12, 2, &inputs(3, 0, 0, 0))],
         plan_id: plan,
+        response_bits: 0,
     };
     let s = raw_rounds(fx.server.addr(), &fx.cert, vec![forged([0xEE; 16])]).unwrap_err();
     assert_eq!(s.code(), Code::NotFound);

@@ -106,6 +106,27 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
     /// # Errors
     /// As [`ByWidth::deltas`]; all inputs of a batch must have one width.
     fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.batch(inputs, None)
+    }
+
+    /// # Errors
+    /// As [`ByWidth::deltas_many`].
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.batch(inputs, Some(tolerance))
+    }
+}
+
+impl<T: Transport> ByWidth<T> {
+    /// A batch to the session of its width, within `tolerance` if given.
+    fn batch(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: Option<f64>,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
         let Some(first) = inputs.first() else {
             return Ok(Vec::new());
         };
@@ -121,9 +142,10 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
         {
             return Err(unreachable(g, "a batch mixes pass widths".into()));
         }
-        match self.hooks.iter_mut().find(|(w, _)| *w == t) {
-            Some((_, hook)) => hook.deltas_many(inputs),
-            None => Err(unreachable(
+        match (self.hooks.iter_mut().find(|(w, _)| *w == t), tolerance) {
+            (Some((_, hook)), None) => hook.deltas_many(inputs),
+            (Some((_, hook)), Some(tol)) => hook.deltas_many_within(inputs, tol),
+            (None, _) => Err(unreachable(
                 first,
                 format!("no session verifies {t} positions per pass"),
             )),

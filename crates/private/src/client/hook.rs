@@ -360,16 +360,22 @@ impl<T: Transport> HeHook<T> {
         Ok(units)
     }
 
+    /// `response_bits`: the precision asked of the server (0: its default).
     fn many_group_deltas(
         &mut self,
         inputs: &[GroupInput],
+        response_bits: u32,
     ) -> Result<Vec<GroupDeltas>, PrivateError> {
         let t0 = Instant::now();
         let units = self.units(inputs)?;
         let (requests, scales): (Vec<GroupRequest>, Vec<InputScales>) = units
             .iter()
-            .map(|u| self.encrypt_group(u.key.0, u.key.1, &u.x))
-            .collect::<Result<Vec<_>, _>>()?
+            .map(|u| {
+                let (mut request, scales) = self.encrypt_group(u.key.0, u.key.1, &u.x)?;
+                request.response_bits = response_bits;
+                Ok((request, scales))
+            })
+            .collect::<Result<Vec<_>, PrivateError>>()?
             .into_iter()
             .unzip();
         let t1 = Instant::now();
@@ -433,6 +439,19 @@ impl<T: Transport> HeHook<T> {
     }
 }
 
+/// The response precision for a relative `tolerance` (see
+/// [`HeHook::deltas_many_within`]); 0 (the server's default) for none.
+fn response_bits(tolerance: f64) -> u32 {
+    if !(tolerance > 0.0 && tolerance < 1.0) {
+        return 0;
+    }
+    let bits = (-tolerance.log2()).ceil() as u32 + 1;
+    bits.clamp(
+        cipherlora_helora::ResponseCompression::MIN_BITS,
+        cipherlora_helora::ResponseCompression::DEFAULT_BITS,
+    )
+}
+
 /// `out[p][j] = delta[p][map[j]]` for each of the `t` rows.
 fn permute_columns(delta: &[f32], t: usize, map: &[usize]) -> Vec<f32> {
     let d = map.len();
@@ -465,7 +484,24 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     }
 
     fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
-        self.many_group_deltas(inputs).map_err(|e| match e {
+        self.deltas_many_within(inputs, 0.0)
+    }
+
+    /// Asks the server for `⌈log2(1/tolerance)⌉ + 1` bits of response
+    /// precision relative to each returned ciphertext's output bound (a
+    /// worst-case bound, 2²–2⁴ above the largest delta of typical inputs:
+    /// [`cipherlora_helora::ResponseCompression`]), at least
+    /// [`cipherlora_helora::ResponseCompression::MIN_BITS`]; a tolerance of
+    /// 0 asks for the server's default. The bits asked for depend only on
+    /// the tolerance, which the caller fixes per trip of a round (never on
+    /// the data), so they reveal nothing the trip count does not.
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        let bits = response_bits(tolerance);
+        self.many_group_deltas(inputs, bits).map_err(|e| match e {
             PrivateError::Model(m) => m,
             other => {
                 let (layer, proj) = inputs
@@ -478,5 +514,22 @@ impl<T: Transport> DeltaHook for HeHook<T> {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cipherlora_helora::ResponseCompression;
+
+    #[test]
+    fn response_bits_cover_the_tolerance_with_a_bit_to_spare() {
+        assert_eq!(response_bits(0.0), 0);
+        assert_eq!(response_bits(f64::NAN), 0);
+        assert_eq!(response_bits(1.0), 0);
+        assert_eq!(response_bits(1.0 / 2048.0), 12);
+        assert_eq!(response_bits(1.0 / 32768.0), 16);
+        assert_eq!(response_bits(0.3), ResponseCompression::MIN_BITS);
+        assert_eq!(response_bits(1e-12), ResponseCompression::DEFAULT_BITS);
     }
 }

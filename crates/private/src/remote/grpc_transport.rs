@@ -233,6 +233,7 @@ impl Transport for GrpcTransport {
                     .iter()
                     .map(|c| Bytes::copy_from_slice(c))
                     .collect(),
+                response_bits: r.response_bits,
             })
             .collect();
         let before = self.client.stats().server_micros;

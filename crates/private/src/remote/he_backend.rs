@@ -292,6 +292,7 @@ impl SessionCompute for OfferOnly {
         layer: u32,
         group: u32,
         _round: u64,
+        _response_bits: u32,
         _ciphertexts: &[Bytes],
     ) -> Result<Vec<Bytes>, BackendError> {
         Err(BackendError::UnknownLayer { layer, group })
@@ -368,6 +369,7 @@ impl SessionCompute for HeCompute {
         layer: u32,
         group: u32,
         _round: u64,
+        response_bits: u32,
         ciphertexts: &[Bytes],
     ) -> Result<Vec<Bytes>, BackendError> {
         let meta = self.meta(layer, group)?;
@@ -399,6 +401,7 @@ impl SessionCompute for HeCompute {
             group,
             t: meta.t,
             ciphertexts: ciphertexts.iter().map(|c| c.to_vec()).collect(),
+            response_bits,
         };
         let response = self.session.handle(&request).map_err(backend_error)?;
         Ok(response.ciphertexts.into_iter().map(Bytes::from).collect())
@@ -708,7 +711,7 @@ mod tests {
         let level = offer.groups[0].plan.input_level();
         let good = he.encrypt_to_bytes(&[0.25; 8], &[], level).unwrap();
         assert_eq!(
-            c.compute(1, 1, 0, &vec![Bytes::from(good.clone()); n])
+            c.compute(1, 1, 0, 0, &vec![Bytes::from(good.clone()); n])
                 .unwrap()
                 .len(),
             1
@@ -716,7 +719,7 @@ mod tests {
         for scale in [1e300, 2.0, ctx.params().scale() * 2.0] {
             let mut bad = good.clone();
             bad[16..24].copy_from_slice(&f64::to_bits(scale).to_le_bytes());
-            let e = c.compute(1, 1, 0, &vec![Bytes::from(bad); n]).unwrap_err();
+            let e = c.compute(1, 1, 0, 0, &vec![Bytes::from(bad); n]).unwrap_err();
             assert!(
                 matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
                 "scale {scale}: {e}"
@@ -776,8 +779,8 @@ mod tests {
             he.encrypt_to_bytes(&[0.25; 8], &[], plan.input_level())
                 .unwrap(),
         );
-        assert_eq!(c.compute(1, 1, 0, &vec![good.clone(); n]).unwrap().len(), 1);
-        let e = c.compute(1, 1, 0, &vec![good.clone(); n + 1]).unwrap_err();
+        assert_eq!(c.compute(1, 1, 0, 0, &vec![good.clone(); n]).unwrap().len(), 1);
+        let e = c.compute(1, 1, 0, 0, &vec![good.clone(); n + 1]).unwrap_err();
         assert_eq!(
             e,
             BackendError::CiphertextCount {
@@ -788,7 +791,7 @@ mod tests {
         let mut bad_magic = good.to_vec();
         bad_magic[0] ^= 0xff;
         let e = c
-            .compute(1, 1, 0, &vec![Bytes::from(bad_magic); n])
+            .compute(1, 1, 0, 0, &vec![Bytes::from(bad_magic); n])
             .unwrap_err();
         assert_eq!(
             e,
@@ -798,7 +801,7 @@ mod tests {
             }
         );
         let short = good.slice(..good.len() - 1);
-        let e = c.compute(1, 1, 0, &vec![short; n]).unwrap_err();
+        let e = c.compute(1, 1, 0, 0, &vec![short; n]).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -810,7 +813,7 @@ mod tests {
             "{e}"
         );
         let low = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], &[], 0).unwrap());
-        let e = c.compute(1, 1, 0, &vec![low; n]).unwrap_err();
+        let e = c.compute(1, 1, 0, 0, &vec![low; n]).unwrap_err();
         assert!(
             matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
             "{e}"
@@ -854,8 +857,8 @@ mod tests {
         let x: Vec<f64> = (0..8).map(|i| 0.1 * i as f64 - 0.3).collect();
         let level = offer.groups[0].plan.input_level();
         let ct = Bytes::from(he.encrypt_to_bytes(&x, &[], level).unwrap());
-        let a = c.compute(1, 1, 0, &vec![ct.clone(); n]).unwrap();
-        let b = c0.compute(1, 1, 0, &vec![ct; n]).unwrap();
+        let a = c.compute(1, 1, 0, 0, &vec![ct.clone(); n]).unwrap();
+        let b = c0.compute(1, 1, 0, 0, &vec![ct; n]).unwrap();
         assert_ne!(a, b, "rerandomised outputs are fresh ciphertexts");
         let (da, db) = (
             he.decrypt_from_bytes(&a[0]).unwrap(),

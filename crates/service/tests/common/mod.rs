@@ -118,6 +118,7 @@ pub fn calls(client: u8, round: u64, layer: u32) -> Vec<GroupCall> {
             layer,
             group,
             ciphertexts: vec![encode_ct(12, 2, &inputs(client, round, layer, group))],
+            response_bits: 0,
         })
         .collect()
 }
