@@ -60,6 +60,23 @@ pub fn model_compression(ctx: &Context) -> Option<CompressionParams> {
     .ok()
 }
 
+/// The download bytes of a returned ciphertext compressed to `bits` of
+/// precision (what a client asking for `bits` per request gets, e.g. on
+/// the coarse trips of a fixed-point round), with the model's output bound
+/// [`MODEL_OUTPUT_BOUND`]: `28 + ⌈N·(2b − d)/8⌉`. `None` when it would not
+/// compress.
+pub fn compressed_download_bytes(ctx: &Context, bits: u32) -> Option<f64> {
+    let p = CompressionParams::choose(
+        ctx.degree(),
+        ctx.params().moduli()[0],
+        ctx.params().scale(),
+        MODEL_OUTPUT_BOUND,
+        bits,
+    )
+    .ok()?;
+    Some((28 + p.poly_bytes(ctx.degree())) as f64)
+}
+
 /// The download bytes of a level-0 ciphertext under `p` (full size when
 /// `None`).
 fn download_bytes(ct: &Ciphertext, p: Option<CompressionParams>) -> Result<Vec<u8>> {

@@ -8,6 +8,12 @@
 //! per round, prefilled in passes of 16 positions (`--prefill N`: N batched
 //! trips each, or `per-group`); a run *diverges* when its tokens differ
 //! from the trajectory.
+//! `--coarse NOISE` simulates coarse trips: every trip of a round but its
+//! last (the ones that ask for fewer response bits) gets its deltas off by
+//! up to NOISE × tolerance × max |delta| of the group, uniformly at random
+//! (a client-side stand-in for the compression error, whose bound is the
+//! tolerance times the group's output bound, 2²–2⁴ above its largest
+//! delta: NOISE = 4 is that bound for FFA).
 //! The schedule is exact when no run diverges; the module docs of
 //! `cipherlora_spec::schedule` say why it may not be (the residual the last
 //! trip leaves in the kept keys and values).
@@ -20,8 +26,11 @@
 use std::path::{Path, PathBuf};
 
 use cipherlora_model::{
-    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, fetch, generate,
+    DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoraAdapter, Model, ModelError,
+    PlainLora, ProjGroup, SamplingParams, Tensor, Tokenizer, fetch, generate,
 };
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 
@@ -35,6 +44,50 @@ struct Args {
     prefill: Prefill,
     limit: usize,
     out: PathBuf,
+    coarse: Option<f64>,
+}
+
+/// The plaintext LoRA, with deltas asked for within a tolerance made that
+/// much worse (see the module docs).
+struct Coarse<'a> {
+    exact: PlainLora<'a>,
+    noise: f64,
+    rng: ChaCha20Rng,
+}
+
+impl DeltaHook for Coarse<'_> {
+    fn deltas(&mut self, l: usize, g: ProjGroup, x: &Tensor) -> Result<GroupDeltas, ModelError> {
+        self.exact.deltas(l, g, x)
+    }
+
+    fn wants(&self, l: usize, g: ProjGroup) -> bool {
+        self.exact.wants(l, g)
+    }
+
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        let exact = self.exact.deltas_many(inputs)?;
+        let mut out = Vec::with_capacity(exact.len());
+        for group in exact {
+            let max = group
+                .iter()
+                .map(|(_, d)| d.abs().and_then(|a| a.max_all()).and_then(|m| m.to_scalar::<f32>()))
+                .try_fold(0.0f32, |m, v| v.map(|v| m.max(v)))?;
+            let amp = (self.noise * tolerance) as f32 * max;
+            let mut noisy = GroupDeltas::none();
+            for (proj, d) in group.iter() {
+                let n = d.elem_count();
+                let e: Vec<f32> = (0..n).map(|_| amp * self.rng.random_range(-1.0f32..=1.0)).collect();
+                let e = Tensor::from_vec(e, d.dims(), d.device())?;
+                noisy.push(proj, (d + e)?);
+            }
+            out.push(noisy);
+        }
+        Ok(out)
+    }
 }
 
 fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
@@ -52,6 +105,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         prefill: Prefill::FixedPoint(PREFILL_ROUND_TRIPS),
         limit: usize::MAX,
         out: root.join("reports/exactness.json"),
+        coarse: None,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -72,6 +126,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             }
             "--limit" => a.limit = v.parse()?,
             "--out" => a.out = root.join(v),
+            "--coarse" => a.coarse = Some(v.parse()?),
             _ => return Err(format!("unknown option {flag}").into()),
         }
     }
@@ -156,12 +211,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             ..FixedPoint::default()
                         }),
                     };
+                    let mut hook = Coarse {
+                        exact: PlainLora::new(&adapter),
+                        noise: args.coarse.unwrap_or(0.0),
+                        rng: ChaCha20Rng::seed_from_u64(7),
+                    };
                     let out = decode::generate_drafted(
                         &model,
                         &drafter,
                         &prompt,
                         &cfg,
-                        &mut PlainLora::new(&adapter),
+                        &mut hook,
                         &mut |_| Ok(()),
                     )?;
                     let first = traj
@@ -192,6 +252,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 report.push(serde_json::json!({
                     "adapter": name, "verify_width": width, "round_trips": trips,
                     "prefill": args.prefill.to_string(), "prompts": d.len(),
+                    "coarse_noise": args.coarse,
                     "new_tokens": NEW_TOKENS, "diverged": at.len(), "first_divergence": at,
                 }));
             }

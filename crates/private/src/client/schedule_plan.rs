@@ -36,6 +36,9 @@ pub struct PassModel {
     pub bytes_up: f64,
     /// Bytes downloaded per pass.
     pub bytes_down: f64,
+    /// Bytes downloaded per pass on a coarse trip (every fixed-point trip
+    /// but a round's last, [`FixedPoint::coarse_trips`]).
+    pub bytes_down_coarse: f64,
     /// Server compute per pass, ms.
     pub server_ms: f64,
     /// Client encryption and decryption per pass, ms.
@@ -50,8 +53,7 @@ impl PassModel {
     /// [`PrivateError::Helora`] for a plan without a layout or an engine
     /// error while sizing the wire formats.
     pub fn of(offer: &SessionOffer, ctx: &Arc<Context>) -> Result<Self, PrivateError> {
-        let sizes = cipherlora_helora::measure::wire_sizes(ctx)?;
-        Self::of_plans(offer.groups.iter().map(|g| &g.plan), &sizes)
+        Self::of_plans(offer.groups.iter().map(|g| &g.plan), &wire_sizes(ctx)?)
     }
 
     /// Models one pass of `plans` (one per adapted group), with the wire
@@ -63,12 +65,13 @@ impl PassModel {
         plans: impl IntoIterator<Item = &'a GroupPlan>,
         sizes: &WireSizes,
     ) -> Result<Self, PrivateError> {
-        let (up, down, _) = sizes;
+        let (up, down, _, down_coarse) = sizes;
         let costs = OpCosts::default();
         let mut m = PassModel {
             groups: 0,
             bytes_up: 0.0,
             bytes_down: 0.0,
+            bytes_down_coarse: 0.0,
             server_ms: 0.0,
             client_he_ms: 0.0,
         };
@@ -82,6 +85,7 @@ impl PassModel {
                 .map(|(&n, &b)| n as f64 * b)
                 .sum::<f64>();
             m.bytes_down += c.decryptions as f64 * down;
+            m.bytes_down_coarse += c.decryptions as f64 * down_coarse;
             m.server_ms += costs.server_ms(&c);
             m.client_he_ms += costs.client_ms(&c);
         }
@@ -91,8 +95,21 @@ impl PassModel {
 
 /// The engine's wire sizes, bytes: a seeded upload at each level, a
 /// level-0 download as a default server returns it, one Galois key
-/// ([`cipherlora_helora::measure::wire_sizes`]).
-pub type WireSizes = ([f64; cipherlora_helora::counts::LEVELS], f64, f64);
+/// ([`cipherlora_helora::measure::wire_sizes`]), and a download at the
+/// precision of a coarse trip ([`wire_sizes`]).
+pub type WireSizes = ([f64; cipherlora_helora::counts::LEVELS], f64, f64, f64);
+
+/// The [`WireSizes`] of `ctx`'s engine; a coarse trip's download is
+/// modelled at the later trips' precision (16 bits, the larger of the two).
+///
+/// # Errors
+/// Engine errors.
+pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
+    let (up, down, key) = cipherlora_helora::measure::wire_sizes(ctx)?;
+    let bits = (-cipherlora_spec::schedule::LATER_TRIP_TOLERANCE.log2()).ceil() as u32 + 1;
+    let coarse = cipherlora_helora::measure::compressed_download_bytes(ctx, bits).unwrap_or(down);
+    Ok((up, down, key, coarse.min(down)))
+}
 
 /// A schedule and the modelled time per verify round of both candidates.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -160,10 +177,18 @@ pub fn choose_schedule_grouped(
         + forward_ms;
     let pass = fixed_point;
     let up = transfer_ms(pass.bytes_up, link.up_bps());
-    let down = transfer_ms(pass.bytes_down, link.down_bps());
+    let trip = |down_bytes: f64| {
+        let down = transfer_ms(down_bytes, link.down_bps());
+        rtt + pass.server_ms.max(up).max(down) + pass.client_he_ms
+    };
     let n = fixed.round_trips.max(1) as f64;
+    let coarse_down = if fixed.coarse_trips {
+        pass.bytes_down_coarse
+    } else {
+        pass.bytes_down
+    };
     let fixed_point_ms =
-        n * (rtt + pass.server_ms.max(up).max(down) + pass.client_he_ms) + (n + 1.0) * forward_ms;
+        (n - 1.0) * trip(coarse_down) + trip(pass.bytes_down) + (n + 1.0) * forward_ms;
     let schedule = if fixed_point_ms < per_group_ms {
         Schedule::FixedPoint(fixed)
     } else {
@@ -266,6 +291,7 @@ mod tests {
             groups: 60,
             bytes_up: 5.5e6,
             bytes_down: 7.2e6,
+            bytes_down_coarse: 5.5e6,
             server_ms: 110.0,
             client_he_ms: 13.0,
         }

@@ -295,7 +295,7 @@ pub fn choose_width_for_client(
     k_max: usize,
 ) -> Result<WidthChoice, PrivateError> {
     let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
-    let sizes = cipherlora_helora::measure::wire_sizes(&ctx)?;
+    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
     let client = time_client(model, drafter, k_max + 1)?;
     choose_width(
         space,
@@ -329,7 +329,7 @@ mod tests {
     fn sizes() -> WireSizes {
         // Seeded uploads by level, a compressed download (measured sizes of
         // the N = 8192 preset, BENCHMARKS.md), one Galois key.
-        ([51e3, 92e3, 133e3, 174e3], 79e3, 786e3)
+        ([51e3, 92e3, 133e3, 174e3], 79e3, 786e3, 61e3)
     }
 
     /// Client passes that cost 40 ms plus 4 ms per position.
