@@ -431,10 +431,16 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     (hook, width)
                 } else {
                     let width = cfg.verify_width();
+                    // A forced fixed point groups by layer where the adapter
+                    // allows it (the server answers by input otherwise).
+                    let grouping = match forced {
+                        Some(Schedule::FixedPoint(_)) if !by_input => Grouping::ByLayer,
+                        _ => Grouping::ByInput,
+                    };
                     let hook = connect_widths(
                         server.client_config(link),
                         &id,
-                        (width, Grouping::ByInput),
+                        (width, grouping),
                         opts.prefill_width,
                         model.config(),
                     )?;

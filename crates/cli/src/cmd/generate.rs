@@ -283,10 +283,16 @@ impl GenerateArgs {
                 (hook, 1)
             }
             (_, KArg::Fixed(k)) => {
+                // A forced fixed point groups by layer where the adapter
+                // allows it (FFA; the server answers by input otherwise).
+                let grouping = match forced {
+                    Some(Schedule::FixedPoint(_)) => Grouping::ByLayer,
+                    _ => Grouping::ByInput,
+                };
                 let hook = connect_widths(
                     config,
                     id,
-                    (k + 1, Grouping::ByInput),
+                    (k + 1, grouping),
                     self.prefill_width,
                     model.config(),
                 )
