@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::Model;
-use cipherlora_private::{ByWidth, GrpcTransport, Grouping, connect_widths};
+use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_widths};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::schedule::Schedule;
 
@@ -168,10 +168,17 @@ impl WarmAdapter {
         spinner.enable_steady_tick(Duration::from_millis(120));
         let t0 = Instant::now();
         let upstream = |e: &dyn std::fmt::Display| ApiError::Upstream(e.to_string());
+        // A forced fixed point groups FFA requests by layer (one upload per
+        // layer); `auto` decides after opening, so it keeps them by input.
+        let grouping = if s.schedule.starts_with("fixed-point") {
+            Grouping::ByLayer
+        } else {
+            Grouping::ByInput
+        };
         let hook = connect_widths(
             s.client.clone(),
             &self.id,
-            (self.verify_width(), Grouping::ByInput),
+            (self.verify_width(), grouping),
             s.prefill_width,
             model.config(),
         )

@@ -31,7 +31,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
 use cipherlora_private::{
-    ByWidth, EmbeddedServer, GrpcTransport, Grouping, HeTimings, LoraKind, connect_chosen_width,
+    ByWidth, EmbeddedServer, Grouping, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
     connect_widths,
 };
 use cipherlora_service::{LinkProfile, ThreadHook};

@@ -201,7 +201,10 @@ impl CkksServer {
         };
         let bits = match asked {
             0 => bits,
-            a => a.clamp(ResponseCompression::MIN_BITS, bits.max(ResponseCompression::MIN_BITS)),
+            a => a.clamp(
+                ResponseCompression::MIN_BITS,
+                bits.max(ResponseCompression::MIN_BITS),
+            ),
         };
         let key = (scale.to_bits(), bound.to_bits(), bits);
         if let Some(&p) = lock(&self.chosen).get(&key) {

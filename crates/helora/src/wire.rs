@@ -320,8 +320,7 @@ impl GroupRequest {
             });
         };
         let (msg, bits) = bytes.split_at(split);
-        let (plan_id, layer, group, t, ciphertexts) =
-            decode_msg(msg, REQ_MAGIC, "group request")?;
+        let (plan_id, layer, group, t, ciphertexts) = decode_msg(msg, REQ_MAGIC, "group request")?;
         Ok(GroupRequest {
             plan_id,
             layer,

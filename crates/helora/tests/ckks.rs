@@ -402,7 +402,10 @@ fn coarse_responses_are_smaller_and_within_the_asked_precision() {
                 .zip(e)
                 .map(|(u, v)| (u.re - v.re).abs().max((u.im - v.im).abs()))
                 .fold(0.0, f64::max);
-            let asked = bits.clamp(ResponseCompression::MIN_BITS, ResponseCompression::DEFAULT_BITS);
+            let asked = bits.clamp(
+                ResponseCompression::MIN_BITS,
+                ResponseCompression::DEFAULT_BITS,
+            );
             let allowed = bound * 2f64.powi(-(asked as i32));
             assert!(err <= allowed, "{bits} bits, ct {c}: {err:e} > {allowed:e}");
         }

@@ -28,7 +28,9 @@ pub enum PrivateError {
     /// for one group's deltas, or for a batch without every input of a
     /// layer: its requests need all of a layer's inputs at once (the
     /// fixed-point schedule).
-    #[error("the session groups layer {layer} into one request: it needs all of the layer's inputs at once (use the fixed-point schedule)")]
+    #[error(
+        "the session groups layer {layer} into one request: it needs all of the layer's inputs at once (use the fixed-point schedule)"
+    )]
     GroupedByLayer {
         /// Decoder layer index.
         layer: u32,

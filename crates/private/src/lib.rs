@@ -43,8 +43,8 @@ pub use remote::{
 };
 pub use server::cost_cache;
 pub use server::{
-    AdapterGroups, Grouping, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory, SessionOffer,
-    adapter_id,
+    AdapterGroups, Grouping, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory,
+    SessionOffer, adapter_id,
 };
 
 pub use cipherlora_helora::Rerandomization;

@@ -206,7 +206,14 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
             let model = Model::load(&model_path).unwrap();
             let tok = Tokenizer::for_model(&model_path).unwrap();
             let plain = LoraAdapter::load(&common::adapter_dir(ADAPTER), model.config()).unwrap();
-            let mut hook = connect_widths(config, ADAPTER, (K + 1, Grouping::ByInput), 8, model.config()).unwrap();
+            let mut hook = connect_widths(
+                config,
+                ADAPTER,
+                (K + 1, Grouping::ByInput),
+                8,
+                model.config(),
+            )
+            .unwrap();
             for text in [common::PROMPTS[1], common::PROMPTS[4]] {
                 let prompt = tok.encode(text).unwrap();
                 let want = common::plaintext_reference(&model, &tok, &plain, &prompt, 16);

@@ -85,7 +85,8 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
         (K + 1, Grouping::ByInput),
         PREFILL,
         model.config(),
-    ).unwrap();
+    )
+    .unwrap();
 
     // A wrong token is refused with its gRPC status, kept in the typed error.
     let mut wrong = config.clone();

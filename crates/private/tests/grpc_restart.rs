@@ -44,7 +44,8 @@ fn server_restart_during_generation_resumes_with_the_plaintext_output() {
     let mut config = ClientConfig::new(format!("https://localhost:{}", addr.port()));
     config.tls = Some(cert.client_tls("localhost"));
     config.token = Some(TOKEN.into());
-    let mut hook = connect_remote(config, ADAPTER, K + 1, Grouping::ByInput, model.config()).unwrap();
+    let mut hook =
+        connect_remote(config, ADAPTER, K + 1, Grouping::ByInput, model.config()).unwrap();
 
     let plain = LoraAdapter::load(&common::adapter_dir(ADAPTER), model.config()).unwrap();
     let prompt = tok.encode(common::PROMPTS[1]).unwrap();

@@ -22,8 +22,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
-use cipherlora_private::{Grouping, SessionMemory};
 use cipherlora_private::remote::{HeBackend, connect_remote};
+use cipherlora_private::{Grouping, SessionMemory};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterBackend, ClientConfig, ServeConfig, ServerThread, dev_cert};
 use cipherlora_spec::decode::{self};
@@ -121,7 +121,8 @@ fn sixteen_concurrent_sessions_share_the_diagonals_and_match_plaintext() {
             cfg.token = Some(tokens[n].clone());
             let (model, tok, all_open) = (model.clone(), tok.clone(), all_open.clone());
             std::thread::spawn(move || {
-                let mut hook = connect_remote(cfg, adapter, K + 1, Grouping::ByInput, model.config()).unwrap();
+                let mut hook =
+                    connect_remote(cfg, adapter, K + 1, Grouping::ByInput, model.config()).unwrap();
                 // Every session is open before any generates: 16 at once.
                 all_open.wait();
                 let spec = common::greedy_spec(K, TOKENS, &tok);

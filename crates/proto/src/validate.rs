@@ -90,6 +90,7 @@ mod tests {
             group: 0,
             ciphertexts: cts,
             plan_id: 7,
+            response_bits: 12,
         }
     }
 

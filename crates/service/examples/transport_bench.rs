@@ -102,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut rtt = Vec::with_capacity(iters);
             for i in 0..iters + 3 {
                 let t = Instant::now();
-                let out = direct.compute.compute(0, group, 0, &cts)?;
+                let out = direct.compute.compute(0, group, 0, 0, &cts)?;
                 let c = t.elapsed();
                 assert_eq!(out.len(), n);
                 let t = Instant::now();

@@ -26,13 +26,13 @@
 use std::path::{Path, PathBuf};
 
 use cipherlora_model::{
-    DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoraAdapter, Model, ModelError,
-    PlainLora, ProjGroup, SamplingParams, Tensor, Tokenizer, fetch, generate,
+    DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoraAdapter, Model, ModelError, PlainLora,
+    ProjGroup, SamplingParams, Tensor, Tokenizer, fetch, generate,
 };
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha20Rng;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 
 const NEW_TOKENS: usize = 64;
 const PREFILL_WIDTH: usize = 16;
@@ -74,13 +74,19 @@ impl DeltaHook for Coarse<'_> {
         for group in exact {
             let max = group
                 .iter()
-                .map(|(_, d)| d.abs().and_then(|a| a.max_all()).and_then(|m| m.to_scalar::<f32>()))
+                .map(|(_, d)| {
+                    d.abs()
+                        .and_then(|a| a.max_all())
+                        .and_then(|m| m.to_scalar::<f32>())
+                })
                 .try_fold(0.0f32, |m, v| v.map(|v| m.max(v)))?;
             let amp = (self.noise * tolerance) as f32 * max;
             let mut noisy = GroupDeltas::none();
             for (proj, d) in group.iter() {
                 let n = d.elem_count();
-                let e: Vec<f32> = (0..n).map(|_| amp * self.rng.random_range(-1.0f32..=1.0)).collect();
+                let e: Vec<f32> = (0..n)
+                    .map(|_| amp * self.rng.random_range(-1.0f32..=1.0))
+                    .collect();
                 let e = Tensor::from_vec(e, d.dims(), d.device())?;
                 noisy.push(proj, (d + e)?);
             }

@@ -317,13 +317,14 @@ impl<T: Transport> HeHook<T> {
     fn units(&self, inputs: &[GroupInput]) -> Result<Vec<Unit>, PrivateError> {
         let mut units: Vec<Unit> = Vec::new();
         for (i, g) in inputs.iter().enumerate() {
-            let key = *self
-                .group_of
-                .get(&(g.layer, g.group))
-                .ok_or(PrivateError::UnknownGroup {
-                    layer: g.layer as u32,
-                    group: AdapterGroups::group_index(g.group),
-                })?;
+            let key =
+                *self
+                    .group_of
+                    .get(&(g.layer, g.group))
+                    .ok_or(PrivateError::UnknownGroup {
+                        layer: g.layer as u32,
+                        group: AdapterGroups::group_index(g.group),
+                    })?;
             match units.iter_mut().find(|u| u.key == key) {
                 Some(u) => u.inputs.push(i),
                 None => units.push(Unit {

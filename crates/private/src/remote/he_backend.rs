@@ -719,7 +719,9 @@ mod tests {
         for scale in [1e300, 2.0, ctx.params().scale() * 2.0] {
             let mut bad = good.clone();
             bad[16..24].copy_from_slice(&f64::to_bits(scale).to_le_bytes());
-            let e = c.compute(1, 1, 0, 0, &vec![Bytes::from(bad); n]).unwrap_err();
+            let e = c
+                .compute(1, 1, 0, 0, &vec![Bytes::from(bad); n])
+                .unwrap_err();
             assert!(
                 matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
                 "scale {scale}: {e}"
@@ -779,8 +781,13 @@ mod tests {
             he.encrypt_to_bytes(&[0.25; 8], &[], plan.input_level())
                 .unwrap(),
         );
-        assert_eq!(c.compute(1, 1, 0, 0, &vec![good.clone(); n]).unwrap().len(), 1);
-        let e = c.compute(1, 1, 0, 0, &vec![good.clone(); n + 1]).unwrap_err();
+        assert_eq!(
+            c.compute(1, 1, 0, 0, &vec![good.clone(); n]).unwrap().len(),
+            1
+        );
+        let e = c
+            .compute(1, 1, 0, 0, &vec![good.clone(); n + 1])
+            .unwrap_err();
         assert_eq!(
             e,
             BackendError::CiphertextCount {

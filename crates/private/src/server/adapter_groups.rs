@@ -137,10 +137,7 @@ impl AdapterGroups {
                         let at = row * d_in + offset;
                         a[at..at + src.len()].copy_from_slice(src);
                     }
-                    projections.push(ProjectionAdapter {
-                        a,
-                        ..p.clone()
-                    });
+                    projections.push(ProjectionAdapter { a, ..p.clone() });
                 }
                 offset += g.adapter.d_in;
             }
@@ -197,16 +194,15 @@ mod tests {
     /// layer with only o: small enough to check by hand, with distinct
     /// weights everywhere.
     fn groups(kind: LoraKind) -> AdapterGroups {
-        let proj = |name: &str, d_out: usize, rank: usize, d_in: usize, seed: f32| {
-            ProjectionAdapter {
+        let proj =
+            |name: &str, d_out: usize, rank: usize, d_in: usize, seed: f32| ProjectionAdapter {
                 name: name.into(),
                 d_out,
                 rank,
                 a: (0..rank * d_in).map(|i| seed + i as f32 * 0.1).collect(),
                 b: (0..d_out * rank).map(|i| seed - i as f32 * 0.05).collect(),
                 scaling: 1.5,
-            }
-        };
+            };
         let group = |layer, group, d_in, projections| LayerGroup {
             layer,
             group,
