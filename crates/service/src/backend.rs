@@ -87,8 +87,10 @@ pub struct OpenedSession {
 pub struct GroupRequestShape {
     /// Ciphertexts in each request for this group.
     pub input_ciphertexts: usize,
-    /// Positions (token rows) one request of this group evaluates the delta
-    /// for: what the extraction budget counts.
+    /// Delta evaluations one request of this group makes — positions
+    /// (token rows) times the inputs it answers for (one per shared input;
+    /// a request grouping a layer's inputs counts each): what the
+    /// extraction budget counts.
     pub positions: u32,
 }
 

@@ -304,6 +304,10 @@ impl SessionCompute for OfferOnly {
 struct GroupMeta {
     plan_id: u64,
     t: u32,
+    /// Delta evaluations one request makes, for the extraction budget:
+    /// T per input group it answers (two for a layer of q,k,v,o grouped by
+    /// layer, so that grouping does not halve what a client is charged).
+    evaluations: u32,
     inputs: usize,
     level: usize,
     /// The scale every input ciphertext must have (the parameters').
@@ -330,9 +334,12 @@ impl HeCompute {
             let inputs = og.plan.input_cts().map_err(|e| BackendError::Internal {
                 reason: e.to_string(),
             })?;
+            let mut members: Vec<_> = og.projections.iter().map(|p| p.group()).collect();
+            members.dedup();
             let meta = GroupMeta {
                 plan_id: og.plan.id(),
                 t: og.plan.t as u32,
+                evaluations: (og.plan.t * members.len().max(1)) as u32,
                 inputs,
                 level: og.plan.input_level(),
                 scale: ctx.params().scale(),
@@ -360,7 +367,7 @@ impl SessionCompute for HeCompute {
         let meta = self.meta(layer, group)?;
         Ok(GroupRequestShape {
             input_ciphertexts: meta.inputs,
-            positions: meta.t,
+            positions: meta.evaluations,
         })
     }
 
@@ -553,6 +560,74 @@ mod tests {
             }],
         };
         HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap()
+    }
+
+    /// A request grouping a layer's q and o inputs is charged to the
+    /// extraction budget as two groups' evaluations (T each), as the same
+    /// deltas grouped by input would be.
+    #[test]
+    fn a_layer_request_is_charged_for_every_input_it_answers() {
+        use crate::server::LayerGroup;
+        use cipherlora_helora::{CkksClient, GroupAdapter, ProjectionAdapter};
+        use cipherlora_model::ProjGroup;
+        let group = |group, name: &str| LayerGroup {
+            layer: 1,
+            group,
+            adapter: GroupAdapter {
+                d_in: 8,
+                projections: vec![ProjectionAdapter {
+                    name: name.into(),
+                    d_out: 8,
+                    rank: 2,
+                    a: (0..16).map(|i| i as f32 / 16.0).collect(),
+                    b: (0..16).map(|i| 0.5 - i as f32 / 32.0).collect(),
+                    scaling: 2.0,
+                }],
+            },
+        };
+        let groups = AdapterGroups {
+            kind: LoraKind::Ffa,
+            groups: vec![
+                group(ProjGroup::Qkv, "q_proj"),
+                group(ProjGroup::O, "o_proj"),
+            ],
+        };
+        let b = HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap();
+        let preset = b.info().ckks_presets[0].clone();
+        let t = 5;
+        for (grouping, groups, evaluations) in
+            [(Grouping::ByInput, 2, t), (Grouping::ByLayer, 1, 2 * t)]
+        {
+            let request = |offer_only| {
+                PlanRequest {
+                    t,
+                    offer_only,
+                    grouping,
+                }
+                .to_bytes()
+            };
+            let opened = b
+                .open_session(payload(&preset, request(true), vec![]))
+                .unwrap();
+            let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
+            assert_eq!(offer.groups.len(), groups);
+            let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
+            let steps: BTreeSet<i64> = offer
+                .groups
+                .iter()
+                .flat_map(|g| g.plan.galois_steps().unwrap())
+                .collect();
+            let steps: Vec<i64> = steps.into_iter().collect();
+            let keys = CkksClient::new(&ctx)
+                .unwrap()
+                .galois_keys(&steps)
+                .to_bytes();
+            let real = b
+                .open_session(payload(&preset, request(false), keys))
+                .unwrap();
+            let shape = real.compute.group_shape(1, 0).unwrap();
+            assert_eq!(shape.positions as usize, evaluations, "{grouping:?}");
+        }
     }
 
     fn payload(preset: &str, request: Vec<u8>, keys: Vec<u8>) -> OpenSessionPayload {
