@@ -138,7 +138,10 @@ fn tls_and_bearer_token_are_enforced() {
     good.open(2, 2, 16).unwrap();
 }
 
-fn refused(e: ServiceError) -> (Code, Option<ErrorReason>) {
+/// A refusal's code and reason.
+type Refusal = (Code, Option<ErrorReason>);
+
+fn refused(e: ServiceError) -> Refusal {
     (e.code().expect("an rpc status"), e.reason())
 }
 
@@ -147,10 +150,12 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
     let (m, _) = model();
     let d = m.config().hidden_size;
     let n = m.config().num_layers;
-    let mut limits = Limits::default();
-    limits.max_message_bytes = 256 << 10;
     // One (1, 1) session of 64 positions holds 28 layers' KV: 2.75 MiB.
-    limits.max_key_bytes_per_token = 4 << 20;
+    let limits = Limits {
+        max_message_bytes: 256 << 10,
+        max_key_bytes_per_token: 4 << 20,
+        ..Limits::default()
+    };
     let server = serve(limits, 64);
     let mut c = client(&server);
     let invalid = (Code::InvalidArgument, Some(ErrorReason::InvalidActivations));
@@ -181,7 +186,7 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         encoding: ActivationEncoding::F32Le as i32,
         hidden: cipherlora_proto::activations::encode_f32(values),
     };
-    let cases: Vec<(&str, ForwardRequest, (Code, Option<ErrorReason>))> = vec![
+    let cases: Vec<(&str, ForwardRequest, Refusal)> = vec![
         (
             "unknown session",
             ForwardRequest {
