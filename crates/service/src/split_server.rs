@@ -156,14 +156,7 @@ impl SplitInference for SplitSvc {
         req: Request<sv1::TruncateRequest>,
     ) -> Result<Response<sv1::TruncateResponse>, Status> {
         let who = Principal::of(&req);
-        let r = self.session(who, &req.get_ref().session_id).and_then(|s| {
-            self.admit(&s)?;
-            let mut c = s.compute.lock().unwrap_or_else(|p| p.into_inner());
-            c.truncate(usize::try_from(req.get_ref().length).unwrap_or(usize::MAX));
-            Ok(sv1::TruncateResponse {
-                length: c.len() as u64,
-            })
-        });
+        let r = self.truncate(who, req.into_inner()).await;
         self.record("split_truncate", &r);
         r.map(Response::new)
     }
@@ -259,6 +252,25 @@ impl SplitSvc {
             idle_timeout_ms: u64::try_from(limits.idle_timeout.as_millis()).unwrap_or(u64::MAX),
             max_message_bytes: limits.max_message_bytes as u64,
         })
+    }
+
+    async fn truncate(
+        &self,
+        who: Principal,
+        req: sv1::TruncateRequest,
+    ) -> Result<sv1::TruncateResponse, Status> {
+        let session = self.session(who, &req.session_id)?;
+        self.admit(&session)?;
+        let length = usize::try_from(req.length).unwrap_or(usize::MAX);
+        // The lock waits for a Forward in flight: off the reactor.
+        let len = tokio::task::spawn_blocking(move || {
+            let mut c = session.compute.lock().unwrap_or_else(|p| p.into_inner());
+            c.truncate(length);
+            c.len()
+        })
+        .await
+        .map_err(|e| internal(&e))?;
+        Ok(sv1::TruncateResponse { length: len as u64 })
     }
 
     async fn forward(

@@ -117,6 +117,40 @@ fn no_draft_and_in_process_middle_give_the_same_tokens() {
     assert_eq!(out.steps.len(), TOKENS);
 }
 
+/// An end token stops generation before it is emitted, and the token
+/// limit cuts a step whose accepted drafts would pass it, both exactly
+/// where the local model's greedy output stops.
+#[test]
+fn end_tokens_and_the_token_limit_cut_where_the_local_model_does() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[3]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let run = |max_tokens: usize, eos: Vec<u32>| {
+        let config = SplitConfig {
+            head_layers: 2,
+            tail_layers: 2,
+            k: 4,
+            max_tokens,
+            eos,
+            drafter: Drafter::default(),
+        };
+        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()
+    };
+    for n in [1, 2, 7, 13] {
+        let out = run(n, Vec::new());
+        assert_eq!(out.tokens, want[..n], "max_tokens {n}");
+        assert!(!out.stopped_at_eos);
+    }
+    // The first token that does not occur earlier in the output ends it.
+    let cut = (1..TOKENS)
+        .find(|&i| !want[..i].contains(&want[i]))
+        .expect("a fresh token");
+    let out = run(TOKENS, vec![want[cut]]);
+    assert_eq!(out.tokens, want[..cut]);
+    assert!(out.stopped_at_eos);
+}
+
 #[test]
 fn tls_and_bearer_token_are_enforced() {
     let dev = dev_cert(&["localhost", "127.0.0.1"]).unwrap();
