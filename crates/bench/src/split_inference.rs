@@ -3,7 +3,7 @@
 //! behind a simulated WAN), against the whole model run locally.
 //!
 //! For each link, each split (a, b) and each drafter (prompt lookup with K,
-//! none) it generates greedily and reports decode tok/s, tokens per step
+//! optionally the lookahead-style n-gram pool with K, none) it generates greedily and reports decode tok/s, tokens per step
 //! (one round trip each), round trips, bytes per token, where the time went
 //! (local compute, server compute, the rest: network and transport), and
 //! whether the output equals the local model's. The local plaintext model
@@ -31,7 +31,7 @@ use cipherlora_service::{
     ClientConfig, LinkProfile, ServeConfig, ServerThread, SplitBackend, SplitClient,
 };
 use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, ModelBackend, SplitConfig, SplitOutput};
+use cipherlora_split::{Drafter, Lookahead, ModelBackend, SplitConfig, SplitOutput};
 use serde::{Deserialize, Serialize};
 
 use crate::e2e::place;
@@ -54,6 +54,8 @@ pub struct SplitBenchOptions {
     pub k: usize,
     /// Also run without drafts (one token per round trip).
     pub no_draft_baseline: bool,
+    /// Also run the lookahead drafter ([`Drafter::Lookahead`]) with K.
+    pub lookahead: bool,
     /// Prompts.
     pub prompts: Vec<String>,
     /// New tokens per prompt.
@@ -184,6 +186,9 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
     let mut drafters = Vec::new();
     if opts.k > 0 {
         drafters.push((Drafter::PromptLookup(PromptLookup::default()), opts.k));
+        if opts.lookahead {
+            drafters.push((Drafter::Lookahead(Lookahead::default()), opts.k));
+        }
     }
     if opts.no_draft_baseline || opts.k == 0 {
         drafters.push((Drafter::None, 0));
@@ -330,6 +335,7 @@ fn summarise(
         drafter: match drafter {
             Drafter::None => "none".into(),
             Drafter::PromptLookup(_) => "prompt-lookup".into(),
+            Drafter::Lookahead(_) => "lookahead".into(),
         },
         k,
         tokens,

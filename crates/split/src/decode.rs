@@ -1,6 +1,7 @@
 //! Greedy split generation with speculative verification.
 //!
-//! Each step drafts up to K tokens ([`Drafter`]), runs the embedding and
+//! Each step drafts up to K tokens ([`Drafter`]: prompt lookup, or a
+//! lookahead-style n-gram pool fed by the previous pass's Jacobi iterate), runs the embedding and
 //! layers `[0, a)` locally on the pending token and the drafts (the whole
 //! prompt on the first step), sends the hidden states to the middle layers
 //! (one round trip), runs layers `[L − b, L)` and the head locally and
@@ -140,6 +141,7 @@ pub fn generate(
     let mut head = KvCache::for_layers(c, capacity, 0..a)?;
     let mut tail = KvCache::for_layers(c, capacity, n - b..n)?;
     let causal = AttentionMask::Causal;
+    let mut drafter = config.drafter.start();
     let mut context = prompt.to_vec();
     let mut pending = prompt.to_vec();
     let mut out = SplitOutput {
@@ -153,7 +155,7 @@ pub fn generate(
         let t0 = Instant::now();
         let _span = tracing::debug_span!("split_step", step = out.steps.len()).entered();
         let room = config.max_tokens - out.tokens.len();
-        let drafts = config.drafter.draft(&context, config.k.min(room - 1));
+        let drafts = drafter.draft(&context, config.k.min(room - 1));
         let mut input = pending.clone();
         input.extend_from_slice(&drafts);
         let t = input.len();
@@ -178,6 +180,7 @@ pub fn generate(
         let logits = model.head(&z.narrow(0, first, t - first)?)?;
         let argmax = Model::argmax_rows(&logits)?;
         let outcome = accept_greedy(&drafts, &argmax)?;
+        drafter.observe(&argmax, outcome.accepted);
         let keep = start + pending.len() + outcome.accepted;
         head.truncate(keep);
         tail.truncate(keep);

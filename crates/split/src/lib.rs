@@ -12,7 +12,8 @@
 //!   included).
 //! - [`middle`]: where the client's middle layers run: [`MiddleLayers`],
 //!   implemented by the gRPC client and, for references, in process.
-//! - [`draft`]: drafters: prompt lookup (`cipherlora_spec::ngram`) and none.
+//! - [`draft`]: drafters: prompt lookup (`cipherlora_spec::ngram`), a
+//!   lookahead-style n-gram pool (Fu et al. 2024, simplified) and none.
 //! - [`decode`]: greedy generation, K+1 positions verified per round trip,
 //!   local and remote KV rolled back to the accepted prefix; the output is
 //!   the whole model's greedy output.
@@ -25,6 +26,6 @@ pub mod middle;
 
 pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
-pub use draft::Drafter;
+pub use draft::{Drafter, Lookahead};
 pub use error::SplitError;
 pub use middle::{Forwarded, InProcess, MiddleLayers};

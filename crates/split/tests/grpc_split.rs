@@ -14,7 +14,9 @@ use cipherlora_service::{
     ClientConfig, Limits, ServeConfig, ServerThread, ServiceError, SplitBackend, SplitClient,
     dev_cert,
 };
-use cipherlora_split::{Drafter, InProcess, MiddleLayers, ModelBackend, SplitConfig, generate};
+use cipherlora_split::{
+    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, SplitConfig, generate,
+};
 use tonic::Code;
 
 fn model() -> &'static (Arc<Model>, Tokenizer) {
@@ -69,14 +71,20 @@ fn split_generation_over_grpc_equals_local_greedy() {
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
         let want = local_greedy(m, &prompt);
-        for (a, b) in [(1, 1), (2, 2), (4, 4)] {
+        let lookahead = Drafter::Lookahead(Lookahead::default());
+        for (a, b, drafter) in [
+            (1, 1, Drafter::default()),
+            (2, 2, Drafter::default()),
+            (4, 4, Drafter::default()),
+            (2, 2, lookahead),
+        ] {
             let config = SplitConfig {
                 head_layers: a,
                 tail_layers: b,
                 k: 4,
                 max_tokens: TOKENS,
                 eos: Vec::new(),
-                drafter: Drafter::default(),
+                drafter,
             };
             let mut c = client(&server);
             let cap = u32::try_from(config.capacity(prompt.len())).unwrap();
@@ -84,7 +92,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
             assert_eq!(info.end_layer as usize, m.config().num_layers - b);
             let mut streamed = Vec::new();
             let out = generate(m, &prompt, &config, &mut c, &mut |t| streamed.push(t)).unwrap();
-            assert_eq!(out.tokens, want, "split ({a}, {b}) on {text:?}");
+            assert_eq!(out.tokens, want, "split ({a}, {b}) {drafter:?} on {text:?}");
             assert_eq!(streamed, want);
             // One Forward per step, nothing else on the wire.
             assert_eq!(c.stats().forwards, out.steps.len() as u64);

@@ -86,6 +86,9 @@ pub struct SplitBenchArgs {
     /// Skip the no-draft baseline (one token per round trip).
     #[arg(long)]
     no_baseline: bool,
+    /// Also run the lookahead-style n-gram pool drafter with K.
+    #[arg(long)]
+    lookahead: bool,
     /// Held-out prompts, one JSON object with a "prompt" field per line
     /// (default: the committed HumanEval prompts).
     #[arg(long)]
@@ -137,6 +140,7 @@ impl SplitBenchArgs {
                 splits,
                 k: self.k,
                 no_draft_baseline: !self.no_baseline,
+                lookahead: self.lookahead,
                 prompts,
                 max_tokens: self.max_tokens,
                 pin: !self.no_pin,

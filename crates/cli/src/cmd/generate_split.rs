@@ -11,7 +11,7 @@ use anyhow::Context;
 use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer};
 use cipherlora_service::{LinkProfile, SplitClient};
 use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, SplitConfig};
+use cipherlora_split::{Drafter, Lookahead, SplitConfig};
 use clap::{Args, ValueEnum};
 
 use super::remote::client_config;
@@ -21,6 +21,9 @@ use super::remote::client_config;
 pub enum SplitDraftArg {
     /// Prompt lookup: copy the continuation of an earlier n-gram.
     PromptLookup,
+    /// An n-gram pool fed by the verify passes' Jacobi iterates
+    /// (lookahead decoding, simplified), prompt lookup as fallback.
+    Lookahead,
     /// No draft: one token per round trip.
     None,
 }
@@ -104,6 +107,7 @@ impl GenerateSplitArgs {
             eos: tokenizer.eos_tokens().to_vec(),
             drafter: match self.draft {
                 SplitDraftArg::PromptLookup => Drafter::PromptLookup(PromptLookup::default()),
+                SplitDraftArg::Lookahead => Drafter::Lookahead(Lookahead::default()),
                 SplitDraftArg::None => Drafter::None,
             },
         };
