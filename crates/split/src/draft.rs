@@ -9,9 +9,10 @@
 //!   Using Lookahead Decoding", §3): the verify pass's rows after the
 //!   bonus token are one Jacobi iteration of the positions that follow
 //!   (each predicted from the drafts before it, right or wrong), so every
-//!   n-gram of them goes into a pool keyed by its first token, and the
-//!   next draft is the pool's latest n-gram starting with the last token,
-//!   else a prompt-lookup draft, else the Jacobi iterate itself.
+//!   n-gram of them goes into a pool keyed by its first token. The next
+//!   draft is a prompt-lookup match of two tokens or more, else the pool's
+//!   latest n-gram starting with the last token, else a one-token prompt
+//!   match, else the Jacobi iterate itself.
 //!   Simplified: the paper's separate 2-D lookahead window and its
 //!   parallel verification of several pool n-grams need a non-causal
 //!   attention mask the split protocol does not carry; here the Jacobi
@@ -92,18 +93,31 @@ impl DraftState {
             Drafter::None => Vec::new(),
             Drafter::PromptLookup(p) => p.draft(context, k),
             Drafter::Lookahead(l) => {
-                let pooled = context
-                    .last()
-                    .and_then(|t| self.pool.get(t))
-                    .and_then(|grams| grams.back())
-                    .cloned();
-                match pooled {
-                    Some(g) => g,
-                    None => {
-                        let p = l.fallback.draft(context, k);
-                        if p.is_empty() { self.jacobi.clone() } else { p }
-                    }
+                // A prompt-lookup match of two tokens or more is text that
+                // occurred; a pool n-gram only a guess; a one-token match
+                // less than either.
+                let strong = PromptLookup {
+                    min_ngram: l.fallback.min_ngram.max(2),
+                    ..l.fallback
+                };
+                let pooled = || {
+                    context
+                        .last()
+                        .and_then(|t| self.pool.get(t))
+                        .and_then(|grams| grams.back())
+                        .cloned()
+                };
+                let mut d = strong.draft(context, k);
+                if d.is_empty() {
+                    d = pooled().unwrap_or_default();
                 }
+                if d.is_empty() {
+                    d = l.fallback.draft(context, k);
+                }
+                if d.is_empty() {
+                    d = self.jacobi.clone();
+                }
+                d
             }
         };
         d.truncate(k);
@@ -152,8 +166,10 @@ mod tests {
         assert_eq!(s.draft(&[1, 2, 8], 4), vec![9, 10]);
         // No pool entry for 3, no prompt match: the Jacobi iterate.
         assert_eq!(s.draft(&[1, 2, 3], 4), vec![8, 9, 10]);
-        // Prompt lookup before the iterate.
+        // One-token prompt lookup before the iterate.
         assert_eq!(s.draft(&[4, 6, 1, 4], 4), vec![6, 1, 4]);
+        // A longer prompt-lookup match before the pool.
+        assert_eq!(s.draft(&[7, 8, 5, 7, 8], 4), vec![5, 7, 8]);
         // Newer n-grams win; old ones beyond per_key go.
         s.observe(&[7, 11, 12], 0);
         assert_eq!(s.draft(&[7], 1), vec![11]);
