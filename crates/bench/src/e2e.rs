@@ -251,7 +251,11 @@ fn drafter_name(d: DrafterKind) -> &'static str {
     }
 }
 
-fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
+/// The first `n` prompts of a JSON-lines file with a `prompt` field per line.
+///
+/// # Errors
+/// An unreadable file, a line without a prompt, fewer than `n` prompts.
+pub fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let mut out = Vec::new();

@@ -10,6 +10,7 @@ pub mod e2e;
 pub mod helora;
 pub mod model;
 pub mod split;
+pub mod split_inference;
 
 use std::path::{Path, PathBuf};
 

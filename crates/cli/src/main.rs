@@ -43,6 +43,12 @@ enum Command {
     Api(cmd::api::ApiArgs),
     /// Serve PEFT adapters under HE over gRPC (TLS, bearer tokens).
     Serve(cmd::serve::ServeArgs),
+    /// Serve the middle decoder layers of a base model for split inference
+    /// (issue 17) over gRPC (TLS, bearer tokens).
+    ServeSplit(cmd::serve_split::ServeSplitArgs),
+    /// Greedy generation with a split server running the middle layers;
+    /// tokens and logits stay local, hidden states travel (issue 17).
+    GenerateSplit(cmd::generate_split::GenerateSplitArgs),
     /// Write a development CA and a localhost server certificate.
     DevCert(cmd::devcert::DevCertArgs),
     /// Inversion attacks on split-inference activations and on HE-LoRA
@@ -66,6 +72,8 @@ fn main() -> anyhow::Result<()> {
         Command::Fetch(a) => a.run(),
         Command::Generate(a) => a.run(),
         Command::Serve(a) => a.run(),
+        Command::ServeSplit(a) => a.run(),
+        Command::GenerateSplit(a) => a.run(),
         Command::DevCert(a) => a.run(),
     }
 }

@@ -56,3 +56,29 @@ fn serve_refuses_to_start_without_tls_and_tokens_unless_insecure() {
     assert!(err.contains("serve.toml"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve-split` refuses to start insecure just as `serve` does, before it
+/// loads a model.
+#[test]
+fn serve_split_refuses_to_start_without_tls_and_tokens_unless_insecure() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cipherlora"))
+            .args(["serve-split", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .expect("running cipherlora");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = run(&[]);
+    assert!(!ok, "served without TLS and tokens");
+    assert!(err.contains("--insecure") && err.contains("TLS"), "{err}");
+    let (ok, err) = run(&["--token-file", "/nonexistent/tokens"]);
+    assert!(!ok);
+    assert!(
+        err.contains("TLS (") && !err.contains("--token-file"),
+        "{err}"
+    );
+}

@@ -6,6 +6,10 @@
 //! after a tree verify pass [`KvCache::compact`] keeps one accepted root-to-node
 //! path, whose node at depth d then sits exactly at position `start + d`.
 //! Entries below `len()` are committed; a forward pass appends after them.
+//!
+//! A cache may hold a contiguous range of layers only
+//! ([`KvCache::for_layers`]): the server of split inference keeps the keys
+//! and values of its layers `[a, L − b)` and nothing else.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -18,6 +22,8 @@ pub struct KvCache {
     values: Vec<Tensor>,
     len: usize,
     capacity: usize,
+    /// Index of the layer whose keys are `keys[0]`.
+    first_layer: usize,
 }
 
 impl KvCache {
@@ -27,10 +33,32 @@ impl KvCache {
     /// # Errors
     /// [`ModelError::Candle`] if the allocation fails.
     pub fn new(config: &ModelConfig, capacity: usize) -> Result<Self, ModelError> {
+        Self::for_layers(config, capacity, 0..config.num_layers)
+    }
+
+    /// An empty cache for `capacity` positions of the decoder layers
+    /// `layers` only (memory: 2 · len(layers) · kv_heads · capacity ·
+    /// head_dim · 4 bytes, [`KvCache::bytes_for`]). A forward pass that runs
+    /// a layer outside the range fails with [`ModelError::Input`].
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `layers` is not within `0..num_layers`;
+    /// [`ModelError::Candle`] if the allocation fails.
+    pub fn for_layers(
+        config: &ModelConfig,
+        capacity: usize,
+        layers: std::ops::Range<usize>,
+    ) -> Result<Self, ModelError> {
+        if layers.start > layers.end || layers.end > config.num_layers {
+            return Err(ModelError::Input(format!(
+                "layers {layers:?} not within the model's {} layers",
+                config.num_layers
+            )));
+        }
         let shape = (config.num_kv_heads, capacity, config.head_dim);
-        let mut keys = Vec::with_capacity(config.num_layers);
-        let mut values = Vec::with_capacity(config.num_layers);
-        for _ in 0..config.num_layers {
+        let mut keys = Vec::with_capacity(layers.len());
+        let mut values = Vec::with_capacity(layers.len());
+        for _ in layers.clone() {
             keys.push(Tensor::zeros(shape, DType::F32, &Device::Cpu)?);
             values.push(Tensor::zeros(shape, DType::F32, &Device::Cpu)?);
         }
@@ -39,7 +67,24 @@ impl KvCache {
             values,
             len: 0,
             capacity,
+            first_layer: layers.start,
         })
+    }
+
+    /// Bytes a cache of `layers` decoder layers and `capacity` positions
+    /// holds (f32 keys and values).
+    pub fn bytes_for(config: &ModelConfig, layers: usize, capacity: usize) -> usize {
+        2usize
+            .saturating_mul(layers)
+            .saturating_mul(config.num_kv_heads)
+            .saturating_mul(capacity)
+            .saturating_mul(config.head_dim)
+            .saturating_mul(4)
+    }
+
+    /// The decoder layers this cache holds.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.first_layer..self.first_layer + self.keys.len()
     }
 
     /// Number of committed positions.
@@ -107,6 +152,7 @@ impl KvCache {
             values: copy(&self.values)?,
             len: self.len,
             capacity: self.capacity,
+            first_layer: self.first_layer,
         })
     }
 
@@ -121,7 +167,7 @@ impl KvCache {
     /// this cache's capacity; [`ModelError::Candle`] if a copy fails.
     pub fn sync_from(&mut self, src: &KvCache, from: usize) -> Result<(), ModelError> {
         let n = src.len;
-        if from > n || from > self.len || n > self.capacity || src.keys.len() != self.keys.len() {
+        if from > n || from > self.len || n > self.capacity || src.layers() != self.layers() {
             return Err(ModelError::Input(format!(
                 "cannot sync positions {from}..{n} into a cache of {} of {} positions",
                 self.len, self.capacity
@@ -149,17 +195,32 @@ impl KvCache {
         k: &Tensor,
         v: &Tensor,
     ) -> Result<(), ModelError> {
-        self.keys[layer].slice_set(k, 1, at)?;
-        self.values[layer].slice_set(v, 1, at)?;
+        let i = self.slot(layer)?;
+        self.keys[i].slice_set(k, 1, at)?;
+        self.values[i].slice_set(v, 1, at)?;
         Ok(())
+    }
+
+    /// Index into `keys`/`values` of decoder layer `layer`.
+    fn slot(&self, layer: usize) -> Result<usize, ModelError> {
+        layer
+            .checked_sub(self.first_layer)
+            .filter(|&i| i < self.keys.len())
+            .ok_or_else(|| {
+                ModelError::Input(format!(
+                    "layer {layer} is not in this cache (layers {:?})",
+                    self.layers()
+                ))
+            })
     }
 
     /// Keys and values of `layer` for positions `0..upto`, each
     /// (num_kv_heads, upto, head_dim).
     pub(crate) fn read(&self, layer: usize, upto: usize) -> Result<(Tensor, Tensor), ModelError> {
+        let i = self.slot(layer)?;
         Ok((
-            self.keys[layer].narrow(1, 0, upto)?,
-            self.values[layer].narrow(1, 0, upto)?,
+            self.keys[i].narrow(1, 0, upto)?,
+            self.values[i].narrow(1, 0, upto)?,
         ))
     }
 
@@ -205,7 +266,7 @@ mod tests {
     }
 
     fn prefix(kv: &KvCache, n: usize) -> Vec<Vec<f32>> {
-        (0..kv.keys.len())
+        kv.layers()
             .flat_map(|l| {
                 let (k, v) = kv.read(l, n).unwrap();
                 [k, v].map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())

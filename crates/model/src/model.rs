@@ -16,6 +16,15 @@ use crate::linear::Linear;
 use crate::weights::{Layer, WeightsFormat};
 use crate::{AttentionMask, KvCache, ModelConfig, ModelError, rope};
 
+/// What every layer of one pass shares: the first new position, the RoPE
+/// tables of the new positions and the attention bias.
+struct Pass {
+    start: usize,
+    cos: Tensor,
+    sin: Tensor,
+    bias: Tensor,
+}
+
 /// A loaded decoder-only model (CPU, f32 activations).
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -184,6 +193,107 @@ impl Model {
         self.lm_head.forward(&x)
     }
 
+    /// Runs decoder layers `layers = [lo, hi)` on hidden states `x`
+    /// (T, hidden) f32 — the residual stream after layer `lo` — and returns
+    /// the residual stream after layer `hi`, (T, hidden) f32. The pieces of
+    /// a split-inference pass: `hidden_states(…, a)` on the client, then
+    /// `forward_layers(…, a..L−b)` on the server, then
+    /// `forward_layers(…, L−b..L)` and [`Model::head`] on the client give
+    /// [`Model::forward`]'s logits (same T, same positions: bit for bit).
+    ///
+    /// Positions, `mask` and the cache behave as in [`Model::forward`]; only
+    /// layers `[lo, hi)` read and write the cache, which may hold those
+    /// layers only ([`KvCache::for_layers`]). An empty range returns `x`
+    /// and still appends T positions.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `hi > num_layers`, `lo > hi`, `x` is not
+    /// (T ≥ 1, hidden) f32, the cache lacks a layer of the range, is full,
+    /// or the tree mask does not fit; [`ModelError::Candle`] if an operation
+    /// fails. On error the cache length is unchanged.
+    pub fn forward_layers(
+        &self,
+        x: &Tensor,
+        layers: std::ops::Range<usize>,
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+    ) -> Result<Tensor, ModelError> {
+        let n = self.layers.len();
+        if layers.start > layers.end || layers.end > n {
+            return Err(ModelError::Input(format!(
+                "layer range {layers:?} not within {n} decoder layers"
+            )));
+        }
+        let hidden = self.config.hidden_size;
+        match x.dims() {
+            &[t, d] if t >= 1 && d == hidden && x.dtype() == DType::F32 => {}
+            dims => {
+                return Err(ModelError::Input(format!(
+                    "hidden states of shape {dims:?} {:?}, expected (T ≥ 1, {hidden}) F32",
+                    x.dtype()
+                )));
+            }
+        }
+        let held = cache.layers();
+        if !layers.is_empty() && (layers.start < held.start || layers.end > held.end) {
+            return Err(ModelError::Input(format!(
+                "layers {layers:?} not all in the cache (layers {held:?})"
+            )));
+        }
+        let t = x.dim(0)?;
+        let _span =
+            tracing::debug_span!("forward_layers", lo = layers.start, hi = layers.end, t).entered();
+        let pass = self.prepare(t, cache, mask)?;
+        let mut x = x.clone();
+        for li in layers {
+            let _span = tracing::trace_span!("layer", index = li).entered();
+            x = self.layer_forward(
+                li,
+                &self.layers[li],
+                &x,
+                &pass,
+                cache,
+                &mut crate::NoAdapter,
+            )?;
+        }
+        cache.set_len(pass.start + t);
+        Ok(x)
+    }
+
+    /// Checks that T new positions fit the cache and the mask, and builds
+    /// the positions' RoPE tables and attention bias.
+    fn prepare(&self, t: usize, cache: &KvCache, mask: &AttentionMask) -> Result<Pass, ModelError> {
+        let start = cache.len();
+        if start + t > cache.capacity() {
+            return Err(ModelError::Input(format!(
+                "cache full: {start} + {t} positions > capacity {}",
+                cache.capacity()
+            )));
+        }
+        let depths_in_tree = mask.depths(t)?;
+        let cached = mask.cached_nodes();
+        if cached > start {
+            return Err(ModelError::Input(format!(
+                "tree extends {cached} cached nodes but the cache holds {start} positions"
+            )));
+        }
+        let positions: Vec<usize> = depths_in_tree.iter().map(|d| start - cached + d).collect();
+        let dev = Device::Cpu;
+        let (cos, sin) = rope::tables(
+            &positions,
+            self.config.head_dim,
+            self.config.rope_theta,
+            &dev,
+        )?;
+        let bias = mask.bias(start, t, &dev)?;
+        Ok(Pass {
+            start,
+            cos,
+            sin,
+            bias,
+        })
+    }
+
     /// The token embedding table (vocab_size, hidden) f32.
     pub fn embedding(&self) -> &Tensor {
         &self.embed
@@ -213,29 +323,8 @@ impl Model {
                 self.config.vocab_size
             )));
         }
-        let start = cache.len();
-        if start + t > cache.capacity() {
-            return Err(ModelError::Input(format!(
-                "cache full: {start} + {t} positions > capacity {}",
-                cache.capacity()
-            )));
-        }
-        let depths_in_tree = mask.depths(t)?;
-        let cached = mask.cached_nodes();
-        if cached > start {
-            return Err(ModelError::Input(format!(
-                "tree extends {cached} cached nodes but the cache holds {start} positions"
-            )));
-        }
-        let positions: Vec<usize> = depths_in_tree.iter().map(|d| start - cached + d).collect();
+        let pass = self.prepare(t, cache, mask)?;
         let dev = Device::Cpu;
-        let (cos, sin) = rope::tables(
-            &positions,
-            self.config.head_dim,
-            self.config.rope_theta,
-            &dev,
-        )?;
-        let bias = mask.bias(start, t, &dev)?;
         let ids = Tensor::new(tokens, &dev)?;
         let mut x = self.embed.index_select(&ids, 0)?;
         let last = depths.iter().copied().max().unwrap_or(0);
@@ -250,10 +339,10 @@ impl Model {
         keep(0, &x);
         for (li, layer) in self.layers[..last].iter().enumerate() {
             let _span = tracing::trace_span!("layer", index = li).entered();
-            x = self.layer_forward(li, layer, &x, start, &cos, &sin, &bias, cache, hook)?;
+            x = self.layer_forward(li, layer, &x, &pass, cache, hook)?;
             keep(li + 1, &x);
         }
-        cache.set_len(start + t);
+        cache.set_len(pass.start + t);
         Ok(out
             .into_iter()
             .map(|s| s.expect("every depth ≤ last was kept"))
@@ -303,19 +392,16 @@ impl Model {
         Ok(outs)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &self,
         li: usize,
         layer: &Layer,
         x: &Tensor,
-        start: usize,
-        cos: &Tensor,
-        sin: &Tensor,
-        bias: &Tensor,
+        pass: &Pass,
         cache: &KvCache,
         hook: &mut dyn DeltaHook,
     ) -> Result<Tensor, ModelError> {
+        let (start, cos, sin, bias) = (pass.start, &pass.cos, &pass.sin, &pass.bias);
         let c = &self.config;
         let t = x.dim(0)?;
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);

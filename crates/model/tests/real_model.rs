@@ -354,3 +354,52 @@ fn hidden_states_reject_a_depth_beyond_the_model() {
             .is_err()
     );
 }
+
+/// Split inference's three pieces — layers `[0, a)` from tokens, `[a, L−b)`
+/// and `[L−b, L)` on hidden states, each with a cache of its layers only —
+/// give `forward`'s logits bit for bit, over a prefill and a continuation;
+/// a cache lacking a layer of the range is refused without growing.
+#[test]
+fn layer_ranges_compose_to_forward_bit_for_bit() {
+    let (m, tok) = model();
+    let ids = tok.encode(GOLDEN_PROMPT).unwrap();
+    let n = m.config().num_layers;
+    let (a, b) = (2, 3);
+    let causal = AttentionMask::Causal;
+    let mut full = m.new_cache(32).unwrap();
+    let mut head = KvCache::for_layers(m.config(), 32, 0..a).unwrap();
+    let mut mid = KvCache::for_layers(m.config(), 32, a..n - b).unwrap();
+    let mut tail = KvCache::for_layers(m.config(), 32, n - b..n).unwrap();
+    let k = ids.len() - 2;
+    for chunk in [&ids[..k], &ids[k..]] {
+        let want = m
+            .forward(chunk, &mut full, &causal, &mut NoAdapter)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let x = m.hidden_states(chunk, &mut head, &causal, a).unwrap();
+        let y = m.forward_layers(&x, a..n - b, &mut mid, &causal).unwrap();
+        let z = m.forward_layers(&y, n - b..n, &mut tail, &causal).unwrap();
+        let got = m.head(&z).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(got, want);
+    }
+    assert_eq!(
+        (head.len(), mid.len(), tail.len()),
+        (ids.len(), ids.len(), ids.len())
+    );
+    let x = m.hidden_states(&ids[..1], &mut full, &causal, a).unwrap();
+    let err = m.forward_layers(&x, 0..n, &mut mid, &causal).unwrap_err();
+    assert!(
+        matches!(err, cipherlora_model::ModelError::Input(_)),
+        "{err}"
+    );
+    assert_eq!(mid.len(), ids.len());
+    let bad = cipherlora_model::Tensor::zeros(
+        (1, m.config().hidden_size - 1),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    assert!(m.forward_layers(&bad, a..n - b, &mut mid, &causal).is_err());
+    assert_eq!(mid.len(), ids.len());
+}

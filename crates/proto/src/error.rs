@@ -44,4 +44,31 @@ pub enum ProtoError {
         /// The server's limit in bytes.
         limit: usize,
     },
+    /// Hidden states carry no position.
+    #[error("hidden states carry no position")]
+    NoPositions,
+    /// Hidden states are not the announced T × d values of 4 bytes.
+    #[error("hidden states have {got} bytes, expected {expected} ({positions} × {width} f32)")]
+    ActivationLength {
+        /// Bytes received.
+        got: usize,
+        /// Bytes T × d × 4.
+        expected: usize,
+        /// Positions T announced.
+        positions: usize,
+        /// Width d of the residual stream.
+        width: usize,
+    },
+    /// A hidden-state value is NaN or infinite.
+    #[error("hidden state value {index} is not finite")]
+    NonFiniteActivation {
+        /// Index of the first such value (row-major).
+        index: usize,
+    },
+    /// The activation encoding is not one this version knows.
+    #[error("unsupported activation encoding {code}")]
+    UnsupportedEncoding {
+        /// The enum value received.
+        code: i32,
+    },
 }

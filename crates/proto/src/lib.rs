@@ -9,7 +9,12 @@
 //! HE payloads (keys, ciphertexts, plans) are opaque here: their format and
 //! validation belong to the HE crates. This crate checks only the envelope:
 //! session-id length, ciphertext counts and sizes ([`validate`]).
+//!
+//! `proto/cipherlora/split/v1/split.proto` ([`split::v1`]) is the split
+//! inference protocol (issue 17): plaintext hidden states of the middle
+//! layers, checked by [`activations`].
 
+pub mod activations;
 pub mod codec;
 pub mod error;
 pub mod plan_id;
@@ -27,6 +32,15 @@ pub use validate::{RequestLimits, decode_group_request, validate_group_request};
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("cipherlora.adapter.v1");
+}
+
+/// Generated protobuf messages and gRPC stubs of `cipherlora.split.v1`.
+pub mod split {
+    /// Version 1 of the split inference protocol.
+    #[allow(missing_docs, clippy::all, clippy::pedantic)]
+    pub mod v1 {
+        tonic::include_proto!("cipherlora.split.v1");
+    }
 }
 
 /// gRPC metadata key of the bearer token: `authorization: Bearer <token>`.

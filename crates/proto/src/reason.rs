@@ -59,6 +59,10 @@ reasons! {
     /// A group request names another plan than its session's (the client
     /// laid its ciphertexts out for a plan the server does not run).
     PlanMismatch => "plan_mismatch",
+    /// Hidden states of a split-inference call are malformed: wrong byte
+    /// length or width, a NaN or infinity, a position that does not follow
+    /// the session's cache.
+    InvalidActivations => "invalid_activations",
     /// The server is shutting down.
     ShuttingDown => "shutting_down",
     /// A bug or resource failure on the server.

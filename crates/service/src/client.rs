@@ -258,24 +258,7 @@ impl AsyncAdapterClient {
             return Ok(r.clone());
         }
         let cfg = &self.config;
-        let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
-            .map_err(|e| ServiceError::Config {
-                reason: format!("endpoint {:?}: {e}", cfg.endpoint),
-            })?
-            .connect_timeout(cfg.connect_timeout)
-            .tcp_nodelay(true)
-            .initial_stream_window_size(Some(STREAM_WINDOW))
-            .initial_connection_window_size(Some(CONNECTION_WINDOW))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(20));
-        if let Some(tls) = &cfg.tls {
-            ep = ep.tls_config(
-                ClientTlsConfig::new()
-                    .ca_certificate(Certificate::from_pem(&tls.ca_pem))
-                    .domain_name(tls.domain.clone()),
-            )?;
-        }
-        let channel = ep.connect().await?;
+        let channel = connect_channel(cfg).await?;
         self.stats.connects += 1;
         let rpc = AdapterServiceClient::with_interceptor(channel, self.bearer.clone())
             .max_decoding_message_size(cfg.max_message_bytes)
@@ -734,4 +717,32 @@ impl AdapterClient {
     pub fn session_info(&self) -> Option<&SessionInfo> {
         self.inner.session_info()
     }
+}
+
+/// A channel to `cfg.endpoint` with the service's HTTP/2 windows, TCP and
+/// keep-alive settings and, when `cfg.tls` is set, TLS (shared by the
+/// adapter and split-inference clients).
+///
+/// # Errors
+/// [`ServiceError::Config`] for a bad endpoint; [`ServiceError::Transport`]
+/// when connecting fails.
+pub(crate) async fn connect_channel(cfg: &ClientConfig) -> Result<Channel> {
+    let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
+        .map_err(|e| ServiceError::Config {
+            reason: format!("endpoint {:?}: {e}", cfg.endpoint),
+        })?
+        .connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20));
+    if let Some(tls) = &cfg.tls {
+        ep = ep.tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                .domain_name(tls.domain.clone()),
+        )?;
+    }
+    Ok(ep.connect().await?)
 }

@@ -12,6 +12,9 @@
 //!   replay after a dropped connection and a [`link`] simulator.
 //! - [`backend`]: the trait the HE code implements; [`testing`] holds a
 //!   plaintext stand-in with exact answers.
+//! - [`split_server`], [`split_backend`], [`split_client`]: split inference
+//!   (issue 17) over the same stack: the server runs the middle decoder
+//!   layers on a client's plaintext hidden states.
 //! - [`tls`]: certificate loading and a development PKI ([`tls::dev_cert`]).
 //!
 //! Wire protocol: `cipherlora-proto` (`cipherlora.adapter.v1`).
@@ -28,6 +31,9 @@ pub mod metrics;
 pub mod server;
 pub mod server_thread;
 mod sessions;
+pub mod split_backend;
+pub mod split_client;
+pub mod split_server;
 pub mod status;
 pub mod testing;
 pub mod tls;
@@ -45,4 +51,6 @@ pub use limits::Limits;
 pub use link::LinkProfile;
 pub use server::{AdapterServer, ServeConfig, serve};
 pub use server_thread::{ServerThread, ThreadHook};
+pub use split_backend::{SplitBackend, SplitCompute, SplitModelInfo};
+pub use split_client::{SplitClient, SplitClientStats, SplitSessionInfo};
 pub use tls::{ClientTls, DevCert, TlsConfig, dev_cert, write_dev_cert};

@@ -24,9 +24,12 @@ pub struct Limits {
     pub max_offers_per_token: usize,
     /// Key bytes (public plus Galois keys) the open sessions of one bearer
     /// token may hold together: a session's own memory is its keys and
-    /// buffers (the adapter's encoded diagonals are shared).
+    /// buffers (the adapter's encoded diagonals are shared). Split-inference
+    /// sessions count their KV cache's bytes here instead (in a table of
+    /// their own: adapter and split sessions are limited separately).
     pub max_key_bytes_per_token: usize,
-    /// Public key plus Galois keys bytes per session.
+    /// Public key plus Galois keys bytes per session (split-inference
+    /// sessions: KV cache bytes).
     pub max_key_bytes_per_session: usize,
     /// Ciphertexts in one layer-group request.
     pub max_ciphertexts_per_request: usize,

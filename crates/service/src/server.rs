@@ -43,8 +43,11 @@ use crate::error::{Result, ServiceError};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, serve_metrics};
 use crate::sessions::{InsertError, NewSession, Session, SessionTable};
+use crate::split_backend::SplitBackend;
+use crate::split_server::{SplitState, SplitSvc};
 use crate::status::{from_backend, from_proto, status};
 use crate::tls::TlsConfig;
+use cipherlora_proto::split::v1::split_inference_server::SplitInferenceServer;
 
 /// HTTP/2 flow-control windows: large enough that a 1 MB ciphertext batch is
 /// not throttled by the 64 KiB default window on high-latency links.
@@ -81,18 +84,20 @@ impl ServeConfig {
     }
 }
 
-struct State {
+pub(crate) struct State {
     adapters: BTreeMap<String, Arc<dyn AdapterBackend>>,
     /// The `ListAdapters` answer, built once at bind (its size checked
     /// against the message limit there).
     list: v1::ListAdaptersResponse,
     sessions: SessionTable,
     budget: ExtractionBudget,
-    limits: Limits,
-    metrics: Arc<Metrics>,
+    pub(crate) limits: Limits,
+    pub(crate) metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
     /// The server-wide compute pool ([`Limits::max_concurrent_computations`]).
-    compute: Arc<Semaphore>,
+    pub(crate) compute: Arc<Semaphore>,
+    /// The split-inference model and its sessions, if served.
+    pub(crate) split: Option<SplitState>,
 }
 
 /// A bound, not yet running server.
@@ -112,6 +117,21 @@ impl AdapterServer {
     /// [`ServiceError::Config`] for no adapter, duplicate adapter ids or zero
     /// limits; [`ServiceError::Io`] when binding fails.
     pub async fn bind(config: ServeConfig, backends: Vec<Arc<dyn AdapterBackend>>) -> Result<Self> {
+        Self::bind_with_split(config, backends, None).await
+    }
+
+    /// [`AdapterServer::bind`], also serving `split` (the
+    /// `cipherlora.split.v1.SplitInference` service, see
+    /// [`crate::split_server`]) when given; `backends` may then be empty.
+    ///
+    /// # Errors
+    /// As [`AdapterServer::bind`]; [`ServiceError::Config`] for neither an
+    /// adapter nor a split model.
+    pub async fn bind_with_split(
+        config: ServeConfig,
+        backends: Vec<Arc<dyn AdapterBackend>>,
+        split: Option<Arc<dyn SplitBackend>>,
+    ) -> Result<Self> {
         let l = &config.limits;
         if l.max_sessions == 0
             || l.max_sessions_per_token == 0
@@ -129,9 +149,9 @@ impl AdapterServer {
                 reason: "limits must be positive".into(),
             });
         }
-        if backends.is_empty() {
+        if backends.is_empty() && split.is_none() {
             return Err(ServiceError::Config {
-                reason: "no adapter to serve".into(),
+                reason: "no adapter and no split model to serve".into(),
             });
         }
         let mut adapters = BTreeMap::new();
@@ -180,6 +200,11 @@ impl AdapterServer {
             metrics: Arc::new(Metrics::default()),
             shutdown: shutdown_rx,
             compute: Arc::new(Semaphore::new(config.limits.max_concurrent_computations)),
+            split: split.map(|backend| SplitState {
+                info: backend.info(),
+                backend,
+                sessions: SessionTable::new(config.limits.clone()),
+            }),
         });
         Ok(Self {
             state,
@@ -249,14 +274,20 @@ impl AdapterServer {
         })
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
-        let svc = InterceptedService::new(
-            svc,
-            AuthInterceptor {
-                tokens: config.tokens.clone().map(Arc::new),
-                metrics: state.metrics.clone(),
-                rejections: Arc::new(RejectionLog::default()),
-            },
-        );
+        let auth = AuthInterceptor {
+            tokens: config.tokens.clone().map(Arc::new),
+            metrics: state.metrics.clone(),
+            rejections: Arc::new(RejectionLog::default()),
+        };
+        let split_svc = state.split.as_ref().map(|_| {
+            let s = SplitInferenceServer::new(SplitSvc {
+                state: state.clone(),
+            })
+            .max_decoding_message_size(limits.max_message_bytes)
+            .max_encoding_message_size(limits.max_message_bytes);
+            InterceptedService::new(s, auth.clone())
+        });
+        let svc = InterceptedService::new(svc, auth);
 
         let metrics_task =
             metrics_listener.map(|l| tokio::spawn(serve_metrics(l, state.metrics.clone())));
@@ -271,16 +302,20 @@ impl AdapterServer {
             tls = config.tls.is_some(),
             auth = config.tokens.is_some(),
             adapters = ?state.adapters.keys().collect::<Vec<_>>(),
+            split = ?state.split.as_ref().map(|s| &s.info.model),
             "adapter server listening"
         );
-        let server = builder.add_service(svc).serve_with_incoming_shutdown(
-            // The builder's TCP options apply only to incomings it binds
-            // itself: set them here (Nagle + delayed ACK cost ~40 ms).
-            TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(Duration::from_secs(60))),
-            signal,
-        );
+        let server = builder
+            .add_service(svc)
+            .add_optional_service(split_svc)
+            .serve_with_incoming_shutdown(
+                // The builder's TCP options apply only to incomings it binds
+                // itself: set them here (Nagle + delayed ACK cost ~40 ms).
+                TcpIncoming::from(listener)
+                    .with_nodelay(Some(true))
+                    .with_keepalive(Some(Duration::from_secs(60))),
+                signal,
+            );
         let grace = limits.shutdown_grace;
         let trigger = async move {
             shutdown.await;
@@ -331,6 +366,10 @@ async fn evict_loop(state: Arc<State>) {
         for s in state.sessions.evict_idle() {
             state.metrics.session("evicted");
             tracing::info!(session = %s.id.tag(), adapter = %s.adapter_id, "evicted idle session");
+        }
+        for s in state.split.iter().flat_map(|sp| sp.sessions.evict_idle()) {
+            state.metrics.session("evicted");
+            tracing::info!(session = %s.id.tag(), "evicted idle split session");
         }
     }
 }
@@ -403,7 +442,7 @@ impl AdapterService for Svc {
     }
 }
 
-fn unknown_session() -> Status {
+pub(crate) fn unknown_session() -> Status {
     status(
         Code::NotFound,
         ErrorReason::UnknownSession,
@@ -461,6 +500,7 @@ impl State {
             .insert(NewSession {
                 adapter_id: req.adapter_id.clone(),
                 owner: who,
+                offer_only: opened.compute.offer_only(),
                 compute: opened.compute,
                 plan_id: plan_id(&opened.plan),
                 key_bytes,
@@ -553,7 +593,7 @@ impl State {
     }
 }
 
-fn insert_error(e: InsertError) -> Status {
+pub(crate) fn insert_error(e: InsertError) -> Status {
     match e {
         InsertError::Full { what, limit } => status(
             Code::ResourceExhausted,
@@ -564,7 +604,7 @@ fn insert_error(e: InsertError) -> Status {
     }
 }
 
-fn internal(e: &dyn std::fmt::Display) -> Status {
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> Status {
     tracing::error!(error = %e, "internal error");
     status(
         Code::Internal,

@@ -10,6 +10,7 @@ use crate::backend::AdapterBackend;
 use crate::error::{Result, ServiceError};
 use crate::metrics::Metrics;
 use crate::server::{AdapterServer, ServeConfig};
+use crate::split_backend::SplitBackend;
 
 /// Code run at the start of every server thread (see
 /// [`ServerThread::start_with`]).
@@ -53,6 +54,22 @@ impl ServerThread {
         workers: usize,
         on_thread_start: Option<ThreadHook>,
     ) -> Result<Self> {
+        Self::start_serving(config, backends, None, workers, on_thread_start)
+    }
+
+    /// [`Self::start_with`] for a split-inference server
+    /// ([`AdapterServer::bind_with_split`]) serving `split` and `backends`
+    /// (possibly none).
+    ///
+    /// # Errors
+    /// Those of [`AdapterServer::bind_with_split`]; as [`Self::start`].
+    pub fn start_serving(
+        config: ServeConfig,
+        backends: Vec<Arc<dyn AdapterBackend>>,
+        split: Option<Arc<dyn SplitBackend>>,
+        workers: usize,
+        on_thread_start: Option<ThreadHook>,
+    ) -> Result<Self> {
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         builder.worker_threads(workers.max(1)).enable_all();
         if let Some(hook) = on_thread_start.clone() {
@@ -61,7 +78,7 @@ impl ServerThread {
         let rt = builder
             .build()
             .map_err(|e| ServiceError::io("starting the server runtime", e))?;
-        let server = rt.block_on(AdapterServer::bind(config, backends))?;
+        let server = rt.block_on(AdapterServer::bind_with_split(config, backends, split))?;
         let addr = server.local_addr();
         let metrics = server.metrics();
         let metrics_addr = server.metrics_addr();

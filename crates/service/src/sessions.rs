@@ -1,6 +1,11 @@
 //! The session table: ids, per-session compute state, per-token limits and
 //! idle eviction.
 //!
+//! Generic over the per-session state `C`: HE adapter sessions hold a
+//! [`SessionCompute`] (the default), split-inference sessions their KV
+//! cache ([`crate::split_server`]); for those, `key_bytes` counts the
+//! cache's bytes, so the same per-session and per-token memory limits apply.
+//!
 //! A session is dropped after `offer_timeout` if it is offer-only (a round
 //! on it never refreshes its timer), after `unstarted_timeout` if it has
 //! not yet had a round admitted, else after `idle_timeout` without one.
@@ -26,14 +31,15 @@ use crate::backend::SessionCompute;
 use crate::limits::Limits;
 
 /// One open session.
-pub(crate) struct Session {
+pub(crate) struct Session<C: ?Sized = dyn SessionCompute> {
     pub(crate) id: SessionId,
     pub(crate) adapter_id: String,
     pub(crate) owner: Principal,
-    pub(crate) compute: Box<dyn SessionCompute>,
+    pub(crate) compute: Box<C>,
     /// `cipherlora_proto::plan_id` of the plan returned at opening.
     pub(crate) plan_id: u64,
-    /// Public plus Galois key bytes the session holds.
+    /// Public plus Galois key bytes the session holds (split sessions: KV
+    /// cache bytes).
     key_bytes: usize,
     offer_only: bool,
     /// Milliseconds since the table's epoch at the last admitted request
@@ -45,7 +51,7 @@ pub(crate) struct Session {
     requests: AtomicU64,
 }
 
-impl Session {
+impl<C: ?Sized> Session<C> {
     /// Counts one more request; the count including it.
     pub(crate) fn count_request(&self) -> u64 {
         self.requests.fetch_add(1, Ordering::Relaxed) + 1
@@ -53,17 +59,19 @@ impl Session {
 }
 
 /// What a new session brings to the table.
-pub(crate) struct NewSession {
+pub(crate) struct NewSession<C: ?Sized = dyn SessionCompute> {
     pub(crate) adapter_id: String,
     pub(crate) owner: Principal,
-    pub(crate) compute: Box<dyn SessionCompute>,
+    pub(crate) compute: Box<C>,
     pub(crate) plan_id: u64,
     pub(crate) key_bytes: usize,
+    /// Whether the session computes nothing (see `SessionCompute::offer_only`).
+    pub(crate) offer_only: bool,
 }
 
 /// All open sessions, bounded in number globally and per token.
-pub(crate) struct SessionTable {
-    map: Mutex<HashMap<SessionId, Arc<Session>>>,
+pub(crate) struct SessionTable<C: ?Sized = dyn SessionCompute> {
+    map: Mutex<HashMap<SessionId, Arc<Session<C>>>>,
     epoch: Instant,
     limits: Limits,
 }
@@ -81,7 +89,7 @@ pub(crate) enum InsertError {
     Rng(String),
 }
 
-impl SessionTable {
+impl<C: ?Sized> SessionTable<C> {
     pub(crate) fn new(limits: Limits) -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
@@ -90,7 +98,7 @@ impl SessionTable {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Session<C>>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -111,9 +119,9 @@ impl SessionTable {
     }
 
     /// Stores a session under a fresh random 128-bit id.
-    pub(crate) fn insert(&self, new: NewSession) -> Result<SessionId, InsertError> {
+    pub(crate) fn insert(&self, new: NewSession<C>) -> Result<SessionId, InsertError> {
         let mut map = self.lock();
-        let offer_only = new.compute.offer_only();
+        let offer_only = new.offer_only;
         check(
             &map,
             &self.limits,
@@ -149,7 +157,7 @@ impl SessionTable {
 
     /// The session `id`. Its idle timer is not refreshed: see
     /// [`SessionTable::touch`].
-    pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
+    pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<Session<C>>> {
         self.lock().get(id).cloned()
     }
 
@@ -157,7 +165,7 @@ impl SessionTable {
     /// every check (a refused request, e.g. any round on an offer-only
     /// session, keeps a session no longer).
     /// Also refreshes the owner's unstarted keyed sessions (module docs).
-    pub(crate) fn touch(&self, s: &Session) {
+    pub(crate) fn touch(&self, s: &Session<C>) {
         let now = self.now_ms();
         s.last_used_ms.store(now, Ordering::Relaxed);
         s.started.store(true, Ordering::Relaxed);
@@ -176,7 +184,7 @@ impl SessionTable {
 
     /// Removes sessions past their timeout (see the module docs); returns
     /// them. A request already running keeps its own handle and completes.
-    pub(crate) fn evict_idle(&self) -> Vec<Arc<Session>> {
+    pub(crate) fn evict_idle(&self) -> Vec<Arc<Session<C>>> {
         let now = self.now_ms();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let l = &self.limits;
@@ -217,8 +225,8 @@ impl SessionTable {
 
 /// The limits check of [`SessionTable::check_room`] on a locked map;
 /// `offer_only: None` skips the offer count (not known yet).
-fn check(
-    map: &HashMap<SessionId, Arc<Session>>,
+fn check<C: ?Sized>(
+    map: &HashMap<SessionId, Arc<Session<C>>>,
     l: &Limits,
     owner: Principal,
     key_bytes: usize,

@@ -72,10 +72,12 @@ pub fn from_proto(e: &ProtoError) -> Status {
         }
         _ => Code::InvalidArgument,
     };
-    let reason = if code == Code::ResourceExhausted {
-        ErrorReason::LimitExceeded
-    } else {
-        ErrorReason::MalformedRequest
+    let reason = match e {
+        _ if code == Code::ResourceExhausted => ErrorReason::LimitExceeded,
+        ProtoError::NoPositions
+        | ProtoError::ActivationLength { .. }
+        | ProtoError::NonFiniteActivation { .. } => ErrorReason::InvalidActivations,
+        _ => ErrorReason::MalformedRequest,
     };
     status(code, reason, e.to_string())
 }

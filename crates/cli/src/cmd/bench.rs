@@ -52,10 +52,103 @@ pub enum BenchCommand {
     },
     /// Private generation end to end over gRPC on loopback and a simulated WAN, vs the plaintext reference.
     E2e(E2eBenchArgs),
+    /// Split inference (issue 17) end to end over gRPC on loopback and simulated WANs, vs the local whole model, with an RTT decomposition model.
+    Split(SplitBenchArgs),
     /// The OpenAI endpoint's engine: time to first token on warm sessions, loopback.
     Api(ApiBenchArgs),
     /// Plaintext model: decode tok/s and a 9-position verify pass vs one decode step, 1 and 2 threads.
     Model(ModelBenchArgs),
+}
+
+/// Options of `cipherlora bench split`.
+#[derive(Debug, clap::Args)]
+pub struct SplitBenchArgs {
+    /// Where to write the JSON report (Markdown beside it).
+    #[arg(long, default_value = "reports/bench-split.json")]
+    json: PathBuf,
+    /// Where to write the Markdown table (default: JSON path with .md).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// GGUF file or HF folder (default: the fetched default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Link profiles, semicolon-separated (`loopback`, `lan`, `wan20`,
+    /// `wan80`, `home80`, `rtt=MS,mbps=N`).
+    #[arg(long, value_delimiter = ';', default_value = "loopback;wan20;wan80")]
+    links: Vec<String>,
+    /// Splits `a,b` (local layers before and after the server's),
+    /// semicolon-separated.
+    #[arg(long, value_delimiter = ';', default_value = "2,2")]
+    splits: Vec<String>,
+    /// Drafted tokens per round trip of the prompt-lookup runs (0: none only).
+    #[arg(long, default_value_t = 4)]
+    k: usize,
+    /// Skip the no-draft baseline (one token per round trip).
+    #[arg(long)]
+    no_baseline: bool,
+    /// Also run the lookahead-style n-gram pool drafter with K.
+    #[arg(long)]
+    lookahead: bool,
+    /// Held-out prompts, one JSON object with a "prompt" field per line
+    /// (default: the committed HumanEval prompts).
+    #[arg(long)]
+    prompts_file: Option<PathBuf>,
+    /// Number of prompts.
+    #[arg(long, default_value_t = 3)]
+    prompts: usize,
+    /// New tokens per prompt.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// RTTs (ms) to project tok/s to, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "5,40,150")]
+    project_rtts: Vec<f64>,
+    /// Do not pin client and server to different cores.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+impl SplitBenchArgs {
+    fn run(self) -> anyhow::Result<()> {
+        // Candle sizes its pool once per process: one thread.
+        if let Some(code) = crate::cmd::generate::reexec_with_threads(Some(1))? {
+            std::process::exit(code);
+        }
+        let model = match self.model {
+            Some(p) => p,
+            None => cipherlora_model::fetch::ensure_default_model()?,
+        };
+        let splits = self
+            .splits
+            .iter()
+            .map(|s| {
+                let (a, b) = s
+                    .split_once(',')
+                    .ok_or_else(|| anyhow::anyhow!("split {s:?}: expected a,b"))?;
+                Ok((a.trim().parse()?, b.trim().parse()?))
+            })
+            .collect::<anyhow::Result<Vec<(usize, usize)>>>()?;
+        let prompts_file = self.prompts_file.unwrap_or_else(|| {
+            crate::cmd::demo::committed_adapter("eval").join("humaneval_0_19.jsonl")
+        });
+        let prompts = cipherlora_bench::e2e::read_prompts(&prompts_file, self.prompts)?;
+        cipherlora_bench::split_inference::run(
+            &cipherlora_bench::split_inference::SplitBenchOptions {
+                json: self.json,
+                markdown: self.markdown,
+                model,
+                links: self.links,
+                splits,
+                k: self.k,
+                no_draft_baseline: !self.no_baseline,
+                lookahead: self.lookahead,
+                prompts,
+                max_tokens: self.max_tokens,
+                pin: !self.no_pin,
+                project_rtts_ms: self.project_rtts,
+            },
+        )?;
+        Ok(())
+    }
 }
 
 /// Options of `cipherlora bench api`.
@@ -328,6 +421,7 @@ impl BenchCommand {
     pub fn run(self) -> anyhow::Result<()> {
         match self {
             BenchCommand::E2e(a) => a.run(),
+            BenchCommand::Split(a) => a.run(),
             BenchCommand::Api(a) => a.run(),
             BenchCommand::Model(a) => {
                 cipherlora_bench::model::run(&cipherlora_bench::model::ModelBenchOptions {

@@ -7,6 +7,8 @@ pub mod demo;
 pub mod devcert;
 pub mod fetch;
 pub mod generate;
+pub mod generate_split;
 pub mod remote;
 pub mod serve;
 pub mod serve_limits;
+pub mod serve_split;

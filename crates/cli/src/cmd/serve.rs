@@ -140,24 +140,37 @@ impl ServeArgs {
     /// # Errors
     /// What is missing, and the flag that allows it.
     pub fn check_security(&self) -> anyhow::Result<()> {
-        if self.insecure {
-            return Ok(());
-        }
-        let mut missing = Vec::new();
-        if self.tls_cert.is_none() {
-            missing.push("TLS (--tls-cert/--tls-key)");
-        }
-        if self.token_file.is_none() {
-            missing.push("bearer tokens (--token-file)");
-        }
-        if missing.is_empty() {
-            return Ok(());
-        }
-        anyhow::bail!(
-            "refusing to serve without {}: pass --insecure to allow it (tests on a trusted host only)",
-            missing.join(" and ")
+        check_security(
+            self.insecure,
+            self.tls_cert.is_some(),
+            self.token_file.is_some(),
         )
     }
+}
+
+/// Refuses to serve without TLS (`has_tls`) or without bearer tokens
+/// (`has_tokens`) unless `insecure` (`serve` and `serve-split`).
+///
+/// # Errors
+/// What is missing, and the flag that allows it.
+pub fn check_security(insecure: bool, has_tls: bool, has_tokens: bool) -> anyhow::Result<()> {
+    if insecure {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    if !has_tls {
+        missing.push("TLS (--tls-cert/--tls-key)");
+    }
+    if !has_tokens {
+        missing.push("bearer tokens (--token-file)");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refusing to serve without {}: pass --insecure to allow it (tests on a trusted host only)",
+        missing.join(" and ")
+    )
 }
 
 /// Ctrl-C, or SIGTERM on Unix (what service managers send).

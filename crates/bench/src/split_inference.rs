@@ -1,0 +1,549 @@
+//! `cipherlora bench split`: split inference (issue 17) end to end over the
+//! real protocol (an embedded `SplitInference` server on loopback, optionally
+//! behind a simulated WAN), against the whole model run locally.
+//!
+//! For each link, each split (a, b) and each drafter (prompt lookup with K,
+//! optionally the lookahead-style n-gram pool with K, none) it generates greedily and reports decode tok/s, tokens per step
+//! (one round trip each), round trips, bytes per token, where the time went
+//! (local compute, server compute, the rest: network and transport), and
+//! whether the output equals the local model's. The local plaintext model
+//! is timed right before every split run on the same core (ratios side by
+//! side; the machine is shared and noisy).
+//!
+//! RTT decomposition: every decode step is modelled as
+//! `t = c0 + c1·(local + server compute) + c2·RTT + c3·(bytes·8 / bandwidth)`
+//! (ideal: c0 = 0, c1 = c2 = c3 = 1), fitted by least squares over the
+//! steps of all links; leave-one-link-out cross-validation fits on the
+//! other links and predicts the held-out link's mean step time; the fitted
+//! model projects tok/s to other RTTs at 100 Mbit/s.
+//!
+//! Placement as `bench e2e` ([`crate::e2e::place`]): client on one core,
+//! every server thread on another; candle runs one thread (the caller
+//! re-executes itself with `RAYON_NUM_THREADS=1`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, Tokenizer, generate};
+use cipherlora_service::{
+    ClientConfig, LinkProfile, ServeConfig, ServerThread, SplitBackend, SplitClient,
+};
+use cipherlora_spec::ngram::PromptLookup;
+use cipherlora_split::{Drafter, Lookahead, ModelBackend, SplitConfig, SplitOutput};
+use serde::{Deserialize, Serialize};
+
+use crate::e2e::place;
+
+/// Options of `cipherlora bench split`.
+#[derive(Debug, Clone)]
+pub struct SplitBenchOptions {
+    /// Where the JSON report goes.
+    pub json: PathBuf,
+    /// Where the Markdown table goes (default: the JSON path with `.md`).
+    pub markdown: Option<PathBuf>,
+    /// The base model (GGUF file or HF folder).
+    pub model: PathBuf,
+    /// Link profiles by name (`loopback`, `wan20`, `wan80`, …).
+    pub links: Vec<String>,
+    /// Splits (a, b): layers kept locally before and after the server's.
+    pub splits: Vec<(usize, usize)>,
+    /// Drafted tokens per step of the prompt-lookup runs; 0 runs only the
+    /// no-draft baseline.
+    pub k: usize,
+    /// Also run without drafts (one token per round trip).
+    pub no_draft_baseline: bool,
+    /// Also run the lookahead drafter ([`Drafter::Lookahead`]) with K.
+    pub lookahead: bool,
+    /// Prompts.
+    pub prompts: Vec<String>,
+    /// New tokens per prompt.
+    pub max_tokens: usize,
+    /// Pin client and server to different cores (when there are two).
+    pub pin: bool,
+    /// RTTs (ms) to project tok/s to, at 100 Mbit/s.
+    pub project_rtts_ms: Vec<f64>,
+}
+
+/// One (link, split, drafter) configuration over all prompts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SplitRun {
+    /// Link profile name.
+    pub link: String,
+    /// Its added round-trip time, ms.
+    pub rtt_ms: f64,
+    /// Its bandwidth, Mbit/s (0: unlimited).
+    pub mbps: f64,
+    /// Local layers before the server's.
+    pub a: usize,
+    /// Local layers after the server's.
+    pub b: usize,
+    /// `prompt-lookup` or `none`.
+    pub drafter: String,
+    /// Drafted tokens per step.
+    pub k: usize,
+    /// Tokens generated over all prompts.
+    pub tokens: usize,
+    /// Decode tokens per second (prefill step excluded).
+    pub tok_per_s: f64,
+    /// The local whole model's decode tok/s, measured right before each
+    /// prompt's split run (mean over prompts).
+    pub plaintext_tok_per_s: f64,
+    /// `tok_per_s / plaintext_tok_per_s`.
+    pub ratio_to_plaintext: f64,
+    /// Tokens per decode step (one round trip each).
+    pub tokens_per_step: f64,
+    /// Round trips (Forward calls) over all prompts, prefill included.
+    pub round_trips: usize,
+    /// Bytes both ways per generated token (protobuf messages).
+    pub bytes_per_token: f64,
+    /// Per decode step, ms: local compute.
+    pub local_ms_per_step: f64,
+    /// Per decode step, ms: server compute.
+    pub server_ms_per_step: f64,
+    /// Per decode step, ms: the rest of the round trip (network,
+    /// simulated link, gRPC).
+    pub network_ms_per_step: f64,
+    /// Per decode step, ms: wall time.
+    pub step_ms: f64,
+    /// Mean request + response bytes per decode step.
+    pub bytes_per_step: f64,
+    /// Whether every prompt's output equals the local greedy output.
+    pub matches_local: bool,
+}
+
+/// Least-squares fit of the per-step time model (see the module docs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RttModel {
+    /// c0 (ms), c1, c2, c3 fitted on all steps.
+    pub coefficients: [f64; 4],
+    /// Decode steps fitted.
+    pub steps: usize,
+    /// Leave-one-link-out: (held-out link, measured mean step ms, predicted
+    /// mean step ms, relative error).
+    pub cross_validation: Vec<(String, f64, f64, f64)>,
+    /// Projections: (split and drafter, RTT ms, step ms, tok/s) at 100 Mbit/s.
+    pub projections: Vec<(String, f64, f64, f64)>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SplitBenchReport {
+    /// `split`.
+    pub bench: String,
+    /// The runs.
+    pub runs: Vec<SplitRun>,
+    /// The fitted RTT model.
+    pub model: Option<RttModel>,
+    /// Core placement.
+    pub pinning: String,
+    /// Prompts.
+    pub prompts: usize,
+    /// New tokens per prompt.
+    pub max_tokens: usize,
+}
+
+/// One decode step's regressors and time.
+struct StepSample {
+    link: usize,
+    compute_ms: f64,
+    rtt_ms: f64,
+    wire_ms: f64,
+    total_ms: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Runs the benchmark and writes the JSON and Markdown reports.
+///
+/// # Errors
+/// Model, server or I/O failures; an output that differs from the local
+/// model's is reported (`matches_local`), not an error.
+pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
+    let (server_hook, pinning) = place(opts.pin);
+    eprintln!("placement: {pinning}");
+    let model = Arc::new(
+        Model::load(&opts.model).with_context(|| format!("loading {}", opts.model.display()))?,
+    );
+    let tok = Tokenizer::for_model(&opts.model)?;
+    let prompts: Vec<Vec<u32>> = opts
+        .prompts
+        .iter()
+        .map(|p| tok.encode(p))
+        .collect::<Result<_, _>>()?;
+    let backend: Arc<dyn SplitBackend> = Arc::new(ModelBackend::new(model.clone(), 1 << 16));
+    let server = ServerThread::start_serving(
+        ServeConfig::new("127.0.0.1:0".parse()?),
+        Vec::new(),
+        Some(backend),
+        1,
+        server_hook,
+    )?;
+    let endpoint = format!("http://{}", server.addr());
+    let mut drafters = Vec::new();
+    if opts.k > 0 {
+        drafters.push((Drafter::PromptLookup(PromptLookup::default()), opts.k));
+        if opts.lookahead {
+            drafters.push((Drafter::Lookahead(Lookahead::default()), opts.k));
+        }
+    }
+    if opts.no_draft_baseline || opts.k == 0 {
+        drafters.push((Drafter::None, 0));
+    }
+    let links: Vec<(String, LinkProfile)> = opts
+        .links
+        .iter()
+        .map(|l| Ok((l.clone(), l.parse::<LinkProfile>()?)))
+        .collect::<anyhow::Result<_>>()?;
+    let mut runs = Vec::new();
+    let mut samples = Vec::new();
+    for (li, (link_name, link)) in links.iter().enumerate() {
+        for &(a, b) in &opts.splits {
+            for &(drafter, k) in &drafters {
+                let config = SplitConfig {
+                    head_layers: a,
+                    tail_layers: b,
+                    k,
+                    max_tokens: opts.max_tokens,
+                    eos: Vec::new(),
+                    drafter,
+                };
+                let mut cc = ClientConfig::new(endpoint.clone());
+                cc.link = *link;
+                let mut outs: Vec<SplitOutput> = Vec::new();
+                let mut plain = Vec::new();
+                let mut matches = true;
+                for prompt in &prompts {
+                    let (reference, plain_tps) = local_greedy(&model, prompt, opts.max_tokens)?;
+                    plain.push(plain_tps);
+                    let mut client = SplitClient::connect(&cc)?;
+                    let cap = u32::try_from(config.capacity(prompt.len()))?;
+                    client.open(a as u32, b as u32, cap)?;
+                    let out = cipherlora_split::generate(
+                        &model,
+                        prompt,
+                        &config,
+                        &mut client,
+                        &mut |_| {},
+                    )?;
+                    client.close()?;
+                    matches &= out.tokens == reference;
+                    outs.push(out);
+                }
+                let row = summarise(link_name, link, a, b, drafter, k, &outs, &plain, matches);
+                eprintln!(
+                    "{} ({a},{b}) {} K={k}: {:.2} tok/s vs local {:.2} ({:.2}×), {:.2} tokens/step, match {}",
+                    row.link,
+                    row.drafter,
+                    row.tok_per_s,
+                    row.plaintext_tok_per_s,
+                    row.ratio_to_plaintext,
+                    row.tokens_per_step,
+                    row.matches_local
+                );
+                for out in &outs {
+                    for s in out.steps.iter().skip(1) {
+                        let bytes = (s.bytes_up + s.bytes_down) as f64;
+                        samples.push(StepSample {
+                            link: li,
+                            compute_ms: ms(s.local) + ms(s.server),
+                            rtt_ms: ms(link.rtt()),
+                            wire_ms: wire_ms(link, bytes),
+                            total_ms: ms(s.total),
+                        });
+                    }
+                }
+                runs.push(row);
+            }
+        }
+    }
+    drop(server);
+    let fitted = fit_model(&samples, &links, &runs, &opts.project_rtts_ms);
+    let report = SplitBenchReport {
+        bench: "split".into(),
+        runs,
+        model: fitted,
+        pinning,
+        prompts: prompts.len(),
+        max_tokens: opts.max_tokens,
+    };
+    let md = crate::write_report(
+        &opts.json,
+        opts.markdown.as_deref(),
+        &report,
+        &markdown(&report),
+    )?;
+    eprintln!("wrote {} and {}", opts.json.display(), md.display());
+    Ok(report)
+}
+
+/// Serialisation time of `bytes` on `link` at its bandwidth (both
+/// directions counted at the download rate; 0 when unlimited), ms.
+fn wire_ms(link: &LinkProfile, bytes: f64) -> f64 {
+    link.down_bps()
+        .filter(|&b| b > 0)
+        .map_or(0.0, |bps| bytes * 8.0 / bps as f64 * 1e3)
+}
+
+/// The local whole model's greedy tokens and decode tok/s.
+fn local_greedy(model: &Model, prompt: &[u32], n: usize) -> anyhow::Result<(Vec<u32>, f64)> {
+    let opts = GenerateOptions {
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos: Vec::new(),
+    };
+    let g = generate(model, prompt, &opts, &mut NoAdapter, &mut |_| Ok(()))?;
+    let tps = g.tokens.len().saturating_sub(1) as f64 / g.decode_secs.max(1e-9);
+    Ok((g.tokens, tps))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summarise(
+    link_name: &str,
+    link: &LinkProfile,
+    a: usize,
+    b: usize,
+    drafter: Drafter,
+    k: usize,
+    outs: &[SplitOutput],
+    plain: &[f64],
+    matches: bool,
+) -> SplitRun {
+    let decode = || outs.iter().flat_map(|o| o.steps.iter().skip(1));
+    let steps = decode().count().max(1) as f64;
+    let decode_tokens: usize = decode().map(|s| s.emitted).sum();
+    let decode_s: f64 = decode().map(|s| s.total.as_secs_f64()).sum();
+    let sum =
+        |f: &dyn Fn(&cipherlora_split::SplitStep) -> f64| decode().map(f).sum::<f64>() / steps;
+    let tokens: usize = outs.iter().map(|o| o.tokens.len()).sum();
+    let bytes: u64 = outs
+        .iter()
+        .flat_map(|o| &o.steps)
+        .map(|s| s.bytes_up + s.bytes_down)
+        .sum();
+    let tok_per_s = decode_tokens as f64 / decode_s.max(1e-9);
+    let plaintext = plain.iter().sum::<f64>() / plain.len().max(1) as f64;
+    SplitRun {
+        link: link_name.into(),
+        rtt_ms: ms(link.rtt()),
+        mbps: link.down_bps().map_or(0.0, |b| b as f64 / 1e6),
+        a,
+        b,
+        drafter: match drafter {
+            Drafter::None => "none".into(),
+            Drafter::PromptLookup(_) => "prompt-lookup".into(),
+            Drafter::Lookahead(_) => "lookahead".into(),
+        },
+        k,
+        tokens,
+        tok_per_s,
+        plaintext_tok_per_s: plaintext,
+        ratio_to_plaintext: tok_per_s / plaintext.max(1e-9),
+        tokens_per_step: decode_tokens as f64 / steps,
+        round_trips: outs.iter().map(|o| o.steps.len()).sum(),
+        bytes_per_token: bytes as f64 / tokens.max(1) as f64,
+        local_ms_per_step: sum(&|s| ms(s.local)),
+        server_ms_per_step: sum(&|s| ms(s.server)),
+        network_ms_per_step: sum(&|s| ms(s.remote.saturating_sub(s.server))),
+        step_ms: sum(&|s| ms(s.total)),
+        bytes_per_step: sum(&|s| (s.bytes_up + s.bytes_down) as f64),
+        matches_local: matches,
+    }
+}
+
+/// Least squares `x·c ≈ y` by the normal equations (4 unknowns), `None`
+/// when singular.
+fn least_squares(rows: &[([f64; 4], f64)]) -> Option<[f64; 4]> {
+    let mut m = [[0.0f64; 5]; 4];
+    for (x, y) in rows {
+        for i in 0..4 {
+            for j in 0..4 {
+                m[i][j] += x[i] * x[j];
+            }
+            m[i][4] += x[i] * y;
+        }
+    }
+    // Gaussian elimination with partial pivoting.
+    for col in 0..4 {
+        let p = (col..4).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
+        if m[p][col].abs() < 1e-12 {
+            return None;
+        }
+        m.swap(col, p);
+        let pivot = m[col];
+        for (r, row) in m.iter_mut().enumerate() {
+            if r != col {
+                let f = row[col] / pivot[col];
+                for (x, p) in row.iter_mut().zip(pivot).skip(col) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    Some([0, 1, 2, 3].map(|i| m[i][4] / m[i][i]))
+}
+
+fn regressors(s: &StepSample) -> [f64; 4] {
+    [1.0, s.compute_ms, s.rtt_ms, s.wire_ms]
+}
+
+fn predict(c: &[f64; 4], x: &[f64; 4]) -> f64 {
+    c.iter().zip(x).map(|(c, x)| c * x).sum()
+}
+
+fn fit_model(
+    samples: &[StepSample],
+    links: &[(String, LinkProfile)],
+    runs: &[SplitRun],
+    rtts: &[f64],
+) -> Option<RttModel> {
+    let rows: Vec<([f64; 4], f64)> = samples
+        .iter()
+        .map(|s| (regressors(s), s.total_ms))
+        .collect();
+    let coefficients = least_squares(&rows)?;
+    let mut cross_validation = Vec::new();
+    for (li, (name, _)) in links.iter().enumerate() {
+        let train: Vec<_> = samples
+            .iter()
+            .filter(|s| s.link != li)
+            .map(|s| (regressors(s), s.total_ms))
+            .collect();
+        let test: Vec<_> = samples.iter().filter(|s| s.link == li).collect();
+        let Some(c) = least_squares(&train) else {
+            continue;
+        };
+        if test.is_empty() {
+            continue;
+        }
+        let n = test.len() as f64;
+        let measured = test.iter().map(|s| s.total_ms).sum::<f64>() / n;
+        let predicted = test
+            .iter()
+            .map(|s| predict(&c, &regressors(s)))
+            .sum::<f64>()
+            / n;
+        cross_validation.push((
+            name.clone(),
+            measured,
+            predicted,
+            (predicted - measured) / measured,
+        ));
+    }
+    let mut projections = Vec::new();
+    // One projection per (split, drafter) from its loopback-or-first-link
+    // row's compute and bytes.
+    let mut seen = Vec::new();
+    for r in runs {
+        let key = format!("({},{}) {} K={}", r.a, r.b, r.drafter, r.k);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key.clone());
+        let link = LinkProfile::from_rtt_mbps(0.0, 100.0).ok()?;
+        for &rtt in rtts {
+            let x = [
+                1.0,
+                r.local_ms_per_step + r.server_ms_per_step,
+                rtt,
+                wire_ms(&link, r.bytes_per_step),
+            ];
+            let step = predict(&coefficients, &x);
+            projections.push((key.clone(), rtt, step, r.tokens_per_step / step * 1e3));
+        }
+    }
+    Some(RttModel {
+        coefficients,
+        steps: samples.len(),
+        cross_validation,
+        projections,
+    })
+}
+
+/// The Markdown tables of a report.
+#[must_use]
+pub fn markdown(r: &SplitBenchReport) -> String {
+    let mut s = format!(
+        "Split inference end to end ({} prompts × {} tokens, greedy, gRPC on loopback behind the link simulator; {}).\n\n\
+         | link | split (a,b) | drafter | K | tok/s | local whole model tok/s, side by side | × local | tokens/step | round trips | bytes/token | local ms/step | server ms/step | network ms/step | step ms | match |\n\
+         | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+        r.prompts, r.max_tokens, r.pinning
+    );
+    for x in &r.runs {
+        s.push_str(&format!(
+            "| {} | ({},{}) | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            x.link,
+            x.a,
+            x.b,
+            x.drafter,
+            x.k,
+            x.tok_per_s,
+            x.plaintext_tok_per_s,
+            x.ratio_to_plaintext,
+            x.tokens_per_step,
+            x.round_trips,
+            x.bytes_per_token,
+            x.local_ms_per_step,
+            x.server_ms_per_step,
+            x.network_ms_per_step,
+            x.step_ms,
+            if x.matches_local { "yes" } else { "**NO**" },
+        ));
+    }
+    s.push_str(
+        "\ntok/s and ms/step: decode steps only (the first step, the prompt's prefill, is \
+         excluded); round trips include it. bytes/token: protobuf request + response bytes \
+         (f32 hidden states) over all steps.\n",
+    );
+    if let Some(m) = &r.model {
+        let c = m.coefficients;
+        s.push_str(&format!(
+            "\nRTT decomposition, least squares over {} decode steps: step ms = {:.2} + {:.3}·(local + server compute) + {:.3}·RTT + {:.3}·(bytes·8/bandwidth) (ideal 0, 1, 1, 1).\n\n\
+             | held-out link | measured step ms | predicted step ms | error |\n| --- | ---: | ---: | ---: |\n",
+            m.steps, c[0], c[1], c[2], c[3]
+        ));
+        for (link, meas, pred, err) in &m.cross_validation {
+            s.push_str(&format!(
+                "| {link} | {meas:.1} | {pred:.1} | {:+.1} % |\n",
+                err * 100.0
+            ));
+        }
+        s.push_str(
+            "\nProjected decode tok/s at 100 Mbit/s (fitted model, each configuration's measured \
+             compute, bytes and tokens/step):\n\n| configuration | RTT ms | step ms | tok/s |\n| --- | ---: | ---: | ---: |\n",
+        );
+        for (cfg, rtt, step, tps) in &m.projections {
+            s.push_str(&format!("| {cfg} | {rtt:.0} | {step:.1} | {tps:.2} |\n"));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_squares_recovers_an_exact_linear_model() {
+        let truth = [2.0, 1.0, 1.0, 1.5];
+        let rows: Vec<_> = (0..20)
+            .map(|i| {
+                let x = [
+                    1.0,
+                    (i % 7) as f64,
+                    (i % 3) as f64 * 20.0,
+                    (i % 5) as f64 * 0.3,
+                ];
+                (x, predict(&truth, &x))
+            })
+            .collect();
+        let c = least_squares(&rows).unwrap();
+        for (a, b) in c.iter().zip(truth) {
+            assert!((a - b).abs() < 1e-6, "{c:?}");
+        }
+        assert!(least_squares(&rows[..1]).is_none());
+    }
+}

@@ -1,0 +1,115 @@
+//! `cipherlora serve-split`: the split-inference server (issue 17). Holds
+//! the public base model and runs the middle decoder layers `[a, L − b)`
+//! on clients' hidden states, which it sees in plaintext (privacy only
+//! empirical: BENCHMARKS.md, "Inversion attacks on split activations").
+//! Same TLS, bearer tokens, limits and metrics as `serve`; a session's KV
+//! cache counts against the key-byte limits (`--max-key-bytes-per-session`,
+//! `--max-key-bytes-per-token`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use cipherlora_model::{Model, fetch};
+use cipherlora_service::auth::TokenSet;
+use cipherlora_service::{ServeConfig, SplitBackend, TlsConfig};
+use cipherlora_split::ModelBackend;
+use clap::Args;
+
+use super::serve::{check_security, shutdown_signal};
+use super::serve_limits::{LimitArgs, ServeFile};
+
+/// Arguments of `cipherlora serve-split`.
+#[derive(Debug, Args)]
+pub struct ServeSplitArgs {
+    /// GGUF file or HF folder (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:50052")]
+    listen: SocketAddr,
+    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2
+    /// (refused unless --insecure).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// File of accepted bearer tokens, one per line; without, no auth
+    /// (refused unless --insecure).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Where to serve Prometheus `GET /metrics`, if anywhere.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Largest KV capacity (positions) one session may ask for.
+    #[arg(long, default_value_t = 4096)]
+    max_capacity: u32,
+    /// Serve without TLS or without bearer tokens: for tests on a trusted
+    /// host only.
+    #[arg(long)]
+    insecure: bool,
+    /// TOML file with a `[limits]` table (as `serve --config`); flags win.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+impl ServeSplitArgs {
+    /// Loads the model and serves until Ctrl-C or SIGTERM.
+    pub fn run(self) -> anyhow::Result<()> {
+        check_security(
+            self.insecure,
+            self.tls_cert.is_some(),
+            self.token_file.is_some(),
+        )?;
+        let file = match &self.config {
+            Some(p) => ServeFile::read(p)?,
+            None => ServeFile::default(),
+        };
+        let limits = self
+            .limits
+            .clone()
+            .over(file.limits)
+            .apply(cipherlora_service::Limits::default());
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => fetch::ensure_default_model()?,
+        };
+        let model =
+            Model::load(&path).with_context(|| format!("loading model {}", path.display()))?;
+        let backend = ModelBackend::new(Arc::new(model), self.max_capacity);
+        let info = backend.info();
+        eprintln!(
+            "split model {}: {} layers, hidden {}, sessions up to {} positions",
+            info.model, info.num_layers, info.hidden_size, info.max_capacity
+        );
+        let mut config = ServeConfig::new(self.listen);
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            config.tls = Some(TlsConfig::from_files(cert, key)?);
+        }
+        if let Some(f) = &self.token_file {
+            config.tokens = Some(TokenSet::from_file(f)?);
+        }
+        config.metrics_listen = self.metrics_listen;
+        config.limits = limits;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        eprintln!("listening on {}", self.listen);
+        let split: Arc<dyn SplitBackend> = Arc::new(backend);
+        rt.block_on(async {
+            cipherlora_service::AdapterServer::bind_with_split(config, Vec::new(), Some(split))
+                .await?
+                .run(async {
+                    shutdown_signal().await;
+                    eprintln!("shutting down");
+                })
+                .await
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! Greedy split generation with speculative verification.
+//!
+//! Each step drafts up to K tokens ([`Drafter`]: prompt lookup, or a
+//! lookahead-style n-gram pool fed by the previous pass's Jacobi iterate), runs the embedding and
+//! layers `[0, a)` locally on the pending token and the drafts (the whole
+//! prompt on the first step), sends the hidden states to the middle layers
+//! (one round trip), runs layers `[L − b, L)` and the head locally and
+//! keeps the longest draft prefix equal to the argmax plus the bonus token
+//! (`cipherlora_spec::acceptance::accept_greedy`; Leviathan et al. 2023,
+//! §2.3 with a deterministic target). The local caches are truncated to
+//! the accepted prefix at once; the server's at the next step, whose
+//! `start` is the accepted length (no extra round trip). Every accepted
+//! token is the whole model's argmax after the same prefix, so the output
+//! is the local model's greedy output (up to floating-point ties: T > 1
+//! passes sum in another order than T = 1 steps).
+
+use std::time::{Duration, Instant};
+
+use candle_core::{Device, Tensor};
+use cipherlora_model::{AttentionMask, KvCache, Model};
+use cipherlora_spec::acceptance::accept_greedy;
+
+use crate::{Drafter, MiddleLayers, SplitError};
+
+/// What a split generation runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitConfig {
+    /// Decoder layers run locally before the server's, a ≥ 1.
+    pub head_layers: usize,
+    /// Decoder layers run locally after the server's, b ≥ 1.
+    pub tail_layers: usize,
+    /// Drafted tokens per step, K (each step verifies up to K+1 positions).
+    pub k: usize,
+    /// Most new tokens.
+    pub max_tokens: usize,
+    /// Tokens that end generation (not emitted).
+    pub eos: Vec<u32>,
+    /// How drafts are made.
+    pub drafter: Drafter,
+}
+
+impl SplitConfig {
+    /// KV positions a generation from a `prompt_len`-token prompt needs,
+    /// locally and on the server: prompt, output and one step's drafts.
+    pub fn capacity(&self, prompt_len: usize) -> usize {
+        prompt_len + self.max_tokens + self.k + 1
+    }
+}
+
+/// One step: one round trip to the middle layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitStep {
+    /// Positions sent (pending tokens plus drafts).
+    pub positions: usize,
+    /// Tokens drafted.
+    pub drafted: usize,
+    /// Drafts accepted.
+    pub accepted: usize,
+    /// Tokens emitted (accepted drafts plus the bonus, cut at the limit
+    /// or an end token).
+    pub emitted: usize,
+    /// Local compute: drafting, embedding and head layers, tail layers,
+    /// head, acceptance and cache rollback.
+    pub local: Duration,
+    /// Wall time of the middle-layer call (transport plus server compute).
+    pub remote: Duration,
+    /// Server compute time within `remote`.
+    pub server: Duration,
+    /// Request bytes.
+    pub bytes_up: u64,
+    /// Response bytes.
+    pub bytes_down: u64,
+    /// Wall time of the whole step.
+    pub total: Duration,
+}
+
+/// A finished split generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitOutput {
+    /// Generated tokens (end token excluded).
+    pub tokens: Vec<u32>,
+    /// Whether an end token stopped it.
+    pub stopped_at_eos: bool,
+    /// One entry per round trip; the first is the prefill.
+    pub steps: Vec<SplitStep>,
+    /// Wall time of the generation.
+    pub elapsed: Duration,
+}
+
+impl SplitOutput {
+    /// Tokens per second over the whole generation (prefill included).
+    pub fn tokens_per_second(&self) -> f64 {
+        self.tokens.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Mean tokens emitted per decode step (prefill step excluded).
+    pub fn tokens_per_step(&self) -> f64 {
+        let decode = &self.steps[self.steps.len().min(1)..];
+        let n: usize = decode.iter().map(|s| s.emitted).sum();
+        n as f64 / decode.len().max(1) as f64
+    }
+
+    /// Bytes both ways per generated token.
+    pub fn bytes_per_token(&self) -> f64 {
+        let b: u64 = self.steps.iter().map(|s| s.bytes_up + s.bytes_down).sum();
+        b as f64 / self.tokens.len().max(1) as f64
+    }
+}
+
+/// Greedy generation of up to `config.max_tokens` tokens after `prompt`
+/// with `model`'s embedding, layers `[0, a)` and `[L − b, L)` and head,
+/// and `middle` for layers `[a, L − b)` (which must hold a fresh session
+/// of that split with at least [`SplitConfig::capacity`] positions).
+/// `on_token` sees each token as it is accepted.
+///
+/// # Errors
+/// [`SplitError::Config`] for an empty prompt or a split leaving the
+/// server no layer; [`SplitError::MiddleShape`] for an answer of the wrong
+/// size; the middle layers' and the model's errors.
+pub fn generate(
+    model: &Model,
+    prompt: &[u32],
+    config: &SplitConfig,
+    middle: &mut dyn MiddleLayers,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<SplitOutput, SplitError> {
+    let c = model.config();
+    let (n, d) = (c.num_layers, c.hidden_size);
+    let (a, b) = (config.head_layers, config.tail_layers);
+    if prompt.is_empty() {
+        return Err(SplitError::Config {
+            reason: "empty prompt".into(),
+        });
+    }
+    if a == 0 || b == 0 || a + b >= n {
+        return Err(SplitError::Config {
+            reason: format!("split ({a}, {b}) must keep a, b ≥ 1 and a + b < {n}"),
+        });
+    }
+    let capacity = config.capacity(prompt.len());
+    let mut head = KvCache::for_layers(c, capacity, 0..a)?;
+    let mut tail = KvCache::for_layers(c, capacity, n - b..n)?;
+    let causal = AttentionMask::Causal;
+    let mut drafter = config.drafter.start();
+    let mut context = prompt.to_vec();
+    let mut pending = prompt.to_vec();
+    let mut out = SplitOutput {
+        tokens: Vec::new(),
+        stopped_at_eos: false,
+        steps: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    let t_start = Instant::now();
+    while out.tokens.len() < config.max_tokens {
+        let t0 = Instant::now();
+        let _span = tracing::debug_span!("split_step", step = out.steps.len()).entered();
+        let room = config.max_tokens - out.tokens.len();
+        let drafts = drafter.draft(&context, config.k.min(room - 1));
+        let mut input = pending.clone();
+        input.extend_from_slice(&drafts);
+        let t = input.len();
+        let start = head.len();
+        let x = model.hidden_states(&input, &mut head, &causal, a)?;
+        let x = x.flatten_all()?.to_vec1::<f32>()?;
+        let local_before = t0.elapsed();
+        let t_remote = Instant::now();
+        let fwd = middle.forward(start, t, &x)?;
+        let remote = t_remote.elapsed();
+        if fwd.hidden.len() != t * d {
+            return Err(SplitError::MiddleShape {
+                got: fwd.hidden.len(),
+                expected: t * d,
+            });
+        }
+        let t_after = Instant::now();
+        let y = Tensor::from_vec(fwd.hidden, (t, d), &Device::Cpu)?;
+        let z = model.forward_layers(&y, n - b..n, &mut tail, &causal)?;
+        // Rows from the last pending token on predict the drafts and the bonus.
+        let first = pending.len() - 1;
+        let logits = model.head(&z.narrow(0, first, t - first)?)?;
+        let argmax = Model::argmax_rows(&logits)?;
+        let outcome = accept_greedy(&drafts, &argmax)?;
+        drafter.observe(&argmax, outcome.accepted);
+        let keep = start + pending.len() + outcome.accepted;
+        head.truncate(keep);
+        tail.truncate(keep);
+        let mut emitted = 0;
+        for &tok in &outcome.tokens {
+            if config.eos.contains(&tok) {
+                out.stopped_at_eos = true;
+                break;
+            }
+            out.tokens.push(tok);
+            context.push(tok);
+            on_token(tok);
+            emitted += 1;
+            if out.tokens.len() == config.max_tokens {
+                break;
+            }
+        }
+        pending = outcome.tokens[outcome.tokens.len() - 1..].to_vec();
+        let local = local_before + t_after.elapsed();
+        out.steps.push(SplitStep {
+            positions: t,
+            drafted: drafts.len(),
+            accepted: outcome.accepted,
+            emitted,
+            local,
+            remote,
+            server: fwd.server,
+            bytes_up: fwd.bytes_up,
+            bytes_down: fwd.bytes_down,
+            total: t0.elapsed(),
+        });
+        if out.stopped_at_eos {
+            break;
+        }
+    }
+    out.elapsed = t_start.elapsed();
+    Ok(out)
+}

@@ -1,0 +1,31 @@
+//! Split inference (issue 17): the client keeps the token embedding, the
+//! first `a` and last `b` decoder layers, the final norm and the output
+//! head; an untrusted server runs the middle layers `[a, L − b)` on the
+//! client's hidden states. Raw tokens and logits never leave the client,
+//! but the hidden states travel in plaintext: the privacy is empirical
+//! only (BENCHMARKS.md, "Inversion attacks on split activations"; HE-LoRA
+//! is the mode with cryptographic privacy).
+//!
+//! - [`backend`]: the server side, [`ModelBackend`], a
+//!   [`cipherlora_service::SplitBackend`] over a [`cipherlora_model::Model`]
+//!   (served over gRPC by `cipherlora_service`'s server, TLS and tokens
+//!   included).
+//! - [`middle`]: where the client's middle layers run: [`MiddleLayers`],
+//!   implemented by the gRPC client and, for references, in process.
+//! - [`draft`]: drafters: prompt lookup (`cipherlora_spec::ngram`), a
+//!   lookahead-style n-gram pool (Fu et al. 2024, simplified) and none.
+//! - [`decode`]: greedy generation, K+1 positions verified per round trip,
+//!   local and remote KV rolled back to the accepted prefix; the output is
+//!   the whole model's greedy output.
+
+pub mod backend;
+pub mod decode;
+pub mod draft;
+mod error;
+pub mod middle;
+
+pub use backend::ModelBackend;
+pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
+pub use draft::{Drafter, Lookahead};
+pub use error::SplitError;
+pub use middle::{Forwarded, InProcess, MiddleLayers};

@@ -1,0 +1,316 @@
+//! Split inference over gRPC on loopback with the real default model
+//! (SmolLM2-135M-Instruct Q4_1): the output equals the whole model's greedy
+//! output run locally (an independent path: `cipherlora_model::generate`,
+//! one position per pass, one KV cache of all layers), and every malformed
+//! call gets its typed status.
+
+use std::sync::{Arc, OnceLock};
+
+use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, Tokenizer, fetch};
+use cipherlora_proto::ErrorReason;
+use cipherlora_proto::split::v1::{ActivationEncoding, ForwardRequest};
+use cipherlora_service::auth::TokenSet;
+use cipherlora_service::{
+    ClientConfig, Limits, ServeConfig, ServerThread, ServiceError, SplitBackend, SplitClient,
+    dev_cert,
+};
+use cipherlora_split::{
+    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, SplitConfig, generate,
+};
+use tonic::Code;
+
+fn model() -> &'static (Arc<Model>, Tokenizer) {
+    static M: OnceLock<(Arc<Model>, Tokenizer)> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = fetch::ensure_default_model().expect("default model");
+        (
+            Arc::new(Model::load(&path).expect("load")),
+            Tokenizer::for_model(&path).expect("tokenizer"),
+        )
+    })
+}
+
+fn serve(limits: Limits, max_capacity: u32) -> ServerThread {
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    config.limits = limits;
+    let backend: Arc<dyn SplitBackend> =
+        Arc::new(ModelBackend::new(model().0.clone(), max_capacity));
+    ServerThread::start_serving(config, Vec::new(), Some(backend), 2, None).expect("server")
+}
+
+fn client(server: &ServerThread) -> SplitClient {
+    SplitClient::connect(&ClientConfig::new(format!("http://{}", server.addr()))).expect("connect")
+}
+
+const PROMPTS: [&str; 5] = [
+    "Once upon a time, there was a little",
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return",
+    "List the days of the week: Monday, Tuesday, Wednesday,",
+    "Water boils at 100 degrees Celsius. At sea level, water boils at",
+];
+
+const TOKENS: usize = 32;
+
+fn local_greedy(m: &Model, prompt: &[u32]) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_tokens: TOKENS,
+        sampling: SamplingParams::greedy(),
+        eos: Vec::new(),
+    };
+    cipherlora_model::generate(m, prompt, &opts, &mut NoAdapter, &mut |_| Ok(()))
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn split_generation_over_grpc_equals_local_greedy() {
+    let (m, tok) = model();
+    let server = serve(Limits::default(), 4096);
+    let mut accepted = 0;
+    for text in PROMPTS {
+        let prompt = tok.encode(text).unwrap();
+        let want = local_greedy(m, &prompt);
+        let lookahead = Drafter::Lookahead(Lookahead::default());
+        for (a, b, drafter) in [
+            (1, 1, Drafter::default()),
+            (2, 2, Drafter::default()),
+            (4, 4, Drafter::default()),
+            (2, 2, lookahead),
+        ] {
+            let config = SplitConfig {
+                head_layers: a,
+                tail_layers: b,
+                k: 4,
+                max_tokens: TOKENS,
+                eos: Vec::new(),
+                drafter,
+            };
+            let mut c = client(&server);
+            let cap = u32::try_from(config.capacity(prompt.len())).unwrap();
+            let info = c.open(a as u32, b as u32, cap).unwrap();
+            assert_eq!(info.end_layer as usize, m.config().num_layers - b);
+            let mut streamed = Vec::new();
+            let out = generate(m, &prompt, &config, &mut c, &mut |t| streamed.push(t)).unwrap();
+            assert_eq!(out.tokens, want, "split ({a}, {b}) {drafter:?} on {text:?}");
+            assert_eq!(streamed, want);
+            // One Forward per step, nothing else on the wire.
+            assert_eq!(c.stats().forwards, out.steps.len() as u64);
+            assert!(out.steps.len() <= TOKENS);
+            accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
+            c.close().unwrap();
+        }
+    }
+    // Prompt lookup must have been accepted somewhere (else rollback of
+    // rejected drafts and multi-token steps went untested).
+    assert!(accepted > 0);
+}
+
+#[test]
+fn no_draft_and_in_process_middle_give_the_same_tokens() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[1]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let config = SplitConfig {
+        head_layers: 3,
+        tail_layers: 2,
+        k: 0,
+        max_tokens: TOKENS,
+        eos: Vec::new(),
+        drafter: Drafter::None,
+    };
+    let mut mid = InProcess::new(m.clone(), 3, 2, config.capacity(prompt.len())).unwrap();
+    let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
+    assert_eq!(out.tokens, want);
+    assert_eq!(out.steps.len(), TOKENS);
+}
+
+/// An end token stops generation before it is emitted, and the token
+/// limit cuts a step whose accepted drafts would pass it, both exactly
+/// where the local model's greedy output stops.
+#[test]
+fn end_tokens_and_the_token_limit_cut_where_the_local_model_does() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[3]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let run = |max_tokens: usize, eos: Vec<u32>| {
+        let config = SplitConfig {
+            head_layers: 2,
+            tail_layers: 2,
+            k: 4,
+            max_tokens,
+            eos,
+            drafter: Drafter::default(),
+        };
+        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()
+    };
+    for n in [1, 2, 7, 13] {
+        let out = run(n, Vec::new());
+        assert_eq!(out.tokens, want[..n], "max_tokens {n}");
+        assert!(!out.stopped_at_eos);
+    }
+    // The first token that does not occur earlier in the output ends it.
+    let cut = (1..TOKENS)
+        .find(|&i| !want[..i].contains(&want[i]))
+        .expect("a fresh token");
+    let out = run(TOKENS, vec![want[cut]]);
+    assert_eq!(out.tokens, want[..cut]);
+    assert!(out.stopped_at_eos);
+}
+
+#[test]
+fn tls_and_bearer_token_are_enforced() {
+    let dev = dev_cert(&["localhost", "127.0.0.1"]).unwrap();
+    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    config.tls = Some(dev.server_tls());
+    config.tokens = Some(TokenSet::new(&["split-secret-token-17"]).unwrap());
+    let backend: Arc<dyn SplitBackend> = Arc::new(ModelBackend::new(model().0.clone(), 256));
+    let server = ServerThread::start_serving(config, Vec::new(), Some(backend), 1, None).unwrap();
+    let mut cc = ClientConfig::new(format!("https://localhost:{}", server.addr().port()));
+    cc.tls = Some(dev.client_tls("localhost"));
+    cc.token = Some("wrong-token-of-enough-bytes".into());
+    let mut bad = SplitClient::connect(&cc).unwrap();
+    let e = bad.describe().unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}");
+    cc.token = Some("split-secret-token-17".into());
+    let mut good = SplitClient::connect(&cc).unwrap();
+    let info = good.describe().unwrap();
+    assert_eq!(info.num_layers as usize, model().0.config().num_layers);
+    good.open(2, 2, 16).unwrap();
+}
+
+/// A refusal's code and reason.
+type Refusal = (Code, Option<ErrorReason>);
+
+fn refused(e: ServiceError) -> Refusal {
+    (e.code().expect("an rpc status"), e.reason())
+}
+
+#[test]
+fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
+    let (m, _) = model();
+    let d = m.config().hidden_size;
+    let n = m.config().num_layers;
+    // One (1, 1) session of 64 positions holds 28 layers' KV: 2.75 MiB.
+    let limits = Limits {
+        max_message_bytes: 256 << 10,
+        max_key_bytes_per_token: 4 << 20,
+        ..Limits::default()
+    };
+    let server = serve(limits, 64);
+    let mut c = client(&server);
+    let invalid = (Code::InvalidArgument, Some(ErrorReason::InvalidActivations));
+    let exhausted = (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded));
+
+    // Opening: a bad split, a capacity over the limit, memory per token.
+    for (a, b) in [(0, 1), (1, 0), (15, 15), (u32::MAX, 2)] {
+        let e = c.open(a, b, 8).unwrap_err();
+        assert_eq!(e.code(), Some(Code::InvalidArgument), "({a}, {b})");
+    }
+    assert_eq!(refused(c.open(1, 1, 65).unwrap_err()), exhausted);
+    assert_eq!(
+        c.open(1, 1, 0).unwrap_err().code(),
+        Some(Code::InvalidArgument)
+    );
+    c.open(1, 1, 64).unwrap();
+    let mut other = client(&server);
+    assert_eq!(refused(other.open(1, 1, 64).unwrap_err()), exhausted);
+
+    let id = c.session().unwrap().0.to_bytes();
+    let x: Vec<f32> = (0..3 * d)
+        .map(|i| ((i % 97) as f32 - 48.0) / 50.0)
+        .collect();
+    let req = |start: u64, positions: u32, values: &[f32]| ForwardRequest {
+        session_id: id.clone(),
+        start,
+        positions,
+        encoding: ActivationEncoding::F32Le as i32,
+        hidden: cipherlora_proto::activations::encode_f32(values),
+    };
+    let cases: Vec<(&str, ForwardRequest, Refusal)> = vec![
+        (
+            "unknown session",
+            ForwardRequest {
+                session_id: bytes::Bytes::from(vec![7u8; 16]),
+                ..req(0, 3, &x)
+            },
+            (Code::NotFound, Some(ErrorReason::UnknownSession)),
+        ),
+        (
+            "short session id",
+            ForwardRequest {
+                session_id: bytes::Bytes::from(vec![7u8; 3]),
+                ..req(0, 3, &x)
+            },
+            (Code::InvalidArgument, Some(ErrorReason::MalformedRequest)),
+        ),
+        ("wrong byte length", req(0, 2, &x), invalid),
+        ("wrong width", req(0, 3, &x[..3 * d - 3]), invalid),
+        ("no positions", req(0, 0, &[]), invalid),
+        (
+            "NaN",
+            {
+                let mut y = x.clone();
+                y[d + 5] = f32::NAN;
+                req(0, 3, &y)
+            },
+            invalid,
+        ),
+        (
+            "infinity",
+            {
+                let mut y = x.clone();
+                y[0] = f32::NEG_INFINITY;
+                req(0, 3, &y)
+            },
+            invalid,
+        ),
+        ("start beyond the cache", req(1, 3, &x), invalid),
+        (
+            "unknown encoding",
+            ForwardRequest {
+                encoding: 0,
+                ..req(0, 3, &x)
+            },
+            (Code::InvalidArgument, Some(ErrorReason::MalformedRequest)),
+        ),
+        (
+            "over the session's capacity",
+            req(0, 65, &vec![0.5; 65 * d]),
+            exhausted,
+        ),
+        (
+            "oversized message",
+            req(0, 120, &vec![0.5; 120 * d]),
+            (Code::OutOfRange, None),
+        ),
+    ];
+    for (what, r, want) in cases {
+        let e = c.forward_raw(r).unwrap_err();
+        assert_eq!(refused(e), want, "{what}");
+    }
+
+    // The session still computes what the same layers compute in process,
+    // including after a rollback by `start`.
+    let mut reference = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    let want = reference.forward(0, 3, &x).unwrap().hidden;
+    assert_eq!(c.forward(0, 3, &x).unwrap(), want);
+    let again = reference.forward(1, 2, &x[d..]).unwrap().hidden;
+    assert_eq!(c.forward(1, 2, &x[d..]).unwrap(), again);
+    assert_eq!(c.truncate(2).unwrap(), 2);
+    assert_eq!(
+        refused(c.forward_raw(req(3, 1, &x[..d])).unwrap_err()),
+        invalid
+    );
+    assert!(n > 2);
+
+    // Closed: the id is unknown; memory is free for another session.
+    c.close().unwrap();
+    let e = c.forward_raw(req(0, 3, &x)).unwrap_err();
+    assert_eq!(
+        refused(e),
+        (Code::NotFound, Some(ErrorReason::UnknownSession))
+    );
+    other.open(1, 1, 64).unwrap();
+}
