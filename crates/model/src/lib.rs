@@ -34,7 +34,7 @@ mod lora;
 mod mask;
 mod model;
 mod progress;
-mod q4_1;
+mod qmatmul;
 mod rope;
 mod sampling;
 mod synthetic;

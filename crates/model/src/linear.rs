@@ -1,13 +1,13 @@
-//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_1 via our kernel in
-//! [`crate::q4_1`]; Q4_0/Q8_0/K-quants via candle's `QMatMul`; both quantize x
-//! to 8 bits per block and dot blocks), dense f32, or dense f16 (x is rounded
-//! to f16 for the product; the output is f32).
+//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_1 and Q8_0 via our
+//! kernels in [`crate::qmatmul`]; Q4_0/K-quants via candle's `QMatMul`; both
+//! quantize x to 8 bits per block and dot blocks), dense f32, or dense f16
+//! (x is rounded to f16 for the product; the output is f32).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::ModelError;
-use crate::q4_1::Q4_1Matrix;
+use crate::qmatmul::{BlockQ4_1, BlockQ8_0, QuantMatrix, WeightBlock};
 
 /// Positions from which a dense f32 projection is computed as `(W·xᵀ)ᵀ`.
 const TRANSPOSED_MIN_ROWS: usize = 4;
@@ -25,7 +25,9 @@ enum Weight {
     /// Candle: dense f32/f16 or a quantized type with a candle kernel.
     Candle(QMatMul),
     /// Q4_1, which candle's CPU backend only has a scalar kernel for.
-    Q4_1(Q4_1Matrix),
+    Q4_1(QuantMatrix<BlockQ4_1>),
+    /// Q8_0: candle's kernel dots one row at a time without VNNI.
+    Q8_0(QuantMatrix<BlockQ8_0>),
 }
 
 impl Linear {
@@ -39,14 +41,19 @@ impl Linear {
         if dequantize {
             return Ok(Linear::dense(q.dequantize(&Device::Cpu)?, b));
         }
-        if q.dtype() == GgmlDType::Q4_1
-            && let &[rows, cols] = q.shape().dims()
-            && let Some(m) = Q4_1Matrix::from_gguf_bytes(rows, cols, &q.data()?)
-        {
-            return Ok(Linear {
-                w: Weight::Q4_1(m),
-                b,
-            });
+        if let &[rows, cols] = q.shape().dims() {
+            let own = match q.dtype() {
+                GgmlDType::Q4_1 => {
+                    QuantMatrix::from_gguf_bytes(rows, cols, &q.data()?).map(Weight::Q4_1)
+                }
+                GgmlDType::Q8_0 => {
+                    QuantMatrix::from_gguf_bytes(rows, cols, &q.data()?).map(Weight::Q8_0)
+                }
+                _ => None,
+            };
+            if let Some(w) = own {
+                return Ok(Linear { w, b });
+            }
         }
         Ok(Linear {
             w: Weight::Candle(QMatMul::from_arc(q)?),
@@ -90,21 +97,29 @@ impl Linear {
                 w.matmul(&x.t()?)?.t()?.contiguous()?
             }
             Weight::Candle(w) => w.forward(x)?,
-            Weight::Q4_1(w) => {
-                let (t, d_in) = x.dims2()?;
-                if d_in != w.cols() {
-                    return Err(ModelError::Input(format!(
-                        "projection input has {d_in} features, the weight {}",
-                        w.cols()
-                    )));
-                }
-                let xs = x.flatten_all()?.to_vec1::<f32>()?;
-                Tensor::from_vec(w.matmul(&xs, t), (t, w.rows()), x.device())?
-            }
+            Weight::Q4_1(w) => quant_forward(w, x)?,
+            Weight::Q8_0(w) => quant_forward(w, x)?,
         };
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+/// x: (T, d_in) f32 → (T, d_out) f32 through one of our quantized kernels.
+fn quant_forward<B: WeightBlock>(w: &QuantMatrix<B>, x: &Tensor) -> Result<Tensor, ModelError> {
+    let (t, d_in) = x.dims2()?;
+    if d_in != w.cols() {
+        return Err(ModelError::Input(format!(
+            "projection input has {d_in} features, the weight {}",
+            w.cols()
+        )));
+    }
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    Ok(Tensor::from_vec(
+        w.matmul(&xs, t),
+        (t, w.rows()),
+        x.device(),
+    )?)
 }
