@@ -105,7 +105,7 @@ fn quantized_argmax_agrees_with_f32_on_a_few_prompts() {
 
 /// All 40 prompts.
 #[test]
-#[ignore = "about a minute; run with --ignored (see BENCHMARKS.md)"]
+#[ignore = "minutes in a test build; run with --ignored (see BENCHMARKS.md)"]
 fn quantized_argmax_agrees_with_f32_on_all_heldout_prompts() {
     let mut ps = prompts("general_prompts.jsonl");
     ps.extend(prompts("humaneval_0_19.jsonl"));
