@@ -318,8 +318,10 @@ impl Kernel {
 }
 
 /// Dots weight rows `rows` (nb blocks each) with all t activation rows,
-/// writing `out[(r - rows.start) · t + s]`. Tiles: 4 weight rows × 1
-/// activation row while t < 4 (decode), else 2 × 4; remainders 1 × 1.
+/// writing `out[(r - rows.start) · t + s]`. Tiles: 2 weight rows × 4
+/// positions over the positions in whole groups of 4, then 4 weight rows × 1
+/// position for the rest (all of them when decoding); leftover weight rows
+/// 1 × 4 or 1 × 1. (1 × 1 tiles are latency-bound: one accumulator chain.)
 fn dot_rows<B: WeightBlock>(
     kernel: Kernel,
     w: &[B],
@@ -331,41 +333,34 @@ fn dot_rows<B: WeightBlock>(
     let t = acts.len() / nb;
     let wrow = |r: usize| &w[r * nb..(r + 1) * nb];
     let arow = |s: usize| &acts[s * nb..(s + 1) * nb];
-    let (r0, n) = (rows.start, rows.len());
+    let r0 = rows.start;
     let mut put = |r: usize, s: usize, v: f32| out[(r - r0) * t + s] = v;
-    let (rt, ct) = if t < 4 { (4, 1) } else { (2, 4) };
-    let r_main = r0 + n / rt * rt;
-    let s_main = t / ct * ct;
-    for r in (r0..r_main).step_by(rt) {
-        for s in (0..s_main).step_by(ct) {
-            if rt == 4 {
-                let v = B::tile::<4, 1>(kernel, std::array::from_fn(|i| wrow(r + i)), [arow(s)]);
-                (0..4).for_each(|i| put(r + i, s, v[i][0]));
-            } else {
-                let v = B::tile::<2, 4>(
-                    kernel,
-                    std::array::from_fn(|i| wrow(r + i)),
-                    std::array::from_fn(|j| arow(s + j)),
-                );
-                for (i, vi) in v.iter().enumerate() {
-                    vi.iter()
-                        .enumerate()
-                        .for_each(|(j, &x)| put(r + i, s + j, x));
-                }
+    let s_main = t - t % 4;
+    let r_pairs = r0 + rows.len() / 2 * 2;
+    for s in (0..s_main).step_by(4) {
+        let a = std::array::from_fn(|j| arow(s + j));
+        for r in (r0..r_pairs).step_by(2) {
+            let v = B::tile::<2, 4>(kernel, [wrow(r), wrow(r + 1)], a);
+            for (i, vi) in v.iter().enumerate() {
+                vi.iter()
+                    .enumerate()
+                    .for_each(|(j, &x)| put(r + i, s + j, x));
             }
         }
-        for s in s_main..t {
-            for i in 0..rt {
-                put(
-                    r + i,
-                    s,
-                    B::tile::<1, 1>(kernel, [wrow(r + i)], [arow(s)])[0][0],
-                );
-            }
+        if r_pairs < rows.end {
+            let v = B::tile::<1, 4>(kernel, [wrow(r_pairs)], a);
+            v[0].iter()
+                .enumerate()
+                .for_each(|(j, &x)| put(r_pairs, s + j, x));
         }
     }
-    for r in r_main..rows.end {
-        for s in 0..t {
+    let r_quads = r0 + rows.len() / 4 * 4;
+    for s in s_main..t {
+        for r in (r0..r_quads).step_by(4) {
+            let v = B::tile::<4, 1>(kernel, std::array::from_fn(|i| wrow(r + i)), [arow(s)]);
+            (0..4).for_each(|i| put(r + i, s, v[i][0]));
+        }
+        for r in r_quads..rows.end {
             put(r, s, B::tile::<1, 1>(kernel, [wrow(r)], [arow(s)])[0][0]);
         }
     }
@@ -633,9 +628,8 @@ mod tests {
         scalar_matches_dequantized::<BlockQ8_0>();
     }
 
-    /// Every SIMD kernel this CPU has, through every tile shape (4 × 1 for
-    /// t < 4, 2 × 4 otherwise, and the 1 × 1 remainders), against the scalar
-    /// kernel.
+    /// Every SIMD kernel this CPU has, through every tile shape (2 × 4,
+    /// 1 × 4, 4 × 1, 1 × 1), against the scalar kernel.
     #[cfg(target_arch = "x86_64")]
     fn simd_matches_scalar<B: WeightBlock>() {
         let kernels = match Kernel::detect() {
