@@ -28,7 +28,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use cipherlora_model::{
-    GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
+    GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
+    WeightMode, generate,
 };
 use cipherlora_private::{
     ByWidth, EmbeddedServer, Grouping, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
@@ -91,22 +92,35 @@ pub struct DecodeConfig {
     /// [`E2eBenchOptions::acceptance_prior`]
     /// ([`cipherlora_private::width_plan`]).
     pub auto_k: bool,
-    /// The base drafter holds f16 weights ([`Model::to_f16_weights`])
-    /// instead of sharing the target's f32 weights.
-    pub f16_drafter: bool,
+    /// How the base drafter holds its weights.
+    pub drafter_weights: DrafterWeights,
     /// Tree drafts of K nodes of this shape instead of a chain of K tokens
     /// (base drafter; [`cipherlora_spec::tree_draft`]).
     pub tree: Option<TreeParams>,
 }
 
+/// The weights of the base drafter. Every draft is verified by the target
+/// (f32) model, so the output does not depend on this; acceptance and speed
+/// do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterWeights {
+    /// The target's f32 weights, shared.
+    F32,
+    /// An f16 copy ([`Model::to_f16_weights`]).
+    F16,
+    /// The GGUF weights kept quantized (`WeightMode::Quantized`).
+    Quantized,
+}
+
 impl DecodeConfig {
-    /// "f16" or "f32" for a configuration that runs the base model as a
-    /// drafter, "-" otherwise.
+    /// "f16", "f32" or "quantized" for a configuration that runs the base
+    /// model as a drafter, "-" otherwise.
     #[must_use]
     pub fn draft_weights(&self) -> &'static str {
-        match (self.drafter, self.f16_drafter) {
-            (DrafterKind::Base | DrafterKind::Hybrid, true) => "f16",
-            (DrafterKind::Base | DrafterKind::Hybrid, false) => "f32",
+        match (self.drafter, self.drafter_weights) {
+            (DrafterKind::Base | DrafterKind::Hybrid, DrafterWeights::F16) => "f16",
+            (DrafterKind::Base | DrafterKind::Hybrid, DrafterWeights::F32) => "f32",
+            (DrafterKind::Base | DrafterKind::Hybrid, DrafterWeights::Quantized) => "quantized",
             _ => "-",
         }
     }
@@ -292,6 +306,16 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     } else {
         None
     };
+    let quantized = if opts
+        .configs
+        .iter()
+        .any(|c| c.draft_weights() == "quantized")
+    {
+        let weights = WeightMode::Quantized;
+        Some(Model::load_with(&opts.model, &LoadOptions { weights })?)
+    } else {
+        None
+    };
     let tok = Tokenizer::for_model(&opts.model)?;
     let prompts: Vec<Vec<u32>> = read_prompts(&opts.prompts_file, opts.prompts)?
         .iter()
@@ -376,8 +400,9 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 .flat_map(|c| opts.schedules.iter().map(move |s| (c, s.as_str())))
             {
                 let (drafter, k) = (c.drafter, c.k);
-                let draft_model = match (c.draft_weights(), &half) {
-                    ("f16", Some(h)) => h,
+                let draft_model = match (c.draft_weights(), &half, &quantized) {
+                    ("f16", Some(h), _) => h,
+                    ("quantized", _, Some(q)) => q,
                     _ => &model,
                 };
                 let mut cfg = SpecConfig {

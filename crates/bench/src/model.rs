@@ -1,11 +1,15 @@
 //! `cipherlora bench model`: plaintext decode speed of the base model and the
-//! cost of a 9-position verify pass (K = 8 drafts + 1) against one decode step,
-//! at several thread counts and both GGUF weight modes (f32, quantized).
+//! cost of 9- and 17-position verify passes (K = 8 or 16 drafts + 1) against
+//! one decode step, at several thread counts and for each GGUF weight mode
+//! (f32, f16, quantized).
 //!
 //! Candle sizes its thread pools once per process from `RAYON_NUM_THREADS` /
 //! `CANDLE_NUM_THREADS`, so each thread count runs in a child process (this
-//! binary re-invoked as `bench model --worker`), which prints one JSON record
-//! per weight mode on stdout.
+//! binary re-invoked as `bench model --worker`), which loads every weight
+//! mode, interleaves their repetitions (so that a change in machine load hits
+//! them alike) and prints the raw samples as JSON on stdout. The parent runs
+//! `rounds` rounds of one child per thread count, alternating, and reports
+//! medians over all samples.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,8 +35,10 @@ pub struct ModelBenchOptions {
     pub threads: Vec<usize>,
     /// Tokens generated per decode measurement.
     pub decode_tokens: usize,
-    /// Timed repetitions (the median is reported).
+    /// Timed repetitions per round (medians over all rounds are reported).
     pub reps: usize,
+    /// Rounds of one child process per thread count, alternating.
+    pub rounds: usize,
     /// Internal: measure in this process and print records (set by the parent).
     pub worker: bool,
 }
@@ -40,20 +46,60 @@ pub struct ModelBenchOptions {
 /// One measured configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelRecord {
-    /// GGUF weight mode ("f32" or "quantized").
+    /// GGUF weight mode ("f32", "f16" or "quantized").
     pub weights: String,
     /// CPU threads candle used.
     pub threads: usize,
-    /// Greedy decode speed over `decode_tokens` tokens, median of reps (tokens/s).
+    /// Greedy decode speed over `decode_tokens` tokens, median (tokens/s).
     pub decode_tok_s: f64,
     /// One 1-position forward at context `context_len`, median (ms).
     pub step_ms: f64,
     /// One 9-position causal forward at context `context_len`, median (ms).
     pub verify9_ms: f64,
+    /// One 17-position causal forward at context `context_len`, median (ms).
+    pub verify17_ms: f64,
     /// verify9_ms / step_ms.
     pub verify9_over_step: f64,
+    /// verify17_ms / step_ms.
+    pub verify17_over_step: f64,
     /// Cached positions before the timed passes.
     pub context_len: usize,
+    /// Samples behind each median.
+    pub samples: usize,
+}
+
+/// Raw samples of one configuration, as a worker reports them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Samples {
+    weights: String,
+    threads: usize,
+    context_len: usize,
+    decode_tok_s: Vec<f64>,
+    step_ms: Vec<f64>,
+    verify9_ms: Vec<f64>,
+    verify17_ms: Vec<f64>,
+}
+
+impl Samples {
+    fn record(&self) -> ModelRecord {
+        let (step, v9, v17) = (
+            median(self.step_ms.clone()),
+            median(self.verify9_ms.clone()),
+            median(self.verify17_ms.clone()),
+        );
+        ModelRecord {
+            weights: self.weights.clone(),
+            threads: self.threads,
+            decode_tok_s: median(self.decode_tok_s.clone()),
+            step_ms: step,
+            verify9_ms: v9,
+            verify17_ms: v17,
+            verify9_over_step: v9 / step,
+            verify17_over_step: v17 / step,
+            context_len: self.context_len,
+            samples: self.step_ms.len(),
+        }
+    }
 }
 
 /// The whole report.
@@ -63,8 +109,10 @@ pub struct ModelReport {
     pub model: String,
     /// Tokens generated per decode measurement.
     pub decode_tokens: usize,
-    /// Repetitions per figure.
+    /// Repetitions per round.
     pub reps: usize,
+    /// Rounds (child processes per thread count).
+    pub rounds: usize,
     /// The records.
     pub records: Vec<ModelRecord>,
 }
@@ -76,13 +124,15 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn measure(
-    path: &Path,
-    weights: WeightMode,
-    label: &str,
-    opts: &ModelBenchOptions,
-) -> anyhow::Result<ModelRecord> {
-    let model = Model::load_with(path, &LoadOptions { weights })?;
+/// The weight modes measured, with their report labels.
+const MODES: [(WeightMode, &str); 3] = [
+    (WeightMode::F32, "f32"),
+    (WeightMode::F16, "f16"),
+    (WeightMode::Quantized, "quantized"),
+];
+
+/// Measures every weight mode in this process, repetitions interleaved.
+fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samples>> {
     let tok = Tokenizer::for_model(path)?;
     let prompt = tok.encode(PROMPT)?;
     let gen_opts = GenerateOptions {
@@ -90,67 +140,74 @@ fn measure(
         sampling: SamplingParams::greedy(),
         eos: vec![],
     };
-    // Warm-up, then timed decodes.
-    cipherlora_model::generate(&model, &prompt, &gen_opts, &mut NoAdapter, &mut |_| Ok(()))?;
-    let mut speeds = Vec::new();
-    for _ in 0..opts.reps.clamp(1, 5) {
-        let out = cipherlora_model::generate(
-            &model,
-            &prompt,
-            &gen_opts,
-            &mut NoAdapter,
-            &mut |_| Ok(()),
-        )?;
-        speeds.push(out.tokens.len() as f64 / out.decode_secs);
+    let mut models = Vec::new();
+    let mut samples = Vec::new();
+    for (weights, label) in MODES {
+        let model = Model::load_with(path, &LoadOptions { weights })?;
+        // Warm-up.
+        cipherlora_model::generate(&model, &prompt, &gen_opts, &mut NoAdapter, &mut |_| Ok(()))?;
+        // Passes are timed after the prompt and 32 more tokens.
+        let mut cache = model.new_cache(prompt.len() + 64)?;
+        let mut ctx = prompt.clone();
+        ctx.extend((0..32u32).map(|i| 100 + i));
+        model.forward(&ctx, &mut cache, &AttentionMask::Causal, &mut NoAdapter)?;
+        samples.push(Samples {
+            weights: label.into(),
+            threads: cipherlora_model::num_threads(),
+            context_len: cache.len(),
+            ..Samples::default()
+        });
+        models.push((model, cache));
     }
-    // Verify pass vs decode step at a context of prompt + 32 tokens.
-    let mut cache = model.new_cache(prompt.len() + 64)?;
-    let mut ctx = prompt.clone();
-    ctx.extend((0..32u32).map(|i| 100 + i));
-    model.forward(&ctx, &mut cache, &AttentionMask::Causal, &mut NoAdapter)?;
-    let base = cache.len();
-    let drafts: Vec<u32> = (0..9u32).map(|i| 200 + i).collect();
-    let mut time = |tokens: &[u32]| -> anyhow::Result<f64> {
-        let mut xs = Vec::new();
-        for i in 0..opts.reps + 2 {
-            let t0 = Instant::now();
-            model.forward(tokens, &mut cache, &AttentionMask::Causal, &mut NoAdapter)?;
-            let dt = t0.elapsed().as_secs_f64() * 1e3;
-            cache.truncate(base);
-            if i >= 2 {
-                xs.push(dt);
+    let drafts: Vec<u32> = (0..17u32).map(|i| 200 + i).collect();
+    for _ in 0..opts.reps.max(1) {
+        for ((model, cache), s) in models.iter_mut().zip(&mut samples) {
+            let out =
+                cipherlora_model::generate(model, &prompt, &gen_opts, &mut NoAdapter, &mut |_| {
+                    Ok(())
+                })?;
+            s.decode_tok_s
+                .push(out.tokens.len() as f64 / out.decode_secs);
+            let base = cache.len();
+            for (t, xs) in [
+                (1, &mut s.step_ms),
+                (9, &mut s.verify9_ms),
+                (17, &mut s.verify17_ms),
+            ] {
+                let t0 = Instant::now();
+                model.forward(&drafts[..t], cache, &AttentionMask::Causal, &mut NoAdapter)?;
+                xs.push(t0.elapsed().as_secs_f64() * 1e3);
+                cache.truncate(base);
             }
         }
-        Ok(median(xs))
-    };
-    let step_ms = time(&drafts[..1])?;
-    let verify9_ms = time(&drafts)?;
-    Ok(ModelRecord {
-        weights: label.into(),
-        threads: cipherlora_model::num_threads(),
-        decode_tok_s: median(speeds),
-        step_ms,
-        verify9_ms,
-        verify9_over_step: verify9_ms / step_ms,
-        context_len: base,
-    })
+    }
+    Ok(samples)
 }
 
 fn markdown(r: &ModelReport) -> String {
     let mut s = format!(
-        "Model: `{}`; greedy decode of {} tokens after a {}-word prompt; passes timed at a context of {} positions; medians of {} runs.\n\n",
+        "Model: `{}`; greedy decode of {} tokens after a {}-word prompt; passes timed at a context of {} positions; medians of {} runs ({} rounds × {} interleaved repetitions).\n\n",
         r.model,
         r.decode_tokens,
         PROMPT.split_whitespace().count(),
         r.records.first().map_or(0, |x| x.context_len),
+        r.records.first().map_or(0, |x| x.samples),
+        r.rounds,
         r.reps
     );
-    s.push_str("| weights | threads | decode tok/s | 1-position step (ms) | 9-position verify (ms) | verify / step |\n");
-    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    s.push_str("| weights | threads | decode tok/s | 1-position step (ms) | 9-position pass (ms) | 17-position pass (ms) | 9 / step | 17 / step |\n");
+    s.push_str("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for x in &r.records {
         s.push_str(&format!(
-            "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2} |\n",
-            x.weights, x.threads, x.decode_tok_s, x.step_ms, x.verify9_ms, x.verify9_over_step
+            "| {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+            x.weights,
+            x.threads,
+            x.decode_tok_s,
+            x.step_ms,
+            x.verify9_ms,
+            x.verify17_ms,
+            x.verify9_over_step,
+            x.verify17_over_step
         ));
     }
     s
@@ -166,45 +223,54 @@ pub fn run(opts: &ModelBenchOptions) -> anyhow::Result<()> {
         None => cipherlora_model::fetch::ensure_default_model()?,
     };
     if opts.worker {
-        let mut records = Vec::new();
-        for (mode, label) in [
-            (WeightMode::F32, "f32"),
-            (WeightMode::F16, "f16"),
-            (WeightMode::Quantized, "quantized"),
-        ] {
-            records.push(measure(&path, mode, label, opts)?);
-        }
-        println!("{}", serde_json::to_string(&records)?);
+        println!("{}", serde_json::to_string(&measure_all(&path, opts)?)?);
         return Ok(());
     }
-    let mut records: Vec<ModelRecord> = Vec::new();
-    for &n in &opts.threads {
-        eprintln!("bench model: {n} thread(s)…");
-        let out = Command::new(std::env::current_exe()?)
-            .args(["bench", "model", "--worker", "--json"])
-            .arg(&opts.json)
-            .arg("--model")
-            .arg(&path)
-            .args(["--decode-tokens", &opts.decode_tokens.to_string()])
-            .args(["--reps", &opts.reps.to_string()])
-            .env("RAYON_NUM_THREADS", n.to_string())
-            .env("CANDLE_NUM_THREADS", n.to_string())
-            .output()
-            .context("running the bench worker")?;
-        anyhow::ensure!(
-            out.status.success(),
-            "bench worker ({n} threads) failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let text = String::from_utf8(out.stdout)?;
-        let line = text.lines().last().unwrap_or_default();
-        records.extend(serde_json::from_str::<Vec<ModelRecord>>(line)?);
+    let mut merged: Vec<Samples> = Vec::new();
+    for round in 0..opts.rounds.max(1) {
+        for &n in &opts.threads {
+            eprintln!("bench model: round {}, {n} thread(s)…", round + 1);
+            let out = Command::new(std::env::current_exe()?)
+                .args(["bench", "model", "--worker", "--json"])
+                .arg(&opts.json)
+                .arg("--model")
+                .arg(&path)
+                .args(["--decode-tokens", &opts.decode_tokens.to_string()])
+                .args(["--reps", &opts.reps.to_string()])
+                .env("RAYON_NUM_THREADS", n.to_string())
+                .env("CANDLE_NUM_THREADS", n.to_string())
+                .output()
+                .context("running the bench worker")?;
+            anyhow::ensure!(
+                out.status.success(),
+                "bench worker ({n} threads) failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let text = String::from_utf8(out.stdout)?;
+            let line = text.lines().last().unwrap_or_default();
+            for s in serde_json::from_str::<Vec<Samples>>(line)? {
+                match merged
+                    .iter_mut()
+                    .find(|m| m.weights == s.weights && m.threads == s.threads)
+                {
+                    Some(m) => {
+                        m.decode_tok_s.extend(s.decode_tok_s);
+                        m.step_ms.extend(s.step_ms);
+                        m.verify9_ms.extend(s.verify9_ms);
+                        m.verify17_ms.extend(s.verify17_ms);
+                    }
+                    None => merged.push(s),
+                }
+            }
+        }
     }
+    let mut records: Vec<ModelRecord> = merged.iter().map(Samples::record).collect();
     records.sort_by(|a, b| a.weights.cmp(&b.weights).then(a.threads.cmp(&b.threads)));
     let report = ModelReport {
         model: path.display().to_string(),
         decode_tokens: opts.decode_tokens,
         reps: opts.reps,
+        rounds: opts.rounds,
         records,
     };
     let md = markdown(&report);

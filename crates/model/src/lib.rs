@@ -34,6 +34,7 @@ mod lora;
 mod mask;
 mod model;
 mod progress;
+mod qmatmul;
 mod rope;
 mod sampling;
 mod synthetic;

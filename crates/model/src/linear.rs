@@ -1,12 +1,13 @@
-//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_0/Q4_1/Q8_0/K-quants, via
-//! candle's `QMatMul`, which quantizes x to 8 bits per block and dots blocks),
-//! dense f32, or dense f16 (x is rounded to f16 for the product; the output
-//! is f32).
+//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_1 and Q8_0 via our
+//! kernels in [`crate::qmatmul`]; Q4_0/K-quants via candle's `QMatMul`; both
+//! quantize x to 8 bits per block and dot blocks), dense f32, or dense f16
+//! (x is rounded to f16 for the product; the output is f32).
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::ModelError;
+use crate::qmatmul::{BlockQ4_1, BlockQ8_0, QuantMatrix, WeightBlock};
 
 /// Positions from which a dense f32 projection is computed as `(W·xᵀ)ᵀ`.
 const TRANSPOSED_MIN_ROWS: usize = 4;
@@ -14,8 +15,19 @@ const TRANSPOSED_MIN_ROWS: usize = 4;
 /// Weight of shape (d_out, d_in) plus optional bias (d_out).
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
-    w: QMatMul,
+    w: Weight,
     b: Option<Tensor>,
+}
+
+/// How the weight is held.
+#[derive(Debug, Clone)]
+enum Weight {
+    /// Candle: dense f32/f16 or a quantized type with a candle kernel.
+    Candle(QMatMul),
+    /// Q4_1, which candle's CPU backend only has a scalar kernel for.
+    Q4_1(QuantMatrix<BlockQ4_1>),
+    /// Q8_0: candle's kernel dots one row at a time without VNNI.
+    Q8_0(QuantMatrix<BlockQ8_0>),
 }
 
 impl Linear {
@@ -29,8 +41,22 @@ impl Linear {
         if dequantize {
             return Ok(Linear::dense(q.dequantize(&Device::Cpu)?, b));
         }
+        if let &[rows, cols] = q.shape().dims() {
+            let own = match q.dtype() {
+                GgmlDType::Q4_1 => {
+                    QuantMatrix::from_gguf_bytes(rows, cols, &q.data()?).map(Weight::Q4_1)
+                }
+                GgmlDType::Q8_0 => {
+                    QuantMatrix::from_gguf_bytes(rows, cols, &q.data()?).map(Weight::Q8_0)
+                }
+                _ => None,
+            };
+            if let Some(w) = own {
+                return Ok(Linear { w, b });
+            }
+        }
         Ok(Linear {
-            w: QMatMul::from_arc(q)?,
+            w: Weight::Candle(QMatMul::from_arc(q)?),
             b,
         })
     }
@@ -38,7 +64,7 @@ impl Linear {
     /// From a dense f32 weight (d_out, d_in).
     pub(crate) fn dense(w: Tensor, b: Option<Tensor>) -> Self {
         Linear {
-            w: QMatMul::Tensor(w),
+            w: Weight::Candle(QMatMul::Tensor(w)),
             b,
         }
     }
@@ -47,7 +73,9 @@ impl Linear {
     /// bytes); quantized and f16 weights are kept as they are.
     pub(crate) fn to_f16(&self) -> Result<Self, ModelError> {
         let w = match &self.w {
-            QMatMul::Tensor(w) => QMatMul::TensorF16(w.to_dtype(DType::F16)?),
+            Weight::Candle(QMatMul::Tensor(w)) => {
+                Weight::Candle(QMatMul::TensorF16(w.to_dtype(DType::F16)?))
+            }
             other => other.clone(),
         };
         Ok(Linear {
@@ -65,14 +93,33 @@ impl Linear {
     /// faster the usual way (see BENCHMARKS.md, "Plaintext model").
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let y = match &self.w {
-            QMatMul::Tensor(w) if x.dim(0)? >= TRANSPOSED_MIN_ROWS => {
+            Weight::Candle(QMatMul::Tensor(w)) if x.dim(0)? >= TRANSPOSED_MIN_ROWS => {
                 w.matmul(&x.t()?)?.t()?.contiguous()?
             }
-            _ => self.w.forward(x)?,
+            Weight::Candle(w) => w.forward(x)?,
+            Weight::Q4_1(w) => quant_forward(w, x)?,
+            Weight::Q8_0(w) => quant_forward(w, x)?,
         };
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
+}
+
+/// x: (T, d_in) f32 → (T, d_out) f32 through one of our quantized kernels.
+fn quant_forward<B: WeightBlock>(w: &QuantMatrix<B>, x: &Tensor) -> Result<Tensor, ModelError> {
+    let (t, d_in) = x.dims2()?;
+    if d_in != w.cols() {
+        return Err(ModelError::Input(format!(
+            "projection input has {d_in} features, the weight {}",
+            w.cols()
+        )));
+    }
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    Ok(Tensor::from_vec(
+        w.matmul(&xs, t),
+        (t, w.rows()),
+        x.device(),
+    )?)
 }

@@ -45,11 +45,12 @@ fn golden_greedy_continuation_matches_numpy_reference() {
     assert_eq!(tok.decode(&out).unwrap(), GOLDEN);
 }
 
-/// With weights kept quantized, candle's matmul also quantizes activations to
-/// 8 bits per block (as llama.cpp does); the argmax flips at token 13
-/// (" would" → " loved"), so only the first 12 tokens are pinned here.
+/// With weights kept quantized, activations are quantized to 16 bits per
+/// block of 32 before the integer dot products (`crates/model/src/qmatmul.rs`):
+/// the greedy continuation is still the NumPy reference's. (Candle's and
+/// llama.cpp's 8-bit activations flipped the argmax at token 13.)
 #[test]
-fn golden_prefix_with_quantized_matmul() {
+fn golden_greedy_continuation_with_quantized_weights() {
     let (_, tok) = model();
     let path = fetch::ensure_default_model().unwrap();
     let q = Model::load_with(
@@ -60,17 +61,8 @@ fn golden_prefix_with_quantized_matmul() {
     )
     .unwrap();
     let prompt = tok.encode(GOLDEN_PROMPT).unwrap();
-    let out = greedy(&q, &prompt, 13, vec![]);
-    let want = tok.encode(GOLDEN).unwrap();
-    assert_eq!(out[..12], want[..12]);
-    assert_ne!(
-        out[12], want[12],
-        "quantized path now matches further: pin more"
-    );
-    assert_eq!(
-        tok.decode(&out[..12]).unwrap(),
-        " girl named Emma who loved to play in the sun. She"
-    );
+    let out = greedy(&q, &prompt, 32, vec![]);
+    assert_eq!(tok.decode(&out).unwrap(), GOLDEN);
 }
 
 #[test]

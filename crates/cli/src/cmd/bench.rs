@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use cipherlora_bench::e2e::DecodeConfig;
+use cipherlora_bench::e2e::{DecodeConfig, DrafterWeights};
 use cipherlora_spec::decode::DrafterKind;
 use cipherlora_spec::tree_draft::TreeParams;
 use clap::Subcommand;
@@ -56,7 +56,7 @@ pub enum BenchCommand {
     Split(SplitBenchArgs),
     /// The OpenAI endpoint's engine: time to first token on warm sessions, loopback.
     Api(ApiBenchArgs),
-    /// Plaintext model: decode tok/s and a 9-position verify pass vs one decode step, 1 and 2 threads.
+    /// Plaintext model: decode tok/s and 9-/17-position verify passes vs one decode step, per weight mode, 1 and 2 threads.
     Model(ModelBenchArgs),
 }
 
@@ -223,9 +223,12 @@ pub struct ModelBenchArgs {
     /// Tokens generated per decode measurement.
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
-    /// Timed repetitions (medians are reported).
-    #[arg(long, default_value_t = 20)]
+    /// Timed repetitions per round (medians over all rounds are reported).
+    #[arg(long, default_value_t = 10)]
     reps: usize,
+    /// Rounds of one worker process per thread count, alternating.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
     /// Internal: measure in this process (thread count from the environment).
     #[arg(long, hide = true)]
     worker: bool,
@@ -357,7 +360,8 @@ fn model_and_adapters(
     Ok((model, adapters))
 }
 
-/// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16` or `f32`);
+/// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16`, `f32` or `q`,
+/// quantized);
 /// `tree:K[:BxD][:WEIGHTS]`: the base drafter growing trees of K nodes
 /// (branch B, depth D; default [`TreeParams::default`]).
 fn parse_config(
@@ -389,11 +393,16 @@ fn parse_config(
         ("tree", _) => Some(TreeParams::default()),
         _ => None,
     };
-    let f16_drafter = match parts.next() {
-        Some("f16") => true,
-        Some("f32") => false,
-        Some(other) => anyhow::bail!("{s}: unknown drafter weights {other:?} (f16, f32)"),
-        None => default_weights == crate::cmd::demo::DraftWeightsArg::F16,
+    let drafter_weights = match parts.next() {
+        Some("f16") => DrafterWeights::F16,
+        Some("f32") => DrafterWeights::F32,
+        Some("q") => DrafterWeights::Quantized,
+        Some(other) => anyhow::bail!("{s}: unknown drafter weights {other:?} (f16, f32, q)"),
+        None => match default_weights {
+            crate::cmd::demo::DraftWeightsArg::Same => DrafterWeights::F32,
+            crate::cmd::demo::DraftWeightsArg::F16 => DrafterWeights::F16,
+            crate::cmd::demo::DraftWeightsArg::Quantized => DrafterWeights::Quantized,
+        },
     };
     anyhow::ensure!(parts.next().is_none(), "{s}: expected DRAFTER:K[:WEIGHTS]");
     let drafter = match name {
@@ -411,7 +420,7 @@ fn parse_config(
         drafter,
         k,
         auto_k,
-        f16_drafter,
+        drafter_weights,
         tree,
     })
 }
@@ -431,6 +440,7 @@ impl BenchCommand {
                     threads: a.threads,
                     decode_tokens: a.decode_tokens,
                     reps: a.reps,
+                    rounds: a.rounds,
                     worker: a.worker,
                 })
             }
@@ -480,29 +490,39 @@ mod tests {
                 drafter: DrafterKind::Base,
                 k: 8,
                 auto_k: false,
-                f16_drafter: true,
+                drafter_weights: DrafterWeights::F16,
                 tree: None,
             }
         );
         let a = parse_config("base:auto", DraftWeightsArg::F16).unwrap();
         assert_eq!((a.k, a.auto_k), (16, true));
         let a = parse_config("base:auto12:f32", DraftWeightsArg::F16).unwrap();
-        assert_eq!((a.k, a.auto_k, a.f16_drafter), (12, true, false));
+        assert_eq!(
+            (a.k, a.auto_k, a.drafter_weights),
+            (12, true, DrafterWeights::F32)
+        );
         assert!(parse_config("tree:auto", DraftWeightsArg::F16).is_err());
         assert!(parse_config("base:autox", DraftWeightsArg::F16).is_err());
         let t = parse_config("tree:16:3x12:f32", DraftWeightsArg::F16).unwrap();
         assert_eq!(
-            (t.drafter, t.k, t.f16_drafter),
-            (DrafterKind::Base, 16, false)
+            (t.drafter, t.k, t.drafter_weights),
+            (DrafterKind::Base, 16, DrafterWeights::F32)
         );
         assert_eq!(t.tree, Some("tree:3x12".parse().unwrap()));
         let t = parse_config("tree:8", DraftWeightsArg::F16).unwrap();
-        assert_eq!((t.tree, t.f16_drafter), (Some(TreeParams::default()), true));
+        assert_eq!(
+            (t.tree, t.drafter_weights),
+            (Some(TreeParams::default()), DrafterWeights::F16)
+        );
         assert!(parse_config("tree:8:0x3", DraftWeightsArg::F16).is_err());
         assert_eq!(c.draft_weights(), "f16");
         let c = parse_config("base:4:f32", DraftWeightsArg::F16).unwrap();
-        assert!(!c.f16_drafter);
+        assert_eq!(c.drafter_weights, DrafterWeights::F32);
         assert_eq!(c.draft_weights(), "f32");
+        let c = parse_config("base:4:q", DraftWeightsArg::F16).unwrap();
+        assert_eq!(c.draft_weights(), "quantized");
+        let c = parse_config("hybrid:4", DraftWeightsArg::Quantized).unwrap();
+        assert_eq!(c.draft_weights(), "quantized");
         let c = parse_config("ngram:4:f16", DraftWeightsArg::Same).unwrap();
         assert_eq!(c.draft_weights(), "-", "n-gram drafts without a model");
         let c = parse_config("none", DraftWeightsArg::Same).unwrap();

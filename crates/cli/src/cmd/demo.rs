@@ -55,17 +55,28 @@ pub enum DraftWeightsArg {
     /// step streams half the bytes. Drafts are still verified by the
     /// target model, so the output is unchanged.
     F16,
+    /// The GGUF file loaded again with its weights kept quantized
+    /// (`WeightMode::Quantized`: Q4_1/Q8_0 through our SIMD kernels), the
+    /// fastest single-position step (BENCHMARKS.md, "Plaintext model").
+    /// Drafts are still verified by the target model.
+    Quantized,
 }
 
 impl DraftWeightsArg {
-    /// The drafter's model: `model` itself or its f16 copy.
+    /// The drafter's model: `model` itself, its f16 copy, or its file
+    /// loaded with quantized weights.
     ///
     /// # Errors
-    /// A failed weight conversion.
+    /// A failed weight conversion or load.
     pub fn drafter(self, model: &Model) -> anyhow::Result<std::borrow::Cow<'_, Model>> {
         Ok(match self {
             DraftWeightsArg::Same => std::borrow::Cow::Borrowed(model),
             DraftWeightsArg::F16 => std::borrow::Cow::Owned(model.to_f16_weights()?),
+            DraftWeightsArg::Quantized => {
+                let weights = cipherlora_model::WeightMode::Quantized;
+                let opts = cipherlora_model::LoadOptions { weights };
+                std::borrow::Cow::Owned(Model::load_with(model.path(), &opts)?)
+            }
         })
     }
 }

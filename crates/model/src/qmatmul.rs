@@ -1,0 +1,680 @@
+//! GGUF Q4_1 and Q8_0 weights kept quantized, applied to f32 activations:
+//! `y = x Wᵀ` with our own AVX2 / AVX-VNNI kernels.
+//!
+//! Why not candle's `QMatMul`: candle 0.11's CPU backend has only a scalar
+//! loop for Q4_1 (`k_quants.rs`, `impl GgmlType for BlockQ4_1`: `vec_dot`
+//! calls `vec_dot_unopt`), and its Q8_0 kernel dots one weight row at a time
+//! with maddubs (its repacked VNNI path needs d_in to be a multiple of 256,
+//! which SmolLM2's 576 is not). Measured on SmolLM2-135M, one thread: see
+//! BENCHMARKS.md, "Plaintext model".
+//!
+//! Formats (ggml's `ggml-common.h`: `block_q4_1`, `block_q8_0`):
+//! - a Q4_1 block holds 32 weights as `d: f16, m: f16, qs: [u8; 16]`; weight
+//!   `j < 16` is `d · (qs[j] & 0xF) + m`, weight `j + 16` is
+//!   `d · (qs[j] >> 4) + m`;
+//! - a Q8_0 block holds 32 weights as `d: f16, qs: [i8; 32]`; weight j is
+//!   `d · qs[j]`;
+//! - activations are quantized per block of 32 to 16 bits: `d = amax /
+//!   32767`, `q = round(x / d)` (i16), `s = d · Σq`.
+//!
+//! A block's dot product is then `d_w d_x Σ q_w q_x (+ m_w s_x for Q4_1)`,
+//! integer inside the block. llama.cpp (`ggml_vec_dot_q4_1_q8_1`) and candle
+//! quantize activations to 8 bits instead (Q8_1/Q8_0 blocks): measured on
+//! SmolLM2-135M over the held-out prompts, that moves the greedy argmax away
+//! from the f32 path's at 3.1 % of positions, 16 bits at none of 3368 (see
+//! `tests/quantized_fidelity.rs`); the i16 products (`vpmaddwd`, or AVX-VNNI's
+//! `vpdpwssd`) cost about 11 % more CPU time than 8-bit ones over decode
+//! steps and 9-/17-position passes, most of it in the passes.
+//!
+//! This module holds the crate's only `unsafe` code: the AVX2/FMA/F16C (and
+//! AVX-VNNI) intrinsics of `std::arch`, called only after
+//! `is_x86_feature_detected!` confirmed the features, with a scalar fallback
+//! for other CPUs. The scalar kernel is the reference the SIMD ones are tested
+//! against.
+#![allow(unsafe_code)]
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Weights (and activations) per block.
+const QK: usize = 32;
+/// Output rows per work item handed to candle's thread pool.
+const ROWS_PER_ITEM: usize = 16;
+
+fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// A GGUF weight block format with a kernel here.
+pub(crate) trait WeightBlock: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Bytes of one block in a GGUF file.
+    const BYTES: usize;
+    /// One block from its GGUF bytes (`BYTES` long).
+    fn parse(b: &[u8]) -> Self;
+    /// The block's 32 weights.
+    #[cfg(test)]
+    fn values(&self) -> [f32; QK];
+    /// The block's dot product with 32 quantized activations, in plain Rust.
+    fn dot_scalar(&self, y: &ActBlock) -> f32;
+    /// R × C dot products of weight rows with activation rows.
+    fn tile<const R: usize, const C: usize>(
+        kernel: Kernel,
+        w: [&[Self]; R],
+        a: [&[ActBlock]; C],
+    ) -> [[f32; C]; R];
+}
+
+/// One Q4_1 block: scale and minimum as f16 bits, 32 nibbles.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct BlockQ4_1 {
+    d: u16,
+    m: u16,
+    qs: [u8; QK / 2],
+}
+
+impl BlockQ4_1 {
+    /// The 4-bit level (0..=15) of weight `j` (0..32).
+    fn level(&self, j: usize) -> u8 {
+        if j < QK / 2 {
+            self.qs[j] & 0x0F
+        } else {
+            self.qs[j - QK / 2] >> 4
+        }
+    }
+}
+
+impl WeightBlock for BlockQ4_1 {
+    const BYTES: usize = 20;
+
+    fn parse(b: &[u8]) -> Self {
+        let mut qs = [0u8; QK / 2];
+        qs.copy_from_slice(&b[4..Self::BYTES]);
+        BlockQ4_1 {
+            d: u16::from_le_bytes([b[0], b[1]]),
+            m: u16::from_le_bytes([b[2], b[3]]),
+            qs,
+        }
+    }
+
+    #[cfg(test)]
+    fn values(&self) -> [f32; QK] {
+        let (d, m) = (f16_to_f32(self.d), f16_to_f32(self.m));
+        std::array::from_fn(|j| d * self.level(j) as f32 + m)
+    }
+
+    fn dot_scalar(&self, y: &ActBlock) -> f32 {
+        let dot: i32 = (0..QK).map(|j| self.level(j) as i32 * y.qs[j] as i32).sum();
+        f16_to_f32(self.d) * y.d * dot as f32 + f16_to_f32(self.m) * y.s
+    }
+
+    fn tile<const R: usize, const C: usize>(
+        kernel: Kernel,
+        w: [&[Self]; R],
+        a: [&[ActBlock]; C],
+    ) -> [[f32; C]; R] {
+        match kernel {
+            Kernel::Scalar => scalar_tile(w, a),
+            // SAFETY: `Kernel::detect` returned this kernel only after
+            // checking its features at run time.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { simd::q4_1_avx2(w, a) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => unsafe { simd::q4_1_avxvnni(w, a) },
+        }
+    }
+}
+
+/// One Q8_0 block: scale as f16 bits, 32 signed bytes.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct BlockQ8_0 {
+    d: u16,
+    qs: [i8; QK],
+}
+
+impl WeightBlock for BlockQ8_0 {
+    const BYTES: usize = 34;
+
+    fn parse(b: &[u8]) -> Self {
+        BlockQ8_0 {
+            d: u16::from_le_bytes([b[0], b[1]]),
+            qs: std::array::from_fn(|j| b[2 + j] as i8),
+        }
+    }
+
+    #[cfg(test)]
+    fn values(&self) -> [f32; QK] {
+        let d = f16_to_f32(self.d);
+        std::array::from_fn(|j| d * self.qs[j] as f32)
+    }
+
+    fn dot_scalar(&self, y: &ActBlock) -> f32 {
+        let dot: i32 = (0..QK).map(|j| self.qs[j] as i32 * y.qs[j] as i32).sum();
+        f16_to_f32(self.d) * y.d * dot as f32
+    }
+
+    fn tile<const R: usize, const C: usize>(
+        kernel: Kernel,
+        w: [&[Self]; R],
+        a: [&[ActBlock]; C],
+    ) -> [[f32; C]; R] {
+        match kernel {
+            Kernel::Scalar => scalar_tile(w, a),
+            // SAFETY: `Kernel::detect` returned this kernel only after
+            // checking its features at run time.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { simd::q8_0_avx2(w, a) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => unsafe { simd::q8_0_avxvnni(w, a) },
+        }
+    }
+}
+
+/// One block of 32 activations quantized to i16: `x ≈ d · q`, `s = d · Σq`.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C)]
+pub(crate) struct ActBlock {
+    d: f32,
+    s: f32,
+    qs: [i16; QK],
+}
+
+/// A (rows, cols) quantized weight matrix, row-major blocks (cols / 32 per
+/// row), shared between clones.
+#[derive(Debug, Clone)]
+pub(crate) struct QuantMatrix<B> {
+    rows: usize,
+    cols: usize,
+    blocks: Arc<[B]>,
+}
+
+impl<B: WeightBlock> QuantMatrix<B> {
+    /// From the GGUF data of a (rows, cols) tensor (`B::BYTES` per block of 32
+    /// weights along a row). `None` when cols is not whole blocks or the data
+    /// has the wrong length.
+    pub(crate) fn from_gguf_bytes(rows: usize, cols: usize, data: &[u8]) -> Option<Self> {
+        if !cols.is_multiple_of(QK) || data.len() != rows * cols / QK * B::BYTES {
+            return None;
+        }
+        let blocks = data.chunks_exact(B::BYTES).map(B::parse).collect();
+        Some(QuantMatrix { rows, cols, blocks })
+    }
+
+    /// Output features (d_out).
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (d_in).
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The weights as f32, row-major (rows · cols): the dequantized matrix.
+    #[cfg(test)]
+    fn dequantize(&self) -> Vec<f32> {
+        self.blocks.iter().flat_map(|b| b.values()).collect()
+    }
+
+    /// `x Wᵀ` for `x` of t rows (t · cols, row-major) → t · rows, row-major.
+    ///
+    /// Each row of x is quantized to 16 bits per block of 32; every weight row
+    /// is read once for all t rows (the t quantized rows stay in L1), and the
+    /// weight rows are split across candle's CPU thread pool.
+    ///
+    /// # Panics
+    /// If `x.len() != t · cols`.
+    pub(crate) fn matmul(&self, x: &[f32], t: usize) -> Vec<f32> {
+        self.matmul_with(x, t, Kernel::detect())
+    }
+
+    fn matmul_with(&self, x: &[f32], t: usize, kernel: Kernel) -> Vec<f32> {
+        assert_eq!(x.len(), t * self.cols, "activations: t · cols values");
+        let nb = self.cols / QK;
+        let mut acts = vec![ActBlock::default(); t * nb];
+        for (row, q) in x.chunks_exact(self.cols).zip(acts.chunks_exact_mut(nb)) {
+            quantize_row(row, q);
+        }
+        // Output transposed, (rows, t): a work item's rows are contiguous.
+        let mut out_t = vec![0f32; self.rows * t];
+        if t == 0 || self.rows == 0 {
+            return out_t;
+        }
+        let items: Vec<Mutex<&mut [f32]>> = out_t
+            .chunks_mut(ROWS_PER_ITEM * t)
+            .map(Mutex::new)
+            .collect();
+        candle_core::utils::barrier_pool().execute_chunked(items.len(), |range| {
+            for i in range {
+                let mut out = items[i].lock().unwrap_or_else(PoisonError::into_inner);
+                let r0 = i * ROWS_PER_ITEM;
+                let rows = r0..r0 + out.len() / t;
+                dot_rows(kernel, &self.blocks, rows, &acts, nb, &mut out);
+            }
+        });
+        drop(items);
+        if t == 1 {
+            return out_t;
+        }
+        let mut out = vec![0f32; t * self.rows];
+        for (r, col) in out_t.chunks_exact(t).enumerate() {
+            for (s, &v) in col.iter().enumerate() {
+                out[s * self.rows + r] = v;
+            }
+        }
+        out
+    }
+}
+
+/// Largest |q| of a quantized activation.
+const ACT_MAX: f32 = 32767.0;
+
+/// Quantizes one row of activations (whole blocks of 32) to [`ActBlock`]s.
+fn quantize_row(x: &[f32], out: &mut [ActBlock]) {
+    for (xb, yb) in x.chunks_exact(QK).zip(out) {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / ACT_MAX;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, v) in yb.qs.iter_mut().zip(xb) {
+            let r = (v * id).round() as i16;
+            *q = r;
+            sum += r as i32;
+        }
+        yb.d = d;
+        yb.s = d * sum as f32;
+    }
+}
+
+/// Which dot-product kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    /// Portable Rust; the reference.
+    Scalar,
+    /// AVX2 + FMA + F16C (x86_64, checked at run time).
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// [`Kernel::Avx2`] plus AVX-VNNI's `vpdpbusd` for the byte products.
+    #[cfg(target_arch = "x86_64")]
+    AvxVnni,
+}
+
+impl Kernel {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            if std::arch::is_x86_feature_detected!("avxvnni") {
+                return Kernel::AvxVnni;
+            }
+            return Kernel::Avx2;
+        }
+        Kernel::Scalar
+    }
+}
+
+/// Dots weight rows `rows` (nb blocks each) with all t activation rows,
+/// writing `out[(r - rows.start) · t + s]`. Tiles: 2 weight rows × 4
+/// positions over the positions in whole groups of 4, then 4 weight rows × 1
+/// position for the rest (all of them when decoding); leftover weight rows
+/// 1 × 4 or 1 × 1. (1 × 1 tiles are latency-bound: one accumulator chain.)
+fn dot_rows<B: WeightBlock>(
+    kernel: Kernel,
+    w: &[B],
+    rows: std::ops::Range<usize>,
+    acts: &[ActBlock],
+    nb: usize,
+    out: &mut [f32],
+) {
+    let t = acts.len() / nb;
+    let wrow = |r: usize| &w[r * nb..(r + 1) * nb];
+    let arow = |s: usize| &acts[s * nb..(s + 1) * nb];
+    let r0 = rows.start;
+    let mut put = |r: usize, s: usize, v: f32| out[(r - r0) * t + s] = v;
+    let s_main = t - t % 4;
+    let r_pairs = r0 + rows.len() / 2 * 2;
+    for s in (0..s_main).step_by(4) {
+        let a = std::array::from_fn(|j| arow(s + j));
+        for r in (r0..r_pairs).step_by(2) {
+            let v = B::tile::<2, 4>(kernel, [wrow(r), wrow(r + 1)], a);
+            for (i, vi) in v.iter().enumerate() {
+                vi.iter()
+                    .enumerate()
+                    .for_each(|(j, &x)| put(r + i, s + j, x));
+            }
+        }
+        if r_pairs < rows.end {
+            let v = B::tile::<1, 4>(kernel, [wrow(r_pairs)], a);
+            v[0].iter()
+                .enumerate()
+                .for_each(|(j, &x)| put(r_pairs, s + j, x));
+        }
+    }
+    let r_quads = r0 + rows.len() / 4 * 4;
+    for s in s_main..t {
+        for r in (r0..r_quads).step_by(4) {
+            let v = B::tile::<4, 1>(kernel, std::array::from_fn(|i| wrow(r + i)), [arow(s)]);
+            (0..4).for_each(|i| put(r + i, s, v[i][0]));
+        }
+        for r in r_quads..rows.end {
+            put(r, s, B::tile::<1, 1>(kernel, [wrow(r)], [arow(s)])[0][0]);
+        }
+    }
+}
+
+/// [`WeightBlock::tile`] in plain Rust: the reference.
+fn scalar_tile<B: WeightBlock, const R: usize, const C: usize>(
+    w: [&[B]; R],
+    a: [&[ActBlock]; C],
+) -> [[f32; C]; R] {
+    std::array::from_fn(|r| {
+        std::array::from_fn(|c| w[r].iter().zip(a[c]).map(|(x, y)| x.dot_scalar(y)).sum())
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! The x86 kernels. They are safe `#[target_feature]` functions: calling
+    //! them is `unsafe` only because the CPU must have the features; inside,
+    //! the only `unsafe` operations are unaligned loads from in-bounds arrays.
+
+    use std::arch::x86_64::*;
+
+    use super::{ActBlock, BlockQ4_1, BlockQ8_0};
+
+    /// A Q4_1 block as (weights 0..16, weights 16..32, d, m), the levels
+    /// 0..=15 widened to i16 (the low nibbles are weights 0..16).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn prep_q4_1(x: &BlockQ4_1) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: reads the 16 bytes of `x.qs`.
+        let qs = unsafe { _mm_loadu_si128(x.qs.as_ptr().cast()) };
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm256_cvtepu8_epi16(_mm_and_si128(qs, mask));
+        let hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), mask));
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((x.d as u32 | (x.m as u32) << 16) as i32));
+        let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
+        (lo, hi, d, m)
+    }
+
+    /// A Q8_0 block as (weights 0..16, weights 16..32, d, 0), widened to i16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn prep_q8_0(x: &BlockQ8_0) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: reads the 32 bytes of `x.qs`, 16 at a time.
+        let (lo, hi) = unsafe {
+            (
+                _mm_loadu_si128(x.qs.as_ptr().cast()),
+                _mm_loadu_si128(x.qs.as_ptr().add(16).cast()),
+            )
+        };
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(x.d as i32)));
+        (_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi), d, 0.0)
+    }
+
+    /// The 32 quantized activations of a block, 16 per vector.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn quants(y: &ActBlock) -> (__m256i, __m256i) {
+        // SAFETY: reads the 64 bytes of `y.qs`, 32 at a time.
+        unsafe {
+            (
+                _mm256_loadu_si256(y.qs.as_ptr().cast()),
+                _mm256_loadu_si256(y.qs.as_ptr().add(16).cast()),
+            )
+        }
+    }
+
+    /// Σ w·q of one block (w: |w| ≤ 128, q: |q| ≤ 32767, both i16) as eight
+    /// partial sums (f32); the i32 lanes hold at most 4 products (< 2^25).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn products_avx2(w: (__m256i, __m256i), q: (__m256i, __m256i)) -> __m256 {
+        let sum = _mm256_add_epi32(_mm256_madd_epi16(w.0, q.0), _mm256_madd_epi16(w.1, q.1));
+        _mm256_cvtepi32_ps(sum)
+    }
+
+    /// As [`products_avx2`], with two `vpdpwssd` (i16 × i16 pairs into i32).
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    fn products_avxvnni(w: (__m256i, __m256i), q: (__m256i, __m256i)) -> __m256 {
+        let sum = _mm256_dpwssd_avx_epi32(_mm256_setzero_si256(), w.0, q.0);
+        _mm256_cvtepi32_ps(_mm256_dpwssd_avx_epi32(sum, w.1, q.1))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// One kernel per block format and instruction set: R weight rows × C
+    /// activation rows, each weight block unpacked once and each activation
+    /// block loaded once; R · C independent accumulators.
+    macro_rules! tile {
+        ($name:ident, $block:ty, $prep:ident, $mins:literal, $features:literal, $products:ident) => {
+            #[target_feature(enable = $features)]
+            pub(super) fn $name<const R: usize, const C: usize>(
+                w: [&[$block]; R],
+                a: [&[ActBlock]; C],
+            ) -> [[f32; C]; R] {
+                let mut acc = [[_mm256_setzero_ps(); C]; R];
+                let mut mins = [[0f32; C]; R];
+                for b in 0..w[0].len() {
+                    let mut ws = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                    let mut dm = [(0f32, 0f32); R];
+                    for r in 0..R {
+                        let (w0, w1, d, m) = $prep(&w[r][b]);
+                        ws[r] = (w0, w1);
+                        dm[r] = (d, m);
+                    }
+                    for c in 0..C {
+                        let y = &a[c][b];
+                        let q = quants(y);
+                        for r in 0..R {
+                            let p = $products(ws[r], q);
+                            let scale = _mm256_set1_ps(dm[r].0 * y.d);
+                            acc[r][c] = _mm256_fmadd_ps(p, scale, acc[r][c]);
+                            if $mins {
+                                mins[r][c] += dm[r].1 * y.s;
+                            }
+                        }
+                    }
+                }
+                let mut out = [[0f32; C]; R];
+                for r in 0..R {
+                    for c in 0..C {
+                        out[r][c] = hsum(acc[r][c]) + mins[r][c];
+                    }
+                }
+                out
+            }
+        };
+    }
+
+    tile!(
+        q4_1_avx2,
+        BlockQ4_1,
+        prep_q4_1,
+        true,
+        "avx2,fma,f16c",
+        products_avx2
+    );
+    tile!(
+        q4_1_avxvnni,
+        BlockQ4_1,
+        prep_q4_1,
+        true,
+        "avx2,fma,f16c,avxvnni",
+        products_avxvnni
+    );
+    tile!(
+        q8_0_avx2,
+        BlockQ8_0,
+        prep_q8_0,
+        false,
+        "avx2,fma,f16c",
+        products_avx2
+    );
+    tile!(
+        q8_0_avxvnni,
+        BlockQ8_0,
+        prep_q8_0,
+        false,
+        "avx2,fma,f16c,avxvnni",
+        products_avxvnni
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Random GGUF bytes of a (rows, cols) matrix in format B: f16 scales in
+    /// the range of SmolLM2's (and a minimum for Q4_1), random quants.
+    fn random_bytes<B: WeightBlock>(rows: usize, cols: usize, rng: &mut ChaCha8Rng) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / QK {
+            let d = half::f16::from_f32(rng.random_range(0.001f32..0.05));
+            bytes.extend_from_slice(&d.to_bits().to_le_bytes());
+            if B::BYTES == BlockQ4_1::BYTES {
+                let m = half::f16::from_f32(rng.random_range(-0.4f32..0.0));
+                bytes.extend_from_slice(&m.to_bits().to_le_bytes());
+            }
+            while !bytes.len().is_multiple_of(B::BYTES) {
+                bytes.push(rng.random::<u8>());
+            }
+        }
+        bytes
+    }
+
+    fn random_matrix<B: WeightBlock>(rows: usize, cols: usize, seed: u64) -> QuantMatrix<B> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        QuantMatrix::from_gguf_bytes(rows, cols, &random_bytes::<B>(rows, cols, &mut rng)).unwrap()
+    }
+
+    fn random_x(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..n).map(|_| rng.random_range(-3f32..3.0)).collect()
+    }
+
+    #[test]
+    fn rejects_partial_blocks_and_wrong_lengths() {
+        let q4 = QuantMatrix::<BlockQ4_1>::from_gguf_bytes;
+        assert!(q4(2, 40, &[0; 2 * 40 / 32 * 20]).is_none());
+        assert!(q4(2, 64, &[0; 79]).is_none());
+        assert!(q4(2, 64, &[0; 80]).is_some());
+        let q8 = QuantMatrix::<BlockQ8_0>::from_gguf_bytes;
+        assert!(q8(2, 64, &[0; 80]).is_none());
+        assert!(q8(2, 64, &[0; 136]).is_some());
+    }
+
+    #[test]
+    fn dequantize_follows_the_ggml_layouts() {
+        // Q4_1: d = 0.5, m = -1, qs[0] = 0x3A, qs[1] = 0xF1: weight 0 is
+        // 0.5·10 − 1, weight 16 is 0.5·3 − 1, weight 1 is 0.5·1 − 1, weight 17
+        // is 0.5·15 − 1.
+        let mut b = vec![0u8; 20];
+        b[..2].copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+        b[2..4].copy_from_slice(&half::f16::from_f32(-1.0).to_bits().to_le_bytes());
+        b[4] = 0x3A;
+        b[5] = 0xF1;
+        let w = QuantMatrix::<BlockQ4_1>::from_gguf_bytes(1, 32, &b)
+            .unwrap()
+            .dequantize();
+        assert_eq!(
+            (w[0], w[16], w[1], w[17], w[2]),
+            (4.0, 0.5, -0.5, 6.5, -1.0)
+        );
+        // Q8_0: d = 0.25, qs[0] = −128, qs[31] = 7.
+        let mut b = vec![0u8; 34];
+        b[..2].copy_from_slice(&half::f16::from_f32(0.25).to_bits().to_le_bytes());
+        b[2] = 0x80;
+        b[33] = 7;
+        let w = QuantMatrix::<BlockQ8_0>::from_gguf_bytes(1, 32, &b)
+            .unwrap()
+            .dequantize();
+        assert_eq!((w[0], w[1], w[31]), (-32.0, 0.0, 1.75));
+    }
+
+    /// The scalar kernel against f64 products of the dequantized weights and
+    /// the f32 activations: the only difference is the 8-bit activations.
+    fn scalar_matches_dequantized<B: WeightBlock>() {
+        let (rows, cols, t) = (37, 96, 5);
+        let m = random_matrix::<B>(rows, cols, 1);
+        let x = random_x(t * cols, 11);
+        let y = m.matmul_with(&x, t, Kernel::Scalar);
+        let w = m.dequantize();
+        for s in 0..t {
+            for r in 0..rows {
+                let xr = &x[s * cols..(s + 1) * cols];
+                let wr = &w[r * cols..(r + 1) * cols];
+                let exact: f64 = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let scale: f64 = xr.iter().zip(wr).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                let got = y[s * rows + r] as f64;
+                assert!(
+                    (got - exact).abs() <= 0.02 * scale,
+                    "row {r} pos {s}: {got} vs {exact} (scale {scale})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn scalar_kernels_match_dequantized_products() {
+        scalar_matches_dequantized::<BlockQ4_1>();
+        scalar_matches_dequantized::<BlockQ8_0>();
+    }
+
+    /// Every SIMD kernel this CPU has, through every tile shape (2 × 4,
+    /// 1 × 4, 4 × 1, 1 × 1), against the scalar kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn simd_matches_scalar<B: WeightBlock>() {
+        let kernels = match Kernel::detect() {
+            Kernel::Scalar => vec![],
+            Kernel::Avx2 => vec![Kernel::Avx2],
+            Kernel::AvxVnni => vec![Kernel::Avx2, Kernel::AvxVnni],
+        };
+        if kernels.is_empty() {
+            eprintln!("no AVX2/FMA/F16C: nothing to compare");
+        }
+        let shapes = [
+            (1, 32, 1),
+            (19, 64, 1),
+            (7, 64, 3),
+            (40, 576, 9),
+            (33, 1536, 17),
+            (5, 96, 4),
+            (18, 64, 6),
+        ];
+        for (i, (rows, cols, t)) in shapes.into_iter().enumerate() {
+            let m = random_matrix::<B>(rows, cols, 20 + i as u64);
+            let x = random_x(t * cols, 40 + i as u64);
+            let want = m.matmul_with(&x, t, Kernel::Scalar);
+            for &k in &kernels {
+                let got = m.matmul_with(&x, t, k);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                        "{k:?} ({rows}, {cols}, {t}) output {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_kernels_match_scalar() {
+        simd_matches_scalar::<BlockQ4_1>();
+        simd_matches_scalar::<BlockQ8_0>();
+    }
+
+    #[test]
+    fn zero_activations_give_zero() {
+        let m = random_matrix::<BlockQ4_1>(4, 64, 3);
+        assert_eq!(m.matmul(&[0.0; 128], 2), vec![0.0; 8]);
+    }
+}
