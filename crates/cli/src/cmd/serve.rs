@@ -71,15 +71,7 @@ impl ServeArgs {
     /// down gracefully.
     pub fn run(self) -> anyhow::Result<()> {
         self.check_security()?;
-        let file = match &self.config {
-            Some(p) => ServeFile::read(p)?,
-            None => ServeFile::default(),
-        };
-        let limits = self
-            .limits
-            .clone()
-            .over(file.limits)
-            .apply(cipherlora_service::Limits::default());
+        let (file, limits) = ServeFile::with_limits(self.config.as_deref(), &self.limits)?;
         let base = match &self.base_model {
             Some(p) => p.clone(),
             None => fetch::ensure_default_model()?,

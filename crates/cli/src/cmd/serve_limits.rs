@@ -156,6 +156,24 @@ impl ServeFile {
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
+
+    /// The file at `path` (defaults when `None`) and the limits a server
+    /// runs with: `flags` over the file's `[limits]` over
+    /// [`Limits::default`].
+    ///
+    /// # Errors
+    /// As [`ServeFile::read`].
+    pub fn with_limits(path: Option<&Path>, flags: &LimitArgs) -> anyhow::Result<(Self, Limits)> {
+        let file = match path {
+            Some(p) => ServeFile::read(p)?,
+            None => ServeFile::default(),
+        };
+        let limits = flags
+            .clone()
+            .over(file.limits.clone())
+            .apply(Limits::default());
+        Ok((file, limits))
+    }
 }
 
 #[cfg(test)]

@@ -65,15 +65,7 @@ impl ServeSplitArgs {
             self.tls_cert.is_some(),
             self.token_file.is_some(),
         )?;
-        let file = match &self.config {
-            Some(p) => ServeFile::read(p)?,
-            None => ServeFile::default(),
-        };
-        let limits = self
-            .limits
-            .clone()
-            .over(file.limits)
-            .apply(cipherlora_service::Limits::default());
+        let (_, limits) = ServeFile::with_limits(self.config.as_deref(), &self.limits)?;
         let path = match &self.model {
             Some(p) => p.clone(),
             None => fetch::ensure_default_model()?,
