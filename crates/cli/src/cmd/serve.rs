@@ -24,34 +24,17 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
-    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2
-    /// (refused unless --insecure).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// File of accepted bearer tokens, one per line; without, no auth
-    /// (refused unless --insecure).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
+    #[command(flatten)]
+    security: ServerSecurity,
     /// Base model file whose shapes the adapters fit (default: the fetched
     /// default model).
     #[arg(long)]
     base_model: Option<PathBuf>,
-    /// Where to serve Prometheus `GET /metrics`, if anywhere.
-    #[arg(long)]
-    metrics_listen: Option<SocketAddr>,
     /// MiB of pre-encoded adapter diagonals all open sessions may hold
     /// together (default: 60 % of physical memory); a session that would
     /// exceed it is refused with RESOURCE_EXHAUSTED.
     #[arg(long)]
     max_session_memory_mib: Option<u64>,
-    /// Serve without TLS or without bearer tokens (tokens and ciphertexts
-    /// in clear, or anyone may use the adapter): for tests on a trusted
-    /// host only.
-    #[arg(long)]
-    insecure: bool,
     /// Circuit privacy: rerandomise every returned ciphertext under the
     /// client's public key with flooding noise (2^-20 in slot units), so the
     /// noise does not carry the adapter's weights; costs one encryption of
@@ -103,14 +86,7 @@ impl ServeArgs {
             backends.push(Arc::new(b));
         }
         drop(model);
-        let mut config = ServeConfig::new(self.listen);
-        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            config.tls = Some(TlsConfig::from_files(cert, key)?);
-        }
-        if let Some(f) = &self.token_file {
-            config.tokens = Some(TokenSet::from_file(f)?);
-        }
-        config.metrics_listen = self.metrics_listen;
+        let mut config = self.security.config(self.listen)?;
         config.limits = limits;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -132,37 +108,77 @@ impl ServeArgs {
     /// # Errors
     /// What is missing, and the flag that allows it.
     pub fn check_security(&self) -> anyhow::Result<()> {
-        check_security(
-            self.insecure,
-            self.tls_cert.is_some(),
-            self.token_file.is_some(),
-        )
+        self.security.check()
     }
 }
 
-/// Refuses to serve without TLS (`has_tls`) or without bearer tokens
-/// (`has_tokens`) unless `insecure` (`serve` and `serve-split`).
-///
-/// # Errors
-/// What is missing, and the flag that allows it.
-pub fn check_security(insecure: bool, has_tls: bool, has_tokens: bool) -> anyhow::Result<()> {
-    if insecure {
-        return Ok(());
+/// The flags `serve` and `serve-split` share: TLS, bearer tokens, metrics,
+/// and the explicit opt-out of the first two.
+#[derive(Debug, Args)]
+pub struct ServerSecurity {
+    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2
+    /// (refused unless --insecure).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// File of accepted bearer tokens, one per line; without, no auth
+    /// (refused unless --insecure).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Where to serve Prometheus `GET /metrics`, if anywhere.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Serve without TLS or without bearer tokens (tokens and payloads in
+    /// clear, or anyone may use the server): for tests on a trusted host
+    /// only.
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl ServerSecurity {
+    /// Refuses to serve without TLS or without bearer tokens unless
+    /// `--insecure`.
+    ///
+    /// # Errors
+    /// What is missing, and the flag that allows it.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.insecure {
+            return Ok(());
+        }
+        let mut missing = Vec::new();
+        if self.tls_cert.is_none() {
+            missing.push("TLS (--tls-cert/--tls-key)");
+        }
+        if self.token_file.is_none() {
+            missing.push("bearer tokens (--token-file)");
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "refusing to serve without {}: pass --insecure to allow it (tests on a trusted host only)",
+            missing.join(" and ")
+        )
     }
-    let mut missing = Vec::new();
-    if !has_tls {
-        missing.push("TLS (--tls-cert/--tls-key)");
+
+    /// A server configuration listening on `listen` with this TLS, these
+    /// tokens and this metrics address (default limits).
+    ///
+    /// # Errors
+    /// Unreadable certificate, key or token files.
+    pub fn config(&self, listen: SocketAddr) -> anyhow::Result<ServeConfig> {
+        let mut config = ServeConfig::new(listen);
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            config.tls = Some(TlsConfig::from_files(cert, key)?);
+        }
+        if let Some(f) = &self.token_file {
+            config.tokens = Some(TokenSet::from_file(f)?);
+        }
+        config.metrics_listen = self.metrics_listen;
+        Ok(config)
     }
-    if !has_tokens {
-        missing.push("bearer tokens (--token-file)");
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "refusing to serve without {}: pass --insecure to allow it (tests on a trusted host only)",
-        missing.join(" and ")
-    )
 }
 
 /// Ctrl-C, or SIGTERM on Unix (what service managers send).

@@ -12,12 +12,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cipherlora_model::{Model, fetch};
-use cipherlora_service::auth::TokenSet;
-use cipherlora_service::{ServeConfig, SplitBackend, TlsConfig};
+use cipherlora_service::SplitBackend;
 use cipherlora_split::ModelBackend;
 use clap::Args;
 
-use super::serve::{check_security, shutdown_signal};
+use super::serve::{ServerSecurity, shutdown_signal};
 use super::serve_limits::{LimitArgs, ServeFile};
 
 /// Arguments of `cipherlora serve-split`.
@@ -29,27 +28,11 @@ pub struct ServeSplitArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:50052")]
     listen: SocketAddr,
-    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2
-    /// (refused unless --insecure).
-    #[arg(long, requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// File of accepted bearer tokens, one per line; without, no auth
-    /// (refused unless --insecure).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// Where to serve Prometheus `GET /metrics`, if anywhere.
-    #[arg(long)]
-    metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    security: ServerSecurity,
     /// Largest KV capacity (positions) one session may ask for.
     #[arg(long, default_value_t = 4096)]
     max_capacity: u32,
-    /// Serve without TLS or without bearer tokens: for tests on a trusted
-    /// host only.
-    #[arg(long)]
-    insecure: bool,
     /// TOML file with a `[limits]` table (as `serve --config`); flags win.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -60,11 +43,7 @@ pub struct ServeSplitArgs {
 impl ServeSplitArgs {
     /// Loads the model and serves until Ctrl-C or SIGTERM.
     pub fn run(self) -> anyhow::Result<()> {
-        check_security(
-            self.insecure,
-            self.tls_cert.is_some(),
-            self.token_file.is_some(),
-        )?;
+        self.security.check()?;
         let (_, limits) = ServeFile::with_limits(self.config.as_deref(), &self.limits)?;
         let path = match &self.model {
             Some(p) => p.clone(),
@@ -78,14 +57,7 @@ impl ServeSplitArgs {
             "split model {}: {} layers, hidden {}, sessions up to {} positions",
             info.model, info.num_layers, info.hidden_size, info.max_capacity
         );
-        let mut config = ServeConfig::new(self.listen);
-        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            config.tls = Some(TlsConfig::from_files(cert, key)?);
-        }
-        if let Some(f) = &self.token_file {
-            config.tokens = Some(TokenSet::from_file(f)?);
-        }
-        config.metrics_listen = self.metrics_listen;
+        let mut config = self.security.config(self.listen)?;
         config.limits = limits;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
