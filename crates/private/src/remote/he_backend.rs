@@ -537,20 +537,24 @@ mod tests {
         ));
     }
 
-    fn backend() -> HeBackend {
-        use crate::server::LayerGroup;
-        use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
-        let adapter = GroupAdapter {
+    /// One rank-2 projection `name` of an 8 → 8 group, fixed weights.
+    fn projection(name: &str) -> cipherlora_helora::GroupAdapter {
+        cipherlora_helora::GroupAdapter {
             d_in: 8,
-            projections: vec![ProjectionAdapter {
-                name: "o_proj".into(),
+            projections: vec![cipherlora_helora::ProjectionAdapter {
+                name: name.into(),
                 d_out: 8,
                 rank: 2,
                 a: (0..16).map(|i| i as f32 / 16.0).collect(),
                 b: (0..16).map(|i| 0.5 - i as f32 / 32.0).collect(),
                 scaling: 2.0,
             }],
-        };
+        }
+    }
+
+    fn backend() -> HeBackend {
+        use crate::server::LayerGroup;
+        let adapter = projection("o_proj");
         let groups = AdapterGroups {
             kind: LoraKind::Ffa,
             groups: vec![LayerGroup {
@@ -568,22 +572,12 @@ mod tests {
     #[test]
     fn a_layer_request_is_charged_for_every_input_it_answers() {
         use crate::server::LayerGroup;
-        use cipherlora_helora::{CkksClient, GroupAdapter, ProjectionAdapter};
+        use cipherlora_helora::CkksClient;
         use cipherlora_model::ProjGroup;
         let group = |group, name: &str| LayerGroup {
             layer: 1,
             group,
-            adapter: GroupAdapter {
-                d_in: 8,
-                projections: vec![ProjectionAdapter {
-                    name: name.into(),
-                    d_out: 8,
-                    rank: 2,
-                    a: (0..16).map(|i| i as f32 / 16.0).collect(),
-                    b: (0..16).map(|i| 0.5 - i as f32 / 32.0).collect(),
-                    scaling: 2.0,
-                }],
-            },
+            adapter: projection(name),
         };
         let groups = AdapterGroups {
             kind: LoraKind::Ffa,
