@@ -442,7 +442,7 @@ impl<T: Transport> HeHook<T> {
 
 /// The response precision for a relative `tolerance` (see
 /// [`HeHook::deltas_many_within`]); 0 (the server's default) for none.
-fn response_bits(tolerance: f64) -> u32 {
+pub(crate) fn response_bits(tolerance: f64) -> u32 {
     if !(tolerance > 0.0 && tolerance < 1.0) {
         return 0;
     }
