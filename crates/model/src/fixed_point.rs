@@ -27,6 +27,13 @@
 //! Fu et al., "Break the Sequential Dependency of LLM Inference Using
 //! Lookahead Decoding", ICML 2024), applied across layers instead.
 //!
+//! With a hook that streams ([`DeltaHook::stream`]), the trips overlap as a
+//! wavefront over layers: [`FixedPointPass::start_sending`] and
+//! [`FixedPointPass::iterate_sending`] send each group's input of the next
+//! trip as soon as the running pass produces it, and take each delta of the
+//! current trip only when the pass reaches its group. The deltas and
+//! inputs are the same as with batched trips, only the waiting differs.
+//!
 //! [`FixedPointStep`] reports after each trip how much the inputs and the
 //! logits still moved; the caller decides when the result is exact enough
 //! (`cipherlora_spec` certifies greedy tokens by their top-1/top-2 logit
@@ -36,7 +43,7 @@ use std::collections::HashMap;
 
 use candle_core::{D, Tensor};
 
-use crate::hook::{DeltaHook, GroupDeltas, GroupInput, ProjGroup};
+use crate::hook::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, ProjGroup, TripId};
 use crate::{AttentionMask, KvCache, Model, ModelError};
 
 /// How much one round trip of a [`FixedPointPass`] moved the pass.
@@ -51,26 +58,57 @@ pub struct FixedPointStep {
     pub logit_change: Vec<f32>,
 }
 
-/// Records every group input of a pass and answers from a table of deltas.
-struct Recorder<'a> {
+/// Where a pass's deltas come from.
+enum Answers {
+    /// None: the base model (pass 0).
+    Nothing,
+    /// A trip answered as one batch, by (layer, group).
+    Table(HashMap<(usize, ProjGroup), GroupDeltas>),
+    /// A trip sent ahead on the stream, taken group by group.
+    Stream(TripId),
+}
+
+/// The hook of one plaintext pass: records every group input it wants,
+/// sends it on as part of the next trip when one is being streamed, and
+/// answers with the current trip's deltas.
+struct Relay<'a> {
     wanted: &'a [(usize, ProjGroup)],
-    table: &'a HashMap<(usize, ProjGroup), GroupDeltas>,
+    answers: Answers,
+    /// The hook's stream (when a trip is streamed in or out) and the trip
+    /// this pass sends, if any.
+    stream: Option<&'a mut dyn DeltaStream>,
+    sending: Option<TripId>,
     recorded: Vec<GroupInput>,
 }
 
-impl DeltaHook for Recorder<'_> {
+impl DeltaHook for Relay<'_> {
     fn deltas(
         &mut self,
         layer: usize,
         group: ProjGroup,
         x: &Tensor,
     ) -> Result<GroupDeltas, ModelError> {
-        self.recorded.push(GroupInput {
+        let input = GroupInput {
             layer,
             group,
             x: x.clone(),
-        });
-        Ok(self.table.get(&(layer, group)).cloned().unwrap_or_default())
+        };
+        if let (Some(trip), Some(stream)) = (self.sending, self.stream.as_deref_mut()) {
+            stream.send(trip, &input)?;
+        }
+        self.recorded.push(input);
+        match &mut self.answers {
+            Answers::Nothing => Ok(GroupDeltas::none()),
+            Answers::Table(t) => Ok(t.remove(&(layer, group)).unwrap_or_default()),
+            Answers::Stream(trip) => match self.stream.as_deref_mut() {
+                Some(stream) => stream.receive(*trip, layer, group),
+                None => Err(ModelError::Hook {
+                    layer,
+                    proj: group.projs()[0],
+                    reason: "a streamed trip without the hook's stream".into(),
+                }),
+            },
+        }
     }
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
@@ -78,9 +116,32 @@ impl DeltaHook for Recorder<'_> {
     }
 }
 
+/// The next trip of a [`FixedPointPass`], when a pass sends it while it runs
+/// ([`FixedPointPass::iterate_sending`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NextTrip {
+    /// Send nothing: this pass is the last of its batch.
+    Wait,
+    /// Send the pass's inputs as the next trip, within this tolerance
+    /// (`None`: exact), group by group as they are produced.
+    Send(Option<f64>),
+}
+
+/// A trip whose inputs are already known to the hook.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Pending {
+    /// Nothing sent: the next trip sends the current inputs as one batch.
+    Nothing,
+    /// The next trip went out on the stream during the latest pass.
+    Streamed(TripId),
+    /// The next trip's tolerance was fixed by the latest pass, but the
+    /// hook does not stream: it goes out as one batch.
+    Batched(Option<f64>),
+}
+
 /// A forward pass of T positions whose deltas are computed as a fixed point
-/// over layers, one batched round trip per [`FixedPointPass::iterate`]; see
-/// the module docs.
+/// over layers, one round trip per [`FixedPointPass::iterate`]; see the
+/// module docs.
 ///
 /// The KV cache always holds the positions before the pass plus the T of the
 /// latest plaintext pass (as after [`Model::forward`]); each iteration rolls
@@ -95,6 +156,7 @@ pub struct FixedPointPass<'m> {
     inputs: Vec<GroupInput>,
     logits: Tensor,
     steps: Vec<FixedPointStep>,
+    pending: Pending,
 }
 
 impl<'m> FixedPointPass<'m> {
@@ -111,19 +173,17 @@ impl<'m> FixedPointPass<'m> {
         mask: &AttentionMask,
         hook: &dyn DeltaHook,
     ) -> Result<Self, ModelError> {
-        let wanted: Vec<(usize, ProjGroup)> = (0..model.config().num_layers)
-            .flat_map(|l| ProjGroup::ALL.into_iter().map(move |g| (l, g)))
-            .filter(|&(l, g)| hook.wants(l, g))
-            .collect();
+        let wanted = wanted_groups(model, hook);
         let start = cache.len();
-        let table = HashMap::new();
-        let mut rec = Recorder {
+        let mut relay = Relay {
             wanted: &wanted,
-            table: &table,
+            answers: Answers::Nothing,
+            stream: None,
+            sending: None,
             recorded: Vec::with_capacity(wanted.len()),
         };
-        let logits = model.forward(tokens, cache, mask, &mut rec)?;
-        let inputs = rec.recorded;
+        let logits = model.forward(tokens, cache, mask, &mut relay)?;
+        let inputs = relay.recorded;
         Ok(Self {
             model,
             tokens: tokens.to_vec(),
@@ -133,12 +193,58 @@ impl<'m> FixedPointPass<'m> {
             inputs,
             logits,
             steps: Vec::new(),
+            pending: Pending::Nothing,
+        })
+    }
+
+    /// [`FixedPointPass::start`] that also sends the first trip (`next`)
+    /// while pass 0 runs, group by group, when `hook` streams
+    /// ([`DeltaHook::stream`]); otherwise the trip goes out as one batch at
+    /// the next iteration, with the tolerance `next` fixes.
+    ///
+    /// # Errors
+    /// As [`Model::forward`], and whatever the hook's stream raises.
+    pub fn start_sending(
+        model: &'m Model,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        hook: &mut dyn DeltaHook,
+        next: NextTrip,
+    ) -> Result<Self, ModelError> {
+        let wanted = wanted_groups(model, hook);
+        let start = cache.len();
+        let Sending {
+            stream,
+            trip,
+            pending,
+        } = open_next(hook, tokens.len(), next)?;
+        let mut relay = Relay {
+            wanted: &wanted,
+            answers: Answers::Nothing,
+            stream,
+            sending: trip,
+            recorded: Vec::with_capacity(wanted.len()),
+        };
+        let logits = model.forward(tokens, cache, mask, &mut relay)?;
+        let inputs = relay.recorded;
+        Ok(Self {
+            model,
+            tokens: tokens.to_vec(),
+            mask: mask.clone(),
+            start,
+            wanted,
+            inputs,
+            logits,
+            steps: Vec::new(),
+            pending,
         })
     }
 
     /// One round trip: sends every group's current input estimate through
-    /// `hook` at once, then reruns the plaintext pass with the returned
-    /// deltas (rolling the cache back first). Returns what moved.
+    /// `hook` at once (or takes the trip the previous pass sent ahead), then
+    /// reruns the plaintext pass with the returned deltas (rolling the
+    /// cache back first). Returns what moved.
     ///
     /// # Errors
     /// Whatever `hook` or the forward pass raise; [`ModelError::Hook`] when
@@ -165,6 +271,79 @@ impl<'m> FixedPointPass<'m> {
         hook: &mut dyn DeltaHook,
         tolerance: Option<f64>,
     ) -> Result<&FixedPointStep, ModelError> {
+        self.iterate_sending(cache, hook, tolerance, NextTrip::Wait)
+    }
+
+    /// One round trip, streamed: the pass takes the deltas of the trip the
+    /// previous pass sent ahead group by group as it reaches them (or,
+    /// when none was sent, sends its current inputs as one batch within
+    /// `tolerance` first), and when `next` is [`NextTrip::Send`] sends its
+    /// own inputs as the next trip while it runs (module docs). Returns
+    /// what moved.
+    ///
+    /// # Errors
+    /// As [`FixedPointPass::iterate`], and whatever the hook's stream
+    /// raises. On error the cache holds the previous pass's positions.
+    pub fn iterate_sending(
+        &mut self,
+        cache: &mut KvCache,
+        hook: &mut dyn DeltaHook,
+        tolerance: Option<f64>,
+        next: NextTrip,
+    ) -> Result<&FixedPointStep, ModelError> {
+        let answers = match self.pending {
+            Pending::Streamed(trip) => Answers::Stream(trip),
+            Pending::Nothing => Answers::Table(self.batch(hook, tolerance)?),
+            Pending::Batched(t) => Answers::Table(self.batch(hook, t)?),
+        };
+        self.pending = Pending::Nothing;
+        let t = self.tokens.len();
+        let Sending {
+            stream,
+            trip,
+            pending,
+        } = match (&answers, next) {
+            // The hook is borrowed once: its stream when one is used.
+            (Answers::Stream(_), NextTrip::Wait) => Sending {
+                stream: hook.stream(t),
+                trip: None,
+                pending: Pending::Nothing,
+            },
+            _ => open_next(hook, t, next)?,
+        };
+        cache.truncate(self.start);
+        let mut relay = Relay {
+            wanted: &self.wanted,
+            answers,
+            stream,
+            sending: trip,
+            recorded: Vec::with_capacity(self.wanted.len()),
+        };
+        let logits = self
+            .model
+            .forward(&self.tokens, cache, &self.mask, &mut relay)?;
+        let inputs = relay.recorded;
+        let input_change = max_relative_change(&self.inputs, &inputs)?;
+        let logit_change = (&logits - &self.logits)?
+            .abs()?
+            .max(D::Minus1)?
+            .to_vec1::<f32>()?;
+        self.inputs = inputs;
+        self.logits = logits;
+        self.pending = pending;
+        self.steps.push(FixedPointStep {
+            input_change,
+            logit_change,
+        });
+        Ok(self.steps.last().expect("just pushed"))
+    }
+
+    /// The current inputs' deltas as one batch, by (layer, group).
+    fn batch(
+        &self,
+        hook: &mut dyn DeltaHook,
+        tolerance: Option<f64>,
+    ) -> Result<HashMap<(usize, ProjGroup), GroupDeltas>, ModelError> {
         let answers = match tolerance {
             Some(t) => hook.deltas_many_within(&self.inputs, t)?,
             None => hook.deltas_many(&self.inputs)?,
@@ -184,34 +363,12 @@ impl<'m> FixedPointPass<'m> {
                 ),
             });
         }
-        let table: HashMap<(usize, ProjGroup), GroupDeltas> = self
+        Ok(self
             .inputs
             .iter()
             .map(|g| (g.layer, g.group))
             .zip(answers)
-            .collect();
-        cache.truncate(self.start);
-        let mut rec = Recorder {
-            wanted: &self.wanted,
-            table: &table,
-            recorded: Vec::with_capacity(self.wanted.len()),
-        };
-        let logits = self
-            .model
-            .forward(&self.tokens, cache, &self.mask, &mut rec)?;
-        let inputs = rec.recorded;
-        let input_change = max_relative_change(&self.inputs, &inputs)?;
-        let logit_change = (&logits - &self.logits)?
-            .abs()?
-            .max(D::Minus1)?
-            .to_vec1::<f32>()?;
-        self.inputs = inputs;
-        self.logits = logits;
-        self.steps.push(FixedPointStep {
-            input_change,
-            logit_change,
-        });
-        Ok(self.steps.last().expect("just pushed"))
+            .collect())
     }
 
     /// Logits (T, vocab) of the latest plaintext pass.
@@ -248,6 +405,54 @@ impl<'m> FixedPointPass<'m> {
     #[must_use]
     pub fn cache_start(&self) -> usize {
         self.start
+    }
+}
+
+/// The groups `hook` wants, in forward order.
+fn wanted_groups(model: &Model, hook: &dyn DeltaHook) -> Vec<(usize, ProjGroup)> {
+    (0..model.config().num_layers)
+        .flat_map(|l| ProjGroup::ALL.into_iter().map(move |g| (l, g)))
+        .filter(|&(l, g)| hook.wants(l, g))
+        .collect()
+}
+
+/// What a pass sends as it runs: the hook's stream (when it uses one), the
+/// trip it sends on it, and what is pending after the pass.
+struct Sending<'a> {
+    stream: Option<&'a mut dyn DeltaStream>,
+    trip: Option<TripId>,
+    pending: Pending,
+}
+
+/// Opens the trip a pass of `t` positions sends as it runs: on the hook's
+/// stream when it has one, else a trip to batch at the next iteration with
+/// the tolerance `next` fixes.
+fn open_next(
+    hook: &mut dyn DeltaHook,
+    t: usize,
+    next: NextTrip,
+) -> Result<Sending<'_>, ModelError> {
+    let NextTrip::Send(tolerance) = next else {
+        return Ok(Sending {
+            stream: None,
+            trip: None,
+            pending: Pending::Nothing,
+        });
+    };
+    match hook.stream(t) {
+        Some(stream) => {
+            let trip = stream.open_trip(tolerance)?;
+            Ok(Sending {
+                stream: Some(stream),
+                trip: Some(trip),
+                pending: Pending::Streamed(trip),
+            })
+        }
+        None => Ok(Sending {
+            stream: None,
+            trip: None,
+            pending: Pending::Batched(tolerance),
+        }),
     }
 }
 

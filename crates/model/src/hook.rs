@@ -213,6 +213,64 @@ pub trait DeltaHook {
         let _ = tolerance;
         self.deltas_many(inputs)
     }
+
+    /// The hook's streaming side for passes of `t` positions, if it has
+    /// one ([`DeltaStream`]): a [`crate::FixedPointPass`] then sends each
+    /// group's input of the next trip as soon as its pass produces it, and
+    /// takes each delta only when the next pass reaches its group. `None`
+    /// (the default): every trip is one [`DeltaHook::deltas_many`] batch.
+    fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
+        let _ = t;
+        None
+    }
+}
+
+/// Names one trip of a [`DeltaStream`] (unique per stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TripId(pub u64);
+
+/// The streaming side of a remote [`DeltaHook`]: the trips of a
+/// [`crate::FixedPointPass`] as a wavefront over layers.
+///
+/// Trip i's input of layer l is known once pass i−1 has run layer l, and
+/// pass i needs trip i's delta of layer l only when it reaches layer l; so
+/// instead of a batch per trip (pass, then round trip, then pass), each
+/// group's request leaves as soon as its input exists and its answer is
+/// taken when needed. Transfers, server compute and the client's passes
+/// then overlap: a round of N trips costs about N latencies plus the
+/// slowest of its bytes up, bytes down and server compute, instead of N
+/// times each (BENCHMARKS.md, "Streamed trips"). What the server sees per
+/// trip — which groups, how many positions, how many trips per round — is
+/// unchanged; only the timing of requests is finer.
+pub trait DeltaStream {
+    /// Starts a trip whose deltas may be off by `tolerance` (relative, as
+    /// [`DeltaHook::deltas_many_within`]; `None`: as exact as the hook can).
+    ///
+    /// # Errors
+    /// Whatever the hook raises.
+    fn open_trip(&mut self, tolerance: Option<f64>) -> Result<TripId, ModelError>;
+
+    /// Sends one group's input of `trip` and returns without waiting for
+    /// its deltas. Groups are sent in forward order; a hook that serves
+    /// several model groups with one request (a layer's q,k,v and o) sends
+    /// it once all of them arrived.
+    ///
+    /// # Errors
+    /// Whatever the hook raises (an unknown group, a transport failure).
+    fn send(&mut self, trip: TripId, input: &GroupInput) -> Result<(), ModelError>;
+
+    /// The deltas of (`layer`, `group`) in `trip`, waiting for them if they
+    /// have not arrived. Each group sent is received once.
+    ///
+    /// # Errors
+    /// [`ModelError::Hook`] when the group was not sent in `trip`; whatever
+    /// the hook raises.
+    fn receive(
+        &mut self,
+        trip: TripId,
+        layer: usize,
+        group: ProjGroup,
+    ) -> Result<GroupDeltas, ModelError>;
 }
 
 impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
@@ -239,6 +297,10 @@ impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
         tolerance: f64,
     ) -> Result<Vec<GroupDeltas>, ModelError> {
         (**self).deltas_many_within(inputs, tolerance)
+    }
+
+    fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
+        (**self).stream(t)
     }
 }
 

@@ -44,9 +44,11 @@ mod weights;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
-pub use fixed_point::{FixedPointPass, FixedPointStep};
+pub use fixed_point::{FixedPointPass, FixedPointStep, NextTrip};
 pub use generation::{GenerateOptions, Generated, TextStream, generate};
-pub use hook::{DeltaHook, GroupDeltas, GroupInput, NoAdapter, Proj, ProjGroup};
+pub use hook::{
+    DeltaHook, DeltaStream, GroupDeltas, GroupInput, NoAdapter, Proj, ProjGroup, TripId,
+};
 pub use kv_cache::KvCache;
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};
 pub use mask::AttentionMask;

@@ -13,7 +13,7 @@
 //! text is lost. Server refusals (bad input, unknown layer, limits) are not
 //! retried.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::auth::BearerToken;
 use crate::backend::AdapterInfo;
 use crate::error::{Result, ServiceError};
+use crate::in_flight::{Answer, InFlight};
 use crate::link::{LinkDirection, LinkProfile};
 use crate::server::{CONNECTION_WINDOW, STREAM_WINDOW};
 use crate::tls::ClientTls;
@@ -51,7 +52,8 @@ pub struct ClientConfig {
     pub max_message_bytes: usize,
     /// TCP + TLS + HTTP/2 connect timeout.
     pub connect_timeout: Duration,
-    /// Longest wait for one round (all its groups), including upload.
+    /// Longest wait for the next answer while one is awaited (a round's
+    /// groups are answered one after another, so this bounds the gap).
     pub round_timeout: Duration,
     /// Replays of a round after transient failures, at least: the client
     /// keeps replaying past this count until `retry_for` has passed since
@@ -229,6 +231,8 @@ pub struct AsyncAdapterClient {
     down: Arc<LinkDirection>,
     rpc: Option<Rpc>,
     session: Session,
+    /// Group requests sent and not yet answered, answers not yet taken.
+    in_flight: InFlight,
     stats: ClientStats,
 }
 
@@ -247,6 +251,7 @@ impl AsyncAdapterClient {
             bearer,
             rpc: None,
             session: Session::Closed,
+            in_flight: InFlight::default(),
             stats: ClientStats::default(),
         };
         c.rpc().await?;
@@ -313,6 +318,7 @@ impl AsyncAdapterClient {
             let _ = self.close().await;
         }
         self.session = Session::Closed;
+        self.in_flight.clear();
         // A refused opening leaves no session to replay into.
         let (id, info) = self.send_open(&params).await?;
         self.session = Session::Open {
@@ -387,6 +393,7 @@ impl AsyncAdapterClient {
     /// [`ServiceError::Rpc`], [`ServiceError::Transport`]; the local session
     /// is forgotten either way.
     pub async fn close(&mut self) -> Result<()> {
+        self.in_flight.clear();
         let Session::Open { id, .. } = std::mem::replace(&mut self.session, Session::Closed) else {
             return Ok(());
         };
@@ -427,8 +434,10 @@ impl AsyncAdapterClient {
     }
 
     /// Sends several layer groups' requests of one round back to back
-    /// (pipelined) and returns their deltas in the order of `calls`.
-    /// Transient failures are retried by replaying all of `calls`.
+    /// (pipelined) and returns their deltas in the order of `calls`:
+    /// [`AsyncAdapterClient::send_call`] for each, then
+    /// [`AsyncAdapterClient::receive_call`] for each. Transient failures
+    /// are retried by replaying the unanswered calls.
     ///
     /// # Errors
     /// [`ServiceError::NoSession`]; [`ServiceError::Config`] when two calls
@@ -439,33 +448,106 @@ impl AsyncAdapterClient {
         round: u64,
         calls: &[GroupCall],
     ) -> Result<Vec<Vec<Bytes>>> {
+        let mut seen = HashSet::new();
+        if let Some(c) = calls.iter().find(|c| !seen.insert((c.layer, c.group))) {
+            return Err(ServiceError::Config {
+                reason: format!("(layer {}, group {}) twice in one round", c.layer, c.group),
+            });
+        }
+        for c in calls {
+            self.send_call(round, c.clone()).await?;
+        }
+        let mut out = Vec::with_capacity(calls.len());
+        for c in calls {
+            out.push(self.receive_call(round, c.layer, c.group).await?.0);
+        }
+        Ok(out)
+    }
+
+    /// Sends one group request of round `round` on the session's `Rounds`
+    /// stream and returns without waiting for its answer (take it with
+    /// [`AsyncAdapterClient::receive_call`]). Requests of several rounds may
+    /// be in flight at once: a streamed fixed point sends the next trip's
+    /// group as soon as its input is known. If the stream is down, the
+    /// request is sent when the next receive restores it.
+    ///
+    /// # Errors
+    /// [`ServiceError::NoSession`]; [`ServiceError::Config`] when the same
+    /// (round, layer, group) is already in flight.
+    pub async fn send_call(&mut self, round: u64, call: GroupCall) -> Result<()> {
         if matches!(self.session, Session::Closed) {
             return Err(ServiceError::NoSession);
         }
-        let mut index = HashMap::new();
-        for (i, c) in calls.iter().enumerate() {
-            if index.insert((c.layer, c.group), i).is_some() {
-                return Err(ServiceError::Config {
-                    reason: format!("(layer {}, group {}) twice in one round", c.layer, c.group),
-                });
+        self.in_flight.send(round, call.clone())?;
+        match &mut self.session {
+            Session::Open {
+                id,
+                info,
+                stream: Some(stream),
+                ..
+            } => {
+                let req = group_request(*id, &info.plan, round, &call);
+                if stream.tx.send(req).await.is_err() {
+                    // The stream died; the next receive replays.
+                    self.session.drop_stream();
+                }
+            }
+            _ => {
+                // Opening the stream sends every unanswered call, this one
+                // included; a failure is left to the next receive's retries.
+                if let Err(e) = self.ensure_stream().await {
+                    tracing::debug!(error = %e, "stream not restored at send");
+                    self.session.drop_stream();
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Waits for the answer to the call (round, layer, group) sent with
+    /// [`AsyncAdapterClient::send_call`] and returns its delta ciphertexts
+    /// and the server's compute time (µs). Answers to other calls that
+    /// arrive first are kept for their own receive. A transient failure
+    /// (dropped connection, server restart, lost session) is retried with
+    /// backoff by replaying every unanswered call on a fresh stream.
+    ///
+    /// # Errors
+    /// [`ServiceError::Config`] when the call was never sent;
+    /// [`ServiceError::Rpc`] for server refusals; [`ServiceError::Timeout`]
+    /// when nothing arrives within `round_timeout`; transient errors once
+    /// `max_retries` replays failed and `retry_for` has passed.
+    pub async fn receive_call(
+        &mut self,
+        round: u64,
+        layer: u32,
+        group: u32,
+    ) -> Result<(Vec<Bytes>, u64)> {
+        let key = (round, layer, group);
         let mut attempt = 0;
         let mut first_failure: Option<std::time::Instant> = None;
         loop {
+            if let Some(a) = self.in_flight.take(key) {
+                return Ok((a.ciphertexts, a.server_micros));
+            }
+            if !self.in_flight.is_unanswered(key) {
+                return Err(ServiceError::Config {
+                    reason: format!("round {round} layer {layer} group {group} was never sent"),
+                });
+            }
             let after = self.config.round_timeout;
-            let r = match tokio::time::timeout(after, self.try_round(round, calls, &index)).await {
-                Ok(r) => r,
-                Err(_) => Err(ServiceError::Timeout { after }),
-            };
-            let e = match r {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
+            let e = match tokio::time::timeout(after, self.next_answer()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(_) => ServiceError::Timeout { after },
             };
             self.session.drop_stream();
             let since = *first_failure.get_or_insert_with(std::time::Instant::now);
             let out_of_time = since.elapsed() >= self.config.retry_for;
             if !e.is_transient() || (attempt >= self.config.max_retries && out_of_time) {
+                // A refusal ends the stream with one status for all of its
+                // requests: none of the unanswered ones will be answered, and
+                // none is replayed later.
+                self.in_flight.clear();
                 return Err(e);
             }
             attempt += 1;
@@ -487,71 +569,64 @@ impl AsyncAdapterClient {
         }
     }
 
-    async fn try_round(
-        &mut self,
-        round: u64,
-        calls: &[GroupCall],
-        index: &HashMap<(u32, u32), usize>,
-    ) -> Result<Vec<Vec<Bytes>>> {
-        if matches!(self.session, Session::Lost { .. }) {
-            self.reopen().await?;
-        }
-        if matches!(self.session, Session::Open { stream: None, .. }) {
-            let fresh = self.open_stream().await?;
-            if let Session::Open { stream, .. } = &mut self.session {
-                *stream = Some(fresh);
-            }
-        }
+    /// Restores the stream if needed and files the next answer it brings.
+    async fn next_answer(&mut self) -> Result<()> {
+        self.ensure_stream().await?;
         let Session::Open {
-            id,
-            info,
             stream: Some(stream),
             ..
         } = &mut self.session
         else {
             return Err(ServiceError::NoSession);
         };
-        let sid = id.to_bytes();
-        let plan = plan_id(&info.plan);
-        for c in calls {
-            let req = GroupRequest {
-                session_id: sid.clone(),
-                round,
-                layer: c.layer,
-                group: c.group,
-                ciphertexts: c.ciphertexts.clone(),
-                plan_id: plan,
-                response_bits: c.response_bits,
-            };
-            if stream.tx.send(req).await.is_err() {
-                break; // the stream died; its status is read below
+        match stream.rx.recv().await {
+            Some(Ok(resp)) => {
+                self.stats.server_micros =
+                    self.stats.server_micros.saturating_add(resp.server_micros);
+                self.in_flight.answer(
+                    (resp.round, resp.layer, resp.group),
+                    Answer {
+                        ciphertexts: resp.ciphertexts,
+                        server_micros: resp.server_micros,
+                    },
+                )
+            }
+            Some(Err(status)) => Err(status.into()),
+            None => Err(ServiceError::StreamClosed {
+                pending: self.in_flight.pending(),
+            }),
+        }
+    }
+
+    /// Reopens a lost session and opens the `Rounds` stream if there is
+    /// none, then (re)sends every unanswered call on it in the order they
+    /// were first sent.
+    async fn ensure_stream(&mut self) -> Result<()> {
+        if matches!(self.session, Session::Lost { .. }) {
+            self.reopen().await?;
+        }
+        if !matches!(self.session, Session::Open { stream: None, .. }) {
+            return Ok(());
+        }
+        let fresh = self.open_stream().await?;
+        let Session::Open {
+            id, info, stream, ..
+        } = &mut self.session
+        else {
+            return Err(ServiceError::NoSession);
+        };
+        for (round, call) in self.in_flight.unanswered() {
+            if fresh
+                .tx
+                .send(group_request(*id, &info.plan, round, call))
+                .await
+                .is_err()
+            {
+                break; // the stream died; its status is read by the receive
             }
         }
-        let mut out: Vec<Option<Vec<Bytes>>> = vec![None; calls.len()];
-        let mut pending = calls.len();
-        while pending > 0 {
-            match stream.rx.recv().await {
-                Some(Ok(resp)) => {
-                    let i = index
-                        .get(&(resp.layer, resp.group))
-                        .copied()
-                        .filter(|&i| out[i].is_none() && resp.round == round)
-                        .ok_or_else(|| ServiceError::Protocol {
-                            what: format!(
-                                "unexpected response for round {} layer {} group {}",
-                                resp.round, resp.layer, resp.group
-                            ),
-                        })?;
-                    self.stats.server_micros =
-                        self.stats.server_micros.saturating_add(resp.server_micros);
-                    out[i] = Some(resp.ciphertexts);
-                    pending -= 1;
-                }
-                Some(Err(status)) => return Err(status.into()),
-                None => return Err(ServiceError::StreamClosed { pending }),
-            }
-        }
-        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+        *stream = Some(fresh);
+        Ok(())
     }
 
     /// Opens the `Rounds` stream with its link shaping: each message is
@@ -695,6 +770,28 @@ impl AdapterClient {
         self.rt.block_on(self.inner.round_pipelined(round, calls))
     }
 
+    /// See [`AsyncAdapterClient::send_call`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn send_call(&mut self, round: u64, call: GroupCall) -> Result<()> {
+        self.rt.block_on(self.inner.send_call(round, call))
+    }
+
+    /// See [`AsyncAdapterClient::receive_call`].
+    ///
+    /// # Errors
+    /// As there.
+    pub fn receive_call(
+        &mut self,
+        round: u64,
+        layer: u32,
+        group: u32,
+    ) -> Result<(Vec<Bytes>, u64)> {
+        self.rt
+            .block_on(self.inner.receive_call(round, layer, group))
+    }
+
     /// See [`AsyncAdapterClient::close`].
     ///
     /// # Errors
@@ -716,6 +813,19 @@ impl AdapterClient {
     /// The open session's plan and limits, if any.
     pub fn session_info(&self) -> Option<&SessionInfo> {
         self.inner.session_info()
+    }
+}
+
+/// The wire request of `call` in `round` of session `id` running `plan`.
+fn group_request(id: SessionId, plan: &Bytes, round: u64, call: &GroupCall) -> GroupRequest {
+    GroupRequest {
+        session_id: id.to_bytes(),
+        round,
+        layer: call.layer,
+        group: call.group,
+        ciphertexts: call.ciphertexts.clone(),
+        plan_id: plan_id(plan),
+        response_bits: call.response_bits,
     }
 }
 

@@ -181,3 +181,69 @@ fn reopened_session_with_another_plan_is_a_typed_error_not_wrong_deltas() {
         other => panic!("expected PlanChanged, got {other:?}"),
     }
 }
+
+/// Streamed rounds as a fixed point sends them: round r + 1's group of a
+/// layer leaves before round r's later layers are taken. Answers equal the
+/// one-round-at-a-time run, also when the connection is cut mid-stream
+/// (every unanswered request is replayed on the fresh stream).
+#[test]
+fn streamed_rounds_interleave_and_survive_a_dropped_connection() {
+    let fx = start(Limits::default());
+    let mut direct = AdapterClient::connect(fx.client_config()).unwrap();
+    direct.open_session(params(5)).unwrap();
+    let reference = run(&mut direct, |_| {});
+
+    /// Wavefront over rounds 0..4: send round 0 entirely, then for each
+    /// later round send layer l's calls right after taking the previous
+    /// round's layer l; take the last round at the end.
+    fn wavefront(c: &mut AdapterClient, cut: impl Fn(u64)) -> Vec<Vec<Vec<Bytes>>> {
+        let mut out = vec![Vec::new(); 4 * LAYERS as usize];
+        for call in calls(5, 0, 0)
+            .into_iter()
+            .chain((1..LAYERS).flat_map(|l| calls(5, 0, l)))
+        {
+            c.send_call(0, call).unwrap();
+        }
+        for round in 0..4u64 {
+            cut(round);
+            for layer in 0..LAYERS {
+                let mut answers = Vec::new();
+                for group in 0..2 {
+                    answers.push(c.receive_call(round, layer, group).unwrap().0);
+                }
+                check(5, round, layer, &answers);
+                out[(round * u64::from(LAYERS) + u64::from(layer)) as usize] = answers;
+                if round + 1 < 4 {
+                    for call in calls(5, round + 1, layer) {
+                        c.send_call(round + 1, call).unwrap();
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    let mut streamed = AdapterClient::connect(fx.client_config()).unwrap();
+    streamed.open_session(params(5)).unwrap();
+    assert_eq!(wavefront(&mut streamed, |_| {}), reference);
+    assert_eq!(streamed.stats().replays, 0);
+    // A call never sent is a typed error, not a hang.
+    assert!(matches!(
+        streamed.receive_call(9, 0, 0),
+        Err(ServiceError::Config { .. })
+    ));
+
+    let proxy = Proxy::start(fx.server.addr());
+    let mut cfg = fx.client_config();
+    cfg.endpoint = format!("https://127.0.0.1:{}", proxy.addr.port());
+    let mut c = AdapterClient::connect(cfg).unwrap();
+    c.open_session(params(5)).unwrap();
+    let cut = wavefront(&mut c, |round| {
+        if round == 2 {
+            proxy.cut_after(20_000);
+        }
+    });
+    assert!(proxy.has_cut(), "the proxy must have cut the connection");
+    assert!(c.stats().replays >= 1, "{:?}", c.stats());
+    assert_eq!(cut, reference, "replayed streamed rounds differ");
+}

@@ -49,7 +49,9 @@
 //! tokens: it reveals nothing beyond the rounds-per-token count that
 //! speculative decoding already reveals (threat model, guarantee 5; README).
 
-use cipherlora_model::{AttentionMask, DeltaHook, FixedPointPass, KvCache, Model, Tensor};
+use cipherlora_model::{
+    AttentionMask, DeltaHook, FixedPointPass, KvCache, Model, NextTrip, Tensor,
+};
 
 use crate::SpecError;
 
@@ -113,6 +115,13 @@ pub struct FixedPoint {
     /// ([`FixedPoint::trip_tolerance`]): fewer bytes per trip, the same
     /// result to within the residual the fixed point leaves anyway.
     pub coarse_trips: bool,
+    /// Stream the trips of a round as a wavefront over layers
+    /// ([`cipherlora_model::DeltaStream`]): each group's request of the next
+    /// trip leaves as soon as the running pass has its input, so the trips'
+    /// transfers, the server's compute and the client's passes overlap. The
+    /// deltas are the same as with one batch per trip; only the waiting
+    /// differs. Used when the hook streams ([`DeltaHook::stream`]).
+    pub streamed: bool,
 }
 
 /// Relative tolerance of the deltas of a pass's first trip when
@@ -142,11 +151,31 @@ impl Default for FixedPoint {
             prefill: Prefill::FixedPoint(5),
             draft_ahead: true,
             coarse_trips: true,
+            streamed: true,
         }
     }
 }
 
 impl FixedPoint {
+    /// The tolerance of trip `j` (0-based, continuations included) of a
+    /// pass whose rounds make `batch` trips: [`FixedPoint::trip_tolerance`]
+    /// with the batch's last trip exact.
+    #[must_use]
+    pub fn tolerance_of_trip(&self, j: usize, batch: usize) -> Option<f64> {
+        self.trip_tolerance(j, batch, j + 1 == batch)
+    }
+
+    /// What a pass sends while it runs: trip `j` (0-based) when streaming
+    /// and `send` holds, else nothing (the trip then goes out as one batch
+    /// when the next pass starts).
+    fn next_trip(&self, j: usize, batch: usize, send: bool) -> NextTrip {
+        if self.streamed && send {
+            NextTrip::Send(self.tolerance_of_trip(j, batch))
+        } else {
+            NextTrip::Wait
+        }
+    }
+
     /// The tolerance to ask of the trip after `done` trips of a pass
     /// (`None`: exact): with [`FixedPoint::coarse_trips`], the first trip
     /// gets [`FIRST_TRIP_TOLERANCE`], later ones [`LATER_TRIP_TOLERANCE`],
@@ -198,6 +227,9 @@ impl std::fmt::Display for Schedule {
                 if !fp.coarse_trips {
                     f.write_str("/exact-trips")?;
                 }
+                if !fp.streamed {
+                    f.write_str("/batched")?;
+                }
                 Ok(())
             }
         }
@@ -210,19 +242,24 @@ impl std::str::FromStr for Schedule {
     /// `per-group`, `fixed-point` (the default round trips) or
     /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)),
     /// optionally followed by `/prefill:per-group` or `/prefill:M` (M ≥ 1
-    /// batched trips per prefill pass) and `/exact-trips` (no coarse
-    /// trips). Parses what `Display` writes.
+    /// batched trips per prefill pass), `/exact-trips` (no coarse trips)
+    /// and `/batched` (one batch per trip instead of streamed trips), in
+    /// that order. Parses what `Display` writes.
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let bad = || {
             SpecError::Config(format!(
                 "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N, \
-                 each fixed point optionally /prefill:per-group or /prefill:M \
-                 and /exact-trips)"
+                 each fixed point optionally /prefill:per-group or /prefill:M, \
+                 /exact-trips and /batched)"
             ))
         };
         let positive = |n: &str| match n.parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(bad()),
+        };
+        let (s, batched) = match s.strip_suffix("/batched") {
+            Some(rest) => (rest, true),
+            None => (s, false),
         };
         let (s, exact) = match s.strip_suffix("/exact-trips") {
             Some(rest) => (rest, true),
@@ -233,7 +270,7 @@ impl std::str::FromStr for Schedule {
             Some((m, n)) => (m, Some(Prefill::FixedPoint(positive(n)?))),
             None => (s, None),
         };
-        if exact && main == "per-group" {
+        if (exact || batched) && main == "per-group" {
             return Err(bad());
         }
         let mut fp = match main.split_once(':') {
@@ -253,6 +290,7 @@ impl std::str::FromStr for Schedule {
             fp.prefill = p;
         }
         fp.coarse_trips = !exact;
+        fp.streamed = !batched;
         Ok(Schedule::FixedPoint(fp))
     }
 }
@@ -331,24 +369,39 @@ pub(crate) fn verify<G: Send>(
         }
         Schedule::FixedPoint(fp) => fp,
     };
-    let mut pass = FixedPointPass::start(model, tokens, cache, mask, hook)?;
+    let trips = fp.round_trips.max(1);
+    let mut pass = FixedPointPass::start_sending(
+        model,
+        tokens,
+        cache,
+        mask,
+        hook,
+        fp.next_trip(0, trips, true),
+    )?;
     // After as many trips as groups every input is exact (module docs of
     // `FixedPointPass`): the bound that ends any run of continuations.
     let exact_after = pass.inputs().len().max(1);
     let mut continuations = 0;
     let mut guess = None;
     loop {
-        let trips = fp.round_trips.max(1);
+        // Each pass takes trip j (sent ahead by the pass before it when
+        // streaming, else now as one batch) and sends trip j + 1 but the
+        // batch's last, which sends nothing.
         for _ in 0..trips - 1 {
-            let tolerance = fp.trip_tolerance(pass.round_trips(), trips, false);
-            pass.iterate_within(cache, hook, tolerance)?;
+            let j = pass.round_trips();
+            let next = fp.next_trip(j + 1, trips, true);
+            pass.iterate_sending(cache, hook, fp.tolerance_of_trip(j, trips), next)?;
         }
+        let j = pass.round_trips();
+        let tolerance = fp.tolerance_of_trip(j, trips);
         match ahead.take() {
             Some(work) => {
                 let before_last = pass.logits().clone();
                 let (last, g) = std::thread::scope(|scope| {
                     let helper = scope.spawn(move || work(&before_last));
-                    let last = pass.iterate(cache, hook).map(|_| ());
+                    let last = pass
+                        .iterate_sending(cache, hook, tolerance, NextTrip::Wait)
+                        .map(|_| ());
                     let g = helper
                         .join()
                         .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()));
@@ -358,7 +411,7 @@ pub(crate) fn verify<G: Send>(
                 guess = Some(g??);
             }
             None => {
-                pass.iterate(cache, hook)?;
+                pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;
             }
         }
         let steps = pass.steps();
@@ -416,12 +469,18 @@ pub(crate) fn prefill_pass(
                 ..
             },
         ) => {
-            let mut pass =
-                FixedPointPass::start(model, tokens, cache, &AttentionMask::Causal, hook)?;
             let trips = (*n).max(1);
+            let mut pass = FixedPointPass::start_sending(
+                model,
+                tokens,
+                cache,
+                &AttentionMask::Causal,
+                hook,
+                fp.next_trip(0, trips, true),
+            )?;
             for i in 0..trips {
-                let tolerance = fp.trip_tolerance(i, trips, i + 1 == trips);
-                pass.iterate_within(cache, hook, tolerance)?;
+                let next = fp.next_trip(i + 1, trips, i + 1 < trips);
+                pass.iterate_sending(cache, hook, fp.tolerance_of_trip(i, trips), next)?;
             }
             Ok((pass.round_trips(), None))
         }
@@ -614,6 +673,8 @@ mod tests {
             "fixed-point:2/prefill:3",
             "fixed-point:3/exact-trips",
             "fixed-point:2/prefill:per-group/exact-trips",
+            "fixed-point:3/batched",
+            "fixed-point:3/exact-trips/batched",
         ] {
             assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
         }
@@ -638,6 +699,8 @@ mod tests {
             "fixed-point:2/prefill:all",
             "per-group/exact-trips",
             "fixed-point/exact-trips/prefill:3",
+            "per-group/batched",
+            "fixed-point/batched/exact-trips",
         ] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }

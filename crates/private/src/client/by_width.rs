@@ -14,7 +14,7 @@
 //! tells it no more than the number of verify-width prefill passes would.
 
 use candle_core::Tensor;
-use cipherlora_model::{DeltaHook, GroupDeltas, GroupInput, ModelError, ProjGroup};
+use cipherlora_model::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup};
 
 use crate::client::Transport;
 use crate::client::{HeHook, HeTimings};
@@ -117,6 +117,14 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
         tolerance: f64,
     ) -> Result<Vec<GroupDeltas>, ModelError> {
         self.batch(inputs, Some(tolerance))
+    }
+
+    /// The stream of the session of width `t`, if any.
+    fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
+        self.hooks
+            .iter_mut()
+            .find(|(w, _)| *w == t)
+            .and_then(|(_, h)| h.stream(t))
     }
 }
 

@@ -8,8 +8,8 @@ use cipherlora_ckks::{CkksParameters, Context};
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_helora::{CkksClient, GroupClient, InputScales};
 use cipherlora_model::{
-    DeltaHook, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup, RopeStyle,
-    gguf_qk_row_permutation,
+    DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup,
+    RopeStyle, gguf_qk_row_permutation,
 };
 
 use crate::PrivateError;
@@ -18,6 +18,9 @@ use crate::client::schedule_plan::PassModel;
 use crate::client::width_plan::PlanSpace;
 use crate::server::AdapterGroups;
 use crate::server::SessionOffer;
+
+mod stream;
+use stream::StreamTrips;
 
 /// Where the client's time and bytes went, summed over all group rounds.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -103,6 +106,8 @@ pub struct HeHook<T: Transport> {
     /// The preset, mode and group shapes of the offer (for the plans of
     /// other widths, [`crate::width_plan`]).
     plan_space: PlanSpace,
+    /// Streamed trips in flight ([`DeltaStream`]).
+    trips: StreamTrips,
 }
 
 impl<T: Transport> std::fmt::Debug for HeHook<T> {
@@ -192,6 +197,7 @@ impl<T: Transport> HeHook<T> {
             timings: HeTimings::default(),
             pass_model,
             plan_space,
+            trips: StreamTrips::default(),
         })
     }
 
@@ -303,6 +309,7 @@ impl<T: Transport> HeHook<T> {
         self.account(
             [t0, t1, t2, t3],
             1,
+            1,
             reply.server_ms,
             request.byte_len(),
             reply.response.byte_len(),
@@ -339,24 +346,19 @@ impl<T: Transport> HeHook<T> {
             if members.len() == 1 && u.inputs.len() == 1 {
                 continue;
             }
-            let mut xs = Vec::with_capacity(members.len());
-            for m in members {
-                let i = u
-                    .inputs
-                    .iter()
-                    .copied()
-                    .find(|&i| inputs[i].group == *m)
-                    .ok_or(PrivateError::GroupedByLayer {
-                        layer: u.key.0 as u32,
-                    })?;
-                xs.push(&inputs[i].x);
-            }
             if u.inputs.len() != members.len() {
                 return Err(PrivateError::GroupedByLayer {
                     layer: u.key.0 as u32,
                 });
             }
-            u.x = Tensor::cat(&xs, 1).map_err(|e| PrivateError::Model(e.into()))?;
+            let of_member = |m: ProjGroup| {
+                u.inputs
+                    .iter()
+                    .map(|&i| &inputs[i])
+                    .find(|g| g.group == m)
+                    .map(|g| &g.x)
+            };
+            u.x = concat_members(u.key.0, members, of_member)?;
         }
         Ok(units)
     }
@@ -394,11 +396,7 @@ impl<T: Transport> HeHook<T> {
             let t = u.x.dims().first().copied().unwrap_or(0);
             let deltas = self.decrypt_group(u.key.0, u.key.1, t, &r.response, sc)?;
             for &i in &u.inputs {
-                for (proj, d) in deltas.iter() {
-                    if proj.group() == inputs[i].group {
-                        out[i].push(proj, d.clone());
-                    }
-                }
+                out[i] = member_deltas(&deltas, inputs[i].group);
             }
         }
         let t3 = Instant::now();
@@ -406,6 +404,7 @@ impl<T: Transport> HeHook<T> {
         self.account(
             [t0, t1, t2, t3],
             requests.len(),
+            1,
             server_ms,
             requests.iter().map(GroupRequest::byte_len).sum(),
             replies.iter().map(|r| r.response.byte_len()).sum(),
@@ -413,12 +412,15 @@ impl<T: Transport> HeHook<T> {
         Ok(out)
     }
 
-    /// Books one round trip carrying `groups` group requests; `at` = before
-    /// encryption, after it, after the round trip, after decryption.
+    /// Books `trips` round trips carrying `groups` group requests; `at` =
+    /// before encryption, after it, after the wait for the reply, after
+    /// decryption.
+    #[allow(clippy::too_many_arguments)]
     fn account(
         &mut self,
         at: [Instant; 4],
         groups: usize,
+        trips: u64,
         server_ms: Option<f64>,
         up: usize,
         down: usize,
@@ -430,13 +432,54 @@ impl<T: Transport> HeHook<T> {
         let server_ms = server_ms.unwrap_or(0.0).min(round_ms);
         let tm = &mut self.timings;
         tm.rounds += groups as u64;
-        tm.round_trips += 1;
+        tm.round_trips += trips;
         tm.encrypt_ms += ms(at[0], at[1]);
         tm.server_ms += server_ms;
         tm.network_ms += round_ms - server_ms;
         tm.decrypt_ms += ms(at[2], at[3]);
         tm.bytes_up += up as u64;
         tm.bytes_down += down as u64;
+    }
+}
+
+/// The input of a session group: its members' inputs side by side (T,
+/// Σ d_in), in the session's member order. `of_member` finds each.
+fn concat_members<'a>(
+    layer: usize,
+    members: &[ProjGroup],
+    of_member: impl Fn(ProjGroup) -> Option<&'a Tensor>,
+) -> Result<Tensor, PrivateError> {
+    let xs = members
+        .iter()
+        .map(|&m| {
+            of_member(m).ok_or(PrivateError::GroupedByLayer {
+                layer: layer as u32,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::cat(&xs, 1).map_err(|e| PrivateError::Model(e.into()))
+}
+
+/// The deltas of one model group out of its session group's.
+fn member_deltas(deltas: &GroupDeltas, member: ProjGroup) -> GroupDeltas {
+    let mut out = GroupDeltas::none();
+    for (proj, d) in deltas.iter() {
+        if proj.group() == member {
+            out.push(proj, d.clone());
+        }
+    }
+    out
+}
+
+/// A [`PrivateError`] as the model's hook error at (`layer`, `group`).
+fn model_error(e: PrivateError, layer: usize, group: ProjGroup) -> ModelError {
+    match e {
+        PrivateError::Model(m) => m,
+        other => ModelError::Hook {
+            layer,
+            proj: group.projs()[0],
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -470,14 +513,8 @@ impl<T: Transport> DeltaHook for HeHook<T> {
         group: ProjGroup,
         x: &Tensor,
     ) -> Result<GroupDeltas, ModelError> {
-        self.group_deltas(layer, group, x).map_err(|e| match e {
-            PrivateError::Model(m) => m,
-            other => ModelError::Hook {
-                layer,
-                proj: group.projs()[0],
-                reason: other.to_string(),
-            },
-        })
+        self.group_deltas(layer, group, x)
+            .map_err(|e| model_error(e, layer, group))
     }
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
@@ -502,19 +539,19 @@ impl<T: Transport> DeltaHook for HeHook<T> {
         tolerance: f64,
     ) -> Result<Vec<GroupDeltas>, ModelError> {
         let bits = response_bits(tolerance);
-        self.many_group_deltas(inputs, bits).map_err(|e| match e {
-            PrivateError::Model(m) => m,
-            other => {
-                let (layer, proj) = inputs
-                    .first()
-                    .map_or((0, Proj::Q), |g| (g.layer, g.group.projs()[0]));
-                ModelError::Hook {
-                    layer,
-                    proj,
-                    reason: other.to_string(),
-                }
-            }
+        self.many_group_deltas(inputs, bits).map_err(|e| {
+            let (layer, group) = inputs
+                .first()
+                .map_or((0, ProjGroup::Qkv), |g| (g.layer, g.group));
+            model_error(e, layer, group)
         })
+    }
+
+    /// Always: every trip of a fixed point is streamed group by group (a
+    /// transport that answers at once, e.g. [`crate::client::InProcess`],
+    /// gives the batched result in the same order).
+    fn stream(&mut self, _t: usize) -> Option<&mut dyn DeltaStream> {
+        Some(self)
     }
 }
 

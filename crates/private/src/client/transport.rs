@@ -39,6 +39,38 @@ pub trait Transport {
     fn rounds(&mut self, requests: &[GroupRequest]) -> Result<Vec<Reply>, PrivateError> {
         requests.iter().map(|r| self.round(r)).collect()
     }
+
+    /// Starts a streamed round (one trip of a streamed fixed point,
+    /// [`cipherlora_model::DeltaStream`]) and returns its number, which
+    /// [`Transport::send`] and [`Transport::receive`] take. The default
+    /// numbers nothing (0): its `send` answers at once.
+    fn open_round(&mut self) -> u64 {
+        0
+    }
+
+    /// Sends one request of streamed round `round`. Returns its reply when
+    /// the transport answered at once (the default: [`Transport::round`]),
+    /// `None` when the reply is to be taken with [`Transport::receive`].
+    ///
+    /// # Errors
+    /// As [`Transport::round`].
+    fn send(&mut self, round: u64, request: &GroupRequest) -> Result<Option<Reply>, PrivateError> {
+        let _ = round;
+        self.round(request).map(Some)
+    }
+
+    /// Waits for the reply to the request of (`round`, `layer`, `group`)
+    /// that [`Transport::send`] did not answer at once.
+    ///
+    /// # Errors
+    /// [`PrivateError::Transport`] when no such request is in flight (the
+    /// default: a transport that answers every send at once has none); as
+    /// [`Transport::round`] otherwise.
+    fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
+        Err(PrivateError::Transport(format!(
+            "no request of round {round} layer {layer} group {group} in flight"
+        )))
+    }
 }
 
 /// Calls a [`ServerSession`] in the same process, through the same byte

@@ -1,6 +1,8 @@
 //! The client side over gRPC: fetching the offer, opening the session, and a
 //! [`Transport`] on the blocking [`AdapterClient`].
 
+use std::collections::HashMap;
+
 use bytes::Bytes;
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_model::ModelConfig;
@@ -109,6 +111,9 @@ pub struct GrpcTransport {
     client: AdapterClient,
     round: u64,
     last: Option<(u32, u32)>,
+    /// Plan id and T of each streamed request in flight, by (round, layer,
+    /// group), echoed into its reply as [`Transport::rounds`] echoes them.
+    streamed: HashMap<(u64, u32, u32), (u64, u32)>,
 }
 
 impl std::fmt::Debug for GrpcTransport {
@@ -160,6 +165,7 @@ impl GrpcTransport {
             client,
             round: 0,
             last: None,
+            streamed: HashMap::new(),
         })
     }
 
@@ -223,19 +229,7 @@ impl Transport for GrpcTransport {
         }
         self.round += 1;
         self.last = None;
-        let calls: Vec<GroupCall> = requests
-            .iter()
-            .map(|r| GroupCall {
-                layer: r.layer,
-                group: r.group,
-                ciphertexts: r
-                    .ciphertexts
-                    .iter()
-                    .map(|c| Bytes::copy_from_slice(c))
-                    .collect(),
-                response_bits: r.response_bits,
-            })
-            .collect();
+        let calls: Vec<GroupCall> = requests.iter().map(group_call).collect();
         let before = self.client.stats().server_micros;
         let outs = self
             .client
@@ -258,6 +252,65 @@ impl Transport for GrpcTransport {
                 server_ms: Some(if i == 0 { micros as f64 / 1e3 } else { 0.0 }),
             })
             .collect())
+    }
+
+    /// A fresh service round number: a streamed trip is a round of its own
+    /// whose requests interleave on the stream with the neighbouring trips'.
+    fn open_round(&mut self) -> u64 {
+        self.round += 1;
+        self.last = None;
+        self.round
+    }
+
+    /// Sends the request on the session's stream without waiting
+    /// ([`AdapterClient::send_call`]).
+    fn send(&mut self, round: u64, request: &GroupRequest) -> Result<Option<Reply>, PrivateError> {
+        self.client
+            .send_call(round, group_call(request))
+            .map_err(transport_error)?;
+        self.streamed.insert(
+            (round, request.layer, request.group),
+            (request.plan_id, request.t),
+        );
+        Ok(None)
+    }
+
+    /// Waits for the answer ([`AdapterClient::receive_call`]); a dropped
+    /// connection or lost session is replayed there.
+    fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
+        let Some((plan_id, t)) = self.streamed.remove(&(round, layer, group)) else {
+            return Err(PrivateError::Transport(format!(
+                "no request of round {round} layer {layer} group {group} in flight"
+            )));
+        };
+        let (out, micros) = self
+            .client
+            .receive_call(round, layer, group)
+            .map_err(transport_error)?;
+        Ok(Reply {
+            response: GroupResponse {
+                plan_id,
+                layer,
+                group,
+                t,
+                ciphertexts: out.into_iter().map(|b| b.to_vec()).collect(),
+            },
+            server_ms: Some(micros as f64 / 1e3),
+        })
+    }
+}
+
+/// The service's form of a group request.
+fn group_call(r: &GroupRequest) -> GroupCall {
+    GroupCall {
+        layer: r.layer,
+        group: r.group,
+        ciphertexts: r
+            .ciphertexts
+            .iter()
+            .map(|c| Bytes::copy_from_slice(c))
+            .collect(),
+        response_bits: r.response_bits,
     }
 }
 

@@ -1,0 +1,228 @@
+//! The HE hook's streamed trips ([`DeltaStream`]): each session group's
+//! request leaves as soon as the client's pass has produced all of its
+//! members' inputs, and its reply is decrypted when the next pass first
+//! needs one of them.
+//!
+//! Per trip the server sees what a batched trip shows it: one request per
+//! session group, of the session's width, with the trip's response
+//! precision (fixed per trip index, never by the data). Only the requests'
+//! timing is finer.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use cipherlora_helora::InputScales;
+use cipherlora_model::{DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup, TripId};
+
+use super::{HeHook, concat_members, member_deltas, model_error, response_bits};
+use crate::PrivateError;
+use crate::client::Transport;
+use crate::server::AdapterGroups;
+
+/// One session group's request of a trip, from its first member's input to
+/// its decrypted deltas.
+enum Unit {
+    /// Members' inputs gathered so far (a layer's q,k,v input waits for its
+    /// o input when the session is grouped by layer).
+    Gathering(Vec<GroupInput>),
+    /// Sent; the reply is awaited. Input scales and T, for decryption.
+    Sent(InputScales, usize),
+}
+
+/// A trip in flight.
+struct Trip {
+    /// The transport's round number.
+    round: u64,
+    /// Response precision asked (0: the server's default).
+    bits: u32,
+    /// Session groups not yet answered, by session group key.
+    units: HashMap<(usize, ProjGroup), Unit>,
+    /// Decrypted deltas not yet taken, by model group.
+    ready: HashMap<(usize, ProjGroup), GroupDeltas>,
+}
+
+/// The trips of one hook.
+#[derive(Default)]
+pub(super) struct StreamTrips {
+    next: u64,
+    trips: HashMap<TripId, Trip>,
+}
+
+impl StreamTrips {
+    fn trip(&mut self, id: TripId) -> Result<&mut Trip, PrivateError> {
+        self.trips
+            .get_mut(&id)
+            .ok_or_else(|| PrivateError::Transport(format!("unknown trip {}", id.0)))
+    }
+}
+
+impl<T: Transport> HeHook<T> {
+    /// Gathers `input`; sends its session group's request once every member
+    /// is there.
+    fn stream_send(&mut self, id: TripId, input: &GroupInput) -> Result<(), PrivateError> {
+        let key =
+            *self
+                .group_of
+                .get(&(input.layer, input.group))
+                .ok_or(PrivateError::UnknownGroup {
+                    layer: input.layer as u32,
+                    group: AdapterGroups::group_index(input.group),
+                })?;
+        let members = self.client_group(key.0, key.1)?.members.clone();
+        let trip = self.trips.trip(id)?;
+        let (round, bits) = (trip.round, trip.bits);
+        let unit = trip
+            .units
+            .entry(key)
+            .or_insert_with(|| Unit::Gathering(Vec::with_capacity(members.len())));
+        let Unit::Gathering(gathered) = unit else {
+            return Err(PrivateError::GroupedByLayer {
+                layer: key.0 as u32,
+            });
+        };
+        gathered.push(input.clone());
+        if gathered.len() < members.len() {
+            return Ok(());
+        }
+        let x = if members.len() == 1 {
+            input.x.clone()
+        } else {
+            let of_member = |m: ProjGroup| gathered.iter().find(|g| g.group == m).map(|g| &g.x);
+            concat_members(key.0, &members, of_member)?
+        };
+        let t = x.dims().first().copied().unwrap_or(0);
+        let t0 = Instant::now();
+        let (mut request, scales) = self.encrypt_group(key.0, key.1, &x)?;
+        request.response_bits = bits;
+        let t1 = Instant::now();
+        let answered = self.transport.send(round, &request)?;
+        let t2 = Instant::now();
+        let up = request.byte_len();
+        match answered {
+            // Answered at once (an in-process transport): decrypt now.
+            Some(reply) => {
+                let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
+                let t3 = Instant::now();
+                self.file(id, key, &members, &deltas)?;
+                let down = reply.response.byte_len();
+                self.account([t0, t1, t2, t3], 1, 0, reply.server_ms, up, down);
+            }
+            None => {
+                self.trips
+                    .trip(id)?
+                    .units
+                    .insert(key, Unit::Sent(scales, t));
+                self.account([t0, t1, t1, t1], 1, 0, None, up, 0);
+            }
+        }
+        Ok(())
+    }
+
+    /// Files a session group's decrypted deltas under its members.
+    fn file(
+        &mut self,
+        id: TripId,
+        key: (usize, ProjGroup),
+        members: &[ProjGroup],
+        deltas: &GroupDeltas,
+    ) -> Result<(), PrivateError> {
+        let trip = self.trips.trip(id)?;
+        trip.units.remove(&key);
+        for &m in members {
+            trip.ready.insert((key.0, m), member_deltas(deltas, m));
+        }
+        Ok(())
+    }
+
+    /// The deltas of (`layer`, `group`), waiting for its session group's
+    /// reply if needed.
+    fn stream_receive(
+        &mut self,
+        id: TripId,
+        layer: usize,
+        group: ProjGroup,
+    ) -> Result<GroupDeltas, PrivateError> {
+        let key = *self
+            .group_of
+            .get(&(layer, group))
+            .ok_or(PrivateError::UnknownGroup {
+                layer: layer as u32,
+                group: AdapterGroups::group_index(group),
+            })?;
+        let trip = self.trips.trip(id)?;
+        if let Some(d) = trip.ready.remove(&(layer, group)) {
+            self.forget_if_done(id);
+            return Ok(d);
+        }
+        let round = trip.round;
+        let Some(Unit::Sent(scales, t)) = trip.units.remove(&key) else {
+            return Err(PrivateError::Transport(format!(
+                "layer {layer} group {group:?} was not sent in trip {}",
+                id.0
+            )));
+        };
+        let members = self.client_group(key.0, key.1)?.members.clone();
+        let t1 = Instant::now();
+        let reply =
+            self.transport
+                .receive(round, key.0 as u32, AdapterGroups::group_index(key.1))?;
+        let t2 = Instant::now();
+        let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
+        let t3 = Instant::now();
+        self.file(id, key, &members, &deltas)?;
+        let down = reply.response.byte_len();
+        self.account([t1, t1, t2, t3], 0, 0, reply.server_ms, 0, down);
+        let d = self
+            .trips
+            .trip(id)?
+            .ready
+            .remove(&(layer, group))
+            .unwrap_or_default();
+        self.forget_if_done(id);
+        Ok(d)
+    }
+
+    /// Drops a trip with nothing left in flight or to take.
+    fn forget_if_done(&mut self, id: TripId) {
+        if self
+            .trips
+            .trips
+            .get(&id)
+            .is_some_and(|t| t.units.is_empty() && t.ready.is_empty())
+        {
+            self.trips.trips.remove(&id);
+        }
+    }
+}
+
+impl<T: Transport> DeltaStream for HeHook<T> {
+    /// A new service round; the trip counts as one round trip.
+    fn open_trip(&mut self, tolerance: Option<f64>) -> Result<TripId, ModelError> {
+        self.trips.next += 1;
+        let id = TripId(self.trips.next);
+        let trip = Trip {
+            round: self.transport.open_round(),
+            bits: response_bits(tolerance.unwrap_or(0.0)),
+            units: HashMap::new(),
+            ready: HashMap::new(),
+        };
+        self.trips.trips.insert(id, trip);
+        self.timings.round_trips += 1;
+        Ok(id)
+    }
+
+    fn send(&mut self, trip: TripId, input: &GroupInput) -> Result<(), ModelError> {
+        self.stream_send(trip, input)
+            .map_err(|e| model_error(e, input.layer, input.group))
+    }
+
+    fn receive(
+        &mut self,
+        trip: TripId,
+        layer: usize,
+        group: ProjGroup,
+    ) -> Result<GroupDeltas, ModelError> {
+        self.stream_receive(trip, layer, group)
+            .map_err(|e| model_error(e, layer, group))
+    }
+}
