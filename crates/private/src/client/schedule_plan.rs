@@ -8,7 +8,16 @@
 //! - **fixed point** with N round trips: every group of the pass in each
 //!   trip, pipelined on the stream (upload, server compute and download
 //!   overlap), and a plaintext pass on the client after each trip:
-//!   `N·(RTT + max(server, up_bytes/up_bw, down_bytes/down_bw) + client) + (N+1)·forward`.
+//!   `N·(RTT + max(server, up_bytes/up_bw, down_bytes/down_bw) + client) + (N+1)·forward`;
+//!   with **streamed trips** (the default, [`FixedPoint::streamed`]) each
+//!   group's request of the next trip leaves as the client's pass produces
+//!   it, so the trips share the link and the server as one wavefront: the
+//!   round is bound by the busiest resource over all N trips (bytes up,
+//!   bytes down, server compute, client work) or by the chain of N
+//!   latencies, each with one group's share of the work, whichever is
+//!   longer, plus one latency and one plaintext pass to fill and drain it:
+//!   `max(N·up, Σdown, N·server, N·client + (N+1)·forward, N·(RTT + g)) + RTT + forward`,
+//!   g = one group's `up + server + down + client + forward`.
 //!
 //! The fixed point pays N passes of bytes and compute to save `G − N`
 //! latencies: it wins on a WAN (G = 60 for q,k,v,o on 30 layers, 120 for
@@ -187,8 +196,25 @@ pub fn choose_schedule_grouped(
     } else {
         pass.bytes_down
     };
-    let fixed_point_ms =
-        (n - 1.0) * trip(coarse_down) + trip(pass.bytes_down) + (n + 1.0) * forward_ms;
+    let fixed_point_ms = if fixed.streamed {
+        let down = transfer_ms((n - 1.0) * coarse_down + pass.bytes_down, link.down_bps());
+        let client = n * pass.client_he_ms + (n + 1.0) * forward_ms;
+        let groups = pass.groups.max(1) as f64;
+        let one_group = (up
+            + transfer_ms(pass.bytes_down, link.down_bps())
+            + pass.server_ms
+            + pass.client_he_ms
+            + forward_ms)
+            / groups;
+        let busiest = (n * up)
+            .max(down)
+            .max(n * pass.server_ms)
+            .max(client)
+            .max(n * (rtt + one_group));
+        busiest + rtt + forward_ms
+    } else {
+        (n - 1.0) * trip(coarse_down) + trip(pass.bytes_down) + (n + 1.0) * forward_ms
+    };
     let schedule = if fixed_point_ms < per_group_ms {
         Schedule::FixedPoint(fixed)
     } else {
@@ -310,6 +336,26 @@ mod tests {
         assert!(matches!(c.schedule, Schedule::FixedPoint(_)), "{c:?}");
         // 60 latencies of 80 ms alone exceed two pipelined passes.
         assert!(c.per_group_ms > 4800.0);
+    }
+
+    /// Streamed trips overlap the trips' transfers, the server and the
+    /// client: a bandwidth-bound round costs about its bytes once, not N
+    /// latencies plus N client passes on top.
+    #[test]
+    fn streamed_trips_cost_the_busiest_resource_not_the_sum() {
+        let batched = FixedPoint {
+            streamed: false,
+            ..FixedPoint::default()
+        };
+        let link = LinkProfile::WAN80;
+        let s = choose_schedule(&pass(), &link, 40.0, FixedPoint::default());
+        let b = choose_schedule(&pass(), &link, 40.0, batched);
+        assert!(s.fixed_point_ms < b.fixed_point_ms, "{s:?} {b:?}");
+        // Bound below by the download of three trips (two coarse) at
+        // 100 Mbit/s plus one latency.
+        let down_ms = (2.0 * 5.5e6 + 7.2e6) * 8.0 / 1e8 * 1e3;
+        assert!(s.fixed_point_ms >= down_ms + 80.0, "{s:?}");
+        assert!(s.fixed_point_ms < down_ms + 80.0 + 41.0 + 1.0, "{s:?}");
     }
 
     #[test]
