@@ -44,8 +44,10 @@
 //! (drafts before the first uncertified row, and the bonus token only if its
 //! row is certified). When even row 0 is uncertified, the round is
 //! *continued*: the same pass gets `round_trips` more round trips. The
-//! server sees every round as exactly `round_trips` batched round trips of
-//! the same width, so a continuation looks like a round that accepted few
+//! server sees every round as exactly `round_trips` round trips of the same
+//! width (streamed or batched: [`FixedPoint::streamed`] changes when each
+//! request leaves, which follows the client's compute, not which or how
+//! many), so a continuation looks like a round that accepted few
 //! tokens: it reveals nothing beyond the rounds-per-token count that
 //! speculative decoding already reveals (threat model, guarantee 5; README).
 

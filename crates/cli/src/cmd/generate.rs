@@ -139,8 +139,11 @@ pub struct GenerateArgs {
     /// Private mode: how a verify pass gets its deltas: `auto` (the cheaper
     /// of the two on the link, modelled: `--link`'s profile when given, else
     /// the measured TCP round trip and 100 Mbit/s), `per-group` (one round
-    /// trip per adapted layer group), `fixed-point[:N]` (N batched round
-    /// trips per round). The output is the same.
+    /// trip per adapted layer group), `fixed-point[:N]` (N round trips per
+    /// round, streamed layer by layer; suffixes `/prefill:per-group`,
+    /// `/prefill:M`, `/exact-trips` and `/batched` — one batch per trip —
+    /// as `cipherlora_spec::schedule::Schedule` parses them). The output is
+    /// the same.
     #[arg(long, default_value = "auto", requires = "server")]
     schedule: String,
     /// Private mode: also run the plaintext adapted model (adapter folder

@@ -28,11 +28,14 @@ pub struct HeTimings {
     /// Group requests answered (one per adapted layer group per pass).
     pub rounds: u64,
     /// Network round trips: one per group request on the per-group
-    /// schedule, one per batch ([`DeltaHook::deltas_many`]) otherwise.
+    /// schedule, one per batch ([`DeltaHook::deltas_many`]) or streamed
+    /// trip ([`DeltaStream::open_trip`]) otherwise.
     pub round_trips: u64,
     /// Packing + encryption (incl. FFA's A·x), ms.
     pub encrypt_ms: f64,
-    /// Server compute, ms (as reported by the transport).
+    /// Server compute, ms (as reported by the transport), counted only
+    /// as far as the client waited for it (a streamed trip's replies that
+    /// arrive while the client's pass runs cost no wait).
     pub server_ms: f64,
     /// Round trip minus server compute (network, serialisation), ms.
     pub network_ms: f64,
