@@ -115,13 +115,14 @@ name=${name:-llama-cpp-vs-ours}
 # --- one run: per round and thread count, llama.cpp then ours ---------------
 mkdir -p "$out"
 raw=$out/$name.raw
-rm -rf "$raw"; mkdir -p "$raw"
 ncpu=$(nproc)
 pin() { # pin <threads>: the last <threads> CPUs
   if [ "${NO_TASKSET:-0}" = 1 ] || ! command -v taskset >/dev/null; then return; fi
   local n=$1; [ "$n" -gt "$ncpu" ] && n=$ncpu
   echo taskset -c "$((ncpu - n))-$((ncpu - 1))"
 }
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
+rm -rf "$raw"; mkdir -p "$raw"
 uptime >"$raw/uptime-start"
 date -u +%Y-%m-%dT%H:%M:%SZ >"$raw/date"
 for round in $(seq 1 "$rounds"); do
@@ -133,10 +134,11 @@ for round in $(seq 1 "$rounds"); do
     $(pin "$t") "$bin" bench model --model "$model" --threads "$t" --weights "$weights" \
       --reps "$reps" --rounds 1 --decode-tokens "$decode" \
       --json "$raw/ours-r$round-t$t.json" >/dev/null 2>"$raw/ours-r$round-t$t.log"
-    uptime >>"$raw/uptime-rounds"
+    echo "r$round t$t $(uptime)" >>"$raw/uptime-rounds"
   done
 done
 uptime >"$raw/uptime-end"
+fi
 
 python3 - "$raw" "$out/$name" "$model" "$commit" "$decode" "$reps" "$rounds" "${NO_TASKSET:-0}" <<'PY'
 import glob, json, os, re, statistics, sys
@@ -162,6 +164,29 @@ for f in sorted(glob.glob(os.path.join(raw, "ours-r*-t*.json"))):
         d.setdefault("step_ms", []).append(r["step_ms"])
         d.setdefault("pass9_ms", []).append(r["verify9_ms"])
         d.setdefault("pass17_ms", []).append(r["verify17_ms"])
+# Per round: ratio of the two engines measured back to back.
+per_round = []
+for f in sorted(glob.glob(os.path.join(raw, "ours-r*-t*.json"))):
+    m = re.search(r"ours-r(\d+)-t(\d+)", f)
+    rnd, t = int(m.group(1)), int(m.group(2))
+    lf = os.path.join(raw, f"llama-r{rnd}-t{t}.json")
+    if not os.path.exists(lf):
+        continue
+    lr = {}
+    for r in json.load(open(lf)):
+        if r["n_gen"] > 0 and r["n_prompt"] == 0:
+            lr["decode_tok_s"] = med(r["samples_ts"])
+        elif r["n_prompt"] in (9, 17) and r["n_gen"] == 0:
+            lr["pass%d_ms" % r["n_prompt"]] = med(r["samples_ns"]) / 1e6
+    for r in json.load(open(f))["records"]:
+        per_round.append({
+            "round": rnd, "threads": t, "weights": r["weights"],
+            "ours": {"decode_tok_s": r["decode_tok_s"], "pass9_ms": r["verify9_ms"], "pass17_ms": r["verify17_ms"]},
+            "llama_cpp": lr,
+            "ratio": {"decode": r["decode_tok_s"] / lr["decode_tok_s"],
+                      "pass9": lr["pass9_ms"] / r["verify9_ms"],
+                      "pass17": lr["pass17_ms"] / r["verify17_ms"]},
+        })
 L = {t: {k: med(v) for k, v in d.items()} for t, d in llama.items()}
 O = {k: {kk: med(v) for kk, v in d.items()} for k, d in ours.items()}
 rows = []
@@ -188,6 +213,7 @@ report = {
     "uptime_start": rd("uptime-start"), "uptime_end": rd("uptime-end"),
     "uptime_rounds": rd("uptime-rounds").splitlines(),
     "rows": rows,
+    "per_round": per_round,
 }
 json.dump(report, open(base + ".json", "w"), indent=1)
 f = lambda x, p=1: "–" if x is None else f"{x:.{p}f}"
@@ -202,6 +228,18 @@ for r in rows:
     o, l, q = r["ours"], r["llama_cpp"], r["ratio"]
     md.append(f"| {r['threads']} | {r['weights']} | {f(o['decode_tok_s'])} | {f(l.get('decode_tok_s'))} | {f(q['decode'],2)} | "
               f"{f(o['pass9_ms'])} | {f(l.get('pass9_ms'))} | {f(q['pass9'],2)} | {f(o['pass17_ms'])} | {f(l.get('pass17_ms'))} | {f(q['pass17'],2)} |")
+md += ["", "Per round (each engine's medians over its repetitions; load = `uptime` after the pair):", "",
+       "| round | threads | ours: weights | decode tok/s ours / llama.cpp | ratio | 9-pos ms ours / llama.cpp | ratio | 17-pos ms ours / llama.cpp | ratio | load (1 min) |",
+       "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+loads = {}
+for line in rd("uptime-rounds").splitlines():
+    m = re.match(r"r(\d+) t(\d+) .*load average: ([0-9.]+)", line)
+    if m:
+        loads[(int(m.group(1)), int(m.group(2)))] = m.group(3)
+for r in sorted(per_round, key=lambda x: (x["round"], x["threads"], x["weights"] != "quantized", x["weights"])):
+    o, l, q = r["ours"], r["llama_cpp"], r["ratio"]
+    md.append(f"| {r['round']} | {r['threads']} | {r['weights']} | {f(o['decode_tok_s'])} / {f(l['decode_tok_s'])} | {f(q['decode'],2)} | "
+              f"{f(o['pass9_ms'])} / {f(l['pass9_ms'])} | {f(q['pass9'],2)} | {f(o['pass17_ms'])} / {f(l['pass17_ms'])} | {f(q['pass17'],2)} | {loads.get((r['round'], r['threads']), '?')} |")
 open(base + ".md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY

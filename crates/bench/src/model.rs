@@ -122,6 +122,9 @@ pub struct ModelReport {
 
 const PROMPT: &str = "Once upon a time, there was a little";
 
+/// Token ids appended after the prompt before the timed passes.
+const CONTEXT_EXTRA: u32 = 32;
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -184,7 +187,7 @@ fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samp
         // Passes are timed after the prompt and 32 more tokens.
         let mut cache = model.new_cache(prompt.len() + 64)?;
         let mut ctx = prompt.clone();
-        ctx.extend((0..32u32).map(|i| 100 + i));
+        ctx.extend((0..CONTEXT_EXTRA).map(|i| 100 + i));
         model.forward(&ctx, &mut cache, &AttentionMask::Causal, &mut NoAdapter)?;
         samples.push(Samples {
             weights: label.into(),
@@ -221,10 +224,12 @@ fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samp
 
 fn markdown(r: &ModelReport) -> String {
     let mut s = format!(
-        "Model: `{}`; greedy decode of {} tokens after a {}-word prompt; passes timed at a context of {} positions; medians of {} runs ({} rounds × {} interleaved repetitions).\n\n",
+        "Model: `{}`; greedy decode of {} tokens after a {}-token prompt; passes timed at a context of {} positions; medians of {} runs ({} rounds × {} interleaved repetitions).\n\n",
         r.model,
         r.decode_tokens,
-        PROMPT.split_whitespace().count(),
+        r.records
+            .first()
+            .map_or(0, |x| x.context_len.saturating_sub(CONTEXT_EXTRA as usize)),
         r.records.first().map_or(0, |x| x.context_len),
         r.records.first().map_or(0, |x| x.samples),
         r.rounds,
