@@ -39,6 +39,9 @@ pub struct ModelBenchOptions {
     pub reps: usize,
     /// Rounds of one child process per thread count, alternating.
     pub rounds: usize,
+    /// Weight modes to measure, by label (`f32`, `f16`, `quantized`; empty:
+    /// all three).
+    pub weights: Vec<String>,
     /// Internal: measure in this process and print records (set by the parent).
     pub worker: bool,
 }
@@ -119,6 +122,9 @@ pub struct ModelReport {
 
 const PROMPT: &str = "Once upon a time, there was a little";
 
+/// Token ids appended after the prompt before the timed passes.
+const CONTEXT_EXTRA: u32 = 32;
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -131,10 +137,42 @@ const MODES: [(WeightMode, &str); 3] = [
     (WeightMode::Quantized, "quantized"),
 ];
 
-/// Measures every weight mode in this process, repetitions interleaved.
+/// The prompt of a synthetic model (no vocabulary): fixed token ids, as many
+/// as SmolLM2's tokenizer makes of [`PROMPT`].
+const SYNTHETIC_PROMPT: [u32; 9] = [
+    1_000, 1_037, 1_074, 1_111, 1_148, 1_185, 1_222, 1_259, 1_296,
+];
+
+/// The weight modes selected by `labels` (all of them when empty).
+///
+/// # Errors
+/// An unknown label.
+fn selected_modes(labels: &[String]) -> anyhow::Result<Vec<(WeightMode, &'static str)>> {
+    for l in labels {
+        anyhow::ensure!(
+            MODES.iter().any(|(_, m)| m == l),
+            "unknown weight mode `{l}` (f32, f16 or quantized)"
+        );
+    }
+    Ok(MODES
+        .into_iter()
+        .filter(|(_, m)| labels.is_empty() || labels.iter().any(|l| l == m))
+        .collect())
+}
+
+/// The prompt's token ids: [`PROMPT`] tokenized, or [`SYNTHETIC_PROMPT`] for a
+/// synthetic GGUF file (which has no vocabulary).
+fn prompt_ids(path: &Path) -> anyhow::Result<Vec<u32>> {
+    if path.is_file() && cipherlora_model::is_synthetic_gguf(path)? {
+        return Ok(SYNTHETIC_PROMPT.to_vec());
+    }
+    Ok(Tokenizer::for_model(path)?.encode(PROMPT)?)
+}
+
+/// Measures every selected weight mode in this process, repetitions
+/// interleaved.
 fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samples>> {
-    let tok = Tokenizer::for_model(path)?;
-    let prompt = tok.encode(PROMPT)?;
+    let prompt = prompt_ids(path)?;
     let gen_opts = GenerateOptions {
         max_tokens: opts.decode_tokens,
         sampling: SamplingParams::greedy(),
@@ -142,14 +180,14 @@ fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samp
     };
     let mut models = Vec::new();
     let mut samples = Vec::new();
-    for (weights, label) in MODES {
+    for (weights, label) in selected_modes(&opts.weights)? {
         let model = Model::load_with(path, &LoadOptions { weights })?;
         // Warm-up.
         cipherlora_model::generate(&model, &prompt, &gen_opts, &mut NoAdapter, &mut |_| Ok(()))?;
         // Passes are timed after the prompt and 32 more tokens.
         let mut cache = model.new_cache(prompt.len() + 64)?;
         let mut ctx = prompt.clone();
-        ctx.extend((0..32u32).map(|i| 100 + i));
+        ctx.extend((0..CONTEXT_EXTRA).map(|i| 100 + i));
         model.forward(&ctx, &mut cache, &AttentionMask::Causal, &mut NoAdapter)?;
         samples.push(Samples {
             weights: label.into(),
@@ -186,10 +224,12 @@ fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samp
 
 fn markdown(r: &ModelReport) -> String {
     let mut s = format!(
-        "Model: `{}`; greedy decode of {} tokens after a {}-word prompt; passes timed at a context of {} positions; medians of {} runs ({} rounds × {} interleaved repetitions).\n\n",
+        "Model: `{}`; greedy decode of {} tokens after a {}-token prompt; passes timed at a context of {} positions; medians of {} runs ({} rounds × {} interleaved repetitions).\n\n",
         r.model,
         r.decode_tokens,
-        PROMPT.split_whitespace().count(),
+        r.records
+            .first()
+            .map_or(0, |x| x.context_len.saturating_sub(CONTEXT_EXTRA as usize)),
         r.records.first().map_or(0, |x| x.context_len),
         r.records.first().map_or(0, |x| x.samples),
         r.rounds,
@@ -222,6 +262,7 @@ pub fn run(opts: &ModelBenchOptions) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => cipherlora_model::fetch::ensure_default_model()?,
     };
+    selected_modes(&opts.weights)?;
     if opts.worker {
         println!("{}", serde_json::to_string(&measure_all(&path, opts)?)?);
         return Ok(());
@@ -230,9 +271,13 @@ pub fn run(opts: &ModelBenchOptions) -> anyhow::Result<()> {
     for round in 0..opts.rounds.max(1) {
         for &n in &opts.threads {
             eprintln!("bench model: round {}, {n} thread(s)…", round + 1);
-            let out = Command::new(std::env::current_exe()?)
-                .args(["bench", "model", "--worker", "--json"])
-                .arg(&opts.json)
+            let mut cmd = Command::new(std::env::current_exe()?);
+            cmd.args(["bench", "model", "--worker", "--json"])
+                .arg(&opts.json);
+            if !opts.weights.is_empty() {
+                cmd.args(["--weights", &opts.weights.join(",")]);
+            }
+            let out = cmd
                 .arg("--model")
                 .arg(&path)
                 .args(["--decode-tokens", &opts.decode_tokens.to_string()])

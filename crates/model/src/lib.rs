@@ -38,6 +38,7 @@ mod qmatmul;
 mod rope;
 mod sampling;
 mod synthetic;
+mod synthetic_gguf;
 mod tokenizer;
 mod weights;
 
@@ -55,6 +56,10 @@ pub use mask::AttentionMask;
 pub use model::Model;
 pub use sampling::{Sampler, SamplingParams, argmax};
 pub use synthetic::{RandomAdapterSpec, write_random_adapter};
+pub use synthetic_gguf::{
+    SYNTHETIC_SEED_KEY, SYNTHETIC_SHAPES, SyntheticQuant, is_synthetic_gguf, synthetic_shape,
+    write_synthetic_gguf,
+};
 pub use tokenizer::Tokenizer;
 pub use weights::{LoadOptions, WeightMode, WeightsFormat};
 

@@ -58,6 +58,21 @@ pub enum BenchCommand {
     Api(ApiBenchArgs),
     /// Plaintext model: decode tok/s and 9-/17-position verify passes vs one decode step, per weight mode, 1 and 2 threads.
     Model(ModelBenchArgs),
+    /// Write a GGUF file of random quantized weights in a real model's shape (for `bench model --model FILE` and llama.cpp; no vocabulary).
+    SyntheticModel {
+        /// The shape: qwen2.5-1.5b or llama-3.2-1b.
+        #[arg(long, default_value = "qwen2.5-1.5b")]
+        shape: String,
+        /// Weight format of every matrix: q4_1, q8_0 (our kernels) or q4_k (candle's).
+        #[arg(long, default_value = "q4_1")]
+        qtype: String,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The GGUF file to write (replaced if present).
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// Options of `cipherlora bench split`.
@@ -229,6 +244,9 @@ pub struct ModelBenchArgs {
     /// Rounds of one worker process per thread count, alternating.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Weight modes to measure, comma-separated (f32, f16, quantized).
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16,quantized")]
+    weights: Vec<String>,
     /// Internal: measure in this process (thread count from the environment).
     #[arg(long, hide = true)]
     worker: bool,
@@ -441,8 +459,31 @@ impl BenchCommand {
                     decode_tokens: a.decode_tokens,
                     reps: a.reps,
                     rounds: a.rounds,
+                    weights: a.weights,
                     worker: a.worker,
                 })
+            }
+            BenchCommand::SyntheticModel {
+                shape,
+                qtype,
+                seed,
+                out,
+            } => {
+                let config = cipherlora_model::synthetic_shape(&shape).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown shape `{shape}` (one of {})",
+                        cipherlora_model::SYNTHETIC_SHAPES.join(", ")
+                    )
+                })?;
+                let quant = cipherlora_model::SyntheticQuant::parse(&qtype).ok_or_else(|| {
+                    anyhow::anyhow!("unknown qtype `{qtype}` (q4_1, q8_0 or q4_k)")
+                })?;
+                if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)?;
+                }
+                cipherlora_model::write_synthetic_gguf(&out, &config, quant, seed)?;
+                eprintln!("wrote {}", out.display());
+                Ok(())
             }
             BenchCommand::Ckks {
                 json,

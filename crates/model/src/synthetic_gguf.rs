@@ -1,0 +1,354 @@
+//! GGUF files of random quantized weights in the shape of a real model: the
+//! cost of the plaintext engine at the sizes users run (issue 18), without
+//! downloading gigabytes of weights.
+//!
+//! The file follows llama.cpp's layout (ggml's `docs/gguf.md`: `{arch}.*`
+//! metadata, `blk.{i}.attn_q.weight`, …), so both our loader and llama.cpp
+//! read it. It holds no vocabulary: `tokenizer.ggml.model = "none"` with
+//! `{arch}.vocab_size` (llama.cpp then makes dummy tokens; our [`crate::Tokenizer`]
+//! refuses it), so it is for benchmarks that feed token ids, such as
+//! `cipherlora bench model`. The key `cipherlora.synthetic_seed` marks it.
+//!
+//! Weights are drawn from `U(−1/√d_in, 1/√d_in)` (ChaCha8, seeded) and
+//! quantized with candle's quantizers; norms are 1, Qwen2's q/k/v biases are
+//! small uniform values. The values mean nothing; only the shapes and the
+//! block format matter for speed.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::gguf::GgufHeader;
+use crate::{Arch, ModelConfig, ModelError, RopeStyle};
+
+/// The metadata key that marks a synthetic file (its value: the seed).
+pub const SYNTHETIC_SEED_KEY: &str = "cipherlora.synthetic_seed";
+
+/// Names accepted by [`synthetic_shape`].
+pub const SYNTHETIC_SHAPES: [&str; 2] = ["qwen2.5-1.5b", "llama-3.2-1b"];
+
+/// The configuration of a real model by name (from its `config.json`):
+///
+/// - `qwen2.5-1.5b`: Qwen2.5-1.5B(-Instruct): d = 1536, 28 layers, 12 query
+///   and 2 key/value heads of 128, SwiGLU width 8960, vocabulary 151936,
+///   tied embeddings, q/k/v biases (1.54 B parameters);
+/// - `llama-3.2-1b`: Llama-3.2-1B(-Instruct): d = 2048, 16 layers, 32 query
+///   and 8 key/value heads of 64, SwiGLU width 8192, vocabulary 128256, tied
+///   embeddings (1.24 B parameters; its llama3 RoPE frequency scaling is not
+///   written, which changes no cost).
+///
+/// `None` for other names.
+pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
+    let cfg = match name {
+        "qwen2.5-1.5b" => ModelConfig {
+            arch: Arch::Qwen2,
+            hidden_size: 1536,
+            num_layers: 28,
+            num_heads: 12,
+            num_kv_heads: 2,
+            head_dim: 128,
+            intermediate_size: 8960,
+            vocab_size: 151_936,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            max_position_embeddings: 32_768,
+            tie_word_embeddings: true,
+            rope_style: RopeStyle::Half,
+        },
+        "llama-3.2-1b" => ModelConfig {
+            arch: Arch::Llama,
+            hidden_size: 2048,
+            num_layers: 16,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 64,
+            intermediate_size: 8192,
+            vocab_size: 128_256,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            max_position_embeddings: 131_072,
+            tie_word_embeddings: true,
+            rope_style: RopeStyle::Interleaved,
+        },
+        _ => return None,
+    };
+    Some(cfg)
+}
+
+/// Block formats a synthetic file can hold (every matrix, the embedding
+/// included, in the same format; norms and biases in F32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SyntheticQuant {
+    /// ggml Q4_1 (32 weights, 4 bits + f16 scale and minimum): our kernels.
+    Q4_1,
+    /// ggml Q8_0 (32 weights, 8 bits + f16 scale): our kernels.
+    Q8_0,
+    /// ggml Q4_K (256 weights in 8 sub-blocks): candle's kernels; every input
+    /// width must be a multiple of 256.
+    Q4K,
+}
+
+impl SyntheticQuant {
+    /// Parses `q4_1`, `q8_0` or `q4_k` (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "q4_1" => Some(Self::Q4_1),
+            "q8_0" => Some(Self::Q8_0),
+            "q4_k" => Some(Self::Q4K),
+            _ => None,
+        }
+    }
+
+    /// The lower-case name (`q4_1`, `q8_0`, `q4_k`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q4_1 => "q4_1",
+            Self::Q8_0 => "q8_0",
+            Self::Q4K => "q4_k",
+        }
+    }
+
+    fn dtype(self) -> GgmlDType {
+        match self {
+            Self::Q4_1 => GgmlDType::Q4_1,
+            Self::Q8_0 => GgmlDType::Q8_0,
+            Self::Q4K => GgmlDType::Q4K,
+        }
+    }
+}
+
+/// Whether `path` is a GGUF file written by [`write_synthetic_gguf`].
+///
+/// # Errors
+/// [`ModelError::Io`] / [`ModelError::Format`] /
+/// [`ModelError::Truncated`] when the file is not a readable GGUF file.
+pub fn is_synthetic_gguf(path: &Path) -> Result<bool, ModelError> {
+    Ok(GgufHeader::read(path)?.meta(SYNTHETIC_SEED_KEY).is_some())
+}
+
+/// Writes a GGUF file of random `quant` weights shaped like `config` (see
+/// the module docs). It is written to `path` with a `.part` suffix first and
+/// renamed when complete, so an interrupted run leaves no truncated file at
+/// `path`. A 1.5 B-parameter shape takes about 1 GB (Q4_1/Q4_K) or 1.7 GB
+/// (Q8_0) on disk and in memory while writing.
+///
+/// # Errors
+/// [`ModelError::Config`] when an input width of `config` is not a multiple
+/// of `quant`'s block (32, or 256 for Q4_K) or the heads do not divide;
+/// [`ModelError::Io`] when the file cannot be written;
+/// [`ModelError::Candle`] when quantization or serialization fails.
+pub fn write_synthetic_gguf(
+    path: &Path,
+    config: &ModelConfig,
+    quant: SyntheticQuant,
+    seed: u64,
+) -> Result<(), ModelError> {
+    config.validate(path)?;
+    let block = quant.dtype().block_size();
+    let qd = config.num_heads * config.head_dim;
+    for (key, width) in [
+        ("hidden_size", config.hidden_size),
+        ("intermediate_size", config.intermediate_size),
+        ("num_heads * head_dim", qd),
+    ] {
+        if !width.is_multiple_of(block) {
+            return Err(ModelError::Config {
+                path: path.to_path_buf(),
+                key: key.into(),
+                reason: format!(
+                    "{width} is not a multiple of {}'s block of {block}",
+                    quant.name()
+                ),
+            });
+        }
+    }
+    let arch = match config.arch {
+        Arch::Llama => "llama",
+        Arch::Qwen2 => "qwen2",
+    };
+    let u32v = |n: usize| Value::U32(n as u32);
+    let k = |s: &str| format!("{arch}.{s}");
+    let metadata: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (
+            "general.name".into(),
+            Value::String(format!("cipherlora synthetic {arch} ({})", quant.name())),
+        ),
+        (k("context_length"), u32v(config.max_position_embeddings)),
+        (k("embedding_length"), u32v(config.hidden_size)),
+        (k("block_count"), u32v(config.num_layers)),
+        (k("feed_forward_length"), u32v(config.intermediate_size)),
+        (k("attention.head_count"), u32v(config.num_heads)),
+        (k("attention.head_count_kv"), u32v(config.num_kv_heads)),
+        (k("attention.key_length"), u32v(config.head_dim)),
+        (k("attention.value_length"), u32v(config.head_dim)),
+        (k("rope.dimension_count"), u32v(config.head_dim)),
+        (k("rope.freq_base"), Value::F32(config.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(config.rms_norm_eps as f32),
+        ),
+        (k("vocab_size"), u32v(config.vocab_size)),
+        ("tokenizer.ggml.model".into(), Value::String("none".into())),
+        (SYNTHETIC_SEED_KEY.into(), Value::U64(seed)),
+    ];
+
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let matrix = |name: String, rows: usize, cols: usize, rng: &mut ChaCha8Rng| {
+        let bound = 1.0 / (cols as f32).sqrt();
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        let t = Tensor::from_vec(data, (rows, cols), &Device::Cpu)?;
+        Ok::<_, ModelError>((name, QTensor::quantize(&t, quant.dtype())?))
+    };
+    let dense = |name: String, data: Vec<f32>| -> Result<(String, QTensor), ModelError> {
+        let n = data.len();
+        let t = Tensor::from_vec(data, n, &Device::Cpu)?;
+        Ok((name, QTensor::quantize(&t, GgmlDType::F32)?))
+    };
+    let (d, f) = (config.hidden_size, config.intermediate_size);
+    let kvd = config.num_kv_heads * config.head_dim;
+    tensors.push(matrix(
+        "token_embd.weight".into(),
+        config.vocab_size,
+        d,
+        &mut rng,
+    )?);
+    for i in 0..config.num_layers {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        tensors.push(dense(p("attn_norm.weight"), vec![1.0; d])?);
+        tensors.push(matrix(p("attn_q.weight"), qd, d, &mut rng)?);
+        tensors.push(matrix(p("attn_k.weight"), kvd, d, &mut rng)?);
+        tensors.push(matrix(p("attn_v.weight"), kvd, d, &mut rng)?);
+        if config.arch == Arch::Qwen2 {
+            for (name, n) in [
+                ("attn_q.bias", qd),
+                ("attn_k.bias", kvd),
+                ("attn_v.bias", kvd),
+            ] {
+                let b = (0..n).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+                tensors.push(dense(p(name), b)?);
+            }
+        }
+        tensors.push(matrix(p("attn_output.weight"), d, qd, &mut rng)?);
+        tensors.push(dense(p("ffn_norm.weight"), vec![1.0; d])?);
+        tensors.push(matrix(p("ffn_gate.weight"), f, d, &mut rng)?);
+        tensors.push(matrix(p("ffn_up.weight"), f, d, &mut rng)?);
+        tensors.push(matrix(p("ffn_down.weight"), d, f, &mut rng)?);
+    }
+    tensors.push(dense("output_norm.weight".into(), vec![1.0; d])?);
+    if !config.tie_word_embeddings {
+        tensors.push(matrix(
+            "output.weight".into(),
+            config.vocab_size,
+            d,
+            &mut rng,
+        )?);
+    }
+
+    let part = path.with_extension("gguf.part");
+    let file = std::fs::File::create(&part).map_err(|e| ModelError::io(&part, e))?;
+    let mut w = BufWriter::new(file);
+    let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    candle_core::quantized::gguf_file::write(&mut w, &meta, &ts)?;
+    w.flush().map_err(|e| ModelError::io(&part, e))?;
+    drop(w);
+    std::fs::rename(&part, path).map_err(|e| ModelError::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttentionMask, LoadOptions, Model, NoAdapter, WeightMode};
+
+    fn tiny(arch: Arch) -> ModelConfig {
+        ModelConfig {
+            arch,
+            hidden_size: 64,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 16,
+            intermediate_size: 96,
+            vocab_size: 80,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            max_position_embeddings: 128,
+            tie_word_embeddings: true,
+            rope_style: match arch {
+                Arch::Llama => RopeStyle::Interleaved,
+                Arch::Qwen2 => RopeStyle::Half,
+            },
+        }
+    }
+
+    #[test]
+    fn synthetic_gguf_loads_back_with_its_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        for (arch, quant) in [
+            (Arch::Qwen2, SyntheticQuant::Q4_1),
+            (Arch::Llama, SyntheticQuant::Q8_0),
+        ] {
+            let cfg = tiny(arch);
+            let path = dir.path().join(format!("{}.gguf", quant.name()));
+            write_synthetic_gguf(&path, &cfg, quant, 7).unwrap();
+            assert!(is_synthetic_gguf(&path).unwrap());
+            let model = Model::load_with(
+                &path,
+                &LoadOptions {
+                    weights: WeightMode::Quantized,
+                },
+            )
+            .unwrap();
+            // GGUF stores the epsilon as f32.
+            let mut want = cfg.clone();
+            want.rms_norm_eps = cfg.rms_norm_eps as f32 as f64;
+            assert_eq!(model.config(), &want);
+            let mut cache = model.new_cache(8).unwrap();
+            let logits = model
+                .forward(
+                    &[1, 2, 3],
+                    &mut cache,
+                    &AttentionMask::Causal,
+                    &mut NoAdapter,
+                )
+                .unwrap();
+            let v: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
+            assert_eq!(v.len(), 3 * cfg.vocab_size);
+            assert!(v.iter().all(|x| x.is_finite()));
+            // No vocabulary: our tokenizer refuses the file.
+            assert!(crate::Tokenizer::for_model(&path).is_err());
+        }
+    }
+
+    #[test]
+    fn synthetic_gguf_refuses_widths_off_the_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.gguf");
+        // 64 is not a multiple of Q4_K's 256.
+        let err = write_synthetic_gguf(&path, &tiny(Arch::Llama), SyntheticQuant::Q4K, 1);
+        assert!(matches!(err, Err(ModelError::Config { .. })), "{err:?}");
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn synthetic_shapes_are_valid_and_named() {
+        for name in SYNTHETIC_SHAPES {
+            let cfg = synthetic_shape(name).unwrap();
+            cfg.validate(Path::new(name)).unwrap();
+            assert!(cfg.intermediate_size.is_multiple_of(256));
+        }
+        assert!(synthetic_shape("gpt-5").is_none());
+        assert_eq!(SyntheticQuant::parse("Q4_K"), Some(SyntheticQuant::Q4K));
+        assert_eq!(SyntheticQuant::parse("q5_0"), None);
+    }
+}
