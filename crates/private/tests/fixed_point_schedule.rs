@@ -122,8 +122,7 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
 }
 
 /// Three prompts (standard LoRA is the slowest adapter to serve; the
-/// per-group path runs all five in `private_generation`), with one batch
-/// per trip: the other tests stream their trips.
+/// per-group path runs all five in `private_generation`).
 #[test]
 fn fixed_point_schedule_equals_plaintext_standard() {
     let dir = adapter_dir("code-lora-r16");
@@ -131,7 +130,7 @@ fn fixed_point_schedule_equals_plaintext_standard() {
         "code-lora-r16",
         &dir,
         &PROMPTS[..3],
-        "fixed-point:3/batched".parse().unwrap(),
+        "fixed-point:3".parse().unwrap(),
         Grouping::ByInput,
     );
 }
