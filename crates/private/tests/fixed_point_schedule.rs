@@ -122,7 +122,8 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
 }
 
 /// Three prompts (standard LoRA is the slowest adapter to serve; the
-/// per-group path runs all five in `private_generation`).
+/// per-group path runs all five in `private_generation`), with one batch
+/// per trip: the other tests stream their trips.
 #[test]
 fn fixed_point_schedule_equals_plaintext_standard() {
     let dir = adapter_dir("code-lora-r16");
@@ -130,7 +131,7 @@ fn fixed_point_schedule_equals_plaintext_standard() {
         "code-lora-r16",
         &dir,
         &PROMPTS[..3],
-        "fixed-point:3".parse().unwrap(),
+        "fixed-point:3/batched".parse().unwrap(),
         Grouping::ByInput,
     );
 }
