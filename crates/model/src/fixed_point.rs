@@ -71,17 +71,17 @@ enum Answers {
 /// The hook of one plaintext pass: records every group input it wants,
 /// sends it on as part of the next trip when one is being streamed, and
 /// answers with the current trip's deltas.
-struct Relay<'a> {
-    wanted: &'a [(usize, ProjGroup)],
+struct Relay<'w, 's> {
+    wanted: &'w [(usize, ProjGroup)],
     answers: Answers,
     /// The hook's stream (when a trip is streamed in or out) and the trip
     /// this pass sends, if any.
-    stream: Option<&'a mut dyn DeltaStream>,
+    stream: Option<&'s mut dyn DeltaStream>,
     sending: Option<TripId>,
     recorded: Vec<GroupInput>,
 }
 
-impl DeltaHook for Relay<'_> {
+impl DeltaHook for Relay<'_, '_> {
     fn deltas(
         &mut self,
         layer: usize,
@@ -174,27 +174,12 @@ impl<'m> FixedPointPass<'m> {
         hook: &dyn DeltaHook,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
-        let start = cache.len();
-        let mut relay = Relay {
-            wanted: &wanted,
-            answers: Answers::Nothing,
+        let sending = Sending {
             stream: None,
-            sending: None,
-            recorded: Vec::with_capacity(wanted.len()),
-        };
-        let logits = model.forward(tokens, cache, mask, &mut relay)?;
-        let inputs = relay.recorded;
-        Ok(Self {
-            model,
-            tokens: tokens.to_vec(),
-            mask: mask.clone(),
-            start,
-            wanted,
-            inputs,
-            logits,
-            steps: Vec::new(),
+            trip: None,
             pending: Pending::Nothing,
-        })
+        };
+        Self::pass_zero(model, tokens, cache, mask, wanted, sending)
     }
 
     /// [`FixedPointPass::start`] that also sends the first trip (`next`)
@@ -213,17 +198,25 @@ impl<'m> FixedPointPass<'m> {
         next: NextTrip,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
+        let sending = open_next(hook, tokens.len(), next)?;
+        Self::pass_zero(model, tokens, cache, mask, wanted, sending)
+    }
+
+    /// Pass 0 with no deltas, sending what `sending` says.
+    fn pass_zero(
+        model: &'m Model,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        wanted: Vec<(usize, ProjGroup)>,
+        sending: Sending<'_>,
+    ) -> Result<Self, ModelError> {
         let start = cache.len();
-        let Sending {
-            stream,
-            trip,
-            pending,
-        } = open_next(hook, tokens.len(), next)?;
         let mut relay = Relay {
             wanted: &wanted,
             answers: Answers::Nothing,
-            stream,
-            sending: trip,
+            stream: sending.stream,
+            sending: sending.trip,
             recorded: Vec::with_capacity(wanted.len()),
         };
         let logits = model.forward(tokens, cache, mask, &mut relay)?;
@@ -237,7 +230,7 @@ impl<'m> FixedPointPass<'m> {
             inputs,
             logits,
             steps: Vec::new(),
-            pending,
+            pending: sending.pending,
         })
     }
 

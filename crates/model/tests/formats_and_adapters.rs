@@ -82,15 +82,7 @@ fn merged_reference(f: &Fixture, a: &common::Adapter) -> Vec<Vec<f32>> {
     logits(&Model::load(&dir).unwrap(), &mut NoAdapter)
 }
 
-const ALL: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+const ALL: [&str; 7] = common::ALL_MODULES;
 
 #[test]
 fn plain_lora_matches_merged_weights_on_hf_model() {

@@ -11,7 +11,7 @@ use cipherlora_model::{
     AttentionMask, DeltaHook, DeltaStream, FixedPointPass, GroupDeltas, GroupInput, LoraAdapter,
     Model, ModelError, NextTrip, PlainLora, ProjGroup, TripId,
 };
-use common::{LLAMA, adapter, weights, write_hf};
+use common::{ALL_MODULES, LLAMA, adapter, weights, write_hf};
 
 const TOKENS: [u32; 6] = [5, 9, 31, 2, 44, 17];
 
@@ -31,6 +31,18 @@ struct Streaming<'a> {
     answered: HashMap<(u64, usize, ProjGroup), GroupDeltas>,
     log: Vec<Event>,
     batches: usize,
+}
+
+impl<'a> Streaming<'a> {
+    fn new(lora: &'a LoraAdapter) -> Self {
+        Self {
+            lora: PlainLora::new(lora),
+            next: 0,
+            answered: HashMap::new(),
+            log: Vec::new(),
+            batches: 0,
+        }
+    }
 }
 
 impl DeltaStream for Streaming<'_> {
@@ -113,17 +125,8 @@ fn fixture() -> Fixture {
     let t = LLAMA;
     let w = weights(&t, 23);
     write_hf(&dir.path().join("hf"), &t, &w);
-    let all = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
     // A strong adapter, so that the trips visibly differ.
-    adapter(&t, 4, 16.0, false, &all, 7).write(&dir.path().join("lora"));
+    adapter(&t, 4, 16.0, false, &ALL_MODULES, 7).write(&dir.path().join("lora"));
     let model = Model::load(&dir.path().join("hf")).unwrap();
     let lora = LoraAdapter::load(&dir.path().join("lora"), model.config()).unwrap();
     Fixture {
@@ -152,13 +155,7 @@ fn streamed_trips_equal_batched_trips_and_interleave_by_layer() {
             .unwrap();
     }
 
-    let mut hook = Streaming {
-        lora: PlainLora::new(&f.lora),
-        next: 0,
-        answered: HashMap::new(),
-        log: Vec::new(),
-        batches: 0,
-    };
+    let mut hook = Streaming::new(&f.lora);
     let mut cache2 = m.new_cache(32).unwrap();
     let mut streamed = FixedPointPass::start_sending(
         m,
@@ -233,13 +230,7 @@ fn streamed_trips_reach_the_sequential_pass() {
         &m.forward(&TOKENS, &mut seq_cache, &mask, &mut PlainLora::new(&f.lora))
             .unwrap(),
     );
-    let mut hook = Streaming {
-        lora: PlainLora::new(&f.lora),
-        next: 0,
-        answered: HashMap::new(),
-        log: Vec::new(),
-        batches: 0,
-    };
+    let mut hook = Streaming::new(&f.lora);
     let mut cache = m.new_cache(32).unwrap();
     let mut pass = FixedPointPass::start_sending(
         m,

@@ -36,6 +36,17 @@ pub const LLAMA: Tiny = Tiny {
     vocab: 50,
 };
 
+/// The PEFT names of all seven linear projections (`all-linear`).
+pub const ALL_MODULES: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
 pub const QWEN2: Tiny = Tiny {
     arch: "qwen2",
     ..LLAMA

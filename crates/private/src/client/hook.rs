@@ -245,6 +245,21 @@ impl<T: Transport> HeHook<T> {
             })
     }
 
+    /// The session group that answers model group (`layer`, `group`).
+    fn session_group(
+        &self,
+        layer: usize,
+        group: ProjGroup,
+    ) -> Result<(usize, ProjGroup), PrivateError> {
+        self.group_of
+            .get(&(layer, group))
+            .copied()
+            .ok_or(PrivateError::UnknownGroup {
+                layer: layer as u32,
+                group: AdapterGroups::group_index(group),
+            })
+    }
+
     /// Packs and encrypts one group's input (T, d_in).
     fn encrypt_group(
         &self,
@@ -327,14 +342,7 @@ impl<T: Transport> HeHook<T> {
     fn units(&self, inputs: &[GroupInput]) -> Result<Vec<Unit>, PrivateError> {
         let mut units: Vec<Unit> = Vec::new();
         for (i, g) in inputs.iter().enumerate() {
-            let key =
-                *self
-                    .group_of
-                    .get(&(g.layer, g.group))
-                    .ok_or(PrivateError::UnknownGroup {
-                        layer: g.layer as u32,
-                        group: AdapterGroups::group_index(g.group),
-                    })?;
+            let key = self.session_group(g.layer, g.group)?;
             match units.iter_mut().find(|u| u.key == key) {
                 Some(u) => u.inputs.push(i),
                 None => units.push(Unit {

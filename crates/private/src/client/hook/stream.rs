@@ -60,14 +60,7 @@ impl<T: Transport> HeHook<T> {
     /// Gathers `input`; sends its session group's request once every member
     /// is there.
     fn stream_send(&mut self, id: TripId, input: &GroupInput) -> Result<(), PrivateError> {
-        let key =
-            *self
-                .group_of
-                .get(&(input.layer, input.group))
-                .ok_or(PrivateError::UnknownGroup {
-                    layer: input.layer as u32,
-                    group: AdapterGroups::group_index(input.group),
-                })?;
+        let key = self.session_group(input.layer, input.group)?;
         let members = self.client_group(key.0, key.1)?.members.clone();
         let trip = self.trips.trip(id)?;
         let (round, bits) = (trip.round, trip.bits);
@@ -142,13 +135,7 @@ impl<T: Transport> HeHook<T> {
         layer: usize,
         group: ProjGroup,
     ) -> Result<GroupDeltas, PrivateError> {
-        let key = *self
-            .group_of
-            .get(&(layer, group))
-            .ok_or(PrivateError::UnknownGroup {
-                layer: layer as u32,
-                group: AdapterGroups::group_index(group),
-            })?;
+        let key = self.session_group(layer, group)?;
         let trip = self.trips.trip(id)?;
         if let Some(d) = trip.ready.remove(&(layer, group)) {
             self.forget_if_done(id);
