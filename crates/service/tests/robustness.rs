@@ -25,6 +25,17 @@ fn run(c: &mut AdapterClient, before_round: impl Fn(u64)) -> Vec<Vec<Vec<Bytes>>
     all
 }
 
+/// A client with an open session reaching the server through a proxy that
+/// can cut the connection.
+fn through_proxy(fx: &Fixture) -> (Proxy, AdapterClient) {
+    let proxy = Proxy::start(fx.server.addr());
+    let mut cfg = fx.client_config();
+    cfg.endpoint = format!("https://127.0.0.1:{}", proxy.addr.port());
+    let mut c = AdapterClient::connect(cfg).unwrap();
+    c.open_session(params(5)).unwrap();
+    (proxy, c)
+}
+
 #[test]
 fn round_replayed_after_dropped_connection_gives_identical_responses() {
     let fx = start(Limits::default());
@@ -37,11 +48,7 @@ fn round_replayed_after_dropped_connection_gives_identical_responses() {
 
     // Through a proxy that cuts the TCP connection in the middle of the
     // upload of round 2 (about 20 KB into a ~33 KB pipelined request pair).
-    let proxy = Proxy::start(fx.server.addr());
-    let mut cfg = fx.client_config();
-    cfg.endpoint = format!("https://127.0.0.1:{}", proxy.addr.port());
-    let mut c = AdapterClient::connect(cfg).unwrap();
-    c.open_session(params(5)).unwrap();
+    let (proxy, mut c) = through_proxy(&fx);
     let cut = run(&mut c, |round| {
         if round == 2 {
             proxy.cut_after(20_000);
@@ -233,11 +240,7 @@ fn streamed_rounds_interleave_and_survive_a_dropped_connection() {
         Err(ServiceError::Config { .. })
     ));
 
-    let proxy = Proxy::start(fx.server.addr());
-    let mut cfg = fx.client_config();
-    cfg.endpoint = format!("https://127.0.0.1:{}", proxy.addr.port());
-    let mut c = AdapterClient::connect(cfg).unwrap();
-    c.open_session(params(5)).unwrap();
+    let (proxy, mut c) = through_proxy(&fx);
     let cut = wavefront(&mut c, |round| {
         if round == 2 {
             proxy.cut_after(20_000);
