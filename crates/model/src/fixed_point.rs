@@ -198,7 +198,7 @@ impl<'m> FixedPointPass<'m> {
         next: NextTrip,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
-        let sending = open_next(hook, tokens.len(), next)?;
+        let sending = open_next(hook, tokens.len(), next, false)?;
         Self::pass_zero(model, tokens, cache, mask, wanted, sending)
     }
 
@@ -291,19 +291,12 @@ impl<'m> FixedPointPass<'m> {
         };
         self.pending = Pending::Nothing;
         let t = self.tokens.len();
+        let receiving = matches!(answers, Answers::Stream(_));
         let Sending {
             stream,
             trip,
             pending,
-        } = match (&answers, next) {
-            // The hook is borrowed once: its stream when one is used.
-            (Answers::Stream(_), NextTrip::Wait) => Sending {
-                stream: hook.stream(t),
-                trip: None,
-                pending: Pending::Nothing,
-            },
-            _ => open_next(hook, t, next)?,
-        };
+        } = open_next(hook, t, next, receiving)?;
         cache.truncate(self.start);
         let mut relay = Relay {
             wanted: &self.wanted,
@@ -419,15 +412,17 @@ struct Sending<'a> {
 
 /// Opens the trip a pass of `t` positions sends as it runs: on the hook's
 /// stream when it has one, else a trip to batch at the next iteration with
-/// the tolerance `next` fixes.
+/// the tolerance `next` fixes. The hook is borrowed once, so the stream is
+/// also what a pass `receiving` a streamed trip takes its deltas from.
 fn open_next(
     hook: &mut dyn DeltaHook,
     t: usize,
     next: NextTrip,
+    receiving: bool,
 ) -> Result<Sending<'_>, ModelError> {
     let NextTrip::Send(tolerance) = next else {
         return Ok(Sending {
-            stream: None,
+            stream: if receiving { hook.stream(t) } else { None },
             trip: None,
             pending: Pending::Nothing,
         });
