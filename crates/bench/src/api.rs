@@ -96,7 +96,7 @@ pub struct ApiReport {
 /// Model, adapter or server failures; an answer that differs from the
 /// plaintext reference is reported, not an error.
 pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
-    let (server_hook, pinning) = crate::e2e::place(opts.pin);
+    let (server_placement, pinning) = crate::e2e::place(opts.pin);
     let model = Model::load(&opts.model)?;
     let tokenizer = Tokenizer::for_model(&opts.model)?;
     let mut report = ApiReport {
@@ -111,7 +111,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
     for dir in &opts.adapters {
         let id = cipherlora_private::adapter_id(dir)?;
         let adapter = LoraAdapter::load(dir, model.config())?;
-        let server = EmbeddedServer::start(&id, dir, model.config(), server_hook.clone())
+        let server = EmbeddedServer::start(&id, dir, model.config(), server_placement.clone())
             .with_context(|| format!("serving {}", dir.display()))?;
         let references: Vec<String> = PROMPTS
             .iter()

@@ -35,7 +35,7 @@ use cipherlora_private::{
     ByWidth, EmbeddedServer, Grouping, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
     connect_widths,
 };
-use cipherlora_service::{LinkProfile, ThreadHook};
+use cipherlora_service::{LinkProfile, Placement};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
 use cipherlora_spec::schedule::Schedule;
 use cipherlora_spec::tree_draft::TreeParams;
@@ -169,6 +169,11 @@ pub struct E2eRun {
     /// Where the decode time went, ms, summed over prompts (`prefill`: the
     /// prefill passes' wall time, not part of the other fields).
     pub split_ms: TimeSplit,
+    /// The server's compute as it reports it (decode only), ms per
+    /// generated token, whether or not the client waited for it; over
+    /// `1000 / tok_per_s`, the server's utilisation.
+    #[serde(default)]
+    pub server_busy_ms_per_token: f64,
     /// The plaintext reference's tok/s measured right before this run, on
     /// the same core (for the "plaintext" row: the median of those
     /// measurements). The machine's speed drifts by ±15 % and more between
@@ -201,16 +206,20 @@ pub struct E2eReport {
     pub prefill_width: usize,
 }
 
-/// The thread hook pinning every server thread to `core`.
-fn pin_hook(core: core_affinity::CoreId) -> ThreadHook {
-    Arc::new(move || {
-        core_affinity::set_for_current(core);
-    })
+/// Every server thread pinned to `core`, computing one group at a time.
+fn pin_to(core: core_affinity::CoreId) -> Placement {
+    Placement {
+        on_thread_start: Arc::new(move || {
+            core_affinity::set_for_current(core);
+        }),
+        cores: 1,
+    }
 }
 
 /// Pins this thread (and so every thread it spawns later) to the first core
-/// and returns the hook for the server's threads, or `None` with one core.
-pub fn place(pin: bool) -> (Option<ThreadHook>, String) {
+/// and returns the placement of the server's threads (the second core), or
+/// `None` with one core.
+pub fn place(pin: bool) -> (Option<Placement>, String) {
     if !pin {
         return (None, "none (--no-pin)".into());
     }
@@ -222,7 +231,7 @@ pub fn place(pin: bool) -> (Option<ThreadHook>, String) {
         return (None, "none (pinning refused)".into());
     }
     (
-        Some(pin_hook(cores[1])),
+        Some(pin_to(cores[1])),
         format!(
             "client on core {}, server on core {} (of {})",
             cores[0].id,
@@ -297,7 +306,7 @@ pub fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
 /// differs from the plaintext reference is reported (`matches_plaintext`),
 /// not an error.
 pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
-    let (server_hook, pinning) = place(opts.pin);
+    let (server_placement, pinning) = place(opts.pin);
     eprintln!("placement: {pinning}");
     let model =
         Model::load(&opts.model).with_context(|| format!("loading {}", opts.model.display()))?;
@@ -328,7 +337,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     for dir in &opts.adapters {
         let id = cipherlora_private::adapter_id(dir)?;
         // Server threads start idle; the plaintext reference runs first.
-        let server = EmbeddedServer::start(&id, dir, model.config(), server_hook.clone())?;
+        let server = EmbeddedServer::start(&id, dir, model.config(), server_placement.clone())?;
         let lora = match server.kind() {
             LoraKind::Ffa => "ffa",
             LoraKind::Standard => "standard",
@@ -384,6 +393,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             bytes_down_per_token: 0.0,
             // Filled in with the median of the measurements below.
             split_ms: TimeSplit::default(),
+            server_busy_ms_per_token: 0.0,
             plaintext_tok_per_s: first_tps,
             ratio_to_plaintext: 1.0,
             matches_plaintext: true,
@@ -568,13 +578,14 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     bytes_up_per_token: decode.bytes_up as f64 / tokens.max(1) as f64,
                     bytes_down_per_token: decode.bytes_down as f64 / tokens.max(1) as f64,
                     split_ms: split,
+                    server_busy_ms_per_token: decode.server_busy_ms / tokens.max(1) as f64,
                     plaintext_tok_per_s: plain_tps,
                     ratio_to_plaintext: tps / plain_tps,
                     matches_plaintext: matches,
                     ahead_hits,
                 };
                 eprintln!(
-                    "{id} {link_name} {} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, {:.1} round trips/round, {:.0}/{:.0} kB/token up/down, match {}",
+                    "{id} {link_name} {} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, {:.1} round trips/round, {:.0}/{:.0} kB/token up/down, server busy {:.0} ms/token, match {}",
                     run.schedule,
                     run.drafter,
                     run.draft_weights,
@@ -585,6 +596,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     run.round_trips_per_round,
                     run.bytes_up_per_token / 1e3,
                     run.bytes_down_per_token / 1e3,
+                    run.server_busy_ms_per_token,
                     matches
                 );
                 runs.push(run);
@@ -627,15 +639,15 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
 pub fn markdown(r: &E2eReport) -> String {
     let mut s = format!(
         "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
-         | mode | LoRA | drafter (weights) | K | schedule | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | round trips/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | match |\n\
-         | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         | mode | LoRA | drafter (weights) | K | schedule | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | round trips/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | server busy | match |\n\
+         | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         r.prompts, r.max_tokens, r.prefill_width, r.pinning
     );
     for x in &r.runs {
         let d = &x.split_ms;
         let per = |v: f64| v / x.tokens.max(1) as f64;
         s.push_str(&format!(
-            "| {} | {} | {}{} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {}{} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
             x.mode,
             x.lora,
             x.drafter,
@@ -660,6 +672,7 @@ pub fn markdown(r: &E2eReport) -> String {
             per(d.server),
             per(d.network),
             per(d.decrypt),
+            x.server_busy_ms_per_token,
             if x.matches_plaintext { "yes" } else { "**NO**" },
         ));
     }
@@ -667,7 +680,9 @@ pub fn markdown(r: &E2eReport) -> String {
         "\nTime columns: ms per generated token, decode only (prefill runs through a separate \
          session of the prefill width and is excluded, as is session setup). Each private \
          run's ratio is to the plaintext reference measured right before it; the plaintext \
-         row shows the median of those measurements.\n",
+         row shows the median of those measurements. \"server busy\": the server's compute as \
+         it reports it, whether or not the client waited for it (over 1000 / tok/s: its \
+         utilisation).\n",
     );
     s
 }

@@ -163,7 +163,7 @@ fn ms(d: Duration) -> f64 {
 /// Model, server or I/O failures; an output that differs from the local
 /// model's is reported (`matches_local`), not an error.
 pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
-    let (server_hook, pinning) = place(opts.pin);
+    let (server_placement, pinning) = place(opts.pin);
     eprintln!("placement: {pinning}");
     let model = Arc::new(
         Model::load(&opts.model).with_context(|| format!("loading {}", opts.model.display()))?,
@@ -180,7 +180,7 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
         Vec::new(),
         Some(backend),
         1,
-        server_hook,
+        server_placement,
     )?;
     let endpoint = format!("http://{}", server.addr());
     let mut drafters = Vec::new();

@@ -72,7 +72,8 @@
 //! (77 824 instead of 102 400 bytes; the `compress` tests print the
 //! choices).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::ciphertext::Ciphertext;
 use crate::context::Context;
@@ -122,7 +123,34 @@ fn product_tail(t: f64, alpha: f64, beta: f64) -> f64 {
 /// `t_d` of the module docs, in coefficient units (divide by `Δ'` for slot
 /// units): the bound exceeded by some real or imaginary part of the N/2
 /// slots of a compressed ciphertext with probability at most 2^-40.
+///
+/// Depends on `(N, d)` only and costs ≈ 0.4 ms (bisection over a numerical
+/// integral), so it is computed once per process and pair: a server chooses
+/// parameters for every output bound of every session, and recomputing the
+/// tails there cost ≈ 6 ms per choice (≈ 1–3 s of server time in the first
+/// round of each session; `cached_tail_thresholds_equal_fresh_ones`).
 fn tail_threshold(degree: usize, dropped: u32) -> f64 {
+    static TAILS: OnceLock<Mutex<HashMap<(usize, u32), f64>>> = OnceLock::new();
+    let tails = TAILS.get_or_init(|| Mutex::new(HashMap::new()));
+    let cached = tails
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(&(degree, dropped))
+        .copied();
+    if let Some(t) = cached {
+        return t;
+    }
+    // Computed outside the lock: two threads may both compute the same
+    // (deterministic) value; either insert is right.
+    let t = tail_threshold_uncached(degree, dropped);
+    tails
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert((degree, dropped), t);
+    t
+}
+
+fn tail_threshold_uncached(degree: usize, dropped: u32) -> f64 {
     let n = degree as f64;
     let alpha = n * 4f64.powi(dropped as i32) / 24.0;
     let beta = n * n / 36.0;
@@ -246,9 +274,7 @@ impl CompressionParams {
         let max_bits = bits_of(q0).saturating_sub(1);
         let mut best: Option<CompressionParams> = None;
         let mut any_fit = false;
-        // t_d depends on d and N only: computed once per d.
         let max_dropped = degree.max(1).ilog2();
-        let mut tails: Vec<Option<f64>> = vec![None; max_dropped as usize + 1];
         for bits in 2..=max_bits {
             for dropped in 0..bits.min(max_dropped + 1) {
                 // The largest headroom that still fits (fits is monotone in k).
@@ -267,8 +293,7 @@ impl CompressionParams {
                 }
                 let Some(p) = chosen else { continue };
                 any_fit = true;
-                let t =
-                    *tails[dropped as usize].get_or_insert_with(|| tail_threshold(degree, dropped));
+                let t = tail_threshold(degree, dropped);
                 if t / p.compressed_scale(scale, q0) > target {
                     continue;
                 }
@@ -472,6 +497,25 @@ mod tests {
     use crate::params::{CkksParameters, Preset};
     use crate::sampling::os_rng;
     use rand::Rng;
+
+    /// Regression: every session's server recomputed the tails (≈ 6 ms
+    /// per compression choice); the process-wide memo must give exactly
+    /// the fresh values, whichever thread filled it.
+    #[test]
+    fn cached_tail_thresholds_equal_fresh_ones() {
+        let pairs = [(8192usize, 0u32), (8192, 7), (4096, 3), (16384, 13)];
+        let handles: Vec<_> = (0..4)
+            .map(|_| std::thread::spawn(move || pairs.map(|(n, d)| tail_threshold(n, d))))
+            .collect();
+        for h in handles {
+            let cached = h.join().unwrap();
+            for ((n, d), t) in pairs.iter().zip(cached) {
+                assert_eq!(t.to_bits(), tail_threshold_uncached(*n, *d).to_bits());
+            }
+        }
+        // More dropped bits, more rounding noise: a larger threshold.
+        assert!(tail_threshold(8192, 8) > tail_threshold(8192, 4));
+    }
 
     fn ctx() -> Arc<Context> {
         Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap()

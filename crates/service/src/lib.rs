@@ -51,7 +51,7 @@ pub use error::{Result, ServiceError};
 pub use limits::Limits;
 pub use link::LinkProfile;
 pub use server::{AdapterServer, ServeConfig, serve};
-pub use server_thread::{ServerThread, ThreadHook};
+pub use server_thread::{Placement, ServerThread, ThreadHook};
 pub use split_backend::{SplitBackend, SplitCompute, SplitModelInfo};
 pub use split_client::{SplitClient, SplitClientStats, SplitSessionInfo};
 pub use tls::{ClientTls, DevCert, TlsConfig, dev_cert, write_dev_cert};

@@ -16,6 +16,42 @@ use crate::split_backend::SplitBackend;
 /// [`ServerThread::start_with`]).
 pub type ThreadHook = Arc<dyn Fn() + Send + Sync>;
 
+/// Where a [`ServerThread`]'s threads run. Benchmarks pin the server to
+/// cores of its own so that client and server are measured like two
+/// machines.
+#[derive(Clone)]
+pub struct Placement {
+    /// Run first on every thread the server uses (the serving thread, the
+    /// runtime's workers and its blocking pool, where backends compute),
+    /// e.g. to pin it to a core.
+    pub on_thread_start: ThreadHook,
+    /// How many cores those threads share. The compute pool
+    /// ([`crate::Limits::max_concurrent_computations`], by default the
+    /// machine's core count) is capped at it: groups computed at once on
+    /// fewer cores only take turns, share the caches and delay every
+    /// answer. Regression: a one-core benchmark server ran two groups at
+    /// once, and standard LoRA's server compute per token was 584 ms
+    /// instead of 516 (1.72 instead of 1.90 tok/s at wan80).
+    pub cores: usize,
+}
+
+impl Placement {
+    /// The compute pool a server configured for `configured` concurrent
+    /// computations gets here: at most one per core it runs on.
+    #[must_use]
+    pub fn compute_pool(&self, configured: usize) -> usize {
+        configured.min(self.cores.max(1))
+    }
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Placement")
+            .field("cores", &self.cores)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A server running on a background thread with a `workers`-thread tokio
 /// runtime. Dropping it shuts the server down gracefully and joins the thread.
 pub struct ServerThread {
@@ -40,11 +76,8 @@ impl ServerThread {
         Self::start_with(config, backends, workers, None)
     }
 
-    /// [`Self::start`], running `on_thread_start` first on every thread the
-    /// server uses: the serving thread, the runtime's workers and its
-    /// blocking pool (where backends compute). Benchmarks use it to pin the
-    /// server to its own CPU core, so that client and server are measured
-    /// like two machines.
+    /// [`Self::start`] with its threads placed as `placement` says (and
+    /// its compute pool no larger than the placement's cores).
     ///
     /// # Errors
     /// Those of [`Self::start`].
@@ -52,9 +85,9 @@ impl ServerThread {
         config: ServeConfig,
         backends: Vec<Arc<dyn AdapterBackend>>,
         workers: usize,
-        on_thread_start: Option<ThreadHook>,
+        placement: Option<Placement>,
     ) -> Result<Self> {
-        Self::start_serving(config, backends, None, workers, on_thread_start)
+        Self::start_serving(config, backends, None, workers, placement)
     }
 
     /// [`Self::start_with`] for a split-inference server
@@ -68,8 +101,14 @@ impl ServerThread {
         backends: Vec<Arc<dyn AdapterBackend>>,
         split: Option<Arc<dyn SplitBackend>>,
         workers: usize,
-        on_thread_start: Option<ThreadHook>,
+        placement: Option<Placement>,
     ) -> Result<Self> {
+        let mut config = config;
+        if let Some(p) = &placement {
+            let pool = &mut config.limits.max_concurrent_computations;
+            *pool = p.compute_pool(*pool);
+        }
+        let on_thread_start = placement.map(|p| p.on_thread_start);
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         builder.worker_threads(workers.max(1)).enable_all();
         if let Some(hook) = on_thread_start.clone() {
@@ -142,5 +181,31 @@ impl ServerThread {
 impl Drop for ServerThread {
     fn drop(&mut self) {
         let _ = self.stop_inner();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a benchmark server pinned to one core kept the default
+    /// pool of one computation per machine core and ran two groups at once
+    /// on it (each answer later, the caches shared).
+    #[test]
+    fn one_core_placement_computes_one_group_at_a_time() {
+        let one = Placement {
+            on_thread_start: Arc::new(|| {}),
+            cores: 1,
+        };
+        assert_eq!(one.compute_pool(2), 1);
+        assert_eq!(one.compute_pool(1), 1);
+        let four = Placement {
+            cores: 4,
+            ..one.clone()
+        };
+        assert_eq!(four.compute_pool(2), 2, "never above the configured pool");
+        assert_eq!(four.compute_pool(16), 4);
+        let none = Placement { cores: 0, ..one };
+        assert_eq!(none.compute_pool(8), 1, "a pool is never empty");
     }
 }

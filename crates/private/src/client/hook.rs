@@ -39,6 +39,11 @@ pub struct HeTimings {
     pub server_ms: f64,
     /// Round trip minus server compute (network, serialisation), ms.
     pub network_ms: f64,
+    /// Server compute as the server reports it, ms, whether or not the
+    /// client waited for it: over a streamed round's wall time, the
+    /// server's utilisation (the planner's streamed model takes the busiest
+    /// resource; this is the server's share).
+    pub server_busy_ms: f64,
     /// Decryption + unpacking + row mapping, ms.
     pub decrypt_ms: f64,
     /// Request bytes sent.
@@ -55,6 +60,7 @@ impl HeTimings {
         self.encrypt_ms += other.encrypt_ms;
         self.server_ms += other.server_ms;
         self.network_ms += other.network_ms;
+        self.server_busy_ms += other.server_busy_ms;
         self.decrypt_ms += other.decrypt_ms;
         self.bytes_up += other.bytes_up;
         self.bytes_down += other.bytes_down;
@@ -67,6 +73,7 @@ impl HeTimings {
         self.encrypt_ms -= earlier.encrypt_ms;
         self.server_ms -= earlier.server_ms;
         self.network_ms -= earlier.network_ms;
+        self.server_busy_ms -= earlier.server_busy_ms;
         self.decrypt_ms -= earlier.decrypt_ms;
         self.bytes_up -= earlier.bytes_up.min(self.bytes_up);
         self.bytes_down -= earlier.bytes_down.min(self.bytes_down);
@@ -440,8 +447,10 @@ impl<T: Transport> HeHook<T> {
         let round_ms = ms(at[1], at[2]);
         // Pipelined groups overlap on the server and the wire: the server's
         // compute counts only as far as the round trip lasted.
-        let server_ms = server_ms.unwrap_or(0.0).min(round_ms);
+        let busy_ms = server_ms.unwrap_or(0.0);
+        let server_ms = busy_ms.min(round_ms);
         let tm = &mut self.timings;
+        tm.server_busy_ms += busy_ms;
         tm.rounds += groups as u64;
         tm.round_trips += trips;
         tm.encrypt_ms += ms(at[0], at[1]);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use cipherlora_model::ModelConfig;
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{
-    AdapterBackend, ClientConfig, DevCert, LinkProfile, ServeConfig, ServerThread, ThreadHook,
+    AdapterBackend, ClientConfig, DevCert, LinkProfile, Placement, ServeConfig, ServerThread,
     dev_cert,
 };
 
@@ -41,8 +41,8 @@ impl std::fmt::Debug for EmbeddedServer {
 impl EmbeddedServer {
     /// Loads the PEFT adapter in `dir` (served as `adapter_id`) for a base
     /// model of shape `config` and starts serving it on `127.0.0.1`
-    /// (ephemeral port) with TLS and a random 32-byte token. Every server
-    /// thread runs `on_thread_start` first (e.g. to pin it to a core).
+    /// (ephemeral port) with TLS and a random 32-byte token, its threads
+    /// placed as `placement` says (e.g. pinned to a core of their own).
     ///
     /// # Errors
     /// Those of [`HeBackend::load`]; [`PrivateError::Service`] if the
@@ -52,7 +52,7 @@ impl EmbeddedServer {
         adapter_id: &str,
         dir: &Path,
         config: &ModelConfig,
-        on_thread_start: Option<ThreadHook>,
+        placement: Option<Placement>,
     ) -> Result<Self, PrivateError> {
         let backend = HeBackend::load(adapter_id, dir, config)?;
         let kind = backend.server().groups().kind;
@@ -62,7 +62,7 @@ impl EmbeddedServer {
         serve.tls = Some(cert.server_tls());
         serve.tokens = Some(TokenSet::new(&[token.as_str()])?);
         let backends: Vec<Arc<dyn AdapterBackend>> = vec![Arc::new(backend)];
-        let thread = ServerThread::start_with(serve, backends, 2, on_thread_start)?;
+        let thread = ServerThread::start_with(serve, backends, 2, placement)?;
         Ok(Self {
             thread,
             cert,

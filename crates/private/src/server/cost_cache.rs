@@ -10,6 +10,12 @@
 //! `$HOME/.cache`, and `<machine>` is a hash of the CPU model name and the
 //! number of CPUs. An unreadable or malformed file is measured again and
 //! rewritten; a failed write only costs the next start a measurement.
+//!
+//! Builds with debug assertions (`cargo test`, the dev profile) keep their
+//! own file, `…-<machine>-debug.json`: the test suite measures while other
+//! tests load every core, and a release server planning from those costs
+//! (5× the quiet machine's) picked other plans than its own measurement
+//! does, with 1.4–1.5× their diagonals (`debug_builds_keep_their_op_costs_apart`).
 
 use std::path::{Path, PathBuf};
 
@@ -47,6 +53,12 @@ pub fn machine_key() -> String {
     format!("{id:016x}")
 }
 
+/// The cache file's name for `preset` on `machine` (module docs).
+fn cache_file_name(preset: &str, machine: &str, debug_build: bool) -> String {
+    let build = if debug_build { "-debug" } else { "" };
+    format!("opcosts-v1-{preset}-{machine}{build}.json")
+}
+
 /// The costs for `preset` from `dir`'s cache file, or `measure()`d and
 /// stored there.
 ///
@@ -57,7 +69,13 @@ pub fn cached_costs(
     preset: &str,
     measure: impl FnOnce() -> Result<OpCosts, PrivateError>,
 ) -> Result<OpCosts, PrivateError> {
-    let file = dir.map(|d| d.join(format!("opcosts-v1-{preset}-{}.json", machine_key())));
+    let file = dir.map(|d| {
+        d.join(cache_file_name(
+            preset,
+            &machine_key(),
+            cfg!(debug_assertions),
+        ))
+    });
     if let Some(f) = &file
         && let Ok(text) = std::fs::read_to_string(f)
     {
@@ -95,6 +113,17 @@ pub fn cached_costs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a test run (dev profile, every core busy) wrote the
+    /// release server's cache, and `serve` planned from costs 5× too high.
+    #[test]
+    fn debug_builds_keep_their_op_costs_apart() {
+        let release = cache_file_name("N8192Depth2Fast", "651f", false);
+        let debug = cache_file_name("N8192Depth2Fast", "651f", true);
+        assert_eq!(release, "opcosts-v1-N8192Depth2Fast-651f.json");
+        assert_ne!(debug, release);
+        assert!(debug.ends_with(".json") && debug.contains("651f"));
+    }
 
     /// Regression (issue 15: op costs were re-measured at every server
     /// start, so a restarted server could pick other plans).
