@@ -14,6 +14,7 @@
 
 mod by_width;
 mod hook;
+mod response_bits;
 pub mod schedule_plan;
 mod transport;
 pub mod width_plan;

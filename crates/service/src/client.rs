@@ -32,6 +32,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::auth::BearerToken;
 use crate::backend::AdapterInfo;
 use crate::error::{Result, ServiceError};
+pub use crate::group_call::GroupCall;
 use crate::in_flight::{Answer, InFlight};
 use crate::link::{LinkDirection, LinkProfile};
 use crate::server::{CONNECTION_WINDOW, STREAM_WINDOW};
@@ -128,21 +129,6 @@ pub struct SessionInfo {
     pub max_ciphertexts_per_request: u32,
     /// Largest message the server accepts, bytes.
     pub max_message_bytes: u64,
-}
-
-/// One layer group's request within a round.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GroupCall {
-    /// Layer index.
-    pub layer: u32,
-    /// Group index within the layer.
-    pub group: u32,
-    /// Ciphertexts of the group's LoRA inputs.
-    pub ciphertexts: Vec<Bytes>,
-    /// Precision asked for in the returned ciphertexts, bits relative to
-    /// their output bound (0: the server's default; the proto's
-    /// `GroupRequest.response_bits`).
-    pub response_bits: u32,
 }
 
 /// Counters of the client's recovery work.

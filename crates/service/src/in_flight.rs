@@ -14,8 +14,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::client::GroupCall;
 use crate::error::{Result, ServiceError};
+use crate::group_call::GroupCall;
 
 /// Identifies one group request: (round, layer, group).
 pub(crate) type CallKey = (u64, u32, u32);

@@ -25,6 +25,7 @@ mod budget;
 pub mod client;
 mod convert;
 pub mod error;
+mod group_call;
 mod in_flight;
 pub mod limits;
 pub mod link;

@@ -42,10 +42,10 @@ use crate::budget::ExtractionBudget;
 use crate::error::{Result, ServiceError};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, serve_metrics};
-use crate::sessions::{InsertError, NewSession, Session, SessionTable};
+use crate::sessions::{NewSession, Session, SessionTable, insert_error};
 use crate::split_backend::SplitBackend;
 use crate::split_server::{SplitState, SplitSvc};
-use crate::status::{from_backend, from_proto, status};
+use crate::status::{from_backend, from_proto, internal, status, unknown_session};
 use crate::tls::TlsConfig;
 use cipherlora_proto::split::v1::split_inference_server::SplitInferenceServer;
 
@@ -97,7 +97,7 @@ pub(crate) struct State {
     /// The server-wide compute pool ([`Limits::max_concurrent_computations`]).
     pub(crate) compute: Arc<Semaphore>,
     /// The split-inference model and its sessions, if served.
-    pub(crate) split: Option<SplitState>,
+    pub(crate) split: Option<Arc<SplitState>>,
 }
 
 /// A bound, not yet running server.
@@ -200,10 +200,12 @@ impl AdapterServer {
             metrics: Arc::new(Metrics::default()),
             shutdown: shutdown_rx,
             compute: Arc::new(Semaphore::new(config.limits.max_concurrent_computations)),
-            split: split.map(|backend| SplitState {
-                info: backend.info(),
-                backend,
-                sessions: SessionTable::new(config.limits.clone()),
+            split: split.map(|backend| {
+                Arc::new(SplitState {
+                    info: backend.info(),
+                    backend,
+                    sessions: SessionTable::new(config.limits.clone()),
+                })
             }),
         });
         Ok(Self {
@@ -279,9 +281,12 @@ impl AdapterServer {
             metrics: state.metrics.clone(),
             rejections: Arc::new(RejectionLog::default()),
         };
-        let split_svc = state.split.as_ref().map(|_| {
+        let split_svc = state.split.as_ref().map(|split| {
             let s = SplitInferenceServer::new(SplitSvc {
-                state: state.clone(),
+                split: split.clone(),
+                limits: state.limits.clone(),
+                metrics: state.metrics.clone(),
+                compute: state.compute.clone(),
             })
             .max_decoding_message_size(limits.max_message_bytes)
             .max_encoding_message_size(limits.max_message_bytes);
@@ -442,14 +447,6 @@ impl AdapterService for Svc {
     }
 }
 
-pub(crate) fn unknown_session() -> Status {
-    status(
-        Code::NotFound,
-        ErrorReason::UnknownSession,
-        "no such session (never opened, closed or evicted)",
-    )
-}
-
 impl State {
     async fn open_session(
         &self,
@@ -591,26 +588,6 @@ impl State {
         self.sessions.touch(&session);
         Ok(session)
     }
-}
-
-pub(crate) fn insert_error(e: InsertError) -> Status {
-    match e {
-        InsertError::Full { what, limit } => status(
-            Code::ResourceExhausted,
-            ErrorReason::LimitExceeded,
-            format!("limit reached: {what} (limit {limit})"),
-        ),
-        InsertError::Rng(e) => internal(&e),
-    }
-}
-
-pub(crate) fn internal(e: &dyn std::fmt::Display) -> Status {
-    tracing::error!(error = %e, "internal error");
-    status(
-        Code::Internal,
-        ErrorReason::Internal,
-        "internal server error",
-    )
 }
 
 type Tx = mpsc::Sender<std::result::Result<GroupResponse, Status>>;

@@ -24,11 +24,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cipherlora_proto::SessionId;
+use cipherlora_proto::{ErrorReason, SessionId};
+use tonic::{Code, Status};
 
 use crate::auth::Principal;
 use crate::backend::SessionCompute;
 use crate::limits::Limits;
+use crate::status::{internal, status};
 
 /// One open session.
 pub(crate) struct Session<C: ?Sized = dyn SessionCompute> {
@@ -259,4 +261,17 @@ fn check<C: ?Sized>(
         );
     }
     Ok(())
+}
+
+/// A refused session-table insert: `RESOURCE_EXHAUSTED` /
+/// `limit_exceeded` naming the limit, or internal (the OS generator).
+pub(crate) fn insert_error(e: InsertError) -> Status {
+    match e {
+        InsertError::Full { what, limit } => status(
+            Code::ResourceExhausted,
+            ErrorReason::LimitExceeded,
+            format!("limit reached: {what} (limit {limit})"),
+        ),
+        InsertError::Rng(e) => internal(&e),
+    }
 }

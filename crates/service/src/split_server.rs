@@ -24,13 +24,15 @@ use std::time::Instant;
 use cipherlora_proto::split::v1::split_inference_server::SplitInference;
 use cipherlora_proto::split::v1::{self as sv1, ActivationEncoding};
 use cipherlora_proto::{ErrorReason, SessionId, activations};
+use tokio::sync::Semaphore;
 use tonic::{Code, Request, Response, Status};
 
 use crate::auth::Principal;
-use crate::server::{State, insert_error, internal, unknown_session};
-use crate::sessions::{NewSession, Session, SessionTable};
+use crate::limits::Limits;
+use crate::metrics::Metrics;
+use crate::sessions::{NewSession, Session, SessionTable, insert_error};
 use crate::split_backend::{SplitBackend, SplitCompute, SplitModelInfo};
-use crate::status::{from_backend, from_proto, status};
+use crate::status::{from_backend, from_proto, internal, status, unknown_session};
 
 /// What a split session holds in the session table.
 pub(crate) type SplitHeld = Mutex<Box<dyn SplitCompute>>;
@@ -46,20 +48,19 @@ pub(crate) struct SplitState {
 /// their adapter id).
 const SPLIT_LABEL: &str = "split";
 
-/// The tonic service.
+/// The tonic service, served only beside a split model: the server's
+/// limits, metrics and compute pool, and the split half of its state.
 pub(crate) struct SplitSvc {
-    pub(crate) state: Arc<State>,
+    pub(crate) split: Arc<SplitState>,
+    pub(crate) limits: Limits,
+    pub(crate) metrics: Arc<Metrics>,
+    /// The server-wide compute pool.
+    pub(crate) compute: Arc<Semaphore>,
 }
 
 impl SplitSvc {
     fn split(&self) -> Result<&SplitState, Status> {
-        self.state.split.as_ref().ok_or_else(|| {
-            status(
-                Code::Unimplemented,
-                ErrorReason::Internal,
-                "no split model served",
-            )
-        })
+        Ok(&self.split)
     }
 
     fn session(&self, who: Principal, raw: &[u8]) -> Result<Arc<Session<SplitHeld>>, Status> {
@@ -73,7 +74,7 @@ impl SplitSvc {
 
     /// Counts a request on `s` against the session budget and refreshes it.
     fn admit(&self, s: &Session<SplitHeld>) -> Result<(), Status> {
-        let limit = self.state.limits.max_requests_per_session;
+        let limit = self.limits.max_requests_per_session;
         if s.count_request() > limit {
             return Err(status(
                 Code::ResourceExhausted,
@@ -86,8 +87,7 @@ impl SplitSvc {
     }
 
     fn record<T>(&self, rpc: &'static str, r: &Result<T, Status>) {
-        self.state
-            .metrics
+        self.metrics
             .request(rpc, r.as_ref().map_or_else(Status::code, |_| Code::Ok));
     }
 }
@@ -168,7 +168,7 @@ impl SplitInference for SplitSvc {
         let who = Principal::of(&req);
         let r = self.session(who, &req.get_ref().session_id).and_then(|s| {
             if self.split()?.sessions.remove(&s.id) {
-                self.state.metrics.session("closed");
+                self.metrics.session("closed");
                 tracing::info!(session = %s.id.tag(), "closed split session");
                 Ok(sv1::CloseSplitSessionResponse {})
             } else {
@@ -210,7 +210,7 @@ impl SplitSvc {
             ));
         }
         let bytes = split.backend.session_bytes(layers.clone(), req.capacity);
-        let limits = &self.state.limits;
+        let limits = &self.limits;
         if bytes > limits.max_key_bytes_per_session {
             return Err(status(
                 Code::ResourceExhausted,
@@ -242,7 +242,7 @@ impl SplitSvc {
                 offer_only: false,
             })
             .map_err(insert_error)?;
-        self.state.metrics.session("opened");
+        self.metrics.session("opened");
         tracing::info!(session = %id.tag(), lo, hi, capacity, bytes, "opened split session");
         Ok(sv1::OpenSplitSessionResponse {
             session_id: id.to_bytes(),
@@ -282,14 +282,12 @@ impl SplitSvc {
         self.admit(&session)?;
         let width = self.split()?.info.hidden_size as usize;
         let positions = req.positions as usize;
-        self.state
-            .metrics
+        self.metrics
             .received("split_forward", req.hidden.len() as u64);
         let hidden = activations::decode(req.encoding, &req.hidden, positions, width)
             .map_err(|e| from_proto(&e))?;
         let start = usize::try_from(req.start).unwrap_or(usize::MAX);
         let turn = self
-            .state
             .compute
             .clone()
             .acquire_owned()
@@ -323,9 +321,7 @@ impl SplitSvc {
         .await
         .map_err(|e| internal(&e))??;
         let hidden = activations::encode_f32(&out);
-        self.state
-            .metrics
-            .sent("split_forward", hidden.len() as u64);
+        self.metrics.sent("split_forward", hidden.len() as u64);
         tracing::debug!(session = %tag, start, positions, server_us = took.as_micros() as u64, "split forward");
         Ok(sv1::ForwardResponse {
             length: length as u64,

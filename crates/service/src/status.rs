@@ -82,6 +82,27 @@ pub fn from_proto(e: &ProtoError) -> Status {
     status(code, reason, e.to_string())
 }
 
+/// `NOT_FOUND` / `unknown_session`: the id names no session of the
+/// caller's (never opened, closed, evicted, or another token's).
+pub(crate) fn unknown_session() -> Status {
+    status(
+        Code::NotFound,
+        ErrorReason::UnknownSession,
+        "no such session (never opened, closed or evicted)",
+    )
+}
+
+/// `INTERNAL` with a fixed message; the cause goes to the log only (never
+/// echoed to the caller).
+pub(crate) fn internal(e: &dyn std::fmt::Display) -> Status {
+    tracing::error!(error = %e, "internal error");
+    status(
+        Code::Internal,
+        ErrorReason::Internal,
+        "internal server error",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

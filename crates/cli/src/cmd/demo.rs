@@ -222,7 +222,7 @@ impl DemoArgs {
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
             first_token_from_prefill: true,
-            schedule: crate::cmd::generate::resolve_schedule(
+            schedule: crate::cmd::schedule_arg::resolve_schedule(
                 &self.schedule,
                 &model,
                 &hook,

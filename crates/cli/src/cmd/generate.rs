@@ -17,6 +17,7 @@ use cipherlora_spec::tree_draft::TreeParams;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
+use crate::cmd::schedule_arg::resolve_schedule;
 
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -394,41 +395,6 @@ impl GenerateArgs {
         }
         Ok(())
     }
-}
-
-/// The verify schedule for `arg` (`auto`, `per-group`, `fixed-point[:N]`):
-/// `auto` models one round of each on `link` with the verify session's
-/// plans and a timed plaintext pass of `width` positions, and logs the
-/// choice.
-///
-/// # Errors
-/// An unknown schedule; a failed forward pass; no session of `width`.
-pub fn resolve_schedule<T: cipherlora_private::Transport>(
-    arg: &str,
-    model: &Model,
-    hook: &cipherlora_private::ByWidth<T>,
-    (width, prefill_width): (usize, usize),
-    link: &LinkProfile,
-) -> anyhow::Result<Schedule> {
-    if arg != "auto" {
-        return Ok(arg.parse()?);
-    }
-    let choice =
-        cipherlora_private::choose_for_session(model, hook, width, Some(prefill_width), link)?;
-    let prefill = choice.prefill.map_or(String::new(), |p| {
-        format!(
-            "; prefill pass: per-group {:.0} ms, fixed-point {:.0} ms",
-            p.per_group_ms, p.fixed_point_ms
-        )
-    });
-    eprintln!(
-        "schedule: {} (modelled round: per-group {:.0} ms, fixed-point {:.0} ms{prefill}; link RTT {:.0} ms)",
-        choice.schedule,
-        choice.per_group_ms,
-        choice.fixed_point_ms,
-        link.rtt().as_secs_f64() * 1e3
-    );
-    Ok(choice.schedule)
 }
 
 // `--threads N`: candle sizes its thread pools once per process from

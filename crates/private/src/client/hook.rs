@@ -14,6 +14,7 @@ use cipherlora_model::{
 
 use crate::PrivateError;
 use crate::client::Transport;
+use crate::client::response_bits::response_bits;
 use crate::client::schedule_plan::PassModel;
 use crate::client::width_plan::PlanSpace;
 use crate::server::AdapterGroups;
@@ -503,19 +504,6 @@ fn model_error(e: PrivateError, layer: usize, group: ProjGroup) -> ModelError {
     }
 }
 
-/// The response precision for a relative `tolerance` (see
-/// [`HeHook::deltas_many_within`]); 0 (the server's default) for none.
-pub(crate) fn response_bits(tolerance: f64) -> u32 {
-    if !(tolerance > 0.0 && tolerance < 1.0) {
-        return 0;
-    }
-    let bits = (-tolerance.log2()).ceil() as u32 + 1;
-    bits.clamp(
-        cipherlora_helora::ResponseCompression::MIN_BITS,
-        cipherlora_helora::ResponseCompression::DEFAULT_BITS,
-    )
-}
-
 /// `out[p][j] = delta[p][map[j]]` for each of the `t` rows.
 fn permute_columns(delta: &[f32], t: usize, map: &[usize]) -> Vec<f32> {
     let d = map.len();
@@ -572,22 +560,5 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     /// gives the batched result in the same order).
     fn stream(&mut self, _t: usize) -> Option<&mut dyn DeltaStream> {
         Some(self)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use cipherlora_helora::ResponseCompression;
-
-    #[test]
-    fn response_bits_cover_the_tolerance_with_a_bit_to_spare() {
-        assert_eq!(response_bits(0.0), 0);
-        assert_eq!(response_bits(f64::NAN), 0);
-        assert_eq!(response_bits(1.0), 0);
-        assert_eq!(response_bits(1.0 / 2048.0), 12);
-        assert_eq!(response_bits(1.0 / 32768.0), 16);
-        assert_eq!(response_bits(0.3), ResponseCompression::MIN_BITS);
-        assert_eq!(response_bits(1e-12), ResponseCompression::DEFAULT_BITS);
     }
 }

@@ -115,7 +115,9 @@ pub type WireSizes = ([f64; cipherlora_helora::counts::LEVELS], f64, f64, f64);
 /// Engine errors.
 pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
     let (up, down, key) = cipherlora_helora::measure::wire_sizes(ctx)?;
-    let bits = crate::client::hook::response_bits(cipherlora_spec::schedule::LATER_TRIP_TOLERANCE);
+    let bits = crate::client::response_bits::response_bits(
+        cipherlora_spec::schedule::LATER_TRIP_TOLERANCE,
+    );
     let coarse = cipherlora_helora::measure::compressed_download_bytes(ctx, bits).unwrap_or(down);
     Ok((up, down, key, coarse.min(down)))
 }

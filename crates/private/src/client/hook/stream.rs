@@ -14,9 +14,10 @@ use std::time::Instant;
 use cipherlora_helora::InputScales;
 use cipherlora_model::{DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup, TripId};
 
-use super::{HeHook, concat_members, member_deltas, model_error, response_bits};
+use super::{HeHook, concat_members, member_deltas, model_error};
 use crate::PrivateError;
 use crate::client::Transport;
+use crate::client::response_bits::response_bits;
 use crate::server::AdapterGroups;
 
 /// One session group's request of a trip, from its first member's input to

@@ -1,0 +1,41 @@
+//! `--schedule`: the verify schedule named on the command line, or chosen
+//! by the planner for `auto` (used by `generate` and `demo`).
+
+use cipherlora_model::Model;
+use cipherlora_service::LinkProfile;
+use cipherlora_spec::schedule::Schedule;
+
+/// The verify schedule for `arg` (`auto`, `per-group`, `fixed-point[:N]`):
+/// `auto` models one round of each on `link` with the verify session's
+/// plans and a timed plaintext pass of `width` positions, and logs the
+/// choice.
+///
+/// # Errors
+/// An unknown schedule; a failed forward pass; no session of `width`.
+pub fn resolve_schedule<T: cipherlora_private::Transport>(
+    arg: &str,
+    model: &Model,
+    hook: &cipherlora_private::ByWidth<T>,
+    (width, prefill_width): (usize, usize),
+    link: &LinkProfile,
+) -> anyhow::Result<Schedule> {
+    if arg != "auto" {
+        return Ok(arg.parse()?);
+    }
+    let choice =
+        cipherlora_private::choose_for_session(model, hook, width, Some(prefill_width), link)?;
+    let prefill = choice.prefill.map_or(String::new(), |p| {
+        format!(
+            "; prefill pass: per-group {:.0} ms, fixed-point {:.0} ms",
+            p.per_group_ms, p.fixed_point_ms
+        )
+    });
+    eprintln!(
+        "schedule: {} (modelled round: per-group {:.0} ms, fixed-point {:.0} ms{prefill}; link RTT {:.0} ms)",
+        choice.schedule,
+        choice.per_group_ms,
+        choice.fixed_point_ms,
+        link.rtt().as_secs_f64() * 1e3
+    );
+    Ok(choice.schedule)
+}
