@@ -389,10 +389,18 @@ fn parse_config(
     let mut parts = s.split(':').peekable();
     let name = parts.next().unwrap_or_default();
     // `auto` (K ≤ 16) or `autoN` (K ≤ N): the verify-width model picks K.
+    let draft_len = |k: &str| {
+        k.parse::<usize>().map_err(|_| {
+            anyhow::anyhow!(
+                "{s}: the draft length {k:?} is not a number (configs are DRAFTER:K[:WEIGHTS], \
+                 separated by commas, e.g. base:7,base:auto)"
+            )
+        })
+    };
     let (k, auto_k) = match parts.next() {
         Some("auto") => (16, true),
-        Some(k) if k.starts_with("auto") => (k["auto".len()..].parse::<usize>()?, true),
-        Some(k) => (k.parse::<usize>()?, false),
+        Some(k) if k.starts_with("auto") => (draft_len(&k["auto".len()..])?, true),
+        Some(k) => (draft_len(k)?, false),
         None => (0, false),
     };
     anyhow::ensure!(
@@ -521,6 +529,16 @@ impl BenchCommand {
 mod tests {
     use super::*;
     use crate::cmd::demo::DraftWeightsArg;
+
+    /// Regression: `--configs "base:7;base:9"` (a semicolon, as `--links`
+    /// takes) failed with a bare "invalid digit found in string".
+    #[test]
+    fn a_bad_draft_length_names_the_config_and_the_separator() {
+        let e = parse_config("base:7;base:9", DraftWeightsArg::F16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("base:7;base:9") && e.contains("commas"), "{e}");
+    }
 
     #[test]
     fn configs_parse_drafter_k_and_weights() {
