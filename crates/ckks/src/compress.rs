@@ -371,8 +371,8 @@ impl CompressedCiphertext {
 /// `x mod q`, exactly.
 ///
 /// Computed on the magnitude `|c| < q/2` as `⌊(2|c|·2^shift + q) / 2q⌋`
-/// and negated for negative `c`: the quotient is below `2^(shift + 63 −
-/// bits(q))`, so with `shift ≤ 64` (`b + k ≤ 64`) and `q ≥ 2` it is a
+/// and negated for negative `c`: the quotient is below `2^(shift − 1)`,
+/// so with `shift ≤ 64` (`b + k ≤ 64`) and `q < 2^62` it is a
 /// 128-by-64-bit division with a 64-bit quotient, one hardware divide,
 /// where the signed 128-bit `div_euclid` it replaces took the generic
 /// 128-bit path (the server spent ≈ 6 % of a standard LoRA round here).
