@@ -59,13 +59,9 @@ pub(crate) struct SplitSvc {
 }
 
 impl SplitSvc {
-    fn split(&self) -> Result<&SplitState, Status> {
-        Ok(&self.split)
-    }
-
     fn session(&self, who: Principal, raw: &[u8]) -> Result<Arc<Session<SplitHeld>>, Status> {
         let id = SessionId::from_slice(raw).map_err(|e| from_proto(&e))?;
-        self.split()?
+        self.split
             .sessions
             .get(&id)
             .filter(|s| s.owner == who)
@@ -82,7 +78,7 @@ impl SplitSvc {
                 format!("session made {limit} requests, the server's limit"),
             ));
         }
-        self.split()?.sessions.touch(s);
+        self.split.sessions.touch(s);
         Ok(())
     }
 
@@ -121,11 +117,12 @@ impl SplitInference for SplitSvc {
         &self,
         _req: Request<sv1::DescribeRequest>,
     ) -> Result<Response<sv1::DescribeResponse>, Status> {
-        let r = self.split().map(|s| sv1::DescribeResponse {
-            model: s.info.model.clone(),
-            num_layers: s.info.num_layers,
-            hidden_size: s.info.hidden_size,
-            max_capacity: s.info.max_capacity,
+        let info = &self.split.info;
+        let r = Ok(sv1::DescribeResponse {
+            model: info.model.clone(),
+            num_layers: info.num_layers,
+            hidden_size: info.hidden_size,
+            max_capacity: info.max_capacity,
         });
         self.record("split_describe", &r);
         r.map(Response::new)
@@ -167,7 +164,7 @@ impl SplitInference for SplitSvc {
     ) -> Result<Response<sv1::CloseSplitSessionResponse>, Status> {
         let who = Principal::of(&req);
         let r = self.session(who, &req.get_ref().session_id).and_then(|s| {
-            if self.split()?.sessions.remove(&s.id) {
+            if self.split.sessions.remove(&s.id) {
                 self.metrics.session("closed");
                 tracing::info!(session = %s.id.tag(), "closed split session");
                 Ok(sv1::CloseSplitSessionResponse {})
@@ -186,7 +183,7 @@ impl SplitSvc {
         who: Principal,
         req: sv1::OpenSplitSessionRequest,
     ) -> Result<sv1::OpenSplitSessionResponse, Status> {
-        let split = self.split()?;
+        let split = &self.split;
         let layers = server_layers(
             req.client_head_layers,
             req.client_tail_layers,
@@ -280,7 +277,7 @@ impl SplitSvc {
     ) -> Result<sv1::ForwardResponse, Status> {
         let session = self.session(who, &req.session_id)?;
         self.admit(&session)?;
-        let width = self.split()?.info.hidden_size as usize;
+        let width = self.split.info.hidden_size as usize;
         let positions = req.positions as usize;
         self.metrics
             .received("split_forward", req.hidden.len() as u64);
