@@ -39,6 +39,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 const QK: usize = 32;
 /// Output rows per work item handed to candle's thread pool.
 const ROWS_PER_ITEM: usize = 16;
+/// How far ahead of the weight rows being read the SIMD kernels prefetch
+/// (bytes, about): at least one tile further, in whole rows.
+///
+/// On this project's machines (Xeon, 2 vCPUs) the hardware prefetchers do
+/// not keep a tile's R interleaved row streams fed: without this, a decode
+/// step of SmolLM2-135M stalled on the weight loads (perf: ~60 % of the Q4_1
+/// kernel's samples on the instructions right after them) and ran at
+/// 50–57 tok/s on one thread; prefetching 2–16 KiB ahead into L2 gave
+/// 94–119 tok/s, 4 KiB among the best (BENCHMARKS.md, "Prefetching the
+/// weight rows").
+const PREFETCH_BYTES: usize = 4096;
 
 fn f16_to_f32(bits: u16) -> f32 {
     half::f16::from_bits(bits).to_f32()
@@ -55,11 +66,14 @@ pub(crate) trait WeightBlock: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn values(&self) -> [f32; QK];
     /// The block's dot product with 32 quantized activations, in plain Rust.
     fn dot_scalar(&self, y: &ActBlock) -> f32;
-    /// R × C dot products of weight rows with activation rows.
+    /// R × C dot products of weight rows with activation rows. The SIMD
+    /// kernels prefetch, with each block b of a row, the block `ahead` blocks
+    /// further on in memory (a hint: any value is safe).
     fn tile<const R: usize, const C: usize>(
         kernel: Kernel,
         w: [&[Self]; R],
         a: [&[ActBlock]; C],
+        ahead: usize,
     ) -> [[f32; C]; R];
 }
 
@@ -111,16 +125,17 @@ impl WeightBlock for BlockQ4_1 {
         kernel: Kernel,
         w: [&[Self]; R],
         a: [&[ActBlock]; C],
+        ahead: usize,
     ) -> [[f32; C]; R] {
         match kernel {
             Kernel::Scalar => scalar_tile(w, a),
             // SAFETY: `Kernel::detect` returned this kernel only after
             // checking its features at run time.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { simd::q4_1_avx2(w, a) },
+            Kernel::Avx2 => unsafe { simd::q4_1_avx2(w, a, ahead) },
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => unsafe { simd::q4_1_avxvnni(w, a) },
+            Kernel::AvxVnni => unsafe { simd::q4_1_avxvnni(w, a, ahead) },
         }
     }
 }
@@ -158,16 +173,17 @@ impl WeightBlock for BlockQ8_0 {
         kernel: Kernel,
         w: [&[Self]; R],
         a: [&[ActBlock]; C],
+        ahead: usize,
     ) -> [[f32; C]; R] {
         match kernel {
             Kernel::Scalar => scalar_tile(w, a),
             // SAFETY: `Kernel::detect` returned this kernel only after
             // checking its features at run time.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { simd::q8_0_avx2(w, a) },
+            Kernel::Avx2 => unsafe { simd::q8_0_avx2(w, a, ahead) },
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
-            Kernel::AvxVnni => unsafe { simd::q8_0_avxvnni(w, a) },
+            Kernel::AvxVnni => unsafe { simd::q8_0_avxvnni(w, a, ahead) },
         }
     }
 }
@@ -331,6 +347,9 @@ fn dot_rows<B: WeightBlock>(
     out: &mut [f32],
 ) {
     let t = acts.len() / nb;
+    // Prefetch whole rows ahead: the same block of a row one tile (R rows)
+    // or more further on, about PREFETCH_BYTES away.
+    let ahead = |tile_rows: usize| PREFETCH_BYTES.div_ceil(nb * B::BYTES).max(tile_rows) * nb;
     let wrow = |r: usize| &w[r * nb..(r + 1) * nb];
     let arow = |s: usize| &acts[s * nb..(s + 1) * nb];
     let r0 = rows.start;
@@ -340,7 +359,7 @@ fn dot_rows<B: WeightBlock>(
     for s in (0..s_main).step_by(4) {
         let a = std::array::from_fn(|j| arow(s + j));
         for r in (r0..r_pairs).step_by(2) {
-            let v = B::tile::<2, 4>(kernel, [wrow(r), wrow(r + 1)], a);
+            let v = B::tile::<2, 4>(kernel, [wrow(r), wrow(r + 1)], a, ahead(2));
             for (i, vi) in v.iter().enumerate() {
                 vi.iter()
                     .enumerate()
@@ -348,7 +367,7 @@ fn dot_rows<B: WeightBlock>(
             }
         }
         if r_pairs < rows.end {
-            let v = B::tile::<1, 4>(kernel, [wrow(r_pairs)], a);
+            let v = B::tile::<1, 4>(kernel, [wrow(r_pairs)], a, ahead(1));
             v[0].iter()
                 .enumerate()
                 .for_each(|(j, &x)| put(r_pairs, s + j, x));
@@ -357,11 +376,20 @@ fn dot_rows<B: WeightBlock>(
     let r_quads = r0 + rows.len() / 4 * 4;
     for s in s_main..t {
         for r in (r0..r_quads).step_by(4) {
-            let v = B::tile::<4, 1>(kernel, std::array::from_fn(|i| wrow(r + i)), [arow(s)]);
+            let v = B::tile::<4, 1>(
+                kernel,
+                std::array::from_fn(|i| wrow(r + i)),
+                [arow(s)],
+                ahead(4),
+            );
             (0..4).for_each(|i| put(r + i, s, v[i][0]));
         }
         for r in r_quads..rows.end {
-            put(r, s, B::tile::<1, 1>(kernel, [wrow(r)], [arow(s)])[0][0]);
+            put(
+                r,
+                s,
+                B::tile::<1, 1>(kernel, [wrow(r)], [arow(s)], ahead(1))[0][0],
+            );
         }
     }
 }
@@ -457,10 +485,17 @@ mod simd {
             pub(super) fn $name<const R: usize, const C: usize>(
                 w: [&[$block]; R],
                 a: [&[ActBlock]; C],
+                ahead: usize,
             ) -> [[f32; C]; R] {
                 let mut acc = [[_mm256_setzero_ps(); C]; R];
                 let mut mins = [[0f32; C]; R];
                 for b in 0..w[0].len() {
+                    for row in &w {
+                        // A hint into L2: the address is computed without
+                        // being dereferenced (wrapping: it may lie past the
+                        // matrix), and a prefetch never faults.
+                        _mm_prefetch::<_MM_HINT_T1>(row.as_ptr().wrapping_add(ahead + b).cast());
+                    }
                     let mut ws = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                     let mut dm = [(0f32, 0f32); R];
                     for r in 0..R {
