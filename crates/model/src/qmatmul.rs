@@ -136,6 +136,9 @@ impl WeightBlock for BlockQ4_1 {
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => unsafe { simd::q4_1_avxvnni(w, a, ahead) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => unsafe { simd::q4_1_avx512vnni(w, a, ahead) },
         }
     }
 }
@@ -184,6 +187,9 @@ impl WeightBlock for BlockQ8_0 {
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             Kernel::AvxVnni => unsafe { simd::q8_0_avxvnni(w, a, ahead) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => unsafe { simd::q8_0_avx512vnni(w, a, ahead) },
         }
     }
 }
@@ -251,7 +257,7 @@ impl<B: WeightBlock> QuantMatrix<B> {
         let nb = self.cols / QK;
         let mut acts = vec![ActBlock::default(); t * nb];
         for (row, q) in x.chunks_exact(self.cols).zip(acts.chunks_exact_mut(nb)) {
-            quantize_row(row, q);
+            quantize_row(kernel, row, q);
         }
         // Output transposed, (rows, t): a work item's rows are contiguous.
         let mut out_t = vec![0f32; self.rows * t];
@@ -287,15 +293,25 @@ impl<B: WeightBlock> QuantMatrix<B> {
 /// Largest |q| of a quantized activation.
 const ACT_MAX: f32 = 32767.0;
 
-/// Quantizes one row of activations (whole blocks of 32) to [`ActBlock`]s.
-fn quantize_row(x: &[f32], out: &mut [ActBlock]) {
+/// Quantizes one row of activations (whole blocks of 32) to [`ActBlock`]s,
+/// rounding half to even; the SIMD kernels' version gives the same bits.
+fn quantize_row(kernel: Kernel, x: &[f32], out: &mut [ActBlock]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel != Kernel::Scalar {
+        for (xb, yb) in x.chunks_exact(QK).zip(out) {
+            // SAFETY: every SIMD kernel implies AVX2, checked at run time.
+            *yb = unsafe { simd::quantize_avx2(xb.try_into().expect("blocks of 32")) };
+        }
+        return;
+    }
+    let _ = kernel;
     for (xb, yb) in x.chunks_exact(QK).zip(out) {
         let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
         let d = amax / ACT_MAX;
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
         let mut sum = 0i32;
         for (q, v) in yb.qs.iter_mut().zip(xb) {
-            let r = (v * id).round() as i16;
+            let r = (v * id).round_ties_even() as i16;
             *q = r;
             sum += r as i32;
         }
@@ -312,22 +328,50 @@ pub(crate) enum Kernel {
     /// AVX2 + FMA + F16C (x86_64, checked at run time).
     #[cfg(target_arch = "x86_64")]
     Avx2,
-    /// [`Kernel::Avx2`] plus AVX-VNNI's `vpdpbusd` for the byte products.
+    /// [`Kernel::Avx2`] plus AVX-VNNI's `vpdpwssd` for the i16 products.
     #[cfg(target_arch = "x86_64")]
     AvxVnni,
+    /// The same 256-bit kernels compiled for AVX-512 (F, VL, BW, VNNI): the
+    /// EVEX `vpdpwssd`, and AVX-512's 32 vector registers, which hold a
+    /// 2 × 4 tile's accumulators without spilling them to the stack (the
+    /// multi-position passes ran 12–15 % faster than with
+    /// [`Kernel::AvxVnni`]'s 16 registers; 512-bit vectors were slower, see
+    /// BENCHMARKS.md).
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
 }
 
 impl Kernel {
+    /// The SIMD kernels, slowest first.
+    #[cfg(target_arch = "x86_64")]
+    const SIMD: [Kernel; 3] = [Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni];
+
+    /// Whether this CPU has the kernel's instructions (checked at run time).
+    fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        use std::arch::is_x86_feature_detected as has;
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => has!("avx2") && has!("fma") && has!("f16c"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => Kernel::Avx2.available() && has!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => {
+                Kernel::Avx2.available()
+                    && has!("avx512f")
+                    && has!("avx512vl")
+                    && has!("avx512bw")
+                    && has!("avx512vnni")
+            }
+        }
+    }
+
+    /// The fastest kernel this CPU has.
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            if std::arch::is_x86_feature_detected!("avxvnni") {
-                return Kernel::AvxVnni;
-            }
-            return Kernel::Avx2;
+        if let Some(&k) = Kernel::SIMD.iter().rev().find(|k| k.available()) {
+            return k;
         }
         Kernel::Scalar
     }
@@ -469,11 +513,59 @@ mod simd {
         _mm256_cvtepi32_ps(_mm256_dpwssd_avx_epi32(sum, w.1, q.1))
     }
 
+    /// As [`products_avxvnni`], with AVX-512 VNNI's (EVEX) `vpdpwssd`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")]
+    fn products_avx512vnni(w: (__m256i, __m256i), q: (__m256i, __m256i)) -> __m256 {
+        let sum = _mm256_dpwssd_epi32(_mm256_setzero_si256(), w.0, q.0);
+        _mm256_cvtepi32_ps(_mm256_dpwssd_epi32(sum, w.1, q.1))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// [`super::quantize_row`]'s block quantization, eight lanes at a time:
+    /// `cvtps_epi32` rounds half to even (the default MXCSR mode) like the
+    /// scalar `round_ties_even`, and |x · id| ≤ 32767 fits i16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn quantize_avx2(x: &[f32; 32]) -> ActBlock {
+        // SAFETY: reads the 32 floats of `x`, 8 at a time.
+        let v: [__m256; 4] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_ps(x.as_ptr().add(8 * i)) });
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let m = _mm256_max_ps(
+            _mm256_max_ps(_mm256_and_ps(v[0], abs), _mm256_and_ps(v[1], abs)),
+            _mm256_max_ps(_mm256_and_ps(v[2], abs), _mm256_and_ps(v[3], abs)),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let d = amax / super::ACT_MAX;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
+        let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        let sum = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256(sum, 1),
+        );
+        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0b01_00_11_10));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0b10_11_00_01)));
+        let mut out = ActBlock {
+            d,
+            s: d * sum as f32,
+            qs: [0; 32],
+        };
+        for (i, pair) in [(0, 1), (2, 3)].into_iter().enumerate() {
+            // packs works per 128-bit lane: restore the order of the 16 values.
+            let p =
+                _mm256_permute4x64_epi64(_mm256_packs_epi32(q[pair.0], q[pair.1]), 0b11_01_10_00);
+            // SAFETY: writes 16 of the 32 i16 of `out.qs`.
+            unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().add(16 * i).cast(), p) };
+        }
+        out
     }
 
     /// One kernel per block format and instruction set: R weight rows × C
@@ -544,6 +636,14 @@ mod simd {
         products_avxvnni
     );
     tile!(
+        q4_1_avx512vnni,
+        BlockQ4_1,
+        prep_q4_1,
+        true,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+        products_avx512vnni
+    );
+    tile!(
         q8_0_avx2,
         BlockQ8_0,
         prep_q8_0,
@@ -558,6 +658,14 @@ mod simd {
         false,
         "avx2,fma,f16c,avxvnni",
         products_avxvnni
+    );
+    tile!(
+        q8_0_avx512vnni,
+        BlockQ8_0,
+        prep_q8_0,
+        false,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+        products_avx512vnni
     );
 }
 
@@ -657,6 +765,35 @@ mod tests {
         }
     }
 
+    /// The SIMD block quantization gives the scalar one's bits, ties and
+    /// zero blocks included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_quantization_matches_scalar() {
+        if !Kernel::Avx2.available() {
+            eprintln!("no AVX2/FMA/F16C: nothing to compare");
+            return;
+        }
+        let mut x = random_x(32 * 64, 5);
+        x[32..64].fill(0.0);
+        // Exact halves after scaling: amax 32767 makes id 1.
+        x[64] = 32767.0;
+        for (j, v) in x[65..96].iter_mut().enumerate() {
+            *v = j as f32 - 15.5;
+        }
+        let mut want = vec![ActBlock::default(); 64];
+        let mut got = want.clone();
+        quantize_row(Kernel::Scalar, &x, &mut want);
+        quantize_row(Kernel::Avx2, &x, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                (g.d.to_bits(), g.s.to_bits(), g.qs),
+                (w.d.to_bits(), w.s.to_bits(), w.qs),
+                "block {i}"
+            );
+        }
+    }
+
     #[test]
     fn scalar_kernels_match_dequantized_products() {
         scalar_matches_dequantized::<BlockQ4_1>();
@@ -667,11 +804,7 @@ mod tests {
     /// 1 × 4, 4 × 1, 1 × 1), against the scalar kernel.
     #[cfg(target_arch = "x86_64")]
     fn simd_matches_scalar<B: WeightBlock>() {
-        let kernels = match Kernel::detect() {
-            Kernel::Scalar => vec![],
-            Kernel::Avx2 => vec![Kernel::Avx2],
-            Kernel::AvxVnni => vec![Kernel::Avx2, Kernel::AvxVnni],
-        };
+        let kernels: Vec<Kernel> = Kernel::SIMD.into_iter().filter(|k| k.available()).collect();
         if kernels.is_empty() {
             eprintln!("no AVX2/FMA/F16C: nothing to compare");
         }
