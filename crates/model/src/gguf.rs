@@ -21,8 +21,20 @@ use crate::progress::progress_bar;
 use crate::weights::{Layer, LoadOptions, WeightMode, WeightsFormat};
 use crate::{Arch, Model, ModelConfig, ModelError, RopeStyle};
 
-/// [`WeightMode::Auto`] dequantizes when the f32 weights fit in this many bytes.
+/// [`WeightMode::Auto`] dequantizes a file with quantized tensors outside our
+/// kernels' formats when the f32 weights fit in this many bytes.
 pub(crate) const AUTO_F32_LIMIT: u64 = 2 << 30;
+
+/// Whether every quantized tensor of a file goes through our kernels
+/// (Q4_1, Q8_0; `crate::qmatmul`): dense (F32/F16/BF16) tensors count as
+/// covered.
+fn own_kernels_cover(content: &Content) -> bool {
+    use candle_core::quantized::GgmlDType as T;
+    content
+        .tensor_infos
+        .values()
+        .all(|i| matches!(i.ggml_dtype, T::Q4_1 | T::Q8_0 | T::F32 | T::F16 | T::BF16))
+}
 
 /// The parsed header of a GGUF file.
 pub(crate) struct GgufHeader {
@@ -255,7 +267,7 @@ pub(crate) fn load(path: &Path, opts: &LoadOptions) -> Result<Model, ModelError>
     let dequantize = match opts.weights {
         WeightMode::Quantized => false,
         WeightMode::F32 | WeightMode::F16 => true,
-        WeightMode::Auto => f32_bytes <= AUTO_F32_LIMIT,
+        WeightMode::Auto => !own_kernels_cover(&header.content) && f32_bytes <= AUTO_F32_LIMIT,
     };
     tracing::debug!(dequantize, f32_bytes, "GGUF weight mode");
     let mut r = TensorReader {

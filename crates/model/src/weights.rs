@@ -42,18 +42,23 @@ impl Layer {
 /// per block of 32: on SmolLM2-135M their greedy argmax agrees with the f32
 /// path's at every one of 3368 teacher-forced held-out positions (`tests/quantized_fidelity.rs`) and they reproduce the NumPy
 /// reference's golden continuation, but the logits are not bit-identical to
-/// f32's. Other quantized types (Q4_0, K-quants) use candle's `QMatMul`
-/// (8-bit activations, which moved the argmax at 3 % of positions). Small
-/// models are therefore still dequantized by default, so that the default is
-/// the exact reference; [`WeightMode::Quantized`] is the fast choice (see
-/// BENCHMARKS.md, "Plaintext model").
+/// f32's, and they are faster than f32 at every shape we run (decode 4.7×,
+/// 9- and 17-position passes 2.2× on one thread; BENCHMARKS.md, "Plaintext
+/// model"), so [`WeightMode::Auto`] keeps such files quantized. Other
+/// quantized types (Q4_0, K-quants) use candle's `QMatMul` (8-bit
+/// activations, which moved the argmax at 3 % of positions): `Auto`
+/// dequantizes those when they fit in 2 GiB. [`WeightMode::F32`] stays the
+/// exact reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightMode {
-    /// f32 if the dequantized weights take at most 2 GiB, else quantized.
+    /// Quantized if every quantized tensor is Q4_1 or Q8_0 (our kernels);
+    /// otherwise f32 if the dequantized weights take at most 2 GiB, else
+    /// quantized.
     #[default]
     Auto,
     /// Keep Q4_0/Q4_1/Q8_0/K-quant tensors quantized: Q4_1 and Q8_0 through
-    /// our AVX2/AVX-VNNI kernels, the others through candle's `QMatMul`.
+    /// our AVX2/AVX-VNNI/AVX-512 kernels, the others through candle's
+    /// `QMatMul`.
     Quantized,
     /// Dequantize everything to f32 at load time.
     F32,
