@@ -79,6 +79,11 @@ pub struct E2eBenchOptions {
     /// The per-token acceptance rate α the verify-width model assumes for
     /// configurations with `auto` K ([`cipherlora_private::width_plan`]).
     pub acceptance_prior: f64,
+    /// How the client's target model holds its weights: every
+    /// configuration runs under each, each with its own plaintext reference
+    /// computed with the same weights (the before/after of a weight format in
+    /// one run).
+    pub weights: Vec<WeightMode>,
 }
 
 /// One decoding configuration of the benchmark.
@@ -137,8 +142,12 @@ pub struct E2eRun {
     pub adapter: String,
     /// "none", "base", "ngram" or "hybrid".
     pub drafter: String,
-    /// How the base drafter held its weights: "f32" (the target's own),
-    /// "f16", or "-" when no base model drafts.
+    /// How the client's target model held its weights: "f32" or
+    /// "quantized" ([`Model::weights_held`]).
+    #[serde(default)]
+    pub weights: String,
+    /// How the base drafter held its weights: "f32" or "quantized" (the
+    /// target's own, shared), "f16", or "-" when no base model drafts.
     pub draft_weights: String,
     /// Drafted tokens per round (0 without drafter).
     pub k: usize,
@@ -308,8 +317,74 @@ pub fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
 pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     let (server_placement, pinning) = place(opts.pin);
     eprintln!("placement: {pinning}");
-    let model =
-        Model::load(&opts.model).with_context(|| format!("loading {}", opts.model.display()))?;
+    let tok = Tokenizer::for_model(&opts.model)?;
+    let prompts: Vec<Vec<u32>> = read_prompts(&opts.prompts_file, opts.prompts)?
+        .iter()
+        .map(|p| tok.encode(p))
+        .collect::<Result<_, _>>()?;
+    let eos = tok.eos_tokens().to_vec();
+    let mut runs = Vec::new();
+    let mut plain_speeds = Vec::new();
+    let default_weights = [WeightMode::Auto];
+    let modes = if opts.weights.is_empty() {
+        &default_weights[..]
+    } else {
+        &opts.weights
+    };
+    for &weights in modes {
+        let model = Model::load_with(&opts.model, &LoadOptions { weights })
+            .with_context(|| format!("loading {}", opts.model.display()))?;
+        let prompts = Prompts {
+            ids: &prompts,
+            eos: &eos,
+        };
+        run_target(
+            opts,
+            &model,
+            &prompts,
+            &server_placement,
+            &mut runs,
+            &mut plain_speeds,
+        )?;
+    }
+    let report = E2eReport {
+        bench: "e2e".into(),
+        plaintext_tok_per_s: plain_speeds.iter().sum::<f64>() / plain_speeds.len().max(1) as f64,
+        runs,
+        pinning,
+        prompts: opts.prompts,
+        max_tokens: opts.max_tokens,
+        prefill_width: opts.prefill_width,
+    };
+    let md = crate::write_report(
+        &opts.json,
+        opts.markdown.as_deref(),
+        &report,
+        &markdown(&report),
+    )?;
+    eprintln!("wrote {} and {}", opts.json.display(), md.display());
+    Ok(report)
+}
+
+/// The tokenized prompts and end-of-sequence tokens of a run.
+struct Prompts<'a> {
+    ids: &'a [Vec<u32>],
+    eos: &'a [u32],
+}
+
+/// Every adapter, link and configuration with one target model: its
+/// plaintext reference row, then the private runs, appended to `runs`; the
+/// reference's median speed per adapter to `plain_speeds`.
+fn run_target(
+    opts: &E2eBenchOptions,
+    model: &Model,
+    prompts: &Prompts<'_>,
+    server_placement: &Option<Placement>,
+    runs: &mut Vec<E2eRun>,
+    plain_speeds: &mut Vec<f64>,
+) -> anyhow::Result<()> {
+    let (eos, prompts) = (prompts.eos.to_vec(), prompts.ids);
+    let held = model.weights_held();
     let half = if opts.configs.iter().any(|c| c.draft_weights() == "f16") {
         Some(model.to_f16_weights()?)
     } else {
@@ -325,15 +400,6 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     } else {
         None
     };
-    let tok = Tokenizer::for_model(&opts.model)?;
-    let prompts: Vec<Vec<u32>> = read_prompts(&opts.prompts_file, opts.prompts)?
-        .iter()
-        .map(|p| tok.encode(p))
-        .collect::<Result<_, _>>()?;
-    let eos = tok.eos_tokens().to_vec();
-
-    let mut runs = Vec::new();
-    let mut plain_speeds = Vec::new();
     for dir in &opts.adapters {
         let id = cipherlora_private::adapter_id(dir)?;
         // Server threads start idle; the plaintext reference runs first.
@@ -355,9 +421,9 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
         // every private run (its ratio's denominator).
         let plain_run = || -> anyhow::Result<(Vec<Vec<u32>>, f64)> {
             let (mut reference, mut secs) = (Vec::new(), 0.0f64);
-            for p in &prompts {
+            for p in prompts {
                 let out = generate(
-                    &model,
+                    model,
                     p,
                     &gen_opts,
                     &mut PlainLora::new(&plain),
@@ -378,6 +444,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             lora: lora.clone(),
             adapter: id.clone(),
             drafter: "none".into(),
+            weights: held.into(),
             draft_weights: "-".into(),
             k: 0,
             link: "local".into(),
@@ -413,7 +480,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                 let draft_model = match (c.draft_weights(), &half, &quantized) {
                     ("f16", Some(h), _) => h,
                     ("quantized", _, Some(q)) => q,
-                    _ => &model,
+                    _ => model,
                 };
                 let mut cfg = SpecConfig {
                     tree: c.tree.map(Into::into),
@@ -564,7 +631,13 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                         (None, true) => format!("{} (auto K ≤ {k})", drafter_name(drafter)),
                         (None, false) => drafter_name(drafter).into(),
                     },
-                    draft_weights: c.draft_weights().into(),
+                    weights: held.into(),
+                    // What the drafter actually held: an f16 copy of a
+                    // quantized model shares its quantized weights.
+                    draft_weights: match c.draft_weights() {
+                        "-" => "-".into(),
+                        _ => draft_model.weights_held().into(),
+                    },
                     k: cfg.k,
                     link: link_name.clone(),
                     tok_per_s: tps,
@@ -585,7 +658,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
                     ahead_hits,
                 };
                 eprintln!(
-                    "{id} {link_name} {} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, {:.1} round trips/round, {:.0}/{:.0} kB/token up/down, server busy {:.0} ms/token, match {}",
+                    "{id} {held} {link_name} {} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, {:.1} round trips/round, {:.0}/{:.0} kB/token up/down, server busy {:.0} ms/token, match {}",
                     run.schedule,
                     run.drafter,
                     run.draft_weights,
@@ -615,23 +688,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             plain_tps_all.len()
         );
     }
-    let report = E2eReport {
-        bench: "e2e".into(),
-        plaintext_tok_per_s: plain_speeds.iter().sum::<f64>() / plain_speeds.len().max(1) as f64,
-        runs,
-        pinning,
-        prompts: opts.prompts,
-        max_tokens: opts.max_tokens,
-        prefill_width: opts.prefill_width,
-    };
-    let md = crate::write_report(
-        &opts.json,
-        opts.markdown.as_deref(),
-        &report,
-        &markdown(&report),
-    )?;
-    eprintln!("wrote {} and {}", opts.json.display(), md.display());
-    Ok(report)
+    Ok(())
 }
 
 /// The Markdown table of a report.
@@ -639,16 +696,17 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
 pub fn markdown(r: &E2eReport) -> String {
     let mut s = format!(
         "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
-         | mode | LoRA | drafter (weights) | K | schedule | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | round trips/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | server busy | match |\n\
-         | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         | mode | weights | LoRA | drafter (weights) | K | schedule | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | round trips/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | server busy | match |\n\
+         | --- | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         r.prompts, r.max_tokens, r.prefill_width, r.pinning
     );
     for x in &r.runs {
         let d = &x.split_ms;
         let per = |v: f64| v / x.tokens.max(1) as f64;
         s.push_str(&format!(
-            "| {} | {} | {}{} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
+            "| {} | {} | {} | {}{} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
             x.mode,
+            x.weights,
             x.lora,
             x.drafter,
             if x.draft_weights == "-" {

@@ -26,14 +26,16 @@ use crate::{Arch, Model, ModelConfig, ModelError, RopeStyle};
 pub(crate) const AUTO_F32_LIMIT: u64 = 2 << 30;
 
 /// Whether every quantized tensor of a file goes through our kernels
-/// (Q4_1, Q8_0; `crate::qmatmul`): dense (F32/F16/BF16) tensors count as
+/// (Q4_0, Q4_1, Q8_0; `crate::qmatmul`): dense (F32/F16/BF16) tensors count as
 /// covered.
 fn own_kernels_cover(content: &Content) -> bool {
     use candle_core::quantized::GgmlDType as T;
-    content
-        .tensor_infos
-        .values()
-        .all(|i| matches!(i.ggml_dtype, T::Q4_1 | T::Q8_0 | T::F32 | T::F16 | T::BF16))
+    content.tensor_infos.values().all(|i| {
+        matches!(
+            i.ggml_dtype,
+            T::Q4_0 | T::Q4_1 | T::Q8_0 | T::F32 | T::F16 | T::BF16
+        )
+    })
 }
 
 /// The parsed header of a GGUF file.

@@ -1,4 +1,4 @@
-//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_1 and Q8_0 via our
+//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_0, Q4_1 and Q8_0 via our
 //! kernels in [`crate::qmatmul`]; Q4_0/K-quants via candle's `QMatMul`; both
 //! quantize x to 8 bits per block and dot blocks), dense f32, or dense f16
 //! (x is rounded to f16 for the product; the output is f32).
@@ -7,7 +7,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::ModelError;
-use crate::qmatmul::{BlockQ4_1, BlockQ8_0, QuantMatrix, WeightBlock};
+use crate::qmatmul::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QuantMatrix, WeightBlock};
 
 /// Positions from which a dense f32 projection is computed as `(W·xᵀ)ᵀ`.
 const TRANSPOSED_MIN_ROWS: usize = 4;
@@ -24,6 +24,8 @@ pub(crate) struct Linear {
 enum Weight {
     /// Candle: dense f32/f16 or a quantized type with a candle kernel.
     Candle(QMatMul),
+    /// Q4_0: our kernels, with 16-bit activations where candle's use 8.
+    Q4_0(QuantMatrix<BlockQ4_0>),
     /// Q4_1, which candle's CPU backend only has a scalar kernel for.
     Q4_1(QuantMatrix<BlockQ4_1>),
     /// Q8_0: candle's kernel dots one row at a time without VNNI.
@@ -43,6 +45,9 @@ impl Linear {
         }
         if let &[rows, cols] = q.shape().dims() {
             let own = match q.dtype() {
+                GgmlDType::Q4_0 => {
+                    QuantMatrix::from_gguf_bytes(rows, cols, &q.data()?).map(Weight::Q4_0)
+                }
                 GgmlDType::Q4_1 => {
                     QuantMatrix::from_gguf_bytes(rows, cols, &q.data()?).map(Weight::Q4_1)
                 }
@@ -84,6 +89,18 @@ impl Linear {
         })
     }
 
+    /// How the weight is held: "quantized", "f16" or "f32".
+    pub(crate) fn holding(&self) -> &'static str {
+        match &self.w {
+            Weight::Candle(QMatMul::Tensor(_)) => "f32",
+            Weight::Candle(QMatMul::TensorF16(_)) => "f16",
+            Weight::Candle(QMatMul::QTensor(_))
+            | Weight::Q4_0(_)
+            | Weight::Q4_1(_)
+            | Weight::Q8_0(_) => "quantized",
+        }
+    }
+
     /// x: (T, d_in) f32 → (T, d_out) f32.
     ///
     /// A dense f32 weight with several positions is applied as `(W·xᵀ)ᵀ`:
@@ -97,6 +114,7 @@ impl Linear {
                 w.matmul(&x.t()?)?.t()?.contiguous()?
             }
             Weight::Candle(w) => w.forward(x)?,
+            Weight::Q4_0(w) => quant_forward(w, x)?,
             Weight::Q4_1(w) => quant_forward(w, x)?,
             Weight::Q8_0(w) => quant_forward(w, x)?,
         };

@@ -95,6 +95,14 @@ impl Model {
         &self.format
     }
 
+    /// How the projection weights are held: "quantized", "f16" or "f32" (of
+    /// the first layer's q projection; [`crate::WeightMode`] holds all
+    /// projections alike).
+    #[must_use]
+    pub fn weights_held(&self) -> &'static str {
+        self.layers.first().map_or("f32", |l| l.q.holding())
+    }
+
     /// An empty KV cache able to hold `capacity` positions.
     ///
     /// # Errors

@@ -1,4 +1,4 @@
-//! GGUF Q4_1 and Q8_0 weights kept quantized, applied to f32 activations:
+//! GGUF Q4_0, Q4_1 and Q8_0 weights kept quantized, applied to f32 activations:
 //! `y = x Wᵀ` with our own AVX2 / AVX-VNNI kernels.
 //!
 //! Why not candle's `QMatMul`: candle 0.11's CPU backend has only a scalar
@@ -8,7 +8,11 @@
 //! which SmolLM2's 576 is not). Measured on SmolLM2-135M, one thread: see
 //! BENCHMARKS.md, "Plaintext model".
 //!
-//! Formats (ggml's `ggml-common.h`: `block_q4_1`, `block_q8_0`):
+//! Formats (ggml's `ggml-common.h`: `block_q4_0`, `block_q4_1`,
+//! `block_q8_0`):
+//! - a Q4_0 block holds 32 weights as `d: f16, qs: [u8; 16]`; weight `j < 16`
+//!   is `d · ((qs[j] & 0xF) − 8)`, weight `j + 16` is `d · ((qs[j] >> 4) − 8)`:
+//!   a Q4_1 block with minimum `m = −8d`, and computed as one;
 //! - a Q4_1 block holds 32 weights as `d: f16, m: f16, qs: [u8; 16]`; weight
 //!   `j < 16` is `d · (qs[j] & 0xF) + m`, weight `j + 16` is
 //!   `d · (qs[j] >> 4) + m`;
@@ -139,6 +143,82 @@ impl WeightBlock for BlockQ4_1 {
             // SAFETY: as above.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni => unsafe { simd::q4_1_avx512vnni(w, a, ahead) },
+        }
+    }
+}
+
+/// One Q4_0 block: scale as f16 bits, 32 nibbles (levels offset by 8).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct BlockQ4_0 {
+    d: u16,
+    qs: [u8; QK / 2],
+}
+
+impl BlockQ4_0 {
+    /// The block's (d, m) as f32: a Q4_1 block with minimum −8d.
+    fn scale_min(&self) -> (f32, f32) {
+        let d = f16_to_f32(self.d);
+        (d, -8.0 * d)
+    }
+}
+
+impl WeightBlock for BlockQ4_0 {
+    const BYTES: usize = 18;
+
+    fn parse(b: &[u8]) -> Self {
+        let mut qs = [0u8; QK / 2];
+        qs.copy_from_slice(&b[2..Self::BYTES]);
+        BlockQ4_0 {
+            d: u16::from_le_bytes([b[0], b[1]]),
+            qs,
+        }
+    }
+
+    #[cfg(test)]
+    fn values(&self) -> [f32; QK] {
+        let d = f16_to_f32(self.d);
+        std::array::from_fn(|j| {
+            let level = if j < QK / 2 {
+                self.qs[j] & 0x0F
+            } else {
+                self.qs[j - QK / 2] >> 4
+            };
+            d * (level as f32 - 8.0)
+        })
+    }
+
+    fn dot_scalar(&self, y: &ActBlock) -> f32 {
+        let level = |j: usize| {
+            if j < QK / 2 {
+                self.qs[j] & 0x0F
+            } else {
+                self.qs[j - QK / 2] >> 4
+            }
+        };
+        let dot: i32 = (0..QK).map(|j| level(j) as i32 * y.qs[j] as i32).sum();
+        let (d, m) = self.scale_min();
+        d * y.d * dot as f32 + m * y.s
+    }
+
+    fn tile<const R: usize, const C: usize>(
+        kernel: Kernel,
+        w: [&[Self]; R],
+        a: [&[ActBlock]; C],
+        ahead: usize,
+    ) -> [[f32; C]; R] {
+        match kernel {
+            Kernel::Scalar => scalar_tile(w, a),
+            // SAFETY: `Kernel::detect` returned this kernel only after
+            // checking its features at run time.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { simd::q4_0_avx2(w, a, ahead) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::AvxVnni => unsafe { simd::q4_0_avxvnni(w, a, ahead) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => unsafe { simd::q4_0_avx512vnni(w, a, ahead) },
         }
     }
 }
@@ -456,20 +536,36 @@ mod simd {
 
     use std::arch::x86_64::*;
 
-    use super::{ActBlock, BlockQ4_1, BlockQ8_0};
+    use super::{ActBlock, BlockQ4_0, BlockQ4_1, BlockQ8_0};
 
     /// A Q4_1 block as (weights 0..16, weights 16..32, d, m), the levels
     /// 0..=15 widened to i16 (the low nibbles are weights 0..16).
     #[target_feature(enable = "avx2,fma,f16c")]
     fn prep_q4_1(x: &BlockQ4_1) -> (__m256i, __m256i, f32, f32) {
-        // SAFETY: reads the 16 bytes of `x.qs`.
-        let qs = unsafe { _mm_loadu_si128(x.qs.as_ptr().cast()) };
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm256_cvtepu8_epi16(_mm_and_si128(qs, mask));
-        let hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), mask));
+        let (lo, hi) = nibbles(&x.qs);
         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((x.d as u32 | (x.m as u32) << 16) as i32));
         let (d, m) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
         (lo, hi, d, m)
+    }
+
+    /// The 32 levels (0..=15) of 16 nibble bytes widened to i16: the low
+    /// nibbles are weights 0..16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn nibbles(qs: &[u8; 16]) -> (__m256i, __m256i) {
+        // SAFETY: reads the 16 bytes of `qs`.
+        let qs = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+        let mask = _mm_set1_epi8(0x0F);
+        let lo = _mm256_cvtepu8_epi16(_mm_and_si128(qs, mask));
+        let hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(qs, 4), mask));
+        (lo, hi)
+    }
+
+    /// A Q4_0 block as (levels 0..16, levels 16..32, d, −8d).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn prep_q4_0(x: &BlockQ4_0) -> (__m256i, __m256i, f32, f32) {
+        let (lo, hi) = nibbles(&x.qs);
+        let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(x.d as i32)));
+        (lo, hi, d, -8.0 * d)
     }
 
     /// A Q8_0 block as (weights 0..16, weights 16..32, d, 0), widened to i16.
@@ -644,6 +740,30 @@ mod simd {
         products_avx512vnni
     );
     tile!(
+        q4_0_avx2,
+        BlockQ4_0,
+        prep_q4_0,
+        true,
+        "avx2,fma,f16c",
+        products_avx2
+    );
+    tile!(
+        q4_0_avxvnni,
+        BlockQ4_0,
+        prep_q4_0,
+        true,
+        "avx2,fma,f16c,avxvnni",
+        products_avxvnni
+    );
+    tile!(
+        q4_0_avx512vnni,
+        BlockQ4_0,
+        prep_q4_0,
+        true,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni",
+        products_avx512vnni
+    );
+    tile!(
         q8_0_avx2,
         BlockQ8_0,
         prep_q8_0,
@@ -740,6 +860,20 @@ mod tests {
             .unwrap()
             .dequantize();
         assert_eq!((w[0], w[1], w[31]), (-32.0, 0.0, 1.75));
+        // Q4_0: d = 0.5, qs[0] = 0x3A, qs[1] = 0xF1: weight 0 is 0.5·(10 − 8),
+        // weight 16 is 0.5·(3 − 8), weight 1 is 0.5·(1 − 8), weight 17 is
+        // 0.5·(15 − 8), weight 2 is 0.5·(0 − 8).
+        let mut b = vec![0u8; 18];
+        b[..2].copy_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+        b[2] = 0x3A;
+        b[3] = 0xF1;
+        let w = QuantMatrix::<BlockQ4_0>::from_gguf_bytes(1, 32, &b)
+            .unwrap()
+            .dequantize();
+        assert_eq!(
+            (w[0], w[16], w[1], w[17], w[2]),
+            (1.0, -2.5, -3.5, 3.5, -4.0)
+        );
     }
 
     /// The scalar kernel against f64 products of the dequantized weights and
@@ -796,6 +930,7 @@ mod tests {
 
     #[test]
     fn scalar_kernels_match_dequantized_products() {
+        scalar_matches_dequantized::<BlockQ4_0>();
         scalar_matches_dequantized::<BlockQ4_1>();
         scalar_matches_dequantized::<BlockQ8_0>();
     }
@@ -836,6 +971,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn simd_kernels_match_scalar() {
+        simd_matches_scalar::<BlockQ4_0>();
         simd_matches_scalar::<BlockQ4_1>();
         simd_matches_scalar::<BlockQ8_0>();
     }

@@ -85,6 +85,8 @@ pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SyntheticQuant {
+    /// ggml Q4_0 (32 weights, 4 bits + f16 scale): our kernels.
+    Q4_0,
     /// ggml Q4_1 (32 weights, 4 bits + f16 scale and minimum): our kernels.
     Q4_1,
     /// ggml Q8_0 (32 weights, 8 bits + f16 scale): our kernels.
@@ -95,9 +97,10 @@ pub enum SyntheticQuant {
 }
 
 impl SyntheticQuant {
-    /// Parses `q4_1`, `q8_0` or `q4_k` (case-insensitive).
+    /// Parses `q4_0`, `q4_1`, `q8_0` or `q4_k` (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
+            "q4_0" => Some(Self::Q4_0),
             "q4_1" => Some(Self::Q4_1),
             "q8_0" => Some(Self::Q8_0),
             "q4_k" => Some(Self::Q4K),
@@ -105,9 +108,10 @@ impl SyntheticQuant {
         }
     }
 
-    /// The lower-case name (`q4_1`, `q8_0`, `q4_k`).
+    /// The lower-case name (`q4_0`, `q4_1`, `q8_0`, `q4_k`).
     pub fn name(self) -> &'static str {
         match self {
+            Self::Q4_0 => "q4_0",
             Self::Q4_1 => "q4_1",
             Self::Q8_0 => "q8_0",
             Self::Q4K => "q4_k",
@@ -116,6 +120,7 @@ impl SyntheticQuant {
 
     fn dtype(self) -> GgmlDType {
         match self {
+            Self::Q4_0 => GgmlDType::Q4_0,
             Self::Q4_1 => GgmlDType::Q4_1,
             Self::Q8_0 => GgmlDType::Q8_0,
             Self::Q4K => GgmlDType::Q4K,
@@ -297,6 +302,7 @@ mod tests {
         for (arch, quant) in [
             (Arch::Qwen2, SyntheticQuant::Q4_1),
             (Arch::Llama, SyntheticQuant::Q8_0),
+            (Arch::Llama, SyntheticQuant::Q4_0),
         ] {
             let cfg = tiny(arch);
             let path = dir.path().join(format!("{}.gguf", quant.name()));

@@ -63,7 +63,7 @@ pub enum BenchCommand {
         /// The shape: qwen2.5-1.5b or llama-3.2-1b.
         #[arg(long, default_value = "qwen2.5-1.5b")]
         shape: String,
-        /// Weight format of every matrix: q4_1, q8_0 (our kernels) or q4_k (candle's).
+        /// Weight format of every matrix: q4_0, q4_1, q8_0 (our kernels) or q4_k (candle's).
         #[arg(long, default_value = "q4_1")]
         qtype: String,
         /// Seed of the weights.
@@ -319,6 +319,11 @@ pub struct E2eBenchArgs {
     /// `auto` K configurations.
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR)]
     acceptance_prior: f64,
+    /// How the client's model holds its weights, comma-separated: every
+    /// configuration runs under each, each against a plaintext reference
+    /// with the same weights (e.g. `f32,auto` for a before/after).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    weights: Vec<crate::cmd::generate::WeightsArg>,
 }
 
 impl E2eBenchArgs {
@@ -352,6 +357,7 @@ impl E2eBenchArgs {
             optimistic: self.optimistic,
             draft_stop_below: self.draft_stop_below,
             acceptance_prior: self.acceptance_prior,
+            weights: self.weights.into_iter().map(Into::into).collect(),
         })?;
         Ok(())
     }
@@ -484,7 +490,7 @@ impl BenchCommand {
                     )
                 })?;
                 let quant = cipherlora_model::SyntheticQuant::parse(&qtype).ok_or_else(|| {
-                    anyhow::anyhow!("unknown qtype `{qtype}` (q4_1, q8_0 or q4_k)")
+                    anyhow::anyhow!("unknown qtype `{qtype}` (q4_0, q4_1, q8_0 or q4_k)")
                 })?;
                 if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)?;
