@@ -118,14 +118,14 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Self, ApiError> {
         let internal = |e: &dyn std::fmt::Display| ApiError::Internal(e.to_string());
         let path = &config.model_path;
-        let model = Model::load_with(
-            path,
-            &LoadOptions {
-                weights: config.weights,
-            },
-        )
-        .map_err(|e| internal(&e))?;
-        let drafter = model.to_f16_weights().map_err(|e| internal(&e))?;
+        // With an adapter server the model also verifies drafts: f32 unless
+        // asked otherwise (`WeightMode::for_private_verify`).
+        let weights = match &config.sessions {
+            Some(_) => config.weights.for_private_verify(),
+            None => config.weights,
+        };
+        let model = Model::load_with(path, &LoadOptions { weights }).map_err(|e| internal(&e))?;
+        let drafter = model.fast_drafter().map_err(|e| internal(&e))?.into_owned();
         let tokenizer = Tokenizer::for_model(path).map_err(|e| internal(&e))?;
         let base_id = config.base_id.clone().unwrap_or_else(|| {
             path.file_stem()

@@ -79,7 +79,8 @@ pub struct E2eBenchOptions {
     /// The per-token acceptance rate α the verify-width model assumes for
     /// configurations with `auto` K ([`cipherlora_private::width_plan`]).
     pub acceptance_prior: f64,
-    /// How the client's target model holds its weights: every
+    /// How the client's target model holds its weights
+    /// ([`WeightMode::for_private_verify`]: `Auto` is f32): every
     /// configuration runs under each, each with its own plaintext reference
     /// computed with the same weights (the before/after of a weight format in
     /// one run).
@@ -332,6 +333,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
         &opts.weights
     };
     for &weights in modes {
+        let weights = weights.for_private_verify();
         let model = Model::load_with(&opts.model, &LoadOptions { weights })
             .with_context(|| format!("loading {}", opts.model.display()))?;
         let prompts = Prompts {
@@ -395,8 +397,7 @@ fn run_target(
         .iter()
         .any(|c| c.draft_weights() == "quantized")
     {
-        let weights = WeightMode::Quantized;
-        Some(Model::load_with(&opts.model, &LoadOptions { weights })?)
+        Some(model.fast_drafter()?)
     } else {
         None
     };
@@ -518,7 +519,7 @@ fn run_target(
                         |space| {
                             let choice = cipherlora_private::width_plan::choose_width_for_client(
                                 space,
-                                &model,
+                                model,
                                 draft_model,
                                 &link,
                                 opts.acceptance_prior,
@@ -556,7 +557,7 @@ fn run_target(
                 let schedule_name;
                 (cfg.schedule, schedule_name) = if schedule == "auto" {
                     let s = cipherlora_private::choose_for_session(
-                        &model,
+                        model,
                         &hook,
                         width,
                         Some(opts.prefill_width),
@@ -595,7 +596,7 @@ fn run_target(
                         tree.calibration = c;
                     }
                     let out = decode::generate_drafted(
-                        &model,
+                        model,
                         draft_model,
                         p,
                         &cfg,

@@ -68,6 +68,32 @@ pub enum WeightMode {
     F16,
 }
 
+impl WeightMode {
+    /// The weights of a private client's target model, which verifies
+    /// drafts through the adapter server: [`WeightMode::Auto`] means f32
+    /// there, other modes are kept.
+    ///
+    /// Why: the fixed-point schedule certifies a row when the last trips
+    /// moved its logits by little, which assumes activations that move
+    /// continuously with the LoRA deltas. Quantized activations round to
+    /// 16-bit levels, so a tiny change can jump a level; measured, sampling
+    /// under `fixed-point:2` then left the per-group schedule's samples at
+    /// the 8th of 16 tokens (`crates/spec/tests/real_model_speculative.rs`,
+    /// `fixed_point_sampling_continues_rounds_and_matches_per_group_sampling`,
+    /// which passes with f32). Per-group private generation with quantized
+    /// weights equals the plaintext reference with the same weights
+    /// (`crates/private/tests/private_generation.rs`); choose
+    /// [`WeightMode::Quantized`] for it explicitly. The drafter's weights do
+    /// not affect the output ([`crate::Model::fast_drafter`]).
+    #[must_use]
+    pub fn for_private_verify(self) -> Self {
+        match self {
+            WeightMode::Auto => WeightMode::F32,
+            other => other,
+        }
+    }
+}
+
 /// Options of [`crate::Model::load_with`].
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {

@@ -8,7 +8,8 @@ use cipherlora_model::{
     Tokenizer, WeightMode, fetch, generate,
 };
 
-/// The default model as loaded by default (f32 weights for a model this small).
+/// The default model as loaded by default (its Q4_1/Q8_0 weights kept
+/// quantized, through our kernels).
 fn model() -> &'static (Model, Tokenizer) {
     static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
     M.get_or_init(|| {
@@ -36,11 +37,21 @@ const GOLDEN_PROMPT: &str = "Once upon a time, there was a little";
 /// the same GGUF (weights dequantized to f32).
 const GOLDEN: &str = " girl named Emma who loved to play in the sun. She would often go to the beach and play with her friends. One day, she decided to go to";
 
+/// The f32 path (weights dequantized at load: the exact reference).
 #[test]
 fn golden_greedy_continuation_matches_numpy_reference() {
-    let (m, tok) = model();
+    let (_, tok) = model();
+    let path = fetch::ensure_default_model().unwrap();
+    let f32_model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )
+    .unwrap();
+    assert_eq!(f32_model.weights_held(), "f32");
     let prompt = tok.encode(GOLDEN_PROMPT).unwrap();
-    let out = greedy(m, &prompt, 32, vec![]);
+    let out = greedy(&f32_model, &prompt, 32, vec![]);
     assert_eq!(out.len(), 32);
     assert_eq!(tok.decode(&out).unwrap(), GOLDEN);
 }
@@ -48,20 +59,14 @@ fn golden_greedy_continuation_matches_numpy_reference() {
 /// With weights kept quantized, activations are quantized to 16 bits per
 /// block of 32 before the integer dot products (`crates/model/src/qmatmul.rs`):
 /// the greedy continuation is still the NumPy reference's. (Candle's and
-/// llama.cpp's 8-bit activations flipped the argmax at token 13.)
+/// llama.cpp's 8-bit activations flipped the argmax at token 13.) These are
+/// the default weights (`WeightMode::Auto`).
 #[test]
 fn golden_greedy_continuation_with_quantized_weights() {
-    let (_, tok) = model();
-    let path = fetch::ensure_default_model().unwrap();
-    let q = Model::load_with(
-        &path,
-        &LoadOptions {
-            weights: WeightMode::Quantized,
-        },
-    )
-    .unwrap();
+    let (q, tok) = model();
+    assert_eq!(q.weights_held(), "quantized");
     let prompt = tok.encode(GOLDEN_PROMPT).unwrap();
-    let out = greedy(&q, &prompt, 32, vec![]);
+    let out = greedy(q, &prompt, 32, vec![]);
     assert_eq!(tok.decode(&out).unwrap(), GOLDEN);
 }
 
@@ -88,9 +93,14 @@ fn run(m: &Model, ids: &[u32], cache: &mut KvCache, mask: &AttentionMask) -> Vec
         .unwrap()
 }
 
-#[test]
-fn batched_forward_matches_sequential_steps() {
-    let (m, tok) = model();
+/// Index of the largest value.
+fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+/// One causal pass over a sentence against one step per token: logits within
+/// `tol` (relative to the row's largest) and the same greedy token.
+fn check_batched_against_steps(m: &Model, tok: &Tokenizer, tol: f32) {
     let ids = tok
         .encode("The quick brown fox jumps over the lazy dog")
         .unwrap();
@@ -100,10 +110,37 @@ fn batched_forward_matches_sequential_steps() {
     for (i, &id) in ids.iter().enumerate() {
         let row = run(m, &[id], &mut c2, &AttentionMask::Causal);
         let err = max_rel_err(&batched[i], &row[0]);
-        assert!(err <= 1e-4, "position {i}: relative error {err}");
+        assert!(err <= tol, "position {i}: relative error {err}");
+        assert_eq!(argmax(&batched[i]), argmax(&row[0]), "position {i}");
     }
     assert_eq!(c1.len(), ids.len());
     assert_eq!(c2.len(), ids.len());
+}
+
+/// f32 weights: the pass and the steps differ only by the attention GEMMs'
+/// summation order.
+#[test]
+fn batched_forward_matches_sequential_steps() {
+    let (_, tok) = model();
+    let path = fetch::ensure_default_model().unwrap();
+    let f32_model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )
+    .unwrap();
+    check_batched_against_steps(&f32_model, tok, 1e-4);
+}
+
+/// The default quantized weights: every position's projections use the same
+/// kernel arithmetic in a pass as in a step, but an activation that differs
+/// in its last f32 bits (the attention GEMMs) can round to the neighbouring
+/// 16-bit level, so the logits drift further (measured: 1.1e-4 relative).
+#[test]
+fn batched_forward_matches_sequential_steps_with_quantized_weights() {
+    let (m, tok) = model();
+    check_batched_against_steps(m, tok, 1e-3);
 }
 
 #[test]

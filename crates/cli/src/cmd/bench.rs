@@ -308,7 +308,7 @@ pub struct E2eBenchArgs {
     #[arg(long)]
     optimistic: bool,
     /// How the base drafter holds its weights unless a configuration says.
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, value_enum, default_value = "quantized")]
     draft_weights: crate::cmd::demo::DraftWeightsArg,
     /// Greedy base drafts stop after a token the drafter gives less than
     /// this probability (0 = always draft K); the server still sees K+1
@@ -319,9 +319,10 @@ pub struct E2eBenchArgs {
     /// `auto` K configurations.
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR)]
     acceptance_prior: f64,
-    /// How the client's model holds its weights, comma-separated: every
+    /// How the client's model holds its weights, comma-separated (`auto`:
+    /// f32, what a private client verifies with by default): every
     /// configuration runs under each, each against a plaintext reference
-    /// with the same weights (e.g. `f32,auto` for a before/after).
+    /// with the same weights (e.g. `f32,quantized` for a before/after).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     weights: Vec<crate::cmd::generate::WeightsArg>,
 }

@@ -55,10 +55,11 @@ pub enum DraftWeightsArg {
     /// step streams half the bytes. Drafts are still verified by the
     /// target model, so the output is unchanged.
     F16,
-    /// The GGUF file loaded again with its weights kept quantized
-    /// (`WeightMode::Quantized`: Q4_1/Q8_0 through our SIMD kernels), the
-    /// fastest single-position step (BENCHMARKS.md, "Plaintext model").
-    /// Drafts are still verified by the target model.
+    /// Quantized weights (`Model::fast_drafter`: the target's own when
+    /// quantized, else its GGUF file loaded again with Q4_0/Q4_1/Q8_0
+    /// through our SIMD kernels; an f16 copy for HF folders): the fastest
+    /// single-position step (BENCHMARKS.md, "Plaintext model"). Drafts are
+    /// still verified by the target model.
     Quantized,
 }
 
@@ -72,11 +73,7 @@ impl DraftWeightsArg {
         Ok(match self {
             DraftWeightsArg::Same => std::borrow::Cow::Borrowed(model),
             DraftWeightsArg::F16 => std::borrow::Cow::Owned(model.to_f16_weights()?),
-            DraftWeightsArg::Quantized => {
-                let weights = cipherlora_model::WeightMode::Quantized;
-                let opts = cipherlora_model::LoadOptions { weights };
-                std::borrow::Cow::Owned(Model::load_with(model.path(), &opts)?)
-            }
+            DraftWeightsArg::Quantized => model.fast_drafter()?,
         })
     }
 }
@@ -117,7 +114,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 16)]
     prefill_width: usize,
     /// How the base drafter holds its weights.
-    #[arg(long, value_enum, default_value = "f16")]
+    #[arg(long, value_enum, default_value = "quantized")]
     draft_weights: DraftWeightsArg,
     /// Greedy base drafts stop after a token the drafter gives less than
     /// this probability (0 = always draft K); the server still sees K+1
@@ -172,7 +169,10 @@ impl DemoArgs {
     /// Runs the demo; fails (non-zero exit) if the outputs differ.
     pub fn run(self) -> anyhow::Result<()> {
         let path = fetch::ensure_default_model().context("fetching the default model")?;
-        let model = Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        // The target verifies drafts: f32 (`WeightMode::for_private_verify`).
+        let weights = cipherlora_model::WeightMode::Auto.for_private_verify();
+        let model = Model::load_with(&path, &cipherlora_model::LoadOptions { weights })
+            .with_context(|| format!("loading {}", path.display()))?;
         let tok = Tokenizer::for_model(&path)?;
         let dir = self
             .adapter

@@ -22,7 +22,8 @@ use crate::cmd::schedule_arg::resolve_schedule;
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum WeightsArg {
-    /// Quantized for Q4_1/Q8_0 files (our kernels: the fastest, argmax equal
+    /// Private mode (`--server`): f32, the target that verifies drafts.
+    /// Otherwise quantized for Q4_0/Q4_1/Q8_0 files (our kernels: the fastest, argmax equal
     /// to f32's at every held-out position measured); other formats f32 when
     /// ≤ 2 GiB dequantized, quantized otherwise.
     Auto,
@@ -123,7 +124,7 @@ pub struct GenerateArgs {
     tree: Option<TreeParams>,
     /// Private mode: how the base drafter holds its weights (its drafts are
     /// verified by the --weights model either way).
-    #[arg(long, value_enum, default_value = "f16", requires = "server")]
+    #[arg(long, value_enum, default_value = "quantized", requires = "server")]
     draft_weights: DraftWeightsArg,
     /// Greedy base drafts stop after a token the drafter gives less than
     /// this probability (0 = always draft K); the server still sees K+1
@@ -174,7 +175,12 @@ impl GenerateArgs {
             Some(p) => p.clone(),
             None => cipherlora_model::fetch::ensure_default_model()?,
         };
-        let weights = WeightMode::from(self.weights);
+        // A private client's target verifies drafts: f32 unless asked
+        // otherwise (`WeightMode::for_private_verify`).
+        let weights = match &self.server {
+            Some(_) => WeightMode::from(self.weights).for_private_verify(),
+            None => WeightMode::from(self.weights),
+        };
         let model = Model::load_with(&path, &LoadOptions { weights })
             .with_context(|| format!("loading {}", path.display()))?;
         let tokenizer = Tokenizer::for_model(&path)?;

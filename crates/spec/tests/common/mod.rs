@@ -30,7 +30,12 @@ pub fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let path = fetch::ensure_default_model().expect("default model");
-        let model = Model::load(&path).expect("load model");
+        // f32, as a private client verifies by default
+        // (`WeightMode::for_private_verify`): the fixed-point tests' exactness
+        // assumes activations that move continuously.
+        let weights = cipherlora_model::WeightMode::F32;
+        let model = Model::load_with(&path, &cipherlora_model::LoadOptions { weights })
+            .expect("load model");
         let tokenizer = Tokenizer::for_model(&path).expect("tokenizer");
         let adapter = load_adapter("code-lora-r16", &model);
         Fixture {
