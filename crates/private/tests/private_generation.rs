@@ -6,18 +6,29 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use cipherlora_model::{LoraAdapter, Model, Tokenizer, fetch};
+use cipherlora_model::{LoadOptions, LoraAdapter, Model, Tokenizer, WeightMode, fetch};
 use cipherlora_private::{HeAdapter, HeHook, InProcess};
 use cipherlora_spec::decode::{self};
 
-fn model() -> &'static (Model, Tokenizer) {
-    static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
+/// The default model twice: with f32 weights (what a private client
+/// verifies with by default) and with its weights kept quantized (the
+/// default drafter, and `--weights quantized`).
+struct Models {
+    f32: Model,
+    quantized: Model,
+    tok: Tokenizer,
+}
+
+fn models() -> &'static Models {
+    static M: OnceLock<Models> = OnceLock::new();
     M.get_or_init(|| {
         let path = fetch::ensure_default_model().expect("default model");
-        (
-            Model::load(&path).unwrap(),
-            Tokenizer::for_model(&path).unwrap(),
-        )
+        let load = |weights| Model::load_with(&path, &LoadOptions { weights }).unwrap();
+        Models {
+            f32: load(WeightMode::F32),
+            quantized: load(WeightMode::Quantized),
+            tok: Tokenizer::for_model(&path).unwrap(),
+        }
     })
 }
 
@@ -25,12 +36,10 @@ use common::{PROMPTS, adapter_dir, assert_matches, plaintext_reference};
 
 const TOKENS: usize = 32;
 
-/// `f16_drafter`: the base drafter holds f16 weights (the CLI's default),
-/// else it shares the target's f32 weights.
-fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
-    let (model, tok) = model();
-    let half = model.to_f16_weights().unwrap();
-    let drafter_model = if f16_drafter { &half } else { model };
+/// The private output of `model` (drafts by `drafter_model`) against the
+/// plaintext adapted output of `model`.
+fn private_matches_plaintext(adapter: &str, k: usize, model: &Model, drafter_model: &Model) {
+    let tok = &models().tok;
     let dir = adapter_dir(adapter);
     let server = HeAdapter::load(&dir, model.config()).unwrap();
     let offer = server.offer(k + 1).unwrap();
@@ -56,15 +65,20 @@ fn private_matches_plaintext(adapter: &str, k: usize, f16_drafter: bool) {
     assert!(t.rounds > 0 && t.bytes_up > 0 && t.bytes_down > 0);
 }
 
+/// The CLI's default: an f32 target, a quantized drafter.
 #[test]
 fn private_greedy_speculative_equals_plaintext_ffa() {
-    private_matches_plaintext("code-ffa-r16", 4, true);
+    let m = models();
+    private_matches_plaintext("code-ffa-r16", 4, &m.f32, &m.quantized);
 }
 
 /// K = 8 here (T = 9 positions, the other verify width the demo and the
 /// benchmarks use): with drafts over the adapted prefix it takes fewer
 /// rounds than K = 4, which keeps the slowest test of the suite shorter.
+/// Quantized target weights (`--weights quantized`), drafting on the same
+/// weights: equal to the plaintext reference computed with them.
 #[test]
 fn private_greedy_speculative_equals_plaintext_standard() {
-    private_matches_plaintext("code-lora-r16", 8, false);
+    let m = models();
+    private_matches_plaintext("code-lora-r16", 8, &m.quantized, &m.quantized);
 }
