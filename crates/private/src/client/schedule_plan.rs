@@ -22,8 +22,9 @@
 //! The fixed point pays N passes of bytes and compute to save `G − N`
 //! latencies: it wins on a WAN (G = 60 for q,k,v,o on 30 layers, 120 for
 //! all seven projections) and loses on loopback. The server time is the
-//! plan's operation counts priced with [`OpCosts::default`] (the client does
-//! not know the server's machine), the bytes are exact (the engine's own
+//! plan's operation counts priced with [`OpCosts::default`] times the
+//! ratio the server publishes in its offer (its measured op costs over the
+//! defaults: [`SessionOffer::server_cost_ratio`]), the bytes are exact (the engine's own
 //! wire sizes, returned ciphertexts compressed as a default server does).
 
 use std::sync::Arc;
@@ -62,17 +63,24 @@ impl PassModel {
     /// [`PrivateError::Helora`] for a plan without a layout or an engine
     /// error while sizing the wire formats.
     pub fn of(offer: &SessionOffer, ctx: &Arc<Context>) -> Result<Self, PrivateError> {
-        Self::of_plans(offer.groups.iter().map(|g| &g.plan), &wire_sizes(ctx)?)
+        Self::of_plans(
+            offer.groups.iter().map(|g| &g.plan),
+            &wire_sizes(ctx)?,
+            offer.server_cost_ratio,
+        )
     }
 
     /// Models one pass of `plans` (one per adapted group), with the wire
-    /// sizes `sizes` of [`cipherlora_helora::measure::wire_sizes`].
+    /// sizes `sizes` of [`cipherlora_helora::measure::wire_sizes`], the
+    /// server's time priced at [`OpCosts::default`] times
+    /// `server_cost_ratio` ([`SessionOffer::server_cost_ratio`]).
     ///
     /// # Errors
     /// [`PrivateError::Helora`] for a plan without a layout.
     pub fn of_plans<'a>(
         plans: impl IntoIterator<Item = &'a GroupPlan>,
         sizes: &WireSizes,
+        server_cost_ratio: f64,
     ) -> Result<Self, PrivateError> {
         let (up, down, _, down_coarse) = sizes;
         let costs = OpCosts::default();
@@ -95,7 +103,7 @@ impl PassModel {
                 .sum::<f64>();
             m.bytes_down += c.decryptions as f64 * down;
             m.bytes_down_coarse += c.decryptions as f64 * down_coarse;
-            m.server_ms += costs.server_ms(&c);
+            m.server_ms += costs.server_ms(&c) * server_cost_ratio;
             m.client_he_ms += costs.client_ms(&c);
         }
         Ok(m)

@@ -18,12 +18,14 @@ use cipherlora_model::{Proj, ProjGroup};
 
 use crate::PrivateError;
 use crate::server::{AdapterGroups, LoraKind};
-use crate::server::{Grouping, OfferedGroup, SessionOffer};
+use crate::server::{Grouping, MAX_COST_RATIO, MIN_COST_RATIO, OfferedGroup, SessionOffer};
 
 const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
 const OFFER_MAGIC: &[u8; 4] = b"CLOF";
 const PUBLIC_A_MAGIC: &[u8; 4] = b"CLPA";
-const VERSION: u8 = 1;
+/// 2: the offer carries the server's cost ratio
+/// ([`SessionOffer::server_cost_ratio`]).
+const VERSION: u8 = 2;
 
 /// Largest verify width T a plan request may ask for.
 pub const MAX_T: usize = 256;
@@ -127,6 +129,7 @@ pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     put_u32(&mut o, offer.t);
     o.push(kind_code(offer.kind));
     o.push(u8::from(offer.grouping == Grouping::ByLayer));
+    o.extend_from_slice(&offer.server_cost_ratio.to_le_bytes());
     put_u32(&mut o, offer.groups.len());
     for g in &offer.groups {
         put_u32(&mut o, g.layer);
@@ -176,6 +179,10 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         1 if kind == LoraKind::Ffa => Grouping::ByLayer,
         _ => return Err(r.bad("unknown grouping")),
     };
+    let server_cost_ratio = r.f64()?;
+    if !(MIN_COST_RATIO..=MAX_COST_RATIO).contains(&server_cost_ratio) {
+        return Err(r.bad("server cost ratio out of range"));
+    }
     let n = r.usize()?;
     if n > MAX_GROUPS {
         return Err(r.bad("too many groups"));
@@ -252,6 +259,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         kind,
         grouping,
         groups,
+        server_cost_ratio,
     })
 }
 
@@ -476,6 +484,11 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
 
+    fn f64(&mut self) -> Result<f64, PrivateError> {
+        let b = self.take(8)?;
+        Ok(f64::from_le_bytes(b.try_into().expect("8 bytes")))
+    }
+
     fn usize(&mut self) -> Result<usize, PrivateError> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
@@ -565,8 +578,8 @@ mod tests {
 
     fn same(a: &SessionOffer, b: &SessionOffer) {
         assert_eq!(
-            (a.preset, a.t, a.kind, a.grouping),
-            (b.preset, b.t, b.kind, b.grouping)
+            (a.preset, a.t, a.kind, a.grouping, a.server_cost_ratio),
+            (b.preset, b.t, b.kind, b.grouping, b.server_cost_ratio)
         );
         assert_eq!(a.groups.len(), b.groups.len());
         for (x, y) in a.groups.iter().zip(&b.groups) {
@@ -590,6 +603,23 @@ mod tests {
             let a = decode_public_a(&encode_public_a(&groups(kind))).unwrap();
             attach_public_a(&mut got, &a).unwrap();
             same(&got, &o);
+        }
+    }
+
+    /// The server's cost ratio travels with the offer; a non-finite or
+    /// absurd one is a malformed offer, not a planning input.
+    #[test]
+    fn offer_cost_ratio_round_trips_and_bad_ones_are_rejected() {
+        let mut o = offer(LoraKind::Standard);
+        o.server_cost_ratio = 0.6;
+        assert_eq!(
+            decode_offer(&encode_offer(&o)).unwrap().server_cost_ratio,
+            0.6
+        );
+        for bad in [f64::NAN, f64::INFINITY, 0.0, -1.0, 1000.0] {
+            o.server_cost_ratio = bad;
+            let e = decode_offer(&encode_offer(&o)).unwrap_err();
+            assert!(e.to_string().contains("cost ratio"), "{bad}: {e}");
         }
     }
 

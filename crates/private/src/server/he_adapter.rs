@@ -48,7 +48,19 @@ pub struct SessionOffer {
     /// Per adapted group: layer, group, plan, and (FFA) the public lora_A of
     /// each projection of the group (r × d_in, row-major).
     pub groups: Vec<OfferedGroup>,
+    /// The server's compute time for one pass of these plans at its
+    /// measured op costs, over the same at [`OpCosts::default`]: what a
+    /// client multiplies its default-priced model of the server's time by
+    /// (`schedule_plan`, `width_plan`). 1 when unknown; the wire format
+    /// accepts [`MIN_COST_RATIO`, `MAX_COST_RATIO`]. It tells the client how
+    /// fast the server's machine is, nothing about other sessions.
+    pub server_cost_ratio: f64,
 }
+
+/// Smallest [`SessionOffer::server_cost_ratio`] a client accepts.
+pub const MIN_COST_RATIO: f64 = 1.0 / 64.0;
+/// Largest [`SessionOffer::server_cost_ratio`] a client accepts.
+pub const MAX_COST_RATIO: f64 = 64.0;
 
 /// How a [`SessionOffer`] groups the adapted projections of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -294,12 +306,26 @@ impl HeAdapter {
                 public_a,
             });
         }
+        // Priced per group (groups of one shape share a plan).
+        let (mut own, mut default) = (0.0, 0.0);
+        for g in &groups {
+            let counts = g.plan.counts()?;
+            own += self.costs.server_ms(&counts);
+            default += OpCosts::default().server_ms(&counts);
+        }
+        let ratio = own / default;
+        let server_cost_ratio = if ratio.is_finite() && ratio > 0.0 {
+            ratio.clamp(MIN_COST_RATIO, MAX_COST_RATIO)
+        } else {
+            1.0
+        };
         Ok(SessionOffer {
             preset,
             t,
             kind: self.groups.kind,
             grouping,
             groups,
+            server_cost_ratio,
         })
     }
 
