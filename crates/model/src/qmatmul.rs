@@ -90,14 +90,20 @@ pub(crate) struct BlockQ4_1 {
     qs: [u8; QK / 2],
 }
 
+/// The 4-bit level (0..=15) of weight `j` (0..32) of a Q4_0/Q4_1 block's
+/// nibbles: low nibbles are weights 0..16.
+fn nibble_level(qs: &[u8; QK / 2], j: usize) -> u8 {
+    if j < QK / 2 {
+        qs[j] & 0x0F
+    } else {
+        qs[j - QK / 2] >> 4
+    }
+}
+
 impl BlockQ4_1 {
     /// The 4-bit level (0..=15) of weight `j` (0..32).
     fn level(&self, j: usize) -> u8 {
-        if j < QK / 2 {
-            self.qs[j] & 0x0F
-        } else {
-            self.qs[j - QK / 2] >> 4
-        }
+        nibble_level(&self.qs, j)
     }
 }
 
@@ -178,25 +184,13 @@ impl WeightBlock for BlockQ4_0 {
     #[cfg(test)]
     fn values(&self) -> [f32; QK] {
         let d = f16_to_f32(self.d);
-        std::array::from_fn(|j| {
-            let level = if j < QK / 2 {
-                self.qs[j] & 0x0F
-            } else {
-                self.qs[j - QK / 2] >> 4
-            };
-            d * (level as f32 - 8.0)
-        })
+        std::array::from_fn(|j| d * (nibble_level(&self.qs, j) as f32 - 8.0))
     }
 
     fn dot_scalar(&self, y: &ActBlock) -> f32 {
-        let level = |j: usize| {
-            if j < QK / 2 {
-                self.qs[j] & 0x0F
-            } else {
-                self.qs[j - QK / 2] >> 4
-            }
-        };
-        let dot: i32 = (0..QK).map(|j| level(j) as i32 * y.qs[j] as i32).sum();
+        let dot: i32 = (0..QK)
+            .map(|j| nibble_level(&self.qs, j) as i32 * y.qs[j] as i32)
+            .sum();
         let (d, m) = self.scale_min();
         d * y.d * dot as f32 + m * y.s
     }

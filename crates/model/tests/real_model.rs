@@ -21,6 +21,14 @@ fn model() -> &'static (Model, Tokenizer) {
     })
 }
 
+/// The default model with its weights dequantized to f32 (the exact
+/// reference).
+fn f32_model() -> Model {
+    let path = fetch::ensure_default_model().unwrap();
+    let weights = WeightMode::F32;
+    Model::load_with(&path, &LoadOptions { weights }).unwrap()
+}
+
 fn greedy(m: &Model, prompt: &[u32], n: usize, eos: Vec<u32>) -> Vec<u32> {
     let opts = GenerateOptions {
         max_tokens: n,
@@ -41,14 +49,7 @@ const GOLDEN: &str = " girl named Emma who loved to play in the sun. She would o
 #[test]
 fn golden_greedy_continuation_matches_numpy_reference() {
     let (_, tok) = model();
-    let path = fetch::ensure_default_model().unwrap();
-    let f32_model = Model::load_with(
-        &path,
-        &LoadOptions {
-            weights: WeightMode::F32,
-        },
-    )
-    .unwrap();
+    let f32_model = f32_model();
     assert_eq!(f32_model.weights_held(), "f32");
     let prompt = tok.encode(GOLDEN_PROMPT).unwrap();
     let out = greedy(&f32_model, &prompt, 32, vec![]);
@@ -122,15 +123,7 @@ fn check_batched_against_steps(m: &Model, tok: &Tokenizer, tol: f32) {
 #[test]
 fn batched_forward_matches_sequential_steps() {
     let (_, tok) = model();
-    let path = fetch::ensure_default_model().unwrap();
-    let f32_model = Model::load_with(
-        &path,
-        &LoadOptions {
-            weights: WeightMode::F32,
-        },
-    )
-    .unwrap();
-    check_batched_against_steps(&f32_model, tok, 1e-4);
+    check_batched_against_steps(&f32_model(), tok, 1e-4);
 }
 
 /// The default quantized weights: every position's projections use the same
