@@ -297,7 +297,7 @@ pub fn generate_drafted(
     let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
-    let mut ahead: Option<Vec<u32>> = None;
+    let mut ahead: Option<Draft> = None;
     let mut out = Vec::new();
     let mut stopped_at_eos = false;
     let mut stopped_by_caller = false;
@@ -328,14 +328,9 @@ pub fn generate_drafted(
         let k = drafter.next_k();
         let t_draft = Instant::now();
         let draft = match ahead.take() {
-            Some(tokens) => {
+            Some(draft) => {
                 stats.ahead_hits += 1;
-                Draft {
-                    tokens,
-                    probs: None,
-                    from_base: true,
-                    tree: None,
-                }
+                draft
             }
             None => match &cfg.tree {
                 Some(tree) => drafter.draft_tree(&context, &target, k, &tree.shape)?,
@@ -387,13 +382,13 @@ pub fn generate_drafted(
             })
         };
         // Fixed point: while the round's last trip is on the network, draft
-        // the next round from the outcome the pass before it predicts.
+        // the next round (a chain, or a tree grown from the predicted path)
+        // from the outcome the pass before it predicts.
         let predict = matches!(cfg.schedule, Schedule::FixedPoint(fp) if fp.draft_ahead)
             && greedy
             && cfg.drafter == DrafterKind::Base
             && !cfg.adaptive
-            && draft.from_base
-            && draft.tree.is_none();
+            && draft.from_base;
         let context_len = context.len();
         let window = Window {
             model,
@@ -424,8 +419,16 @@ pub fn generate_drafted(
                     .iter()
                     .map(|r| greedy_token(r))
                     .collect();
-                let predicted = accept_greedy(drafts, &argmax)?;
-                let guess = drafter.draft_from(context_len, drafts, &predicted, k)?;
+                let guess = match (&draft.tree, &cfg.tree) {
+                    (Some(grown), Some(trees)) => {
+                        let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
+                        drafter.tree_from(context_len, grown, &predicted, k, &trees.shape)?
+                    }
+                    _ => {
+                        let predicted = accept_greedy(drafts, &argmax)?;
+                        drafter.draft_from(context_len, drafts, &predicted, k)?
+                    }
+                };
                 Ok((guess, t.elapsed().as_secs_f64()))
             };
             let (verified, g) = verify(&window, &mut target, verifier, Some(&mut work))?;
@@ -458,7 +461,18 @@ pub fn generate_drafted(
                 .chain(outcome.path.iter().map(|&n| n + 1))
                 .collect();
             target.compact(before, &keep)?;
-            drafter.keep_tree_path(context.len(), grown, &outcome.path)?;
+            match guess {
+                // The next tree was grown from this very outcome: the
+                // drafter's cache already holds it.
+                Some(g) if g.path == outcome.path && outcome.tokens.last() == Some(&g.bonus) => {
+                    ahead = Some(g.next);
+                }
+                // Grown from a wrong guess: back to the round's context (the
+                // next draft copies the accepted path's rows from the
+                // target cache).
+                Some(_) => drafter.truncate(context.len()),
+                None => drafter.keep_tree_path(context.len(), grown, &outcome.path)?,
+            }
             let round = RoundOutcome {
                 accepted: outcome.path.len(),
                 tokens: outcome.tokens,
@@ -668,7 +682,10 @@ fn top_probability(row: &[f32]) -> f32 {
 struct Guess {
     accepted: usize,
     bonus: u32,
-    next: Vec<u32>,
+    /// The accepted tree nodes of a tree round (empty for a chain).
+    path: Vec<usize>,
+    /// The next round's draft.
+    next: Draft,
 }
 
 /// One round's draft.
@@ -680,6 +697,18 @@ struct Draft {
     from_base: bool,
     /// A tree draft (`tokens` then lists its nodes).
     tree: Option<GrownTree>,
+}
+
+impl Draft {
+    /// A greedy chain from the base drafter.
+    fn chain(tokens: Vec<u32>) -> Self {
+        Self {
+            tokens,
+            probs: None,
+            from_base: true,
+            tree: None,
+        }
+    }
 }
 
 /// Drafter state: the base model's own KV cache and the adaptive-K controller.
@@ -911,7 +940,8 @@ impl<'m> Drafter<'m> {
         Ok(Guess {
             accepted: drafts.len(),
             bonus: tokens[0],
-            next: tokens[1..].to_vec(),
+            path: Vec::new(),
+            next: Draft::chain(tokens[1..].to_vec()),
         })
     }
 
@@ -955,7 +985,55 @@ impl<'m> Drafter<'m> {
         Ok(Guess {
             accepted,
             bonus,
-            next,
+            path: Vec::new(),
+            next: Draft::chain(next),
+        })
+    }
+
+    /// [`Self::draft_from`] for a tree round: grows the next round's tree
+    /// (at most k nodes, `params`) as if the round being verified accepts
+    /// `predicted` (its path of nodes of `grown` and bonus token). Keeps the
+    /// context (`context_len` tokens) and the predicted path's nodes growth
+    /// had fed, feeds the rest of the path and the bonus token, then grows;
+    /// the cache ends as after [`Self::draft_tree`] of the next round.
+    fn tree_from(
+        &mut self,
+        context_len: usize,
+        grown: &GrownTree,
+        predicted: &crate::tree::TreeOutcome,
+        k: usize,
+        params: &TreeParams,
+    ) -> Result<Guess, SpecError> {
+        let cache = self.cache.as_mut().expect("base drafter has a cache");
+        let cached = grown.cached_path(&predicted.path);
+        cache.compact(context_len, &cached)?;
+        let bonus = *predicted
+            .tokens
+            .last()
+            .expect("an outcome has a bonus token");
+        let mut feed: Vec<u32> = predicted.path[cached.len()..]
+            .iter()
+            .map(|&n| grown.tree.tokens[n])
+            .collect();
+        feed.push(bonus);
+        let next = grow(
+            (self.model, self.batch_model),
+            cache,
+            &feed,
+            k,
+            params,
+            &self.calibration,
+        )?;
+        Ok(Guess {
+            accepted: predicted.path.len(),
+            bonus,
+            path: predicted.path.clone(),
+            next: Draft {
+                tokens: next.tree.tokens.clone(),
+                probs: None,
+                from_base: true,
+                tree: Some(next),
+            },
         })
     }
 

@@ -110,8 +110,9 @@ pub struct FixedPoint {
     pub prefill: Prefill,
     /// Greedy decoding with the base drafter: while the last round trip is
     /// on the network, draft the next round from the outcome the pass
-    /// before it predicts (used when the round ends that way; the output is
-    /// unchanged either way).
+    /// before it predicts — the next chain, or for tree drafts the next tree
+    /// grown after the predicted path and bonus token (used when the round
+    /// ends that way; the output is unchanged either way).
     pub draft_ahead: bool,
     /// Ask for coarse deltas on every trip of a pass but its last
     /// ([`FixedPoint::trip_tolerance`]): fewer bytes per trip, the same
@@ -217,7 +218,9 @@ impl std::fmt::Display for Schedule {
     /// `per-group` or `fixed-point:N` (N round trips per round), followed
     /// by `/prefill:per-group` when prefill passes go group by group (or
     /// `/prefill:M` for M trips other than the default) and
-    /// `/exact-trips` when every trip asks for full precision.
+    /// `/exact-trips` when every trip asks for full precision, `/batched`
+    /// when trips are not streamed and `/no-ahead` when nothing is drafted
+    /// during a round's last trip.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Schedule::PerGroup => f.write_str("per-group"),
@@ -236,6 +239,9 @@ impl std::fmt::Display for Schedule {
                 if !fp.streamed {
                     f.write_str("/batched")?;
                 }
+                if !fp.draft_ahead {
+                    f.write_str("/no-ahead")?;
+                }
                 Ok(())
             }
         }
@@ -248,20 +254,25 @@ impl std::str::FromStr for Schedule {
     /// `per-group`, `fixed-point` (the default round trips) or
     /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)),
     /// optionally followed by `/prefill:per-group` or `/prefill:M` (M ≥ 1
-    /// batched trips per prefill pass), `/exact-trips` (no coarse trips)
-    /// and `/batched` (one batch per trip instead of streamed trips), in
-    /// that order. Parses what `Display` writes.
+    /// batched trips per prefill pass), `/exact-trips` (no coarse trips),
+    /// `/batched` (one batch per trip instead of streamed trips) and
+    /// `/no-ahead` (no drafting during a round's last trip), in that order.
+    /// Parses what `Display` writes.
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let bad = || {
             SpecError::Config(format!(
                 "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N, \
                  each fixed point optionally /prefill:per-group or /prefill:M, \
-                 /exact-trips and /batched)"
+                 /exact-trips, /batched and /no-ahead)"
             ))
         };
         let positive = |n: &str| match n.parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(bad()),
+        };
+        let (s, no_ahead) = match s.strip_suffix("/no-ahead") {
+            Some(rest) => (rest, true),
+            None => (s, false),
         };
         let (s, batched) = match s.strip_suffix("/batched") {
             Some(rest) => (rest, true),
@@ -276,7 +287,7 @@ impl std::str::FromStr for Schedule {
             Some((m, n)) => (m, Some(Prefill::FixedPoint(positive(n)?))),
             None => (s, None),
         };
-        if (exact || batched) && main == "per-group" {
+        if (exact || batched || no_ahead) && main == "per-group" {
             return Err(bad());
         }
         let mut fp = match main.split_once(':') {
@@ -297,6 +308,7 @@ impl std::str::FromStr for Schedule {
         }
         fp.coarse_trips = !exact;
         fp.streamed = !batched;
+        fp.draft_ahead = !no_ahead;
         Ok(Schedule::FixedPoint(fp))
     }
 }
@@ -681,8 +693,14 @@ mod tests {
             "fixed-point:2/prefill:per-group/exact-trips",
             "fixed-point:3/batched",
             "fixed-point:3/exact-trips/batched",
+            "fixed-point:3/no-ahead",
+            "fixed-point:3/exact-trips/batched/no-ahead",
         ] {
             assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
+        }
+        match "fixed-point/no-ahead".parse::<Schedule>().unwrap() {
+            Schedule::FixedPoint(fp) => assert!(!fp.draft_ahead),
+            other => panic!("{other}"),
         }
         match "fixed-point/prefill:per-group".parse::<Schedule>().unwrap() {
             Schedule::FixedPoint(fp) => {
@@ -707,6 +725,8 @@ mod tests {
             "fixed-point/exact-trips/prefill:3",
             "per-group/batched",
             "fixed-point/batched/exact-trips",
+            "per-group/no-ahead",
+            "fixed-point/no-ahead/batched",
         ] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }

@@ -53,7 +53,9 @@ fn tree_greedy_output_equals_sequential_adapted_decoding() {
     let f = fixture();
     let half = f.model.to_f16_weights().unwrap();
     let n = 16;
+    // Draws the next tree during each round's last trip (the default).
     let fixed = Schedule::FixedPoint(FixedPoint::default());
+    let mut ahead_hits = 0;
     let wide = TreeParams {
         branch: 3,
         max_depth: 6,
@@ -104,9 +106,14 @@ fn tree_greedy_output_equals_sequential_adapted_decoding() {
                 assert_eq!(out.tokens, want, "{label}");
                 assert_eq!(streamed, out.tokens, "{label}: streamed tokens differ");
                 assert!(out.stats.rounds < n, "{label}: no tree node accepted");
+                ahead_hits += out.stats.ahead_hits;
             }
         }
     }
+    assert!(
+        ahead_hits > 0,
+        "no tree grown during a last trip was ever used"
+    );
 }
 
 #[test]

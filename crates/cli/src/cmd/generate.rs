@@ -145,9 +145,10 @@ pub struct GenerateArgs {
     /// the measured TCP round trip and 100 Mbit/s), `per-group` (one round
     /// trip per adapted layer group), `fixed-point[:N]` (N round trips per
     /// round, streamed layer by layer; suffixes `/prefill:per-group`,
-    /// `/prefill:M`, `/exact-trips` and `/batched` — one batch per trip —
-    /// as `cipherlora_spec::schedule::Schedule` parses them). The output is
-    /// the same.
+    /// `/prefill:M`, `/exact-trips`, `/batched` — one batch per trip — and
+    /// `/no-ahead` — no drafting during a round's last trip — as
+    /// `cipherlora_spec::schedule::Schedule` parses them). The output is the
+    /// same.
     #[arg(long, default_value = "auto", requires = "server")]
     schedule: String,
     /// Private mode: also run the plaintext adapted model (adapter folder
