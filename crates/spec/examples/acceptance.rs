@@ -62,9 +62,11 @@ fn args(root: &std::path::Path) -> Result<Args, Box<dyn std::error::Error>> {
                     .map(|w| w.parse())
                     .collect::<Result<_, _>>()?
             }
+            // `--shapes ""`: chains only.
             "--shapes" => {
                 a.shapes = list(&v)
                     .iter()
+                    .filter(|s| !s.is_empty())
                     .map(|s| s.parse())
                     .collect::<Result<_, _>>()?
             }
