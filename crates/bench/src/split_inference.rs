@@ -210,6 +210,7 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
                     max_tokens: opts.max_tokens,
                     eos: Vec::new(),
                     drafter,
+                    sampling: SamplingParams::greedy(),
                 };
                 let mut cc = ClientConfig::new(endpoint.clone());
                 cc.link = *link;

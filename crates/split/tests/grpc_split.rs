@@ -85,6 +85,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
                 max_tokens: TOKENS,
                 eos: Vec::new(),
                 drafter,
+                sampling: SamplingParams::greedy(),
             };
             let mut c = client(&server);
             let cap = u32::try_from(config.capacity(prompt.len())).unwrap();
@@ -118,6 +119,7 @@ fn no_draft_and_in_process_middle_give_the_same_tokens() {
         max_tokens: TOKENS,
         eos: Vec::new(),
         drafter: Drafter::None,
+        sampling: SamplingParams::greedy(),
     };
     let mut mid = InProcess::new(m.clone(), 3, 2, config.capacity(prompt.len())).unwrap();
     let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
@@ -141,6 +143,7 @@ fn end_tokens_and_the_token_limit_cut_where_the_local_model_does() {
             max_tokens,
             eos,
             drafter: Drafter::default(),
+            sampling: SamplingParams::greedy(),
         };
         let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
         generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()

@@ -1,5 +1,6 @@
-//! `cipherlora generate-split`: greedy generation with a split-inference
-//! server running the middle layers. The embedding, the first a and last b
+//! `cipherlora generate-split`: generation (greedy, or sampled by exact
+//! speculative sampling) with a split-inference server running the middle
+//! layers. The embedding, the first a and last b
 //! layers, the final norm and the head stay here: raw tokens and logits
 //! never leave this process; the hidden states do (in plaintext under TLS).
 
@@ -15,6 +16,7 @@ use cipherlora_split::{Drafter, Lookahead, SplitConfig};
 use clap::{Args, ValueEnum};
 
 use super::remote::client_config;
+use super::sampling_arg::SamplingArgs;
 
 /// How the split client drafts.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -44,6 +46,8 @@ pub struct GenerateSplitArgs {
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Split server URL (`https://host:port`; `http://` only against
     /// `serve-split --insecure`).
     #[arg(long)]
@@ -68,7 +72,7 @@ pub struct GenerateSplitArgs {
     #[arg(long)]
     link: Option<LinkProfile>,
     /// Also run the whole model locally and fail unless the outputs are
-    /// token-identical.
+    /// token-identical (greedy only).
     #[arg(long)]
     check_local: bool,
 }
@@ -98,6 +102,10 @@ impl GenerateSplitArgs {
             (None, None) => anyhow::bail!("--prompt or --chat is required"),
         };
         let prompt = tokenizer.encode(&text)?;
+        anyhow::ensure!(
+            !self.check_local || self.sampling.is_greedy(),
+            "--check-local compares greedy outputs: use --temperature 0"
+        );
         let (a, b) = self.local_layers;
         let config = SplitConfig {
             head_layers: a as usize,
@@ -110,6 +118,7 @@ impl GenerateSplitArgs {
                 SplitDraftArg::Lookahead => Drafter::Lookahead(Lookahead::default()),
                 SplitDraftArg::None => Drafter::None,
             },
+            sampling: self.sampling.params(),
         };
         let cc = client_config(
             &self.split_server,
