@@ -1,9 +1,11 @@
 //! Split inference over gRPC on loopback with the real default model
 //! (SmolLM2-135M-Instruct Q4_1): the output equals the whole model's greedy
 //! output run locally (an independent path: `cipherlora_model::generate`,
-//! one position per pass, one KV cache of all layers), and every malformed
-//! call gets its typed status.
+//! one position per pass, one KV cache of all layers), also across a
+//! server restart (the session replayed), and every malformed call gets
+//! its typed status.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 
 use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, Tokenizer, fetch};
@@ -15,7 +17,8 @@ use cipherlora_service::{
     dev_cert,
 };
 use cipherlora_split::{
-    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, SplitConfig, generate,
+    Drafter, Forwarded, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient,
+    SplitConfig, SplitError, generate,
 };
 use tonic::Code;
 
@@ -31,7 +34,11 @@ fn model() -> &'static (Arc<Model>, Tokenizer) {
 }
 
 fn serve(limits: Limits, max_capacity: u32) -> ServerThread {
-    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    serve_on("127.0.0.1:0".parse().unwrap(), limits, max_capacity)
+}
+
+fn serve_on(addr: SocketAddr, limits: Limits, max_capacity: u32) -> ServerThread {
+    let mut config = ServeConfig::new(addr);
     config.limits = limits;
     let backend: Arc<dyn SplitBackend> =
         Arc::new(ModelBackend::new(model().0.clone(), max_capacity));
@@ -316,4 +323,108 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         (Code::NotFound, Some(ErrorReason::UnknownSession))
     );
     other.open(1, 1, 64).unwrap();
+}
+
+/// The middle layers of a [`ReplayingClient`] whose server is stopped
+/// before the `at`-th call and, with `restart`, started again on the same
+/// address (a fresh process: no session, a new connection).
+struct StopServerAt {
+    inner: ReplayingClient,
+    server: Option<ServerThread>,
+    at: usize,
+    calls: usize,
+    restart: bool,
+}
+
+impl MiddleLayers for StopServerAt {
+    fn forward(
+        &mut self,
+        start: usize,
+        positions: usize,
+        hidden: &[f32],
+    ) -> Result<Forwarded, SplitError> {
+        if self.calls == self.at
+            && let Some(server) = self.server.take()
+        {
+            let addr = server.addr();
+            server.stop().unwrap();
+            if self.restart {
+                self.server = Some(serve_on(addr, Limits::default(), 4096));
+            }
+        }
+        self.calls += 1;
+        self.inner.forward(start, positions, hidden)
+    }
+}
+
+fn replaying(server: &ServerThread, config: &SplitConfig, prompt_len: usize) -> ReplayingClient {
+    let cc = ClientConfig::new(format!("http://{}", server.addr()));
+    let client = SplitClient::connect(&cc).unwrap();
+    let cap = u32::try_from(config.capacity(prompt_len)).unwrap();
+    let split = (config.head_layers as u32, config.tail_layers as u32);
+    ReplayingClient::open(cc, client, split, cap).unwrap()
+}
+
+fn split_2_2() -> SplitConfig {
+    SplitConfig {
+        head_layers: 2,
+        tail_layers: 2,
+        k: 4,
+        max_tokens: TOKENS,
+        eos: Vec::new(),
+        drafter: Drafter::default(),
+        sampling: SamplingParams::greedy(),
+    }
+}
+
+/// A server restart mid-generation: the client reopens a session, replays
+/// the accepted prefix, and the output is still the local model's greedy
+/// output.
+#[test]
+fn a_server_restart_mid_generation_is_replayed_transparently() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[2]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let config = split_2_2();
+    let server = serve(Limits::default(), 4096);
+    let mut mid = StopServerAt {
+        inner: replaying(&server, &config, prompt.len()),
+        server: Some(server),
+        at: 5,
+        calls: 0,
+        restart: true,
+    };
+    let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
+    assert_eq!(out.tokens, want);
+    assert!(mid.calls > 5, "the restart came after the last step");
+    assert_eq!(mid.inner.replays(), 1);
+    // The replay's calls (the prompt and more) are counted in the step
+    // that needed them.
+    assert!(out.steps[5].bytes_up > out.steps[0].bytes_up);
+}
+
+/// A server that stays down: the replay fails with its typed error; with
+/// no replay allowed, the loss itself is the error.
+#[test]
+fn a_lost_server_ends_the_generation_with_a_typed_error() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[0]).unwrap();
+    let config = split_2_2();
+    for max_replays in [1, 0] {
+        let server = serve(Limits::default(), 4096);
+        let inner = replaying(&server, &config, prompt.len()).with_max_replays(max_replays);
+        let mut mid = StopServerAt {
+            inner,
+            server: Some(server),
+            at: 3,
+            calls: 0,
+            restart: false,
+        };
+        let e = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap_err();
+        match (max_replays, &e) {
+            (1, SplitError::Replay { positions, .. }) => assert!(*positions > prompt.len()),
+            (0, SplitError::SessionLost { replays: 0, .. }) => {}
+            _ => panic!("max_replays {max_replays}: {e}"),
+        }
+    }
 }

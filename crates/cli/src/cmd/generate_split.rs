@@ -12,7 +12,7 @@ use anyhow::Context;
 use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer};
 use cipherlora_service::{LinkProfile, SplitClient};
 use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, Lookahead, SplitConfig};
+use cipherlora_split::{Drafter, Lookahead, ReplayingClient, SplitConfig};
 use clap::{Args, ValueEnum};
 
 use super::remote::client_config;
@@ -137,31 +137,39 @@ impl GenerateSplitArgs {
             info.hidden_size
         );
         let capacity = u32::try_from(config.capacity(prompt.len()))?;
-        let session = client.open(a, b, capacity)?;
+        // A session lost mid-generation (server restart, eviction) is
+        // reopened and its prefix replayed once.
+        let mut middle = ReplayingClient::open(cc, client, (a, b), capacity)?;
+        let session = middle.session().clone();
         let mut stream = TextStream::new(&tokenizer);
         let mut stdout = std::io::stdout().lock();
         if self.prompt.is_some() {
             write!(stdout, "{text}")?;
         }
-        let out = cipherlora_split::generate(&model, &prompt, &config, &mut client, &mut |id| {
+        let out = cipherlora_split::generate(&model, &prompt, &config, &mut middle, &mut |id| {
             if let Ok(Some(piece)) = stream.push(id) {
                 let _ = write!(stdout, "{piece}");
                 let _ = stdout.flush();
             }
         })?;
         writeln!(stdout)?;
-        let stats = client.stats();
-        client.close()?;
+        let replays = middle.replays();
+        middle.close()?;
         eprintln!(
-            "{} tokens in {:.2} s ({:.1} tok/s); server layers {}..{}; {} round trips, {:.2} tokens per step, {:.0} bytes per token",
+            "{} tokens in {:.2} s ({:.1} tok/s); server layers {}..{}; {} steps (one round trip each), {:.2} tokens per step, {:.0} bytes per token{}",
             out.tokens.len(),
             out.elapsed.as_secs_f64(),
             out.tokens_per_second(),
             session.first_layer,
             session.end_layer,
-            stats.round_trips,
+            out.steps.len(),
             out.tokens_per_step(),
-            out.bytes_per_token()
+            out.bytes_per_token(),
+            if replays > 0 {
+                format!("; the session was lost and replayed {replays} time(s)")
+            } else {
+                String::new()
+            }
         );
         if self.check_local {
             let opts = GenerateOptions {
