@@ -19,12 +19,6 @@ use rand_chacha::ChaCha20Rng;
 
 use crate::SplitError;
 
-/// A rule that turns drafts and the target's distributions into the kept
-/// tokens: [`exact`] in generation; tests substitute wrong rules to show
-/// that their χ² test can fail.
-pub(crate) type AcceptRule =
-    fn(&[u32], &[Vec<f32>], &mut ChaCha20Rng) -> Result<RoundOutcome, SplitError>;
-
 /// Exact speculative sampling of point-mass drafts (see the module docs).
 ///
 /// `drafts`: K tokens; `probs`: the K+1 target distributions (row i

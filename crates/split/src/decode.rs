@@ -32,7 +32,7 @@ use cipherlora_spec::acceptance::accept_greedy;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
-use crate::accept::{self, AcceptRule};
+use crate::accept;
 use crate::{Drafter, MiddleLayers, SplitError};
 
 /// What a split generation runs.
@@ -143,19 +143,6 @@ pub fn generate(
     middle: &mut dyn MiddleLayers,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<SplitOutput, SplitError> {
-    generate_with(model, prompt, config, middle, on_token, accept::exact)
-}
-
-/// [`generate`] with `rule` deciding sampled rounds (tests substitute
-/// wrong rules).
-pub(crate) fn generate_with(
-    model: &Model,
-    prompt: &[u32],
-    config: &SplitConfig,
-    middle: &mut dyn MiddleLayers,
-    on_token: &mut dyn FnMut(u32),
-    rule: AcceptRule,
-) -> Result<SplitOutput, SplitError> {
     let c = model.config();
     let (n, d) = (c.num_layers, c.hidden_size);
     let (a, b) = (config.head_layers, config.tail_layers);
@@ -220,7 +207,7 @@ pub(crate) fn generate_with(
         } else {
             let rows = logits.to_vec2::<f32>()?;
             let probs = accept::target_probs(&sampler, &rows, &context, &drafts);
-            rule(&drafts, &probs, &mut rng)?
+            accept::exact(&drafts, &probs, &mut rng)?
         };
         drafter.observe(&argmax, outcome.accepted);
         let keep = start + pending.len() + outcome.accepted;

@@ -28,8 +28,6 @@ pub mod draft;
 mod error;
 pub mod middle;
 pub mod replay;
-#[cfg(test)]
-mod sampling_chi2;
 
 pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};

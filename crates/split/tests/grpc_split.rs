@@ -6,9 +6,9 @@
 //! its typed status.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams};
 use cipherlora_proto::ErrorReason;
 use cipherlora_proto::split::v1::{ActivationEncoding, ForwardRequest};
 use cipherlora_service::auth::TokenSet;
@@ -22,16 +22,8 @@ use cipherlora_split::{
 };
 use tonic::Code;
 
-fn model() -> &'static (Arc<Model>, Tokenizer) {
-    static M: OnceLock<(Arc<Model>, Tokenizer)> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = fetch::ensure_default_model().expect("default model");
-        (
-            Arc::new(Model::load(&path).expect("load")),
-            Tokenizer::for_model(&path).expect("tokenizer"),
-        )
-    })
-}
+mod common;
+use common::model;
 
 fn serve(limits: Limits, max_capacity: u32) -> ServerThread {
     serve_on("127.0.0.1:0".parse().unwrap(), limits, max_capacity)
