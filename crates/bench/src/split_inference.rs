@@ -3,7 +3,8 @@
 //! behind a simulated WAN), against the whole model run locally.
 //!
 //! For each link, each split (a, b) and each drafter (prompt lookup with K,
-//! optionally the lookahead-style n-gram pool with K, none) it generates greedily and reports decode tok/s, tokens per step
+//! optionally the lookahead-style n-gram pool with K and adaptive prompt
+//! lookup with K chosen per step up to 2K, none) it generates greedily and reports decode tok/s, tokens per step
 //! (one round trip each), round trips, bytes per token, where the time went
 //! (local compute, server compute, the rest: network and transport), and
 //! whether the output equals the local model's. The local plaintext model
@@ -65,6 +66,9 @@ pub struct SplitBenchOptions {
     pub no_draft_baseline: bool,
     /// Also run the lookahead drafter ([`Drafter::Lookahead`]) with K.
     pub lookahead: bool,
+    /// Also run adaptive prompt lookup ([`Drafter::AdaptivePromptLookup`])
+    /// with K.
+    pub adaptive_k: bool,
     /// Prompts.
     pub prompts: Vec<String>,
     /// New tokens per prompt.
@@ -220,6 +224,10 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
         drafters.push((Drafter::PromptLookup(PromptLookup::default()), opts.k));
         if opts.lookahead {
             drafters.push((Drafter::Lookahead(Lookahead::default()), opts.k));
+        }
+        if opts.adaptive_k {
+            let adaptive = Drafter::AdaptivePromptLookup(PromptLookup::default());
+            drafters.push((adaptive, opts.k));
         }
     }
     if opts.no_draft_baseline || opts.k == 0 {
@@ -406,6 +414,7 @@ fn summarise(
             Drafter::None => "none".into(),
             Drafter::PromptLookup(_) => "prompt-lookup".into(),
             Drafter::Lookahead(_) => "lookahead".into(),
+            Drafter::AdaptivePromptLookup(_) => "prompt-lookup (adaptive, ≤ 2K)".into(),
         },
         k,
         tokens,

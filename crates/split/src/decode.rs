@@ -42,7 +42,8 @@ pub struct SplitConfig {
     pub head_layers: usize,
     /// Decoder layers run locally after the server's, b ≥ 1.
     pub tail_layers: usize,
-    /// Drafted tokens per step, K (each step verifies up to K+1 positions).
+    /// Drafted tokens per step, K (each step verifies up to K+1 positions;
+    /// adaptive prompt lookup up to 2K+1).
     pub k: usize,
     /// Most new tokens.
     pub max_tokens: usize,
@@ -59,7 +60,7 @@ impl SplitConfig {
     /// KV positions a generation from a `prompt_len`-token prompt needs,
     /// locally and on the server: prompt, output and one step's drafts.
     pub fn capacity(&self, prompt_len: usize) -> usize {
-        prompt_len + self.max_tokens + self.k + 1
+        prompt_len + self.max_tokens + self.drafter.max_draft(self.k) + 1
     }
 }
 
@@ -178,7 +179,7 @@ pub fn generate(
         let t0 = Instant::now();
         let _span = tracing::debug_span!("split_step", step = out.steps.len()).entered();
         let room = config.max_tokens - out.tokens.len();
-        let drafts = drafter.draft(&context, config.k.min(room - 1));
+        let drafts = drafter.draft(&context, config.k, room - 1);
         let mut input = pending.clone();
         input.extend_from_slice(&drafts);
         let t = input.len();

@@ -16,6 +16,7 @@ use cipherlora_service::{
     ClientConfig, Limits, ServeConfig, ServerThread, ServiceError, SplitBackend, SplitClient,
     dev_cert,
 };
+use cipherlora_spec::ngram::PromptLookup;
 use cipherlora_split::{
     Drafter, Forwarded, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient,
     SplitConfig, SplitError, generate,
@@ -76,6 +77,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
             (2, 2, Drafter::default()),
             (4, 4, Drafter::default()),
             (2, 2, lookahead),
+            (1, 3, Drafter::AdaptivePromptLookup(PromptLookup::default())),
         ] {
             let config = SplitConfig {
                 head_layers: a,

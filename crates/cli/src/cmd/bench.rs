@@ -104,6 +104,10 @@ pub struct SplitBenchArgs {
     /// Also run the lookahead-style n-gram pool drafter with K.
     #[arg(long)]
     lookahead: bool,
+    /// Also run adaptive prompt lookup: each step drafts by the match
+    /// length, up to 2K.
+    #[arg(long)]
+    adaptive_k: bool,
     /// Held-out prompts, one JSON object with a "prompt" field per line
     /// (default: the committed HumanEval prompts).
     #[arg(long)]
@@ -192,6 +196,7 @@ impl SplitBenchArgs {
                 k: self.k,
                 no_draft_baseline: !self.no_baseline,
                 lookahead: self.lookahead,
+                adaptive_k: self.adaptive_k,
                 prompts,
                 max_tokens: self.max_tokens,
                 pin: !self.no_pin,

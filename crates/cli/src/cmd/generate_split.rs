@@ -23,6 +23,9 @@ use super::sampling_arg::SamplingArgs;
 pub enum SplitDraftArg {
     /// Prompt lookup: copy the continuation of an earlier n-gram.
     PromptLookup,
+    /// Prompt lookup drafting by the match length: up to 2K after a
+    /// 3-token match, fewer after a shorter one.
+    AdaptivePromptLookup,
     /// An n-gram pool fed by the verify passes' Jacobi iterates
     /// (lookahead decoding, simplified), prompt lookup as fallback.
     Lookahead,
@@ -55,7 +58,8 @@ pub struct GenerateSplitArgs {
     /// Decoder layers kept locally before and after the server's: `a,b`.
     #[arg(long, default_value = "2,2", value_parser = parse_pair)]
     local_layers: (u32, u32),
-    /// Drafted tokens verified per round trip (K).
+    /// Drafted tokens verified per round trip (K; adaptive prompt lookup
+    /// drafts up to 2K).
     #[arg(long, default_value_t = 4)]
     k: usize,
     /// Drafter.
@@ -115,6 +119,9 @@ impl GenerateSplitArgs {
             eos: tokenizer.eos_tokens().to_vec(),
             drafter: match self.draft {
                 SplitDraftArg::PromptLookup => Drafter::PromptLookup(PromptLookup::default()),
+                SplitDraftArg::AdaptivePromptLookup => {
+                    Drafter::AdaptivePromptLookup(PromptLookup::default())
+                }
                 SplitDraftArg::Lookahead => Drafter::Lookahead(Lookahead::default()),
                 SplitDraftArg::None => Drafter::None,
             },
