@@ -18,8 +18,8 @@ use cipherlora_service::{
 };
 use cipherlora_spec::ngram::PromptLookup;
 use cipherlora_split::{
-    Drafter, Forwarded, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient,
-    SplitConfig, SplitError, generate,
+    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient, SplitConfig,
+    SplitError, generate,
 };
 use tonic::Code;
 
@@ -319,35 +319,27 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
     other.open(1, 1, 64).unwrap();
 }
 
-/// The middle layers of a [`ReplayingClient`] whose server is stopped
-/// before the `at`-th call and, with `restart`, started again on the same
-/// address (a fresh process: no session, a new connection).
-struct StopServerAt {
-    inner: ReplayingClient,
-    server: Option<ServerThread>,
+/// Stops `server` once `at` tokens have been generated (between two
+/// steps: `on_token` runs inside the loop) and, with `restart`, starts it
+/// again on the same address (a fresh process: no session, a new
+/// connection).
+fn stop_server_after(
     at: usize,
-    calls: usize,
+    server: &mut Option<ServerThread>,
     restart: bool,
-}
-
-impl MiddleLayers for StopServerAt {
-    fn forward(
-        &mut self,
-        start: usize,
-        positions: usize,
-        hidden: &[f32],
-    ) -> Result<Forwarded, SplitError> {
-        if self.calls == self.at
-            && let Some(server) = self.server.take()
+) -> impl FnMut(u32) + '_ {
+    let mut seen = 0;
+    move |_| {
+        seen += 1;
+        if seen == at
+            && let Some(s) = server.take()
         {
-            let addr = server.addr();
-            server.stop().unwrap();
-            if self.restart {
-                self.server = Some(serve_on(addr, Limits::default(), 4096));
+            let addr = s.addr();
+            s.stop().unwrap();
+            if restart {
+                *server = Some(serve_on(addr, Limits::default(), 4096));
             }
         }
-        self.calls += 1;
-        self.inner.forward(start, positions, hidden)
     }
 }
 
@@ -380,21 +372,19 @@ fn a_server_restart_mid_generation_is_replayed_transparently() {
     let prompt = tok.encode(PROMPTS[2]).unwrap();
     let want = local_greedy(m, &prompt);
     let config = split_2_2();
-    let server = serve(Limits::default(), 4096);
-    let mut mid = StopServerAt {
-        inner: replaying(&server, &config, prompt.len()),
-        server: Some(server),
-        at: 5,
-        calls: 0,
-        restart: true,
-    };
-    let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
+    let mut server = Some(serve(Limits::default(), 4096));
+    let mut mid = replaying(server.as_ref().unwrap(), &config, prompt.len());
+    let mut on_token = stop_server_after(8, &mut server, true);
+    let out = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap();
     assert_eq!(out.tokens, want);
-    assert!(mid.calls > 5, "the restart came after the last step");
-    assert_eq!(mid.inner.replays(), 1);
+    assert_eq!(mid.replays(), 1);
     // The replay's calls (the prompt and more) are counted in the step
     // that needed them.
-    assert!(out.steps[5].bytes_up > out.steps[0].bytes_up);
+    let replayed = out
+        .steps
+        .iter()
+        .filter(|s| s.bytes_up > out.steps[0].bytes_up);
+    assert_eq!(replayed.count(), 1);
 }
 
 /// A server that stays down: the replay fails with its typed error; with
@@ -405,16 +395,11 @@ fn a_lost_server_ends_the_generation_with_a_typed_error() {
     let prompt = tok.encode(PROMPTS[0]).unwrap();
     let config = split_2_2();
     for max_replays in [1, 0] {
-        let server = serve(Limits::default(), 4096);
-        let inner = replaying(&server, &config, prompt.len()).with_max_replays(max_replays);
-        let mut mid = StopServerAt {
-            inner,
-            server: Some(server),
-            at: 3,
-            calls: 0,
-            restart: false,
-        };
-        let e = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap_err();
+        let mut server = Some(serve(Limits::default(), 4096));
+        let mid = replaying(server.as_ref().unwrap(), &config, prompt.len());
+        let mut mid = mid.with_max_replays(max_replays);
+        let mut on_token = stop_server_after(4, &mut server, false);
+        let e = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap_err();
         match (max_replays, &e) {
             (1, SplitError::Replay { positions, .. }) => assert!(*positions > prompt.len()),
             (0, SplitError::SessionLost { replays: 0, .. }) => {}
