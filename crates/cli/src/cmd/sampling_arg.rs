@@ -44,3 +44,41 @@ impl SamplingArgs {
         self.temperature == 0.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    }
+
+    #[test]
+    fn the_options_become_sampling_parameters() {
+        let w =
+            Wrap::try_parse_from(["x", "--temperature", "0.7", "--top-p", "0.9", "--seed", "3"])
+                .unwrap();
+        let want = SamplingParams {
+            temperature: 0.7,
+            top_k: None,
+            top_p: Some(0.9),
+            repetition_penalty: 1.0,
+            seed: 3,
+        };
+        assert_eq!(w.sampling.params(), want);
+        assert!(!w.sampling.is_greedy());
+        let greedy = Wrap::try_parse_from(["x"]).unwrap().sampling;
+        assert_eq!(greedy.params(), SamplingParams::greedy());
+        assert!(greedy.is_greedy());
+    }
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        // Flattened options must not collide with a command's own.
+        crate::Cli::command().debug_assert();
+    }
+}
