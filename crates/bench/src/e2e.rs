@@ -52,6 +52,27 @@ pub struct E2eBenchOptions {
     pub markdown: Option<PathBuf>,
     /// The base model (GGUF file or HF folder).
     pub model: PathBuf,
+    /// HumanEval prompts (JSON lines with a `prompt` field).
+    pub prompts_file: PathBuf,
+    /// How many prompts to use.
+    pub prompts: usize,
+    /// Pin client and server to different cores (when there are two).
+    pub pin: bool,
+    /// How the client's target model holds its weights
+    /// ([`WeightMode::for_private_verify`]: `Auto` is f32): every
+    /// configuration runs under each, each with its own plaintext reference
+    /// computed with the same weights (the before/after of a weight format in
+    /// one run).
+    pub weights: Vec<WeightMode>,
+    /// What runs with each target model.
+    pub private: PrivateRuns,
+}
+
+/// The private runs of one target model ([`run_target`]): every adapter ×
+/// link × configuration × schedule, each next to the plaintext reference.
+/// `cipherlora bench split` runs them too (its HE-LoRA rows).
+#[derive(Debug, Clone)]
+pub struct PrivateRuns {
     /// PEFT adapter folders (served under their folder names).
     pub adapters: Vec<PathBuf>,
     /// Link profiles by name (`loopback`, `wan80`, …).
@@ -62,16 +83,10 @@ pub struct E2eBenchOptions {
     /// configuration runs under each; `auto` is resolved per run by
     /// [`cipherlora_private::choose_for_session`] on the run's link.
     pub schedules: Vec<String>,
-    /// HumanEval prompts (JSON lines with a `prompt` field).
-    pub prompts_file: PathBuf,
-    /// How many prompts to use.
-    pub prompts: usize,
     /// New tokens per prompt.
     pub max_tokens: usize,
     /// Positions per prefill pass.
     pub prefill_width: usize,
-    /// Pin client and server to different cores (when there are two).
-    pub pin: bool,
     /// Optimistic drafting during verify passes (base drafter).
     pub optimistic: bool,
     /// [`SpecConfig::draft_stop_below`] of every run.
@@ -79,12 +94,6 @@ pub struct E2eBenchOptions {
     /// The per-token acceptance rate α the verify-width model assumes for
     /// configurations with `auto` K ([`cipherlora_private::width_plan`]).
     pub acceptance_prior: f64,
-    /// How the client's target model holds its weights
-    /// ([`WeightMode::for_private_verify`]: `Auto` is f32): every
-    /// configuration runs under each, each with its own plaintext reference
-    /// computed with the same weights (the before/after of a weight format in
-    /// one run).
-    pub weights: Vec<WeightMode>,
 }
 
 /// One decoding configuration of the benchmark.
@@ -341,7 +350,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
             eos: &eos,
         };
         run_target(
-            opts,
+            &opts.private,
             &model,
             &prompts,
             &server_placement,
@@ -355,8 +364,8 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
         runs,
         pinning,
         prompts: opts.prompts,
-        max_tokens: opts.max_tokens,
-        prefill_width: opts.prefill_width,
+        max_tokens: opts.private.max_tokens,
+        prefill_width: opts.private.prefill_width,
     };
     let md = crate::write_report(
         &opts.json,
@@ -369,16 +378,29 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
 }
 
 /// The tokenized prompts and end-of-sequence tokens of a run.
-struct Prompts<'a> {
-    ids: &'a [Vec<u32>],
-    eos: &'a [u32],
+#[derive(Debug, Clone, Copy)]
+pub struct Prompts<'a> {
+    /// Token ids, one prompt each.
+    pub ids: &'a [Vec<u32>],
+    /// Tokens that end a generation (empty: always `max_tokens`).
+    pub eos: &'a [u32],
 }
 
-/// Every adapter, link and configuration with one target model: its
-/// plaintext reference row, then the private runs, appended to `runs`; the
-/// reference's median speed per adapter to `plain_speeds`.
-fn run_target(
-    opts: &E2eBenchOptions,
+/// Every adapter, link and configuration of `opts` with one target model
+/// (its weights as loaded: f32 for a private client's verify,
+/// [`WeightMode::for_private_verify`]): per adapter, an embedded HE-LoRA
+/// server on `server_placement`'s core, its plaintext reference row (adapter
+/// merged, mode "plaintext", link "local"), then the private runs, appended
+/// to `runs`; the reference's median speed per adapter to `plain_speeds`.
+/// Each private run's ratio is to the plaintext reference measured right
+/// before it on this thread's core; its output is checked against the
+/// reference's tokens (`matches_plaintext`).
+///
+/// # Errors
+/// Adapter, server, session or model failures, a plaintext reference that
+/// is not deterministic, a schedule or grouping that does not parse.
+pub fn run_target(
+    opts: &PrivateRuns,
     model: &Model,
     prompts: &Prompts<'_>,
     server_placement: &Option<Placement>,

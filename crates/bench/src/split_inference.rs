@@ -3,12 +3,20 @@
 //! behind a simulated WAN), against the whole model run locally.
 //!
 //! For each link, each split (a, b) and each drafter (prompt lookup with K,
-//! optionally the lookahead-style n-gram pool with K, none) it generates greedily and reports decode tok/s, tokens per step
+//! optionally the lookahead-style n-gram pool with K and adaptive prompt
+//! lookup with K chosen per step up to 2K, none) it generates greedily and reports decode tok/s, tokens per step
 //! (one round trip each), round trips, bytes per token, where the time went
 //! (local compute, server compute, the rest: network and transport), and
 //! whether the output equals the local model's. The local plaintext model
 //! is timed right before every split run on the same core (ratios side by
 //! side; the machine is shared and noisy).
+//!
+//! HE-LoRA rows (issue 17, "next to HE-LoRA in the same run"): per link,
+//! after the split rows, private generation with each adapter of
+//! [`SplitBenchOptions::he`] on the same prompts and token count, through
+//! [`crate::e2e::run_target`] (an embedded HE-LoRA server over gRPC behind
+//! the same link, `bench e2e`'s measurement: the plaintext adapted model
+//! timed right before each private run, its greedy tokens the reference).
 //!
 //! RTT decomposition: every decode step is modelled as
 //! `t = c0 + c1·(local + server compute) + c2·RTT + c3·(bytes·8 / bandwidth)`
@@ -26,7 +34,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, Tokenizer, generate};
+use cipherlora_model::{
+    GenerateOptions, LoadOptions, Model, NoAdapter, SamplingParams, Tokenizer, WeightMode, generate,
+};
 use cipherlora_service::{
     ClientConfig, LinkProfile, ServeConfig, ServerThread, SplitBackend, SplitClient,
 };
@@ -34,7 +44,7 @@ use cipherlora_spec::ngram::PromptLookup;
 use cipherlora_split::{Drafter, Lookahead, ModelBackend, SplitConfig, SplitOutput};
 use serde::{Deserialize, Serialize};
 
-use crate::e2e::place;
+use crate::e2e::{E2eRun, PrivateRuns, Prompts, place, run_target};
 
 /// Options of `cipherlora bench split`.
 #[derive(Debug, Clone)]
@@ -56,6 +66,9 @@ pub struct SplitBenchOptions {
     pub no_draft_baseline: bool,
     /// Also run the lookahead drafter ([`Drafter::Lookahead`]) with K.
     pub lookahead: bool,
+    /// Also run adaptive prompt lookup ([`Drafter::AdaptivePromptLookup`])
+    /// with K.
+    pub adaptive_k: bool,
     /// Prompts.
     pub prompts: Vec<String>,
     /// New tokens per prompt.
@@ -64,6 +77,10 @@ pub struct SplitBenchOptions {
     pub pin: bool,
     /// RTTs (ms) to project tok/s to, at 100 Mbit/s.
     pub project_rtts_ms: Vec<f64>,
+    /// HE-LoRA rows: these private runs per link (their `links` are
+    /// replaced by each link of the benchmark in turn, their `max_tokens`
+    /// by [`Self::max_tokens`]); `None` for split rows only.
+    pub he: Option<PrivateRuns>,
 }
 
 /// One (link, split, drafter) configuration over all prompts.
@@ -138,10 +155,29 @@ pub struct SplitBenchReport {
     pub model: Option<RttModel>,
     /// Core placement.
     pub pinning: String,
+    /// How the split runs' model (client, server and the local whole
+    /// model) held its weights ([`Model::weights_held`]); the HE-LoRA rows'
+    /// client holds f32 ([`WeightMode::for_private_verify`]).
+    #[serde(default)]
+    pub weights: String,
     /// Prompts.
     pub prompts: usize,
     /// New tokens per prompt.
     pub max_tokens: usize,
+    /// HE-LoRA rows measured in the same run, per link (empty without
+    /// [`SplitBenchOptions::he`]).
+    #[serde(default)]
+    pub he: Vec<HeLinkRuns>,
+}
+
+/// The HE-LoRA rows of one link: per adapter, the plaintext reference row
+/// (adapter merged, mode "plaintext") then the private runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeLinkRuns {
+    /// The link profile's name.
+    pub link: String,
+    /// [`crate::e2e::run_target`]'s rows.
+    pub runs: Vec<E2eRun>,
 }
 
 /// One decode step's regressors and time.
@@ -180,7 +216,7 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
         Vec::new(),
         Some(backend),
         1,
-        server_placement,
+        server_placement.clone(),
     )?;
     let endpoint = format!("http://{}", server.addr());
     let mut drafters = Vec::new();
@@ -189,10 +225,25 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
         if opts.lookahead {
             drafters.push((Drafter::Lookahead(Lookahead::default()), opts.k));
         }
+        if opts.adaptive_k {
+            let adaptive = Drafter::AdaptivePromptLookup(PromptLookup::default());
+            drafters.push((adaptive, opts.k));
+        }
     }
     if opts.no_draft_baseline || opts.k == 0 {
         drafters.push((Drafter::None, 0));
     }
+    // A private client verifies with f32 weights (as `bench e2e`).
+    let he_model = match &opts.he {
+        Some(_) => Some(Model::load_with(
+            &opts.model,
+            &LoadOptions {
+                weights: WeightMode::Auto.for_private_verify(),
+            },
+        )?),
+        None => None,
+    };
+    let mut he = Vec::new();
     let links: Vec<(String, LinkProfile)> = opts
         .links
         .iter()
@@ -210,6 +261,7 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
                     max_tokens: opts.max_tokens,
                     eos: Vec::new(),
                     drafter,
+                    sampling: SamplingParams::greedy(),
                 };
                 let mut cc = ClientConfig::new(endpoint.clone());
                 cc.link = *link;
@@ -259,6 +311,30 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
                 runs.push(row);
             }
         }
+        if let (Some(private), Some(he_model)) = (&opts.he, &he_model) {
+            let private = PrivateRuns {
+                links: vec![link_name.clone()],
+                max_tokens: opts.max_tokens,
+                ..private.clone()
+            };
+            let mut rows = Vec::new();
+            let split_prompts = Prompts {
+                ids: &prompts,
+                eos: &[],
+            };
+            run_target(
+                &private,
+                he_model,
+                &split_prompts,
+                &server_placement,
+                &mut rows,
+                &mut Vec::new(),
+            )?;
+            he.push(HeLinkRuns {
+                link: link_name.clone(),
+                runs: rows,
+            });
+        }
     }
     drop(server);
     let fitted = fit_model(&samples, &links, &runs, &opts.project_rtts_ms);
@@ -267,8 +343,10 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
         runs,
         model: fitted,
         pinning,
+        weights: model.weights_held().into(),
         prompts: prompts.len(),
         max_tokens: opts.max_tokens,
+        he,
     };
     let md = crate::write_report(
         &opts.json,
@@ -336,6 +414,7 @@ fn summarise(
             Drafter::None => "none".into(),
             Drafter::PromptLookup(_) => "prompt-lookup".into(),
             Drafter::Lookahead(_) => "lookahead".into(),
+            Drafter::AdaptivePromptLookup(_) => "prompt-lookup (adaptive, ≤ 2K)".into(),
         },
         k,
         tokens,
@@ -463,41 +542,159 @@ fn fit_model(
     })
 }
 
+/// One line of the Markdown table: a split run, an HE-LoRA run or its
+/// plaintext reference, in the same columns.
+struct TableRow {
+    link: String,
+    mode: String,
+    drafter: String,
+    k: usize,
+    tok_per_s: f64,
+    local_tok_per_s: f64,
+    ratio: f64,
+    tokens_per_step: f64,
+    round_trips: usize,
+    bytes_per_token: f64,
+    /// local, server, network and whole step, ms per step.
+    step_ms: [f64; 4],
+    matches: bool,
+}
+
+impl TableRow {
+    fn split(x: &SplitRun) -> Self {
+        Self {
+            link: x.link.clone(),
+            mode: format!("split ({},{})", x.a, x.b),
+            drafter: x.drafter.clone(),
+            k: x.k,
+            tok_per_s: x.tok_per_s,
+            local_tok_per_s: x.plaintext_tok_per_s,
+            ratio: x.ratio_to_plaintext,
+            tokens_per_step: x.tokens_per_step,
+            round_trips: x.round_trips,
+            bytes_per_token: x.bytes_per_token,
+            step_ms: [
+                x.local_ms_per_step,
+                x.server_ms_per_step,
+                x.network_ms_per_step,
+                x.step_ms,
+            ],
+            matches: x.matches_local,
+        }
+    }
+
+    /// An HE-LoRA row of `link` ([`E2eRun`]: times summed over prompts,
+    /// decode only).
+    fn he(link: &str, x: &E2eRun) -> Self {
+        let rounds = x.rounds.max(1) as f64;
+        let d = &x.split_ms;
+        let (mode, round_trips) = if x.mode == "plaintext" {
+            (format!("local plaintext, {} adapter merged", x.lora), 0)
+        } else {
+            let trips = (x.round_trips_per_round * x.rounds as f64).round() as usize;
+            (format!("HE-LoRA {} ({})", x.lora, x.schedule), trips)
+        };
+        Self {
+            link: link.into(),
+            mode,
+            drafter: x.drafter.clone(),
+            k: x.k,
+            tok_per_s: x.tok_per_s,
+            local_tok_per_s: x.plaintext_tok_per_s,
+            ratio: x.ratio_to_plaintext,
+            tokens_per_step: x.mean_accepted,
+            round_trips,
+            bytes_per_token: x.bytes_up_per_token + x.bytes_down_per_token,
+            step_ms: [
+                (d.draft + d.forward + d.encrypt + d.decrypt) / rounds,
+                d.server / rounds,
+                d.network / rounds,
+                d.total() / rounds,
+            ],
+            matches: x.matches_plaintext,
+        }
+    }
+
+    fn markdown(&self) -> String {
+        let [local, server, network, step] = self.step_ms;
+        format!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {:.0} | {local:.1} | {server:.1} | {network:.1} | {step:.1} | {} |\n",
+            self.link,
+            self.mode,
+            self.drafter,
+            self.k,
+            self.tok_per_s,
+            self.local_tok_per_s,
+            self.ratio,
+            self.tokens_per_step,
+            self.round_trips,
+            self.bytes_per_token,
+            if self.matches { "yes" } else { "**NO**" },
+        )
+    }
+}
+
+/// The table's rows, link by link: the split runs, then that link's
+/// HE-LoRA rows.
+fn table_rows(r: &SplitBenchReport) -> Vec<TableRow> {
+    let mut links: Vec<&str> = Vec::new();
+    for l in r.runs.iter().map(|x| x.link.as_str()) {
+        if !links.contains(&l) {
+            links.push(l);
+        }
+    }
+    for h in &r.he {
+        if !links.contains(&h.link.as_str()) {
+            links.push(&h.link);
+        }
+    }
+    let mut rows = Vec::new();
+    for link in links {
+        rows.extend(
+            r.runs
+                .iter()
+                .filter(|x| x.link == link)
+                .map(TableRow::split),
+        );
+        for h in r.he.iter().filter(|h| h.link == link) {
+            rows.extend(h.runs.iter().map(|x| TableRow::he(link, x)));
+        }
+    }
+    rows
+}
+
 /// The Markdown tables of a report.
 #[must_use]
 pub fn markdown(r: &SplitBenchReport) -> String {
     let mut s = format!(
         "Split inference end to end ({} prompts × {} tokens, greedy, gRPC on loopback behind the link simulator; {}).\n\n\
-         | link | split (a,b) | drafter | K | tok/s | local whole model tok/s, side by side | × local | tokens/step | round trips | bytes/token | local ms/step | server ms/step | network ms/step | step ms | match |\n\
+         | link | mode | drafter | K | tok/s | local tok/s, side by side | × local | tokens/step | round trips | bytes/token | local ms/step | server ms/step | network ms/step | step ms | match |\n\
          | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
         r.prompts, r.max_tokens, r.pinning
     );
-    for x in &r.runs {
-        s.push_str(&format!(
-            "| {} | ({},{}) | {} | {} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} |\n",
-            x.link,
-            x.a,
-            x.b,
-            x.drafter,
-            x.k,
-            x.tok_per_s,
-            x.plaintext_tok_per_s,
-            x.ratio_to_plaintext,
-            x.tokens_per_step,
-            x.round_trips,
-            x.bytes_per_token,
-            x.local_ms_per_step,
-            x.server_ms_per_step,
-            x.network_ms_per_step,
-            x.step_ms,
-            if x.matches_local { "yes" } else { "**NO**" },
-        ));
+    for row in table_rows(r) {
+        s.push_str(&row.markdown());
     }
     s.push_str(
         "\ntok/s and ms/step: decode steps only (the first step, the prompt's prefill, is \
-         excluded); round trips include it. bytes/token: protobuf request + response bytes \
-         (f32 hidden states) over all steps.\n",
+         excluded); split round trips include it. bytes/token: protobuf request + response bytes \
+         (f32 hidden states) over all steps. Split rows: \"local\" is the whole base model run \
+         locally, \"match\" equality with its greedy tokens.\n",
     );
+    s.push_str(&format!(
+        "Split rows' weights (client, server and local model): {}.\n",
+        r.weights
+    ));
+    if !r.he.is_empty() {
+        s.push_str(
+            "HE-LoRA rows (`bench e2e`'s measurement on the same prompts and link): a step is a \
+             verify round; prefill runs through a separate session and is excluded, from round \
+             trips and bytes too; \"local\" is the plaintext model with the adapter merged, \
+             timed right before the run with f32 weights, as a private client verifies (the \
+             plaintext row: the median of those timings), \"match\" equality with its greedy tokens; local ms/step: drafting, plaintext \
+             passes, encryption and decryption.\n",
+        );
+    }
     if let Some(m) = &r.model {
         let c = m.coefficients;
         s.push_str(&format!(

@@ -34,6 +34,14 @@ impl PromptLookup {
     /// Cost: O(len(context) · max_ngram) per call.
     #[must_use]
     pub fn draft(&self, context: &[u32], k: usize) -> Vec<u32> {
+        self.draft_with_match(context, k).0
+    }
+
+    /// [`PromptLookup::draft`] and the length n of the suffix that matched
+    /// (0 when none did): a longer match predicts its continuation better,
+    /// which adaptive drafters use to choose how much to draft.
+    #[must_use]
+    pub fn draft_with_match(&self, context: &[u32], k: usize) -> (Vec<u32>, usize) {
         let min = self.min_ngram.max(1);
         for n in (min..=self.max_ngram).rev() {
             if context.len() <= n {
@@ -47,10 +55,10 @@ impl PromptLookup {
             if let Some(start) = found {
                 let from = start + n;
                 let to = (from + k).min(context.len());
-                return context[from..to].to_vec();
+                return (context[from..to].to_vec(), n);
             }
         }
-        Vec::new()
+        (Vec::new(), 0)
     }
 }
 
@@ -70,6 +78,17 @@ mod tests {
         let ctx = [4, 5, 6, 1, 2, 9, 5];
         // "9 5" and "2 9 5" never occurred before; "5" did, followed by 6, 1.
         assert_eq!(PromptLookup::default().draft(&ctx, 2), vec![6, 1]);
+    }
+
+    #[test]
+    fn reports_the_length_of_the_suffix_that_matched() {
+        let p = PromptLookup::default();
+        assert_eq!(p.draft_with_match(&[1, 2, 3, 9, 1, 2, 3], 1), (vec![9], 3));
+        assert_eq!(
+            p.draft_with_match(&[4, 5, 6, 1, 2, 9, 5], 2),
+            (vec![6, 1], 1)
+        );
+        assert_eq!(p.draft_with_match(&[1, 2, 3, 4], 4), (vec![], 0));
     }
 
     #[test]

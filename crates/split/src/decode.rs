@@ -1,4 +1,4 @@
-//! Greedy split generation with speculative verification.
+//! Split generation with speculative verification, greedy or sampled.
 //!
 //! Each step drafts up to K tokens ([`Drafter`]: prompt lookup, or a
 //! lookahead-style n-gram pool fed by the previous pass's Jacobi iterate), runs the embedding and
@@ -13,23 +13,37 @@
 //! token is the whole model's argmax after the same prefix, so the output
 //! is the local model's greedy output (up to floating-point ties: T > 1
 //! passes sum in another order than T = 1 steps).
+//!
+//! With a temperature above 0 the kept tokens come from exact speculative
+//! sampling of the point-mass drafts ([`crate::accept`]; Leviathan et al.
+//! 2023, Chen et al. 2023): each draft x is kept with probability p(x), a
+//! rejected one replaced by a draw from p without x, the bonus drawn from
+//! p, so the output follows the model's sampling distribution (penalty,
+//! temperature, top-k, top-p of [`SplitConfig::sampling`]) as
+//! `cipherlora_model::generate` samples it. The RNG is ChaCha20 seeded with
+//! [`SamplingParams::seed`], as in `cipherlora_model::generate` and
+//! private generation: one seed, one output.
 
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
-use cipherlora_model::{AttentionMask, KvCache, Model};
+use cipherlora_model::{AttentionMask, KvCache, Model, Sampler, SamplingParams};
 use cipherlora_spec::acceptance::accept_greedy;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
 
+use crate::accept;
 use crate::{Drafter, MiddleLayers, SplitError};
 
 /// What a split generation runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SplitConfig {
     /// Decoder layers run locally before the server's, a ≥ 1.
     pub head_layers: usize,
     /// Decoder layers run locally after the server's, b ≥ 1.
     pub tail_layers: usize,
-    /// Drafted tokens per step, K (each step verifies up to K+1 positions).
+    /// Drafted tokens per step, K (each step verifies up to K+1 positions;
+    /// adaptive prompt lookup up to 2K+1).
     pub k: usize,
     /// Most new tokens.
     pub max_tokens: usize,
@@ -37,13 +51,16 @@ pub struct SplitConfig {
     pub eos: Vec<u32>,
     /// How drafts are made.
     pub drafter: Drafter,
+    /// Greedy ([`SamplingParams::greedy`]: the whole model's greedy output)
+    /// or sampled (temperature, top-k, top-p, repetition penalty, seed).
+    pub sampling: SamplingParams,
 }
 
 impl SplitConfig {
     /// KV positions a generation from a `prompt_len`-token prompt needs,
     /// locally and on the server: prompt, output and one step's drafts.
     pub fn capacity(&self, prompt_len: usize) -> usize {
-        prompt_len + self.max_tokens + self.k + 1
+        prompt_len + self.max_tokens + self.drafter.max_draft(self.k) + 1
     }
 }
 
@@ -107,16 +124,19 @@ impl SplitOutput {
     }
 }
 
-/// Greedy generation of up to `config.max_tokens` tokens after `prompt`
-/// with `model`'s embedding, layers `[0, a)` and `[L − b, L)` and head,
-/// and `middle` for layers `[a, L − b)` (which must hold a fresh session
-/// of that split with at least [`SplitConfig::capacity`] positions).
-/// `on_token` sees each token as it is accepted.
+/// Generation of up to `config.max_tokens` tokens after `prompt` (greedy
+/// or sampled, [`SplitConfig::sampling`]) with `model`'s embedding, layers
+/// `[0, a)` and `[L − b, L)` and head, and `middle` for layers `[a, L − b)`
+/// (which must hold a fresh session of that split with at least
+/// [`SplitConfig::capacity`] positions). `on_token` sees each token as it
+/// is accepted.
 ///
 /// # Errors
 /// [`SplitError::Config`] for an empty prompt or a split leaving the
-/// server no layer; [`SplitError::MiddleShape`] for an answer of the wrong
-/// size; the middle layers' and the model's errors.
+/// server no layer; [`SplitError::Model`] for invalid sampling parameters
+/// (a negative temperature, top-k 0, top-p outside (0, 1]);
+/// [`SplitError::MiddleShape`] for an answer of the wrong size; the middle
+/// layers' and the model's errors.
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -137,6 +157,10 @@ pub fn generate(
             reason: format!("split ({a}, {b}) must keep a, b ≥ 1 and a + b < {n}"),
         });
     }
+    let sampler = Sampler::new(config.sampling.clone())?;
+    // Greedy without a penalty: the argmax rows alone decide.
+    let argmax_only = sampler.is_greedy() && config.sampling.repetition_penalty == 1.0;
+    let mut rng = ChaCha20Rng::seed_from_u64(config.sampling.seed);
     let capacity = config.capacity(prompt.len());
     let mut head = KvCache::for_layers(c, capacity, 0..a)?;
     let mut tail = KvCache::for_layers(c, capacity, n - b..n)?;
@@ -155,7 +179,7 @@ pub fn generate(
         let t0 = Instant::now();
         let _span = tracing::debug_span!("split_step", step = out.steps.len()).entered();
         let room = config.max_tokens - out.tokens.len();
-        let drafts = drafter.draft(&context, config.k.min(room - 1));
+        let drafts = drafter.draft(&context, config.k, room - 1);
         let mut input = pending.clone();
         input.extend_from_slice(&drafts);
         let t = input.len();
@@ -179,7 +203,13 @@ pub fn generate(
         let first = pending.len() - 1;
         let logits = model.head(&z.narrow(0, first, t - first)?)?;
         let argmax = Model::argmax_rows(&logits)?;
-        let outcome = accept_greedy(&drafts, &argmax)?;
+        let outcome = if argmax_only {
+            accept_greedy(&drafts, &argmax)?
+        } else {
+            let rows = logits.to_vec2::<f32>()?;
+            let probs = accept::target_probs(&sampler, &rows, &context, &drafts);
+            accept::exact(&drafts, &probs, &mut rng)?
+        };
         drafter.observe(&argmax, outcome.accepted);
         let keep = start + pending.len() + outcome.accepted;
         head.truncate(keep);

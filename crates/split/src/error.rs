@@ -22,6 +22,27 @@ pub enum SplitError {
         /// What is wrong, in words.
         reason: String,
     },
+    /// The split session was lost (server restart, idle eviction, a
+    /// dropped connection) and reopening it or re-running the positions
+    /// the server held failed ([`crate::ReplayingClient`]).
+    #[error("split session lost; replaying its {positions} positions failed: {source}")]
+    Replay {
+        /// Positions the lost session held (the accepted prefix).
+        positions: usize,
+        /// Why the replay failed.
+        #[source]
+        source: Box<SplitError>,
+    },
+    /// The split session was lost again after the replays allowed
+    /// ([`crate::ReplayingClient::with_max_replays`]).
+    #[error("split session lost after {replays} replays: {source}")]
+    SessionLost {
+        /// Replays already made.
+        replays: usize,
+        /// The failed call's error.
+        #[source]
+        source: cipherlora_service::ServiceError,
+    },
     /// The middle layers answered hidden states of the wrong size.
     #[error("middle layers returned {got} values, expected {expected}")]
     MiddleShape {

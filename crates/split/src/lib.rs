@@ -14,18 +14,24 @@
 //!   implemented by the gRPC client and, for references, in process.
 //! - [`draft`]: drafters: prompt lookup (`cipherlora_spec::ngram`), a
 //!   lookahead-style n-gram pool (Fu et al. 2024, simplified) and none.
-//! - [`decode`]: greedy generation, K+1 positions verified per round trip,
-//!   local and remote KV rolled back to the accepted prefix; the output is
-//!   the whole model's greedy output.
+//! - [`replay`]: [`ReplayingClient`], the gRPC client that reopens a lost
+//!   session and replays the prefix the server held.
+//! - [`decode`]: generation, K+1 positions verified per round trip, local
+//!   and remote KV rolled back to the accepted prefix; greedy output is the
+//!   whole model's greedy output, sampled output follows its sampling
+//!   distribution (exact speculative sampling, `accept`).
 
+mod accept;
 pub mod backend;
 pub mod decode;
 pub mod draft;
 mod error;
 pub mod middle;
+pub mod replay;
 
 pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
 pub use draft::{Drafter, Lookahead};
 pub use error::SplitError;
 pub use middle::{Forwarded, InProcess, MiddleLayers};
+pub use replay::ReplayingClient;

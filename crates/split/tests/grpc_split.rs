@@ -1,12 +1,14 @@
 //! Split inference over gRPC on loopback with the real default model
 //! (SmolLM2-135M-Instruct Q4_1): the output equals the whole model's greedy
 //! output run locally (an independent path: `cipherlora_model::generate`,
-//! one position per pass, one KV cache of all layers), and every malformed
-//! call gets its typed status.
+//! one position per pass, one KV cache of all layers), also across a
+//! server restart (the session replayed), and every malformed call gets
+//! its typed status.
 
-use std::sync::{Arc, OnceLock};
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, Tokenizer, fetch};
+use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams};
 use cipherlora_proto::ErrorReason;
 use cipherlora_proto::split::v1::{ActivationEncoding, ForwardRequest};
 use cipherlora_service::auth::TokenSet;
@@ -14,24 +16,22 @@ use cipherlora_service::{
     ClientConfig, Limits, ServeConfig, ServerThread, ServiceError, SplitBackend, SplitClient,
     dev_cert,
 };
+use cipherlora_spec::ngram::PromptLookup;
 use cipherlora_split::{
-    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, SplitConfig, generate,
+    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient, SplitConfig,
+    SplitError, generate,
 };
 use tonic::Code;
 
-fn model() -> &'static (Arc<Model>, Tokenizer) {
-    static M: OnceLock<(Arc<Model>, Tokenizer)> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = fetch::ensure_default_model().expect("default model");
-        (
-            Arc::new(Model::load(&path).expect("load")),
-            Tokenizer::for_model(&path).expect("tokenizer"),
-        )
-    })
-}
+mod common;
+use common::model;
 
 fn serve(limits: Limits, max_capacity: u32) -> ServerThread {
-    let mut config = ServeConfig::new("127.0.0.1:0".parse().unwrap());
+    serve_on("127.0.0.1:0".parse().unwrap(), limits, max_capacity)
+}
+
+fn serve_on(addr: SocketAddr, limits: Limits, max_capacity: u32) -> ServerThread {
+    let mut config = ServeConfig::new(addr);
     config.limits = limits;
     let backend: Arc<dyn SplitBackend> =
         Arc::new(ModelBackend::new(model().0.clone(), max_capacity));
@@ -77,6 +77,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
             (2, 2, Drafter::default()),
             (4, 4, Drafter::default()),
             (2, 2, lookahead),
+            (1, 3, Drafter::AdaptivePromptLookup(PromptLookup::default())),
         ] {
             let config = SplitConfig {
                 head_layers: a,
@@ -85,6 +86,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
                 max_tokens: TOKENS,
                 eos: Vec::new(),
                 drafter,
+                sampling: SamplingParams::greedy(),
             };
             let mut c = client(&server);
             let cap = u32::try_from(config.capacity(prompt.len())).unwrap();
@@ -118,6 +120,7 @@ fn no_draft_and_in_process_middle_give_the_same_tokens() {
         max_tokens: TOKENS,
         eos: Vec::new(),
         drafter: Drafter::None,
+        sampling: SamplingParams::greedy(),
     };
     let mut mid = InProcess::new(m.clone(), 3, 2, config.capacity(prompt.len())).unwrap();
     let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
@@ -141,6 +144,7 @@ fn end_tokens_and_the_token_limit_cut_where_the_local_model_does() {
             max_tokens,
             eos,
             drafter: Drafter::default(),
+            sampling: SamplingParams::greedy(),
         };
         let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
         generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()
@@ -313,4 +317,93 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         (Code::NotFound, Some(ErrorReason::UnknownSession))
     );
     other.open(1, 1, 64).unwrap();
+}
+
+/// Stops `server` once `at` tokens have been generated (between two
+/// steps: `on_token` runs inside the loop) and, with `restart`, starts it
+/// again on the same address (a fresh process: no session, a new
+/// connection).
+fn stop_server_after(
+    at: usize,
+    server: &mut Option<ServerThread>,
+    restart: bool,
+) -> impl FnMut(u32) + '_ {
+    let mut seen = 0;
+    move |_| {
+        seen += 1;
+        if seen == at
+            && let Some(s) = server.take()
+        {
+            let addr = s.addr();
+            s.stop().unwrap();
+            if restart {
+                *server = Some(serve_on(addr, Limits::default(), 4096));
+            }
+        }
+    }
+}
+
+fn replaying(server: &ServerThread, config: &SplitConfig, prompt_len: usize) -> ReplayingClient {
+    let cc = ClientConfig::new(format!("http://{}", server.addr()));
+    let client = SplitClient::connect(&cc).unwrap();
+    let cap = u32::try_from(config.capacity(prompt_len)).unwrap();
+    let split = (config.head_layers as u32, config.tail_layers as u32);
+    ReplayingClient::open(cc, client, split, cap).unwrap()
+}
+
+fn split_2_2() -> SplitConfig {
+    SplitConfig {
+        head_layers: 2,
+        tail_layers: 2,
+        k: 4,
+        max_tokens: TOKENS,
+        eos: Vec::new(),
+        drafter: Drafter::default(),
+        sampling: SamplingParams::greedy(),
+    }
+}
+
+/// A server restart mid-generation: the client reopens a session, replays
+/// the accepted prefix, and the output is still the local model's greedy
+/// output.
+#[test]
+fn a_server_restart_mid_generation_is_replayed_transparently() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[2]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let config = split_2_2();
+    let mut server = Some(serve(Limits::default(), 4096));
+    let mut mid = replaying(server.as_ref().unwrap(), &config, prompt.len());
+    let mut on_token = stop_server_after(8, &mut server, true);
+    let out = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap();
+    assert_eq!(out.tokens, want);
+    assert_eq!(mid.replays(), 1);
+    // The replay's calls (the prompt and more) are counted in the step
+    // that needed them.
+    let replayed = out
+        .steps
+        .iter()
+        .filter(|s| s.bytes_up > out.steps[0].bytes_up);
+    assert_eq!(replayed.count(), 1);
+}
+
+/// A server that stays down: the replay fails with its typed error; with
+/// no replay allowed, the loss itself is the error.
+#[test]
+fn a_lost_server_ends_the_generation_with_a_typed_error() {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPTS[0]).unwrap();
+    let config = split_2_2();
+    for max_replays in [1, 0] {
+        let mut server = Some(serve(Limits::default(), 4096));
+        let mid = replaying(server.as_ref().unwrap(), &config, prompt.len());
+        let mut mid = mid.with_max_replays(max_replays);
+        let mut on_token = stop_server_after(4, &mut server, false);
+        let e = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap_err();
+        match (max_replays, &e) {
+            (1, SplitError::Replay { positions, .. }) => assert!(*positions > prompt.len()),
+            (0, SplitError::SessionLost { replays: 0, .. }) => {}
+            _ => panic!("max_replays {max_replays}: {e}"),
+        }
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use cipherlora_bench::e2e::{DecodeConfig, DrafterWeights};
+use cipherlora_bench::e2e::{DecodeConfig, DrafterWeights, PrivateRuns};
 use cipherlora_spec::decode::DrafterKind;
 use cipherlora_spec::tree_draft::TreeParams;
 use clap::Subcommand;
@@ -104,6 +104,10 @@ pub struct SplitBenchArgs {
     /// Also run the lookahead-style n-gram pool drafter with K.
     #[arg(long)]
     lookahead: bool,
+    /// Also run adaptive prompt lookup: each step drafts by the match
+    /// length, up to 2K.
+    #[arg(long)]
+    adaptive_k: bool,
     /// Held-out prompts, one JSON object with a "prompt" field per line
     /// (default: the committed HumanEval prompts).
     #[arg(long)]
@@ -120,6 +124,20 @@ pub struct SplitBenchArgs {
     /// Do not pin client and server to different cores.
     #[arg(long)]
     no_pin: bool,
+    /// Skip the HE-LoRA rows (split rows only: a quick run).
+    #[arg(long)]
+    no_he: bool,
+    /// HE-LoRA rows: PEFT adapter folders (default: the committed FFA and
+    /// standard code adapters).
+    #[arg(long = "he-adapter")]
+    he_adapters: Vec<PathBuf>,
+    /// HE-LoRA rows: decoding configurations as `bench e2e --configs` takes
+    /// them (default: `generate --server`'s, the base drafter with auto K).
+    #[arg(long, value_delimiter = ',', default_value = "base:auto")]
+    he_configs: Vec<String>,
+    /// HE-LoRA rows: verify schedules as `bench e2e --schedules` takes them.
+    #[arg(long, value_delimiter = ';', default_value = "auto")]
+    he_schedules: Vec<String>,
 }
 
 impl SplitBenchArgs {
@@ -146,6 +164,28 @@ impl SplitBenchArgs {
             crate::cmd::demo::committed_adapter("eval").join("humaneval_0_19.jsonl")
         });
         let prompts = cipherlora_bench::e2e::read_prompts(&prompts_file, self.prompts)?;
+        // `generate --server`'s defaults: quantized drafter weights, prefill
+        // width 16, no optimistic drafting.
+        let he = if self.no_he {
+            None
+        } else {
+            let (_, adapters) = model_and_adapters(Some(model.clone()), self.he_adapters)?;
+            Some(PrivateRuns {
+                adapters,
+                links: Vec::new(),
+                configs: self
+                    .he_configs
+                    .iter()
+                    .map(|c| parse_config(c, crate::cmd::demo::DraftWeightsArg::Quantized))
+                    .collect::<anyhow::Result<_>>()?,
+                schedules: self.he_schedules,
+                max_tokens: self.max_tokens,
+                prefill_width: 16,
+                optimistic: false,
+                draft_stop_below: crate::cmd::demo::DEFAULT_DRAFT_STOP,
+                acceptance_prior: crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR,
+            })
+        };
         cipherlora_bench::split_inference::run(
             &cipherlora_bench::split_inference::SplitBenchOptions {
                 json: self.json,
@@ -156,10 +196,12 @@ impl SplitBenchArgs {
                 k: self.k,
                 no_draft_baseline: !self.no_baseline,
                 lookahead: self.lookahead,
+                adaptive_k: self.adaptive_k,
                 prompts,
                 max_tokens: self.max_tokens,
                 pin: !self.no_pin,
                 project_rtts_ms: self.project_rtts,
+                he,
             },
         )?;
         Ok(())
@@ -346,19 +388,21 @@ impl E2eBenchArgs {
             json: self.json,
             markdown: self.markdown,
             model,
-            adapters,
-            links: self.links,
-            configs,
-            schedules: self.schedules,
             prompts_file,
             prompts: self.prompts,
-            max_tokens: self.max_tokens,
-            prefill_width: self.prefill_width,
             pin: !self.no_pin,
-            optimistic: self.optimistic,
-            draft_stop_below: self.draft_stop_below,
-            acceptance_prior: self.acceptance_prior,
             weights: self.weights.into_iter().map(Into::into).collect(),
+            private: PrivateRuns {
+                adapters,
+                links: self.links,
+                configs,
+                schedules: self.schedules,
+                max_tokens: self.max_tokens,
+                prefill_width: self.prefill_width,
+                optimistic: self.optimistic,
+                draft_stop_below: self.draft_stop_below,
+                acceptance_prior: self.acceptance_prior,
+            },
         })?;
         Ok(())
     }

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use cipherlora_bench::split::summary;
 use cipherlora_model::{
-    DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
-    SamplingParams, TextStream, Tokenizer, WeightMode,
+    DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora, TextStream,
+    Tokenizer, WeightMode,
 };
 use cipherlora_private::{Grouping, connect_chosen_width, connect_widths};
 use cipherlora_service::LinkProfile;
@@ -17,6 +17,7 @@ use cipherlora_spec::tree_draft::TreeParams;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
+use crate::cmd::sampling_arg::SamplingArgs;
 use crate::cmd::schedule_arg::resolve_schedule;
 
 /// How to hold GGUF weights.
@@ -68,21 +69,8 @@ pub struct GenerateArgs {
     /// the reference of --check-plaintext (the private run never reads it).
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Top-k filtering.
-    #[arg(long)]
-    top_k: Option<usize>,
-    /// Top-p (nucleus) filtering.
-    #[arg(long)]
-    top_p: Option<f32>,
-    /// Repetition penalty (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    repetition_penalty: f32,
-    /// RNG seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// CPU threads (default: candle's choice, or RAYON_NUM_THREADS).
     #[arg(long)]
     threads: Option<usize>,
@@ -197,13 +185,7 @@ impl GenerateArgs {
         let prompt = tokenizer.encode(&text)?;
         let opts = GenerateOptions {
             max_tokens: self.max_tokens,
-            sampling: SamplingParams {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                repetition_penalty: self.repetition_penalty,
-                seed: self.seed,
-            },
+            sampling: self.sampling.params(),
             eos: tokenizer.eos_tokens().to_vec(),
         };
         if let Some(url) = &self.server {
@@ -213,7 +195,7 @@ impl GenerateArgs {
             );
             if self.check_plaintext {
                 anyhow::ensure!(
-                    self.temperature == 0.0,
+                    self.sampling.is_greedy(),
                     "--check-plaintext compares greedy outputs: use --temperature 0"
                 );
             }

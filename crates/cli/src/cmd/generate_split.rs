@@ -1,5 +1,6 @@
-//! `cipherlora generate-split`: greedy generation with a split-inference
-//! server running the middle layers. The embedding, the first a and last b
+//! `cipherlora generate-split`: generation (greedy, or sampled by exact
+//! speculative sampling) with a split-inference server running the middle
+//! layers. The embedding, the first a and last b
 //! layers, the final norm and the head stay here: raw tokens and logits
 //! never leave this process; the hidden states do (in plaintext under TLS).
 
@@ -11,16 +12,20 @@ use anyhow::Context;
 use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer};
 use cipherlora_service::{LinkProfile, SplitClient};
 use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, Lookahead, SplitConfig};
+use cipherlora_split::{Drafter, Lookahead, ReplayingClient, SplitConfig};
 use clap::{Args, ValueEnum};
 
 use super::remote::client_config;
+use super::sampling_arg::SamplingArgs;
 
 /// How the split client drafts.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum SplitDraftArg {
     /// Prompt lookup: copy the continuation of an earlier n-gram.
     PromptLookup,
+    /// Prompt lookup drafting by the match length: up to 2K after a
+    /// 3-token match, fewer after a shorter one.
+    AdaptivePromptLookup,
     /// An n-gram pool fed by the verify passes' Jacobi iterates
     /// (lookahead decoding, simplified), prompt lookup as fallback.
     Lookahead,
@@ -44,6 +49,8 @@ pub struct GenerateSplitArgs {
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Split server URL (`https://host:port`; `http://` only against
     /// `serve-split --insecure`).
     #[arg(long)]
@@ -51,7 +58,8 @@ pub struct GenerateSplitArgs {
     /// Decoder layers kept locally before and after the server's: `a,b`.
     #[arg(long, default_value = "2,2", value_parser = parse_pair)]
     local_layers: (u32, u32),
-    /// Drafted tokens verified per round trip (K).
+    /// Drafted tokens verified per round trip (K; adaptive prompt lookup
+    /// drafts up to 2K).
     #[arg(long, default_value_t = 4)]
     k: usize,
     /// Drafter.
@@ -68,7 +76,7 @@ pub struct GenerateSplitArgs {
     #[arg(long)]
     link: Option<LinkProfile>,
     /// Also run the whole model locally and fail unless the outputs are
-    /// token-identical.
+    /// token-identical (greedy only).
     #[arg(long)]
     check_local: bool,
 }
@@ -98,6 +106,10 @@ impl GenerateSplitArgs {
             (None, None) => anyhow::bail!("--prompt or --chat is required"),
         };
         let prompt = tokenizer.encode(&text)?;
+        anyhow::ensure!(
+            !self.check_local || self.sampling.is_greedy(),
+            "--check-local compares greedy outputs: use --temperature 0"
+        );
         let (a, b) = self.local_layers;
         let config = SplitConfig {
             head_layers: a as usize,
@@ -107,9 +119,13 @@ impl GenerateSplitArgs {
             eos: tokenizer.eos_tokens().to_vec(),
             drafter: match self.draft {
                 SplitDraftArg::PromptLookup => Drafter::PromptLookup(PromptLookup::default()),
+                SplitDraftArg::AdaptivePromptLookup => {
+                    Drafter::AdaptivePromptLookup(PromptLookup::default())
+                }
                 SplitDraftArg::Lookahead => Drafter::Lookahead(Lookahead::default()),
                 SplitDraftArg::None => Drafter::None,
             },
+            sampling: self.sampling.params(),
         };
         let cc = client_config(
             &self.split_server,
@@ -128,31 +144,39 @@ impl GenerateSplitArgs {
             info.hidden_size
         );
         let capacity = u32::try_from(config.capacity(prompt.len()))?;
-        let session = client.open(a, b, capacity)?;
+        // A session lost mid-generation (server restart, eviction) is
+        // reopened and its prefix replayed once.
+        let mut middle = ReplayingClient::open(cc, client, (a, b), capacity)?;
+        let session = middle.session().clone();
         let mut stream = TextStream::new(&tokenizer);
         let mut stdout = std::io::stdout().lock();
         if self.prompt.is_some() {
             write!(stdout, "{text}")?;
         }
-        let out = cipherlora_split::generate(&model, &prompt, &config, &mut client, &mut |id| {
+        let out = cipherlora_split::generate(&model, &prompt, &config, &mut middle, &mut |id| {
             if let Ok(Some(piece)) = stream.push(id) {
                 let _ = write!(stdout, "{piece}");
                 let _ = stdout.flush();
             }
         })?;
         writeln!(stdout)?;
-        let stats = client.stats();
-        client.close()?;
+        let replays = middle.replays();
+        middle.close()?;
         eprintln!(
-            "{} tokens in {:.2} s ({:.1} tok/s); server layers {}..{}; {} round trips, {:.2} tokens per step, {:.0} bytes per token",
+            "{} tokens in {:.2} s ({:.1} tok/s); server layers {}..{}; {} steps (one round trip each), {:.2} tokens per step, {:.0} bytes per token{}",
             out.tokens.len(),
             out.elapsed.as_secs_f64(),
             out.tokens_per_second(),
             session.first_layer,
             session.end_layer,
-            stats.round_trips,
+            out.steps.len(),
             out.tokens_per_step(),
-            out.bytes_per_token()
+            out.bytes_per_token(),
+            if replays > 0 {
+                format!("; the session was lost and replayed {replays} time(s)")
+            } else {
+                String::new()
+            }
         );
         if self.check_local {
             let opts = GenerateOptions {

@@ -9,6 +9,7 @@ pub mod fetch;
 pub mod generate;
 pub mod generate_split;
 pub mod remote;
+pub mod sampling_arg;
 pub mod schedule_arg;
 pub mod serve;
 pub mod serve_limits;
