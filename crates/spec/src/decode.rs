@@ -709,6 +709,25 @@ impl Draft {
             tree: None,
         }
     }
+
+    /// A tree of at most k nodes grown by [`grow`] after feeding `feed`
+    /// to the drafter's `cache`.
+    fn grown(
+        models: (&Model, &Model),
+        cache: &mut KvCache,
+        feed: &[u32],
+        k: usize,
+        params: &TreeParams,
+        calibration: &Calibration,
+    ) -> Result<Self, SpecError> {
+        let grown = grow(models, cache, feed, k, params, calibration)?;
+        Ok(Self {
+            tokens: grown.tree.tokens.clone(),
+            probs: None,
+            from_base: true,
+            tree: Some(grown),
+        })
+    }
 }
 
 /// Drafter state: the base model's own KV cache and the adaptive-K controller.
@@ -889,20 +908,8 @@ impl<'m> Drafter<'m> {
         cache.sync_from(target, from)?;
         self.synced = target.len();
         let feed = context[cache.len()..].to_vec();
-        let grown = grow(
-            (self.model, self.batch_model),
-            cache,
-            &feed,
-            k,
-            params,
-            &self.calibration,
-        )?;
-        Ok(Draft {
-            tokens: grown.tree.tokens.clone(),
-            probs: None,
-            from_base: true,
-            tree: Some(grown),
-        })
+        let models = (self.model, self.batch_model);
+        Draft::grown(models, cache, &feed, k, params, &self.calibration)
     }
 
     /// After a tree round that accepted `path`: keeps the context
@@ -1016,24 +1023,12 @@ impl<'m> Drafter<'m> {
             .map(|&n| grown.tree.tokens[n])
             .collect();
         feed.push(bonus);
-        let next = grow(
-            (self.model, self.batch_model),
-            cache,
-            &feed,
-            k,
-            params,
-            &self.calibration,
-        )?;
+        let models = (self.model, self.batch_model);
         Ok(Guess {
             accepted: predicted.path.len(),
             bonus,
             path: predicted.path.clone(),
-            next: Draft {
-                tokens: next.tree.tokens.clone(),
-                probs: None,
-                from_base: true,
-                tree: Some(next),
-            },
+            next: Draft::grown(models, cache, &feed, k, params, &self.calibration)?,
         })
     }
 
