@@ -3,8 +3,10 @@
 //! settings, TLS, bearer token and [`crate::link`] simulator as the adapter
 //! client ([`ClientConfig`]).
 //!
-//! No replay: a lost session (server restart, idle eviction) ends the
-//! generation with the server's `NOT_FOUND` (`unknown_session`).
+//! This client does not replay: a lost session (server restart, idle
+//! eviction) fails its calls with the server's `NOT_FOUND`
+//! (`unknown_session`) or a transport error. `cipherlora_split`'s
+//! `ReplayingClient` wraps it to reopen the session and replay the prefix.
 
 use std::time::Duration;
 
