@@ -18,8 +18,8 @@
 use std::path::PathBuf;
 
 use cipherlora_model::{
-    AttentionMask, GenerateOptions, LoraAdapter, Model, NoAdapter, PlainLora, SamplingParams,
-    Tokenizer, fetch, generate,
+    AttentionMask, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
+    SamplingParams, Tokenizer, WeightMode, fetch, generate,
 };
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::tree_draft::{Calibration, TreeDrafts, TreeParams};
@@ -82,7 +82,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let args = args(&root)?;
     let path = fetch::ensure_default_model()?;
-    let model = Model::load(&path)?;
+    // f32 weights, what a private client verifies with
+    // (`WeightMode::for_private_verify`): the default loader keeps Q4_1
+    // quantized, whose batched and single-position passes differ in the
+    // last bits and may flip a near-tie against the sequential reference.
+    let model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )?;
     let drafter = model.to_f16_weights()?;
     let tok = Tokenizer::for_model(&path)?;
     let prompts: Vec<String> = std::fs::read_to_string(&args.prompts)?

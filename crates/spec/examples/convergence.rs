@@ -27,8 +27,8 @@ use std::path::PathBuf;
 
 use cipherlora_model::{
     AttentionMask, DeltaHook, FixedPointPass, GenerateOptions, GroupDeltas, GroupInput,
-    LoraAdapter, Model, ModelError, PlainLora, Proj, ProjGroup, RandomAdapterSpec, SamplingParams,
-    Tensor, Tokenizer, fetch, generate, write_random_adapter,
+    LoadOptions, LoraAdapter, Model, ModelError, PlainLora, Proj, ProjGroup, RandomAdapterSpec,
+    SamplingParams, Tensor, Tokenizer, WeightMode, fetch, generate, write_random_adapter,
 };
 use serde::Serialize;
 
@@ -129,7 +129,16 @@ fn main() -> anyhow::Result<()> {
     let margin: f32 = arg("--margin", "1").parse()?;
 
     let path = fetch::ensure_default_model()?;
-    let model = Model::load(&path)?;
+    // f32 weights, what a private client verifies with
+    // (`WeightMode::for_private_verify`): the default loader keeps Q4_1
+    // quantized, whose batched and single-position passes differ in the
+    // last bits and may flip a near-tie against the sequential reference.
+    let model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )?;
     let tok = Tokenizer::for_model(&path)?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../adapters");
 
