@@ -84,9 +84,33 @@ pub fn ciphertext_features(
             out.extend(
                 words[..4 * dim]
                     .chunks_exact(4)
-                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as f32 / 4_294_967_296.0),
+                    .map(|w| unit_interval(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
             );
         }
     }
     Ok(out)
+}
+
+/// A 32-bit word mapped into [0, 1): its top 24 bits over 2^24, exact in
+/// f32. (`w as f32 / 2^32` rounds words above 2^32 − 2^7 up to 1.0.)
+fn unit_interval(w: u32) -> f32 {
+    (w >> 8) as f32 / 16_777_216.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unit_interval;
+
+    /// CI failure (stop 27): a ciphertext word near 2^32 became the feature
+    /// 1.0, outside [0, 1), because `u32 as f32` rounds to 24 bits.
+    #[test]
+    fn largest_words_stay_below_one() {
+        for w in [u32::MAX, u32::MAX - 127, u32::MAX - 128, 1 << 31, 0, 255, 256] {
+            let v = unit_interval(w);
+            assert!((0.0..1.0).contains(&v), "{w} -> {v}");
+        }
+        assert_eq!(unit_interval(0), 0.0);
+        assert_eq!(unit_interval(1 << 31), 0.5);
+        assert!(unit_interval(u32::MAX) > unit_interval(u32::MAX - 256));
+    }
 }
