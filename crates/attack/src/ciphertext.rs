@@ -105,7 +105,15 @@ mod tests {
     /// 1.0, outside [0, 1), because `u32 as f32` rounds to 24 bits.
     #[test]
     fn largest_words_stay_below_one() {
-        for w in [u32::MAX, u32::MAX - 127, u32::MAX - 128, 1 << 31, 0, 255, 256] {
+        for w in [
+            u32::MAX,
+            u32::MAX - 127,
+            u32::MAX - 128,
+            1 << 31,
+            0,
+            255,
+            256,
+        ] {
             let v = unit_interval(w);
             assert!((0.0..1.0).contains(&v), "{w} -> {v}");
         }
