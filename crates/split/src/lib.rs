@@ -33,5 +33,5 @@ pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
 pub use draft::{Drafter, Lookahead};
 pub use error::SplitError;
-pub use middle::{Forwarded, InProcess, MiddleLayers};
+pub use middle::{Forwarded, InProcess, MiddleLayers, MiddlePass};
 pub use replay::ReplayingClient;

@@ -18,8 +18,8 @@ use cipherlora_service::{
 };
 use cipherlora_spec::ngram::PromptLookup;
 use cipherlora_split::{
-    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient, SplitConfig,
-    SplitError, generate,
+    Drafter, InProcess, Lookahead, MiddleLayers, MiddlePass, ModelBackend, ReplayingClient,
+    SplitConfig, SplitError, generate,
 };
 use tonic::Code;
 
@@ -231,6 +231,8 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         positions,
         encoding: ActivationEncoding::F32Le as i32,
         hidden: cipherlora_proto::activations::encode_f32(values),
+        tree_parents: Vec::new(),
+        keep: Vec::new(),
     };
     let cases: Vec<(&str, ForwardRequest, Refusal)> = vec![
         (
@@ -317,6 +319,115 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         (Code::NotFound, Some(ErrorReason::UnknownSession))
     );
     other.open(1, 1, 64).unwrap();
+}
+
+/// Malformed tree masks and keep lists get `invalid_tree` (a start beyond
+/// the cache `invalid_activations`, a pass over the capacity
+/// `limit_exceeded`) and change nothing: honest tree passes afterwards
+/// compute what the same layers compute in process, and the rows a keep
+/// list retains behave as the causal chain they form.
+#[test]
+fn malformed_trees_and_keep_lists_get_typed_statuses() {
+    let (m, _) = model();
+    let d = m.config().hidden_size;
+    let limits = Limits {
+        max_message_bytes: 256 << 10,
+        ..Limits::default()
+    };
+    let server = serve(limits, 64);
+    let mut c = client(&server);
+    let info = c.open(1, 1, 64).unwrap();
+    assert!(info.tree_passes);
+    let x: Vec<f32> = (0..3 * d)
+        .map(|i| ((i % 89) as f32 - 44.0) / 40.0)
+        .collect();
+    let mut reference = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    assert_eq!(
+        c.forward(0, 3, &x).unwrap(),
+        reference.forward(0, 3, &x).unwrap().hidden
+    );
+    let id = c.session().unwrap().0.to_bytes();
+    let req = |start: u64, positions: u32, parents: Vec<u32>, keep: Vec<u32>| ForwardRequest {
+        session_id: id.clone(),
+        start,
+        positions,
+        encoding: ActivationEncoding::F32Le as i32,
+        hidden: cipherlora_proto::activations::encode_f32(&vec![0.25; positions as usize * d]),
+        tree_parents: parents,
+        keep,
+    };
+    let tree = (Code::InvalidArgument, Some(ErrorReason::InvalidTree));
+    let cases: Vec<(&str, ForwardRequest, Refusal)> = vec![
+        ("too few parents", req(3, 3, vec![0, 1], vec![]), tree),
+        ("too many parents", req(3, 1, vec![0, 1], vec![]), tree),
+        (
+            "a row its own parent",
+            req(3, 3, vec![0, 2, 1], vec![]),
+            tree,
+        ),
+        ("a later parent", req(3, 2, vec![2, 0], vec![]), tree),
+        ("keep not increasing", req(0, 1, vec![], vec![1, 1]), tree),
+        ("keep decreasing", req(0, 1, vec![], vec![2, 0]), tree),
+        ("keep out of range", req(1, 1, vec![], vec![0, 2]), tree),
+        ("keep at the cache's end", req(3, 1, vec![], vec![0]), tree),
+        (
+            "start beyond the cache",
+            req(4, 1, vec![0], vec![0]),
+            (Code::InvalidArgument, Some(ErrorReason::InvalidActivations)),
+        ),
+        (
+            "kept rows and the pass over the capacity",
+            req(0, 62, vec![], vec![0, 1, 2]),
+            (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded)),
+        ),
+    ];
+    for (what, r, want) in cases {
+        let e = c.forward_raw(r).unwrap_err();
+        assert_eq!(refused(e), want, "{what}");
+    }
+
+    // Nothing changed: a tree pass (rows 0 -> 1, and 2 off the prefix) at
+    // position 3, then a pass that keeps rows 0 and 1 of it.
+    let tree_pass = MiddlePass {
+        start: 3,
+        keep: &[],
+        parents: &[None, Some(0), None],
+        positions: 3,
+        hidden: &x,
+    };
+    let want = reference.forward_pass(&tree_pass).unwrap().hidden;
+    let got = c.forward_tree(3, &[], tree_pass.parents, 3, &x).unwrap();
+    assert_eq!(got, want);
+    let next = MiddlePass {
+        start: 3,
+        keep: &[0, 1],
+        parents: &[],
+        positions: 1,
+        hidden: &x[2 * d..],
+    };
+    let want = reference.forward_pass(&next).unwrap().hidden;
+    assert_eq!(
+        c.forward_tree(3, &[0, 1], &[], 1, &x[2 * d..]).unwrap(),
+        want
+    );
+    // The kept rows are the chain x[0], x[1] at positions 3, 4: a session
+    // that ran them causally computes the same (up to summation order).
+    let mut chain = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    chain.forward(0, 3, &x).unwrap();
+    chain.forward(3, 2, &x[..2 * d]).unwrap();
+    let causal = chain.forward(5, 1, &x[2 * d..]).unwrap().hidden;
+    let err = causal
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        err < 1e-3,
+        "compacted rows differ from their chain by {err}"
+    );
+    // The session goes on.
+    assert_eq!(c.truncate(6).unwrap(), 6);
+    c.close().unwrap();
 }
 
 /// Stops `server` once `at` tokens have been generated (between two
