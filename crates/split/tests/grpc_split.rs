@@ -2,8 +2,8 @@
 //! (SmolLM2-135M-Instruct Q4_1): the output equals the whole model's greedy
 //! output run locally (an independent path: `cipherlora_model::generate`,
 //! one position per pass, one KV cache of all layers), also across a
-//! server restart (the session replayed), and every malformed call gets
-//! its typed status.
+//! server restart (the session replayed), with lookahead decoding's token
+//! trees too, and every malformed call gets its typed status.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -67,16 +67,19 @@ fn local_greedy(m: &Model, prompt: &[u32]) -> Vec<u32> {
 fn split_generation_over_grpc_equals_local_greedy() {
     let (m, tok) = model();
     let server = serve(Limits::default(), 4096);
-    let mut accepted = 0;
+    let (mut accepted, mut tree_accepted) = (0, 0);
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
         let want = local_greedy(m, &prompt);
         let lookahead = Drafter::Lookahead(Lookahead::default());
+        // N = 2: the window is level 0 alone (one node beside I).
+        let small: Lookahead = "2,2,3".parse().unwrap();
         for (a, b, drafter) in [
             (1, 1, Drafter::default()),
             (2, 2, Drafter::default()),
             (4, 4, Drafter::default()),
             (2, 2, lookahead),
+            (3, 1, Drafter::Lookahead(small)),
             (1, 3, Drafter::AdaptivePromptLookup(PromptLookup::default())),
         ] {
             let config = SplitConfig {
@@ -100,12 +103,49 @@ fn split_generation_over_grpc_equals_local_greedy() {
             assert_eq!(c.stats().forwards, out.steps.len() as u64);
             assert!(out.steps.len() <= TOKENS);
             accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
+            if let Drafter::Lookahead(l) = drafter {
+                // Every step sent a tree: pending rows, the trie, the
+                // window (but on the last token).
+                let last = out.steps.len() - 1;
+                for s in &out.steps[1..last] {
+                    assert_eq!(s.positions, 1 + s.drafted + l.branch_nodes());
+                }
+                tree_accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
+            }
             c.close().unwrap();
         }
     }
-    // Prompt lookup must have been accepted somewhere (else rollback of
-    // rejected drafts and multi-token steps went untested).
-    assert!(accepted > 0);
+    // Drafts must have been accepted somewhere, by lookahead too (else
+    // rollback, compaction and multi-token steps went untested).
+    assert!(accepted > 0 && tree_accepted > 0);
+}
+
+/// Lookahead with the middle layers in process (no transport) and across
+/// a server restart (the record compacted like the server's cache, then
+/// replayed as a chain) still gives the local model's greedy output.
+#[test]
+fn lookahead_in_process_and_replayed_equals_local_greedy() {
+    let (m, tok) = model();
+    let config = SplitConfig {
+        drafter: Drafter::Lookahead(Lookahead::default()),
+        ..split_2_2()
+    };
+    let prompt = tok.encode(PROMPTS[3]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+    let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
+    assert_eq!(out.tokens, want, "in process");
+    let emitted: usize = out.steps.iter().map(|s| s.emitted).sum();
+    assert!(out.steps.len() < emitted, "no step kept a draft");
+
+    let prompt = tok.encode(PROMPTS[2]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let mut server = Some(serve(Limits::default(), 4096));
+    let mut mid = replaying(server.as_ref().unwrap(), &config, prompt.len());
+    let mut on_token = stop_server_after(9, &mut server, true);
+    let out = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap();
+    assert_eq!(out.tokens, want, "replayed");
+    assert_eq!(mid.replays(), 1);
 }
 
 #[test]
