@@ -3,8 +3,9 @@
 //! behind a simulated WAN), against the whole model run locally.
 //!
 //! For each link, each split (a, b) and each drafter (prompt lookup with K,
-//! optionally the lookahead-style n-gram pool with K and adaptive prompt
-//! lookup with K chosen per step up to 2K, none) it generates greedily and reports decode tok/s, tokens per step
+//! optionally lookahead decoding (Fu et al. 2024: a Jacobi window and an
+//! n-gram pool verified as a token tree, per W,N,G setting) and adaptive
+//! prompt lookup with K chosen per step up to 2K, none) it generates greedily and reports decode tok/s, tokens per step
 //! (one round trip each), round trips, bytes per token, where the time went
 //! (local compute, server compute, the rest: network and transport), and
 //! whether the output equals the local model's. The local plaintext model
@@ -64,8 +65,9 @@ pub struct SplitBenchOptions {
     pub k: usize,
     /// Also run without drafts (one token per round trip).
     pub no_draft_baseline: bool,
-    /// Also run the lookahead drafter ([`Drafter::Lookahead`]) with K.
-    pub lookahead: bool,
+    /// Also run lookahead decoding ([`Drafter::Lookahead`]) with K, once
+    /// per setting (W, N, G); empty: not run.
+    pub lookahead: Vec<Lookahead>,
     /// Also run adaptive prompt lookup ([`Drafter::AdaptivePromptLookup`])
     /// with K.
     pub adaptive_k: bool,
@@ -96,7 +98,7 @@ pub struct SplitRun {
     pub a: usize,
     /// Local layers after the server's.
     pub b: usize,
-    /// `prompt-lookup` or `none`.
+    /// `prompt-lookup`, `lookahead (W,N,G = …)`, … or `none`.
     pub drafter: String,
     /// Drafted tokens per step.
     pub k: usize,
@@ -222,8 +224,8 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
     let mut drafters = Vec::new();
     if opts.k > 0 {
         drafters.push((Drafter::PromptLookup(PromptLookup::default()), opts.k));
-        if opts.lookahead {
-            drafters.push((Drafter::Lookahead(Lookahead::default()), opts.k));
+        for &l in &opts.lookahead {
+            drafters.push((Drafter::Lookahead(l), opts.k));
         }
         if opts.adaptive_k {
             let adaptive = Drafter::AdaptivePromptLookup(PromptLookup::default());
@@ -413,7 +415,7 @@ fn summarise(
         drafter: match drafter {
             Drafter::None => "none".into(),
             Drafter::PromptLookup(_) => "prompt-lookup".into(),
-            Drafter::Lookahead(_) => "lookahead".into(),
+            Drafter::Lookahead(l) => format!("lookahead (W,N,G = {l})"),
             Drafter::AdaptivePromptLookup(_) => "prompt-lookup (adaptive, ≤ 2K)".into(),
         },
         k,

@@ -71,4 +71,38 @@ pub enum ProtoError {
         /// The enum value received.
         code: i32,
     },
+    /// A tree attention mask does not have one parent per row.
+    #[error("tree mask has {got} parents for {positions} rows")]
+    TreeLength {
+        /// Parents received.
+        got: usize,
+        /// Rows T announced.
+        positions: usize,
+    },
+    /// A tree row's parent is not an earlier row.
+    #[error("tree row {index} has parent entry {entry}: not 0 (the prefix) nor an earlier row + 1")]
+    TreeParent {
+        /// The row.
+        index: usize,
+        /// Its wire entry (parent + 1, or 0).
+        entry: u32,
+    },
+    /// A compaction list does not increase strictly.
+    #[error("keep entry {index} ({value}) does not follow the previous one")]
+    KeepOrder {
+        /// Index in the list.
+        index: usize,
+        /// Its value.
+        value: u32,
+    },
+    /// A compaction list names a row that is not cached.
+    #[error("keep entry {index} ({value}) is not below the {held} rows cached from start")]
+    KeepRange {
+        /// Index in the list.
+        index: usize,
+        /// Its value.
+        value: u32,
+        /// Rows cached from `start` on.
+        held: usize,
+    },
 }

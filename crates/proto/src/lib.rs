@@ -12,7 +12,8 @@
 //!
 //! `proto/cipherlora/split/v1/split.proto` ([`split::v1`]) is the split
 //! inference protocol (issue 17): plaintext hidden states of the middle
-//! layers, checked by [`activations`].
+//! layers, checked by [`activations`], with the tree attention mask and
+//! the compaction list of lookahead passes checked by [`tree`].
 
 pub mod activations;
 pub mod codec;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod plan_id;
 pub mod reason;
 pub mod session_id;
+pub mod tree;
 pub mod validate;
 
 pub use error::ProtoError;

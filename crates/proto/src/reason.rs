@@ -63,6 +63,11 @@ reasons! {
     /// length or width, a NaN or infinity, a position that does not follow
     /// the session's cache.
     InvalidActivations => "invalid_activations",
+    /// The tree attention mask or the compaction list of a split-inference
+    /// call is malformed: not one parent per row, a parent that is not an
+    /// earlier row, keep entries that do not increase or name a row the
+    /// session does not hold from `start` on.
+    InvalidTree => "invalid_tree",
     /// The server is shutting down.
     ShuttingDown => "shutting_down",
     /// A bug or resource failure on the server.
@@ -80,6 +85,8 @@ mod tests {
             ErrorReason::UnknownSession,
             ErrorReason::UnknownLayer,
             ErrorReason::InvalidCiphertext,
+            ErrorReason::InvalidActivations,
+            ErrorReason::InvalidTree,
             ErrorReason::Internal,
         ] {
             assert_eq!(ErrorReason::parse(r.as_str()), Some(r));

@@ -64,14 +64,36 @@ pub trait SplitCompute: Send {
     /// Drops cached positions from `len` on (no-op if `len >= self.len()`).
     fn truncate(&mut self, len: usize);
 
+    /// Keeps the cached rows `start + keep[k]` at `start + k` and drops
+    /// the others from `start` on (the accepted path of a tree pass; the
+    /// kept keys and values move as they are). The service has checked
+    /// `start <= len()` and that `keep` increases strictly below
+    /// `len() − start`; an empty `keep` is [`SplitCompute::truncate`] to
+    /// `start`.
+    ///
+    /// # Errors
+    /// [`BackendError::Internal`] if moving the rows fails.
+    fn compact(&mut self, start: usize, keep: &[usize]) -> Result<(), BackendError>;
+
     /// Runs the session's layers on `hidden` (row-major `positions` × d
     /// finite f32, the residual stream entering the first layer) at
     /// positions `len()..len()+positions`; returns the residual stream
-    /// leaving the last layer (same shape). The cache grows by `positions`
-    /// (the service has checked that it fits). Runs on a blocking thread.
+    /// leaving the last layer (same shape). `parents` is empty for the
+    /// causal mask, else a token tree over the rows (`parents[i]`: row i's
+    /// parent, an earlier row, or `None` off the cached prefix; row i sees
+    /// the prefix, itself and its ancestors at RoPE position
+    /// `len() + depth(i)`; Fu et al. 2024, "Break the Sequential Dependency
+    /// of LLM Inference Using Lookahead Decoding", §3). The cache grows by
+    /// `positions` (the service has checked that it fits and that the
+    /// tree is well formed). Runs on a blocking thread.
     ///
     /// # Errors
     /// [`BackendError::Internal`] if the model fails; the cache length is
     /// then unchanged.
-    fn forward(&mut self, hidden: Vec<f32>, positions: usize) -> Result<Vec<f32>, BackendError>;
+    fn forward(
+        &mut self,
+        hidden: Vec<f32>,
+        positions: usize,
+        parents: &[Option<usize>],
+    ) -> Result<Vec<f32>, BackendError>;
 }

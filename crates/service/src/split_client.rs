@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cipherlora_proto::split::v1::split_inference_client::SplitInferenceClient;
 use cipherlora_proto::split::v1::{self as sv1, ActivationEncoding};
-use cipherlora_proto::{SessionId, activations};
+use cipherlora_proto::{SessionId, activations, tree};
 use prost::Message;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -38,6 +38,10 @@ pub struct SplitSessionInfo {
     pub idle_timeout: Duration,
     /// Largest message the server accepts, bytes.
     pub max_message_bytes: u64,
+    /// Whether the server honours tree masks and compaction
+    /// ([`SplitClient::forward_tree`]); a server that predates them would
+    /// ignore both.
+    pub tree_passes: bool,
 }
 
 /// What the client sent and received (protobuf message sizes, the link
@@ -175,6 +179,7 @@ impl SplitClient {
             hidden_size: r.hidden_size,
             idle_timeout: Duration::from_millis(r.idle_timeout_ms),
             max_message_bytes: r.max_message_bytes,
+            tree_passes: r.tree_passes,
         };
         self.session = Some((id, info.clone()));
         Ok(info)
@@ -197,7 +202,47 @@ impl SplitClient {
     /// [`ServiceError::Protocol`] for an answer of the wrong shape or with a
     /// non-finite value.
     pub fn forward(&mut self, start: usize, positions: usize, hidden: &[f32]) -> Result<Vec<f32>> {
+        self.forward_tree(start, &[], &[], positions, hidden)
+    }
+
+    /// A pass of lookahead decoding (Fu et al. 2024, "Break the Sequential
+    /// Dependency of LLM Inference Using Lookahead Decoding", §3) in one
+    /// round trip: the server first keeps its cached rows `start + keep[k]`
+    /// at `start + k` and drops the rest from `start` on (an empty `keep`:
+    /// drops everything from `start` on, as [`SplitClient::forward`]), then
+    /// runs its layers on `hidden` (row-major `positions` × d f32) at rows
+    /// `start + keep.len()..` under the tree mask `parents` (empty: causal;
+    /// else one entry per row, `None` for a row off the cached prefix,
+    /// `Some(p)` for an earlier row p; RoPE position `start + keep.len() +
+    /// depth`). Returns the residual stream after layer L − b (same shape).
+    ///
+    /// # Errors
+    /// As [`SplitClient::forward`]; `INVALID_ARGUMENT` (`invalid_tree`) for
+    /// a malformed tree or keep list; [`ServiceError::Protocol`] when the
+    /// server did not announce tree passes and `keep` or `parents` is not
+    /// empty.
+    pub fn forward_tree(
+        &mut self,
+        start: usize,
+        keep: &[usize],
+        parents: &[Option<usize>],
+        positions: usize,
+        hidden: &[f32],
+    ) -> Result<Vec<f32>> {
         let (id, info) = self.session.clone().ok_or(ServiceError::NoSession)?;
+        let tree = !keep.is_empty() || !parents.is_empty();
+        if tree && !info.tree_passes {
+            return Err(ServiceError::Protocol {
+                what: "the server does not support tree passes (tree_parents, keep)".into(),
+            });
+        }
+        let keep_wire = keep
+            .iter()
+            .map(|&k| u32::try_from(k))
+            .collect::<std::result::Result<Vec<u32>, _>>()
+            .map_err(|_| ServiceError::Config {
+                reason: "a keep index beyond u32".into(),
+            })?;
         let req = sv1::ForwardRequest {
             session_id: id.to_bytes(),
             start: start as u64,
@@ -206,14 +251,16 @@ impl SplitClient {
             })?,
             encoding: ActivationEncoding::F32Le as i32,
             hidden: activations::encode_f32(hidden),
+            tree_parents: tree::encode_parents(parents),
+            keep: keep_wire,
         };
         let r = self.forward_raw(req)?;
-        if r.length != (start + positions) as u64 {
+        let end = start + keep.len() + positions;
+        if r.length != end as u64 {
             return Err(ServiceError::Protocol {
                 what: format!(
-                    "server cache holds {} positions after a pass to {}",
-                    r.length,
-                    start + positions
+                    "server cache holds {} positions after a pass to {end}",
+                    r.length
                 ),
             });
         }

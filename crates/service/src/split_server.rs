@@ -9,9 +9,14 @@
 //! session-id length (`INVALID_ARGUMENT`) → session exists and belongs to
 //! the caller's token (`NOT_FOUND`, `unknown_session`) → request budget
 //! (`RESOURCE_EXHAUSTED`) → encoding, T ≥ 1, byte length T·d·4, finite
-//! values (`INVALID_ARGUMENT`, `invalid_activations`) → `start` ≤ cached
-//! length (`INVALID_ARGUMENT`, `invalid_activations`) → `start + T` ≤ the
-//! session's capacity (`RESOURCE_EXHAUSTED`, `limit_exceeded`).
+//! values (`INVALID_ARGUMENT`, `invalid_activations`) → `tree_parents`
+//! empty or one earlier row (+1) or 0 per row (`INVALID_ARGUMENT`,
+//! `invalid_tree`) → `start` ≤ cached length (`INVALID_ARGUMENT`,
+//! `invalid_activations`) → `keep` strictly increasing below the cached
+//! rows from `start` (`INVALID_ARGUMENT`, `invalid_tree`) →
+//! `start + len(keep) + T` ≤ the session's capacity (`RESOURCE_EXHAUSTED`,
+//! `limit_exceeded`). Only then is the cache compacted (or truncated) and
+//! the pass run: a refused call leaves the session as it was.
 //! `OpenSplitSession` checks the layer split (`INVALID_ARGUMENT`,
 //! `invalid_plan`), the capacity against `DescribeResponse.max_capacity`
 //! and the cache's bytes against `max_key_bytes_per_session` and the
@@ -23,7 +28,7 @@ use std::time::Instant;
 
 use cipherlora_proto::split::v1::split_inference_server::SplitInference;
 use cipherlora_proto::split::v1::{self as sv1, ActivationEncoding};
-use cipherlora_proto::{ErrorReason, SessionId, activations};
+use cipherlora_proto::{ErrorReason, SessionId, activations, tree};
 use tokio::sync::Semaphore;
 use tonic::{Code, Request, Response, Status};
 
@@ -248,6 +253,7 @@ impl SplitSvc {
             hidden_size: split.info.hidden_size,
             idle_timeout_ms: u64::try_from(limits.idle_timeout.as_millis()).unwrap_or(u64::MAX),
             max_message_bytes: limits.max_message_bytes as u64,
+            tree_passes: true,
         })
     }
 
@@ -283,7 +289,12 @@ impl SplitSvc {
             .received("split_forward", req.hidden.len() as u64);
         let hidden = activations::decode(req.encoding, &req.hidden, positions, width)
             .map_err(|e| from_proto(&e))?;
+        let parents = tree::decode_parents(&req.tree_parents, positions)
+            .map_err(|e| from_proto(&e))?
+            .unwrap_or_default();
+        let parents_empty = parents.is_empty();
         let start = usize::try_from(req.start).unwrap_or(usize::MAX);
+        let keep_raw = req.keep;
         let turn = self
             .compute
             .clone()
@@ -300,26 +311,30 @@ impl SplitSvc {
                     c.len()
                 )));
             }
-            if start.saturating_add(positions) > c.capacity() {
+            let keep = tree::check_keep(&keep_raw, c.len() - start).map_err(|e| from_proto(&e))?;
+            let base = start + keep.len();
+            if base.saturating_add(positions) > c.capacity() {
                 return Err(status(
                     Code::ResourceExhausted,
                     ErrorReason::LimitExceeded,
                     format!(
-                        "{start} + {positions} positions exceed the session's capacity {}",
+                        "{base} + {positions} positions exceed the session's capacity {}",
                         c.capacity()
                     ),
                 ));
             }
-            c.truncate(start);
+            c.compact(start, &keep).map_err(|e| from_backend(&e))?;
             let t0 = Instant::now();
-            let out = c.forward(hidden, positions).map_err(|e| from_backend(&e))?;
+            let out = c
+                .forward(hidden, positions, &parents)
+                .map_err(|e| from_backend(&e))?;
             Ok((out, t0.elapsed(), c.len()))
         })
         .await
         .map_err(|e| internal(&e))??;
         let hidden = activations::encode_f32(&out);
         self.metrics.sent("split_forward", hidden.len() as u64);
-        tracing::debug!(session = %tag, start, positions, server_us = took.as_micros() as u64, "split forward");
+        tracing::debug!(session = %tag, start, positions, tree = !parents_empty, server_us = took.as_micros() as u64, "split forward");
         Ok(sv1::ForwardResponse {
             length: length as u64,
             encoding: ActivationEncoding::F32Le as i32,

@@ -77,6 +77,10 @@ pub fn from_proto(e: &ProtoError) -> Status {
         ProtoError::NoPositions
         | ProtoError::ActivationLength { .. }
         | ProtoError::NonFiniteActivation { .. } => ErrorReason::InvalidActivations,
+        ProtoError::TreeLength { .. }
+        | ProtoError::TreeParent { .. }
+        | ProtoError::KeepOrder { .. }
+        | ProtoError::KeepRange { .. } => ErrorReason::InvalidTree,
         _ => ErrorReason::MalformedRequest,
     };
     status(code, reason, e.to_string())

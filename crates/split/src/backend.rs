@@ -78,23 +78,53 @@ pub(crate) struct ModelSession {
 }
 
 impl ModelSession {
-    /// Runs the session's layers on `hidden` (T × d); see
+    /// Runs the session's layers on `hidden` (T × d) under the causal mask
+    /// (`parents` empty) or the token tree `parents`; see
     /// [`SplitCompute::forward`].
     pub(crate) fn run(
         &mut self,
         hidden: Vec<f32>,
         positions: usize,
+        parents: &[Option<usize>],
     ) -> Result<Vec<f32>, cipherlora_model::ModelError> {
-        let _span = tracing::debug_span!("split_server_forward", positions).entered();
+        let _span = tracing::debug_span!(
+            "split_server_forward",
+            positions,
+            tree = !parents.is_empty()
+        )
+        .entered();
         let d = self.model.config().hidden_size;
         let x = Tensor::from_vec(hidden, (positions, d), &Device::Cpu)?;
-        let y = self.model.forward_layers(
-            &x,
-            self.layers.clone(),
-            &mut self.cache,
-            &AttentionMask::Causal,
-        )?;
+        let mask = if parents.is_empty() {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::tree(parents.to_vec())
+        };
+        let y = self
+            .model
+            .forward_layers(&x, self.layers.clone(), &mut self.cache, &mask)?;
         Ok(y.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    /// Keeps the cached rows `start + keep[k]` at `start + k` (an empty
+    /// `keep` truncates to `start`); see [`SplitCompute::compact`].
+    pub(crate) fn compact(
+        &mut self,
+        start: usize,
+        keep: &[usize],
+    ) -> Result<(), cipherlora_model::ModelError> {
+        if keep.is_empty() {
+            if start > self.cache.len() {
+                return Err(cipherlora_model::ModelError::Input(format!(
+                    "start {start} beyond the {} cached positions",
+                    self.cache.len()
+                )));
+            }
+            self.cache.truncate(start);
+            Ok(())
+        } else {
+            self.cache.compact(start, keep)
+        }
     }
 }
 
@@ -111,7 +141,16 @@ impl SplitCompute for ModelSession {
         self.cache.truncate(len);
     }
 
-    fn forward(&mut self, hidden: Vec<f32>, positions: usize) -> Result<Vec<f32>, BackendError> {
-        self.run(hidden, positions).map_err(internal)
+    fn compact(&mut self, start: usize, keep: &[usize]) -> Result<(), BackendError> {
+        ModelSession::compact(self, start, keep).map_err(internal)
+    }
+
+    fn forward(
+        &mut self,
+        hidden: Vec<f32>,
+        positions: usize,
+        parents: &[Option<usize>],
+    ) -> Result<Vec<f32>, BackendError> {
+        self.run(hidden, positions, parents).map_err(internal)
     }
 }

@@ -1,18 +1,38 @@
 //! Split generation with speculative verification, greedy or sampled.
 //!
-//! Each step drafts up to K tokens ([`Drafter`]: prompt lookup, or a
-//! lookahead-style n-gram pool fed by the previous pass's Jacobi iterate), runs the embedding and
-//! layers `[0, a)` locally on the pending token and the drafts (the whole
-//! prompt on the first step), sends the hidden states to the middle layers
-//! (one round trip), runs layers `[L − b, L)` and the head locally and
-//! keeps the longest draft prefix equal to the argmax plus the bonus token
+//! Each step drafts ([`Drafter`]), runs the embedding and layers `[0, a)`
+//! locally on the pending tokens and the drafts (the whole prompt on the
+//! first step), sends the hidden states to the middle layers (one round
+//! trip), runs layers `[L − b, L)` and the head locally and keeps what the
+//! model agrees with.
+//!
+//! Chain drafters (prompt lookup, adaptive prompt lookup, none) verify K
+//! drafts as a chain under the causal mask: the longest draft prefix equal
+//! to the argmax plus the bonus token
 //! (`cipherlora_spec::acceptance::accept_greedy`; Leviathan et al. 2023,
 //! §2.3 with a deterministic target). The local caches are truncated to
 //! the accepted prefix at once; the server's at the next step, whose
-//! `start` is the accepted length (no extra round trip). Every accepted
-//! token is the whole model's argmax after the same prefix, so the output
-//! is the local model's greedy output (up to floating-point ties: T > 1
-//! passes sum in another order than T = 1 steps).
+//! `start` is the accepted length (no extra round trip).
+//!
+//! Lookahead decoding (Fu et al., ICML 2024, "Break the Sequential
+//! Dependency of LLM Inference Using Lookahead Decoding", §3;
+//! [`crate::draft`]) sends one token tree per step: the pending tokens as
+//! a chain (the prompt on the first step: the tree hangs off its last
+//! token), then the verification trie and the lookahead window, under a
+//! tree attention mask (`AttentionMask::Tree` locally,
+//! `ForwardRequest.tree_parents` on the wire; each row at RoPE position
+//! prefix + depth). The verification trie is accepted as a tree
+//! (`cipherlora_spec::tree::accept_tree_greedy`; with a temperature,
+//! `accept_tree_sampled`, exact multi-draft speculative sampling); the
+//! lookahead rows give the next Jacobi level. Only the pending rows and
+//! the accepted path stay cached: the local caches are compacted at once
+//! (`KvCache::compact`), the server's by the next call's `keep` list, in
+//! the same round trip.
+//!
+//! Every accepted token is the whole model's argmax after the same prefix,
+//! so the greedy output is the local model's greedy output (up to
+//! floating-point ties: T > 1 passes sum in another order than T = 1
+//! steps).
 //!
 //! With a temperature above 0 the kept tokens come from exact speculative
 //! sampling of the point-mass drafts ([`crate::accept`]; Leviathan et al.
@@ -20,20 +40,22 @@
 //! rejected one replaced by a draw from p without x, the bonus drawn from
 //! p, so the output follows the model's sampling distribution (penalty,
 //! temperature, top-k, top-p of [`SplitConfig::sampling`]) as
-//! `cipherlora_model::generate` samples it. The RNG is ChaCha20 seeded with
-//! [`SamplingParams::seed`], as in `cipherlora_model::generate` and
-//! private generation: one seed, one output.
+//! `cipherlora_model::generate` samples it; a tree tries each node's
+//! children in turn, removing the rejected ones. The RNG is ChaCha20
+//! seeded with [`SamplingParams::seed`], as in `cipherlora_model::generate`
+//! and private generation: one seed, one output.
 
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use cipherlora_model::{AttentionMask, KvCache, Model, Sampler, SamplingParams};
 use cipherlora_spec::acceptance::accept_greedy;
+use cipherlora_spec::tree::{TreeOutcome, accept_tree_greedy, accept_tree_sampled};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use crate::accept;
-use crate::{Drafter, MiddleLayers, SplitError};
+use crate::{Drafter, MiddleLayers, MiddlePass, SplitError};
 
 /// What a split generation runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,7 +65,8 @@ pub struct SplitConfig {
     /// Decoder layers run locally after the server's, b ≥ 1.
     pub tail_layers: usize,
     /// Drafted tokens per step, K (each step verifies up to K+1 positions;
-    /// adaptive prompt lookup up to 2K+1).
+    /// adaptive prompt lookup up to 2K+1; lookahead verifies a
+    /// prompt-lookup chain of K beside its pool's n-grams).
     pub k: usize,
     /// Most new tokens.
     pub max_tokens: usize,
@@ -58,7 +81,8 @@ pub struct SplitConfig {
 
 impl SplitConfig {
     /// KV positions a generation from a `prompt_len`-token prompt needs,
-    /// locally and on the server: prompt, output and one step's drafts.
+    /// locally and on the server: prompt, output and one step's drafts
+    /// (with lookahead, its whole tree: [`Drafter::max_draft`]).
     pub fn capacity(&self, prompt_len: usize) -> usize {
         prompt_len + self.max_tokens + self.drafter.max_draft(self.k) + 1
     }
@@ -67,9 +91,10 @@ impl SplitConfig {
 /// One step: one round trip to the middle layers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitStep {
-    /// Positions sent (pending tokens plus drafts).
+    /// Positions sent (pending tokens plus drafts; with lookahead, plus
+    /// its lookahead branch).
     pub positions: usize,
-    /// Tokens drafted.
+    /// Tokens drafted (with lookahead: nodes of the verification trie).
     pub drafted: usize,
     /// Drafts accepted.
     pub accepted: usize,
@@ -157,6 +182,10 @@ pub fn generate(
             reason: format!("split ({a}, {b}) must keep a, b ≥ 1 and a + b < {n}"),
         });
     }
+    if let Drafter::Lookahead(l) = &config.drafter {
+        l.validate()
+            .map_err(|reason| SplitError::Config { reason })?;
+    }
     let sampler = Sampler::new(config.sampling.clone())?;
     // Greedy without a penalty: the argmax rows alone decide.
     let argmax_only = sampler.is_greedy() && config.sampling.repetition_penalty == 1.0;
@@ -164,10 +193,12 @@ pub fn generate(
     let capacity = config.capacity(prompt.len());
     let mut head = KvCache::for_layers(c, capacity, 0..a)?;
     let mut tail = KvCache::for_layers(c, capacity, n - b..n)?;
-    let causal = AttentionMask::Causal;
     let mut drafter = config.drafter.start();
     let mut context = prompt.to_vec();
     let mut pending = prompt.to_vec();
+    // What the server keeps of the last pass, sent with the next one:
+    // cached rows from `start` on (all dropped when `keep` is empty).
+    let mut compaction = (0usize, Vec::<usize>::new());
     let mut out = SplitOutput {
         tokens: Vec::new(),
         stopped_at_eos: false,
@@ -179,16 +210,44 @@ pub fn generate(
         let t0 = Instant::now();
         let _span = tracing::debug_span!("split_step", step = out.steps.len()).entered();
         let room = config.max_tokens - out.tokens.len();
-        let drafts = drafter.draft(&context, config.k, room - 1);
+        let batch = drafter.batch(&context, config.k, room - 1);
+        let q = pending.len();
         let mut input = pending.clone();
-        input.extend_from_slice(&drafts);
+        input.extend_from_slice(&batch.tree.tokens);
         let t = input.len();
+        // Pending rows form a chain; the nodes hang off the last one.
+        let parents: Vec<Option<usize>> = (0..q)
+            .map(|i| i.checked_sub(1))
+            .chain(
+                batch
+                    .tree
+                    .parents
+                    .iter()
+                    .map(|p| Some(p.map_or(q - 1, |p| q + p))),
+            )
+            .collect();
+        let chain = parents
+            .iter()
+            .enumerate()
+            .all(|(i, &p)| p == i.checked_sub(1));
+        let mask = if chain {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::tree(parents.clone())
+        };
         let start = head.len();
-        let x = model.hidden_states(&input, &mut head, &causal, a)?;
+        let x = model.hidden_states(&input, &mut head, &mask, a)?;
         let x = x.flatten_all()?.to_vec1::<f32>()?;
+        let (keep_start, keep) = shortest_compaction(&compaction);
         let local_before = t0.elapsed();
         let t_remote = Instant::now();
-        let fwd = middle.forward(start, t, &x)?;
+        let fwd = middle.forward_pass(&MiddlePass {
+            start: keep_start,
+            keep: &keep,
+            parents: if chain { &[] } else { &parents },
+            positions: t,
+            hidden: &x,
+        })?;
         let remote = t_remote.elapsed();
         if fwd.hidden.len() != t * d {
             return Err(SplitError::MiddleShape {
@@ -198,24 +257,59 @@ pub fn generate(
         }
         let t_after = Instant::now();
         let y = Tensor::from_vec(fwd.hidden, (t, d), &Device::Cpu)?;
-        let z = model.forward_layers(&y, n - b..n, &mut tail, &causal)?;
-        // Rows from the last pending token on predict the drafts and the bonus.
-        let first = pending.len() - 1;
-        let logits = model.head(&z.narrow(0, first, t - first)?)?;
-        let argmax = Model::argmax_rows(&logits)?;
-        let outcome = if argmax_only {
-            accept_greedy(&drafts, &argmax)?
+        let z = model.forward_layers(&y, n - b..n, &mut tail, &mask)?;
+        // Rows from the last pending token on predict the drafts and the
+        // bonus (a tree: the verification nodes, then the lookahead rows
+        // whose argmax is the next Jacobi level).
+        let first = q - 1;
+        let accepted_tokens;
+        let accepted;
+        if drafter.is_tree() {
+            let verify = batch.verify_tree();
+            let rows: Vec<u32> = (0..=batch.verify)
+                .chain(batch.level_rows.iter().copied())
+                .map(|r| u32::try_from(first + r).unwrap_or(u32::MAX))
+                .collect();
+            let idx = Tensor::new(rows.as_slice(), &Device::Cpu)?;
+            let logits = model.head(&z.index_select(&idx, 0)?)?;
+            let argmax = Model::argmax_rows(&logits)?;
+            let TreeOutcome { path, tokens } = if argmax_only {
+                accept_tree_greedy(&verify, &argmax[..=batch.verify], usize::MAX)?
+            } else {
+                let rows = logits.narrow(0, 0, batch.verify + 1)?.to_vec2::<f32>()?;
+                let probs = accept::tree_target_probs(&sampler, &rows, &context, &verify);
+                accept_tree_sampled(&verify, &probs, &mut rng)?
+            };
+            // Keep the pending rows and the accepted path.
+            let kept: Vec<usize> = (0..q).chain(path.iter().map(|&node| q + node)).collect();
+            head.compact(start, &kept)?;
+            tail.compact(start, &kept)?;
+            compaction = (start, kept);
+            let mut after = context.clone();
+            after.extend_from_slice(&tokens);
+            drafter.observe(&argmax[batch.verify + 1..], path.len(), &after);
+            accepted = path.len();
+            accepted_tokens = tokens;
         } else {
-            let rows = logits.to_vec2::<f32>()?;
-            let probs = accept::target_probs(&sampler, &rows, &context, &drafts);
-            accept::exact(&drafts, &probs, &mut rng)?
-        };
-        drafter.observe(&argmax, outcome.accepted);
-        let keep = start + pending.len() + outcome.accepted;
-        head.truncate(keep);
-        tail.truncate(keep);
+            let drafts = &batch.tree.tokens;
+            let logits = model.head(&z.narrow(0, first, t - first)?)?;
+            let argmax = Model::argmax_rows(&logits)?;
+            let outcome = if argmax_only {
+                accept_greedy(drafts, &argmax)?
+            } else {
+                let rows = logits.to_vec2::<f32>()?;
+                let probs = accept::target_probs(&sampler, &rows, &context, drafts);
+                accept::exact(drafts, &probs, &mut rng)?
+            };
+            let keep = start + q + outcome.accepted;
+            head.truncate(keep);
+            tail.truncate(keep);
+            compaction = (keep, Vec::new());
+            accepted = outcome.accepted;
+            accepted_tokens = outcome.tokens;
+        }
         let mut emitted = 0;
-        for &tok in &outcome.tokens {
+        for &tok in &accepted_tokens {
             if config.eos.contains(&tok) {
                 out.stopped_at_eos = true;
                 break;
@@ -228,12 +322,12 @@ pub fn generate(
                 break;
             }
         }
-        pending = outcome.tokens[outcome.tokens.len() - 1..].to_vec();
+        pending = accepted_tokens[accepted_tokens.len() - 1..].to_vec();
         let local = local_before + t_after.elapsed();
         out.steps.push(SplitStep {
             positions: t,
-            drafted: drafts.len(),
-            accepted: outcome.accepted,
+            drafted: batch.verify,
+            accepted,
             emitted,
             local,
             remote,
@@ -248,4 +342,36 @@ pub fn generate(
     }
     out.elapsed = t_start.elapsed();
     Ok(out)
+}
+
+/// A compaction `(start, keep)` with its leading run of rows that stay in
+/// place (`keep[i] == i`) folded into `start`: the same cache after it,
+/// fewer entries on the wire (a chain round's whole compaction is a plain
+/// `start`).
+fn shortest_compaction((start, keep): &(usize, Vec<usize>)) -> (usize, Vec<usize>) {
+    let same = keep
+        .iter()
+        .enumerate()
+        .take_while(|&(i, &k)| i == k)
+        .count();
+    (
+        start + same,
+        keep[same..].iter().map(|k| k - same).collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_that_stay_in_place_fold_into_start() {
+        assert_eq!(
+            shortest_compaction(&(10, vec![0, 1, 2, 5, 7])),
+            (13, vec![2, 4])
+        );
+        assert_eq!(shortest_compaction(&(4, vec![0, 1])), (6, vec![]));
+        assert_eq!(shortest_compaction(&(4, vec![1, 2])), (4, vec![1, 2]));
+        assert_eq!(shortest_compaction(&(4, vec![])), (4, vec![]));
+    }
 }

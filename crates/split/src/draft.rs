@@ -1,5 +1,5 @@
-//! Drafters for split generation: proposals verified K+1 positions per
-//! round trip. None costs a model pass (the client holds only a few
+//! Drafters for split generation: proposals verified in one round trip.
+//! None costs a model pass of its own (the client holds only a few
 //! layers):
 //!
 //! - prompt lookup copies the continuation of an earlier occurrence of the
@@ -10,24 +10,31 @@
 //!   and the first 6 HumanEval prompts, 32 greedy tokens each, K = 4: the
 //!   drafts after a one-token match kept 0.44 tokens per step, after a
 //!   two-token match 1.1, after a three-token match 2.7);
-//! - lookahead keeps an n-gram pool in the manner of lookahead decoding
-//!   (Fu et al. 2024, "Break the Sequential Dependency of LLM Inference
-//!   Using Lookahead Decoding", §3): the verify pass's rows after the
-//!   bonus token are one Jacobi iteration of the positions that follow
-//!   (each predicted from the drafts before it, right or wrong), so every
-//!   n-gram of them goes into a pool keyed by its first token. The next
-//!   draft is a prompt-lookup match of two tokens or more, else the pool's
-//!   latest n-gram starting with the last token, else a one-token prompt
-//!   match, else the Jacobi iterate itself.
-//!   Simplified: the paper's separate 2-D lookahead window and its
-//!   parallel verification of several pool n-grams need a non-causal
-//!   attention mask the split protocol does not carry; here the Jacobi
-//!   trajectory comes from the verify branch's rejected tail and one
-//!   candidate is verified per step.
+//! - lookahead decoding (Fu et al., ICML 2024, "Break the Sequential
+//!   Dependency of LLM Inference Using Lookahead Decoding", §3), in full:
+//!   every pass carries, beside the pending token I, a *lookahead branch*,
+//!   a 2-D window of W columns and N − 1 levels of Jacobi guesses (§3.1),
+//!   and a *verification branch*, the pool's n-grams that start with I
+//!   (at most G) and the prompt-lookup chain, merged into a trie (§3.2).
+//!   The batch is one token tree ([`Batch`]; `AttentionMask::Tree`):
+//!   level 0 is the chain I, l0[1], …, l0[W−1]; token (j, i) of level
+//!   j ≥ 1 hangs off (j − 1, i), so it sees l0[0..=i] and its column's
+//!   levels 1..j, and sits at depth i + j (its RoPE position after I). The
+//!   verify rows are accepted as a tree (`cipherlora_spec::tree`: greedy,
+//!   or exact multi-draft speculative sampling); the argmax of the rows of
+//!   level N − 2 is the next Jacobi iterate, a new last level; each column
+//!   f then gives the n-gram (l0[f], l1[f], …, l_{N−2}[f], new[f]) of
+//!   consecutive positions, pooled under its first token (duplicates
+//!   dropped, the G newest kept); the levels shift up, and when m drafts
+//!   were accepted the window moves m columns forward (its guesses stay
+//!   aligned with their positions; the vacated columns are filled with
+//!   context tokens). The window starts from context tokens drawn by a
+//!   fixed generator: one prompt, one output.
 
 use std::collections::{HashMap, VecDeque};
 
 use cipherlora_spec::ngram::PromptLookup;
+use cipherlora_spec::tree::DraftTree;
 
 /// How the client drafts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,31 +46,105 @@ pub enum Drafter {
     /// Prompt lookup with the draft length chosen per step from the match
     /// length ([`Drafter::draft_len`]; up to 2K).
     AdaptivePromptLookup(PromptLookup),
-    /// An n-gram pool fed by Jacobi iterates (see the module docs), with
-    /// prompt lookup as its fallback.
+    /// Lookahead decoding (Fu et al. 2024; module docs): a Jacobi window
+    /// and an n-gram pool verified as a token tree, the prompt-lookup chain
+    /// among the candidates.
     Lookahead(Lookahead),
 }
 
-/// Parameters of the lookahead drafter.
+/// Parameters of lookahead decoding (Fu et al. 2024, §3; their W, N, G).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lookahead {
-    /// Pool n-gram length N (≥ 2): a hit drafts N − 1 tokens.
+    /// Window W ≥ 1: columns of the lookahead branch (n-grams gathered
+    /// per step).
+    pub window: usize,
+    /// N-gram size N ≥ 2: the branch holds N − 1 levels; a pool n-gram
+    /// drafts N − 1 tokens.
     pub n: usize,
-    /// N-grams kept per first token (the latest ones).
-    pub per_key: usize,
-    /// The fallback when the pool has no n-gram for the last token.
+    /// G: pool n-grams kept per first token, all verified when that token
+    /// is pending (0: the pool is never used).
+    pub max_ngrams: usize,
+    /// The prompt-lookup chain (K tokens) verified beside the pool's
+    /// n-grams, so lookahead never drafts less than prompt lookup.
     pub fallback: PromptLookup,
 }
 
 impl Default for Lookahead {
-    /// N = 4, 7 n-grams per key (the paper's G = W = 7 scale), prompt
-    /// lookup with n-grams of 3 down to 1 as fallback.
+    /// W = 3, N = 3, G = 3 with prompt lookup of n-grams 3 down to 1: a
+    /// pass of at most 1 + (6 + K) + 5 rows. Of the two settings measured
+    /// over gRPC (BENCHMARKS.md, "Lookahead decoding in split mode"),
+    /// W, N, G = 5, 4, 5 kept 1.48 tokens per step and this one 1.45 at
+    /// half the rows; neither beat prompt lookup's tok/s on a CPU server,
+    /// where a pass costs about its row count.
     fn default() -> Self {
         Self {
-            n: 4,
-            per_key: 7,
+            window: 3,
+            n: 3,
+            max_ngrams: 3,
             fallback: PromptLookup::default(),
         }
+    }
+}
+
+impl Lookahead {
+    /// Nodes of the lookahead branch: W − 1 on level 0, W on each of the
+    /// N − 2 others.
+    #[must_use]
+    pub fn branch_nodes(&self) -> usize {
+        self.window.saturating_sub(1) + self.n.saturating_sub(2) * self.window
+    }
+
+    /// Most verification nodes with prompt-lookup chains of `k`: G·(N − 1)
+    /// + K (fewer when candidates share a prefix).
+    #[must_use]
+    pub fn max_verify_nodes(&self, k: usize) -> usize {
+        self.max_ngrams * self.n.saturating_sub(1) + k
+    }
+
+    /// Checks W ≥ 1 and N ≥ 2.
+    ///
+    /// # Errors
+    /// A description of the first bad parameter.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.window == 0 {
+            return Err("lookahead window W must be at least 1".into());
+        }
+        if self.n < 2 {
+            return Err(format!(
+                "lookahead n-gram size N = {} must be at least 2",
+                self.n
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Lookahead {
+    /// `W,N,G` (the form [`Lookahead::from_str`] reads).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{},{},{}", self.window, self.n, self.max_ngrams)
+    }
+}
+
+impl std::str::FromStr for Lookahead {
+    type Err = String;
+
+    /// `W,N,G` (window, n-gram size, pool n-grams per token), with the
+    /// default prompt-lookup fallback; checked by [`Lookahead::validate`].
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+        let [w, n, g] = parts.as_slice() else {
+            return Err(format!("expected W,N,G (e.g. 5,4,5), got {s:?}"));
+        };
+        let p = |v: &str| v.parse::<usize>().map_err(|e| format!("{v:?}: {e}"));
+        let l = Self {
+            window: p(w)?,
+            n: p(n)?,
+            max_ngrams: p(g)?,
+            fallback: PromptLookup::default(),
+        };
+        l.validate()?;
+        Ok(l)
     }
 }
 
@@ -75,12 +156,14 @@ impl Default for Drafter {
 }
 
 impl Drafter {
-    /// The most tokens one step drafts with `k`: 2K for
-    /// [`Drafter::AdaptivePromptLookup`], K otherwise.
+    /// The most positions one step adds after the pending tokens with `k`:
+    /// 2K for [`Drafter::AdaptivePromptLookup`], the verification and
+    /// lookahead branches for [`Drafter::Lookahead`], K otherwise.
     #[must_use]
     pub fn max_draft(&self, k: usize) -> usize {
         match self {
             Self::AdaptivePromptLookup(_) => 2 * k,
+            Self::Lookahead(l) => l.max_verify_nodes(k) + l.branch_nodes(),
             _ => k,
         }
     }
@@ -99,87 +182,256 @@ impl Drafter {
 
     /// The per-generation drafting state.
     pub(crate) fn start(self) -> DraftState {
-        DraftState {
-            drafter: self,
-            pool: HashMap::new(),
-            jacobi: Vec::new(),
+        match self {
+            Self::Lookahead(l) => DraftState::Lookahead(Window::new(l)),
+            other => DraftState::Chain(other),
+        }
+    }
+}
+
+/// What one pass carries after the pending tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Batch {
+    /// Every node (verification nodes first, then the lookahead branch);
+    /// a `None` parent is the last pending token, I.
+    pub(crate) tree: DraftTree,
+    /// The first `verify` nodes are the verification tree (their parents
+    /// are among them).
+    pub(crate) verify: usize,
+    /// Rows whose argmax is the next Jacobi level, column 0 first (row 0:
+    /// I, row r: node r − 1); empty without a lookahead branch.
+    pub(crate) level_rows: Vec<usize>,
+}
+
+impl Batch {
+    /// The verification tree alone.
+    pub(crate) fn verify_tree(&self) -> DraftTree {
+        DraftTree {
+            tokens: self.tree.tokens[..self.verify].to_vec(),
+            parents: self.tree.parents[..self.verify].to_vec(),
         }
     }
 }
 
 /// A drafter with what it learned during one generation.
-pub(crate) struct DraftState {
-    drafter: Drafter,
-    /// First token → latest continuations (N − 1 tokens each), newest last.
-    pool: HashMap<u32, VecDeque<Vec<u32>>>,
-    /// The last verify pass's predictions for the positions after its
-    /// bonus token.
-    jacobi: Vec<u32>,
+pub(crate) enum DraftState {
+    /// Chain drafters (none, prompt lookup, adaptive prompt lookup): they
+    /// learn nothing.
+    Chain(Drafter),
+    /// Lookahead decoding's window and pool.
+    Lookahead(Window),
 }
 
 impl DraftState {
-    /// Tokens to follow `context` (possibly none): up to `k`, up to 2K by
-    /// the match length for adaptive prompt lookup; never more than `room`.
-    pub(crate) fn draft(&self, context: &[u32], k: usize, room: usize) -> Vec<u32> {
-        let mut d = match &self.drafter {
-            Drafter::None => Vec::new(),
-            Drafter::PromptLookup(p) => p.draft(context, k),
-            Drafter::AdaptivePromptLookup(p) => {
-                let (mut d, n) = p.draft_with_match(context, 2 * k);
-                d.truncate(Drafter::draft_len(k, n, p.max_ngram));
-                d
-            }
-            Drafter::Lookahead(l) => {
-                // A prompt-lookup match of two tokens or more is text that
-                // occurred; a pool n-gram only a guess; a one-token match
-                // less than either.
-                let strong = PromptLookup {
-                    min_ngram: l.fallback.min_ngram.max(2),
-                    ..l.fallback
-                };
-                let pooled = || {
-                    context
-                        .last()
-                        .and_then(|t| self.pool.get(t))
-                        .and_then(|grams| grams.back())
-                        .cloned()
-                };
-                let mut d = strong.draft(context, k);
-                if d.is_empty() {
-                    d = pooled().unwrap_or_default();
-                }
-                if d.is_empty() {
-                    d = l.fallback.draft(context, k);
-                }
-                if d.is_empty() {
-                    d = self.jacobi.clone();
-                }
-                d
-            }
-        };
-        d.truncate(self.drafter.max_draft(k).min(room));
-        d
+    /// Whether passes are token trees (lookahead), verified and compacted
+    /// as such.
+    pub(crate) fn is_tree(&self) -> bool {
+        matches!(self, Self::Lookahead(_))
     }
 
-    /// Learns from a verify pass: `argmax` are its rows from the last
-    /// pending token on (row i predicts the token after input i), of which
-    /// the first `accepted` matched the drafts and row `accepted` gave the
-    /// bonus token.
-    pub(crate) fn observe(&mut self, argmax: &[u32], accepted: usize) {
-        let Drafter::Lookahead(l) = self.drafter else {
-            return;
+    /// Tokens to follow `context` (possibly none) as a chain: up to `k`,
+    /// up to 2K by the match length for adaptive prompt lookup; never more
+    /// than `room`. Lookahead: its verification candidates' first chain.
+    /// Tokens to follow `context` (possibly none) as a chain: up to `k`,
+    /// up to 2K by the match length for adaptive prompt lookup; never more
+    /// than `room`. Lookahead: the nodes of its batch.
+    #[cfg(test)]
+    pub(crate) fn draft(&mut self, context: &[u32], k: usize, room: usize) -> Vec<u32> {
+        self.batch(context, k, room).tree.tokens
+    }
+
+    /// The nodes of the next pass after `context` (whose last token is the
+    /// pending one), with `k` and at most `room` tokens accepted.
+    pub(crate) fn batch(&mut self, context: &[u32], k: usize, room: usize) -> Batch {
+        match self {
+            Self::Chain(d) => {
+                let mut drafts = match d {
+                    Drafter::None | Drafter::Lookahead(_) => Vec::new(),
+                    Drafter::PromptLookup(p) => p.draft(context, k),
+                    Drafter::AdaptivePromptLookup(p) => {
+                        let (mut d, n) = p.draft_with_match(context, 2 * k);
+                        d.truncate(Drafter::draft_len(k, n, p.max_ngram));
+                        d
+                    }
+                };
+                drafts.truncate(d.max_draft(k).min(room));
+                Batch {
+                    verify: drafts.len(),
+                    tree: DraftTree::chain(&drafts),
+                    level_rows: Vec::new(),
+                }
+            }
+            Self::Lookahead(w) => w.batch(context, k, room),
+        }
+    }
+
+    /// Learns from a pass of [`DraftState::batch`]'s batch: `new_level`
+    /// is the argmax of its `level_rows`, `accepted` the drafts kept,
+    /// `context` the context after the emitted tokens.
+    pub(crate) fn observe(&mut self, new_level: &[u32], accepted: usize, context: &[u32]) {
+        if let Self::Lookahead(w) = self {
+            w.observe(new_level, accepted, context);
+        }
+    }
+}
+
+/// Lookahead decoding's state (Fu et al. 2024, §3): the 2-D window of
+/// Jacobi guesses and the n-gram pool.
+pub(crate) struct Window {
+    params: Lookahead,
+    /// N − 1 levels of W guesses; `levels[j][i]` guesses the token at
+    /// depth i + j after I (`levels[0][0]` is I itself during a pass).
+    levels: Vec<Vec<u32>>,
+    /// First token → continuations of N − 1 tokens, newest last, at most G.
+    pool: HashMap<u32, VecDeque<Vec<u32>>>,
+    /// State of the generator that draws context tokens for the window.
+    fill: u64,
+}
+
+impl Window {
+    fn new(params: Lookahead) -> Self {
+        Self {
+            params,
+            levels: Vec::new(),
+            pool: HashMap::new(),
+            fill: 0x9E37_79B9_7F4A_7C15,
+        }
+    }
+
+    /// A context token chosen by a fixed generator (a 64-bit LCG).
+    fn fill_token(&mut self, context: &[u32]) -> u32 {
+        self.fill = self
+            .fill
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let i = (self.fill >> 33) as usize % context.len().max(1);
+        context.get(i).copied().unwrap_or(0)
+    }
+
+    /// Node index of level-0 column i ≥ 1, after `verify` nodes.
+    fn l0(verify: usize, i: usize) -> usize {
+        verify + i - 1
+    }
+
+    /// Node index of (j ≥ 1, i), after `verify` nodes.
+    fn node(&self, verify: usize, j: usize, i: usize) -> usize {
+        verify + (self.params.window - 1) + (j - 1) * self.params.window + i
+    }
+
+    fn batch(&mut self, context: &[u32], k: usize, room: usize) -> Batch {
+        let Some(&current) = context.last() else {
+            return Batch {
+                tree: DraftTree::chain(&[]),
+                verify: 0,
+                level_rows: Vec::new(),
+            };
         };
-        let tail = &argmax[accepted.min(argmax.len())..];
-        for gram in tail.windows(l.n.max(2)) {
-            let grams = self.pool.entry(gram[0]).or_default();
-            let cont = gram[1..].to_vec();
-            grams.retain(|g| *g != cont);
-            grams.push_back(cont);
-            while grams.len() > l.per_key.max(1) {
-                grams.pop_front();
+        let (w, n) = (self.params.window, self.params.n);
+        if self.levels.is_empty() {
+            let mut levels = vec![vec![0; w]; n - 1];
+            for t in levels.iter_mut().flatten() {
+                *t = self.fill_token(context);
+            }
+            self.levels = levels;
+        }
+        self.levels[0][0] = current;
+        // Verification branch (§3.2): the prompt-lookup chain, then the
+        // pool's n-grams for I, newest first, merged into a trie.
+        let mut tree = DraftTree::chain(&[]);
+        let mut candidates = vec![self.params.fallback.draft(context, k)];
+        if let Some(grams) = self.pool.get(&current) {
+            candidates.extend(grams.iter().rev().cloned());
+        }
+        for cand in &candidates {
+            let mut at: Option<usize> = None;
+            for &tok in cand.iter().take(room) {
+                let child =
+                    (0..tree.len()).find(|&c| tree.parents[c] == at && tree.tokens[c] == tok);
+                at = Some(child.unwrap_or_else(|| {
+                    tree.tokens.push(tok);
+                    tree.parents.push(at);
+                    tree.len() - 1
+                }));
             }
         }
-        self.jacobi = tail.get(1..).map_or_else(Vec::new, <[u32]>::to_vec);
+        let verify = tree.len();
+        if room == 0 {
+            // The last token: no draft can be kept, nothing to look ahead for.
+            return Batch {
+                tree,
+                verify,
+                level_rows: Vec::new(),
+            };
+        }
+        // Lookahead branch (§3.1): level 0 a chain off I, (j, i) off
+        // (j − 1, i).
+        for i in 1..w {
+            tree.tokens.push(self.levels[0][i]);
+            tree.parents.push((i > 1).then(|| Self::l0(verify, i - 1)));
+        }
+        for j in 1..n - 1 {
+            for i in 0..w {
+                let parent = match (j, i) {
+                    (1, 0) => None,
+                    (1, i) => Some(Self::l0(verify, i)),
+                    (j, i) => Some(self.node(verify, j - 1, i)),
+                };
+                tree.tokens.push(self.levels[j][i]);
+                tree.parents.push(parent);
+            }
+        }
+        let level_rows = (0..w)
+            .map(|i| match (n - 2, i) {
+                (0, 0) => 0,
+                (0, i) => Self::l0(verify, i) + 1,
+                (j, i) => self.node(verify, j, i) + 1,
+            })
+            .collect();
+        Batch {
+            tree,
+            verify,
+            level_rows,
+        }
+    }
+
+    fn observe(&mut self, new_level: &[u32], accepted: usize, context: &[u32]) {
+        let (w, g) = (self.params.window, self.params.max_ngrams);
+        if new_level.len() != w || self.levels.is_empty() {
+            return;
+        }
+        // Each column's n-gram of consecutive positions (§3.1), pooled
+        // under its first token.
+        if g > 0 {
+            for f in 0..w {
+                let key = self.levels[0][f];
+                let gram: Vec<u32> = self.levels[1..]
+                    .iter()
+                    .map(|level| level[f])
+                    .chain(std::iter::once(new_level[f]))
+                    .collect();
+                let grams = self.pool.entry(key).or_default();
+                grams.retain(|x| *x != gram);
+                grams.push_back(gram);
+                while grams.len() > g {
+                    grams.pop_front();
+                }
+            }
+        }
+        // One Jacobi step: every level moves up, the iterate is the last.
+        self.levels.remove(0);
+        self.levels.push(new_level.to_vec());
+        // I moved accepted + 1 positions: the window moves `accepted`
+        // columns with it, so each guess keeps its position.
+        let shift = accepted.min(w);
+        if shift > 0 {
+            let fills: Vec<u32> = (0..self.levels.len() * shift)
+                .map(|_| self.fill_token(context))
+                .collect();
+            for (level, fill) in self.levels.iter_mut().zip(fills.chunks(shift)) {
+                level.drain(..shift);
+                level.extend_from_slice(fill);
+            }
+        }
     }
 }
 
@@ -187,38 +439,166 @@ impl DraftState {
 mod tests {
     use super::*;
 
+    /// Depth of every node below I (children of I: 1).
+    fn depths(tree: &DraftTree) -> Vec<usize> {
+        let mut d = Vec::new();
+        for p in &tree.parents {
+            let v = p.map_or(1, |p: usize| d[p] + 1);
+            d.push(v);
+        }
+        d
+    }
+
+    fn window(w: usize, n: usize, g: usize) -> Window {
+        Window::new(Lookahead {
+            window: w,
+            n,
+            max_ngrams: g,
+            fallback: PromptLookup::default(),
+        })
+    }
+
     #[test]
-    fn lookahead_drafts_from_the_pool_then_prompt_lookup_then_jacobi() {
+    fn the_batch_is_a_trie_of_candidates_then_the_lookahead_window() {
+        // W = 3, N = 3, G = 2.
+        let mut w = window(3, 3, 2);
+        w.levels = vec![vec![0, 11, 12], vec![20, 21, 22]];
+        w.pool.insert(7, VecDeque::from([vec![8, 9], vec![8, 5]]));
+        // Prompt lookup drafts 8, 9 after the last 7: merged with the
+        // pool's 8, 9 (a duplicate) and 8, 5 (a shared prefix).
+        let context = [7, 8, 9, 4, 7];
+        let b = w.batch(&context, 2, 9);
+        assert_eq!(b.verify, 3);
+        assert_eq!(b.tree.tokens, vec![8, 9, 5, 11, 12, 20, 21, 22]);
+        assert_eq!(
+            b.tree.parents,
+            vec![
+                None,
+                Some(0),
+                Some(0),
+                None,
+                Some(3),
+                None,
+                Some(3),
+                Some(4)
+            ]
+        );
+        // (j, i) sits at depth i + j after I; the verification nodes at
+        // their n-gram offset.
+        assert_eq!(depths(&b.tree), vec![1, 2, 2, 1, 2, 1, 2, 3]);
+        // The new level comes from level N − 2 = 1's rows (node + 1).
+        assert_eq!(b.level_rows, vec![6, 7, 8]);
+        assert_eq!(w.levels[0][0], 7, "l0[0] is I");
+        assert_eq!(b.verify_tree().tokens, vec![8, 9, 5]);
+
+        // N = 2: the branch is level 0 alone; its rows (I's first) give
+        // the iterate. Candidates are cut at the room left.
+        let mut w2 = window(3, 2, 2);
+        w2.levels = vec![vec![0, 11, 12]];
+        let b = w2.batch(&context, 4, 1);
+        assert_eq!(b.tree.tokens, vec![8, 11, 12]);
+        assert_eq!(b.tree.parents, vec![None, None, Some(1)]);
+        assert_eq!(b.level_rows, vec![0, 2, 3]);
+        // No room: no lookahead branch.
+        let b = w2.batch(&context, 4, 0);
+        assert!(b.tree.is_empty() && b.level_rows.is_empty());
+
+        // W = 4, N = 4, no pool hit, no prompt match: the branch alone,
+        // 3 + 2·4 nodes, depths i + j.
+        let mut w3 = window(4, 4, 5);
+        let b = w3.batch(&[1, 2, 3], 4, 9);
+        assert_eq!((b.verify, b.tree.len()), (0, 11));
+        assert_eq!(depths(&b.tree), vec![1, 2, 3, 1, 2, 3, 4, 2, 3, 4, 5]);
+        assert_eq!(b.level_rows, vec![8, 9, 10, 11]);
+        // The window was filled from the context, deterministically.
+        assert!(w3.levels.iter().flatten().all(|t| [1, 2, 3].contains(t)));
+        let mut again = window(4, 4, 5);
+        assert_eq!(again.batch(&[1, 2, 3], 4, 9), b);
         let l = Lookahead {
-            n: 3,
-            per_key: 2,
+            window: 4,
+            n: 4,
+            max_ngrams: 5,
             fallback: PromptLookup::default(),
         };
-        let mut s = Drafter::Lookahead(l).start();
-        // Nothing learned, no recurring n-gram: no draft.
-        assert!(s.draft(&[1, 2, 3], 4, 9).is_empty());
-        // A pass that accepted 1 draft: bonus 7, then the iterate 8, 9, 10.
-        s.observe(&[5, 7, 8, 9, 10], 1);
-        assert_eq!(s.draft(&[1, 2, 7], 4, 9), vec![8, 9]);
-        assert_eq!(s.draft(&[1, 2, 8], 4, 9), vec![9, 10]);
-        // No pool entry for 3, no prompt match: the Jacobi iterate.
-        assert_eq!(s.draft(&[1, 2, 3], 4, 9), vec![8, 9, 10]);
-        // One-token prompt lookup before the iterate.
-        assert_eq!(s.draft(&[4, 6, 1, 4], 4, 9), vec![6, 1, 4]);
-        // A longer prompt-lookup match before the pool.
-        assert_eq!(s.draft(&[7, 8, 5, 7, 8], 4, 9), vec![5, 7, 8]);
-        // Newer n-grams win; old ones beyond per_key go.
-        s.observe(&[7, 11, 12], 0);
-        assert_eq!(s.draft(&[7], 1, 9), vec![11]);
-        // Other drafters learn nothing.
+        assert_eq!(l.branch_nodes(), 11);
+        assert_eq!(Drafter::Lookahead(l).max_draft(4), 15 + 4 + 11);
+    }
+
+    #[test]
+    fn columns_feed_the_pool_and_the_window_moves_with_accepted_drafts() {
+        let mut w = window(3, 3, 2);
+        w.levels = vec![vec![0, 11, 12], vec![20, 21, 22]];
+        w.pool.insert(7, VecDeque::from([vec![8, 9], vec![8, 5]]));
+        let context = [7, 8, 9, 4, 7];
+        w.batch(&context, 2, 9);
+        // Column f gives (l0[f], l1[f], new[f]); G = 2 keeps the newest.
+        w.observe(&[30, 31, 32], 0, &context);
+        assert_eq!(w.pool[&7], VecDeque::from([vec![8, 5], vec![20, 30]]));
+        assert_eq!(w.pool[&11], VecDeque::from([vec![21, 31]]));
+        assert_eq!(w.pool[&12], VecDeque::from([vec![22, 32]]));
+        // A Jacobi step: levels move up, the iterate is the last level.
+        assert_eq!(w.levels, vec![vec![20, 21, 22], vec![30, 31, 32]]);
+        // A duplicate n-gram becomes the newest instead of a second copy.
+        let mut d = window(1, 2, 3);
+        for t in [8, 9, 8] {
+            d.levels = vec![vec![7]];
+            d.observe(&[t], 0, &context);
+        }
+        assert_eq!(d.pool[&7], VecDeque::from([vec![9], vec![8]]));
+        // Two drafts accepted: I moved three positions, the window two
+        // columns more; vacated columns come from the context.
+        w.levels = vec![vec![1, 2, 3], vec![4, 5, 6]];
+        w.observe(&[60, 61, 62], 2, &context);
+        assert_eq!((w.levels[0][0], w.levels[1][0]), (6, 62));
+        assert!(
+            w.levels
+                .iter()
+                .all(|l| l.len() == 3 && l[1..].iter().all(|t| context.contains(t)))
+        );
+        assert_eq!(w.pool[&3], VecDeque::from([vec![6, 62]]));
+        // More accepted than the window: all columns refilled.
+        w.observe(&[70, 71, 72], 5, &context);
+        assert!(w.levels.iter().flatten().all(|t| context.contains(t)));
+        // G = 0: nothing pooled.
+        let mut none = window(2, 3, 0);
+        none.batch(&context, 1, 9);
+        none.observe(&[1, 2], 0, &context);
+        assert!(none.pool.is_empty());
+    }
+
+    #[test]
+    fn chain_drafters_learn_nothing_and_stay_chains() {
         let mut p = Drafter::default().start();
-        p.observe(&[5, 7, 8, 9, 10], 1);
+        assert!(!p.is_tree());
+        p.observe(&[5, 7, 8], 1, &[1, 2, 7]);
         assert!(p.draft(&[1, 2, 7], 4, 9).is_empty());
+        let b = p.batch(&[1, 2, 3, 1, 2], 4, 2);
+        assert_eq!((b.tree, b.verify), (DraftTree::chain(&[3, 1]), 2));
+        assert!(b.level_rows.is_empty());
+        assert!(Drafter::None.start().draft(&[1, 1, 1], 4, 9).is_empty());
+        assert!(Drafter::Lookahead(Lookahead::default()).start().is_tree());
+        let bad = Lookahead {
+            n: 1,
+            ..Lookahead::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = Lookahead {
+            window: 0,
+            ..Lookahead::default()
+        };
+        assert!(bad.validate().is_err());
+        assert!(Lookahead::default().validate().is_ok());
+        let l: Lookahead = "4, 3,2".parse().unwrap();
+        assert_eq!((l.window, l.n, l.max_ngrams), (4, 3, 2));
+        assert_eq!(l.to_string(), "4,3,2");
+        for bad in ["4,3", "4,1,2", "0,3,2", "a,3,2", "1,2,3,4"] {
+            assert!(bad.parse::<Lookahead>().is_err(), "{bad}");
+        }
     }
 
     #[test]
     fn adaptive_lookup_drafts_by_the_match_length_within_the_room() {
-        let s = Drafter::AdaptivePromptLookup(PromptLookup::default()).start();
+        let mut s = Drafter::AdaptivePromptLookup(PromptLookup::default()).start();
         let ctx = |tail: &[u32]| {
             let mut c = vec![1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 18];
             c.extend_from_slice(tail);

@@ -12,12 +12,14 @@
 //!   included).
 //! - [`middle`]: where the client's middle layers run: [`MiddleLayers`],
 //!   implemented by the gRPC client and, for references, in process.
-//! - [`draft`]: drafters: prompt lookup (`cipherlora_spec::ngram`), a
-//!   lookahead-style n-gram pool (Fu et al. 2024, simplified) and none.
+//! - [`draft`]: drafters: prompt lookup (`cipherlora_spec::ngram`),
+//!   lookahead decoding (Fu et al. 2024: a Jacobi window and an n-gram
+//!   pool verified as one token tree per round trip) and none.
 //! - [`replay`]: [`ReplayingClient`], the gRPC client that reopens a lost
 //!   session and replays the prefix the server held.
-//! - [`decode`]: generation, K+1 positions verified per round trip, local
-//!   and remote KV rolled back to the accepted prefix; greedy output is the
+//! - [`decode`]: generation, K+1 positions (or a lookahead tree) verified
+//!   per round trip, local and remote KV rolled back (or compacted) to the
+//!   accepted prefix; greedy output is the
 //!   whole model's greedy output, sampled output follows its sampling
 //!   distribution (exact speculative sampling, `accept`).
 
@@ -33,5 +35,5 @@ pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
 pub use draft::{Drafter, Lookahead};
 pub use error::SplitError;
-pub use middle::{Forwarded, InProcess, MiddleLayers};
+pub use middle::{Forwarded, InProcess, MiddleLayers, MiddlePass};
 pub use replay::ReplayingClient;

@@ -24,33 +24,85 @@ pub struct Forwarded {
     pub bytes_down: u64,
 }
 
+/// One call of the middle layers: what to keep of the previous pass's rows
+/// and the rows of this pass, with their attention mask.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MiddlePass<'a> {
+    /// Where the cached rows to keep begin: rows before `start` stay.
+    pub start: usize,
+    /// Cached rows (relative to `start`, strictly increasing) moved to
+    /// `start..start+keep.len()`; the rest from `start` on is dropped.
+    /// Empty: drop everything from `start` on (a rollback by truncation).
+    pub keep: &'a [usize],
+    /// Empty: the causal mask. Otherwise the token tree over this pass's
+    /// rows: `parents[i]` is row i's parent (an earlier row) or `None` for
+    /// a row off the cached prefix; row i sees the prefix, itself and its
+    /// ancestors at RoPE position `start + keep.len() + depth(i)`
+    /// (lookahead decoding's batch: Fu et al. 2024, §3).
+    pub parents: &'a [Option<usize>],
+    /// Rows T of this pass.
+    pub positions: usize,
+    /// The residual stream after layer a, row-major T × d.
+    pub hidden: &'a [f32],
+}
+
+impl<'a> MiddlePass<'a> {
+    /// A causal pass at `start` (cached rows from `start` on dropped).
+    pub fn causal(start: usize, positions: usize, hidden: &'a [f32]) -> Self {
+        Self {
+            start,
+            keep: &[],
+            parents: &[],
+            positions,
+            hidden,
+        }
+    }
+
+    /// Where this pass's rows are cached: `start + keep.len()`.
+    pub fn base(&self) -> usize {
+        self.start + self.keep.len()
+    }
+}
+
 /// The middle layers of one split session.
 pub trait MiddleLayers {
-    /// Runs the middle layers on `hidden` (row-major `positions` × d, the
-    /// residual stream after layer a) at positions
-    /// `start..start+positions`, first dropping cached positions from
-    /// `start` on (the rollback of rejected drafts).
+    /// Runs the middle layers on `pass.hidden` after keeping the cached
+    /// rows `pass.keep` from `pass.start` on (see [`MiddlePass`]); returns
+    /// the residual stream after layer L − b, row-major T × d.
     ///
     /// # Errors
     /// The server's refusal or a transport failure
-    /// ([`SplitError::Service`]); [`SplitError::Model`] in process.
-    fn forward(
-        &mut self,
-        start: usize,
-        positions: usize,
-        hidden: &[f32],
-    ) -> Result<Forwarded, SplitError>;
-}
+    /// ([`SplitError::Service`]); [`SplitError::Model`] in process (a keep
+    /// list or tree that does not fit the cache included).
+    fn forward_pass(&mut self, pass: &MiddlePass<'_>) -> Result<Forwarded, SplitError>;
 
-impl MiddleLayers for SplitClient {
+    /// Runs the middle layers on `hidden` (row-major `positions` × d, the
+    /// residual stream after layer a) at positions
+    /// `start..start+positions` under the causal mask, first dropping
+    /// cached positions from `start` on (the rollback of rejected drafts).
+    ///
+    /// # Errors
+    /// As [`MiddleLayers::forward_pass`].
     fn forward(
         &mut self,
         start: usize,
         positions: usize,
         hidden: &[f32],
     ) -> Result<Forwarded, SplitError> {
+        self.forward_pass(&MiddlePass::causal(start, positions, hidden))
+    }
+}
+
+impl MiddleLayers for SplitClient {
+    fn forward_pass(&mut self, pass: &MiddlePass<'_>) -> Result<Forwarded, SplitError> {
         let before = self.stats();
-        let hidden = SplitClient::forward(self, start, positions, hidden)?;
+        let hidden = self.forward_tree(
+            pass.start,
+            pass.keep,
+            pass.parents,
+            pass.positions,
+            pass.hidden,
+        )?;
         let after = self.stats();
         Ok(Forwarded {
             hidden,
@@ -85,15 +137,12 @@ impl InProcess {
 }
 
 impl MiddleLayers for InProcess {
-    fn forward(
-        &mut self,
-        start: usize,
-        positions: usize,
-        hidden: &[f32],
-    ) -> Result<Forwarded, SplitError> {
+    fn forward_pass(&mut self, pass: &MiddlePass<'_>) -> Result<Forwarded, SplitError> {
         let t0 = Instant::now();
-        self.0.cache.truncate(start);
-        let hidden = self.0.run(hidden.to_vec(), positions)?;
+        self.0.compact(pass.start, pass.keep)?;
+        let hidden = self
+            .0
+            .run(pass.hidden.to_vec(), pass.positions, pass.parents)?;
         Ok(Forwarded {
             hidden,
             server: t0.elapsed(),

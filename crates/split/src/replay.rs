@@ -10,10 +10,21 @@
 //! opens a new session of the same split and capacity (on a fresh
 //! connection if the old one is gone), re-runs those positions through the
 //! server in calls of at most the server's message size, and repeats the
-//! failed call, all inside one [`MiddleLayers::forward`]. The server's
+//! failed call, all inside one [`MiddleLayers::forward_pass`]. The server's
 //! cache is rebuilt from the same inputs, so the generation goes on with
 //! the same tokens (up to floating-point summation order: the replay runs
-//! the prefix in fewer, longer passes). At most
+//! the prefix in fewer, longer passes).
+//!
+//! Tree passes (lookahead decoding, [`MiddlePass::parents`]) leave the
+//! server holding a whole token tree until the next call keeps the accepted
+//! path ([`MiddlePass::keep`]). The client compacts its record the same
+//! way before each call, so the record is always what the server holds
+//! once that call's compaction is done: a causal chain (the kept rows form
+//! a root-to-node path whose depths are their positions), which a replay
+//! re-runs as causal passes before repeating the call without its `keep`.
+//! A call whose compaction would keep rows that are not such a chain (a
+//! row whose parent is not the row before it) cannot be replayed and is
+//! refused ([`SplitError::Config`]) before it is sent. At most
 //! [`ReplayingClient::with_max_replays`] replays per session (default 1);
 //! a failed replay is [`SplitError::Replay`], a loss beyond the limit
 //! [`SplitError::SessionLost`].
@@ -22,7 +33,7 @@ use std::time::Duration;
 
 use cipherlora_service::{ClientConfig, ServiceError, SplitClient, SplitSessionInfo};
 
-use crate::{Forwarded, MiddleLayers, SplitError};
+use crate::{Forwarded, MiddleLayers, MiddlePass, SplitError};
 
 /// Bytes of a `Forward` request besides its hidden states, an upper bound
 /// (session id, start, positions, encoding, framing).
@@ -39,6 +50,9 @@ pub struct ReplayingClient {
     /// The residual stream after layer a of every position the server
     /// holds, row-major.
     sent: Vec<f32>,
+    /// Parent row of every held row (`None` for row 0): `r − 1` along a
+    /// chain, anything else inside a tree pass not compacted yet.
+    parents: Vec<Option<usize>>,
     max_replays: usize,
     replays: usize,
 }
@@ -64,6 +78,7 @@ impl ReplayingClient {
             capacity,
             info,
             sent: Vec::new(),
+            parents: Vec::new(),
             max_replays: 1,
             replays: 0,
         })
@@ -142,43 +157,80 @@ impl ReplayingClient {
     }
 }
 
-impl MiddleLayers for ReplayingClient {
-    fn forward(
-        &mut self,
-        start: usize,
-        positions: usize,
-        hidden: &[f32],
-    ) -> Result<Forwarded, SplitError> {
+impl ReplayingClient {
+    /// Compacts the record as `pass` will compact the server's cache and
+    /// checks that what remains is a causal chain (module docs).
+    fn compact_record(&mut self, pass: &MiddlePass<'_>) -> Result<(), SplitError> {
         let d = self.info.hidden_size as usize;
-        if start * d > self.sent.len() {
+        let held = self.parents.len();
+        let start = pass.start;
+        if start > held {
             return Err(SplitError::Config {
-                reason: format!(
-                    "a pass from position {start}, the server holds {}",
-                    self.sent.len() / d.max(1)
-                ),
+                reason: format!("a pass from position {start}, the server holds {held}"),
             });
         }
-        self.sent.truncate(start * d);
-        let fwd = match MiddleLayers::forward(&mut self.client, start, positions, hidden) {
-            Err(SplitError::Service(e)) if e.is_transient() => {
-                self.recover(e, start, positions, hidden)?
+        let not_chain = |row: usize| SplitError::Config {
+            reason: format!(
+                "the rows kept up to position {row} are not a chain: a replay could not rebuild them"
+            ),
+        };
+        if let Some(r) = (0..start).find(|&r| self.parents[r] != r.checked_sub(1)) {
+            return Err(not_chain(r));
+        }
+        let mut prev = start.checked_sub(1);
+        for (k, &row) in pass.keep.iter().enumerate() {
+            let old = start + row;
+            if old >= held || (k > 0 && row <= pass.keep[k - 1]) {
+                return Err(SplitError::Config {
+                    reason: format!("keep list {:?} does not fit {held} rows", pass.keep),
+                });
             }
+            if self.parents[old] != prev {
+                return Err(not_chain(start + k));
+            }
+            prev = Some(old);
+        }
+        for (k, &row) in pass.keep.iter().enumerate() {
+            let (from, to) = ((start + row) * d, (start + k) * d);
+            self.sent.copy_within(from..from + d, to);
+            self.parents[start + k] = (start + k).checked_sub(1);
+        }
+        let base = pass.base();
+        self.sent.truncate(base * d);
+        self.parents.truncate(base);
+        Ok(())
+    }
+}
+
+impl MiddleLayers for ReplayingClient {
+    fn forward_pass(&mut self, pass: &MiddlePass<'_>) -> Result<Forwarded, SplitError> {
+        self.compact_record(pass)?;
+        let fwd = match self.client.forward_pass(pass) {
+            Err(SplitError::Service(e)) if e.is_transient() => self.recover(e, pass)?,
             other => other?,
         };
-        self.sent.extend_from_slice(hidden);
+        let base = pass.base();
+        self.sent.extend_from_slice(pass.hidden);
+        for i in 0..pass.positions {
+            let parent = match pass.parents.get(i) {
+                None => (base + i).checked_sub(1),
+                Some(None) => base.checked_sub(1),
+                Some(&Some(p)) => Some(base + p),
+            };
+            self.parents.push(parent);
+        }
         Ok(fwd)
     }
 }
 
 impl ReplayingClient {
-    /// After `lost`: replays the `start` positions the server held and
-    /// repeats the call; the returned cost includes the replay's.
+    /// After `lost`: replays the positions the server held once `pass`'s
+    /// compaction is done (the record, a causal chain) and repeats the call
+    /// without its compaction; the returned cost includes the replay's.
     fn recover(
         &mut self,
         lost: ServiceError,
-        start: usize,
-        positions: usize,
-        hidden: &[f32],
+        pass: &MiddlePass<'_>,
     ) -> Result<Forwarded, SplitError> {
         if self.replays >= self.max_replays {
             return Err(SplitError::SessionLost {
@@ -187,14 +239,19 @@ impl ReplayingClient {
             });
         }
         self.replays += 1;
-        tracing::warn!(error = %lost, positions = start, "split session lost: replaying");
+        let base = pass.base();
+        tracing::warn!(error = %lost, positions = base, "split session lost: replaying");
         let replayed = |source: SplitError| SplitError::Replay {
-            positions: start,
+            positions: base,
             source: Box::new(source),
         };
-        let cost = self.replay(start).map_err(replayed)?;
-        let mut fwd =
-            MiddleLayers::forward(&mut self.client, start, positions, hidden).map_err(replayed)?;
+        let cost = self.replay(base).map_err(replayed)?;
+        let again = MiddlePass {
+            start: base,
+            keep: &[],
+            ..*pass
+        };
+        let mut fwd = self.client.forward_pass(&again).map_err(replayed)?;
         fwd.server += cost.server;
         fwd.bytes_up += cost.bytes_up;
         fwd.bytes_down += cost.bytes_down;

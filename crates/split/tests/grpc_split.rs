@@ -2,8 +2,8 @@
 //! (SmolLM2-135M-Instruct Q4_1): the output equals the whole model's greedy
 //! output run locally (an independent path: `cipherlora_model::generate`,
 //! one position per pass, one KV cache of all layers), also across a
-//! server restart (the session replayed), and every malformed call gets
-//! its typed status.
+//! server restart (the session replayed), with lookahead decoding's token
+//! trees too, and every malformed call gets its typed status.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,8 +18,8 @@ use cipherlora_service::{
 };
 use cipherlora_spec::ngram::PromptLookup;
 use cipherlora_split::{
-    Drafter, InProcess, Lookahead, MiddleLayers, ModelBackend, ReplayingClient, SplitConfig,
-    SplitError, generate,
+    Drafter, InProcess, Lookahead, MiddleLayers, MiddlePass, ModelBackend, ReplayingClient,
+    SplitConfig, SplitError, generate,
 };
 use tonic::Code;
 
@@ -67,16 +67,19 @@ fn local_greedy(m: &Model, prompt: &[u32]) -> Vec<u32> {
 fn split_generation_over_grpc_equals_local_greedy() {
     let (m, tok) = model();
     let server = serve(Limits::default(), 4096);
-    let mut accepted = 0;
+    let (mut accepted, mut tree_accepted) = (0, 0);
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
         let want = local_greedy(m, &prompt);
         let lookahead = Drafter::Lookahead(Lookahead::default());
+        // N = 2: the window is level 0 alone (one node beside I).
+        let small: Lookahead = "2,2,3".parse().unwrap();
         for (a, b, drafter) in [
             (1, 1, Drafter::default()),
             (2, 2, Drafter::default()),
             (4, 4, Drafter::default()),
             (2, 2, lookahead),
+            (3, 1, Drafter::Lookahead(small)),
             (1, 3, Drafter::AdaptivePromptLookup(PromptLookup::default())),
         ] {
             let config = SplitConfig {
@@ -100,12 +103,49 @@ fn split_generation_over_grpc_equals_local_greedy() {
             assert_eq!(c.stats().forwards, out.steps.len() as u64);
             assert!(out.steps.len() <= TOKENS);
             accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
+            if let Drafter::Lookahead(l) = drafter {
+                // Every step sent a tree: pending rows, the trie, the
+                // window (but on the last token).
+                let last = out.steps.len() - 1;
+                for s in &out.steps[1..last] {
+                    assert_eq!(s.positions, 1 + s.drafted + l.branch_nodes());
+                }
+                tree_accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
+            }
             c.close().unwrap();
         }
     }
-    // Prompt lookup must have been accepted somewhere (else rollback of
-    // rejected drafts and multi-token steps went untested).
-    assert!(accepted > 0);
+    // Drafts must have been accepted somewhere, by lookahead too (else
+    // rollback, compaction and multi-token steps went untested).
+    assert!(accepted > 0 && tree_accepted > 0);
+}
+
+/// Lookahead with the middle layers in process (no transport) and across
+/// a server restart (the record compacted like the server's cache, then
+/// replayed as a chain) still gives the local model's greedy output.
+#[test]
+fn lookahead_in_process_and_replayed_equals_local_greedy() {
+    let (m, tok) = model();
+    let config = SplitConfig {
+        drafter: Drafter::Lookahead(Lookahead::default()),
+        ..split_2_2()
+    };
+    let prompt = tok.encode(PROMPTS[3]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+    let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
+    assert_eq!(out.tokens, want, "in process");
+    let emitted: usize = out.steps.iter().map(|s| s.emitted).sum();
+    assert!(out.steps.len() < emitted, "no step kept a draft");
+
+    let prompt = tok.encode(PROMPTS[2]).unwrap();
+    let want = local_greedy(m, &prompt);
+    let mut server = Some(serve(Limits::default(), 4096));
+    let mut mid = replaying(server.as_ref().unwrap(), &config, prompt.len());
+    let mut on_token = stop_server_after(9, &mut server, true);
+    let out = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap();
+    assert_eq!(out.tokens, want, "replayed");
+    assert_eq!(mid.replays(), 1);
 }
 
 #[test]
@@ -231,6 +271,8 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         positions,
         encoding: ActivationEncoding::F32Le as i32,
         hidden: cipherlora_proto::activations::encode_f32(values),
+        tree_parents: Vec::new(),
+        keep: Vec::new(),
     };
     let cases: Vec<(&str, ForwardRequest, Refusal)> = vec![
         (
@@ -317,6 +359,115 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         (Code::NotFound, Some(ErrorReason::UnknownSession))
     );
     other.open(1, 1, 64).unwrap();
+}
+
+/// Malformed tree masks and keep lists get `invalid_tree` (a start beyond
+/// the cache `invalid_activations`, a pass over the capacity
+/// `limit_exceeded`) and change nothing: honest tree passes afterwards
+/// compute what the same layers compute in process, and the rows a keep
+/// list retains behave as the causal chain they form.
+#[test]
+fn malformed_trees_and_keep_lists_get_typed_statuses() {
+    let (m, _) = model();
+    let d = m.config().hidden_size;
+    let limits = Limits {
+        max_message_bytes: 256 << 10,
+        ..Limits::default()
+    };
+    let server = serve(limits, 64);
+    let mut c = client(&server);
+    let info = c.open(1, 1, 64).unwrap();
+    assert!(info.tree_passes);
+    let x: Vec<f32> = (0..3 * d)
+        .map(|i| ((i % 89) as f32 - 44.0) / 40.0)
+        .collect();
+    let mut reference = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    assert_eq!(
+        c.forward(0, 3, &x).unwrap(),
+        reference.forward(0, 3, &x).unwrap().hidden
+    );
+    let id = c.session().unwrap().0.to_bytes();
+    let req = |start: u64, positions: u32, parents: Vec<u32>, keep: Vec<u32>| ForwardRequest {
+        session_id: id.clone(),
+        start,
+        positions,
+        encoding: ActivationEncoding::F32Le as i32,
+        hidden: cipherlora_proto::activations::encode_f32(&vec![0.25; positions as usize * d]),
+        tree_parents: parents,
+        keep,
+    };
+    let tree = (Code::InvalidArgument, Some(ErrorReason::InvalidTree));
+    let cases: Vec<(&str, ForwardRequest, Refusal)> = vec![
+        ("too few parents", req(3, 3, vec![0, 1], vec![]), tree),
+        ("too many parents", req(3, 1, vec![0, 1], vec![]), tree),
+        (
+            "a row its own parent",
+            req(3, 3, vec![0, 2, 1], vec![]),
+            tree,
+        ),
+        ("a later parent", req(3, 2, vec![2, 0], vec![]), tree),
+        ("keep not increasing", req(0, 1, vec![], vec![1, 1]), tree),
+        ("keep decreasing", req(0, 1, vec![], vec![2, 0]), tree),
+        ("keep out of range", req(1, 1, vec![], vec![0, 2]), tree),
+        ("keep at the cache's end", req(3, 1, vec![], vec![0]), tree),
+        (
+            "start beyond the cache",
+            req(4, 1, vec![0], vec![0]),
+            (Code::InvalidArgument, Some(ErrorReason::InvalidActivations)),
+        ),
+        (
+            "kept rows and the pass over the capacity",
+            req(0, 62, vec![], vec![0, 1, 2]),
+            (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded)),
+        ),
+    ];
+    for (what, r, want) in cases {
+        let e = c.forward_raw(r).unwrap_err();
+        assert_eq!(refused(e), want, "{what}");
+    }
+
+    // Nothing changed: a tree pass (rows 0 -> 1, and 2 off the prefix) at
+    // position 3, then a pass that keeps rows 0 and 1 of it.
+    let tree_pass = MiddlePass {
+        start: 3,
+        keep: &[],
+        parents: &[None, Some(0), None],
+        positions: 3,
+        hidden: &x,
+    };
+    let want = reference.forward_pass(&tree_pass).unwrap().hidden;
+    let got = c.forward_tree(3, &[], tree_pass.parents, 3, &x).unwrap();
+    assert_eq!(got, want);
+    let next = MiddlePass {
+        start: 3,
+        keep: &[0, 1],
+        parents: &[],
+        positions: 1,
+        hidden: &x[2 * d..],
+    };
+    let want = reference.forward_pass(&next).unwrap().hidden;
+    assert_eq!(
+        c.forward_tree(3, &[0, 1], &[], 1, &x[2 * d..]).unwrap(),
+        want
+    );
+    // The kept rows are the chain x[0], x[1] at positions 3, 4: a session
+    // that ran them causally computes the same (up to summation order).
+    let mut chain = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    chain.forward(0, 3, &x).unwrap();
+    chain.forward(3, 2, &x[..2 * d]).unwrap();
+    let causal = chain.forward(5, 1, &x[2 * d..]).unwrap().hidden;
+    let err = causal
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        err < 1e-3,
+        "compacted rows differ from their chain by {err}"
+    );
+    // The session goes on.
+    assert_eq!(c.truncate(6).unwrap(), 6);
+    c.close().unwrap();
 }
 
 /// Stops `server` once `at` tokens have been generated (between two

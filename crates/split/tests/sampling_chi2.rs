@@ -9,14 +9,15 @@
 //! (an independent path: one forward pass over the prompt, all layers, one
 //! cache). The test can fail: the same χ² rejects the first tokens of a
 //! rule that does not remove x before renormalising, drawn at the same
-//! context. Seeds are fixed: the test is deterministic.
+//! context. Seeds are fixed: the test is deterministic. Lookahead's
+//! sampled path is checked where its answer is known (top-k 1).
 
 mod common;
 
-use cipherlora_model::{AttentionMask, Model, NoAdapter, Sampler, SamplingParams};
+use cipherlora_model::{AttentionMask, GenerateOptions, Model, NoAdapter, Sampler, SamplingParams};
 use cipherlora_spec::acceptance::sample;
 use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, InProcess, SplitConfig, SplitError, generate};
+use cipherlora_split::{Drafter, InProcess, Lookahead, SplitConfig, SplitError, generate};
 use common::model;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -68,6 +69,70 @@ fn chi2_p_value(p: &[f32], counts: &[usize]) -> f64 {
     1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
 }
 
+/// The first generated token of `DRAWS` seeded split generations (middle
+/// layers in process), counted per token.
+fn first_tokens(drafter: Drafter, vocab: usize) -> Vec<usize> {
+    let (m, tok) = model();
+    let prompt = tok.encode(PROMPT).unwrap();
+    let mut counts = vec![0usize; vocab];
+    for seed in 0..DRAWS {
+        let config = SplitConfig {
+            head_layers: 2,
+            tail_layers: 2,
+            k: 1,
+            max_tokens: 2,
+            eos: Vec::new(),
+            drafter,
+            sampling: params(seed),
+        };
+        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
+        assert_eq!(out.steps[0].drafted, 1, "no draft at the tested position");
+        counts[out.tokens[0] as usize] += 1;
+    }
+    counts
+}
+
+/// Lookahead's sampled path (tree rows' distributions, multi-draft
+/// acceptance, compaction) where its answer is known: with top-k 1 every
+/// row's distribution is one-hot at its argmax, so sampled lookahead must
+/// give the whole model's greedy output (the χ² test above costs 300
+/// passes; a lookahead pass carries a window of 5 to 14 extra rows, too
+/// slow for the test suite). And one seed gives one output.
+#[test]
+fn sampled_lookahead_is_seeded_and_top_k_1_is_greedy() {
+    let (m, tok) = model();
+    let prompt = tok.encode("A B C A B C D A B C A B").unwrap();
+    let run = |sampling: SamplingParams| {
+        let config = SplitConfig {
+            head_layers: 2,
+            tail_layers: 2,
+            k: 3,
+            max_tokens: 12,
+            eos: Vec::new(),
+            drafter: Drafter::Lookahead("3,3,2".parse::<Lookahead>().unwrap()),
+            sampling,
+        };
+        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()
+    };
+    let opts = GenerateOptions {
+        max_tokens: 12,
+        sampling: SamplingParams::greedy(),
+        eos: Vec::new(),
+    };
+    let want = cipherlora_model::generate(m, &prompt, &opts, &mut NoAdapter, &mut |_| Ok(()))
+        .unwrap()
+        .tokens;
+    let top1 = run(SamplingParams {
+        top_k: Some(1),
+        ..params(5)
+    });
+    assert_eq!(top1.tokens, want);
+    assert!(top1.steps.iter().any(|s| s.accepted > 0), "no draft kept");
+    assert_eq!(run(params(3)).tokens, run(params(3)).tokens);
+}
+
 #[test]
 fn sampled_split_tokens_follow_the_whole_models_softmax() {
     let (m, tok) = model();
@@ -77,22 +142,7 @@ fn sampled_split_tokens_follow_the_whole_models_softmax() {
     // The test bites only if the draft is neither certain nor hopeless.
     assert!((0.05..0.95).contains(&p[x]), "p(draft) = {}", p[x]);
 
-    let mut split = vec![0usize; p.len()];
-    for seed in 0..DRAWS {
-        let config = SplitConfig {
-            head_layers: 2,
-            tail_layers: 2,
-            k: 1,
-            max_tokens: 2,
-            eos: Vec::new(),
-            drafter: Drafter::PromptLookup(PromptLookup::default()),
-            sampling: params(seed),
-        };
-        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
-        let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
-        assert_eq!(out.steps[0].drafted, 1, "no draft at the tested position");
-        split[out.tokens[0] as usize] += 1;
-    }
+    let split = first_tokens(Drafter::PromptLookup(PromptLookup::default()), p.len());
     let pv = chi2_p_value(&p, &split);
     assert!(pv > 1e-3, "split sampling rejected by χ²: p = {pv}");
 

@@ -101,9 +101,15 @@ pub struct SplitBenchArgs {
     /// Skip the no-draft baseline (one token per round trip).
     #[arg(long)]
     no_baseline: bool,
-    /// Also run the lookahead-style n-gram pool drafter with K.
+    /// Also run lookahead decoding (Fu et al. 2024; a Jacobi window and an
+    /// n-gram pool verified as a token tree, prompt lookup of K among the
+    /// candidates), once per --lookahead-params setting.
     #[arg(long)]
     lookahead: bool,
+    /// Lookahead settings `W,N,G` (window, n-gram size, pool n-grams per
+    /// token), semicolon-separated.
+    #[arg(long, value_delimiter = ';', default_value = "3,3,3")]
+    lookahead_params: Vec<cipherlora_split::Lookahead>,
     /// Also run adaptive prompt lookup: each step drafts by the match
     /// length, up to 2K.
     #[arg(long)]
@@ -195,7 +201,11 @@ impl SplitBenchArgs {
                 splits,
                 k: self.k,
                 no_draft_baseline: !self.no_baseline,
-                lookahead: self.lookahead,
+                lookahead: if self.lookahead {
+                    self.lookahead_params
+                } else {
+                    Vec::new()
+                },
                 adaptive_k: self.adaptive_k,
                 prompts,
                 max_tokens: self.max_tokens,

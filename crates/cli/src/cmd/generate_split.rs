@@ -26,8 +26,9 @@ pub enum SplitDraftArg {
     /// Prompt lookup drafting by the match length: up to 2K after a
     /// 3-token match, fewer after a shorter one.
     AdaptivePromptLookup,
-    /// An n-gram pool fed by the verify passes' Jacobi iterates
-    /// (lookahead decoding, simplified), prompt lookup as fallback.
+    /// Lookahead decoding (Fu et al. 2024): a Jacobi window and an n-gram
+    /// pool verified as a token tree, prompt lookup among the candidates
+    /// (settings: --lookahead).
     Lookahead,
     /// No draft: one token per round trip.
     None,
@@ -65,6 +66,10 @@ pub struct GenerateSplitArgs {
     /// Drafter.
     #[arg(long, value_enum, default_value = "prompt-lookup")]
     draft: SplitDraftArg,
+    /// Lookahead decoding's `W,N,G` with `--draft lookahead`: window
+    /// (Jacobi columns), n-gram size, pool n-grams verified per step.
+    #[arg(long, default_value = "3,3,3")]
+    lookahead: Lookahead,
     /// Bearer token file (first non-empty line).
     #[arg(long)]
     token_file: Option<PathBuf>,
@@ -122,7 +127,7 @@ impl GenerateSplitArgs {
                 SplitDraftArg::AdaptivePromptLookup => {
                     Drafter::AdaptivePromptLookup(PromptLookup::default())
                 }
-                SplitDraftArg::Lookahead => Drafter::Lookahead(Lookahead::default()),
+                SplitDraftArg::Lookahead => Drafter::Lookahead(self.lookahead),
                 SplitDraftArg::None => Drafter::None,
             },
             sampling: self.sampling.params(),
