@@ -231,9 +231,6 @@ impl DraftState {
 
     /// Tokens to follow `context` (possibly none) as a chain: up to `k`,
     /// up to 2K by the match length for adaptive prompt lookup; never more
-    /// than `room`. Lookahead: its verification candidates' first chain.
-    /// Tokens to follow `context` (possibly none) as a chain: up to `k`,
-    /// up to 2K by the match length for adaptive prompt lookup; never more
     /// than `room`. Lookahead: the nodes of its batch.
     #[cfg(test)]
     pub(crate) fn draft(&mut self, context: &[u32], k: usize, room: usize) -> Vec<u32> {
