@@ -474,7 +474,12 @@ impl AsyncAdapterClient {
             } => {
                 let req = group_request(*id, &info.plan, round, &call);
                 if stream.tx.send(req).await.is_err() {
-                    // The stream died; the next receive replays.
+                    // The stream died: the next receive sends every
+                    // unanswered call again on a fresh stream. That is a
+                    // replay, counted here as a failed receive counts its
+                    // own (a dropped connection is found here or there,
+                    // whichever touches the stream first).
+                    self.stats.replays += 1;
                     self.session.drop_stream();
                 }
             }
