@@ -63,10 +63,17 @@ pub struct PlanSpace {
     pub grouping: Grouping,
     /// The offer's [`SessionOffer::server_cost_ratio`].
     pub server_cost_ratio: f64,
+    /// Positions per pass of the session whose offer this is (`None` when
+    /// no session stands behind the space). A verify session of that
+    /// width *is* that session (`crate::connect_chosen_width` shares the
+    /// prefill session when the widths coincide), so it keeps the offer's
+    /// grouping: [`choose_width`] models it so.
+    pub width: Option<usize>,
 }
 
 impl PlanSpace {
-    /// The space of `offer` (its width does not matter).
+    /// The space of `offer` (its width matters only to a verify session of
+    /// the same width, [`PlanSpace::width`]).
     #[must_use]
     pub fn of(offer: &SessionOffer) -> Self {
         PlanSpace {
@@ -80,7 +87,15 @@ impl PlanSpace {
             layers: offer.groups.iter().map(|g| g.layer).collect(),
             grouping: offer.grouping,
             server_cost_ratio: offer.server_cost_ratio,
+            width: offer.groups.first().map(|g| g.plan.t),
         }
+    }
+
+    /// Whether a verify session of `t` positions is the offer's own session
+    /// ([`PlanSpace::width`]), which keeps the offer's grouping.
+    #[must_use]
+    pub fn is_own_width(&self, t: usize) -> bool {
+        self.width == Some(t)
     }
 
     /// The same adapter grouped by layer, as a [`Grouping::ByLayer`] offer
@@ -209,9 +224,13 @@ pub fn choose_width(
         let plans = space.plans(k + 1)?;
         let ratio = space.server_cost_ratio;
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
+        // The offer's own session serves this width with the offer's
+        // grouping: no by-layer alternative for it.
         let fused = match &by_layer {
-            Some(s) => Some(PassModel::of_plans(&s.plans(k + 1)?, sizes, ratio)?),
-            None => None,
+            Some(s) if !space.is_own_width(k + 1) => {
+                Some(PassModel::of_plans(&s.plans(k + 1)?, sizes, ratio)?)
+            }
+            _ => None,
         };
         let schedule = choose_schedule_grouped(
             &pass,
@@ -221,6 +240,7 @@ pub fn choose_width(
             fixed,
         );
         let grouping = match (schedule.schedule, &fused) {
+            _ if space.is_own_width(k + 1) => space.grouping,
             (Schedule::FixedPoint(_), Some(_)) => Grouping::ByLayer,
             _ => Grouping::ByInput,
         };
@@ -251,6 +271,7 @@ impl WidthCandidate {
     #[must_use]
     pub fn grouping_for(&self, space: &PlanSpace, forced: Option<&Schedule>) -> Grouping {
         match forced {
+            _ if space.is_own_width(self.k + 1) => space.grouping,
             None => self.grouping,
             Some(Schedule::PerGroup) => Grouping::ByInput,
             Some(Schedule::FixedPoint(_)) if space.by_layer().is_some() => Grouping::ByLayer,
@@ -328,6 +349,7 @@ mod tests {
             layers: (0..30).flat_map(|l| [l, l]).collect(),
             grouping: Grouping::ByInput,
             server_cost_ratio: 1.0,
+            width: None,
         }
     }
 
@@ -463,5 +485,53 @@ mod tests {
             FixedPoint::default(),
         );
         assert!(matches!(r, Err(PrivateError::WidthModel { .. })), "{r:?}");
+    }
+
+    /// Regression (session 14, `bench e2e --links home80`): the model
+    /// priced K = 15 with one upload per layer (by layer), but a verify
+    /// width equal to the prefill width shares the prefill session, which
+    /// is grouped by input: two uploads per layer, and the run uploaded
+    /// twice what the model said. That width is now modelled with its
+    /// session's grouping.
+    #[test]
+    fn a_verify_width_equal_to_the_offer_s_keeps_the_offer_s_grouping() {
+        let choose = |width| {
+            let space = PlanSpace {
+                width,
+                ..space(Mode::Ffa)
+            };
+            choose_width(
+                &space,
+                &sizes(),
+                &LinkProfile::HOME80,
+                &client(),
+                0.85,
+                16,
+                FixedPoint::default(),
+            )
+            .unwrap()
+        };
+        let (free, shared) = (choose(None), choose(Some(16)));
+        let (f15, s15) = (&free.candidates[14], &shared.candidates[14]);
+        assert_eq!((f15.k, s15.k), (15, 15));
+        assert_eq!(f15.grouping, Grouping::ByLayer, "{f15:?}");
+        assert_eq!(s15.grouping, Grouping::ByInput, "{s15:?}");
+        assert!(s15.round_ms > f15.round_ms, "{s15:?} vs {f15:?}");
+        // Every other width is modelled as before.
+        for (f, s) in free.candidates.iter().zip(&shared.candidates) {
+            if f.k != 15 {
+                assert_eq!(f, s);
+            }
+        }
+        let space = PlanSpace {
+            width: Some(16),
+            ..space(Mode::Ffa)
+        };
+        let forced = Schedule::FixedPoint(FixedPoint::default());
+        assert_eq!(s15.grouping_for(&space, Some(&forced)), Grouping::ByInput);
+        assert_eq!(
+            shared.candidates[13].grouping_for(&space, Some(&forced)),
+            Grouping::ByLayer
+        );
     }
 }
