@@ -33,7 +33,7 @@ use cipherlora_model::{
 };
 use cipherlora_private::{
     ByWidth, EmbeddedServer, Grouping, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
-    connect_widths,
+    connect_remote, connect_widths,
 };
 use cipherlora_service::{LinkProfile, Placement};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
@@ -276,8 +276,8 @@ pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> Str
     out
 }
 
-/// The verify session's counters (decode passes only when the prefill width
-/// differs from the verify width).
+/// The verify session's counters: decode passes only (a run whose verify
+/// width equals the prefill width prefills through a wider session).
 fn verify_timings(hook: &ByWidth<GrpcTransport>, width: usize) -> HeTimings {
     hook.session(width)
         .map(|h| h.timings().clone())
@@ -575,6 +575,29 @@ pub fn run_target(
                     )?;
                     (hook, width)
                 };
+                // A verify width equal to the prefill width shares the
+                // prefill session, whose counters would then mix prefill
+                // passes into the decode figures: such a run prefills
+                // through a session of its own, one position wider (the
+                // prefill is reported apart; its width changes no decode
+                // figure).
+                let prefill_width = if width == opts.prefill_width {
+                    let wider = opts.prefill_width + 1;
+                    hook = hook.with(
+                        wider,
+                        connect_remote(
+                            server.client_config(link),
+                            &id,
+                            wider,
+                            Grouping::ByInput,
+                            model.config(),
+                        )?,
+                    );
+                    wider
+                } else {
+                    opts.prefill_width
+                };
+                cfg.prefill_width = Some(prefill_width);
                 // `auto` is modelled on this run's link with the open session.
                 let schedule_name;
                 (cfg.schedule, schedule_name) = if schedule == "auto" {
@@ -582,7 +605,7 @@ pub fn run_target(
                         model,
                         &hook,
                         width,
-                        Some(opts.prefill_width),
+                        Some(prefill_width),
                         &link,
                     )?
                     .schedule;
