@@ -226,10 +226,9 @@ pub fn choose_width(
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
         // The offer's own session serves this width with the offer's
         // grouping: no by-layer alternative for it.
+        let own = space.is_own_width(k + 1);
         let fused = match &by_layer {
-            Some(s) if !space.is_own_width(k + 1) => {
-                Some(PassModel::of_plans(&s.plans(k + 1)?, sizes, ratio)?)
-            }
+            Some(s) if !own => Some(PassModel::of_plans(&s.plans(k + 1)?, sizes, ratio)?),
             _ => None,
         };
         let schedule = choose_schedule_grouped(
@@ -240,7 +239,7 @@ pub fn choose_width(
             fixed,
         );
         let grouping = match (schedule.schedule, &fused) {
-            _ if space.is_own_width(k + 1) => space.grouping,
+            _ if own => space.grouping,
             (Schedule::FixedPoint(_), Some(_)) => Grouping::ByLayer,
             _ => Grouping::ByInput,
         };
