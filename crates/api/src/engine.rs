@@ -188,10 +188,11 @@ impl Engine {
     /// logged; the first request for a failed adapter tries again.
     pub fn warm_up(&self) {
         for a in &self.adapters {
-            // Longer than the verify width, so that the prefill session runs
-            // a pass too (shorter prompts go through the verify session).
+            // Longer than any verify width, so that the prefill session
+            // runs a pass too (shorter prompts go through the verify
+            // session).
             let word = self.encode(" Hello").unwrap_or_default();
-            let len = a.verify_width() + 2;
+            let len = a.max_verify_width() + 2;
             let prompt = word.iter().copied().cycle().take(len).collect();
             let job = Job {
                 model: a.id().to_string(),
@@ -269,7 +270,7 @@ impl Engine {
         let width = self
             .adapters
             .iter()
-            .map(|a| a.settings().prefill_width.max(a.verify_width()))
+            .map(|a| a.settings().prefill_width.max(a.max_verify_width()))
             .max()
             .unwrap_or(1);
         if job.prompt.len() + job.max_tokens + width + 1 > context {
@@ -303,7 +304,7 @@ impl Engine {
         let (out, cost) = match self.adapter(&job.model) {
             None => {
                 let _ticket = self.base_queue.enter()?;
-                let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, 64);
+                let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, (1, 64));
                 let out =
                     decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
                         text.push(t)
@@ -313,7 +314,7 @@ impl Engine {
             }
             Some(adapter) => {
                 let ticket = adapter.enter()?;
-                let mut state = adapter.acquire(&ticket, &self.model)?;
+                let mut state = adapter.acquire(&ticket, &self.model, &self.drafter)?;
                 let Warm::Open(open) = &mut *state else {
                     return Err(ApiError::Internal("sessions not open".into()));
                 };
@@ -321,7 +322,7 @@ impl Engine {
                     job,
                     DrafterKind::Base,
                     open.schedule,
-                    adapter.settings().prefill_width,
+                    (open.verify_width, adapter.settings().prefill_width),
                 );
                 let before = open.hook.timings();
                 let result = decode::generate_drafted(
@@ -362,21 +363,18 @@ impl Engine {
         self.cancelled.load(Ordering::Relaxed)
     }
 
+    /// `widths`: the verify width K + 1 and the prefill width.
     fn spec_config(
         &self,
         job: &Job,
         drafter: DrafterKind,
         schedule: Schedule,
-        prefill_width: usize,
+        (verify_width, prefill_width): (usize, usize),
     ) -> SpecConfig {
-        let k = self
-            .adapter(&job.model)
-            .map(|a| a.settings().k)
-            .unwrap_or(1);
         SpecConfig {
             tree: None,
             drafter,
-            k,
+            k: verify_width.saturating_sub(1).max(1),
             adaptive: false,
             pad_to_k: drafter != DrafterKind::None,
             prefill_width: Some(prefill_width),

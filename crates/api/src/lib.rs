@@ -34,7 +34,7 @@ pub use engine::{Engine, EngineConfig, Finished, Job};
 pub use error::ApiError;
 pub use queue::{Queue, Ticket};
 pub use routes::router;
-pub use sessions::{SessionSettings, WarmAdapter};
+pub use sessions::{DraftLength, SessionSettings, WarmAdapter};
 pub use stop::StopMatcher;
 
 use std::future::Future;

@@ -22,7 +22,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::Model;
-use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_widths};
+use cipherlora_private::width_plan::choose_width_for_client;
+use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_chosen_width, connect_widths};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::schedule::Schedule;
 
@@ -35,6 +36,8 @@ pub struct OpenSessions {
     pub hook: ByWidth<GrpcTransport>,
     /// The verify schedule chosen for this link.
     pub schedule: Schedule,
+    /// The verify width K + 1 (fixed, or chosen when the sessions opened).
+    pub verify_width: usize,
 }
 
 /// The state of one adapter's sessions.
@@ -46,13 +49,42 @@ pub enum Warm {
     Open(OpenSessions),
 }
 
+/// How many tokens a verify round drafts (K; the verify width is K + 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DraftLength {
+    /// Exactly K.
+    Fixed(usize),
+    /// Chosen once, when the sessions open, by the client's width model
+    /// ([`cipherlora_private::width_plan::choose_width`]): from the link,
+    /// the server's plans, this machine's timed passes and a per-token
+    /// acceptance prior, never from any request's text. The session is
+    /// opened with the grouping the model priced (by layer for an FFA
+    /// adapter under the fixed point).
+    Auto {
+        /// The largest K considered.
+        k_max: usize,
+        /// Per-token acceptance rate the model assumes (0 < α < 1).
+        acceptance_prior: f64,
+    },
+}
+
+impl DraftLength {
+    /// The largest K this can come to.
+    pub fn max_k(&self) -> usize {
+        match *self {
+            DraftLength::Fixed(k) => k,
+            DraftLength::Auto { k_max, .. } => k_max,
+        }
+    }
+}
+
 /// How sessions are opened.
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
     /// The adapter server.
     pub client: ClientConfig,
-    /// Drafted tokens per verify round (the verify width is K + 1).
-    pub k: usize,
+    /// Drafted tokens per verify round.
+    pub k: DraftLength,
     /// Positions per prefill pass (a second session of this width).
     pub prefill_width: usize,
     /// `auto`, `per-group` or `fixed-point[:N]`.
@@ -87,9 +119,11 @@ impl WarmAdapter {
         &self.id
     }
 
-    /// Verify width K + 1.
-    pub fn verify_width(&self) -> usize {
-        self.settings.k + 1
+    /// The largest verify width K + 1 the sessions can have (the width
+    /// itself when K is fixed; with [`DraftLength::Auto`] the width is
+    /// chosen when they open: [`OpenSessions::verify_width`]).
+    pub fn max_verify_width(&self) -> usize {
+        self.settings.k.max_k() + 1
     }
 
     /// How sessions are opened.
@@ -114,10 +148,11 @@ impl WarmAdapter {
         &'a self,
         _ticket: &Ticket<'a>,
         model: &Model,
+        drafter: &Model,
     ) -> Result<MutexGuard<'a, Warm>, ApiError> {
         let mut state = self.lock(_ticket);
         if let Warm::Closed(_) = &*state {
-            match self.open(model) {
+            match self.open(model, drafter) {
                 Ok(open) => *state = Warm::Open(open),
                 Err(e) => {
                     *state = Warm::Closed(Some(e.to_string()));
@@ -138,9 +173,9 @@ impl WarmAdapter {
     ///
     /// # Errors
     /// As [`WarmAdapter::acquire`].
-    pub fn warm_up(&self, model: &Model) -> Result<(), ApiError> {
+    pub fn warm_up(&self, model: &Model, drafter: &Model) -> Result<(), ApiError> {
         let ticket = self.enter()?;
-        self.acquire(&ticket, model).map(drop)
+        self.acquire(&ticket, model, drafter).map(drop)
     }
 
     /// Drops the sessions after a failure; the next request reopens them.
@@ -156,58 +191,107 @@ impl WarmAdapter {
             .map(|s| matches!(&*s, Warm::Open(_)))
     }
 
-    fn open(&self, model: &Model) -> Result<OpenSessions, ApiError> {
+    /// Opens the sessions: with [`DraftLength::Auto`] the prefill session
+    /// first, whose plans the width model prices K and the grouping on,
+    /// then the verify session of the chosen width; then the schedule.
+    fn open(&self, model: &Model, drafter: &Model) -> Result<OpenSessions, ApiError> {
         let s = &self.settings;
         let spinner = indicatif::ProgressBar::new_spinner();
         spinner.set_message(format!(
-            "adapter {}: making keys and opening sessions (T = {} and {})",
+            "adapter {}: making keys and opening sessions (T ≤ {} and {})",
             self.id,
-            self.verify_width(),
+            self.max_verify_width(),
             s.prefill_width
         ));
         spinner.enable_steady_tick(Duration::from_millis(120));
         let t0 = Instant::now();
         let upstream = |e: &dyn std::fmt::Display| ApiError::Upstream(e.to_string());
-        // A forced fixed point groups FFA requests by layer (one upload per
-        // layer); `auto` decides after opening, so it keeps them by input.
-        let grouping = if s.schedule.starts_with("fixed-point") {
-            Grouping::ByLayer
-        } else {
-            Grouping::ByInput
+        let forced = match s.schedule.as_str() {
+            "auto" => None,
+            other => Some(
+                other
+                    .parse::<Schedule>()
+                    .map_err(|e| ApiError::Internal(format!("schedule: {e}")))?,
+            ),
         };
-        let hook = connect_widths(
-            s.client.clone(),
-            &self.id,
-            (self.verify_width(), grouping),
-            s.prefill_width,
-            model.config(),
-        )
-        .map_err(|e| upstream(&e))?;
-        let schedule = if s.schedule == "auto" {
-            let link = match s.planning_link {
-                Some(l) => l,
-                None => LinkProfile::measure_tcp(&s.client.endpoint).map_err(|e| upstream(&e))?,
-            };
-            cipherlora_private::choose_for_session(
-                model,
-                &hook,
-                self.verify_width(),
-                Some(s.prefill_width),
-                &link,
+        let link = match (s.planning_link, &forced, s.k) {
+            (Some(l), _, _) => Some(l),
+            (None, None, _) | (None, _, DraftLength::Auto { .. }) => {
+                Some(LinkProfile::measure_tcp(&s.client.endpoint).map_err(|e| upstream(&e))?)
+            }
+            (None, Some(_), DraftLength::Fixed(_)) => None,
+        };
+        let (hook, verify_width) = match (s.k, link) {
+            (
+                DraftLength::Auto {
+                    k_max,
+                    acceptance_prior,
+                },
+                Some(link),
+            ) => connect_chosen_width(
+                s.client.clone(),
+                &self.id,
+                s.prefill_width,
+                model.config(),
+                |space| {
+                    let choice = choose_width_for_client(
+                        space,
+                        model,
+                        drafter,
+                        &link,
+                        acceptance_prior,
+                        k_max,
+                    )?;
+                    Ok((choice.best.k, choice.best.grouping_for(space, forced.as_ref())))
+                },
             )
-            .map_err(|e| upstream(&e))?
-            .schedule
-        } else {
-            s.schedule
-                .parse()
-                .map_err(|e| ApiError::Internal(format!("schedule: {e}")))?
+            .map_err(|e| upstream(&e))?,
+            (k, _) => {
+                let width = k.max_k() + 1;
+                // A forced fixed point groups FFA requests by layer (one
+                // upload per layer); `auto` decides after opening, so it
+                // keeps them by input.
+                let grouping = match forced {
+                    Some(Schedule::FixedPoint(_)) => Grouping::ByLayer,
+                    _ => Grouping::ByInput,
+                };
+                let hook = connect_widths(
+                    s.client.clone(),
+                    &self.id,
+                    (width, grouping),
+                    s.prefill_width,
+                    model.config(),
+                )
+                .map_err(|e| upstream(&e))?;
+                (hook, width)
+            }
+        };
+        let schedule = match (forced, link) {
+            (Some(schedule), _) => schedule,
+            (None, link) => {
+                let link = link.ok_or_else(|| ApiError::Internal("no link to plan on".into()))?;
+                cipherlora_private::choose_for_session(
+                    model,
+                    &hook,
+                    verify_width,
+                    Some(s.prefill_width),
+                    &link,
+                )
+                .map_err(|e| upstream(&e))?
+                .schedule
+            }
         };
         spinner.finish_and_clear();
         eprintln!(
-            "adapter {}: sessions open in {:.1} s (schedule {schedule})",
+            "adapter {}: sessions open in {:.1} s (K = {}, schedule {schedule})",
             self.id,
-            t0.elapsed().as_secs_f64()
+            t0.elapsed().as_secs_f64(),
+            verify_width - 1
         );
-        Ok(OpenSessions { hook, schedule })
+        Ok(OpenSessions {
+            hook,
+            schedule,
+            verify_width,
+        })
     }
 }

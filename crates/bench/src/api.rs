@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use cipherlora_api::{Engine, EngineConfig, Job, SessionSettings};
+use cipherlora_api::{DraftLength, Engine, EngineConfig, Job, SessionSettings};
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, WeightMode, generate,
 };
@@ -124,7 +124,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                 base_id: None,
                 sessions: Some(SessionSettings {
                     client: server.client_config(LinkProfile::LOOPBACK),
-                    k: opts.k,
+                    k: DraftLength::Fixed(opts.k),
                     prefill_width: width,
                     schedule: opts.schedule.clone(),
                     planning_link: Some(LinkProfile::LOOPBACK),

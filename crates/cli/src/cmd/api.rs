@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use cipherlora_api::{Engine, EngineConfig, SessionSettings};
+use cipherlora_api::{DraftLength, Engine, EngineConfig, SessionSettings};
 use cipherlora_model::{WeightMode, fetch};
 use cipherlora_service::LinkProfile;
 use clap::Args;
 
-use crate::cmd::generate::{WeightsArg, reexec_with_threads};
+use crate::cmd::generate::{KArg, WeightsArg, reexec_with_threads};
 
 /// Arguments of `cipherlora api`.
 #[derive(Debug, Args)]
@@ -42,9 +42,16 @@ pub struct ApiArgs {
     /// How to hold GGUF weights.
     #[arg(long, value_enum, default_value = "auto")]
     weights: WeightsArg,
-    /// Drafted tokens per verify round (K; the verify sessions have width K+1).
-    #[arg(long, default_value_t = 4)]
-    k: usize,
+    /// Drafted tokens per verify round (K; the verify sessions have width
+    /// K+1), or `auto` (K ≤ 16) / `autoN` (K ≤ N): chosen once per adapter
+    /// when its sessions open, from the link (--link, or the measured TCP
+    /// round trip), the server's plans and --acceptance-prior; never from
+    /// a request's text.
+    #[arg(long, default_value = "auto")]
+    k: KArg,
+    /// The per-token acceptance rate `--k auto` assumes.
+    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR)]
+    acceptance_prior: f64,
     /// Positions per prefill pass (a second session of this width): one
     /// pass covers prompts up to this length, so a larger width lowers the
     /// time to first token of long prompts at some cost per pass.
@@ -92,7 +99,13 @@ impl ApiArgs {
                     self.token_file.as_deref(),
                     self.link,
                 )?,
-                k: self.k,
+                k: match self.k {
+                    KArg::Fixed(k) => DraftLength::Fixed(k),
+                    KArg::Auto(k_max) => DraftLength::Auto {
+                        k_max,
+                        acceptance_prior: self.acceptance_prior,
+                    },
+                },
                 prefill_width: self.prefill_width,
                 schedule: self.schedule.clone(),
                 planning_link: self.link,
@@ -139,5 +152,33 @@ impl ApiArgs {
             .await?;
             anyhow::Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        api: ApiArgs,
+    }
+
+    #[test]
+    fn k_defaults_to_auto_and_takes_a_number_or_a_bound() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["x", "--server", "https://localhost:1"];
+            args.extend_from_slice(extra);
+            Wrap::try_parse_from(args).unwrap().api
+        };
+        let a = parse(&[]);
+        assert_eq!(a.k, KArg::Auto(16));
+        assert_eq!(a.acceptance_prior, crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR);
+        assert_eq!(parse(&["--k", "4"]).k, KArg::Fixed(4));
+        assert_eq!(parse(&["--k", "auto8"]).k, KArg::Auto(8));
+        assert!(Wrap::try_parse_from(["x", "--k", "auto0"]).is_err());
     }
 }
