@@ -58,7 +58,7 @@ pub enum DraftLength {
     /// ([`cipherlora_private::width_plan::choose_width`]): from the link,
     /// the server's plans, this machine's timed passes and a per-token
     /// acceptance prior, never from any request's text. The session is
-    /// opened with the grouping the model priced (by layer for an FFA
+    /// opened with the grouping the model priced (by runs of layers for an FFA
     /// adapter under the fixed point).
     Auto {
         /// The largest K considered.
@@ -242,7 +242,10 @@ impl WarmAdapter {
                         acceptance_prior,
                         k_max,
                     )?;
-                    Ok((choice.best.k, choice.best.grouping_for(space, forced.as_ref())))
+                    Ok((
+                        choice.best.k,
+                        choice.best.grouping_for(space, forced.as_ref()),
+                    ))
                 },
             )
             .map_err(|e| upstream(&e))?,
@@ -252,7 +255,7 @@ impl WarmAdapter {
                 // upload per layer); `auto` decides after opening, so it
                 // keeps them by input.
                 let grouping = match forced {
-                    Some(Schedule::FixedPoint(_)) => Grouping::ByLayer,
+                    Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                     _ => Grouping::ByInput,
                 };
                 let hook = connect_widths(

@@ -521,12 +521,12 @@ pub fn run_target(
                     schedule: Schedule::PerGroup,
                 };
                 // `SCHEDULE@by-input` keeps the verify session grouped by
-                // input (the comparison with the by-layer default of FFA
+                // input, `SCHEDULE@by-layers:N` groups it by runs of N
+                // layers (comparisons with the grouping FFA gets by default
                 // under the fixed point).
-                let (schedule, by_input) = match schedule.split_once('@') {
-                    Some((s, "by-input")) => (s, true),
-                    Some((_, other)) => anyhow::bail!("unknown grouping @{other}"),
-                    None => (schedule, false),
+                let (schedule, grouping_asked) = match schedule.split_once('@') {
+                    Some((s, g)) => (s, Some(parse_grouping(g)?)),
+                    None => (schedule, None),
                 };
                 let forced = match schedule {
                     "auto" => None,
@@ -548,11 +548,9 @@ pub fn run_target(
                                 k,
                             )?;
                             eprintln!("{}", width_report(&choice));
-                            let grouping = if by_input {
-                                Grouping::ByInput
-                            } else {
+                            let grouping = grouping_asked.unwrap_or_else(|| {
                                 choice.best.grouping_for(space, forced.as_ref())
-                            };
+                            });
                             Ok((choice.best.k, grouping))
                         },
                     )?;
@@ -562,9 +560,10 @@ pub fn run_target(
                     let width = cfg.verify_width();
                     // A forced fixed point groups by layer where the adapter
                     // allows it (the server answers by input otherwise).
-                    let grouping = match forced {
-                        Some(Schedule::FixedPoint(_)) if !by_input => Grouping::ByLayer,
-                        _ => Grouping::ByInput,
+                    let grouping = match (grouping_asked, forced) {
+                        (Some(g), _) => g,
+                        (None, Some(Schedule::FixedPoint(_))) => Grouping::BY_LAYER,
+                        (None, _) => Grouping::ByInput,
                     };
                     let hook = connect_widths(
                         server.client_config(link),
@@ -618,8 +617,8 @@ pub fn run_target(
                     .session(width)
                     .map_or(Grouping::ByInput, |h| h.plan_space().grouping);
                 let schedule_name = match grouped {
-                    Grouping::ByLayer => format!("{schedule_name}, by layer"),
-                    _ => schedule_name,
+                    Grouping::ByLayers(_) => format!("{schedule_name}, {grouped}"),
+                    Grouping::ByInput => schedule_name,
                 };
                 let (again, plain_tps) = plain_run()?;
                 anyhow::ensure!(
@@ -789,4 +788,50 @@ pub fn markdown(r: &E2eReport) -> String {
          utilisation).\n",
     );
     s
+}
+
+/// A `SCHEDULE@GROUPING` suffix of `--schedules`: `by-input` or
+/// `by-layers:N` (`by-layer` for N = 1).
+fn parse_grouping(s: &str) -> anyhow::Result<Grouping> {
+    match s {
+        "by-input" => Ok(Grouping::ByInput),
+        "by-layer" => Ok(Grouping::BY_LAYER),
+        _ => {
+            let n = s
+                .strip_prefix("by-layers:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| (1..=Grouping::MAX_LAYERS).contains(n))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown grouping @{s} (by-input, by-layer or by-layers:N with N ≤ {})",
+                        Grouping::MAX_LAYERS
+                    )
+                })?;
+            Ok(Grouping::ByLayers(n))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_grouping_suffixes_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_grouping("by-input").unwrap(), Grouping::ByInput);
+        assert_eq!(parse_grouping("by-layer").unwrap(), Grouping::BY_LAYER);
+        assert_eq!(
+            parse_grouping("by-layers:3").unwrap(),
+            Grouping::ByLayers(3)
+        );
+        for bad in [
+            "by-layers:0",
+            "by-layers:9",
+            "by-layers:x",
+            "by-layers",
+            "bylayer",
+        ] {
+            assert!(parse_grouping(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -128,8 +128,37 @@ pub struct GroupClient {
     /// Per output ciphertext and slot, the deltas of both parts (positions
     /// of the round).
     map: Vec<Vec<SlotDeltas>>,
-    /// FFA: stacked public `A_f` (R × d_in, f64).
-    public_a: Option<Vec<f64>>,
+    /// FFA: the rows of the stacked public `A_f` (R × d_in), each cut to
+    /// its non-zero columns.
+    public_a: Option<Vec<SparseRow>>,
+}
+
+/// One row of a public lora_A, cut to the span of its non-zero columns: a
+/// group fused over several inputs ([`GroupPlan`] of a layer or of a run of
+/// layers) zero-pads each projection's lora_A to the concatenated input, and
+/// the zeros would cost the client memory and multiplications for nothing.
+#[derive(Debug, Clone, PartialEq)]
+struct SparseRow {
+    /// First non-zero column.
+    start: usize,
+    /// The values from `start` to the last non-zero column.
+    values: Vec<f64>,
+}
+
+impl SparseRow {
+    fn new(row: &[f32]) -> Self {
+        let start = row.iter().position(|&v| v != 0.0).unwrap_or(0);
+        let end = row.iter().rposition(|&v| v != 0.0).map_or(start, |e| e + 1);
+        SparseRow {
+            start,
+            values: row[start..end].iter().map(|&v| f64::from(v)).collect(),
+        }
+    }
+
+    /// `row · x` (x: the whole input row).
+    fn dot(&self, x: &[f64]) -> f64 {
+        dot(&self.values, &x[self.start..self.start + self.values.len()])
+    }
 }
 
 impl GroupClient {
@@ -147,16 +176,17 @@ impl GroupClient {
                 got: public_a.len(),
             });
         }
-        let mut a = Vec::with_capacity(plan.shape.total_rank() * plan.shape.d_in);
+        let d_in = plan.shape.d_in;
+        let mut a = Vec::with_capacity(plan.shape.total_rank());
         for (m, &r) in public_a.iter().zip(&plan.shape.ranks) {
-            if m.len() != r * plan.shape.d_in {
+            if m.len() != r * d_in {
                 return Err(HeloraError::ShapeMismatch {
                     what: "lora_A",
-                    expected: r * plan.shape.d_in,
+                    expected: r * d_in,
                     got: m.len(),
                 });
             }
-            a.extend(m.iter().map(|&v| f64::from(v)));
+            a.extend(m.chunks(d_in.max(1)).take(r).map(SparseRow::new));
         }
         Self::build(plan, Some(a))
     }
@@ -170,7 +200,7 @@ impl GroupClient {
         Self::build(plan, None)
     }
 
-    fn build(plan: &GroupPlan, public_a: Option<Vec<f64>>) -> Result<Self> {
+    fn build(plan: &GroupPlan, public_a: Option<Vec<SparseRow>>) -> Result<Self> {
         let (t, ts) = (plan.t, plan.slot_positions());
         let to_round = |d: Option<DeltaIndex>, offset: usize| {
             d.and_then(|d| {
@@ -268,8 +298,8 @@ impl GroupClient {
                     for (o, &v) in xp.iter_mut().zip(&x[p * d..(p + 1) * d]) {
                         *o = f64::from(v);
                     }
-                    for i in 0..r {
-                        u[p * r + i] = dot(&a[i * d..(i + 1) * d], &xp);
+                    for (i, row) in a.iter().enumerate() {
+                        u[p * r + i] = row.dot(&xp);
                     }
                 }
                 let scales = InputScales::normalise(&mut u, r);

@@ -24,16 +24,25 @@ pub enum PrivateError {
         /// Group index ([`crate::AdapterGroups::group_index`]).
         group: u32,
     },
-    /// A session grouped by layer ([`crate::Grouping::ByLayer`]) was asked
-    /// for one group's deltas, or for a batch without every input of a
-    /// layer: its requests need all of a layer's inputs at once (the
-    /// fixed-point schedule).
+    /// A session grouped by layers ([`crate::Grouping::ByLayers`]) was
+    /// asked for one group's deltas, or for a batch without every input of
+    /// a fused group: its requests need all of their layers' inputs at once
+    /// (the fixed-point schedule).
     #[error(
-        "the session groups layer {layer} into one request: it needs all of the layer's inputs at once (use the fixed-point schedule)"
+        "the session groups layer {layer} with others into one request: it needs all of their inputs at once (use the fixed-point schedule)"
     )]
     GroupedByLayer {
-        /// Decoder layer index.
+        /// Decoder layer index (the first of the fused group).
         layer: u32,
+    },
+    /// [`crate::Grouping::ByLayers`] asked for no layers per group, or for
+    /// more than [`crate::Grouping::MAX_LAYERS`].
+    #[error("{got} layers per group: expected 1 to {max}")]
+    LayersPerGroup {
+        /// Layers per group asked for.
+        got: usize,
+        /// The most allowed.
+        max: usize,
     },
     /// The adapter's sidecar file (cipherlora.json) is malformed.
     #[error("{path}: {reason}")]

@@ -176,7 +176,10 @@ mod tests {
         };
         let a = parse(&[]);
         assert_eq!(a.k, KArg::Auto(16));
-        assert_eq!(a.acceptance_prior, crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR);
+        assert_eq!(
+            a.acceptance_prior,
+            crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR
+        );
         assert_eq!(parse(&["--k", "4"]).k, KArg::Fixed(4));
         assert_eq!(parse(&["--k", "auto8"]).k, KArg::Auto(8));
         assert!(Wrap::try_parse_from(["x", "--k", "auto0"]).is_err());

@@ -326,7 +326,9 @@ pub struct E2eBenchArgs {
     /// Verify schedules, semicolon-separated (`auto`, `per-group`,
     /// `fixed-point`, `fixed-point:N`): every configuration runs under each.
     /// With `auto` K, an FFA verify session under the fixed point groups its
-    /// requests by layer; `SCHEDULE@by-input` keeps them grouped by input.
+    /// requests as the width model says (by runs of layers);
+    /// `SCHEDULE@by-input`, `SCHEDULE@by-layer` or `SCHEDULE@by-layers:N`
+    /// fixes the grouping.
     #[arg(long, value_delimiter = ';', default_value = "per-group;fixed-point")]
     schedules: Vec<String>,
     /// Decoding configurations, comma-separated: `none`, or DRAFTER:K with

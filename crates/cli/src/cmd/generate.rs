@@ -283,7 +283,7 @@ impl GenerateArgs {
                 // A forced fixed point groups by layer where the adapter
                 // allows it (FFA; the server answers by input otherwise).
                 let grouping = match forced {
-                    Some(Schedule::FixedPoint(_)) => Grouping::ByLayer,
+                    Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                     _ => Grouping::ByInput,
                 };
                 let hook = connect_widths(

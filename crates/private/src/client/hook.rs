@@ -83,11 +83,17 @@ impl HeTimings {
 
 struct ClientGroup {
     client: GroupClient,
-    projs: Vec<Proj>,
-    /// The model groups whose inputs make this group's input, concatenated
-    /// in this order (one, unless the offer is [`Grouping::ByLayer`](crate::Grouping::ByLayer)).
-    members: Vec<ProjGroup>,
+    /// Each projection with its decoder layer, in plan order.
+    projs: Vec<(usize, Proj)>,
+    /// The model groups (layer, group) whose inputs make this group's
+    /// input, concatenated in this order (one, unless the offer is
+    /// [`Grouping::ByLayers`](crate::Grouping::ByLayers)).
+    members: Vec<(usize, ProjGroup)>,
 }
+
+/// One session group's decrypted deltas: each projection's, with its
+/// decoder layer, in the model's row layout.
+type SessionDeltas = Vec<((usize, Proj), Tensor)>;
 
 /// One encrypted request of a batch: the session group it goes to, its
 /// input, and which of the batch's [`GroupInput`]s it answers.
@@ -106,7 +112,7 @@ pub struct HeHook<T: Transport> {
     he: CkksClient,
     groups: HashMap<(usize, ProjGroup), ClientGroup>,
     /// The session group each adapted model group's input goes to (itself,
-    /// unless the offer is [`Grouping::ByLayer`](crate::Grouping::ByLayer)).
+    /// unless the offer is [`Grouping::ByLayers`](crate::Grouping::ByLayers)).
     group_of: HashMap<(usize, ProjGroup), (usize, ProjGroup)>,
     transport: T,
     /// Row maps from the PEFT layout into the model's (GGUF q/k permutation).
@@ -160,10 +166,11 @@ impl<T: Transport> HeHook<T> {
                 None => GroupClient::standard(&og.plan)?,
             };
             let projs = og.projections.clone();
-            let mut members: Vec<ProjGroup> = projs.iter().map(|p| p.group()).collect();
+            let mut members: Vec<(usize, ProjGroup)> =
+                projs.iter().map(|&(l, p)| (l, p.group())).collect();
             members.dedup();
             for &m in &members {
-                group_of.insert((og.layer, m), (og.layer, og.group));
+                group_of.insert(m, (og.layer, og.group));
             }
             groups.insert(
                 (og.layer, og.group),
@@ -288,7 +295,7 @@ impl<T: Transport> HeHook<T> {
         )?)
     }
 
-    /// Decrypts one group's response into the model's row layout.
+    /// Decrypts one session group's response into the model's row layout.
     fn decrypt_group(
         &self,
         layer: usize,
@@ -296,11 +303,11 @@ impl<T: Transport> HeHook<T> {
         t: usize,
         response: &GroupResponse,
         scales: &InputScales,
-    ) -> Result<GroupDeltas, PrivateError> {
+    ) -> Result<SessionDeltas, PrivateError> {
         let g = self.client_group(layer, group)?;
         let deltas = g.client.deltas(&self.he, response, scales)?;
-        let mut out = GroupDeltas::none();
-        for (&proj, delta) in g.projs.iter().zip(deltas) {
+        let mut out = Vec::with_capacity(g.projs.len());
+        for (&(l, proj), delta) in g.projs.iter().zip(deltas) {
             let d_out = delta.len() / t;
             let delta = match self.row_maps.get(&proj) {
                 Some(map) => permute_columns(&delta, t, map),
@@ -308,7 +315,7 @@ impl<T: Transport> HeHook<T> {
             };
             let tensor = Tensor::from_vec(delta, (t, d_out), &Device::Cpu)
                 .map_err(|e| PrivateError::Model(e.into()))?;
-            out.push(proj, tensor);
+            out.push(((l, proj), tensor));
         }
         Ok(out)
     }
@@ -330,7 +337,10 @@ impl<T: Transport> HeHook<T> {
         let t1 = Instant::now();
         let reply = self.transport.round(&request)?;
         let t2 = Instant::now();
-        let out = self.decrypt_group(layer, group, t, &reply.response, &scales)?;
+        let out = member_deltas(
+            &self.decrypt_group(layer, group, t, &reply.response, &scales)?,
+            (layer, group),
+        );
         let t3 = Instant::now();
         self.account(
             [t0, t1, t2, t3],
@@ -370,11 +380,11 @@ impl<T: Transport> HeHook<T> {
                     layer: u.key.0 as u32,
                 });
             }
-            let of_member = |m: ProjGroup| {
+            let of_member = |m: (usize, ProjGroup)| {
                 u.inputs
                     .iter()
                     .map(|&i| &inputs[i])
-                    .find(|g| g.group == m)
+                    .find(|g| (g.layer, g.group) == m)
                     .map(|g| &g.x)
             };
             u.x = concat_members(u.key.0, members, of_member)?;
@@ -415,7 +425,7 @@ impl<T: Transport> HeHook<T> {
             let t = u.x.dims().first().copied().unwrap_or(0);
             let deltas = self.decrypt_group(u.key.0, u.key.1, t, &r.response, sc)?;
             for &i in &u.inputs {
-                out[i] = member_deltas(&deltas, inputs[i].group);
+                out[i] = member_deltas(&deltas, (inputs[i].layer, inputs[i].group));
             }
         }
         let t3 = Instant::now();
@@ -467,8 +477,8 @@ impl<T: Transport> HeHook<T> {
 /// Σ d_in), in the session's member order. `of_member` finds each.
 fn concat_members<'a>(
     layer: usize,
-    members: &[ProjGroup],
-    of_member: impl Fn(ProjGroup) -> Option<&'a Tensor>,
+    members: &[(usize, ProjGroup)],
+    of_member: impl Fn((usize, ProjGroup)) -> Option<&'a Tensor>,
 ) -> Result<Tensor, PrivateError> {
     let xs = members
         .iter()
@@ -481,12 +491,13 @@ fn concat_members<'a>(
     Tensor::cat(&xs, 1).map_err(|e| PrivateError::Model(e.into()))
 }
 
-/// The deltas of one model group out of its session group's.
-fn member_deltas(deltas: &GroupDeltas, member: ProjGroup) -> GroupDeltas {
+/// The deltas of one model group (layer, group) out of its session
+/// group's.
+fn member_deltas(deltas: &SessionDeltas, (layer, group): (usize, ProjGroup)) -> GroupDeltas {
     let mut out = GroupDeltas::none();
-    for (proj, d) in deltas.iter() {
-        if proj.group() == member {
-            out.push(proj, d.clone());
+    for ((l, proj), d) in deltas {
+        if *l == layer && proj.group() == group {
+            out.push(*proj, d.clone());
         }
     }
     out

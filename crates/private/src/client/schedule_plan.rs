@@ -173,7 +173,7 @@ pub fn choose_schedule(
 
 /// [`choose_schedule`] with the per-group schedule modelled on `per_group`
 /// (plans grouped by input) and the fixed point on `fixed_point` (e.g. the
-/// same adapter grouped by layer, [`crate::Grouping::ByLayer`], which only
+/// same adapter grouped by layers, [`crate::Grouping::ByLayers`], which only
 /// the fixed point can use).
 #[must_use]
 pub fn choose_schedule_grouped(
@@ -267,7 +267,7 @@ pub fn choose_for_session<T: crate::Transport>(
         time_pass(model, width)?,
         FixedPoint::default(),
     );
-    if session.plan_space().grouping == crate::Grouping::ByLayer {
+    if session.plan_space().grouping.layers().is_some() {
         // Its requests need a whole layer's inputs: only the fixed point.
         choice.per_group_ms = f64::INFINITY;
         choice.schedule = Schedule::FixedPoint(FixedPoint::default());

@@ -98,37 +98,50 @@ impl PlanSpace {
         self.width == Some(t)
     }
 
-    /// The same adapter grouped by layer, as a [`Grouping::ByLayer`] offer
-    /// would be (the server's `AdapterGroups::fuse_layers`): one shape per
-    /// layer, the inputs concatenated and the projections listed in
-    /// forward order. `None` for standard LoRA, whose offers stay by input.
+    /// The same adapter grouped by runs of `n` layers, as a
+    /// [`Grouping::ByLayers`]`(n)` offer would be (the server's
+    /// `AdapterGroups::fuse_layers`): one shape per run of `n` adapted
+    /// layers, the inputs concatenated and the projections listed in
+    /// forward order. `None` for standard LoRA, whose offers stay by input,
+    /// for `n` outside `1..=`[`Grouping::MAX_LAYERS`], and for a space
+    /// already fused some other way.
     #[must_use]
-    pub fn by_layer(&self) -> Option<PlanSpace> {
-        if self.mode != Mode::Ffa {
+    pub fn by_layers(&self, n: usize) -> Option<PlanSpace> {
+        if self.mode != Mode::Ffa || n == 0 || n > Grouping::MAX_LAYERS {
             return None;
         }
-        if self.grouping == Grouping::ByLayer {
-            return Some(self.clone());
+        match self.grouping {
+            g if g == Grouping::ByLayers(n) => return Some(self.clone()),
+            Grouping::ByLayers(_) => return None,
+            Grouping::ByInput => {}
         }
         let mut shapes: Vec<GroupShape> = Vec::new();
         let mut layers: Vec<usize> = Vec::new();
+        // Layers in the run being filled.
+        let mut run: Vec<usize> = Vec::new();
         for (shape, &layer) in self.shapes.iter().zip(&self.layers) {
-            match (layers.last(), shapes.last_mut()) {
-                (Some(&last), Some(fused)) if last == layer => {
+            let joins = match (run.last(), shapes.last_mut()) {
+                (Some(&last), Some(fused)) if last == layer || run.len() < n => {
                     fused.d_in += shape.d_in;
                     fused.d_outs.extend_from_slice(&shape.d_outs);
                     fused.ranks.extend_from_slice(&shape.ranks);
+                    true
                 }
-                _ => {
-                    shapes.push(shape.clone());
-                    layers.push(layer);
-                }
+                _ => false,
+            };
+            if !joins {
+                shapes.push(shape.clone());
+                layers.push(layer);
+                run.clear();
+            }
+            if run.last() != Some(&layer) {
+                run.push(layer);
             }
         }
         Some(PlanSpace {
             shapes,
             layers,
-            grouping: Grouping::ByLayer,
+            grouping: Grouping::ByLayers(n),
             ..self.clone()
         })
     }
@@ -174,8 +187,9 @@ pub struct WidthCandidate {
     /// The schedule the round would use, with both schedules' round times.
     pub schedule: ScheduleChoice,
     /// How the verify session should group the projections:
-    /// [`Grouping::ByLayer`] when the fixed point wins and the adapter
-    /// allows it (FFA), whose plans the fixed point's time is modelled on.
+    /// [`Grouping::ByLayers`] when the fixed point wins and the adapter
+    /// allows it (FFA), with the layers per group whose plans give the
+    /// fastest fixed-point round (the time it is modelled on).
     pub grouping: Grouping,
     /// Drafting plus the cheaper schedule's verify round, ms.
     pub round_ms: f64,
@@ -219,30 +233,33 @@ pub fn choose_width(
         });
     }
     let mut candidates = Vec::with_capacity(k_max);
-    let by_layer = space.by_layer();
+    let fusions: Vec<PlanSpace> = (1..=Grouping::MAX_LAYERS)
+        .filter_map(|n| space.by_layers(n))
+        .collect();
     for k in 1..=k_max {
         let plans = space.plans(k + 1)?;
         let ratio = space.server_cost_ratio;
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
+        let forward_ms = client.forward_ms[k];
+        let mut schedule = choose_schedule_grouped(&pass, &pass, link, forward_ms, fixed);
+        let mut grouping = space.grouping;
         // The offer's own session serves this width with the offer's
-        // grouping: no by-layer alternative for it.
-        let own = space.is_own_width(k + 1);
-        let fused = match &by_layer {
-            Some(s) if !own => Some(PassModel::of_plans(&s.plans(k + 1)?, sizes, ratio)?),
-            _ => None,
-        };
-        let schedule = choose_schedule_grouped(
-            &pass,
-            fused.as_ref().unwrap_or(&pass),
-            link,
-            client.forward_ms[k],
-            fixed,
-        );
-        let grouping = match (schedule.schedule, &fused) {
-            _ if own => space.grouping,
-            (Schedule::FixedPoint(_), Some(_)) => Grouping::ByLayer,
-            _ => Grouping::ByInput,
-        };
+        // grouping: no fused alternative for it. Otherwise the fixed point
+        // runs on whichever layers per group make its round fastest.
+        if !space.is_own_width(k + 1) {
+            grouping = Grouping::ByInput;
+            for fused in &fusions {
+                let fused_pass = PassModel::of_plans(&fused.plans(k + 1)?, sizes, ratio)?;
+                let c = choose_schedule_grouped(&pass, &fused_pass, link, forward_ms, fixed);
+                if c.fixed_point_ms < schedule.fixed_point_ms {
+                    schedule = c;
+                    grouping = fused.grouping;
+                }
+            }
+            if !matches!(schedule.schedule, Schedule::FixedPoint(_)) {
+                grouping = Grouping::ByInput;
+            }
+        }
         let round_ms =
             k as f64 * client.draft_ms + schedule.per_group_ms.min(schedule.fixed_point_ms);
         let expected = expected_tokens(alpha, k);
@@ -265,16 +282,20 @@ pub fn choose_width(
 impl WidthCandidate {
     /// The verify session's grouping when the schedule is `forced` (parsed
     /// from `--schedule`; `None` for `auto`, which keeps the modelled
-    /// choice): by layer for a forced fixed point wherever `space` allows
-    /// it, by input for a forced per-group schedule.
+    /// choice): for a forced fixed point the modelled layers per group, or
+    /// one layer per group where the model chose per-group and `space`
+    /// allows it; by input for a forced per-group schedule.
     #[must_use]
     pub fn grouping_for(&self, space: &PlanSpace, forced: Option<&Schedule>) -> Grouping {
         match forced {
             _ if space.is_own_width(self.k + 1) => space.grouping,
             None => self.grouping,
             Some(Schedule::PerGroup) => Grouping::ByInput,
-            Some(Schedule::FixedPoint(_)) if space.by_layer().is_some() => Grouping::ByLayer,
-            Some(_) => Grouping::ByInput,
+            Some(Schedule::FixedPoint(_)) => match self.grouping {
+                fused @ Grouping::ByLayers(_) => fused,
+                Grouping::ByInput if space.by_layers(1).is_some() => Grouping::BY_LAYER,
+                Grouping::ByInput => Grouping::ByInput,
+            },
         }
     }
 }
@@ -513,7 +534,7 @@ mod tests {
         let (free, shared) = (choose(None), choose(Some(16)));
         let (f15, s15) = (&free.candidates[14], &shared.candidates[14]);
         assert_eq!((f15.k, s15.k), (15, 15));
-        assert_eq!(f15.grouping, Grouping::ByLayer, "{f15:?}");
+        assert!(matches!(f15.grouping, Grouping::ByLayers(_)), "{f15:?}");
         assert_eq!(s15.grouping, Grouping::ByInput, "{s15:?}");
         assert!(s15.round_ms > f15.round_ms, "{s15:?} vs {f15:?}");
         // Every other width is modelled as before.
@@ -528,9 +549,81 @@ mod tests {
         };
         let forced = Schedule::FixedPoint(FixedPoint::default());
         assert_eq!(s15.grouping_for(&space, Some(&forced)), Grouping::ByInput);
-        assert_eq!(
-            shared.candidates[13].grouping_for(&space, Some(&forced)),
-            Grouping::ByLayer
+        let k14 = &shared.candidates[13];
+        assert!(matches!(k14.grouping, Grouping::ByLayers(_)), "{k14:?}");
+        assert_eq!(k14.grouping_for(&space, Some(&forced)), k14.grouping);
+    }
+
+    /// Runs of n adapted layers: ⌈30/n⌉ shapes, each the sum of its
+    /// layers' inputs and the concatenation of their outputs, keyed by the
+    /// run's first layer; a run may not skip past an unadapted layer's
+    /// neighbours differently than the server (it counts adapted layers).
+    #[test]
+    fn by_layers_fuses_runs_of_n_adapted_layers() {
+        let s = space(Mode::Ffa);
+        for n in 1..=Grouping::MAX_LAYERS {
+            let f = s.by_layers(n).unwrap();
+            assert_eq!(f.grouping, Grouping::ByLayers(n));
+            assert_eq!(f.shapes.len(), 30usize.div_ceil(n), "n = {n}");
+            let first: Vec<usize> = (0..30).step_by(n).collect();
+            assert_eq!(f.layers, first);
+            let layers_in = |i: usize| (30 - first[i]).min(n);
+            for (i, shape) in f.shapes.iter().enumerate() {
+                assert_eq!(shape.d_in, 1152 * layers_in(i));
+                assert_eq!(shape.d_outs.len(), 4 * layers_in(i));
+                assert_eq!(&shape.d_outs[..4], &[576, 192, 192, 576]);
+            }
+            // Fusing is idempotent, and a space fused one way is not
+            // re-fused another.
+            assert_eq!(f.by_layers(n).as_ref(), Some(&f));
+            assert!(f.by_layers(n % Grouping::MAX_LAYERS + 1).is_none());
+        }
+        // Layers 0, 2 and 5 adapted: runs of two adapted layers.
+        let sparse = PlanSpace {
+            shapes: s.shapes[..6].to_vec(),
+            layers: vec![0, 0, 2, 2, 5, 5],
+            ..s.clone()
+        };
+        assert_eq!(sparse.by_layers(2).unwrap().layers, [0, 5]);
+        for bad in [0, Grouping::MAX_LAYERS + 1] {
+            assert!(s.by_layers(bad).is_none());
+        }
+        assert!(space(Mode::Standard).by_layers(2).is_none());
+    }
+
+    /// More layers per request: one upload per run instead of per layer,
+    /// so a pass uploads about 1/n as much; and on an upload-bound home
+    /// link the model groups several layers per request.
+    #[test]
+    fn an_upload_bound_link_groups_several_layers_per_request() {
+        let s = space(Mode::Ffa);
+        let up = |n: usize| {
+            let plans = s.by_layers(n).unwrap().plans(8).unwrap();
+            PassModel::of_plans(&plans, &sizes(), 1.0).unwrap().bytes_up
+        };
+        let one = up(1);
+        for n in 2..=Grouping::MAX_LAYERS {
+            let expected = one * 30usize.div_ceil(n) as f64 / 30.0;
+            assert!(
+                (up(n) - expected).abs() < 1.0,
+                "n = {n}: {} vs {expected}",
+                up(n)
+            );
+        }
+        let c = choose_width(
+            &s,
+            &sizes(),
+            &LinkProfile::HOME80,
+            &client(),
+            0.85,
+            16,
+            FixedPoint::default(),
+        )
+        .unwrap();
+        assert!(
+            matches!(c.best.grouping, Grouping::ByLayers(n) if n >= 2),
+            "{:?}",
+            c.best
         );
     }
 }

@@ -343,7 +343,7 @@ pub fn connect_remote(
 
 /// [`connect_remote`] for speculative decoding: a session of width
 /// `verify_width` (K + 1) for the verify passes, its groups as
-/// `verify_grouping` asks ([`Grouping::ByLayer`] only for the fixed-point
+/// `verify_grouping` asks ([`Grouping::BY_LAYER`] only for the fixed-point
 /// schedule), and, when `prefill_width` differs, a second one of that width
 /// grouped by input for the prompt's prefill passes, behind one [`ByWidth`]
 /// hook (pair with `SpecConfig::prefill_width`).

@@ -334,7 +334,11 @@ impl HeCompute {
             let inputs = og.plan.input_cts().map_err(|e| BackendError::Internal {
                 reason: e.to_string(),
             })?;
-            let mut members: Vec<_> = og.projections.iter().map(|p| p.group()).collect();
+            let mut members: Vec<_> = og
+                .projections
+                .iter()
+                .map(|&(l, p)| (l, p.group()))
+                .collect();
             members.dedup();
             let meta = GroupMeta {
                 plan_id: og.plan.id(),
@@ -557,11 +561,7 @@ mod tests {
         let adapter = projection("o_proj");
         let groups = AdapterGroups {
             kind: LoraKind::Ffa,
-            groups: vec![LayerGroup {
-                layer: 1,
-                group: cipherlora_model::ProjGroup::O,
-                adapter,
-            }],
+            groups: vec![LayerGroup::new(1, cipherlora_model::ProjGroup::O, adapter)],
         };
         HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap()
     }
@@ -574,11 +574,7 @@ mod tests {
         use crate::server::LayerGroup;
         use cipherlora_helora::CkksClient;
         use cipherlora_model::ProjGroup;
-        let group = |group, name: &str| LayerGroup {
-            layer: 1,
-            group,
-            adapter: projection(name),
-        };
+        let group = |group, name: &str| LayerGroup::new(1, group, projection(name));
         let groups = AdapterGroups {
             kind: LoraKind::Ffa,
             groups: vec![
@@ -590,7 +586,7 @@ mod tests {
         let preset = b.info().ckks_presets[0].clone();
         let t = 5;
         for (grouping, groups, evaluations) in
-            [(Grouping::ByInput, 2, t), (Grouping::ByLayer, 1, 2 * t)]
+            [(Grouping::ByInput, 2, t), (Grouping::BY_LAYER, 1, 2 * t)]
         {
             let request = |offer_only| {
                 PlanRequest {

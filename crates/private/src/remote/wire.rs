@@ -24,8 +24,10 @@ const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
 const OFFER_MAGIC: &[u8; 4] = b"CLOF";
 const PUBLIC_A_MAGIC: &[u8; 4] = b"CLPA";
 /// 2: the offer carries the server's cost ratio
-/// ([`SessionOffer::server_cost_ratio`]).
-const VERSION: u8 = 2;
+/// ([`SessionOffer::server_cost_ratio`]); 3: layers per group
+/// ([`Grouping::ByLayers`]) in the request and the offer, and each offered
+/// projection's layer.
+const VERSION: u8 = 3;
 
 /// Largest verify width T a plan request may ask for.
 pub const MAX_T: usize = 256;
@@ -42,20 +44,25 @@ pub struct PlanRequest {
     /// can make the keys of the real session.
     pub offer_only: bool,
     /// The grouping asked for; the offer says which one the server made
-    /// ([`Grouping::ByLayer`] only for FFA adapters).
+    /// ([`Grouping::ByLayers`] only for FFA adapters).
     pub grouping: Grouping,
+}
+
+/// The grouping's wire code: 0 by input, n for [`Grouping::ByLayers`]`(n)`.
+fn grouping_code(g: Grouping) -> u8 {
+    g.layers().map_or(0, |n| u8::try_from(n).unwrap_or(u8::MAX))
 }
 
 impl PlanRequest {
     /// 10 bytes: magic, version, T (u32), flags (bit 0: offer only,
-    /// bit 1: grouped by layer).
+    /// bits 1–7: layers per group, 0 for by input).
     #[must_use]
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut o = Vec::with_capacity(10);
         o.extend_from_slice(REQUEST_MAGIC);
         o.push(VERSION);
         put_u32(&mut o, self.t);
-        o.push(u8::from(self.offer_only) | (u8::from(self.grouping == Grouping::ByLayer) << 1));
+        o.push(u8::from(self.offer_only) | (grouping_code(self.grouping).min(127) << 1));
         o
     }
 
@@ -72,14 +79,16 @@ impl PlanRequest {
             return Err(r.bad("T out of range"));
         }
         let flags = r.u8()?;
-        if flags > 3 {
-            return Err(r.bad("unknown flags"));
-        }
+        let grouping = match usize::from(flags >> 1) {
+            0 => Grouping::ByInput,
+            n if n <= Grouping::MAX_LAYERS => Grouping::ByLayers(n),
+            _ => return Err(r.bad("layers per group out of range")),
+        };
         r.finish()?;
         Ok(Self {
             t,
             offer_only: flags & 1 == 1,
-            grouping: grouping_of(flags >> 1),
+            grouping,
         })
     }
 }
@@ -114,8 +123,9 @@ pub fn preset_from_name(name: &str) -> Option<Preset> {
     PRESETS.into_iter().find(|&p| preset_name(p) == name)
 }
 
-/// Serialises an offer: preset, T, kind, then per group the layer, group
-/// index, projections and the plan ([`encode_plan`]). The public lora_A of
+/// Serialises an offer: preset, T, kind, grouping, cost ratio, then per
+/// group the layer, group index, projections (each its layer and code) and
+/// the plan ([`encode_plan`]). The public lora_A of
 /// an FFA adapter is *not* in the offer bytes: it travels once, in
 /// `AdapterInfo.ffa_lora_a` ([`encode_public_a`]), and the client puts it
 /// back with [`attach_public_a`] (an offer is fetched twice per session and
@@ -128,14 +138,15 @@ pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     o.push(preset_code(offer.preset));
     put_u32(&mut o, offer.t);
     o.push(kind_code(offer.kind));
-    o.push(u8::from(offer.grouping == Grouping::ByLayer));
+    o.push(grouping_code(offer.grouping));
     o.extend_from_slice(&offer.server_cost_ratio.to_le_bytes());
     put_u32(&mut o, offer.groups.len());
     for g in &offer.groups {
         put_u32(&mut o, g.layer);
         o.push(AdapterGroups::group_index(g.group) as u8);
         put_u32(&mut o, g.projections.len());
-        for &p in &g.projections {
+        for &(layer, p) in &g.projections {
+            put_u32(&mut o, layer);
             o.push(proj_code(p));
         }
         let plan = encode_plan(&g.plan);
@@ -174,9 +185,9 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         1 => LoraKind::Standard,
         _ => return Err(r.bad("unknown LoRA kind")),
     };
-    let grouping = match r.u8()? {
+    let grouping = match usize::from(r.u8()?) {
         0 => Grouping::ByInput,
-        1 if kind == LoraKind::Ffa => Grouping::ByLayer,
+        n if n <= Grouping::MAX_LAYERS && kind == LoraKind::Ffa => Grouping::ByLayers(n),
         _ => return Err(r.bad("unknown grouping")),
     };
     let server_cost_ratio = r.f64()?;
@@ -198,28 +209,38 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         let np = r.usize()?;
         let most = match grouping {
             Grouping::ByInput => group.projs().len(),
-            Grouping::ByLayer => Proj::ALL.len(),
+            Grouping::ByLayers(n) => n * Proj::ALL.len(),
         };
         if np == 0 || np > most {
             return Err(r.bad("projection count out of range"));
         }
-        let mut projections: Vec<Proj> = Vec::with_capacity(np);
+        let mut projections: Vec<(usize, Proj)> = Vec::with_capacity(np);
+        let mut layers = 0;
         for _ in 0..np {
+            let l = r.usize()?;
             let p = *Proj::ALL
                 .get(r.u8()? as usize)
                 .ok_or_else(|| r.bad("unknown projection"))?;
             let fits = match grouping {
-                Grouping::ByInput => group.projs().contains(&p) && !projections.contains(&p),
-                // Forward order, starting in the group the fused group is keyed by.
-                Grouping::ByLayer => match projections.last() {
-                    None => p.group() == group,
-                    Some(&last) => last < p,
+                Grouping::ByInput => {
+                    l == layer && group.projs().contains(&p) && !projections.contains(&(l, p))
+                }
+                // Forward order, starting in the group the fused group is
+                // keyed by, over at most n layers.
+                Grouping::ByLayers(n) => match projections.last() {
+                    None => l == layer && p.group() == group,
+                    Some(&(last_l, last_p)) => {
+                        if l != last_l {
+                            layers += 1;
+                        }
+                        (last_l, last_p) < (l, p) && layers < n
+                    }
                 },
             };
             if !fits {
                 return Err(r.bad("projection not in group, repeated or out of order"));
             }
-            projections.push(p);
+            projections.push((l, p));
         }
         let plan_len = r.usize()?;
         let plan = decode_plan(r.take(plan_len)?)?;
@@ -308,18 +329,18 @@ pub fn attach_public_a(offer: &mut SessionOffer, a: &[PublicA]) -> Result<(), Pr
         let mine = g
             .projections
             .iter()
-            .map(|&proj| {
+            .map(|&(layer, proj)| {
                 a.iter()
-                    .find(|m| m.layer == g.layer && m.proj == proj)
+                    .find(|m| m.layer == layer && m.proj == proj)
                     .ok_or_else(|| bad("no lora_A for an offered projection"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Each projection's columns start after the inputs of the groups
-        // before its own (one group's input only, unless grouped by layer).
+        // before its own (one group's input only, unless grouped by layers).
         let mut offsets = Vec::with_capacity(mine.len());
         let mut d_in = 0;
         for (i, m) in mine.iter().enumerate() {
-            if i > 0 && m.proj.group() != mine[i - 1].proj.group() {
+            if i > 0 && (m.layer, m.proj.group()) != (mine[i - 1].layer, mine[i - 1].proj.group()) {
                 d_in += mine[i - 1].d_in;
             }
             offsets.push(d_in);
@@ -401,14 +422,6 @@ pub fn decode_public_a(bytes: &[u8]) -> Result<Vec<PublicA>, PrivateError> {
     }
     r.finish()?;
     Ok(out)
-}
-
-fn grouping_of(bit: u8) -> Grouping {
-    if bit == 1 {
-        Grouping::ByLayer
-    } else {
-        Grouping::ByInput
-    }
 }
 
 fn group_of(r: &Reader<'_>, code: u8) -> Result<ProjGroup, PrivateError> {
@@ -548,22 +561,22 @@ mod tests {
         };
         let layer = |layer: usize| {
             [
-                LayerGroup {
+                LayerGroup::new(
                     layer,
-                    group: ProjGroup::Qkv,
-                    adapter: GroupAdapter {
+                    ProjGroup::Qkv,
+                    GroupAdapter {
                         d_in: 8,
                         projections: vec![proj("q_proj", 8, 0.5), proj("v_proj", 4, -0.5)],
                     },
-                },
-                LayerGroup {
+                ),
+                LayerGroup::new(
                     layer,
-                    group: ProjGroup::O,
-                    adapter: GroupAdapter {
+                    ProjGroup::O,
+                    GroupAdapter {
                         d_in: 8,
                         projections: vec![proj("o_proj", 8, 0.25)],
                     },
-                },
+                ),
             ]
         };
         AdapterGroups {
@@ -631,10 +644,13 @@ mod tests {
     #[test]
     fn offer_grouped_by_layer_round_trips_with_padded_lora_a() {
         let server = HeAdapter::new(groups(LoraKind::Ffa));
-        let o = server.offer_grouped(5, Grouping::ByLayer).unwrap();
-        assert_eq!(o.grouping, Grouping::ByLayer);
+        let o = server.offer_grouped(5, Grouping::BY_LAYER).unwrap();
+        assert_eq!(o.grouping, Grouping::BY_LAYER);
         assert_eq!(o.groups.len(), 2);
-        assert_eq!(o.groups[0].projections, [Proj::Q, Proj::V, Proj::O]);
+        assert_eq!(
+            o.groups[0].projections,
+            [(0, Proj::Q), (0, Proj::V), (0, Proj::O)]
+        );
         assert_eq!(o.groups[0].plan.shape.d_in, 16);
         let a = &o.groups[0].public_a.as_ref().unwrap()[2];
         // o_proj's lora_A row 1 sits in columns 8..16 of the fused input.
@@ -645,19 +661,73 @@ mod tests {
         attach_public_a(&mut got, &public).unwrap();
         same(&got, &o);
         let std = HeAdapter::new(groups(LoraKind::Standard));
-        let o = std.offer_grouped(5, Grouping::ByLayer).unwrap();
+        let o = std.offer_grouped(5, Grouping::BY_LAYER).unwrap();
         assert_eq!((o.grouping, o.groups.len()), (Grouping::ByInput, 4));
+    }
+
+    /// Two layers per group (layers 0 and 3, the adapted ones): one group
+    /// keyed by layer 0's q,k,v, its six projections tagged with their
+    /// layers, layer 3's lora_A in the columns after layer 0's inputs; the
+    /// round trip restores it.
+    #[test]
+    fn offer_grouped_by_two_layers_round_trips_with_padded_lora_a() {
+        let server = HeAdapter::new(groups(LoraKind::Ffa));
+        let o = server.offer_grouped(5, Grouping::ByLayers(2)).unwrap();
+        assert_eq!(o.grouping, Grouping::ByLayers(2));
+        assert_eq!(o.groups.len(), 1);
+        let g = &o.groups[0];
+        assert_eq!((g.layer, g.group), (0, ProjGroup::Qkv));
+        assert_eq!(
+            g.projections,
+            [
+                (0, Proj::Q),
+                (0, Proj::V),
+                (0, Proj::O),
+                (3, Proj::Q),
+                (3, Proj::V),
+                (3, Proj::O)
+            ]
+        );
+        assert_eq!(g.plan.shape.d_in, 32);
+        // Layer 3's o_proj, row 0: columns 24..32 of the fused input.
+        let a = &g.public_a.as_ref().unwrap()[5];
+        assert!(a[..24].iter().all(|&v| v == 0.0));
+        assert_eq!(a[24], 0.25);
+        let mut got = decode_offer(&encode_offer(&o)).unwrap();
+        let public = decode_public_a(&encode_public_a(&groups(LoraKind::Ffa))).unwrap();
+        attach_public_a(&mut got, &public).unwrap();
+        same(&got, &o);
+        // More layers than the adapter has: the same one group.
+        let most = server
+            .offer_grouped(5, Grouping::ByLayers(Grouping::MAX_LAYERS))
+            .unwrap();
+        assert_eq!(most.groups.len(), 1);
+        // Out of range: a typed error, not a panic or a silent default.
+        for n in [0, Grouping::MAX_LAYERS + 1] {
+            let e = server.offer_grouped(5, Grouping::ByLayers(n)).unwrap_err();
+            assert!(matches!(e, PrivateError::LayersPerGroup { .. }), "{e}");
+        }
     }
 
     #[test]
     fn offer_grouped_by_layer_refuses_projections_out_of_order() {
         let mut o = HeAdapter::new(groups(LoraKind::Ffa))
-            .offer_grouped(5, Grouping::ByLayer)
+            .offer_grouped(5, Grouping::BY_LAYER)
             .unwrap();
         o.groups[0].projections.swap(0, 2);
         assert!(decode_offer(&encode_offer(&o)).is_err());
         let mut o = offer(LoraKind::Ffa);
-        o.groups[0].projections.push(Proj::O);
+        o.groups[0].projections.push((0, Proj::O));
+        assert!(decode_offer(&encode_offer(&o)).is_err());
+        // A projection of another layer in a group by input.
+        let mut o = offer(LoraKind::Ffa);
+        o.groups[0].projections[1].0 = 3;
+        assert!(decode_offer(&encode_offer(&o)).is_err());
+        // A group by layers spanning more layers than the grouping says.
+        let mut o = HeAdapter::new(groups(LoraKind::Ffa))
+            .offer_grouped(5, Grouping::ByLayers(2))
+            .unwrap();
+        o.grouping = Grouping::BY_LAYER;
         assert!(decode_offer(&encode_offer(&o)).is_err());
     }
 
@@ -688,8 +758,9 @@ mod tests {
     fn plan_request_round_trips_and_rejects_bad_t() {
         for (t, offer_only, grouping) in [
             (1, false, Grouping::ByInput),
-            (5, true, Grouping::ByLayer),
-            (MAX_T, false, Grouping::ByLayer),
+            (5, true, Grouping::BY_LAYER),
+            (MAX_T, false, Grouping::BY_LAYER),
+            (9, true, Grouping::ByLayers(Grouping::MAX_LAYERS)),
         ] {
             let r = PlanRequest {
                 t,
@@ -713,7 +784,7 @@ mod tests {
             grouping: Grouping::ByInput,
         }
         .to_bytes();
-        b[9] = 4;
+        b[9] = ((Grouping::MAX_LAYERS as u8) + 1) << 1;
         assert!(PlanRequest::from_bytes(&b).is_err());
     }
 

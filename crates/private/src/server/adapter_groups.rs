@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
-use cipherlora_model::{LoraAdapter, ModelConfig, ProjGroup, RopeStyle};
+use cipherlora_model::{LoraAdapter, ModelConfig, Proj, ProjGroup, RopeStyle};
 
 use crate::PrivateError;
 
@@ -17,15 +17,43 @@ pub enum LoraKind {
     Ffa,
 }
 
-/// One adapted group of one layer.
+/// One adapted group: the projections of one shared input of one layer,
+/// or, fused ([`AdapterGroups::fuse_layers`]), those of a run of layers.
 #[derive(Debug, Clone)]
 pub struct LayerGroup {
-    /// Decoder layer.
+    /// Decoder layer (the first of a fused run).
     pub layer: usize,
-    /// Which projections.
+    /// Which projections (a fused group: its first layer's first group).
     pub group: ProjGroup,
     /// Fused weights (scaling folded into B at use; f32, row-major).
     pub adapter: GroupAdapter,
+    /// The decoder layer of each of `adapter.projections`.
+    pub projection_layers: Vec<usize>,
+}
+
+impl LayerGroup {
+    /// A group of one layer's projections.
+    #[must_use]
+    pub fn new(layer: usize, group: ProjGroup, adapter: GroupAdapter) -> Self {
+        let projection_layers = vec![layer; adapter.projections.len()];
+        Self {
+            layer,
+            group,
+            adapter,
+            projection_layers,
+        }
+    }
+
+    /// Each projection with its layer, in the group's order (projections
+    /// whose PEFT name is not a known [`Proj`] are left out).
+    #[must_use]
+    pub fn layer_projections(&self) -> Vec<(usize, Proj)> {
+        self.projection_layers
+            .iter()
+            .zip(&self.adapter.projections)
+            .filter_map(|(&l, p)| Some((l, Proj::from_peft_name(&p.name)?)))
+            .collect()
+    }
 }
 
 /// Every adapted group of an adapter, in forward order.
@@ -78,11 +106,11 @@ impl AdapterGroups {
                 }
                 if let Some(first) = projections.first() {
                     let d_in = first.a.len() / first.rank;
-                    groups.push(LayerGroup {
+                    groups.push(LayerGroup::new(
                         layer,
                         group,
-                        adapter: GroupAdapter { d_in, projections },
-                    });
+                        GroupAdapter { d_in, projections },
+                    ));
                 }
             }
         }
@@ -100,51 +128,66 @@ impl AdapterGroups {
         }
     }
 
-    /// One group per layer holding every adapted projection of the layer
-    /// (FFA sessions under the fixed-point schedule: one upload per layer
-    /// instead of one per input, and fewer returned ciphertexts at most
-    /// widths; BENCHMARKS.md, "One upload per layer").
+    /// One group per run of `layers` consecutive adapted layers, holding
+    /// every adapted projection of the run (FFA sessions under the
+    /// fixed-point schedule, [`crate::Grouping::ByLayers`]: one upload per
+    /// run instead of one per input, and outputs that share ciphertexts
+    /// across layers; BENCHMARKS.md, "One upload per layer" and "Several
+    /// layers per request").
     ///
-    /// A fused group is keyed by the layer's first adapted [`ProjGroup`];
-    /// its input is the concatenation, in forward order, of the inputs of
-    /// the layer's adapted groups (`d_in` = their sum), and each
-    /// projection's lora_A is placed in the columns of its own group's
+    /// A fused group is keyed by its first layer's first adapted
+    /// [`ProjGroup`]; its input is the concatenation, in forward order, of
+    /// the inputs of the run's adapted groups (`d_in` = their sum), and
+    /// each projection's lora_A is placed in the columns of its own group's
     /// input, zero elsewhere. `B·A·x` is then the unfused delta for every
     /// projection: FFA sends `u = A·x`, so the zeros cost the server
     /// nothing. Standard LoRA is returned unfused (its uploads are the
-    /// inputs themselves, which do not fit one ciphertext per layer).
+    /// inputs themselves, which do not fit one ciphertext per layer), as
+    /// is any adapter for `layers` = 0. The last run of the adapter may be
+    /// shorter.
     #[must_use]
-    pub fn fuse_layers(&self) -> AdapterGroups {
-        if self.kind != LoraKind::Ffa {
+    pub fn fuse_layers(&self, layers: usize) -> AdapterGroups {
+        if self.kind != LoraKind::Ffa || layers == 0 {
             return self.clone();
         }
         let mut groups: Vec<LayerGroup> = Vec::new();
         let mut i = 0;
         while i < self.groups.len() {
-            let layer = self.groups[i].layer;
+            let mut run: Vec<usize> = Vec::with_capacity(layers);
             let members: Vec<&LayerGroup> = self.groups[i..]
                 .iter()
-                .take_while(|g| g.layer == layer)
+                .take_while(|g| {
+                    if run.last() != Some(&g.layer) {
+                        if run.len() == layers {
+                            return false;
+                        }
+                        run.push(g.layer);
+                    }
+                    true
+                })
                 .collect();
             i += members.len();
             let d_in: usize = members.iter().map(|g| g.adapter.d_in).sum();
             let mut projections = Vec::new();
+            let mut projection_layers = Vec::new();
             let mut offset = 0;
             for g in &members {
-                for p in &g.adapter.projections {
+                for (p, &l) in g.adapter.projections.iter().zip(&g.projection_layers) {
                     let mut a = vec![0.0f32; p.rank * d_in];
                     for (row, src) in p.a.chunks(g.adapter.d_in).enumerate() {
                         let at = row * d_in + offset;
                         a[at..at + src.len()].copy_from_slice(src);
                     }
                     projections.push(ProjectionAdapter { a, ..p.clone() });
+                    projection_layers.push(l);
                 }
                 offset += g.adapter.d_in;
             }
             groups.push(LayerGroup {
-                layer,
+                layer: members[0].layer,
                 group: members[0].group,
                 adapter: GroupAdapter { d_in, projections },
+                projection_layers,
             });
         }
         AdapterGroups {
@@ -203,10 +246,8 @@ mod tests {
                 b: (0..d_out * rank).map(|i| seed - i as f32 * 0.05).collect(),
                 scaling: 1.5,
             };
-        let group = |layer, group, d_in, projections| LayerGroup {
-            layer,
-            group,
-            adapter: GroupAdapter { d_in, projections },
+        let group = |layer, group, d_in, projections| {
+            LayerGroup::new(layer, group, GroupAdapter { d_in, projections })
         };
         AdapterGroups {
             kind,
@@ -229,7 +270,7 @@ mod tests {
     #[test]
     fn a_layer_group_gives_every_projection_its_unfused_delta() {
         let unfused = groups(LoraKind::Ffa);
-        let fused = unfused.fuse_layers();
+        let fused = unfused.fuse_layers(1);
         assert_eq!(fused.groups.len(), 2);
         let layer0 = &fused.groups[0];
         assert_eq!((layer0.layer, layer0.group), (0, ProjGroup::Qkv));
@@ -256,9 +297,43 @@ mod tests {
         assert_eq!(fused.groups[1].adapter, unfused.groups[2].adapter);
     }
 
+    /// Two layers in one group: the run's inputs side by side, each
+    /// projection's delta the unfused one, each projection tagged with its
+    /// own layer; runs of 3 on 2 layers give the same one group.
+    #[test]
+    fn a_run_of_layers_gives_every_projection_its_unfused_delta_and_layer() {
+        let unfused = groups(LoraKind::Ffa);
+        for n in [2, 3] {
+            let fused = unfused.fuse_layers(n);
+            assert_eq!(fused.groups.len(), 1, "n = {n}");
+            let g = &fused.groups[0];
+            assert_eq!((g.layer, g.group, g.adapter.d_in), (0, ProjGroup::Qkv, 7));
+            assert_eq!(
+                g.layer_projections(),
+                [(0, Proj::Q), (0, Proj::K), (0, Proj::O), (1, Proj::O)]
+            );
+            g.adapter.validate().unwrap();
+            let x_qkv = [0.5f32, -1.0, 2.0];
+            let (x_o0, x_o1) = ([1.5f32, -0.25], [-2.0f32, 0.5]);
+            let x: Vec<f32> = [&x_qkv[..], &x_o0, &x_o1].concat();
+            let got = g.adapter.reference_delta(&x).unwrap();
+            let mut want = unfused.groups[0].adapter.reference_delta(&x_qkv).unwrap();
+            want.extend(unfused.groups[1].adapter.reference_delta(&x_o0).unwrap());
+            want.extend(unfused.groups[2].adapter.reference_delta(&x_o1).unwrap());
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(&want) {
+                for (a, b) in g.iter().zip(w) {
+                    assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn standard_adapters_stay_grouped_by_input() {
         let g = groups(LoraKind::Standard);
-        assert_eq!(g.fuse_layers().groups.len(), 3);
+        for n in [0, 1, 2, 3] {
+            assert_eq!(g.fuse_layers(n).groups.len(), 3);
+        }
     }
 }

@@ -62,7 +62,7 @@ pub const MIN_COST_RATIO: f64 = 1.0 / 64.0;
 /// Largest [`SessionOffer::server_cost_ratio`] a client accepts.
 pub const MAX_COST_RATIO: f64 = 64.0;
 
-/// How a [`SessionOffer`] groups the adapted projections of a layer.
+/// How a [`SessionOffer`] groups the adapted projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Grouping {
     /// One group per shared input ([`ProjGroup`]: q,k,v; o; gate,up; down):
@@ -71,12 +71,42 @@ pub enum Grouping {
     /// point).
     #[default]
     ByInput,
-    /// One group per layer ([`AdapterGroups::fuse_layers`], FFA only):
-    /// keyed by the layer's first adapted [`ProjGroup`], its input the
-    /// concatenation of the layer's group inputs in forward order. Only a
-    /// schedule that knows every input of a layer at once (the fixed point)
-    /// can use it; it uploads one ciphertext per layer.
-    ByLayer,
+    /// One group per run of `n` consecutive adapted layers
+    /// ([`AdapterGroups::fuse_layers`], FFA only; `1 ≤ n ≤`
+    /// [`Grouping::MAX_LAYERS`]): keyed by its first layer's first adapted
+    /// [`ProjGroup`], its input the concatenation of the run's group inputs
+    /// in forward order. Only a schedule that knows every input of a pass
+    /// at once (the fixed point) can use it; it uploads one ciphertext per
+    /// `n` layers, and its outputs share ciphertexts across layers.
+    ByLayers(usize),
+}
+
+impl Grouping {
+    /// The most layers one [`Grouping::ByLayers`] group may span.
+    pub const MAX_LAYERS: usize = 4;
+
+    /// One group per layer.
+    pub const BY_LAYER: Grouping = Grouping::ByLayers(1);
+
+    /// Layers per group of a [`Grouping::ByLayers`] grouping (`None` by
+    /// input).
+    #[must_use]
+    pub fn layers(self) -> Option<usize> {
+        match self {
+            Grouping::ByInput => None,
+            Grouping::ByLayers(n) => Some(n),
+        }
+    }
+}
+
+impl std::fmt::Display for Grouping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Grouping::ByInput => f.write_str("by input"),
+            Grouping::ByLayers(1) => f.write_str("by layer"),
+            Grouping::ByLayers(n) => write!(f, "by {n} layers"),
+        }
+    }
 }
 
 /// One adapted group of a [`SessionOffer`].
@@ -86,8 +116,10 @@ pub struct OfferedGroup {
     pub layer: usize,
     /// Which projections.
     pub group: ProjGroup,
-    /// The adapted projections of the group, in plan order.
-    pub projections: Vec<Proj>,
+    /// The adapted projections of the group with their decoder layers, in
+    /// plan order (all of `layer` unless the offer is
+    /// [`Grouping::ByLayers`]).
+    pub projections: Vec<(usize, Proj)>,
     /// The evaluation plan.
     pub plan: GroupPlan,
     /// Public lora_A per projection (FFA only).
@@ -103,10 +135,10 @@ pub struct OfferedGroup {
 /// the offer, and freed (with their reservation) when the last one closes.
 #[derive(Debug)]
 pub struct HeAdapter {
-    groups: AdapterGroups,
-    /// [`AdapterGroups::fuse_layers`] of `groups`, for [`Grouping::ByLayer`]
-    /// offers.
-    layer_groups: AdapterGroups,
+    groups: Arc<AdapterGroups>,
+    /// [`AdapterGroups::fuse_layers`] of `groups` by layers per group, for
+    /// [`Grouping::ByLayers`] offers (made at the first offer that asks).
+    fused: Mutex<HashMap<usize, Arc<AdapterGroups>>>,
     costs: OpCosts,
     link: Link,
     memory: SessionMemory,
@@ -151,8 +183,8 @@ impl HeAdapter {
     #[must_use]
     pub fn new(groups: AdapterGroups) -> Self {
         Self {
-            layer_groups: groups.fuse_layers(),
-            groups,
+            fused: Mutex::new(HashMap::new()),
+            groups: Arc::new(groups),
             costs: OpCosts::default(),
             link: Link::default(),
             memory: SessionMemory::default(),
@@ -249,12 +281,29 @@ impl HeAdapter {
         self.offer_grouped(t, Grouping::ByInput)
     }
 
-    /// The groups an offer of `grouping` is made of: [`Grouping::ByLayer`]
+    /// The groups an offer of `grouping` is made of: [`Grouping::ByLayers`]
     /// only for FFA adapters (a standard adapter's offer stays by input).
-    fn grouped(&self, grouping: Grouping) -> (&AdapterGroups, Grouping) {
+    ///
+    /// # Errors
+    /// [`PrivateError::LayersPerGroup`] for `ByLayers(n)` with `n` outside
+    /// `1..=`[`Grouping::MAX_LAYERS`].
+    fn grouped(&self, grouping: Grouping) -> Result<(Arc<AdapterGroups>, Grouping), PrivateError> {
         match (grouping, self.groups.kind) {
-            (Grouping::ByLayer, LoraKind::Ffa) => (&self.layer_groups, Grouping::ByLayer),
-            _ => (&self.groups, Grouping::ByInput),
+            (Grouping::ByLayers(n), _) if n == 0 || n > Grouping::MAX_LAYERS => {
+                Err(PrivateError::LayersPerGroup {
+                    got: n,
+                    max: Grouping::MAX_LAYERS,
+                })
+            }
+            (Grouping::ByLayers(n), LoraKind::Ffa) => {
+                let mut fused = self.fused.lock().unwrap_or_else(|p| p.into_inner());
+                let groups = fused
+                    .entry(n)
+                    .or_insert_with(|| Arc::new(self.groups.fuse_layers(n)))
+                    .clone();
+                Ok((groups, grouping))
+            }
+            _ => Ok((self.groups.clone(), Grouping::ByInput)),
         }
     }
 
@@ -269,7 +318,7 @@ impl HeAdapter {
         t: usize,
         grouping: Grouping,
     ) -> Result<SessionOffer, PrivateError> {
-        let (adapter_groups, grouping) = self.grouped(grouping);
+        let (adapter_groups, grouping) = self.grouped(grouping)?;
         let preset = self.preset();
         let slots = CkksParameters::preset(preset)?.slots();
         let mode = match self.groups.kind {
@@ -292,12 +341,7 @@ impl HeAdapter {
             };
             let public_a = (self.groups.kind == LoraKind::Ffa)
                 .then(|| g.adapter.projections.iter().map(|p| p.a.clone()).collect());
-            let projections = g
-                .adapter
-                .projections
-                .iter()
-                .filter_map(|p| Proj::from_peft_name(&p.name))
-                .collect();
+            let projections = g.layer_projections();
             groups.push(OfferedGroup {
                 layer: g.layer,
                 group: g.group,
@@ -429,7 +473,7 @@ impl HeAdapter {
                 got,
                 limit: self.memory.limit(),
             })?;
-        let (adapter_groups, _) = self.grouped(offer.grouping);
+        let (adapter_groups, _) = self.grouped(offer.grouping)?;
         let mut groups = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
             let g = adapter_groups

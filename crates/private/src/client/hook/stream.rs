@@ -14,7 +14,7 @@ use std::time::Instant;
 use cipherlora_helora::InputScales;
 use cipherlora_model::{DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup, TripId};
 
-use super::{HeHook, concat_members, member_deltas, model_error};
+use super::{HeHook, SessionDeltas, concat_members, member_deltas, model_error};
 use crate::PrivateError;
 use crate::client::Transport;
 use crate::client::response_bits::response_bits;
@@ -24,7 +24,8 @@ use crate::server::AdapterGroups;
 /// its decrypted deltas.
 enum Unit {
     /// Members' inputs gathered so far (a layer's q,k,v input waits for its
-    /// o input when the session is grouped by layer).
+    /// o input, and for the next layers' inputs, when the session is
+    /// grouped by layers).
     Gathering(Vec<GroupInput>),
     /// Sent; the reply is awaited. Input scales and T, for decryption.
     Sent(InputScales, usize),
@@ -81,7 +82,12 @@ impl<T: Transport> HeHook<T> {
         let x = if members.len() == 1 {
             input.x.clone()
         } else {
-            let of_member = |m: ProjGroup| gathered.iter().find(|g| g.group == m).map(|g| &g.x);
+            let of_member = |m: (usize, ProjGroup)| {
+                gathered
+                    .iter()
+                    .find(|g| (g.layer, g.group) == m)
+                    .map(|g| &g.x)
+            };
             concat_members(key.0, &members, of_member)?
         };
         let t = x.dims().first().copied().unwrap_or(0);
@@ -117,13 +123,13 @@ impl<T: Transport> HeHook<T> {
         &mut self,
         id: TripId,
         key: (usize, ProjGroup),
-        members: &[ProjGroup],
-        deltas: &GroupDeltas,
+        members: &[(usize, ProjGroup)],
+        deltas: &SessionDeltas,
     ) -> Result<(), PrivateError> {
         let trip = self.trips.trip(id)?;
         trip.units.remove(&key);
         for &m in members {
-            trip.ready.insert((key.0, m), member_deltas(deltas, m));
+            trip.ready.insert(m, member_deltas(deltas, m));
         }
         Ok(())
     }
