@@ -41,14 +41,15 @@ fn model() -> &'static (Model, Tokenizer) {
 /// server holding the adapter in `dir`; asserts token equality with the
 /// plaintext reference and that every round made exactly the schedule's
 /// round trips. The verify session's requests are grouped as `grouping`
-/// asks (by layer: one request per layer, FFA only). Returns the number of
-/// rounds.
+/// asks (by layers: one request per run of layers, FFA only); prefill
+/// passes have `prefill` positions (a width equal to the verify width
+/// shares the verify session). Returns the number of rounds.
 fn private_matches_plaintext(
     id: &str,
     dir: &Path,
     prompts: &[&str],
     schedule: Schedule,
-    grouping: Grouping,
+    (grouping, prefill): (Grouping, usize),
 ) -> usize {
     let (model, tok) = model();
     let server = EmbeddedServer::start(id, dir, model.config(), None).unwrap();
@@ -56,7 +57,7 @@ fn private_matches_plaintext(
         server.client_config(LinkProfile::LOOPBACK),
         id,
         (K + 1, grouping),
-        PREFILL,
+        prefill,
         model.config(),
     )
     .unwrap();
@@ -76,7 +77,7 @@ fn private_matches_plaintext(
         let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
             tree: None,
-            prefill_width: Some(PREFILL),
+            prefill_width: Some(prefill),
             schedule,
             ..common::greedy_spec(K, TOKENS, tok)
         };
@@ -90,14 +91,19 @@ fn private_matches_plaintext(
             // of the verify width per round, continuations included, plus
             // the prefill's last chunk when it fits the verify width.
             let prefilled = prompt.len() - 1;
-            let last_chunk = (prefilled - 1) % PREFILL + 1;
+            let last_chunk = (prefilled - 1) % prefill + 1;
             // A group-by-group prefill keeps its last chunk in the wide
             // session (the verify session may be grouped by layer).
             let prefill_trips = match fp.prefill {
                 Prefill::FixedPoint(n) => n,
                 Prefill::PerGroup => 0,
             };
-            let narrow_prefill = usize::from(last_chunk <= K + 1) * prefill_trips;
+            let narrow_prefill = if prefill == K + 1 {
+                // One session: every prefill pass is on it.
+                prefilled.div_ceil(prefill) * prefill_trips
+            } else {
+                usize::from(last_chunk <= K + 1) * prefill_trips
+            };
             assert_eq!(
                 he.round_trips as usize,
                 got.stats.rounds * fp.round_trips + narrow_prefill
@@ -123,7 +129,7 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
         &dir,
         &PROMPTS,
         "fixed-point".parse().unwrap(),
-        Grouping::ByLayers(4),
+        (Grouping::ByLayers(4), PREFILL),
     );
 }
 
@@ -138,7 +144,7 @@ fn fixed_point_schedule_equals_plaintext_standard() {
         &dir,
         &PROMPTS[..3],
         "fixed-point:3/batched".parse().unwrap(),
-        Grouping::ByInput,
+        (Grouping::ByInput, PREFILL),
     );
 }
 
@@ -189,7 +195,25 @@ fn fixed_point_schedule_equals_plaintext_all_linear_adapter() {
         &dir,
         &PROMPTS[..2],
         "fixed-point".parse().unwrap(),
-        Grouping::BY_LAYER,
+        (Grouping::BY_LAYER, PREFILL),
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Regression (session 14's note): at equal verify and prefill widths
+/// `connect_widths` shared one session grouped by input whatever grouping
+/// the verify passes asked for, so a forced fixed point at K + 1 = the
+/// prefill width uploaded two ciphertexts per layer instead of one per run
+/// of layers. The shared session is now grouped as asked and also serves
+/// the prompt's (fixed-point) prefill passes.
+#[test]
+fn equal_verify_and_prefill_widths_keep_the_grouping_asked_for() {
+    let dir = adapter_dir("code-ffa-r16");
+    private_matches_plaintext(
+        "code-ffa-r16",
+        &dir,
+        &PROMPTS[..2],
+        "fixed-point".parse().unwrap(),
+        (Grouping::ByLayers(2), K + 1),
+    );
 }

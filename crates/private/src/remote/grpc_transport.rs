@@ -343,10 +343,14 @@ pub fn connect_remote(
 
 /// [`connect_remote`] for speculative decoding: a session of width
 /// `verify_width` (K + 1) for the verify passes, its groups as
-/// `verify_grouping` asks ([`Grouping::BY_LAYER`] only for the fixed-point
+/// `verify_grouping` asks ([`Grouping::ByLayers`] only for the fixed-point
 /// schedule), and, when `prefill_width` differs, a second one of that width
 /// grouped by input for the prompt's prefill passes, behind one [`ByWidth`]
-/// hook (pair with `SpecConfig::prefill_width`).
+/// hook (pair with `SpecConfig::prefill_width`). When the widths are equal
+/// the one session serves both, grouped as `verify_grouping` asks: a
+/// session grouped by layers takes fixed-point prefill passes (every input
+/// of a pass known at once) but not a group-by-group prefill, which then
+/// fails with [`PrivateError::GroupedByLayer`].
 ///
 /// # Errors
 /// Those of [`connect_remote`], for either session.
@@ -357,16 +361,11 @@ pub fn connect_widths(
     prefill_width: usize,
     model_config: &ModelConfig,
 ) -> Result<ByWidth<GrpcTransport>, PrivateError> {
-    let grouping = if prefill_width == verify_width {
-        Grouping::ByInput
-    } else {
-        verify_grouping
-    };
     let verify = connect_remote(
         config.clone(),
         adapter_id,
         verify_width,
-        grouping,
+        verify_grouping,
         model_config,
     )?;
     let mut hook = ByWidth::new().with(verify_width, verify);
