@@ -42,7 +42,7 @@ use crate::PrivateError;
 use crate::schedule_plan::{
     PassModel, ScheduleChoice, WireSizes, choose_schedule_grouped, time_pass,
 };
-use crate::server::{Grouping, LoraKind, SessionOffer};
+use crate::server::{Grouping, LoraKind, SessionOffer, layer_runs};
 
 /// What the client knows of the server's plans at any width: the preset,
 /// the LoRA variant and the public shape of every adapted group (from any
@@ -117,26 +117,16 @@ impl PlanSpace {
         }
         let mut shapes: Vec<GroupShape> = Vec::new();
         let mut layers: Vec<usize> = Vec::new();
-        // Layers in the run being filled.
-        let mut run: Vec<usize> = Vec::new();
-        for (shape, &layer) in self.shapes.iter().zip(&self.layers) {
-            let joins = match (run.last(), shapes.last_mut()) {
-                (Some(&last), Some(fused)) if last == layer || run.len() < n => {
-                    fused.d_in += shape.d_in;
-                    fused.d_outs.extend_from_slice(&shape.d_outs);
-                    fused.ranks.extend_from_slice(&shape.ranks);
-                    true
-                }
-                _ => false,
-            };
-            if !joins {
-                shapes.push(shape.clone());
-                layers.push(layer);
-                run.clear();
+        let known = self.shapes.len().min(self.layers.len());
+        for run in layer_runs(&self.layers[..known], n) {
+            let mut fused = self.shapes[run.start].clone();
+            for shape in &self.shapes[run.start + 1..run.end] {
+                fused.d_in += shape.d_in;
+                fused.d_outs.extend_from_slice(&shape.d_outs);
+                fused.ranks.extend_from_slice(&shape.ranks);
             }
-            if run.last() != Some(&layer) {
-                run.push(layer);
-            }
+            shapes.push(fused);
+            layers.push(self.layers[run.start]);
         }
         Some(PlanSpace {
             shapes,

@@ -151,27 +151,14 @@ impl AdapterGroups {
             return self.clone();
         }
         let mut groups: Vec<LayerGroup> = Vec::new();
-        let mut i = 0;
-        while i < self.groups.len() {
-            let mut run: Vec<usize> = Vec::with_capacity(layers);
-            let members: Vec<&LayerGroup> = self.groups[i..]
-                .iter()
-                .take_while(|g| {
-                    if run.last() != Some(&g.layer) {
-                        if run.len() == layers {
-                            return false;
-                        }
-                        run.push(g.layer);
-                    }
-                    true
-                })
-                .collect();
-            i += members.len();
+        let group_layers: Vec<usize> = self.groups.iter().map(|g| g.layer).collect();
+        for run in layer_runs(&group_layers, layers) {
+            let members = &self.groups[run];
             let d_in: usize = members.iter().map(|g| g.adapter.d_in).sum();
             let mut projections = Vec::new();
             let mut projection_layers = Vec::new();
             let mut offset = 0;
-            for g in &members {
+            for g in members {
                 for (p, &l) in g.adapter.projections.iter().zip(&g.projection_layers) {
                     let mut a = vec![0.0f32; p.rank * d_in];
                     for (row, src) in p.a.chunks(g.adapter.d_in).enumerate() {
@@ -203,6 +190,31 @@ impl AdapterGroups {
             .iter()
             .find(|g| g.layer == layer && g.group == group)
     }
+}
+
+/// The runs of `n` consecutive adapted layers over groups listed in
+/// forward order with their decoder layers (`layers[i]`: group i's layer,
+/// non-decreasing): index ranges into the list, each holding every group
+/// of at most `n` distinct layers, the last run possibly fewer. The one
+/// rule for [`AdapterGroups::fuse_layers`] and the client's model of it
+/// (`PlanSpace::by_layers`), so that both fuse the same groups.
+pub(crate) fn layer_runs(layers: &[usize], n: usize) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut distinct = 0;
+    for (i, &layer) in layers.iter().enumerate() {
+        let new_layer = i == 0 || layers[i - 1] != layer;
+        match runs.last_mut() {
+            Some(run) if !new_layer || distinct < n => {
+                run.end = i + 1;
+                distinct += usize::from(new_layer);
+            }
+            _ => {
+                runs.push(i..i + 1);
+                distinct = 1;
+            }
+        }
+    }
+    runs
 }
 
 fn flat(t: &cipherlora_model::Tensor) -> Result<Vec<f32>, PrivateError> {
@@ -327,6 +339,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn layer_runs_hold_at_most_n_layers_each() {
+        let layers = [0, 0, 1, 1, 3, 4, 4, 7];
+        assert_eq!(layer_runs(&layers, 1), [0..2, 2..4, 4..5, 5..7, 7..8]);
+        assert_eq!(layer_runs(&layers, 2), [0..4, 4..7, 7..8]);
+        assert_eq!(layer_runs(&layers, 3), [0..5, 5..8]);
+        let all = layer_runs(&layers, 9);
+        assert_eq!((all.len(), all[0].clone()), (1, 0..8));
+        assert!(layer_runs(&[], 2).is_empty());
     }
 
     #[test]
