@@ -322,7 +322,7 @@ impl Engine {
                     job,
                     DrafterKind::Base,
                     open.schedule,
-                    (open.verify_width, adapter.settings().prefill_width),
+                    (open.verify_width - 1, adapter.settings().prefill_width),
                 );
                 let before = open.hook.timings();
                 let result = decode::generate_drafted(
@@ -363,18 +363,19 @@ impl Engine {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// `widths`: the verify width K + 1 and the prefill width.
+    /// `(k, prefill_width)`: drafted tokens per round (the verify width is
+    /// K + 1) and the prefill width.
     fn spec_config(
         &self,
         job: &Job,
         drafter: DrafterKind,
         schedule: Schedule,
-        (verify_width, prefill_width): (usize, usize),
+        (k, prefill_width): (usize, usize),
     ) -> SpecConfig {
         SpecConfig {
             tree: None,
             drafter,
-            k: verify_width.saturating_sub(1).max(1),
+            k,
             adaptive: false,
             pad_to_k: drafter != DrafterKind::None,
             prefill_width: Some(prefill_width),
