@@ -377,6 +377,21 @@ mod tests {
         }
     }
 
+    /// [`choose_width`] of `space` on `link` at prior `alpha`, K ≤ 16, with
+    /// the sizes and client costs above and the default fixed point.
+    fn model(space: &PlanSpace, link: &LinkProfile, alpha: f64) -> WidthChoice {
+        choose_width(
+            space,
+            &sizes(),
+            link,
+            &client(),
+            alpha,
+            16,
+            FixedPoint::default(),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn output_ciphertexts_jump_between_widths_8_and_9_for_ffa() {
         // The step the module docs describe, read from the plans
@@ -395,16 +410,7 @@ mod tests {
 
     #[test]
     fn a_bandwidth_bound_link_picks_a_width_before_a_step() {
-        let c = choose_width(
-            &space(Mode::Ffa),
-            &sizes(),
-            &LinkProfile::WAN80,
-            &client(),
-            0.9,
-            16,
-            FixedPoint::default(),
-        )
-        .unwrap();
+        let c = model(&space(Mode::Ffa), &LinkProfile::WAN80, 0.9);
         // Every candidate is modelled; the best is at the end of a flat
         // stretch of the step function (T = 8, 12 or 22 for FFA): one more
         // position there would cost another ciphertext per group.
@@ -434,16 +440,7 @@ mod tests {
                 server_cost_ratio: ratio,
                 ..space(Mode::Standard)
             };
-            choose_width(
-                &space,
-                &sizes(),
-                &LinkProfile::WAN20,
-                &client(),
-                0.85,
-                16,
-                FixedPoint::default(),
-            )
-            .unwrap()
+            model(&space, &LinkProfile::WAN20, 0.85)
         };
         let (default, fast) = (choose(1.0), choose(0.6));
         eprintln!("default {:?}\nfast {:?}", default.best, fast.best);
@@ -460,18 +457,9 @@ mod tests {
     #[test]
     fn poor_acceptance_shortens_the_draft() {
         let at = |alpha| {
-            choose_width(
-                &space(Mode::Standard),
-                &sizes(),
-                &LinkProfile::LOOPBACK,
-                &client(),
-                alpha,
-                16,
-                FixedPoint::default(),
-            )
-            .unwrap()
-            .best
-            .k
+            model(&space(Mode::Standard), &LinkProfile::LOOPBACK, alpha)
+                .best
+                .k
         };
         assert!(
             at(0.3) < at(0.95),
@@ -510,16 +498,7 @@ mod tests {
                 width,
                 ..space(Mode::Ffa)
             };
-            choose_width(
-                &space,
-                &sizes(),
-                &LinkProfile::HOME80,
-                &client(),
-                0.85,
-                16,
-                FixedPoint::default(),
-            )
-            .unwrap()
+            model(&space, &LinkProfile::HOME80, 0.85)
         };
         let (free, shared) = (choose(None), choose(Some(16)));
         let (f15, s15) = (&free.candidates[14], &shared.candidates[14]);
@@ -546,8 +525,8 @@ mod tests {
 
     /// Runs of n adapted layers: ⌈30/n⌉ shapes, each the sum of its
     /// layers' inputs and the concatenation of their outputs, keyed by the
-    /// run's first layer; a run may not skip past an unadapted layer's
-    /// neighbours differently than the server (it counts adapted layers).
+    /// run's first layer; unadapted layers do not count towards a run (as
+    /// on the server, `layer_runs`).
     #[test]
     fn by_layers_fuses_runs_of_n_adapted_layers() {
         let s = space(Mode::Ffa);
@@ -600,16 +579,7 @@ mod tests {
                 up(n)
             );
         }
-        let c = choose_width(
-            &s,
-            &sizes(),
-            &LinkProfile::HOME80,
-            &client(),
-            0.85,
-            16,
-            FixedPoint::default(),
-        )
-        .unwrap();
+        let c = model(&s, &LinkProfile::HOME80, 0.85);
         assert!(
             matches!(c.best.grouping, Grouping::ByLayers(n) if n >= 2),
             "{:?}",
