@@ -276,11 +276,14 @@ pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> Str
     out
 }
 
-/// The verify session's counters: decode passes only (a run whose verify
-/// width equals the prefill width prefills through a wider session).
+/// The verify session's counters since the latest generation's prefill
+/// ([`cipherlora_private::HeHook::timings_since_prefill`]): decode passes
+/// only. (A prompt's last chunk may run through the verify session; a run
+/// whose verify width equals the prefill width prefills through a wider
+/// session.)
 fn verify_timings(hook: &ByWidth<GrpcTransport>, width: usize) -> HeTimings {
     hook.session(width)
-        .map(|h| h.timings().clone())
+        .map(cipherlora_private::HeHook::timings_since_prefill)
         .unwrap_or_default()
 }
 
@@ -633,7 +636,6 @@ pub fn run_target(
                 let mut decode = HeTimings::default();
                 let mut calibration = None;
                 for (p, want) in prompts.iter().zip(&reference) {
-                    let before = verify_timings(&hook, width);
                     // Tree drafts carry their acceptance estimate from
                     // prompt to prompt, as a long-running client does.
                     if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
@@ -647,9 +649,9 @@ pub fn run_target(
                         &mut hook,
                         &mut |_| Ok(()),
                     )?;
-                    // The verify session saw only decode passes.
-                    let mut he = verify_timings(&hook, width);
-                    he.subtract(&before);
+                    // The verify session's work since the prompt's passes
+                    // (its last chunk may run at the verify width).
+                    let he = verify_timings(&hook, width);
                     let stats = SpecStats {
                         prefill_secs: 0.0,
                         ..out.stats.clone()

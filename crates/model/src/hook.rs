@@ -223,6 +223,14 @@ pub trait DeltaHook {
         let _ = t;
         None
     }
+
+    /// Called once per generation by a decoder when the prompt's passes are
+    /// done and the first verify round is about to start. A hook that
+    /// counts its work (bytes, round trips) marks the point, so that its
+    /// decode figures leave out the prompt's passes even when one of them
+    /// ran at the verify width (a prompt's last chunk may). The default
+    /// does nothing.
+    fn prefill_done(&mut self) {}
 }
 
 /// Names one trip of a [`DeltaStream`] (unique per stream).
@@ -301,6 +309,10 @@ impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
 
     fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
         (**self).stream(t)
+    }
+
+    fn prefill_done(&mut self) {
+        (**self).prefill_done();
     }
 }
 

@@ -292,6 +292,7 @@ pub fn generate_drafted(
     )?;
     (stats.prefill_passes, stats.prefill_round_trips) = (done.passes, done.round_trips);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
+    verifier.prefill_done();
 
     // Drafting ahead runs K + 1 positions past a full draft.
     let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;

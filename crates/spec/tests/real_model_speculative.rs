@@ -546,3 +546,91 @@ fn first_token_from_prefill_samples_the_adapted_softmax() {
         "the base model's draws passed as adapted: p = {pw}"
     );
 }
+
+/// Records the width of every batch of deltas asked for, and where the
+/// decoder said its prefill was done.
+struct Marked<'a> {
+    inner: PlainLora<'a>,
+    /// `Some(T)`: a batch of T-position inputs; `None`: the prefill mark.
+    events: Vec<Option<usize>>,
+}
+
+impl cipherlora_model::DeltaHook for Marked<'_> {
+    fn deltas(
+        &mut self,
+        layer: usize,
+        group: cipherlora_model::ProjGroup,
+        x: &cipherlora_model::Tensor,
+    ) -> Result<cipherlora_model::GroupDeltas, cipherlora_model::ModelError> {
+        self.events.push(Some(x.dims()[0]));
+        self.inner.deltas(layer, group, x)
+    }
+
+    fn wants(&self, layer: usize, group: cipherlora_model::ProjGroup) -> bool {
+        self.inner.wants(layer, group)
+    }
+
+    fn deltas_many(
+        &mut self,
+        inputs: &[cipherlora_model::GroupInput],
+    ) -> Result<Vec<cipherlora_model::GroupDeltas>, cipherlora_model::ModelError> {
+        self.events.push(inputs.first().map(|g| g.x.dims()[0]));
+        self.inner.deltas_many(inputs)
+    }
+
+    fn prefill_done(&mut self) {
+        self.events.push(None);
+    }
+}
+
+/// Regression (`bench e2e` counted the prompt's last chunk as decode): under
+/// the fixed point the prompt's last chunk runs at the verify width, through
+/// the verify session, so a hook's decode counters taken from the start of
+/// a generation included one prefill pass. The decoder now marks the end of
+/// the prompt's passes ([`cipherlora_model::DeltaHook::prefill_done`]): once,
+/// after every prefill batch (the narrow chunk among them) and before the
+/// first verify batch.
+#[test]
+fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chunk() {
+    use cipherlora_spec::schedule::{FixedPoint, Schedule};
+    let f = fixture();
+    // 16 + a remainder of at most K + 1 = 9 tokens: the last chunk is narrow.
+    let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
+    let prompt: Vec<u32> = prompt.iter().copied().cycle().take(16 + 6).collect();
+    let fp = FixedPoint::default();
+    let cfg = SpecConfig {
+        tree: None,
+        drafter: DrafterKind::Base,
+        k: 8,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: Some(16),
+        optimistic: false,
+        draft_stop_below: 0.0,
+        max_tokens: 12,
+        sampling: SamplingParams::greedy(),
+        eos: Vec::new(),
+        first_token_from_prefill: false,
+        schedule: Schedule::FixedPoint(fp),
+    };
+    let mut hook = Marked {
+        inner: PlainLora::new(&f.adapter),
+        events: Vec::new(),
+    };
+    let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+    let marks: Vec<usize> = (0..hook.events.len())
+        .filter(|&i| hook.events[i].is_none())
+        .collect();
+    assert_eq!(marks.len(), 1, "one mark per generation: {:?}", hook.events);
+    let (before, after) = hook.events.split_at(marks[0]);
+    // Prompt minus its last token (it opens the first round): 16 + 5.
+    assert_eq!(before.len(), out.stats.prefill_round_trips);
+    assert_eq!(before.first(), Some(&Some(16)));
+    assert_eq!(
+        before.last(),
+        Some(&Some(9)),
+        "the prompt's last chunk ran at the verify width"
+    );
+    assert_eq!(after.len() - 1, out.stats.round_trips, "{after:?}");
+    assert!(after[1..].iter().all(|e| *e == Some(9)), "{after:?}");
+}

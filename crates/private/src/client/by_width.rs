@@ -126,6 +126,13 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
             .find(|(w, _)| *w == t)
             .and_then(|(_, h)| h.stream(t))
     }
+
+    /// Marks every session ([`HeHook::timings_since_prefill`]).
+    fn prefill_done(&mut self) {
+        for (_, h) in &mut self.hooks {
+            h.prefill_done();
+        }
+    }
 }
 
 impl<T: Transport> ByWidth<T> {

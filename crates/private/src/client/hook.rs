@@ -118,6 +118,9 @@ pub struct HeHook<T: Transport> {
     /// Row maps from the PEFT layout into the model's (GGUF q/k permutation).
     row_maps: HashMap<Proj, Vec<usize>>,
     timings: HeTimings,
+    /// [`Self::timings`] when the decoder last said its prefill was done
+    /// ([`DeltaHook::prefill_done`]).
+    at_prefill_done: Option<HeTimings>,
     /// The modelled cost of one pass of this session's plans.
     pass_model: PassModel,
     /// The preset, mode and group shapes of the offer (for the plans of
@@ -213,6 +216,7 @@ impl<T: Transport> HeHook<T> {
             transport,
             row_maps,
             timings: HeTimings::default(),
+            at_prefill_done: None,
             pass_model,
             plan_space,
             trips: StreamTrips::default(),
@@ -223,6 +227,19 @@ impl<T: Transport> HeHook<T> {
     #[must_use]
     pub fn timings(&self) -> &HeTimings {
         &self.timings
+    }
+
+    /// Time and bytes since the decoder last finished a prompt's passes
+    /// ([`DeltaHook::prefill_done`]): the decode part of the latest
+    /// generation, even when the prompt's last chunk ran through this
+    /// session. All of [`Self::timings`] before any generation marked it.
+    #[must_use]
+    pub fn timings_since_prefill(&self) -> HeTimings {
+        let mut since = self.timings.clone();
+        if let Some(mark) = &self.at_prefill_done {
+            since.subtract(mark);
+        }
+        since
     }
 
     /// The modelled cost of one verify pass of this session (for
@@ -571,5 +588,9 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     /// gives the batched result in the same order).
     fn stream(&mut self, _t: usize) -> Option<&mut dyn DeltaStream> {
         Some(self)
+    }
+
+    fn prefill_done(&mut self) {
+        self.at_prefill_done = Some(self.timings.clone());
     }
 }
