@@ -289,9 +289,33 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
 /// round the certification has to continue rounds and still never lets a
 /// wrong token through; a prompt prefilled group by group under a fixed-
 /// point decode gives the same output too.
+/// Greedy, base drafter, K = 8 padded, prefill passes of 16 positions,
+/// `n` new tokens, every pass under the fixed point `fp`.
+fn fixed_point_config(
+    f: &Fixture,
+    fp: cipherlora_spec::schedule::FixedPoint,
+    n: usize,
+) -> SpecConfig {
+    SpecConfig {
+        tree: None,
+        drafter: DrafterKind::Base,
+        k: 8,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: Some(16),
+        optimistic: false,
+        draft_stop_below: 0.0,
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos: f.tokenizer.eos_tokens().to_vec(),
+        first_token_from_prefill: false,
+        schedule: cipherlora_spec::schedule::Schedule::FixedPoint(fp),
+    }
+}
+
 #[test]
 fn fixed_point_schedule_equals_sequential_adapted_decoding() {
-    use cipherlora_spec::schedule::{FixedPoint, Prefill, Schedule};
+    use cipherlora_spec::schedule::{FixedPoint, Prefill};
     let f = fixture();
     let n = 24;
     let mut hits = 0;
@@ -314,21 +338,7 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
                 prefill,
                 ..FixedPoint::default()
             };
-            let cfg = SpecConfig {
-                tree: None,
-                drafter: DrafterKind::Base,
-                k: 8,
-                adaptive: false,
-                pad_to_k: true,
-                prefill_width: Some(16),
-                optimistic: false,
-                draft_stop_below: 0.0,
-                max_tokens: n,
-                sampling: SamplingParams::greedy(),
-                eos: f.tokenizer.eos_tokens().to_vec(),
-                first_token_from_prefill: false,
-                schedule: Schedule::FixedPoint(fp),
-            };
+            let cfg = fixed_point_config(f, fp, n);
             let mut hook = PlainLora::new(&f.adapter);
             let out =
                 decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
@@ -592,27 +602,12 @@ impl cipherlora_model::DeltaHook for Marked<'_> {
 /// first verify batch.
 #[test]
 fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chunk() {
-    use cipherlora_spec::schedule::{FixedPoint, Schedule};
+    use cipherlora_spec::schedule::FixedPoint;
     let f = fixture();
     // 16 + a remainder of at most K + 1 = 9 tokens: the last chunk is narrow.
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let prompt: Vec<u32> = prompt.iter().copied().cycle().take(16 + 6).collect();
-    let fp = FixedPoint::default();
-    let cfg = SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k: 8,
-        adaptive: false,
-        pad_to_k: true,
-        prefill_width: Some(16),
-        optimistic: false,
-        draft_stop_below: 0.0,
-        max_tokens: 12,
-        sampling: SamplingParams::greedy(),
-        eos: Vec::new(),
-        first_token_from_prefill: false,
-        schedule: Schedule::FixedPoint(fp),
-    };
+    let cfg = fixed_point_config(f, FixedPoint::default(), 12);
     let mut hook = Marked {
         inner: PlainLora::new(&f.adapter),
         events: Vec::new(),
