@@ -381,6 +381,7 @@ impl Engine {
             prefill_width: Some(prefill_width),
             optimistic: false,
             draft_stop_below: 0.0,
+            delta_guided: true,
             max_tokens: job.max_tokens,
             sampling: job.sampling.clone(),
             eos: self.tokenizer.eos_tokens().to_vec(),

@@ -112,6 +112,9 @@ pub struct DecodeConfig {
     /// Tree drafts of K nodes of this shape instead of a chain of K tokens
     /// (base drafter; [`cipherlora_spec::tree_draft`]).
     pub tree: Option<TreeParams>,
+    /// Delta-guided drafting ([`cipherlora_spec::draft_bias`]; the
+    /// default): off for side-by-side runs of the plain base drafter.
+    pub guided: bool,
 }
 
 /// The weights of the base drafter. Every draft is verified by the target
@@ -517,6 +520,7 @@ pub fn run_target(
                     prefill_width: Some(opts.prefill_width),
                     optimistic: opts.optimistic,
                     draft_stop_below: opts.draft_stop_below,
+                    delta_guided: c.guided,
                     max_tokens: opts.max_tokens,
                     sampling: SamplingParams::greedy(),
                     eos: eos.clone(),
@@ -673,10 +677,18 @@ pub fn run_target(
                     mode: "private".into(),
                     lora: lora.clone(),
                     adapter: id.clone(),
-                    drafter: match (c.tree, c.auto_k) {
-                        (Some(t), _) => format!("{} {t}", drafter_name(drafter)),
-                        (None, true) => format!("{} (auto K ≤ {k})", drafter_name(drafter)),
-                        (None, false) => drafter_name(drafter).into(),
+                    drafter: {
+                        let name = match (c.guided, drafter) {
+                            (false, DrafterKind::Base | DrafterKind::Hybrid) => {
+                                format!("plain {}", drafter_name(drafter))
+                            }
+                            _ => drafter_name(drafter).to_string(),
+                        };
+                        match (c.tree, c.auto_k) {
+                            (Some(t), _) => format!("{name} {t}"),
+                            (None, true) => format!("{name} (auto K ≤ {k})"),
+                            (None, false) => name,
+                        }
                     },
                     weights: held.into(),
                     // What the drafter actually held: an f16 copy of a

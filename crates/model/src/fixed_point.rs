@@ -43,7 +43,7 @@ use std::collections::HashMap;
 
 use candle_core::{D, Tensor};
 
-use crate::hook::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, ProjGroup, TripId};
+use crate::hook::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, PassDeltas, ProjGroup, TripId};
 use crate::{AttentionMask, KvCache, Model, ModelError};
 
 /// How much one round trip of a [`FixedPointPass`] moved the pass.
@@ -63,7 +63,7 @@ enum Answers {
     /// None: the base model (pass 0).
     Nothing,
     /// A trip answered as one batch, by (layer, group).
-    Table(HashMap<(usize, ProjGroup), GroupDeltas>),
+    Table(PassDeltas),
     /// A trip sent ahead on the stream, taken group by group.
     Stream(TripId),
 }
@@ -79,6 +79,8 @@ struct Relay<'w, 's> {
     stream: Option<&'s mut dyn DeltaStream>,
     sending: Option<TripId>,
     recorded: Vec<GroupInput>,
+    /// The deltas the pass added, by (layer, group).
+    added: PassDeltas,
 }
 
 impl DeltaHook for Relay<'_, '_> {
@@ -97,18 +99,23 @@ impl DeltaHook for Relay<'_, '_> {
             stream.send(trip, &input)?;
         }
         self.recorded.push(input);
-        match &mut self.answers {
-            Answers::Nothing => Ok(GroupDeltas::none()),
-            Answers::Table(t) => Ok(t.remove(&(layer, group)).unwrap_or_default()),
+        let deltas = match &mut self.answers {
+            Answers::Nothing => GroupDeltas::none(),
+            Answers::Table(t) => t.remove(&(layer, group)).unwrap_or_default(),
             Answers::Stream(trip) => match self.stream.as_deref_mut() {
-                Some(stream) => stream.receive(*trip, layer, group),
-                None => Err(ModelError::Hook {
-                    layer,
-                    proj: group.projs()[0],
-                    reason: "a streamed trip without the hook's stream".into(),
-                }),
+                Some(stream) => stream.receive(*trip, layer, group)?,
+                None => {
+                    return Err(ModelError::Hook {
+                        layer,
+                        proj: group.projs()[0],
+                        reason: "a streamed trip without the hook's stream".into(),
+                    });
+                }
             },
-        }
+        };
+        // Tensors share their storage: keeping them costs no copy.
+        self.added.insert((layer, group), deltas.clone());
+        Ok(deltas)
     }
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
@@ -154,6 +161,8 @@ pub struct FixedPointPass<'m> {
     start: usize,
     wanted: Vec<(usize, ProjGroup)>,
     inputs: Vec<GroupInput>,
+    /// The deltas the latest pass added (none after pass 0).
+    deltas: PassDeltas,
     logits: Tensor,
     steps: Vec<FixedPointStep>,
     pending: Pending,
@@ -174,12 +183,7 @@ impl<'m> FixedPointPass<'m> {
         hook: &dyn DeltaHook,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
-        let sending = Sending {
-            stream: None,
-            trip: None,
-            pending: Pending::Nothing,
-        };
-        Self::pass_zero(model, tokens, cache, mask, wanted, sending)
+        Self::pass_zero(model, tokens, cache, mask, wanted, Sending::nothing())
     }
 
     /// [`FixedPointPass::start`] that also sends the first trip (`next`)
@@ -202,6 +206,34 @@ impl<'m> FixedPointPass<'m> {
         Self::pass_zero(model, tokens, cache, mask, wanted, sending)
     }
 
+    /// [`FixedPointPass::start`] whose pass 0 adds guessed deltas instead of
+    /// none: `guess` maps (layer, group) to (T, d_out) deltas (a group
+    /// missing from it runs unadapted). A better first estimate than the
+    /// base model's inputs leaves a smaller residual after the same number
+    /// of trips; the fixed point itself does not depend on it.
+    ///
+    /// # Errors
+    /// As [`Model::forward`].
+    pub fn start_guessed(
+        model: &'m Model,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        hook: &dyn DeltaHook,
+        guess: PassDeltas,
+    ) -> Result<Self, ModelError> {
+        let wanted = wanted_groups(model, hook);
+        Self::pass_zero_answered(
+            model,
+            tokens,
+            cache,
+            mask,
+            wanted,
+            Sending::nothing(),
+            Answers::Table(guess),
+        )
+    }
+
     /// Pass 0 with no deltas, sending what `sending` says.
     fn pass_zero(
         model: &'m Model,
@@ -211,16 +243,38 @@ impl<'m> FixedPointPass<'m> {
         wanted: Vec<(usize, ProjGroup)>,
         sending: Sending<'_>,
     ) -> Result<Self, ModelError> {
+        Self::pass_zero_answered(
+            model,
+            tokens,
+            cache,
+            mask,
+            wanted,
+            sending,
+            Answers::Nothing,
+        )
+    }
+
+    /// Pass 0 with the deltas of `answers` (none, or a guess).
+    fn pass_zero_answered(
+        model: &'m Model,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        wanted: Vec<(usize, ProjGroup)>,
+        sending: Sending<'_>,
+        answers: Answers,
+    ) -> Result<Self, ModelError> {
         let start = cache.len();
         let mut relay = Relay {
             wanted: &wanted,
-            answers: Answers::Nothing,
+            answers,
             stream: sending.stream,
             sending: sending.trip,
             recorded: Vec::with_capacity(wanted.len()),
+            added: HashMap::new(),
         };
         let logits = model.forward(tokens, cache, mask, &mut relay)?;
-        let inputs = relay.recorded;
+        let (inputs, deltas) = (relay.recorded, relay.added);
         Ok(Self {
             model,
             tokens: tokens.to_vec(),
@@ -228,6 +282,7 @@ impl<'m> FixedPointPass<'m> {
             start,
             wanted,
             inputs,
+            deltas,
             logits,
             steps: Vec::new(),
             pending: sending.pending,
@@ -304,17 +359,19 @@ impl<'m> FixedPointPass<'m> {
             stream,
             sending: trip,
             recorded: Vec::with_capacity(self.wanted.len()),
+            added: HashMap::new(),
         };
         let logits = self
             .model
             .forward(&self.tokens, cache, &self.mask, &mut relay)?;
-        let inputs = relay.recorded;
+        let (inputs, deltas) = (relay.recorded, relay.added);
         let input_change = max_relative_change(&self.inputs, &inputs)?;
         let logit_change = (&logits - &self.logits)?
             .abs()?
             .max(D::Minus1)?
             .to_vec1::<f32>()?;
         self.inputs = inputs;
+        self.deltas = deltas;
         self.logits = logits;
         self.pending = pending;
         self.steps.push(FixedPointStep {
@@ -329,7 +386,7 @@ impl<'m> FixedPointPass<'m> {
         &self,
         hook: &mut dyn DeltaHook,
         tolerance: Option<f64>,
-    ) -> Result<HashMap<(usize, ProjGroup), GroupDeltas>, ModelError> {
+    ) -> Result<PassDeltas, ModelError> {
         let answers = match tolerance {
             Some(t) => hook.deltas_many_within(&self.inputs, t)?,
             None => hook.deltas_many(&self.inputs)?,
@@ -381,6 +438,13 @@ impl<'m> FixedPointPass<'m> {
         &self.inputs
     }
 
+    /// The deltas the latest pass added, by (layer, group): (T, d_out)
+    /// per adapted projection (empty after pass 0 unless it was guessed).
+    #[must_use]
+    pub fn deltas(&self) -> &PassDeltas {
+        &self.deltas
+    }
+
     /// The tokens of the pass.
     #[must_use]
     pub fn tokens(&self) -> &[u32] {
@@ -408,6 +472,17 @@ struct Sending<'a> {
     stream: Option<&'a mut dyn DeltaStream>,
     trip: Option<TripId>,
     pending: Pending,
+}
+
+impl Sending<'_> {
+    /// A pass that sends nothing and leaves nothing pending.
+    fn nothing() -> Self {
+        Self {
+            stream: None,
+            trip: None,
+            pending: Pending::Nothing,
+        }
+    }
 }
 
 /// Opens the trip a pass of `t` positions sends as it runs: on the hook's

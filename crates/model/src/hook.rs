@@ -12,6 +12,8 @@
 //! files, whose q/k rows llama.cpp's converter permuted, [`crate::LoraAdapter`]
 //! permutes lora_B rows at load time, so hooks built on it need not care.
 
+use std::collections::HashMap;
+
 use candle_core::Tensor;
 
 use crate::ModelError;
@@ -327,5 +329,50 @@ impl DeltaHook for NoAdapter {
 
     fn wants(&self, _: usize, _: ProjGroup) -> bool {
         false
+    }
+}
+
+/// The deltas one pass added, by (layer, group): (T, d_out) per adapted
+/// projection of the group.
+pub type PassDeltas = HashMap<(usize, ProjGroup), GroupDeltas>;
+
+/// A hook that answers with `inner` and keeps what it added, by (layer,
+/// group) (the latest call per group wins): the client's copy of a pass's
+/// decrypted deltas, e.g. for delta-guided drafting. Only
+/// [`DeltaHook::deltas`] and [`DeltaHook::wants`] are forwarded, which is
+/// all a [`crate::Model::forward`] pass calls.
+#[derive(Debug)]
+pub struct KeepDeltas<H> {
+    /// The hook that computes the deltas.
+    pub inner: H,
+    /// What the pass added so far.
+    pub added: PassDeltas,
+}
+
+impl<H> KeepDeltas<H> {
+    /// Wraps `inner`, nothing kept yet.
+    pub fn new(inner: H) -> Self {
+        Self {
+            inner,
+            added: PassDeltas::new(),
+        }
+    }
+}
+
+impl<H: DeltaHook> DeltaHook for KeepDeltas<H> {
+    fn deltas(
+        &mut self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<GroupDeltas, ModelError> {
+        let deltas = self.inner.deltas(layer, group, x)?;
+        // Tensors share their storage: keeping them costs no copy.
+        self.added.insert((layer, group), deltas.clone());
+        Ok(deltas)
+    }
+
+    fn wants(&self, layer: usize, group: ProjGroup) -> bool {
+        self.inner.wants(layer, group)
     }
 }

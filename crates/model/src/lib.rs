@@ -48,7 +48,8 @@ pub use error::ModelError;
 pub use fixed_point::{FixedPointPass, FixedPointStep, NextTrip};
 pub use generation::{GenerateOptions, Generated, TextStream, generate};
 pub use hook::{
-    DeltaHook, DeltaStream, GroupDeltas, GroupInput, NoAdapter, Proj, ProjGroup, TripId,
+    DeltaHook, DeltaStream, GroupDeltas, GroupInput, KeepDeltas, NoAdapter, PassDeltas, Proj,
+    ProjGroup, TripId,
 };
 pub use kv_cache::KvCache;
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};

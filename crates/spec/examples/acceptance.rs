@@ -13,7 +13,13 @@
 //! Run (defaults shown):
 //! `cargo run --release -p cipherlora-spec --example acceptance -- \
 //!   --adapters code-lora-r16,code-ffa-r16 --prompts adapters/eval/humaneval_0_19.jsonl \
-//!   --widths 9,17 --shapes tree:2x8,tree:3x8,tree:4x8 --out reports/acceptance-trees.json`
+//!   --widths 9,17 --shapes tree:2x8,tree:3x8,tree:4x8 --out reports/acceptance-trees.json \
+//!   --guided true`
+//!
+//! `--guided false` drafts with the plain base model instead of
+//! delta-guided drafting (`cipherlora_spec::draft_bias`);
+//! `--drafter-weights q` drafts with the GGUF's quantized weights (the
+//! private CLI's default) instead of f16.
 
 use std::path::PathBuf;
 
@@ -34,6 +40,10 @@ struct Args {
     shapes: Vec<TreeParams>,
     limit: usize,
     out: PathBuf,
+    guided: bool,
+    /// The drafter's weights: `f16` (default) or `q` (the GGUF's own
+    /// quantized weights, the private CLI's default).
+    drafter_weights: String,
 }
 
 fn args(root: &std::path::Path) -> Result<Args, Box<dyn std::error::Error>> {
@@ -48,6 +58,8 @@ fn args(root: &std::path::Path) -> Result<Args, Box<dyn std::error::Error>> {
         ],
         limit: usize::MAX,
         out: root.join("reports/acceptance-trees.json"),
+        guided: true,
+        drafter_weights: "f16".into(),
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let mut it = std::env::args().skip(1);
@@ -72,6 +84,9 @@ fn args(root: &std::path::Path) -> Result<Args, Box<dyn std::error::Error>> {
             }
             "--limit" => a.limit = v.parse()?,
             "--out" => a.out = root.join(v),
+            // `--guided false`: the plain base drafter (no delta guidance).
+            "--guided" => a.guided = v.parse()?,
+            "--drafter-weights" => a.drafter_weights = v,
             _ => return Err(format!("unknown option {flag}").into()),
         }
     }
@@ -92,7 +107,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             weights: WeightMode::F32,
         },
     )?;
-    let drafter = model.to_f16_weights()?;
+    let drafter = match args.drafter_weights.as_str() {
+        "f16" => model.to_f16_weights()?,
+        "q" => Model::load_with(
+            &path,
+            &LoadOptions {
+                weights: WeightMode::Quantized,
+            },
+        )?,
+        other => return Err(format!("--drafter-weights {other}: f16 or q").into()),
+    };
     let tok = Tokenizer::for_model(&path)?;
     let prompts: Vec<String> = std::fs::read_to_string(&args.prompts)?
         .lines()
@@ -161,6 +185,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         prefill_width: None,
                         optimistic: false,
                         draft_stop_below: 0.0,
+                        delta_guided: args.guided,
                         max_tokens: traj.len(),
                         sampling: SamplingParams::greedy(),
                         eos: eos.clone(),
@@ -216,7 +241,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "adapter": name, "prompts": prompts.len(), "trajectory_tokens": total,
                     "per_token_agreement": agreement, "verify_width": width,
                     "draft": label(shape), "tokens": a.0, "rounds": a.1,
-                    "tokens_per_round": per_round[s],
+                    "tokens_per_round": per_round[s], "delta_guided": args.guided, "drafter_weights": args.drafter_weights,
                     "draft_ms_per_round": 1e3 * a.2 / a.1.max(1) as f64,
                 }));
             }

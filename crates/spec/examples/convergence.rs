@@ -26,9 +26,10 @@
 use std::path::PathBuf;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, FixedPointPass, GenerateOptions, GroupDeltas, GroupInput,
-    LoadOptions, LoraAdapter, Model, ModelError, PlainLora, Proj, ProjGroup, RandomAdapterSpec,
-    SamplingParams, Tensor, Tokenizer, WeightMode, fetch, generate, write_random_adapter,
+    AttentionMask, DeltaHook, FixedPointPass, GenerateOptions, GroupDeltas, GroupInput, KeepDeltas,
+    LoadOptions, LoraAdapter, Model, ModelError, PassDeltas, PlainLora, Proj, ProjGroup,
+    RandomAdapterSpec, SamplingParams, Tensor, Tokenizer, WeightMode, fetch, generate,
+    write_random_adapter,
 };
 use serde::Serialize;
 
@@ -69,6 +70,48 @@ impl DeltaHook for Recording<'_> {
     }
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
         self.inner.wants(layer, group)
+    }
+}
+
+/// The first estimate of a window's deltas (`--guess`).
+#[derive(Debug, Clone, Copy)]
+enum Guess {
+    /// None: pass 0 is the base model (the schedule's default).
+    None,
+    /// Every row gets the mean delta of the last `m` cached rows.
+    Mean(usize),
+}
+
+impl Guess {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        match s {
+            "none" => Ok(Guess::None),
+            "last" => Ok(Guess::Mean(1)),
+            _ => match s.strip_prefix("mean:") {
+                Some(m) => Ok(Guess::Mean(m.parse()?)),
+                None => anyhow::bail!("--guess: none, last or mean:M"),
+            },
+        }
+    }
+
+    /// The guessed (t, d_out) deltas from the latest cached rows' deltas.
+    fn table(self, latest: &PassDeltas, t: usize) -> anyhow::Result<PassDeltas> {
+        let Guess::Mean(m) = self else {
+            return Ok(PassDeltas::new());
+        };
+        let mut out = PassDeltas::new();
+        for (&key, deltas) in latest {
+            let mut guess = GroupDeltas::none();
+            for (proj, d) in deltas.iter() {
+                let rows = d.dim(0)?;
+                let m = m.clamp(1, rows);
+                let mean = d.narrow(0, rows - m, m)?.mean_keepdim(0)?;
+                let width = mean.dim(1)?;
+                guess.push(proj, mean.broadcast_as((t, width))?.contiguous()?);
+            }
+            out.insert(key, guess);
+        }
+        Ok(out)
     }
 }
 
@@ -127,6 +170,7 @@ fn main() -> anyhow::Result<()> {
     let t: usize = arg("--t", "9").parse()?;
     let max_trips: usize = arg("--max-trips", "8").parse()?;
     let margin: f32 = arg("--margin", "1").parse()?;
+    let guess = Guess::parse(&arg("--guess", "none"))?;
 
     let path = fetch::ensure_default_model()?;
     // f32 weights, what a private client verifies with
@@ -217,11 +261,14 @@ fn main() -> anyhow::Result<()> {
             .tokens;
             let mut context = prompt.clone();
             let mut cache = model.new_cache(prompt.len() + cont.len() + t + 1)?;
+            // Keeps the deltas of the latest rows the cache took, which a
+            // client has decrypted (the source of `--guess`).
+            let mut log = KeepDeltas::new(PlainLora::new(&adapter));
             model.forward(
                 &context[..context.len() - 1],
                 &mut cache,
                 &AttentionMask::Causal,
-                &mut PlainLora::new(&adapter),
+                &mut log,
             )?;
             for w in 0..windows {
                 let drafts = &cont[w * (t - 1)..(w + 1) * (t - 1)];
@@ -251,12 +298,13 @@ fn main() -> anyhow::Result<()> {
                 ratios.push(ratio / x_scale.max(1e-9));
                 // Fixed point.
                 let mut fp_cache = cache.fork()?;
-                let mut pass = FixedPointPass::start(
+                let mut pass = FixedPointPass::start_guessed(
                     &model,
                     &window,
                     &mut fp_cache,
                     &AttentionMask::Causal,
                     &PlainLora::new(&adapter),
+                    guess.table(&log.added, t)?,
                 )?;
                 let (mut got_arg, mut got_r0, mut got_all, mut got5, mut got6) =
                     (None, None, None, None, None);
@@ -312,7 +360,7 @@ fn main() -> anyhow::Result<()> {
                     &window[..t - 1],
                     &mut cache,
                     &AttentionMask::Causal,
-                    &mut PlainLora::new(&adapter),
+                    &mut log,
                 )?;
                 context.extend(drafts);
             }
@@ -341,7 +389,7 @@ fn main() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&tmp);
 
     let mut md = format!(
-        "Fixed-point convergence, T = {t}, {} prompts (5 code, 5 general English) × {windows} windows, margin rule {margin}× (trips counted up to {max_trips}; {} = not reached).\n\n\
+        "Fixed-point convergence, T = {t}, {} prompts (5 code, 5 general English) × {windows} windows, margin rule {margin}×, first estimate {guess:?} (trips counted up to {max_trips}; {} = not reached).\n\n\
          | adapter | windows | max|Δ|/max|x| | input error after trip 1 / 2 / 3 / 4 (median; max) | trips to exact argmax (median / max) | row 0 certified | all T rows certified | rows certified after 2 trips (mean of {t}) | trips to input error < 1e-5 | < 1e-6 | certified but wrong |\n\
          | --- | ---: | ---: | --- | --- | --- | --- | ---: | --- | --- | ---: |\n",
         prompts.len(),

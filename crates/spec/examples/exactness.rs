@@ -14,6 +14,10 @@
 //! (a client-side stand-in for the compression error, whose bound is the
 //! tolerance times the group's output bound, 2²–2⁴ above its largest
 //! delta: NOISE = 4 is that bound for FFA).
+//! `--settle N` spends N more trips per round after its tokens are decided,
+//! refining only the keys and values the round keeps (a diagnostic: it
+//! separates the kept rows' residual from the certification of the decided
+//! rows). `--guided false` drafts with the plain base model.
 //! The schedule is exact when no run diverges; the module docs of
 //! `cipherlora_spec::schedule` say why it may not be (the residual the last
 //! trip leaves in the kept keys and values).
@@ -46,6 +50,8 @@ struct Args {
     limit: usize,
     out: PathBuf,
     coarse: Option<f64>,
+    settle: usize,
+    guided: bool,
 }
 
 /// The plaintext LoRA, with deltas asked for within a tolerance made that
@@ -113,6 +119,8 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         limit: usize::MAX,
         out: root.join("reports/exactness.json"),
         coarse: None,
+        settle: 0,
+        guided: true,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -134,6 +142,8 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             "--limit" => a.limit = v.parse()?,
             "--out" => a.out = root.join(v),
             "--coarse" => a.coarse = Some(v.parse()?),
+            "--settle" => a.settle = v.parse()?,
+            "--guided" => a.guided = v.parse()?,
             _ => return Err(format!("unknown option {flag}").into()),
         }
     }
@@ -217,6 +227,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         prefill_width: Some(PREFILL_WIDTH),
                         optimistic: false,
                         draft_stop_below: 0.0,
+                        delta_guided: args.guided,
                         max_tokens: traj.len(),
                         sampling: SamplingParams::greedy(),
                         eos: eos.clone(),
@@ -224,6 +235,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         schedule: Schedule::FixedPoint(FixedPoint {
                             round_trips: trips,
                             prefill: args.prefill,
+                            settle_trips: args.settle,
                             ..FixedPoint::default()
                         }),
                     };
@@ -268,7 +280,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 report.push(serde_json::json!({
                     "adapter": name, "verify_width": width, "round_trips": trips,
                     "prefill": args.prefill.to_string(), "prompts": d.len(),
-                    "coarse_noise": args.coarse,
+                    "coarse_noise": args.coarse, "settle_trips": args.settle, "delta_guided": args.guided,
                     "new_tokens": NEW_TOKENS, "diverged": at.len(), "first_divergence": at,
                 }));
             }

@@ -26,7 +26,7 @@
 use std::time::Instant;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, KvCache, Model, NoAdapter, Sampler, SamplingParams, Tensor,
+    AttentionMask, DeltaHook, KvCache, Model, PassDeltas, Sampler, SamplingParams, Tensor,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -34,6 +34,7 @@ use rand_chacha::ChaCha20Rng;
 use crate::SpecError;
 use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled};
 use crate::adaptive::{AdaptiveK, RoundCost};
+use crate::draft_bias::DraftBias;
 use crate::ngram::PromptLookup;
 use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
@@ -89,6 +90,12 @@ pub struct SpecConfig {
     /// lengths of Li et al. 2024, EAGLE-2, and Huang et al. 2024,
     /// SpecDec++). Output is unchanged whatever the value.
     pub draft_stop_below: f32,
+    /// Delta-guided drafting (base drafter, chains and trees): the drafter
+    /// adds the adapter deltas of the latest verified position to every
+    /// position it drafts ([`crate::draft_bias`]). It changes only what is
+    /// drafted: the output is the same either way (greedy) or follows the
+    /// same distribution (sampling).
+    pub delta_guided: bool,
     /// Stop after this many generated tokens.
     pub max_tokens: usize,
     /// Sampling parameters (temperature 0 = greedy).
@@ -296,6 +303,7 @@ pub fn generate_drafted(
 
     // Drafting ahead runs K + 1 positions past a full draft.
     let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;
+    drafter.guide(&done.last_deltas.0, done.last_deltas.1)?;
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Draft> = None;
@@ -414,24 +422,27 @@ pub fn generate_drafted(
                 Ok::<_, SpecError>((verified?.0, Some(guess?)))
             })?
         } else if predict {
-            let mut work = |logits: &Tensor| -> Result<(Guess, f64), SpecError> {
-                let t = Instant::now();
-                let argmax: Vec<u32> = rows(logits, real)?
-                    .iter()
-                    .map(|r| greedy_token(r))
-                    .collect();
-                let guess = match (&draft.tree, &cfg.tree) {
-                    (Some(grown), Some(trees)) => {
-                        let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
-                        drafter.tree_from(context_len, grown, &predicted, k, &trees.shape)?
-                    }
-                    _ => {
-                        let predicted = accept_greedy(drafts, &argmax)?;
-                        drafter.draft_from(context_len, drafts, &predicted, k)?
-                    }
+            let mut work =
+                |logits: &Tensor, deltas: &PassDeltas| -> Result<(Guess, f64), SpecError> {
+                    let t = Instant::now();
+                    let argmax: Vec<u32> = rows(logits, real)?
+                        .iter()
+                        .map(|r| greedy_token(r))
+                        .collect();
+                    let guess = match (&draft.tree, &cfg.tree) {
+                        (Some(grown), Some(trees)) => {
+                            let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
+                            drafter.guide(deltas, last_kept_row(&predicted.path))?;
+                            drafter.tree_from(context_len, grown, &predicted, k, &trees.shape)?
+                        }
+                        _ => {
+                            let predicted = accept_greedy(drafts, &argmax)?;
+                            drafter.guide(deltas, predicted.accepted)?;
+                            drafter.draft_from(context_len, drafts, &predicted, k)?
+                        }
+                    };
+                    Ok((guess, t.elapsed().as_secs_f64()))
                 };
-                Ok((guess, t.elapsed().as_secs_f64()))
-            };
             let (verified, g) = verify(&window, &mut target, verifier, Some(&mut work))?;
             let guess = g.map(|(guess, secs)| {
                 stats.ahead_secs += secs;
@@ -457,6 +468,7 @@ pub fn generate_drafted(
             drafter.calibration.observe_tree(grown, &argmax);
             let outcome = accept_tree(&grown.tree, &all, usable, &sampler, &context, &mut rng)?;
             stats.accepted += outcome.path.len();
+            drafter.guide(&verified.deltas, last_kept_row(&outcome.path))?;
             // Keep `last` and the accepted path; the new last token is not cached.
             let keep: Vec<usize> = std::iter::once(0)
                 .chain(outcome.path.iter().map(|&n| n + 1))
@@ -506,6 +518,7 @@ pub fn generate_drafted(
             accept_sampled(drafts, q, &p, &mut rng)?
         };
         stats.accepted += outcome.accepted;
+        drafter.guide(&verified.deltas, outcome.accepted)?;
         let hit = guess.as_ref().is_some_and(|g| {
             outcome.accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus)
         });
@@ -533,6 +546,12 @@ pub fn generate_drafted(
         stats,
         calibration: cfg.tree.is_some().then_some(drafter.calibration),
     })
+}
+
+/// The verify row of the last position a tree round keeps: the last node
+/// of the accepted `path` (node n is row n + 1), or row 0.
+fn last_kept_row(path: &[usize]) -> usize {
+    path.last().map_or(0, |&n| n + 1)
 }
 
 /// Appends a round's tokens to `out` and `context` up to the first EOS
@@ -609,6 +628,9 @@ struct Prefilled {
     /// The logits row of the last prefilled token (per-group schedule; the
     /// fixed-point schedule's rows are not certified, so `None`).
     last_row: Option<Vec<f32>>,
+    /// The last pass's deltas and the row of its last prompt token: the
+    /// first round's drafting guide.
+    last_deltas: (PassDeltas, usize),
 }
 
 /// Runs `tokens` (a prompt, or all but its last token) through the adapted
@@ -631,6 +653,7 @@ fn prefill(
         passes: 0,
         round_trips: 0,
         last_row: None,
+        last_deltas: (PassDeltas::new(), 0),
     };
     if tokens.is_empty() {
         return Ok(done);
@@ -643,12 +666,13 @@ fn prefill(
             inputs.resize(padded, *part.last().expect("chunks are non-empty"));
         }
         let before = cache.len();
-        let (trips, logits) = prefill_pass(model, &inputs, cache, hook, schedule)?;
-        done.round_trips += trips;
-        done.last_row = match logits {
+        let pass = prefill_pass(model, &inputs, cache, hook, schedule)?;
+        done.round_trips += pass.round_trips;
+        done.last_row = match pass.logits {
             Some(l) => Some(rows(&l, part.len())?.pop().expect("a chunk is non-empty")),
             None => None,
         };
+        done.last_deltas = (pass.deltas, part.len() - 1);
         cache.truncate(before + part.len());
         done.passes += 1;
     }
@@ -719,9 +743,9 @@ impl Draft {
         feed: &[u32],
         k: usize,
         params: &TreeParams,
-        calibration: &Calibration,
+        (calibration, bias): (&Calibration, &mut DraftBias),
     ) -> Result<Self, SpecError> {
-        let grown = grow(models, cache, feed, k, params, calibration)?;
+        let grown = grow(models, cache, feed, k, params, calibration, bias)?;
         Ok(Self {
             tokens: grown.tree.tokens.clone(),
             probs: None,
@@ -749,6 +773,10 @@ struct Drafter<'m> {
     stop_below: f32,
     /// Tree drafts: the acceptance estimate learnt from earlier rounds.
     calibration: Calibration,
+    /// [`SpecConfig::delta_guided`].
+    guided: bool,
+    /// What the drafter adds to the base model (empty unless guided).
+    bias: DraftBias,
 }
 
 impl<'m> Drafter<'m> {
@@ -795,7 +823,19 @@ impl<'m> Drafter<'m> {
                 .as_ref()
                 .map(|t| t.calibration.clone())
                 .unwrap_or_default(),
+            guided: cfg.delta_guided,
+            bias: DraftBias::none(),
         })
+    }
+
+    /// Delta-guided drafting: from now on, adds row `row` of a verify
+    /// pass's `deltas` (the latest position the round keeps) to every
+    /// drafted position. Does nothing unless [`SpecConfig::delta_guided`].
+    fn guide(&mut self, deltas: &PassDeltas, row: usize) -> Result<(), SpecError> {
+        if self.guided && !deltas.is_empty() {
+            self.bias = DraftBias::from_row(deltas, row)?;
+        }
+        Ok(())
     }
 
     fn next_k(&self) -> usize {
@@ -865,7 +905,7 @@ impl<'m> Drafter<'m> {
         for i in 0..k {
             let logits =
                 self.model
-                    .forward(&feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
+                    .forward(&feed, cache, &AttentionMask::Causal, &mut self.bias)?;
             let row = rows(&logits, feed.len())?.pop().expect("at least one row");
             // Greedy drafts stop early after a low-confidence token.
             let (next, stop) = if greedy {
@@ -910,7 +950,14 @@ impl<'m> Drafter<'m> {
         self.synced = target.len();
         let feed = context[cache.len()..].to_vec();
         let models = (self.model, self.batch_model);
-        Draft::grown(models, cache, &feed, k, params, &self.calibration)
+        Draft::grown(
+            models,
+            cache,
+            &feed,
+            k,
+            params,
+            (&self.calibration, &mut self.bias),
+        )
     }
 
     /// After a tree round that accepted `path`: keeps the context
@@ -938,7 +985,7 @@ impl<'m> Drafter<'m> {
         for _ in 0..=k {
             let logits =
                 self.model
-                    .forward(&[feed], cache, &AttentionMask::Causal, &mut NoAdapter)?;
+                    .forward(&[feed], cache, &AttentionMask::Causal, &mut self.bias)?;
             let row = rows(&logits, 1)?.pop().expect("one row");
             feed = greedy_token(&row);
             tokens.push(feed);
@@ -982,7 +1029,7 @@ impl<'m> Drafter<'m> {
         for i in 0..k {
             let logits =
                 self.model
-                    .forward(&feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
+                    .forward(&feed, cache, &AttentionMask::Causal, &mut self.bias)?;
             let row = rows(&logits, feed.len())?.pop().expect("at least one row");
             let tok = greedy_token(&row);
             next.push(tok);
@@ -1029,7 +1076,14 @@ impl<'m> Drafter<'m> {
             accepted: predicted.path.len(),
             bonus,
             path: predicted.path.clone(),
-            next: Draft::grown(models, cache, &feed, k, params, &self.calibration)?,
+            next: Draft::grown(
+                models,
+                cache,
+                &feed,
+                k,
+                params,
+                (&self.calibration, &mut self.bias),
+            )?,
         })
     }
 

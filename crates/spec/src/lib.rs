@@ -28,6 +28,7 @@
 pub mod acceptance;
 pub mod adaptive;
 pub mod decode;
+pub mod draft_bias;
 mod error;
 pub mod ngram;
 pub mod schedule;

@@ -52,7 +52,8 @@
 //! speculative decoding already reveals (threat model, guarantee 5; README).
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, FixedPointPass, KvCache, Model, NextTrip, Tensor,
+    AttentionMask, DeltaHook, FixedPointPass, KeepDeltas, KvCache, Model, NextTrip, PassDeltas,
+    Tensor,
 };
 
 use crate::SpecError;
@@ -125,6 +126,13 @@ pub struct FixedPoint {
     /// deltas are the same as with one batch per trip; only the waiting
     /// differs. Used when the hook streams ([`DeltaHook::stream`]).
     pub streamed: bool,
+    /// Diagnostic (plaintext experiments): round trips made after a
+    /// round's tokens are decided, which refine only the keys and values
+    /// the round keeps. 0 (the default) for every real schedule; with
+    /// `round_trips = 2` and a few of these, a run isolates the residual
+    /// the kept rows carry from the certification of the decided rows
+    /// (`cipherlora-spec --example exactness -- --settle N`).
+    pub settle_trips: usize,
 }
 
 /// Relative tolerance of the deltas of a pass's first trip when
@@ -159,6 +167,7 @@ impl Default for FixedPoint {
             draft_ahead: true,
             coarse_trips: true,
             streamed: true,
+            settle_trips: 0,
         }
     }
 }
@@ -318,6 +327,9 @@ impl std::str::FromStr for Schedule {
 pub(crate) struct Verified {
     /// Logits of the pass, (T, vocab).
     pub logits: Tensor,
+    /// The deltas the pass added, (T, d_out) per adapted projection: the
+    /// drafter's guess for the next round ([`crate::draft_bias`]).
+    pub deltas: PassDeltas,
     /// Leading rows the round may use (≥ 1).
     pub usable: usize,
     /// Batched round trips made (0 on the per-group schedule).
@@ -329,9 +341,10 @@ pub(crate) struct Verified {
 /// Work to run on another thread while the last round trip of a
 /// fixed-point pass is on the network: it gets the logits of the pass
 /// before the last trip (its argmax is nearly always final, BENCHMARKS.md)
-/// and returns what the next round may use, e.g. a draft grown from the
-/// predicted outcome.
-pub(crate) type Ahead<'a, G> = &'a mut (dyn FnMut(&Tensor) -> Result<G, SpecError> + Send);
+/// and the deltas that pass added, and returns what the next round may
+/// use, e.g. a draft grown from the predicted outcome.
+pub(crate) type Ahead<'a, G> =
+    &'a mut (dyn FnMut(&Tensor, &PassDeltas) -> Result<G, SpecError> + Send);
 
 /// `certify(logits, last_change, previous_change)`: how many leading rows
 /// are certified.
@@ -376,9 +389,11 @@ pub(crate) fn verify<G: Send>(
     } = *window;
     let fp = match schedule {
         Schedule::PerGroup => {
-            let logits = model.forward(tokens, cache, mask, hook)?;
+            let mut keeping = KeepDeltas::new(hook);
+            let logits = model.forward(tokens, cache, mask, &mut keeping)?;
             let verified = Verified {
                 logits,
+                deltas: keeping.added,
                 usable: real,
                 round_trips: 0,
                 continuations: 0,
@@ -415,8 +430,9 @@ pub(crate) fn verify<G: Send>(
         match ahead.take() {
             Some(work) => {
                 let before_last = pass.logits().clone();
+                let deltas = pass.deltas().clone();
                 let (last, g) = std::thread::scope(|scope| {
-                    let helper = scope.spawn(move || work(&before_last));
+                    let helper = scope.spawn(move || work(&before_last, &deltas));
                     let last = pass
                         .iterate_sending(cache, hook, tolerance, NextTrip::Wait)
                         .map(|_| ());
@@ -444,8 +460,13 @@ pub(crate) fn verify<G: Send>(
             certify(pass.logits(), change, previous)?.min(real)
         };
         if usable > 0 {
+            let (logits, deltas) = (pass.logits().clone(), pass.deltas().clone());
+            for _ in 0..fp.settle_trips {
+                pass.iterate_sending(cache, hook, None, NextTrip::Wait)?;
+            }
             let verified = Verified {
-                logits: pass.logits().clone(),
+                logits,
+                deltas,
                 usable,
                 round_trips: pass.round_trips(),
                 continuations,
@@ -456,9 +477,18 @@ pub(crate) fn verify<G: Send>(
     }
 }
 
-/// A prefill pass under `schedule`: the prompt chunk's keys and values,
-/// the number of batched round trips, and the pass's logits when they are
-/// exact (per-group schedule).
+/// What a prefill pass leaves besides the prompt chunk's keys and values.
+pub(crate) struct PrefillPass {
+    /// Batched round trips made (0 group by group).
+    pub round_trips: usize,
+    /// The pass's logits when they are exact (group by group).
+    pub logits: Option<Tensor>,
+    /// The deltas the pass added ((T, d_out) per adapted projection).
+    pub deltas: PassDeltas,
+}
+
+/// A prefill pass under `schedule`: the prompt chunk's keys and values go
+/// to `cache`; see [`PrefillPass`] for the rest.
 ///
 /// # Errors
 /// Those of the forward pass and the hook.
@@ -468,19 +498,22 @@ pub(crate) fn prefill_pass(
     cache: &mut KvCache,
     hook: &mut dyn DeltaHook,
     schedule: &Schedule,
-) -> Result<(usize, Option<Tensor>), SpecError> {
+) -> Result<PrefillPass, SpecError> {
+    let group_by_group = |cache: &mut KvCache, hook: &mut dyn DeltaHook| {
+        let mut keeping = KeepDeltas::new(hook);
+        let logits = model.forward(tokens, cache, &AttentionMask::Causal, &mut keeping)?;
+        Ok(PrefillPass {
+            round_trips: 0,
+            logits: Some(logits),
+            deltas: keeping.added,
+        })
+    };
     match schedule {
-        Schedule::PerGroup => {
-            let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
-            Ok((0, Some(logits)))
-        }
-        Schedule::FixedPoint(FixedPoint {
+        Schedule::PerGroup
+        | Schedule::FixedPoint(FixedPoint {
             prefill: Prefill::PerGroup,
             ..
-        }) => {
-            let logits = model.forward(tokens, cache, &AttentionMask::Causal, hook)?;
-            Ok((0, Some(logits)))
-        }
+        }) => group_by_group(cache, hook),
         Schedule::FixedPoint(
             fp @ FixedPoint {
                 prefill: Prefill::FixedPoint(n),
@@ -500,7 +533,11 @@ pub(crate) fn prefill_pass(
                 let next = fp.next_trip(i + 1, trips, i + 1 < trips);
                 pass.iterate_sending(cache, hook, fp.tolerance_of_trip(i, trips), next)?;
             }
-            Ok((pass.round_trips(), None))
+            Ok(PrefillPass {
+                round_trips: pass.round_trips(),
+                logits: None,
+                deltas: pass.deltas().clone(),
+            })
         }
     }
 }

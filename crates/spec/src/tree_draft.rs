@@ -31,7 +31,7 @@
 //! exact and sampled verification (deterministic drafts,
 //! [`crate::tree::accept_tree_sampled`]) stays unbiased whatever the shape.
 
-use cipherlora_model::{AttentionMask, KvCache, Model, NoAdapter};
+use cipherlora_model::{AttentionMask, DeltaHook, KvCache, Model};
 
 use crate::SpecError;
 use crate::tree::DraftTree;
@@ -346,7 +346,9 @@ impl TreeGrowth {
 /// prefix of the context; `feed` is the rest of it (at least the last
 /// token), fed first to get the root's distribution. Afterwards `cache`
 /// holds the context followed by the fed tree nodes ([`GrownTree::fed`]).
-/// Scores use `calibration` (module docs).
+/// Scores use `calibration` (module docs). Every position the drafter runs
+/// gets `bias`'s deltas (`NoAdapter`: the base model; a
+/// [`crate::draft_bias::DraftBias`] for delta-guided drafting).
 /// `models` = (the single-position model, the batched one): the same
 /// architecture, e.g. f16 weights for single positions and f32 for the
 /// levels (candle's f16 GEMM on the CPU is ~5× slower than f32 for a few
@@ -362,8 +364,9 @@ pub(crate) fn grow(
     budget: usize,
     params: &TreeParams,
     calibration: &Calibration,
+    bias: &mut dyn DeltaHook,
 ) -> Result<GrownTree, SpecError> {
-    let logits = model.forward(feed, cache, &AttentionMask::Causal, &mut NoAdapter)?;
+    let logits = model.forward(feed, cache, &AttentionMask::Causal, bias)?;
     let root = last_row(&logits, feed.len())?;
     let mut g = TreeGrowth::new(budget, params.branch);
     g.expand(None, &root, calibration);
@@ -374,7 +377,7 @@ pub(crate) fn grow(
             break;
         }
         let level_model = if tokens.len() > 1 { batch_model } else { model };
-        let logits = level_model.forward(&tokens, cache, &mask, &mut NoAdapter)?;
+        let logits = level_model.forward(&tokens, cache, &mask, bias)?;
         let rows = logits
             .to_vec2::<f32>()
             .map_err(|e| SpecError::Model(e.into()))?;

@@ -45,6 +45,7 @@ fn speculative(
         prefill_width,
         optimistic,
         draft_stop_below,
+        delta_guided: true,
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
@@ -245,6 +246,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
             prefill_width: None,
             optimistic: false,
             draft_stop_below: 0.0,
+            delta_guided: true,
             max_tokens: n,
             sampling: SamplingParams::greedy(),
             eos: f.tokenizer.eos_tokens().to_vec(),
@@ -305,6 +307,7 @@ fn fixed_point_config(
         prefill_width: Some(16),
         optimistic: false,
         draft_stop_below: 0.0,
+        delta_guided: true,
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
@@ -389,6 +392,12 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             prefill_width: Some(16),
             optimistic: false,
             draft_stop_below: 0.0,
+            // Unguided: a guided drafter takes its guide from the deltas
+            // each schedule computed, which differ in the last bits, and
+            // its sampled drafts (same distribution) then take other
+            // paths through the seeded generator; this test compares the
+            // paths themselves.
+            delta_guided: false,
             max_tokens: 16,
             sampling: SamplingParams {
                 temperature: 0.8,
@@ -426,6 +435,7 @@ fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
         prefill_width: None,
         optimistic: false,
         draft_stop_below: 0.0,
+        delta_guided: true,
         max_tokens: 24,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
@@ -459,6 +469,7 @@ fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usi
         prefill_width: Some(prefill_width),
         optimistic: false,
         draft_stop_below: 0.0,
+        delta_guided: true,
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),

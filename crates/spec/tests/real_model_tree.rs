@@ -40,6 +40,7 @@ fn config(
         prefill_width: None,
         optimistic: false,
         draft_stop_below: 0.0,
+        delta_guided: true,
         max_tokens: n,
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),

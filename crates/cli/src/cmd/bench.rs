@@ -336,7 +336,9 @@ pub struct E2eBenchArgs {
     /// the base drafter's weights (default: --draft-weights); or
     /// `tree:K[:BxD]` for base-drafted trees of K nodes (branch B, depth D).
     /// K may be `auto` (K ≤ 16) or `autoN` (K ≤ N): the client picks K from
-    /// the link, the plans' costs and --acceptance-prior.
+    /// the link, the plans' costs and --acceptance-prior. The base drafter
+    /// is delta-guided; a `plain-` prefix (`plain-base:7`, `plain-tree:8`)
+    /// runs it without the guidance, side by side.
     #[arg(
         long,
         value_delimiter = ',',
@@ -444,13 +446,20 @@ fn model_and_adapters(
 /// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16`, `f32` or `q`,
 /// quantized);
 /// `tree:K[:BxD][:WEIGHTS]`: the base drafter growing trees of K nodes
-/// (branch B, depth D; default [`TreeParams::default`]).
+/// (branch B, depth D; default [`TreeParams::default`]). A `plain-` prefix
+/// turns delta-guided drafting off ([`cipherlora_spec::draft_bias`]).
 fn parse_config(
     s: &str,
     default_weights: crate::cmd::demo::DraftWeightsArg,
 ) -> anyhow::Result<DecodeConfig> {
     let mut parts = s.split(':').peekable();
     let name = parts.next().unwrap_or_default();
+    // `plain-base`, `plain-tree`, `plain-hybrid`: the base drafter without
+    // delta guidance (side-by-side runs).
+    let (name, guided) = match name.strip_prefix("plain-") {
+        Some(rest) => (rest, false),
+        None => (name, true),
+    };
     // `auto` (K ≤ 16) or `autoN` (K ≤ N): the verify-width model picks K.
     let draft_len = |k: &str| {
         k.parse::<usize>().map_err(|_| {
@@ -511,6 +520,7 @@ fn parse_config(
         auto_k,
         drafter_weights,
         tree,
+        guided,
     })
 }
 
@@ -614,7 +624,17 @@ mod tests {
                 auto_k: false,
                 drafter_weights: DrafterWeights::F16,
                 tree: None,
+                guided: true,
             }
+        );
+        let p = parse_config("plain-base:8", DraftWeightsArg::F16).unwrap();
+        assert_eq!((p.drafter, p.k, p.guided), (DrafterKind::Base, 8, false));
+        let p = parse_config("plain-tree:8:3x8", DraftWeightsArg::F16).unwrap();
+        assert_eq!((p.tree.is_some(), p.guided), (true, false));
+        assert!(
+            !parse_config("plain-none", DraftWeightsArg::F16)
+                .unwrap()
+                .guided
         );
         let a = parse_config("base:auto", DraftWeightsArg::F16).unwrap();
         assert_eq!((a.k, a.auto_k), (16, true));

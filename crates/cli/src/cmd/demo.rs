@@ -128,6 +128,12 @@ pub struct DemoArgs {
     /// positions, and the output is unchanged.
     #[arg(long, default_value_t = DEFAULT_DRAFT_STOP)]
     draft_stop_below: f32,
+    /// Draft with the plain base model: no delta-guided drafting (by
+    /// default the drafter adds the adapter deltas of the latest verified
+    /// position, decrypted on this machine, to what it drafts; the output
+    /// is the same either way).
+    #[arg(long)]
+    plain_drafter: bool,
     /// Simulated link between the client and the embedded server
     /// (`loopback`, `wan20`, `wan80`, `home80`, `rtt=MS,mbps=N`).
     #[arg(long, default_value = "loopback")]
@@ -225,6 +231,7 @@ impl DemoArgs {
             prefill_width: Some(self.prefill_width),
             optimistic: false,
             draft_stop_below: self.draft_stop_below,
+            delta_guided: !self.plain_drafter,
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),

@@ -119,6 +119,12 @@ pub struct GenerateArgs {
     /// positions, and the output is unchanged.
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP, requires = "server")]
     draft_stop_below: f32,
+    /// Draft with the plain base model: no delta-guided drafting (by
+    /// default the drafter adds the adapter deltas of the latest verified
+    /// position, decrypted on this machine, to what it drafts; the output
+    /// is the same either way).
+    #[arg(long, requires = "server")]
+    plain_drafter: bool,
     /// Private mode: positions per prefill pass (a second session of this
     /// width; the prompt then costs ⌈len / width⌉ round trips per group).
     #[arg(long, default_value_t = 16, requires = "server")]
@@ -336,6 +342,7 @@ impl GenerateArgs {
             prefill_width: Some(self.prefill_width),
             optimistic: self.optimistic,
             draft_stop_below: self.draft_stop_below,
+            delta_guided: !self.plain_drafter,
             max_tokens: opts.max_tokens,
             sampling: opts.sampling.clone(),
             eos: opts.eos.clone(),

@@ -74,6 +74,7 @@ pub fn greedy_spec(k: usize, tokens: usize, tok: &Tokenizer) -> SpecConfig {
         prefill_width: None,
         optimistic: false,
         draft_stop_below: 0.0,
+        delta_guided: true,
         max_tokens: tokens,
         sampling: SamplingParams::greedy(),
         eos: tok.eos_tokens().to_vec(),

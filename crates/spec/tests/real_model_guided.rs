@@ -1,0 +1,84 @@
+//! Delta-guided drafting ([`cipherlora_spec::draft_bias`]) on the real
+//! default model with the committed general-English adapter (q,k,v,o,
+//! r = 16), the plaintext LoRA hook standing in for the adapter server:
+//! greedy output equals sequential adapted decoding with and without the
+//! guidance, on the per-group and the fixed-point schedule (whose drafting
+//! ahead takes its guide from the pass before the last trip), and the
+//! guided drafter needs fewer verify rounds for the same tokens.
+
+mod common;
+
+use cipherlora_model::{PlainLora, SamplingParams};
+use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::schedule::{FixedPoint, Schedule};
+use common::{fixture, load_adapter, reference_with};
+
+/// Prose prompts (those of the `convergence` example), not from the
+/// adapter's training text.
+const PROSE: [&str; 2] = [
+    "The old lighthouse keeper climbed the stairs every evening, and",
+    "Rivers shape the land around them in several ways. First,",
+];
+
+fn config(guided: bool, schedule: Schedule, k: usize, n: usize, eos: Vec<u32>) -> SpecConfig {
+    SpecConfig {
+        tree: None,
+        drafter: DrafterKind::Base,
+        k,
+        adaptive: false,
+        pad_to_k: true,
+        prefill_width: None,
+        optimistic: false,
+        draft_stop_below: 0.0,
+        delta_guided: guided,
+        max_tokens: n,
+        sampling: SamplingParams::greedy(),
+        eos,
+        first_token_from_prefill: false,
+        schedule,
+    }
+}
+
+#[test]
+fn delta_guided_drafts_keep_greedy_output_and_need_fewer_rounds() {
+    let f = fixture();
+    let adapter = load_adapter("general-lora-r16", &f.model);
+    let (k, n) = (12, 32);
+    let eos = f.tokenizer.eos_tokens().to_vec();
+    let schedules = [
+        Schedule::PerGroup,
+        Schedule::FixedPoint(FixedPoint::default()),
+    ];
+    let mut rounds = [[0usize; 2]; 2];
+    for text in PROSE {
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let want = reference_with(f, &adapter, &prompt, n);
+        for (s, schedule) in schedules.iter().enumerate() {
+            for (g, guided) in [false, true].into_iter().enumerate() {
+                let cfg = config(guided, *schedule, k, n, eos.clone());
+                let mut hook = PlainLora::new(&adapter);
+                let got = decode::generate_drafted(
+                    &f.model,
+                    &f.model,
+                    &prompt,
+                    &cfg,
+                    &mut hook,
+                    &mut |_| Ok(()),
+                )
+                .unwrap();
+                assert_eq!(
+                    got.tokens, want,
+                    "{text:?}, {schedule}, guided {guided}: output differs"
+                );
+                rounds[s][g] += got.stats.rounds;
+            }
+        }
+    }
+    for (s, schedule) in schedules.iter().enumerate() {
+        let [plain, guided] = rounds[s];
+        assert!(
+            guided < plain,
+            "{schedule}: delta-guided drafting took {guided} rounds, the plain drafter {plain}"
+        );
+    }
+}
