@@ -183,7 +183,15 @@ impl<'m> FixedPointPass<'m> {
         hook: &dyn DeltaHook,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
-        Self::pass_zero(model, tokens, cache, mask, wanted, Sending::nothing())
+        Self::pass_zero(
+            model,
+            tokens,
+            cache,
+            mask,
+            wanted,
+            Sending::nothing(),
+            Answers::Nothing,
+        )
     }
 
     /// [`FixedPointPass::start`] that also sends the first trip (`next`)
@@ -203,7 +211,15 @@ impl<'m> FixedPointPass<'m> {
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
         let sending = open_next(hook, tokens.len(), next, false)?;
-        Self::pass_zero(model, tokens, cache, mask, wanted, sending)
+        Self::pass_zero(
+            model,
+            tokens,
+            cache,
+            mask,
+            wanted,
+            sending,
+            Answers::Nothing,
+        )
     }
 
     /// [`FixedPointPass::start`] whose pass 0 adds guessed deltas instead of
@@ -223,7 +239,7 @@ impl<'m> FixedPointPass<'m> {
         guess: PassDeltas,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
-        Self::pass_zero_answered(
+        Self::pass_zero(
             model,
             tokens,
             cache,
@@ -234,28 +250,9 @@ impl<'m> FixedPointPass<'m> {
         )
     }
 
-    /// Pass 0 with no deltas, sending what `sending` says.
+    /// Pass 0 with the deltas of `answers` (none, or a guess), sending what
+    /// `sending` says.
     fn pass_zero(
-        model: &'m Model,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        mask: &AttentionMask,
-        wanted: Vec<(usize, ProjGroup)>,
-        sending: Sending<'_>,
-    ) -> Result<Self, ModelError> {
-        Self::pass_zero_answered(
-            model,
-            tokens,
-            cache,
-            mask,
-            wanted,
-            sending,
-            Answers::Nothing,
-        )
-    }
-
-    /// Pass 0 with the deltas of `answers` (none, or a guess).
-    fn pass_zero_answered(
         model: &'m Model,
         tokens: &[u32],
         cache: &mut KvCache,
