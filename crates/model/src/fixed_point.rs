@@ -194,10 +194,11 @@ impl<'m> FixedPointPass<'m> {
         )
     }
 
-    /// [`FixedPointPass::start`] that also sends the first trip (`next`)
-    /// while pass 0 runs, group by group, when `hook` streams
+    /// [`FixedPointPass::start_guessed`] that also sends the first trip
+    /// (`next`) while pass 0 runs, group by group, when `hook` streams
     /// ([`DeltaHook::stream`]); otherwise the trip goes out as one batch at
-    /// the next iteration, with the tolerance `next` fixes.
+    /// the next iteration, with the tolerance `next` fixes. An empty
+    /// `guess` is [`FixedPointPass::start`]'s pass 0 (the base model).
     ///
     /// # Errors
     /// As [`Model::forward`], and whatever the hook's stream raises.
@@ -207,6 +208,7 @@ impl<'m> FixedPointPass<'m> {
         cache: &mut KvCache,
         mask: &AttentionMask,
         hook: &mut dyn DeltaHook,
+        guess: PassDeltas,
         next: NextTrip,
     ) -> Result<Self, ModelError> {
         let wanted = wanted_groups(model, hook);
@@ -218,7 +220,7 @@ impl<'m> FixedPointPass<'m> {
             mask,
             wanted,
             sending,
-            Answers::Nothing,
+            Answers::Table(guess),
         )
     }
 
@@ -376,6 +378,37 @@ impl<'m> FixedPointPass<'m> {
             logit_change,
         });
         Ok(self.steps.last().expect("just pushed"))
+    }
+
+    /// The latest pass again, with the deltas it added, against another
+    /// cache that holds the same positions `..cache_start()` computed
+    /// differently: appends the pass's T positions to `cache` and returns
+    /// their logits (T, vocab). No trip; nothing is sent. `cipherlora_spec`
+    /// replays the pass before a round's last trip against a cache one trip
+    /// less converged everywhere (its *shadow*), which bounds the residual
+    /// the kept keys and values carry into later rounds.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `cache` does not hold exactly
+    /// `cache_start()` positions; otherwise as [`Model::forward`].
+    pub fn replay(&self, cache: &mut KvCache) -> Result<Tensor, ModelError> {
+        if cache.len() != self.start {
+            return Err(ModelError::Input(format!(
+                "a replay needs a cache of {} positions, not {}",
+                self.start,
+                cache.len()
+            )));
+        }
+        let mut relay = Relay {
+            wanted: &self.wanted,
+            answers: Answers::Table(self.deltas.clone()),
+            stream: None,
+            sending: None,
+            recorded: Vec::with_capacity(self.wanted.len()),
+            added: HashMap::new(),
+        };
+        self.model
+            .forward(&self.tokens, cache, &self.mask, &mut relay)
     }
 
     /// The current inputs' deltas as one batch, by (layer, group).

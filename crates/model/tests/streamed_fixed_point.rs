@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use candle_core::Tensor;
 use cipherlora_model::{
     AttentionMask, DeltaHook, DeltaStream, FixedPointPass, GroupDeltas, GroupInput, LoraAdapter,
-    Model, ModelError, NextTrip, PlainLora, ProjGroup, TripId,
+    Model, ModelError, NextTrip, PassDeltas, PlainLora, ProjGroup, TripId,
 };
 use common::{ALL_MODULES, LLAMA, adapter, weights, write_hf};
 
@@ -163,6 +163,7 @@ fn streamed_trips_equal_batched_trips_and_interleave_by_layer() {
         &mut cache2,
         &mask,
         &mut hook,
+        PassDeltas::new(),
         NextTrip::Send(tol[0]),
     )
     .unwrap();
@@ -238,6 +239,7 @@ fn streamed_trips_reach_the_sequential_pass() {
         &mut cache,
         &mask,
         &mut hook,
+        PassDeltas::new(),
         NextTrip::Send(None),
     )
     .unwrap();

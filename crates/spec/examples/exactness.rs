@@ -17,10 +17,17 @@
 //! `--settle N` spends N more trips per round after its tokens are decided,
 //! refining only the keys and values the round keeps (a diagnostic: it
 //! separates the kept rows' residual from the certification of the decided
-//! rows). `--guided false` drafts with the plain base model.
+//! rows). `--guided false` drafts with the plain base model. `--shadow
+//! true` certifies against the shadow cache (`FixedPoint::shadow`: the
+//! kept rows' residual counts too). Each row also reports tokens per
+//! round (continuations counted as rounds), continuations and rows left
+//! uncertified. `--guess false` starts each verify pass from the base
+//! model instead of the last kept rows' deltas (`FixedPoint::guessed_start`).
 //! The schedule is exact when no run diverges; the module docs of
 //! `cipherlora_spec::schedule` say why it may not be (the residual the last
 //! trip leaves in the kept keys and values).
+//!
+//! `--skip N` leaves out the first N prompts of each adapter.
 //!
 //! Run (defaults shown):
 //! `cargo run --release -p cipherlora-spec --example exactness -- \
@@ -48,10 +55,13 @@ struct Args {
     trips: Vec<usize>,
     prefill: Prefill,
     limit: usize,
+    skip: usize,
     out: PathBuf,
     coarse: Option<f64>,
     settle: usize,
     guided: bool,
+    shadow: bool,
+    guess: bool,
 }
 
 /// The plaintext LoRA, with deltas asked for within a tolerance made that
@@ -117,10 +127,13 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         trips: vec![2, 3],
         prefill: Prefill::FixedPoint(PREFILL_ROUND_TRIPS),
         limit: usize::MAX,
+        skip: 0,
         out: root.join("reports/exactness.json"),
         coarse: None,
         settle: 0,
         guided: true,
+        shadow: false,
+        guess: true,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -140,10 +153,13 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
                 }
             }
             "--limit" => a.limit = v.parse()?,
+            "--skip" => a.skip = v.parse()?,
             "--out" => a.out = root.join(v),
             "--coarse" => a.coarse = Some(v.parse()?),
             "--settle" => a.settle = v.parse()?,
             "--guided" => a.guided = v.parse()?,
+            "--shadow" => a.shadow = v.parse()?,
+            "--guess" => a.guess = v.parse()?,
             _ => return Err(format!("unknown option {flag}").into()),
         }
     }
@@ -191,17 +207,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let eos = tok.eos_tokens().to_vec();
     let mut report = Vec::new();
     println!(
-        "| adapter | T | trips per round | prompts | diverged | first divergence (token index) |"
+        "| adapter | T | trips per round | prompts | diverged | first divergence (token index) | tokens / round | continuations | uncertified rows | settles |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | --- |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
     for name in &args.adapters {
         let adapter = LoraAdapter::load(&root.join("adapters").join(name), model.config())?;
         let prompts = prompts(&root, name)?;
-        let n = prompts.len().min(args.limit);
+        let first = args.skip.min(prompts.len());
+        let n = (prompts.len() - first).min(args.limit);
         // (width, trips) → first divergence per prompt.
         let mut diverged: Vec<Vec<Option<usize>>> =
             vec![Vec::new(); args.widths.len() * args.trips.len()];
-        for text in &prompts[..n] {
+        // (width, trips) → (tokens, rounds, continuations, uncertified rows,
+        // settles).
+        let mut counts = vec![[0usize; 5]; args.widths.len() * args.trips.len()];
+        for text in &prompts[first..first + n] {
             let prompt = tok.encode(text)?;
             let opts = GenerateOptions {
                 max_tokens: NEW_TOKENS,
@@ -236,6 +256,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             round_trips: trips,
                             prefill: args.prefill,
                             settle_trips: args.settle,
+                            shadow: args.shadow,
+                            guessed_start: args.guess,
                             ..FixedPoint::default()
                         }),
                     };
@@ -259,6 +281,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .or((out.tokens.len() != traj.len())
                             .then(|| out.tokens.len().min(traj.len())));
                     diverged[w * args.trips.len() + r].push(first);
+                    let c = &mut counts[w * args.trips.len() + r];
+                    let st = &out.stats;
+                    for (i, v) in [
+                        out.tokens.len(),
+                        st.rounds,
+                        st.continuations,
+                        st.uncertified_rows,
+                        st.settles,
+                    ]
+                    .into_iter()
+                    .enumerate()
+                    {
+                        c[i] += v;
+                    }
                     if let Some(at) = first {
                         let head: String = text.chars().take(40).collect();
                         eprintln!(
@@ -272,16 +308,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (r, &trips) in args.trips.iter().enumerate() {
                 let d = &diverged[w * args.trips.len() + r];
                 let at: Vec<usize> = d.iter().flatten().copied().collect();
+                let [tokens, rounds, continuations, uncertified, settles] =
+                    counts[w * args.trips.len() + r];
                 println!(
-                    "| {name} | {width} | {trips} | {} | {} | {at:?} |",
+                    "| {name} | {width} | {trips} | {} | {} | {at:?} | {:.2} | {continuations} | {uncertified} | {settles} |",
                     d.len(),
-                    at.len()
+                    at.len(),
+                    tokens as f64 / rounds.max(1) as f64,
                 );
                 report.push(serde_json::json!({
                     "adapter": name, "verify_width": width, "round_trips": trips,
                     "prefill": args.prefill.to_string(), "prompts": d.len(),
                     "coarse_noise": args.coarse, "settle_trips": args.settle, "delta_guided": args.guided,
-                    "new_tokens": NEW_TOKENS, "diverged": at.len(), "first_divergence": at,
+                    "shadow": args.shadow, "guessed_start": args.guess, "new_tokens": NEW_TOKENS, "diverged": at.len(),
+                    "first_divergence": at, "tokens": tokens, "rounds": rounds,
+                    "continuations": continuations, "uncertified_rows": uncertified,
+                    "settles": settles,
                 }));
             }
         }

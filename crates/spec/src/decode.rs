@@ -38,7 +38,7 @@ use crate::draft_bias::DraftBias;
 use crate::ngram::PromptLookup;
 use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
-    prefill_pass, verify,
+    prefill_pass, settle, verify,
 };
 use crate::tree::{DraftTree, accept_tree_greedy, accept_tree_sampled};
 use crate::tree_draft::{Calibration, GrownTree, TreeDrafts, TreeParams, grow};
@@ -167,6 +167,10 @@ pub struct SpecStats {
     /// Verified rows the rounds could not use because they were not
     /// certified (fixed-point schedule; 0 on the per-group schedule).
     pub uncertified_rows: usize,
+    /// Times the cached rows were settled because a round stalled on their
+    /// residual ([`crate::schedule::FixedPoint::shadow`]); their passes'
+    /// trips are in `round_trips`, their rounds in `rounds`.
+    pub settles: usize,
 }
 
 impl SpecStats {
@@ -288,9 +292,15 @@ pub fn generate_drafted(
         }) => 0,
         _ => width,
     };
+    // The shadow cache (`FixedPoint::shadow`): every row one trip less
+    // converged than the target's, the prompt's included.
+    let mut shadow = match cfg.schedule {
+        Schedule::FixedPoint(fp) if fp.shadow => Some(model.new_cache(capacity)?),
+        _ => None,
+    };
     let done = prefill(
         model,
-        &mut target,
+        (&mut target, shadow.as_mut()),
         prefilled,
         (prefill_width, narrow),
         cfg.pad_to_k,
@@ -300,10 +310,29 @@ pub fn generate_drafted(
     (stats.prefill_passes, stats.prefill_round_trips) = (done.passes, done.round_trips);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     verifier.prefill_done();
+    // Settling after a stall (`schedule::settle`) first reruns the rows
+    // kept since the prompt or the latest settling; when the round stalls
+    // again, the prompt's rows too (their prefill trips, unless group by
+    // group, leave a residual of their own).
+    let prompt_rows = target.len();
+    let mut settled = prompt_rows;
+    let mut prompt_settled = matches!(
+        cfg.schedule,
+        Schedule::FixedPoint(FixedPoint {
+            prefill: Prefill::PerGroup,
+            ..
+        })
+    );
+    // A draft to verify again after its round stalled and the cached rows
+    // were settled, and how many settlings this round has had.
+    let mut retry: Option<Draft> = None;
+    let mut round_settles = 0;
 
     // Drafting ahead runs K + 1 positions past a full draft.
     let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;
     drafter.guide(&done.last_deltas.0, done.last_deltas.1)?;
+    // The next verify pass's first estimate (`FixedPoint::guessed_start`).
+    let mut estimate = first_estimate(&done.last_deltas.0, kept_tail(done.last_deltas.1))?;
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Draft> = None;
@@ -336,9 +365,17 @@ pub fn generate_drafted(
     while out.len() < cfg.max_tokens && !stopped_at_eos && !stopped_by_caller {
         let k = drafter.next_k();
         let t_draft = Instant::now();
-        let draft = match ahead.take() {
+        if retry.is_none() {
+            round_settles = 0;
+        }
+        let may_stall = round_settles == 0 || (round_settles == 1 && !prompt_settled);
+        // A retried draft (after settling) drafts nothing ahead: the
+        // drafter's cache was reset to the context.
+        let retrying = retry.is_some();
+        let ahead_hit = !retrying && ahead.is_some();
+        let draft = match retry.take().or_else(|| ahead.take()) {
             Some(draft) => {
-                stats.ahead_hits += 1;
+                stats.ahead_hits += usize::from(ahead_hit);
                 draft
             }
             None => match &cfg.tree {
@@ -364,8 +401,11 @@ pub fn generate_drafted(
         };
         let t_verify = Instant::now();
         let before = target.len();
-        let go_ahead =
-            optimistic && draft.from_base && draft.tokens.len() == k && draft.tree.is_none();
+        let go_ahead = optimistic
+            && !retrying
+            && draft.from_base
+            && draft.tokens.len() == k
+            && draft.tree.is_none();
         let drafts = &inputs[1..real];
         let certify = |logits: &Tensor,
                        change: &[f32],
@@ -397,7 +437,8 @@ pub fn generate_drafted(
             && greedy
             && cfg.drafter == DrafterKind::Base
             && !cfg.adaptive
-            && draft.from_base;
+            && draft.from_base
+            && !retrying;
         let context_len = context.len();
         let window = Window {
             model,
@@ -406,6 +447,8 @@ pub fn generate_drafted(
             real,
             schedule: &cfg.schedule,
             certify: &certify,
+            estimate: &estimate,
+            may_stall,
         };
         let (verified, guess) = if go_ahead {
             std::thread::scope(|scope| {
@@ -414,7 +457,7 @@ pub fn generate_drafted(
                     let guess = drafter.draft_ahead(&draft.tokens, k);
                     (guess, t.elapsed().as_secs_f64())
                 });
-                let verified = verify::<()>(&window, &mut target, verifier, None);
+                let verified = verify::<()>(&window, &mut target, verifier, None, shadow.as_mut());
                 let (guess, secs) = helper
                     .join()
                     .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()))?;
@@ -443,20 +486,68 @@ pub fn generate_drafted(
                     };
                     Ok((guess, t.elapsed().as_secs_f64()))
                 };
-            let (verified, g) = verify(&window, &mut target, verifier, Some(&mut work))?;
+            let (verified, g) = verify(
+                &window,
+                &mut target,
+                verifier,
+                Some(&mut work),
+                shadow.as_mut(),
+            )?;
             let guess = g.map(|(guess, secs)| {
                 stats.ahead_secs += secs;
                 guess
             });
             (verified, guess)
         } else {
-            let (v, _) = verify::<()>(&window, &mut target, verifier, None)?;
+            let (v, _) = verify::<()>(&window, &mut target, verifier, None, shadow.as_mut())?;
             (v, None)
         };
         stats.verify_secs += t_verify.elapsed().as_secs_f64();
         stats.rounds += 1 + verified.continuations;
         stats.continuations += verified.continuations;
         stats.round_trips += verified.round_trips;
+        if verified.stalled {
+            // The cached rows' residual blocks even row 0: settle the rows
+            // since the last settling, then verify the same draft again.
+            if let (Schedule::FixedPoint(fp), Some(sh)) = (&cfg.schedule, shadow.as_mut()) {
+                target.truncate(before);
+                // Kept rows had a round's trips (two rounds' now); the
+                // prompt's rows their prefill trips (two more now).
+                let batch = fp.round_trips.max(1);
+                let (from, rounds) = if round_settles == 0 {
+                    (settled, 2)
+                } else {
+                    let had = match fp.prefill {
+                        Prefill::FixedPoint(n) => n,
+                        Prefill::PerGroup => 0,
+                    };
+                    prompt_settled = true;
+                    (0, (had + 2).div_ceil(batch).max(2))
+                };
+                let trips = settle(
+                    model,
+                    &context[from..before],
+                    from,
+                    width,
+                    &mut target,
+                    sh,
+                    verifier,
+                    fp,
+                    rounds,
+                )?;
+                stats.round_trips += trips;
+                stats.rounds += trips / batch;
+                stats.settles += 1;
+                settled = before;
+                round_settles += 1;
+            }
+            // The drafter's cache may hold rows drafted ahead from this
+            // pass's prediction: back to the context (the next draft
+            // copies what it needs from the target cache).
+            drafter.truncate(context.len());
+            retry = Some(draft);
+            continue;
+        }
         stats.uncertified_rows += real - verified.usable;
 
         // Only the certified rows decide (all of them on the per-group
@@ -469,11 +560,16 @@ pub fn generate_drafted(
             let outcome = accept_tree(&grown.tree, &all, usable, &sampler, &context, &mut rng)?;
             stats.accepted += outcome.path.len();
             drafter.guide(&verified.deltas, last_kept_row(&outcome.path))?;
+            let last = last_kept_row(&outcome.path);
+            estimate = first_estimate(&verified.deltas, last..last + 1)?;
             // Keep `last` and the accepted path; the new last token is not cached.
             let keep: Vec<usize> = std::iter::once(0)
                 .chain(outcome.path.iter().map(|&n| n + 1))
                 .collect();
             target.compact(before, &keep)?;
+            if let Some(sh) = shadow.as_mut() {
+                sh.compact(before, &keep)?;
+            }
             match guess {
                 // The next tree was grown from this very outcome: the
                 // drafter's cache already holds it.
@@ -484,6 +580,7 @@ pub fn generate_drafted(
                 // next draft copies the accepted path's rows from the
                 // target cache).
                 Some(_) => drafter.truncate(context.len()),
+                None if retrying => drafter.truncate(context.len()),
                 None => drafter.keep_tree_path(context.len(), grown, &outcome.path)?,
             }
             let round = RoundOutcome {
@@ -519,6 +616,7 @@ pub fn generate_drafted(
         };
         stats.accepted += outcome.accepted;
         drafter.guide(&verified.deltas, outcome.accepted)?;
+        estimate = first_estimate(&verified.deltas, kept_tail(outcome.accepted))?;
         let hit = guess.as_ref().is_some_and(|g| {
             outcome.accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus)
         });
@@ -533,6 +631,9 @@ pub fn generate_drafted(
         }
         // Keep `last` and the accepted drafts; the new last token is not cached.
         target.truncate(before + 1 + outcome.accepted);
+        if let Some(sh) = shadow.as_mut() {
+            sh.truncate(before + 1 + outcome.accepted);
+        }
         (stopped_at_eos, stopped_by_caller) =
             emit(&outcome, cfg, &mut out, &mut context, on_tokens)?;
         if stopped_at_eos || stopped_by_caller {
@@ -546,6 +647,30 @@ pub fn generate_drafted(
         stats,
         calibration: cfg.tree.is_some().then_some(drafter.calibration),
     })
+}
+
+/// Rows of a pass whose mean is the next pass's first estimate.
+const ESTIMATE_ROWS: usize = 4;
+
+/// The last [`ESTIMATE_ROWS`] rows of a chain pass that keeps rows
+/// `..=last` (fewer at its start).
+fn kept_tail(last: usize) -> std::ops::Range<usize> {
+    (last + 1).saturating_sub(ESTIMATE_ROWS)..last + 1
+}
+
+/// The first estimate of the next verify pass's deltas
+/// ([`crate::schedule::FixedPoint::guessed_start`]): the mean of the
+/// deltas of `rows` of a pass (a chain's [`kept_tail`]; a tree round's last
+/// kept row, since the rows before it in the pass may be off its path).
+/// Empty deltas give none.
+fn first_estimate(
+    deltas: &PassDeltas,
+    rows: std::ops::Range<usize>,
+) -> Result<DraftBias, SpecError> {
+    if deltas.is_empty() {
+        return Ok(DraftBias::none());
+    }
+    DraftBias::from_rows(deltas, rows)
 }
 
 /// The verify row of the last position a tree round keeps: the last node
@@ -642,7 +767,7 @@ struct Prefilled {
 /// for a round); `narrow` = 0 keeps every chunk at `width`.
 fn prefill(
     model: &Model,
-    cache: &mut KvCache,
+    (cache, mut shadow): (&mut KvCache, Option<&mut KvCache>),
     tokens: &[u32],
     (width, narrow): (usize, usize),
     pad: bool,
@@ -666,7 +791,7 @@ fn prefill(
             inputs.resize(padded, *part.last().expect("chunks are non-empty"));
         }
         let before = cache.len();
-        let pass = prefill_pass(model, &inputs, cache, hook, schedule)?;
+        let pass = prefill_pass(model, &inputs, cache, hook, schedule, shadow.as_deref_mut())?;
         done.round_trips += pass.round_trips;
         done.last_row = match pass.logits {
             Some(l) => Some(rows(&l, part.len())?.pop().expect("a chunk is non-empty")),
@@ -674,6 +799,9 @@ fn prefill(
         };
         done.last_deltas = (pass.deltas, part.len() - 1);
         cache.truncate(before + part.len());
+        if let Some(sh) = shadow.as_deref_mut() {
+            sh.truncate(before + part.len());
+        }
         done.passes += 1;
     }
     Ok(done)

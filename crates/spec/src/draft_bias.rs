@@ -60,20 +60,59 @@ impl DraftBias {
     /// # Errors
     /// [`SpecError::Model`] when `row` is past a delta's rows.
     pub fn from_row(deltas: &PassDeltas, row: usize) -> Result<Self, SpecError> {
-        let mut rows = HashMap::with_capacity(deltas.len());
+        Self::from_rows(deltas, row..row + 1)
+    }
+
+    /// The mean of rows `rows` (non-empty) of a verify pass's deltas
+    /// ((T, d_out) per projection).
+    ///
+    /// # Errors
+    /// [`SpecError::Config`] when `rows` is empty, [`SpecError::Model`] when
+    /// it is past a delta's rows.
+    pub fn from_rows(deltas: &PassDeltas, rows: std::ops::Range<usize>) -> Result<Self, SpecError> {
+        if rows.is_empty() {
+            return Err(SpecError::Config(
+                "a delta guess needs at least one row".into(),
+            ));
+        }
+        let mut out = HashMap::with_capacity(deltas.len());
         for (&key, group) in deltas {
             let mut one = GroupDeltas::none();
             for (proj, d) in group.iter() {
                 let r = d
-                    .narrow(0, row, 1)
+                    .narrow(0, rows.start, rows.len())
+                    .and_then(|r| r.mean_keepdim(0))
                     .map_err(|e| SpecError::Model(e.into()))?;
                 one.push(proj, r);
             }
             if !one.is_empty() {
-                rows.insert(key, one);
+                out.insert(key, one);
             }
         }
-        Ok(Self { rows })
+        Ok(Self { rows: out })
+    }
+
+    /// The bias as the deltas of a pass of `t` positions, (t, d_out) per
+    /// projection: a verify pass's guessed first estimate
+    /// ([`cipherlora_model::FixedPointPass::start_sending`]).
+    ///
+    /// # Errors
+    /// [`SpecError::Model`] when a broadcast fails.
+    pub fn pass_deltas(&self, t: usize) -> Result<PassDeltas, SpecError> {
+        let mut out = PassDeltas::with_capacity(self.rows.len());
+        for (&key, one) in &self.rows {
+            let mut group = GroupDeltas::none();
+            for (proj, d) in one.iter() {
+                let width = d.dim(1).map_err(|e| SpecError::Model(e.into()))?;
+                let all = d
+                    .broadcast_as((t, width))
+                    .and_then(|a| a.contiguous())
+                    .map_err(|e| SpecError::Model(e.into()))?;
+                group.push(proj, all);
+            }
+            out.insert(key, group);
+        }
+        Ok(out)
     }
 
     /// Whether the bias adds nothing.
@@ -129,5 +168,26 @@ mod tests {
         assert_eq!(got, vec![vec![4.0, 5.0, 6.0, 7.0]; 2]);
         assert!(DraftBias::from_row(&pass, 3).is_err());
         assert!(DraftBias::none().is_empty());
+    }
+
+    #[test]
+    fn the_mean_of_rows_becomes_every_row_of_a_guessed_pass() {
+        let dev = Device::Cpu;
+        let d =
+            Tensor::from_vec((0..12).map(|v| v as f32).collect::<Vec<_>>(), (3, 4), &dev).unwrap();
+        let mut pass = PassDeltas::new();
+        pass.insert((0, ProjGroup::Qkv), GroupDeltas::none().with(Proj::V, d));
+        // Rows 1 and 2 are [4, 5, 6, 7] and [8, 9, 10, 11].
+        let bias = DraftBias::from_rows(&pass, 1..3).unwrap();
+        let guess = bias.pass_deltas(3).unwrap();
+        let got = guess[&(0, ProjGroup::Qkv)]
+            .get(Proj::V)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(got, vec![vec![6.0, 7.0, 8.0, 9.0]; 3]);
+        assert!(DraftBias::from_rows(&pass, 2..4).is_err());
+        assert!(DraftBias::from_rows(&pass, 1..1).is_err());
+        assert!(DraftBias::none().pass_deltas(3).unwrap().is_empty());
     }
 }

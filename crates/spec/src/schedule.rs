@@ -45,11 +45,35 @@
 //! row is certified). When even row 0 is uncertified, the round is
 //! *continued*: the same pass gets `round_trips` more round trips. The
 //! server sees every round as exactly `round_trips` round trips of the same
-//! width (streamed or batched: [`FixedPoint::streamed`] changes when each
-//! request leaves, which follows the client's compute, not which or how
-//! many), so a continuation looks like a round that accepted few
-//! tokens: it reveals nothing beyond the rounds-per-token count that
-//! speculative decoding already reveals (threat model, guarantee 5; README).
+//! width, asking the same precision trip by trip (a continuation's trips
+//! repeat a round's pattern of coarse and exact trips; streamed or batched:
+//! [`FixedPoint::streamed`] changes when each request leaves, which follows
+//! the client's compute, not which or how many), so a continuation looks
+//! like a round that accepted few tokens: it reveals nothing beyond the
+//! rounds-per-token count that speculative decoding already reveals (threat
+//! model, guarantee 5; README).
+//!
+//! # The inherited residual
+//!
+//! With [`FixedPoint::shadow`] the certification also bounds the residual
+//! the cached rows carry. The decoder keeps a second cache, the *shadow*,
+//! whose rows are each round's pass before its last (one trip less
+//! converged, everywhere; the prompt's rows are shared). Each round replays
+//! the pass before its last trip against the shadow
+//! ([`FixedPointPass::replay`], while that trip is on the network); the
+//! replay and the pass itself add the same deltas, so their logits differ
+//! only by what the two caches differ by. A row's bound adds
+//! [`INHERITED_FACTOR`] × that distance (the shadow's error is ≈ 1/ρ times
+//! the cache's). Measured in plaintext (BENCHMARKS.md, "Two trips per
+//! round"), the term separates exactly: on the general-English prompt whose
+//! output two trips changed at token 34 (a near-tie 0.005 logits wide, its
+//! inherited bound 0.13), it blocked that row and none of the four other
+//! near-ties of the generation. A row blocked only by the inherited term
+//! cannot be helped by more trips of its own pass: the pass returns
+//! [`Verified::stalled`], the decoder *settles* the rows kept since the
+//! last settling ([`settle`]: two rounds' worth of trips per pass of the
+//! verify width, ≈ 100× less residual) and verifies the same draft again.
+//! The server sees rounds of the verify width and trip count throughout.
 
 use cipherlora_model::{
     AttentionMask, DeltaHook, FixedPointPass, KeepDeltas, KvCache, Model, NextTrip, PassDeltas,
@@ -57,6 +81,7 @@ use cipherlora_model::{
 };
 
 use crate::SpecError;
+use crate::draft_bias::DraftBias;
 
 /// Batched round trips per prefill pass by default (see
 /// [`FixedPoint::prefill`]).
@@ -133,6 +158,21 @@ pub struct FixedPoint {
     /// the kept rows carry from the certification of the decided rows
     /// (`cipherlora-spec --example exactness -- --settle N`).
     pub settle_trips: usize,
+    /// Certify against the residual the cached rows carry, not only the
+    /// round's own (module docs, "The inherited residual"): a second cache
+    /// one trip less converged, one plaintext replay per round (run while
+    /// the last trip is on the network), and settling the cached rows when
+    /// a round stalls on their residual. Costs the memory of a second
+    /// cache; what two trips per round need to be exact.
+    pub shadow: bool,
+    /// Pass 0 of a verify round adds a guess of the deltas instead of none:
+    /// the mean of the deltas of the last (up to four) rows the previous
+    /// round kept, at every position ([`DraftBias::from_rows`]). Trip 1's
+    /// inputs then start nearer the fixed point (the residual after two
+    /// trips falls 1.2–2.9×, BENCHMARKS.md "Two trips per round"), so more
+    /// rows are certified after the same trips; the fixed point itself,
+    /// and what the server sees (the same trips, encrypted), do not change.
+    pub guessed_start: bool,
 }
 
 /// Relative tolerance of the deltas of a pass's first trip when
@@ -168,6 +208,8 @@ impl Default for FixedPoint {
             coarse_trips: true,
             streamed: true,
             settle_trips: 0,
+            shadow: false,
+            guessed_start: true,
         }
     }
 }
@@ -175,18 +217,21 @@ impl Default for FixedPoint {
 impl FixedPoint {
     /// The tolerance of trip `j` (0-based, continuations included) of a
     /// pass whose rounds make `batch` trips: [`FixedPoint::trip_tolerance`]
-    /// with the batch's last trip exact.
+    /// of its index within its batch, the batch's last trip exact. A
+    /// continuation's batch asks what a round's does, so the requested
+    /// precision does not tell the server which rounds are continuations.
     #[must_use]
     pub fn tolerance_of_trip(&self, j: usize, batch: usize) -> Option<f64> {
-        self.trip_tolerance(j, batch, j + 1 == batch)
+        let batch = batch.max(1);
+        self.trip_tolerance(j % batch, batch, (j + 1).is_multiple_of(batch))
     }
 
-    /// What a pass sends while it runs: trip `j` (0-based) when streaming
-    /// and `send` holds, else nothing (the trip then goes out as one batch
-    /// when the next pass starts).
-    fn next_trip(&self, j: usize, batch: usize, send: bool) -> NextTrip {
+    /// What a pass sends while it runs: the next trip, within `tolerance`,
+    /// when streaming and `send` holds, else nothing (the trip then goes
+    /// out as one batch when the next pass starts).
+    fn next_trip(&self, tolerance: Option<f64>, send: bool) -> NextTrip {
         if self.streamed && send {
-            NextTrip::Send(self.tolerance_of_trip(j, batch))
+            NextTrip::Send(tolerance)
         } else {
             NextTrip::Wait
         }
@@ -197,9 +242,9 @@ impl FixedPoint {
     /// gets [`FIRST_TRIP_TOLERANCE`], later ones [`LATER_TRIP_TOLERANCE`],
     /// and the `last` trip of a batch of `batch` trips — the one whose
     /// deltas the kept keys and values and the certified logits come from —
-    /// full precision, as does every trip of a continuation (`done ≥
-    /// batch`). The tolerances depend only on the trip's index, so the
-    /// response sizes tell the server nothing beyond the trip count.
+    /// full precision (as is any `done ≥ batch`). The tolerances depend only
+    /// on the trip's index within its batch, so the response sizes tell the
+    /// server nothing beyond the trip count.
     #[must_use]
     pub fn trip_tolerance(&self, done: usize, batch: usize, last: bool) -> Option<f64> {
         if !self.coarse_trips || last || done >= batch {
@@ -226,7 +271,10 @@ pub enum Schedule {
 impl std::fmt::Display for Schedule {
     /// `per-group` or `fixed-point:N` (N round trips per round), followed
     /// by `/prefill:per-group` when prefill passes go group by group (or
-    /// `/prefill:M` for M trips other than the default) and
+    /// `/prefill:M` for M trips other than the default), `/shadow` when
+    /// rounds certify against a shadow cache ([`FixedPoint::shadow`]),
+    /// `/base-start` when pass 0 runs the base model
+    /// ([`FixedPoint::guessed_start`] off),
     /// `/exact-trips` when every trip asks for full precision, `/batched`
     /// when trips are not streamed and `/no-ahead` when nothing is drafted
     /// during a round's last trip.
@@ -242,6 +290,12 @@ impl std::fmt::Display for Schedule {
                     }
                     Prefill::FixedPoint(_) => Ok(()),
                 }?;
+                if fp.shadow {
+                    f.write_str("/shadow")?;
+                }
+                if !fp.guessed_start {
+                    f.write_str("/base-start")?;
+                }
                 if !fp.coarse_trips {
                     f.write_str("/exact-trips")?;
                 }
@@ -263,7 +317,9 @@ impl std::str::FromStr for Schedule {
     /// `per-group`, `fixed-point` (the default round trips) or
     /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)),
     /// optionally followed by `/prefill:per-group` or `/prefill:M` (M ≥ 1
-    /// batched trips per prefill pass), `/exact-trips` (no coarse trips),
+    /// batched trips per prefill pass), `/shadow` ([`FixedPoint::shadow`]),
+    /// `/base-start` (pass 0 without a guess),
+    /// `/exact-trips` (no coarse trips),
     /// `/batched` (one batch per trip instead of streamed trips) and
     /// `/no-ahead` (no drafting during a round's last trip), in that order.
     /// Parses what `Display` writes.
@@ -272,7 +328,7 @@ impl std::str::FromStr for Schedule {
             SpecError::Config(format!(
                 "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N, \
                  each fixed point optionally /prefill:per-group or /prefill:M, \
-                 /exact-trips, /batched and /no-ahead)"
+                 /shadow, /base-start, /exact-trips, /batched and /no-ahead)"
             ))
         };
         let positive = |n: &str| match n.parse::<usize>() {
@@ -291,12 +347,20 @@ impl std::str::FromStr for Schedule {
             Some(rest) => (rest, true),
             None => (s, false),
         };
+        let (s, base_start) = match s.strip_suffix("/base-start") {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
+        let (s, shadow) = match s.strip_suffix("/shadow") {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
         let (main, prefill) = match s.split_once("/prefill:") {
             Some((m, "per-group")) => (m, Some(Prefill::PerGroup)),
             Some((m, n)) => (m, Some(Prefill::FixedPoint(positive(n)?))),
             None => (s, None),
         };
-        if (exact || batched || no_ahead) && main == "per-group" {
+        if (exact || batched || no_ahead || shadow || base_start) && main == "per-group" {
             return Err(bad());
         }
         let mut fp = match main.split_once(':') {
@@ -318,6 +382,8 @@ impl std::str::FromStr for Schedule {
         fp.coarse_trips = !exact;
         fp.streamed = !batched;
         fp.draft_ahead = !no_ahead;
+        fp.shadow = shadow;
+        fp.guessed_start = !base_start;
         Ok(Schedule::FixedPoint(fp))
     }
 }
@@ -336,6 +402,10 @@ pub(crate) struct Verified {
     pub round_trips: usize,
     /// Extra rounds spent on this pass because no row was certified yet.
     pub continuations: usize,
+    /// No row is usable because of the residual the cached rows carry
+    /// ([`FixedPoint::shadow`]); the caller settles them ([`settle`]) and
+    /// verifies the window again.
+    pub stalled: bool,
 }
 
 /// Work to run on another thread while the last round trip of a
@@ -362,6 +432,13 @@ pub(crate) struct Window<'a> {
     pub real: usize,
     pub schedule: &'a Schedule,
     pub certify: Certify<'a>,
+    /// The fixed point's first estimate ([`FixedPoint::guessed_start`]):
+    /// the deltas pass 0 adds at every position (empty: the base model).
+    pub estimate: &'a DraftBias,
+    /// Whether a pass blocked only by the inherited residual returns
+    /// [`Verified::stalled`] instead of continuing (false once the caller
+    /// has settled the cached rows for this round).
+    pub may_stall: bool,
 }
 
 /// Runs one verify pass of `window.tokens` under `window.schedule`. `certify(logits,
@@ -371,6 +448,16 @@ pub(crate) struct Window<'a> {
 /// second thread during the round's last round trip (not during
 /// continuations); its result comes back with the pass.
 ///
+/// `shadow`, with [`FixedPoint::shadow`], is the shadow cache (as many
+/// positions as `cache`; module docs, "The inherited residual"): the pass
+/// before the round's last trip is replayed against it, which appends the
+/// window's rows to it one trip less converged, and a row's error bound
+/// adds [`INHERITED_FACTOR`] × its distance to that replay. A continuation
+/// replays its latest pass instead. When a continuation's rows would be
+/// certified but for that inherited term and `window.may_stall` holds, the
+/// pass returns [`Verified::stalled`] (no usable rows): more trips of this
+/// pass cannot help, the cached rows need settling ([`settle`]).
+///
 /// # Errors
 /// Those of the forward pass, the hook and `ahead`.
 pub(crate) fn verify<G: Send>(
@@ -378,6 +465,7 @@ pub(crate) fn verify<G: Send>(
     cache: &mut KvCache,
     hook: &mut dyn DeltaHook,
     mut ahead: Option<Ahead<'_, G>>,
+    mut shadow: Option<&mut KvCache>,
 ) -> Result<(Verified, Option<G>), SpecError> {
     let Window {
         model,
@@ -386,6 +474,8 @@ pub(crate) fn verify<G: Send>(
         real,
         schedule,
         certify,
+        estimate,
+        may_stall,
     } = *window;
     let fp = match schedule {
         Schedule::PerGroup => {
@@ -397,23 +487,40 @@ pub(crate) fn verify<G: Send>(
                 usable: real,
                 round_trips: 0,
                 continuations: 0,
+                stalled: false,
             };
             return Ok((verified, None));
         }
         Schedule::FixedPoint(fp) => fp,
     };
     let trips = fp.round_trips.max(1);
+    let guess = if fp.guessed_start {
+        estimate.pass_deltas(tokens.len())?
+    } else {
+        PassDeltas::new()
+    };
     let mut pass = FixedPointPass::start_sending(
         model,
         tokens,
         cache,
         mask,
         hook,
-        fp.next_trip(0, trips, true),
+        guess,
+        fp.next_trip(fp.tolerance_of_trip(0, trips), true),
     )?;
-    // After as many trips as groups every input is exact (module docs of
-    // `FixedPointPass`): the bound that ends any run of continuations.
-    let exact_after = pass.inputs().len().max(1);
+    // After as many exact trips as groups every input is exact (module docs
+    // of `FixedPointPass`): the bound that ends any run of continuations.
+    // Trips follow the round's precision pattern for the first `groups`
+    // trips, exact after that.
+    let groups = pass.inputs().len().max(1);
+    let tol = |j: usize| {
+        if j < groups {
+            fp.tolerance_of_trip(j, trips)
+        } else {
+            None
+        }
+    };
+    let exact_after = if fp.coarse_trips { 2 * groups } else { groups };
     let mut continuations = 0;
     let mut guess = None;
     loop {
@@ -422,34 +529,60 @@ pub(crate) fn verify<G: Send>(
         // batch's last, which sends nothing.
         for _ in 0..trips - 1 {
             let j = pass.round_trips();
-            let next = fp.next_trip(j + 1, trips, true);
-            pass.iterate_sending(cache, hook, fp.tolerance_of_trip(j, trips), next)?;
+            pass.iterate_sending(cache, hook, tol(j), fp.next_trip(tol(j + 1), true))?;
         }
-        let j = pass.round_trips();
-        let tolerance = fp.tolerance_of_trip(j, trips);
+        let tolerance = tol(pass.round_trips());
+        // The shadow replay runs while the last trip is on the network: the
+        // pass before it, against the shadow; its distance to that pass's
+        // own logits is the inherited residual's (the deltas are the same).
+        let mut replay = |pass: &FixedPointPass<'_>| -> Result<Option<Vec<f32>>, SpecError> {
+            match shadow
+                .as_deref_mut()
+                .filter(|_| fp.shadow && continuations == 0)
+            {
+                Some(sh) => {
+                    sh.truncate(pass.cache_start());
+                    let replayed = pass.replay(sh)?;
+                    Ok(Some(distance(pass.logits(), &replayed)?))
+                }
+                None => Ok(None),
+            }
+        };
+        let mut inherited;
         match ahead.take() {
             Some(work) => {
                 let before_last = pass.logits().clone();
                 let deltas = pass.deltas().clone();
                 let (last, g) = std::thread::scope(|scope| {
                     let helper = scope.spawn(move || work(&before_last, &deltas));
-                    let last = pass
-                        .iterate_sending(cache, hook, tolerance, NextTrip::Wait)
-                        .map(|_| ());
+                    let last = replay(&pass).and_then(|r| {
+                        pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;
+                        Ok(r)
+                    });
                     let g = helper
                         .join()
                         .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()));
                     (last, g)
                 });
-                last?;
+                inherited = last?;
                 guess = Some(g??);
             }
             None => {
+                inherited = replay(&pass)?;
                 pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;
             }
         }
+        if continuations > 0 {
+            // A continuation: the latest pass itself against the shadow
+            // (more trips of this pass do not shrink the inherited residual).
+            if let Some(sh) = shadow.as_deref_mut().filter(|_| fp.shadow) {
+                sh.truncate(pass.cache_start());
+                let replayed = pass.replay(sh)?;
+                inherited = Some(distance(pass.logits(), &replayed)?);
+            }
+        }
         let steps = pass.steps();
-        let change = &steps[steps.len() - 1].logit_change;
+        let own = &steps[steps.len() - 1].logit_change;
         let previous = steps
             .len()
             .checked_sub(2)
@@ -457,9 +590,20 @@ pub(crate) fn verify<G: Send>(
         let usable = if pass.round_trips() >= exact_after {
             real
         } else {
-            certify(pass.logits(), change, previous)?.min(real)
+            match &inherited {
+                Some(inh) => {
+                    let (change, previous) = with_inherited(own, previous, inh);
+                    certify(pass.logits(), &change, Some(&previous))?.min(real)
+                }
+                None => certify(pass.logits(), own, previous)?.min(real),
+            }
         };
-        if usable > 0 {
+        let stalled = usable == 0
+            && may_stall
+            && continuations > 0
+            && inherited.is_some()
+            && certify(pass.logits(), own, previous)? > 0;
+        if usable > 0 || stalled {
             let (logits, deltas) = (pass.logits().clone(), pass.deltas().clone());
             for _ in 0..fp.settle_trips {
                 pass.iterate_sending(cache, hook, None, NextTrip::Wait)?;
@@ -470,11 +614,114 @@ pub(crate) fn verify<G: Send>(
                 usable,
                 round_trips: pass.round_trips(),
                 continuations,
+                stalled,
             };
             return Ok((verified, guess));
         }
         continuations += 1;
     }
+}
+
+/// A (change, previous) pair whose certification bound ([`error_factor`]
+/// × change) is the row's own, `f(own, previous) × own`, plus
+/// [`INHERITED_FACTOR`] × `inherited`: the change grows by the inherited
+/// term and the previous change with it, so the row's observed
+/// contraction, and hence its factor, stay as they were.
+fn with_inherited(
+    own: &[f32],
+    previous: Option<&[f32]>,
+    inherited: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    own.iter()
+        .zip(inherited)
+        .enumerate()
+        .map(
+            |(j, (&o, &i))| match previous.and_then(|p| p.get(j).copied()) {
+                Some(p) if p > 0.0 && o > 0.0 && o.is_finite() => {
+                    let c = o + INHERITED_FACTOR * i / error_factor(o, Some(p));
+                    (c, p * c / o)
+                }
+                // Without a usable previous change the factor is 2 either way.
+                _ => (o + INHERITED_FACTOR * i / 2.0, 0.0),
+            },
+        )
+        .unzip()
+}
+
+/// Per row, the largest absolute difference between two (T, vocab) logits.
+fn distance(a: &Tensor, b: &Tensor) -> Result<Vec<f32>, SpecError> {
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.max(1))
+        .and_then(|d| d.to_vec1::<f32>())
+        .map_err(|e| SpecError::Model(cipherlora_model::ModelError::from(e)))
+}
+
+/// The inherited residual's share of a row's error bound: its distance to
+/// the shadow times 2ρ/(1−ρ) at ρ = [`RHO_FLOOR`] (the shadow's rows are
+/// one trip less converged).
+const INHERITED_FACTOR: f32 = 2.0 * RHO_FLOOR / (1.0 - RHO_FLOOR);
+
+/// Settles cached rows after a [`Verified::stalled`] pass: reruns the rows
+/// at `from..from + tokens.len()` (their `tokens`; `cache` and `shadow`
+/// hold at least those positions) in passes of `width` positions, padded
+/// like a verify window, each given `rounds` rounds' worth of trips
+/// (`rounds` × [`FixedPoint::round_trips`], with a round's precision
+/// pattern), so the server sees that many ordinary rounds per pass. The
+/// rows' shadow rows become the pass before the last. Returns the round
+/// trips made; both caches end at `from + tokens.len()`.
+///
+/// # Errors
+/// Those of the forward pass and the hook.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn settle(
+    model: &Model,
+    tokens: &[u32],
+    from: usize,
+    width: usize,
+    cache: &mut KvCache,
+    shadow: &mut KvCache,
+    hook: &mut dyn DeltaHook,
+    fp: &FixedPoint,
+    rounds: usize,
+) -> Result<usize, SpecError> {
+    let batch = fp.round_trips.max(1);
+    let trips = rounds.max(1) * batch;
+    let mut made = 0;
+    for (i, chunk) in tokens.chunks(width.max(1)).enumerate() {
+        let at = from + i * width.max(1);
+        cache.truncate(at);
+        let mut inputs = chunk.to_vec();
+        inputs.resize(
+            width.max(chunk.len()),
+            *chunk.last().expect("chunks are non-empty"),
+        );
+        let mut pass = FixedPointPass::start_sending(
+            model,
+            &inputs,
+            cache,
+            &AttentionMask::Causal,
+            hook,
+            PassDeltas::new(),
+            fp.next_trip(fp.tolerance_of_trip(0, batch), true),
+        )?;
+        for j in 0..trips - 1 {
+            let next = fp.next_trip(fp.tolerance_of_trip(j + 1, batch), true);
+            pass.iterate_sending(cache, hook, fp.tolerance_of_trip(j, batch), next)?;
+        }
+        shadow.truncate(at);
+        pass.replay(shadow)?;
+        pass.iterate_sending(
+            cache,
+            hook,
+            fp.tolerance_of_trip(trips - 1, batch),
+            NextTrip::Wait,
+        )?;
+        made += pass.round_trips();
+        cache.truncate(at + chunk.len());
+        shadow.truncate(at + chunk.len());
+    }
+    Ok(made)
 }
 
 /// What a prefill pass leaves besides the prompt chunk's keys and values.
@@ -488,7 +735,9 @@ pub(crate) struct PrefillPass {
 }
 
 /// A prefill pass under `schedule`: the prompt chunk's keys and values go
-/// to `cache`; see [`PrefillPass`] for the rest.
+/// to `cache`, and with a `shadow` cache ([`FixedPoint::shadow`]) the same
+/// rows one trip less converged to it (group by group: the same rows);
+/// see [`PrefillPass`] for the rest.
 ///
 /// # Errors
 /// Those of the forward pass and the hook.
@@ -498,22 +747,27 @@ pub(crate) fn prefill_pass(
     cache: &mut KvCache,
     hook: &mut dyn DeltaHook,
     schedule: &Schedule,
+    mut shadow: Option<&mut KvCache>,
 ) -> Result<PrefillPass, SpecError> {
-    let group_by_group = |cache: &mut KvCache, hook: &mut dyn DeltaHook| {
-        let mut keeping = KeepDeltas::new(hook);
-        let logits = model.forward(tokens, cache, &AttentionMask::Causal, &mut keeping)?;
-        Ok(PrefillPass {
-            round_trips: 0,
-            logits: Some(logits),
-            deltas: keeping.added,
-        })
-    };
+    let start = cache.len();
     match schedule {
         Schedule::PerGroup
         | Schedule::FixedPoint(FixedPoint {
             prefill: Prefill::PerGroup,
             ..
-        }) => group_by_group(cache, hook),
+        }) => {
+            let mut keeping = KeepDeltas::new(hook);
+            let logits = model.forward(tokens, cache, &AttentionMask::Causal, &mut keeping)?;
+            if let Some(sh) = shadow {
+                sh.truncate(start);
+                sh.sync_from(cache, start)?;
+            }
+            Ok(PrefillPass {
+                round_trips: 0,
+                logits: Some(logits),
+                deltas: keeping.added,
+            })
+        }
         Schedule::FixedPoint(
             fp @ FixedPoint {
                 prefill: Prefill::FixedPoint(n),
@@ -527,10 +781,17 @@ pub(crate) fn prefill_pass(
                 cache,
                 &AttentionMask::Causal,
                 hook,
-                fp.next_trip(0, trips, true),
+                PassDeltas::new(),
+                fp.next_trip(fp.tolerance_of_trip(0, trips), true),
             )?;
             for i in 0..trips {
-                let next = fp.next_trip(i + 1, trips, i + 1 < trips);
+                if i + 1 == trips
+                    && let Some(sh) = shadow.as_deref_mut()
+                {
+                    sh.truncate(start);
+                    pass.replay(sh)?;
+                }
+                let next = fp.next_trip(fp.tolerance_of_trip(i + 1, trips), i + 1 < trips);
                 pass.iterate_sending(cache, hook, fp.tolerance_of_trip(i, trips), next)?;
             }
             Ok(PrefillPass {
@@ -732,8 +993,16 @@ mod tests {
             "fixed-point:3/exact-trips/batched",
             "fixed-point:3/no-ahead",
             "fixed-point:3/exact-trips/batched/no-ahead",
+            "fixed-point:2/shadow",
+            "fixed-point:2/prefill:per-group/shadow/exact-trips/no-ahead",
+            "fixed-point:3/base-start",
+            "fixed-point:2/shadow/base-start/batched",
         ] {
             assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
+        }
+        match "fixed-point:2/shadow".parse::<Schedule>().unwrap() {
+            Schedule::FixedPoint(fp) => assert!(fp.shadow && fp.round_trips == 2),
+            other => panic!("{other}"),
         }
         match "fixed-point/no-ahead".parse::<Schedule>().unwrap() {
             Schedule::FixedPoint(fp) => assert!(!fp.draft_ahead),
@@ -764,6 +1033,10 @@ mod tests {
             "fixed-point/batched/exact-trips",
             "per-group/no-ahead",
             "fixed-point/no-ahead/batched",
+            "per-group/shadow",
+            "fixed-point/exact-trips/shadow",
+            "per-group/base-start",
+            "fixed-point/base-start/shadow",
         ] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }
@@ -780,13 +1053,29 @@ mod tests {
             [Some(FIRST_TRIP_TOLERANCE), Some(LATER_TRIP_TOLERANCE), None]
         );
         assert_eq!(fp.trip_tolerance(0, 1, true), None);
-        // A continuation of a round: its trips come after the first batch.
         assert_eq!(fp.trip_tolerance(3, 3, false), None);
         let exact = FixedPoint {
             coarse_trips: false,
             ..fp
         };
         assert_eq!(exact.trip_tolerance(0, 3, false), None);
+    }
+
+    /// Regression: a continuation's trips all asked full precision, so the
+    /// response sizes told the server which rounds were continuations.
+    #[test]
+    fn a_continuation_asks_the_precision_a_round_asks() {
+        let fp = FixedPoint::default();
+        for batch in [1, 2, 3] {
+            let round: Vec<_> = (0..batch).map(|j| fp.tolerance_of_trip(j, batch)).collect();
+            for k in 1..4 {
+                let continuation: Vec<_> = (k * batch..(k + 1) * batch)
+                    .map(|j| fp.tolerance_of_trip(j, batch))
+                    .collect();
+                assert_eq!(continuation, round, "batch {batch}, continuation {k}");
+            }
+            assert_eq!(round[batch - 1], None, "a batch's last trip is exact");
+        }
     }
 
     #[test]

@@ -139,7 +139,9 @@ pub struct GenerateArgs {
     /// the measured TCP round trip and 100 Mbit/s), `per-group` (one round
     /// trip per adapted layer group), `fixed-point[:N]` (N round trips per
     /// round, streamed layer by layer; suffixes `/prefill:per-group`,
-    /// `/prefill:M`, `/exact-trips`, `/batched` — one batch per trip — and
+    /// `/prefill:M`, `/shadow` — certify against the cached rows' residual
+    /// too —, `/base-start` — pass 0 without the last rows' deltas —,
+    /// `/exact-trips`, `/batched` — one batch per trip — and
     /// `/no-ahead` — no drafting during a round's last trip — as
     /// `cipherlora_spec::schedule::Schedule` parses them). The output is the
     /// same.
