@@ -60,9 +60,8 @@ pub struct FixedPointStep {
 
 /// Where a pass's deltas come from.
 enum Answers {
-    /// None: the base model (pass 0).
-    Nothing,
-    /// A trip answered as one batch, by (layer, group).
+    /// A trip answered as one batch, or a guess, by (layer, group); a
+    /// group missing from it runs unadapted (empty: the base model).
     Table(PassDeltas),
     /// A trip sent ahead on the stream, taken group by group.
     Stream(TripId),
@@ -83,6 +82,26 @@ struct Relay<'w, 's> {
     added: PassDeltas,
 }
 
+impl<'w, 's> Relay<'w, 's> {
+    /// A pass's hook that answers from `answers` and, with a `stream` and
+    /// a `sending` trip, sends each input on as that trip.
+    fn new(
+        wanted: &'w [(usize, ProjGroup)],
+        answers: Answers,
+        stream: Option<&'s mut dyn DeltaStream>,
+        sending: Option<TripId>,
+    ) -> Self {
+        Relay {
+            wanted,
+            answers,
+            stream,
+            sending,
+            recorded: Vec::with_capacity(wanted.len()),
+            added: HashMap::new(),
+        }
+    }
+}
+
 impl DeltaHook for Relay<'_, '_> {
     fn deltas(
         &mut self,
@@ -100,7 +119,6 @@ impl DeltaHook for Relay<'_, '_> {
         }
         self.recorded.push(input);
         let deltas = match &mut self.answers {
-            Answers::Nothing => GroupDeltas::none(),
             Answers::Table(t) => t.remove(&(layer, group)).unwrap_or_default(),
             Answers::Stream(trip) => match self.stream.as_deref_mut() {
                 Some(stream) => stream.receive(*trip, layer, group)?,
@@ -182,16 +200,7 @@ impl<'m> FixedPointPass<'m> {
         mask: &AttentionMask,
         hook: &dyn DeltaHook,
     ) -> Result<Self, ModelError> {
-        let wanted = wanted_groups(model, hook);
-        Self::pass_zero(
-            model,
-            tokens,
-            cache,
-            mask,
-            wanted,
-            Sending::nothing(),
-            Answers::Nothing,
-        )
+        Self::start_guessed(model, tokens, cache, mask, hook, PassDeltas::new())
     }
 
     /// [`FixedPointPass::start_guessed`] that also sends the first trip
@@ -264,14 +273,7 @@ impl<'m> FixedPointPass<'m> {
         answers: Answers,
     ) -> Result<Self, ModelError> {
         let start = cache.len();
-        let mut relay = Relay {
-            wanted: &wanted,
-            answers,
-            stream: sending.stream,
-            sending: sending.trip,
-            recorded: Vec::with_capacity(wanted.len()),
-            added: HashMap::new(),
-        };
+        let mut relay = Relay::new(&wanted, answers, sending.stream, sending.trip);
         let logits = model.forward(tokens, cache, mask, &mut relay)?;
         let (inputs, deltas) = (relay.recorded, relay.added);
         Ok(Self {
@@ -352,14 +354,7 @@ impl<'m> FixedPointPass<'m> {
             pending,
         } = open_next(hook, t, next, receiving)?;
         cache.truncate(self.start);
-        let mut relay = Relay {
-            wanted: &self.wanted,
-            answers,
-            stream,
-            sending: trip,
-            recorded: Vec::with_capacity(self.wanted.len()),
-            added: HashMap::new(),
-        };
+        let mut relay = Relay::new(&self.wanted, answers, stream, trip);
         let logits = self
             .model
             .forward(&self.tokens, cache, &self.mask, &mut relay)?;
@@ -399,14 +394,8 @@ impl<'m> FixedPointPass<'m> {
                 cache.len()
             )));
         }
-        let mut relay = Relay {
-            wanted: &self.wanted,
-            answers: Answers::Table(self.deltas.clone()),
-            stream: None,
-            sending: None,
-            recorded: Vec::with_capacity(self.wanted.len()),
-            added: HashMap::new(),
-        };
+        let answers = Answers::Table(self.deltas.clone());
+        let mut relay = Relay::new(&self.wanted, answers, None, None);
         self.model
             .forward(&self.tokens, cache, &self.mask, &mut relay)
     }

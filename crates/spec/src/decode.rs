@@ -332,7 +332,7 @@ pub fn generate_drafted(
     let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;
     drafter.guide(&done.last_deltas.0, done.last_deltas.1)?;
     // The next verify pass's first estimate (`FixedPoint::guessed_start`).
-    let mut estimate = first_estimate(&done.last_deltas.0, kept_tail(done.last_deltas.1))?;
+    let mut estimate = DraftBias::from_rows(&done.last_deltas.0, kept_tail(done.last_deltas.1))?;
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Draft> = None;
@@ -561,7 +561,7 @@ pub fn generate_drafted(
             stats.accepted += outcome.path.len();
             drafter.guide(&verified.deltas, last_kept_row(&outcome.path))?;
             let last = last_kept_row(&outcome.path);
-            estimate = first_estimate(&verified.deltas, last..last + 1)?;
+            estimate = DraftBias::from_rows(&verified.deltas, last..last + 1)?;
             // Keep `last` and the accepted path; the new last token is not cached.
             let keep: Vec<usize> = std::iter::once(0)
                 .chain(outcome.path.iter().map(|&n| n + 1))
@@ -616,7 +616,7 @@ pub fn generate_drafted(
         };
         stats.accepted += outcome.accepted;
         drafter.guide(&verified.deltas, outcome.accepted)?;
-        estimate = first_estimate(&verified.deltas, kept_tail(outcome.accepted))?;
+        estimate = DraftBias::from_rows(&verified.deltas, kept_tail(outcome.accepted))?;
         let hit = guess.as_ref().is_some_and(|g| {
             outcome.accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus)
         });
@@ -653,24 +653,12 @@ pub fn generate_drafted(
 const ESTIMATE_ROWS: usize = 4;
 
 /// The last [`ESTIMATE_ROWS`] rows of a chain pass that keeps rows
-/// `..=last` (fewer at its start).
+/// `..=last` (fewer at its start): their mean deltas are the next pass's
+/// first estimate ([`crate::schedule::FixedPoint::guessed_start`]); a tree
+/// round's only its last kept row, since the rows before it in the pass
+/// may be off its path.
 fn kept_tail(last: usize) -> std::ops::Range<usize> {
     (last + 1).saturating_sub(ESTIMATE_ROWS)..last + 1
-}
-
-/// The first estimate of the next verify pass's deltas
-/// ([`crate::schedule::FixedPoint::guessed_start`]): the mean of the
-/// deltas of `rows` of a pass (a chain's [`kept_tail`]; a tree round's last
-/// kept row, since the rows before it in the pass may be off its path).
-/// Empty deltas give none.
-fn first_estimate(
-    deltas: &PassDeltas,
-    rows: std::ops::Range<usize>,
-) -> Result<DraftBias, SpecError> {
-    if deltas.is_empty() {
-        return Ok(DraftBias::none());
-    }
-    DraftBias::from_rows(deltas, rows)
 }
 
 /// The verify row of the last position a tree round keeps: the last node
