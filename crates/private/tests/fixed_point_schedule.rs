@@ -133,17 +133,31 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
     );
 }
 
-/// Three prompts (standard LoRA is the slowest adapter to serve; the
-/// per-group path runs all five in `private_generation`), with one batch
-/// per trip: the other tests stream their trips.
+/// Two trips per round certified against the cached rows' residual
+/// (`/shadow`, its settlings included in the trip count), with one batch
+/// per trip: the other tests stream their trips. Three of the five prompts
+/// (standard LoRA is the slowest adapter to serve); the ignored test below
+/// runs all five.
 #[test]
 fn fixed_point_schedule_equals_plaintext_standard() {
+    standard_two_shadowed_trips(&PROMPTS[..3]);
+}
+
+/// The test above on all five prompts (12 minutes in release with the
+/// machine shared, session 19: too long for CI).
+#[test]
+#[ignore = "long run: standard LoRA on five prompts; run with --ignored"]
+fn fixed_point_schedule_equals_plaintext_standard_on_every_prompt() {
+    standard_two_shadowed_trips(&PROMPTS);
+}
+
+fn standard_two_shadowed_trips(prompts: &[&str]) {
     let dir = adapter_dir("code-lora-r16");
     private_matches_plaintext(
         "code-lora-r16",
         &dir,
-        &PROMPTS[..3],
-        "fixed-point:3/batched".parse().unwrap(),
+        prompts,
+        "fixed-point:2/shadow/batched".parse().unwrap(),
         (Grouping::ByInput, PREFILL),
     );
 }

@@ -28,6 +28,9 @@
 //! trip leaves in the kept keys and values).
 //!
 //! `--skip N` leaves out the first N prompts of each adapter.
+//! `--weights quantized` verifies (and computes the sequential reference)
+//! with the GGUF's weights kept quantized (`--weights quantized` of the
+//! CLI) instead of f32; the drafter stays f16.
 //!
 //! Run (defaults shown):
 //! `cargo run --release -p cipherlora-spec --example exactness -- \
@@ -62,6 +65,7 @@ struct Args {
     guided: bool,
     shadow: bool,
     guess: bool,
+    weights: WeightMode,
 }
 
 /// The plaintext LoRA, with deltas asked for within a tolerance made that
@@ -134,6 +138,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         guided: true,
         shadow: false,
         guess: true,
+        weights: WeightMode::F32,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -160,6 +165,13 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             "--guided" => a.guided = v.parse()?,
             "--shadow" => a.shadow = v.parse()?,
             "--guess" => a.guess = v.parse()?,
+            "--weights" => {
+                a.weights = match v.as_str() {
+                    "f32" => WeightMode::F32,
+                    "quantized" => WeightMode::Quantized,
+                    other => return Err(format!("--weights f32|quantized, not {other}").into()),
+                }
+            }
             _ => return Err(format!("unknown option {flag}").into()),
         }
     }
@@ -199,10 +211,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let model = Model::load_with(
         &path,
         &LoadOptions {
-            weights: WeightMode::F32,
+            weights: args.weights,
         },
     )?;
-    let drafter = model.to_f16_weights()?;
+    let drafter = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F16,
+        },
+    )?;
     let tok = Tokenizer::for_model(&path)?;
     let eos = tok.eos_tokens().to_vec();
     let mut report = Vec::new();
@@ -323,7 +340,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "shadow": args.shadow, "guessed_start": args.guess, "new_tokens": NEW_TOKENS, "diverged": at.len(),
                     "first_divergence": at, "tokens": tokens, "rounds": rounds,
                     "continuations": continuations, "uncertified_rows": uncertified,
-                    "settles": settles,
+                    "settles": settles, "weights": format!("{:?}", args.weights),
                 }));
             }
         }

@@ -36,6 +36,7 @@ use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled}
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::draft_bias::DraftBias;
 use crate::ngram::PromptLookup;
+use crate::row_deltas::RowDeltas;
 use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
     prefill_pass, settle, verify,
@@ -298,9 +299,12 @@ pub fn generate_drafted(
         Schedule::FixedPoint(fp) if fp.shadow => Some(model.new_cache(capacity)?),
         _ => None,
     };
+    // With the shadow, the deltas every target row was computed with: where
+    // a settling starts (`crate::row_deltas`).
+    let mut log = shadow.as_ref().map(|_| RowDeltas::new());
     let done = prefill(
         model,
-        (&mut target, shadow.as_mut()),
+        (&mut target, shadow.as_mut(), log.as_mut()),
         prefilled,
         (prefill_width, narrow),
         cfg.pad_to_k,
@@ -363,6 +367,7 @@ pub fn generate_drafted(
         }
     }
     while out.len() < cfg.max_tokens && !stopped_at_eos && !stopped_by_caller {
+        debug_assert!(log.as_ref().is_none_or(|l| l.len() == target.len()));
         let k = drafter.next_k();
         let t_draft = Instant::now();
         if retry.is_none() {
@@ -509,31 +514,27 @@ pub fn generate_drafted(
         if verified.stalled {
             // The cached rows' residual blocks even row 0: settle the rows
             // since the last settling, then verify the same draft again.
-            if let (Schedule::FixedPoint(fp), Some(sh)) = (&cfg.schedule, shadow.as_mut()) {
+            if let (Schedule::FixedPoint(fp), Some(sh), Some(log)) =
+                (&cfg.schedule, shadow.as_mut(), log.as_mut())
+            {
                 target.truncate(before);
-                // Kept rows had a round's trips (two rounds' now); the
-                // prompt's rows their prefill trips (two more now).
+                log.truncate(before);
                 let batch = fp.round_trips.max(1);
-                let (from, rounds) = if round_settles == 0 {
-                    (settled, 2)
+                let from = if round_settles == 0 {
+                    settled
                 } else {
-                    let had = match fp.prefill {
-                        Prefill::FixedPoint(n) => n,
-                        Prefill::PerGroup => 0,
-                    };
                     prompt_settled = true;
-                    (0, (had + 2).div_ceil(batch).max(2))
+                    0
                 };
                 let trips = settle(
                     model,
                     &context[from..before],
                     from,
                     width,
-                    &mut target,
-                    sh,
+                    (&mut target, sh),
+                    log,
                     verifier,
                     fp,
-                    rounds,
                 )?;
                 stats.round_trips += trips;
                 stats.rounds += trips / batch;
@@ -569,6 +570,10 @@ pub fn generate_drafted(
             target.compact(before, &keep)?;
             if let Some(sh) = shadow.as_mut() {
                 sh.compact(before, &keep)?;
+            }
+            if let Some(log) = log.as_mut() {
+                log.truncate(before);
+                log.push(&verified.deltas, &keep)?;
             }
             match guess {
                 // The next tree was grown from this very outcome: the
@@ -633,6 +638,10 @@ pub fn generate_drafted(
         target.truncate(before + 1 + outcome.accepted);
         if let Some(sh) = shadow.as_mut() {
             sh.truncate(before + 1 + outcome.accepted);
+        }
+        if let Some(log) = log.as_mut() {
+            log.truncate(before);
+            log.push_first(&verified.deltas, 1 + outcome.accepted)?;
         }
         (stopped_at_eos, stopped_by_caller) =
             emit(&outcome, cfg, &mut out, &mut context, on_tokens)?;
@@ -755,7 +764,7 @@ struct Prefilled {
 /// for a round); `narrow` = 0 keeps every chunk at `width`.
 fn prefill(
     model: &Model,
-    (cache, mut shadow): (&mut KvCache, Option<&mut KvCache>),
+    (cache, mut shadow, mut log): (&mut KvCache, Option<&mut KvCache>, Option<&mut RowDeltas>),
     tokens: &[u32],
     (width, narrow): (usize, usize),
     pad: bool,
@@ -785,6 +794,10 @@ fn prefill(
             Some(l) => Some(rows(&l, part.len())?.pop().expect("a chunk is non-empty")),
             None => None,
         };
+        if let Some(log) = log.as_deref_mut() {
+            log.truncate(before);
+            log.push_first(&pass.deltas, part.len())?;
+        }
         done.last_deltas = (pass.deltas, part.len() - 1);
         cache.truncate(before + part.len());
         if let Some(sh) = shadow.as_deref_mut() {

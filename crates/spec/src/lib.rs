@@ -31,6 +31,7 @@ pub mod decode;
 pub mod draft_bias;
 mod error;
 pub mod ngram;
+mod row_deltas;
 pub mod schedule;
 pub mod tree;
 pub mod tree_draft;

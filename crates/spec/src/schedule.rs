@@ -58,7 +58,7 @@
 //! With [`FixedPoint::shadow`] the certification also bounds the residual
 //! the cached rows carry. The decoder keeps a second cache, the *shadow*,
 //! whose rows are each round's pass before its last (one trip less
-//! converged, everywhere; the prompt's rows are shared). Each round replays
+//! converged, everywhere, the prompt's rows included). Each round replays
 //! the pass before its last trip against the shadow
 //! ([`FixedPointPass::replay`], while that trip is on the network); the
 //! replay and the pass itself add the same deltas, so their logits differ
@@ -71,9 +71,11 @@
 //! near-ties of the generation. A row blocked only by the inherited term
 //! cannot be helped by more trips of its own pass: the pass returns
 //! [`Verified::stalled`], the decoder *settles* the rows kept since the
-//! last settling ([`settle`]: two rounds' worth of trips per pass of the
-//! verify width, ≈ 100× less residual) and verifies the same draft again.
-//! The server sees rounds of the verify width and trip count throughout.
+//! last settling ([`settle`]: one round per pass of the verify width,
+//! started from the deltas each row was last computed with, so a round's
+//! trips more converged) and verifies the same draft again; if that round
+//! stalls too, the prompt's rows are settled as well. The server sees
+//! rounds of the verify width and trip count throughout.
 
 use cipherlora_model::{
     AttentionMask, DeltaHook, FixedPointPass, KeepDeltas, KvCache, Model, NextTrip, PassDeltas,
@@ -82,6 +84,7 @@ use cipherlora_model::{
 
 use crate::SpecError;
 use crate::draft_bias::DraftBias;
+use crate::row_deltas::RowDeltas;
 
 /// Batched round trips per prefill pass by default (see
 /// [`FixedPoint::prefill`]).
@@ -163,7 +166,10 @@ pub struct FixedPoint {
     /// one trip less converged, one plaintext replay per round (run while
     /// the last trip is on the network), and settling the cached rows when
     /// a round stalls on their residual. Costs the memory of a second
-    /// cache; what two trips per round need to be exact.
+    /// cache and of the deltas each cached row was computed with (where a
+    /// settling starts; ≈ 92 kB per row for the default model's q,k,v,o
+    /// adapter, `crate::row_deltas`); what two trips per round need to
+    /// be exact.
     pub shadow: bool,
     /// Pass 0 of a verify round adds a guess of the deltas instead of none:
     /// the mean of the deltas of the last (up to four) rows the previous
@@ -453,10 +459,14 @@ pub(crate) struct Window<'a> {
 /// before the round's last trip is replayed against it, which appends the
 /// window's rows to it one trip less converged, and a row's error bound
 /// adds [`INHERITED_FACTOR`] × its distance to that replay. A continuation
-/// replays its latest pass instead. When a continuation's rows would be
+/// replays its latest pass instead. When a continuation's row 0 would be
 /// certified but for that inherited term and `window.may_stall` holds, the
 /// pass returns [`Verified::stalled`] (no usable rows): more trips of this
-/// pass cannot help, the cached rows need settling ([`settle`]).
+/// pass cannot help, the cached rows need settling ([`settle`]). A round
+/// whose own trips end that way continues once first: stalling at once
+/// settled 1.5× as often on prose (BENCHMARKS.md, "Settling from the rows'
+/// own deltas"), the continuation's replay of its own latest pass often
+/// clearing the row.
 ///
 /// # Errors
 /// Those of the forward pass, the hook and `ahead`.
@@ -665,11 +675,16 @@ const INHERITED_FACTOR: f32 = 2.0 * RHO_FLOOR / (1.0 - RHO_FLOOR);
 /// Settles cached rows after a [`Verified::stalled`] pass: reruns the rows
 /// at `from..from + tokens.len()` (their `tokens`; `cache` and `shadow`
 /// hold at least those positions) in passes of `width` positions, padded
-/// like a verify window, each given `rounds` rounds' worth of trips
-/// (`rounds` × [`FixedPoint::round_trips`], with a round's precision
-/// pattern), so the server sees that many ordinary rounds per pass. The
-/// rows' shadow rows become the pass before the last. Returns the round
-/// trips made; both caches end at `from + tokens.len()`.
+/// like a verify window, so the server sees ordinary rounds of the verify
+/// width (a round's trips, with a round's precision pattern).
+///
+/// Each pass starts from the deltas its rows were last computed with
+/// (`log`, [`crate::row_deltas`]): its first pass reproduces the cached
+/// rows and one round of trips leaves them that round's trips more
+/// converged. Rows the log lacks start from the base model and get
+/// [`BASE_START_ROUNDS`] rounds. The rows' shadow rows become the pass
+/// before the last, and their log entries the new deltas. Returns the
+/// round trips made; both caches and the log end at `from + tokens.len()`.
 ///
 /// # Errors
 /// Those of the forward pass and the hook.
@@ -679,30 +694,44 @@ pub(crate) fn settle(
     tokens: &[u32],
     from: usize,
     width: usize,
-    cache: &mut KvCache,
-    shadow: &mut KvCache,
+    (cache, shadow): (&mut KvCache, &mut KvCache),
+    log: &mut RowDeltas,
     hook: &mut dyn DeltaHook,
     fp: &FixedPoint,
-    rounds: usize,
 ) -> Result<usize, SpecError> {
     let batch = fp.round_trips.max(1);
-    let trips = rounds.max(1) * batch;
+    let width = width.max(1);
+    // Every chunk's start, read before the log is rewritten chunk by chunk.
+    let starts = tokens
+        .chunks(width)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let at = from + i * width;
+            log.start(at..at + chunk.len(), width.max(chunk.len()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut made = 0;
-    for (i, chunk) in tokens.chunks(width.max(1)).enumerate() {
-        let at = from + i * width.max(1);
+    for ((i, chunk), start) in tokens.chunks(width).enumerate().zip(starts) {
+        let at = from + i * width;
         cache.truncate(at);
         let mut inputs = chunk.to_vec();
         inputs.resize(
             width.max(chunk.len()),
             *chunk.last().expect("chunks are non-empty"),
         );
+        let rounds = if start.is_some() {
+            1
+        } else {
+            BASE_START_ROUNDS
+        };
+        let trips = rounds * batch;
         let mut pass = FixedPointPass::start_sending(
             model,
             &inputs,
             cache,
             &AttentionMask::Causal,
             hook,
-            PassDeltas::new(),
+            start.unwrap_or_default(),
             fp.next_trip(fp.tolerance_of_trip(0, batch), true),
         )?;
         for j in 0..trips - 1 {
@@ -720,9 +749,17 @@ pub(crate) fn settle(
         made += pass.round_trips();
         cache.truncate(at + chunk.len());
         shadow.truncate(at + chunk.len());
+        log.truncate(at);
+        log.push_first(pass.deltas(), chunk.len())?;
     }
     Ok(made)
 }
+
+/// Rounds a settling pass whose rows are not in the log gets: it starts
+/// from the base model, as a verify pass's fixed point does, and two
+/// rounds leave it a round's trips more converged than the verify pass
+/// left the row it replaces.
+pub const BASE_START_ROUNDS: usize = 2;
 
 /// What a prefill pass leaves besides the prompt chunk's keys and values.
 pub(crate) struct PrefillPass {
