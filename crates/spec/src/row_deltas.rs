@@ -44,13 +44,18 @@ fn model_err(e: impl Into<cipherlora_model::ModelError>) -> SpecError {
 /// converted to `dtype`.
 fn select(deltas: &PassDeltas, rows: &[usize], dtype: DType) -> Result<PassDeltas, SpecError> {
     let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let mut index: Option<Tensor> = None;
     let mut out = PassDeltas::with_capacity(deltas.len());
     for (&key, group) in deltas {
         let mut one = GroupDeltas::none();
         for (proj, d) in group.iter() {
-            let index = Tensor::new(idx.as_slice(), d.device()).map_err(model_err)?;
+            // One index tensor for every delta (they share a device).
+            let index = match &index {
+                Some(i) => i,
+                None => index.insert(Tensor::new(idx.as_slice(), d.device()).map_err(model_err)?),
+            };
             let picked = d
-                .index_select(&index, 0)
+                .index_select(index, 0)
                 .and_then(|t| t.to_dtype(dtype))
                 .map_err(model_err)?;
             one.push(proj, picked);
