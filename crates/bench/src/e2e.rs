@@ -207,6 +207,10 @@ pub struct E2eRun {
     pub matches_plaintext: bool,
     /// Rounds whose draft was made ahead during the previous verify pass.
     pub ahead_hits: usize,
+    /// Verify passes started from the drafter's inputs instead of pass 0
+    /// (`/drafted-start`).
+    #[serde(default)]
+    pub drafted_starts: usize,
 }
 
 /// The whole report.
@@ -494,6 +498,7 @@ pub fn run_target(
             ratio_to_plaintext: 1.0,
             matches_plaintext: true,
             ahead_hits: 0,
+            drafted_starts: 0,
         });
 
         for link_name in &opts.links {
@@ -635,6 +640,7 @@ pub fn run_target(
                 plain_tps_all.push(plain_tps);
                 let mut matches = true;
                 let (mut tokens, mut rounds, mut ahead_hits) = (0usize, 0usize, 0usize);
+                let mut drafted_starts = 0usize;
                 let (mut continuations, mut uncertified) = (0usize, 0usize);
                 let mut split = TimeSplit::default();
                 let mut decode = HeTimings::default();
@@ -669,6 +675,7 @@ pub fn run_target(
                     rounds += out.stats.rounds;
                     matches &= &out.tokens == want;
                     ahead_hits += out.stats.ahead_hits;
+                    drafted_starts += out.stats.drafted_starts;
                     continuations += out.stats.continuations;
                     uncertified += out.stats.uncertified_rows;
                 }
@@ -715,6 +722,7 @@ pub fn run_target(
                     ratio_to_plaintext: tps / plain_tps,
                     matches_plaintext: matches,
                     ahead_hits,
+                    drafted_starts,
                 };
                 eprintln!(
                     "{id} {held} {link_name} {} {} ({}) K={}: {:.2} tok/s ({:.3}× plaintext), {:.2} tokens/round, {:.1} round trips/round, {:.0}/{:.0} kB/token up/down, server busy {:.0} ms/token, match {}",

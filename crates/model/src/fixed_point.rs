@@ -54,7 +54,9 @@ pub struct FixedPointStep {
     /// group's (T, d_in) input).
     pub input_change: f32,
     /// Per position (row of the logits), the largest absolute change of a
-    /// logit over this trip, `max_v |logitsⁱ[p, v] − logitsⁱ⁻¹[p, v]|`.
+    /// logit over this trip, `max_v |logitsⁱ[p, v] − logitsⁱ⁻¹[p, v]|`;
+    /// +∞ (unknown) on the first trip of a pass that had no pass 0
+    /// ([`FixedPointPass::start_from_inputs`]).
     pub logit_change: Vec<f32>,
 }
 
@@ -181,7 +183,9 @@ pub struct FixedPointPass<'m> {
     inputs: Vec<GroupInput>,
     /// The deltas the latest pass added (none after pass 0).
     deltas: PassDeltas,
-    logits: Tensor,
+    /// The latest plaintext pass's logits; none before the first trip of a
+    /// pass started from given inputs ([`FixedPointPass::start_from_inputs`]).
+    logits: Option<Tensor>,
     steps: Vec<FixedPointStep>,
     pending: Pending,
 }
@@ -284,9 +288,77 @@ impl<'m> FixedPointPass<'m> {
             wanted,
             inputs,
             deltas,
-            logits,
+            logits: Some(logits),
             steps: Vec::new(),
             pending: sending.pending,
+        })
+    }
+
+    /// A pass whose first estimate is given instead of computed by pass 0:
+    /// `inputs` holds every group `hook` wants, in forward order, each
+    /// (T, d_in) for the T `tokens` — e.g. the inputs a drafter computed
+    /// while it drafted those tokens (`cipherlora_spec`'s drafted start).
+    /// No plaintext pass runs and `cache` is not touched: the first trip
+    /// leaves at once, on the hook's stream when it streams and `next` is
+    /// [`NextTrip::Send`] (else as one batch at the first iteration, with
+    /// `next`'s tolerance). The fixed point is the same; only the start
+    /// differs, and the first trip's logit change is unknown: reported as
+    /// +∞ for every row ([`FixedPointStep::logit_change`]).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] when `inputs` are not the wanted groups in
+    /// forward order or a group's input is not (T, _); whatever the hook's
+    /// stream raises.
+    pub fn start_from_inputs(
+        model: &'m Model,
+        tokens: &[u32],
+        cache: &KvCache,
+        mask: &AttentionMask,
+        hook: &mut dyn DeltaHook,
+        inputs: Vec<GroupInput>,
+        next: NextTrip,
+    ) -> Result<Self, ModelError> {
+        let wanted = wanted_groups(model, hook);
+        let t = tokens.len();
+        let groups: Vec<(usize, ProjGroup)> = inputs.iter().map(|g| (g.layer, g.group)).collect();
+        if groups != wanted {
+            return Err(ModelError::Input(format!(
+                "a pass's given inputs must be the {} wanted groups in forward order, not {} groups",
+                wanted.len(),
+                groups.len()
+            )));
+        }
+        if let Some(g) = inputs
+            .iter()
+            .find(|g| g.x.dims().len() != 2 || g.x.dims()[0] != t)
+        {
+            return Err(ModelError::Input(format!(
+                "layer {}'s given input has shape {:?}, not ({t}, d_in)",
+                g.layer,
+                g.x.dims()
+            )));
+        }
+        let Sending {
+            stream,
+            trip,
+            pending,
+        } = open_next(hook, t, next, false)?;
+        if let (Some(stream), Some(trip)) = (stream, trip) {
+            for input in &inputs {
+                stream.send(trip, input)?;
+            }
+        }
+        Ok(Self {
+            model,
+            tokens: tokens.to_vec(),
+            mask: mask.clone(),
+            start: cache.len(),
+            wanted,
+            inputs,
+            deltas: PassDeltas::new(),
+            logits: None,
+            steps: Vec::new(),
+            pending,
         })
     }
 
@@ -360,19 +432,43 @@ impl<'m> FixedPointPass<'m> {
             .forward(&self.tokens, cache, &self.mask, &mut relay)?;
         let (inputs, deltas) = (relay.recorded, relay.added);
         let input_change = max_relative_change(&self.inputs, &inputs)?;
-        let logit_change = (&logits - &self.logits)?
-            .abs()?
-            .max(D::Minus1)?
-            .to_vec1::<f32>()?;
+        let logit_change = match &self.logits {
+            Some(before) => (&logits - before)?
+                .abs()?
+                .max(D::Minus1)?
+                .to_vec1::<f32>()?,
+            None => vec![f32::INFINITY; t],
+        };
         self.inputs = inputs;
         self.deltas = deltas;
-        self.logits = logits;
+        self.logits = Some(logits);
         self.pending = pending;
         self.steps.push(FixedPointStep {
             input_change,
             logit_change,
         });
         Ok(self.steps.last().expect("just pushed"))
+    }
+
+    /// Runs the next passes (and [`FixedPointPass::replay`]) on `model`
+    /// instead: the same architecture with other weights, e.g. quantized
+    /// weights for the passes whose only use is the next trip's inputs, and
+    /// the target's own for the pass whose logits and keys and values are
+    /// kept. The fixed point is the target model's only if the pass that
+    /// ends on it runs on the target. The cache is shared: both models'
+    /// keys and values have the same shape.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] when `model`'s configuration differs from the
+    /// pass's model's.
+    pub fn run_on(&mut self, model: &'m Model) -> Result<(), ModelError> {
+        if model.config() != self.model.config() {
+            return Err(ModelError::Input(
+                "a fixed-point pass can only move to a model of the same configuration".into(),
+            ));
+        }
+        self.model = model;
+        Ok(())
     }
 
     /// The latest pass again, with the deltas it added, against another
@@ -385,8 +481,14 @@ impl<'m> FixedPointPass<'m> {
     ///
     /// # Errors
     /// [`ModelError::Input`] if `cache` does not hold exactly
-    /// `cache_start()` positions; otherwise as [`Model::forward`].
+    /// `cache_start()` positions, or if no plaintext pass has run yet;
+    /// otherwise as [`Model::forward`].
     pub fn replay(&self, cache: &mut KvCache) -> Result<Tensor, ModelError> {
+        if self.logits.is_none() {
+            return Err(ModelError::Input(
+                "no plaintext pass to replay before the first trip".into(),
+            ));
+        }
         if cache.len() != self.start {
             return Err(ModelError::Input(format!(
                 "a replay needs a cache of {} positions, not {}",
@@ -433,10 +535,12 @@ impl<'m> FixedPointPass<'m> {
             .collect())
     }
 
-    /// Logits (T, vocab) of the latest plaintext pass.
+    /// Logits (T, vocab) of the latest plaintext pass; `None` before the
+    /// first trip of a pass started from given inputs
+    /// ([`FixedPointPass::start_from_inputs`]).
     #[must_use]
-    pub fn logits(&self) -> &Tensor {
-        &self.logits
+    pub fn logits(&self) -> Option<&Tensor> {
+        self.logits.as_ref()
     }
 
     /// What each round trip so far moved, in order.
@@ -477,8 +581,10 @@ impl<'m> FixedPointPass<'m> {
     }
 }
 
-/// The groups `hook` wants, in forward order.
-fn wanted_groups(model: &Model, hook: &dyn DeltaHook) -> Vec<(usize, ProjGroup)> {
+/// The groups `hook` wants, in forward order: what every pass of a
+/// [`FixedPointPass`] records and every trip sends.
+#[must_use]
+pub fn wanted_groups(model: &Model, hook: &dyn DeltaHook) -> Vec<(usize, ProjGroup)> {
     (0..model.config().num_layers)
         .flat_map(|l| ProjGroup::ALL.into_iter().map(move |g| (l, g)))
         .filter(|&(l, g)| hook.wants(l, g))

@@ -45,7 +45,7 @@ mod weights;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, ModelConfig, RopeStyle};
 pub use error::ModelError;
-pub use fixed_point::{FixedPointPass, FixedPointStep, NextTrip};
+pub use fixed_point::{FixedPointPass, FixedPointStep, NextTrip, wanted_groups};
 pub use generation::{GenerateOptions, Generated, TextStream, generate};
 pub use hook::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, KeepDeltas, NoAdapter, PassDeltas, Proj,

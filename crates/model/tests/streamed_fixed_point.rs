@@ -11,7 +11,7 @@ use cipherlora_model::{
     AttentionMask, DeltaHook, DeltaStream, FixedPointPass, GroupDeltas, GroupInput, LoraAdapter,
     Model, ModelError, NextTrip, PassDeltas, PlainLora, ProjGroup, TripId,
 };
-use common::{ALL_MODULES, LLAMA, adapter, weights, write_hf};
+use common::{ALL_MODULES, LLAMA, QWEN2, adapter, weights, write_hf};
 
 const TOKENS: [u32; 6] = [5, 9, 31, 2, 44, 17];
 
@@ -114,6 +114,22 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Logits of the sequential pass of `TOKENS` with the adapter: where the
+/// fixed point must end.
+fn sequential(f: &Fixture) -> Vec<Vec<f32>> {
+    let mut cache = f.model.new_cache(32).unwrap();
+    rows(
+        &f.model
+            .forward(
+                &TOKENS,
+                &mut cache,
+                &AttentionMask::Causal,
+                &mut PlainLora::new(&f.lora),
+            )
+            .unwrap(),
+    )
+}
+
 struct Fixture {
     _dir: tempfile::TempDir,
     model: Model,
@@ -181,7 +197,10 @@ fn streamed_trips_equal_batched_trips_and_interleave_by_layer() {
     assert!(hook.answered.is_empty(), "every sent group was received");
     assert_eq!(streamed.round_trips(), 3);
     assert_eq!(
-        max_abs_diff(&rows(streamed.logits()), &rows(batched.logits())),
+        max_abs_diff(
+            &rows(streamed.logits().unwrap()),
+            &rows(batched.logits().unwrap())
+        ),
         0.0
     );
     for (s, b) in streamed.steps().iter().zip(batched.steps()) {
@@ -226,11 +245,7 @@ fn streamed_trips_reach_the_sequential_pass() {
     let f = fixture();
     let m = &f.model;
     let mask = AttentionMask::Causal;
-    let mut seq_cache = m.new_cache(32).unwrap();
-    let sequential = rows(
-        &m.forward(&TOKENS, &mut seq_cache, &mask, &mut PlainLora::new(&f.lora))
-            .unwrap(),
-    );
+    let sequential = sequential(&f);
     let mut hook = Streaming::new(&f.lora);
     let mut cache = m.new_cache(32).unwrap();
     let mut pass = FixedPointPass::start_sending(
@@ -260,10 +275,204 @@ fn streamed_trips_reach_the_sequential_pass() {
                 .unwrap(),
         )
     };
-    let err = max_abs_diff(&rows(pass.logits()), &sequential);
+    let err = max_abs_diff(&rows(pass.logits().unwrap()), &sequential);
     assert!(
         max_abs_diff(&base, &sequential) > 1e-2,
         "the adapter matters"
     );
     assert!(err < 1e-4, "{err}");
+}
+
+/// A pass started from the inputs pass 0 would record
+/// (`start_from_inputs`) is the pass started by pass 0: the same trips
+/// sent, the same inputs, logits and steps after every trip, but for the
+/// first trip's logit change, unknown without pass 0 (+∞). The first trip
+/// leaves on the stream before anything is received.
+#[test]
+fn a_pass_started_from_given_inputs_equals_one_started_by_pass_zero() {
+    let f = fixture();
+    let m = &f.model;
+    let mask = AttentionMask::Causal;
+
+    let mut hook = Streaming::new(&f.lora);
+    let mut cache = m.new_cache(32).unwrap();
+    let mut by_pass0 = FixedPointPass::start_sending(
+        m,
+        &TOKENS,
+        &mut cache,
+        &mask,
+        &mut hook,
+        PassDeltas::new(),
+        NextTrip::Send(Some(1e-3)),
+    )
+    .unwrap();
+    let given = by_pass0.inputs().to_vec();
+    for next in [NextTrip::Send(None), NextTrip::Wait] {
+        by_pass0
+            .iterate_sending(&mut cache, &mut hook, None, next)
+            .unwrap();
+    }
+
+    let mut hook2 = Streaming::new(&f.lora);
+    let mut cache2 = m.new_cache(32).unwrap();
+    let mut from_given = FixedPointPass::start_from_inputs(
+        m,
+        &TOKENS,
+        &cache2,
+        &mask,
+        &mut hook2,
+        given.clone(),
+        NextTrip::Send(Some(1e-3)),
+    )
+    .unwrap();
+    assert!(from_given.logits().is_none(), "no plaintext pass yet");
+    assert_eq!(cache2.len(), 0, "the cache is not touched");
+    let groups = given.len();
+    assert_eq!(
+        hook2.log.len(),
+        1 + groups,
+        "the whole first trip leaves at once"
+    );
+    for next in [NextTrip::Send(None), NextTrip::Wait] {
+        from_given
+            .iterate_sending(&mut cache2, &mut hook2, None, next)
+            .unwrap();
+    }
+
+    assert_eq!(hook2.batches, 0);
+    assert!(hook2.answered.is_empty(), "every sent group was received");
+    assert_eq!(
+        max_abs_diff(
+            &rows(from_given.logits().unwrap()),
+            &rows(by_pass0.logits().unwrap())
+        ),
+        0.0
+    );
+    let (a, b) = (from_given.steps(), by_pass0.steps());
+    assert_eq!(a.len(), 2);
+    assert!(a[0].logit_change.iter().all(|c| c.is_infinite()));
+    assert!(b[0].logit_change.iter().all(|c| c.is_finite()));
+    assert_eq!(a[0].input_change, b[0].input_change);
+    assert_eq!(a[1], b[1]);
+    assert_eq!(cache2.len(), TOKENS.len());
+}
+
+/// The fixed point does not depend on the start: from inputs far off
+/// (every group's input scaled by 1.5), batched trips still reach the
+/// sequential pass, after one trip more than groups (the first group's
+/// input, exact after any pass 0, is given too).
+#[test]
+fn a_pass_from_bad_inputs_still_reaches_the_sequential_pass() {
+    let f = fixture();
+    let m = &f.model;
+    let mask = AttentionMask::Causal;
+    let sequential = sequential(&f);
+    let mut hook = PlainLora::new(&f.lora);
+    let mut cache = m.new_cache(32).unwrap();
+    let pass0 = FixedPointPass::start(m, &TOKENS, &mut cache, &mask, &hook).unwrap();
+    let off: Vec<GroupInput> = pass0
+        .inputs()
+        .iter()
+        .map(|g| GroupInput {
+            x: (&g.x * 1.5).unwrap(),
+            ..g.clone()
+        })
+        .collect();
+    let groups = off.len();
+    let mut cache = m.new_cache(32).unwrap();
+    let mut pass = FixedPointPass::start_from_inputs(
+        m,
+        &TOKENS,
+        &cache,
+        &mask,
+        &mut hook,
+        off,
+        NextTrip::Wait,
+    )
+    .unwrap();
+    for _ in 0..=groups {
+        pass.iterate(&mut cache, &mut hook).unwrap();
+    }
+    let err = max_abs_diff(&rows(pass.logits().unwrap()), &sequential);
+    assert!(err < 1e-4, "{err}");
+}
+
+/// Given inputs that are not the wanted groups, or not T rows, are a typed
+/// error before anything is sent.
+#[test]
+fn given_inputs_of_the_wrong_groups_or_shape_are_refused() {
+    let f = fixture();
+    let m = &f.model;
+    let mask = AttentionMask::Causal;
+    let hook = PlainLora::new(&f.lora);
+    let mut cache = m.new_cache(32).unwrap();
+    let pass0 = FixedPointPass::start(m, &TOKENS, &mut cache, &mask, &hook).unwrap();
+    let good = pass0.inputs().to_vec();
+    let cache = m.new_cache(32).unwrap();
+    let mut bad = Vec::new();
+    bad.push(good[1..].to_vec());
+    let mut swapped = good.clone();
+    swapped.swap(0, 1);
+    bad.push(swapped);
+    let mut short = good.clone();
+    short[2].x = short[2].x.narrow(0, 0, TOKENS.len() - 1).unwrap();
+    bad.push(short);
+    for inputs in bad {
+        let mut hook = Streaming::new(&f.lora);
+        let err = FixedPointPass::start_from_inputs(
+            m,
+            &TOKENS,
+            &cache,
+            &mask,
+            &mut hook,
+            inputs,
+            NextTrip::Send(None),
+        )
+        .unwrap_err();
+        assert!(matches!(err, ModelError::Input(_)), "{err}");
+        assert!(hook.log.is_empty(), "nothing sent");
+    }
+}
+
+/// Passes on another model of the same configuration (other weights: the
+/// drafter's, for the passes that only estimate the next trip's inputs)
+/// leave a pass that, once it runs on the target again, ends on the
+/// target's fixed point; passes that stay on the other model do not. A
+/// model of another configuration is refused.
+#[test]
+fn estimates_on_another_model_end_on_the_target_s_fixed_point() {
+    let f = fixture();
+    let m = &f.model;
+    let dir = tempfile::tempdir().unwrap();
+    write_hf(dir.path(), &LLAMA, &weights(&LLAMA, 24));
+    let other = Model::load(dir.path()).unwrap();
+    let mask = AttentionMask::Causal;
+    let sequential = sequential(&f);
+    let mut hook = PlainLora::new(&f.lora);
+    let mut cache = m.new_cache(32).unwrap();
+    let mut pass = FixedPointPass::start(&other, &TOKENS, &mut cache, &mask, &hook).unwrap();
+    let groups = pass.inputs().len();
+    for _ in 0..2 {
+        pass.iterate(&mut cache, &mut hook).unwrap();
+    }
+    let off = max_abs_diff(&rows(pass.logits().unwrap()), &sequential);
+    assert!(
+        off > 1e-1,
+        "the other model's passes are another function: {off}"
+    );
+    pass.run_on(m).unwrap();
+    // The first trip on the target still takes the other model's inputs.
+    for _ in 0..=groups {
+        pass.iterate(&mut cache, &mut hook).unwrap();
+    }
+    let err = max_abs_diff(&rows(pass.logits().unwrap()), &sequential);
+    assert!(err < 1e-4, "{err}");
+
+    let q_dir = tempfile::tempdir().unwrap();
+    write_hf(q_dir.path(), &QWEN2, &weights(&QWEN2, 23));
+    let shaped_otherwise = Model::load(q_dir.path()).unwrap();
+    assert!(matches!(
+        pass.run_on(&shaped_otherwise),
+        Err(ModelError::Input(_))
+    ));
 }

@@ -112,6 +112,15 @@ fn private_matches_plaintext(
                 got.stats.round_trips + narrow_prefill,
                 he.round_trips as usize
             );
+            // A drafted start replaces every verify pass's pass 0.
+            if fp.drafted_start {
+                assert_eq!(
+                    got.stats.drafted_starts,
+                    got.stats.rounds - got.stats.continuations,
+                    "{:?}",
+                    got.stats
+                );
+            }
         }
         rounds += got.stats.rounds;
     }
@@ -120,7 +129,9 @@ fn private_matches_plaintext(
 
 /// Requests grouped by runs of four layers (30 layers: seven runs of four
 /// and a last run of two), streamed: each request leaves when the pass has
-/// produced its fourth layer's inputs.
+/// produced its fourth layer's inputs. Each round's first trip is the
+/// drafter's recorded inputs (`/drafted-start`), all sent when the round
+/// starts; the other tests start from pass 0.
 #[test]
 fn fixed_point_schedule_equals_plaintext_ffa() {
     let dir = adapter_dir("code-ffa-r16");
@@ -128,7 +139,7 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
         "code-ffa-r16",
         &dir,
         &PROMPTS,
-        "fixed-point".parse().unwrap(),
+        "fixed-point/drafted-start".parse().unwrap(),
         (Grouping::ByLayers(4), PREFILL),
     );
 }

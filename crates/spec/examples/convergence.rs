@@ -318,11 +318,14 @@ fn main() -> anyhow::Result<()> {
                         err = err.max(d / f64::from(max_abs(&b.x)).max(1e-30));
                     }
                     per_trip[trip - 1].push(err);
-                    let arg = Model::argmax_rows(pass.logits())?;
+                    let logits = pass
+                        .logits()
+                        .ok_or_else(|| anyhow::anyhow!("a pass after a trip has logits"))?;
+                    let arg = Model::argmax_rows(logits)?;
                     if got_arg.is_none() && arg == exact_arg {
                         got_arg = Some(trip);
                     }
-                    let rows_now = pass.logits().to_vec2::<f32>()?;
+                    let rows_now = logits.to_vec2::<f32>()?;
                     let cert = cipherlora_spec::schedule::certify_greedy(
                         &rows_now,
                         &step.logit_change,

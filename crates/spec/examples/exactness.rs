@@ -27,6 +27,11 @@
 //! `cipherlora_spec::schedule` say why it may not be (the residual the last
 //! trip leaves in the kept keys and values).
 //!
+//! `--drafted-start true` starts each verify pass from the inputs the
+//! drafter computed (`FixedPoint::drafted_start`), `--drafter-weights
+//! f16|quantized` picks the drafter's weights (f16 by default; the private
+//! CLI drafts quantized), `--drafter-estimates true` runs the estimate
+//! passes on a quantized drafter (`FixedPoint::drafter_estimates`).
 //! `--skip N` leaves out the first N prompts of each adapter.
 //! `--weights quantized` verifies (and computes the sequential reference)
 //! with the GGUF's weights kept quantized (`--weights quantized` of the
@@ -66,6 +71,15 @@ struct Args {
     shadow: bool,
     guess: bool,
     weights: WeightMode,
+    /// `--drafted-start true`: the drafter's inputs replace pass 0
+    /// (`FixedPoint::drafted_start`).
+    drafted_start: bool,
+    /// `--drafter-estimates true`: the estimate passes run on a quantized
+    /// drafter (`FixedPoint::drafter_estimates`).
+    drafter_estimates: bool,
+    /// `--drafter-weights f16|quantized` (f16 by default; the private CLI
+    /// drafts with the GGUF's quantized weights).
+    drafter_weights: WeightMode,
 }
 
 /// The plaintext LoRA, with deltas asked for within a tolerance made that
@@ -139,6 +153,9 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         shadow: false,
         guess: true,
         weights: WeightMode::F32,
+        drafted_start: false,
+        drafter_estimates: false,
+        drafter_weights: WeightMode::F16,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -165,11 +182,21 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             "--guided" => a.guided = v.parse()?,
             "--shadow" => a.shadow = v.parse()?,
             "--guess" => a.guess = v.parse()?,
-            "--weights" => {
-                a.weights = match v.as_str() {
+            "--drafted-start" => a.drafted_start = v.parse()?,
+            "--drafter-estimates" => a.drafter_estimates = v.parse()?,
+            "--weights" | "--drafter-weights" => {
+                let w = match v.as_str() {
                     "f32" => WeightMode::F32,
+                    "f16" => WeightMode::F16,
                     "quantized" => WeightMode::Quantized,
-                    other => return Err(format!("--weights f32|quantized, not {other}").into()),
+                    other => {
+                        return Err(format!("{flag} f32|f16|quantized, not {other}").into());
+                    }
+                };
+                if flag == "--weights" {
+                    a.weights = w;
+                } else {
+                    a.drafter_weights = w;
                 }
             }
             _ => return Err(format!("unknown option {flag}").into()),
@@ -217,7 +244,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let drafter = Model::load_with(
         &path,
         &LoadOptions {
-            weights: WeightMode::F16,
+            weights: args.drafter_weights,
         },
     )?;
     let tok = Tokenizer::for_model(&path)?;
@@ -275,6 +302,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             settle_trips: args.settle,
                             shadow: args.shadow,
                             guessed_start: args.guess,
+                            drafted_start: args.drafted_start,
+                            drafter_estimates: args.drafter_estimates,
                             ..FixedPoint::default()
                         }),
                     };
@@ -341,6 +370,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "first_divergence": at, "tokens": tokens, "rounds": rounds,
                     "continuations": continuations, "uncertified_rows": uncertified,
                     "settles": settles, "weights": format!("{:?}", args.weights),
+                    "drafted_start": args.drafted_start, "drafter_estimates": args.drafter_estimates, "drafter_weights": format!("{:?}", args.drafter_weights),
                 }));
             }
         }

@@ -26,7 +26,8 @@
 use std::time::Instant;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, KvCache, Model, PassDeltas, Sampler, SamplingParams, Tensor,
+    AttentionMask, DeltaHook, GroupInput, KvCache, Model, PassDeltas, ProjGroup, Sampler,
+    SamplingParams, Tensor, wanted_groups,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -35,6 +36,7 @@ use crate::SpecError;
 use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled};
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::draft_bias::DraftBias;
+use crate::drafted_inputs::{DraftedInputs, Recording};
 use crate::ngram::PromptLookup;
 use crate::row_deltas::RowDeltas;
 use crate::schedule::{
@@ -124,6 +126,30 @@ pub struct SpecConfig {
 }
 
 impl SpecConfig {
+    /// Greedy chains of `k` drafts from the delta-guided base drafter,
+    /// padded to the verify width K + 1, up to `max_tokens` new tokens or
+    /// one of `eos`, verified group by group ([`Schedule::PerGroup`]): the
+    /// common case, to adjust with struct update syntax.
+    #[must_use]
+    pub fn greedy(k: usize, max_tokens: usize, eos: Vec<u32>) -> Self {
+        Self {
+            tree: None,
+            drafter: DrafterKind::Base,
+            k,
+            adaptive: false,
+            pad_to_k: true,
+            prefill_width: None,
+            optimistic: false,
+            draft_stop_below: 0.0,
+            delta_guided: true,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            eos,
+            first_token_from_prefill: false,
+            schedule: Schedule::PerGroup,
+        }
+    }
+
     /// Positions per verify pass when padding is on (K+1, or 1 without drafter).
     #[must_use]
     pub fn verify_width(&self) -> usize {
@@ -132,6 +158,15 @@ impl SpecConfig {
         } else {
             self.k + 1
         }
+    }
+
+    /// Whether chain drafts record their LoRA inputs as the verify pass's
+    /// first estimate: [`FixedPoint::drafted_start`] with at least two
+    /// trips per round, chains, a base drafter.
+    fn drafted_start(&self) -> bool {
+        matches!(self.schedule, Schedule::FixedPoint(fp) if fp.drafted_start && fp.round_trips >= 2)
+            && self.tree.is_none()
+            && matches!(self.drafter, DrafterKind::Base | DrafterKind::Hybrid)
     }
 }
 
@@ -172,6 +207,9 @@ pub struct SpecStats {
     /// residual ([`crate::schedule::FixedPoint::shadow`]); their passes'
     /// trips are in `round_trips`, their rounds in `rounds`.
     pub settles: usize,
+    /// Verify passes whose first trip sent the drafter's inputs instead of
+    /// pass 0's ([`crate::schedule::FixedPoint::drafted_start`]).
+    pub drafted_starts: usize,
 }
 
 impl SpecStats {
@@ -332,8 +370,26 @@ pub fn generate_drafted(
     let mut retry: Option<Draft> = None;
     let mut round_settles = 0;
 
-    // Drafting ahead runs K + 1 positions past a full draft.
-    let mut drafter = Drafter::new((draft_model, model), cfg, capacity + width + 1)?;
+    let adapted = wanted_groups(model, &*verifier);
+    // The estimate passes' model (`FixedPoint::drafter_estimates`): the
+    // drafter's when its weights are quantized (our kernels: 2.2× an f32
+    // pass at 9 positions); an f16 drafter is slower than the target at
+    // several positions (candle's f16 GEMM on the CPU), an f32 one no
+    // faster.
+    let estimator = if draft_model.weights_held() == "quantized" {
+        draft_model
+    } else {
+        model
+    };
+    // Drafting ahead runs K + 1 positions past a full draft; a tree's
+    // growth feeds up to `branch` nodes per level.
+    let tree_margin = cfg.tree.as_ref().map_or(0, |t| t.shape.max_fed(cfg.k));
+    let mut drafter = Drafter::new(
+        (draft_model, model),
+        cfg,
+        capacity + width + 1 + tree_margin,
+        adapted,
+    )?;
     drafter.guide(&done.last_deltas.0, done.last_deltas.1)?;
     // The next verify pass's first estimate (`FixedPoint::guessed_start`).
     let mut estimate = DraftBias::from_rows(&done.last_deltas.0, kept_tail(done.last_deltas.1))?;
@@ -454,6 +510,13 @@ pub fn generate_drafted(
             certify: &certify,
             estimate: &estimate,
             may_stall,
+            // (A draft shorter than the window, e.g. under adaptive K, runs
+            // pass 0.)
+            drafted: draft.inputs.as_deref().filter(|d| {
+                d.first()
+                    .is_some_and(|g| g.x.dims().first() == Some(&inputs.len()))
+            }),
+            estimator,
         };
         let (verified, guess) = if go_ahead {
             std::thread::scope(|scope| {
@@ -511,6 +574,7 @@ pub fn generate_drafted(
         stats.rounds += 1 + verified.continuations;
         stats.continuations += verified.continuations;
         stats.round_trips += verified.round_trips;
+        stats.drafted_starts += usize::from(verified.drafted_start);
         if verified.stalled {
             // The cached rows' residual blocks even row 0: settle the rows
             // since the last settling, then verify the same draft again.
@@ -656,6 +720,25 @@ pub fn generate_drafted(
         stats,
         calibration: cfg.tree.is_some().then_some(drafter.calibration),
     })
+}
+
+/// One drafter forward of `feed` after `cache`, adding `bias` and, with a
+/// `recorder`, keeping each adapted group's input of the last position
+/// ([`crate::schedule::FixedPoint::drafted_start`]); returns the last
+/// position's logits.
+fn step(
+    model: &Model,
+    feed: &[u32],
+    cache: &mut KvCache,
+    bias: &mut DraftBias,
+    recorder: Option<&mut DraftedInputs>,
+) -> Result<Vec<f32>, SpecError> {
+    let mut hook = Recording {
+        bias,
+        inputs: recorder,
+    };
+    let logits = model.forward(feed, cache, &AttentionMask::Causal, &mut hook)?;
+    Ok(rows(&logits, feed.len())?.pop().expect("at least one row"))
 }
 
 /// Rows of a pass whose mean is the next pass's first estimate.
@@ -851,6 +934,9 @@ struct Draft {
     from_base: bool,
     /// A tree draft (`tokens` then lists its nodes).
     tree: Option<GrownTree>,
+    /// The LoRA inputs the drafter computed for the window's positions
+    /// ([`crate::schedule::FixedPoint::drafted_start`]; chains only).
+    inputs: Option<Vec<GroupInput>>,
 }
 
 impl Draft {
@@ -861,6 +947,7 @@ impl Draft {
             probs: None,
             from_base: true,
             tree: None,
+            inputs: None,
         }
     }
 
@@ -880,6 +967,7 @@ impl Draft {
             probs: None,
             from_base: true,
             tree: Some(grown),
+            inputs: None,
         })
     }
 }
@@ -906,13 +994,20 @@ struct Drafter<'m> {
     guided: bool,
     /// What the drafter adds to the base model (empty unless guided).
     bias: DraftBias,
+    /// Records the LoRA inputs of the positions a chain draft feeds
+    /// ([`crate::schedule::FixedPoint::drafted_start`]; `None` when the
+    /// schedule does not use them).
+    recorder: Option<DraftedInputs>,
 }
 
 impl<'m> Drafter<'m> {
+    /// `adapted`: the groups the verifier adapts, in forward order (what a
+    /// drafted start records).
     fn new(
         (model, batch_model): (&'m Model, &'m Model),
         cfg: &SpecConfig,
         capacity: usize,
+        adapted: Vec<(usize, ProjGroup)>,
     ) -> Result<Self, SpecError> {
         let needs_base = matches!(cfg.drafter, DrafterKind::Base | DrafterKind::Hybrid);
         let cache = if needs_base {
@@ -954,6 +1049,7 @@ impl<'m> Drafter<'m> {
                 .unwrap_or_default(),
             guided: cfg.delta_guided,
             bias: DraftBias::none(),
+            recorder: cfg.drafted_start().then(|| DraftedInputs::new(adapted)),
         })
     }
 
@@ -988,6 +1084,7 @@ impl<'m> Drafter<'m> {
             probs: None,
             from_base: false,
             tree: None,
+            inputs: None,
         };
         match self.kind {
             DrafterKind::None => Ok(Draft {
@@ -995,6 +1092,7 @@ impl<'m> Drafter<'m> {
                 probs: None,
                 from_base: false,
                 tree: None,
+                inputs: None,
             }),
             DrafterKind::Ngram => Ok(lookup()),
             DrafterKind::Hybrid => {
@@ -1031,11 +1129,17 @@ impl<'m> Drafter<'m> {
         let mut tokens = Vec::with_capacity(k);
         let mut probs = Vec::with_capacity(k);
         let mut feed = context[cache.len()..].to_vec();
+        if let Some(r) = self.recorder.as_mut() {
+            r.clear();
+        }
         for i in 0..k {
-            let logits =
-                self.model
-                    .forward(&feed, cache, &AttentionMask::Causal, &mut self.bias)?;
-            let row = rows(&logits, feed.len())?.pop().expect("at least one row");
+            let row = step(
+                self.model,
+                &feed,
+                cache,
+                &mut self.bias,
+                self.recorder.as_mut(),
+            )?;
             // Greedy drafts stop early after a low-confidence token.
             let (next, stop) = if greedy {
                 // (The softmax over the vocabulary only when the option is on.)
@@ -1054,12 +1158,42 @@ impl<'m> Drafter<'m> {
             }
             feed = vec![next];
         }
+        let inputs = self.drafted_inputs(&tokens, k)?;
         Ok(Draft {
             tokens,
             probs: (!greedy).then_some(probs),
             from_base: true,
             tree: None,
+            inputs,
         })
+    }
+
+    /// With a recorder and a full draft of `k` tokens: feeds the last draft
+    /// once more, recording its inputs (its cache row is dropped again), and
+    /// returns the window's k + 1 positions' inputs. `None` otherwise.
+    fn drafted_inputs(
+        &mut self,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Option<Vec<GroupInput>>, SpecError> {
+        let (Some(recorder), Some(cache), Some(&last)) =
+            (self.recorder.as_mut(), self.cache.as_mut(), tokens.last())
+        else {
+            return Ok(None);
+        };
+        if tokens.len() != k {
+            recorder.clear();
+            return Ok(None);
+        }
+        step(
+            self.model,
+            &[last],
+            cache,
+            &mut self.bias,
+            Some(&mut *recorder),
+        )?;
+        cache.truncate(cache.len() - 1);
+        recorder.take(k + 1)
     }
 
     /// A tree of at most k nodes from the base model
@@ -1155,22 +1289,32 @@ impl<'m> Drafter<'m> {
         let mut feed: Vec<u32> = drafts[keep.saturating_sub(context_len)..accepted].to_vec();
         feed.push(bonus);
         let mut next = Vec::with_capacity(k);
+        if let Some(r) = self.recorder.as_mut() {
+            r.clear();
+        }
         for i in 0..k {
-            let logits =
-                self.model
-                    .forward(&feed, cache, &AttentionMask::Causal, &mut self.bias)?;
-            let row = rows(&logits, feed.len())?.pop().expect("at least one row");
+            let row = step(
+                self.model,
+                &feed,
+                cache,
+                &mut self.bias,
+                self.recorder.as_mut(),
+            )?;
             let tok = greedy_token(&row);
             next.push(tok);
             if i + 1 < k {
                 feed = vec![tok];
             }
         }
+        let inputs = self.drafted_inputs(&next, k)?;
         Ok(Guess {
             accepted,
             bonus,
             path: Vec::new(),
-            next: Draft::chain(next),
+            next: Draft {
+                inputs,
+                ..Draft::chain(next)
+            },
         })
     }
 

@@ -29,6 +29,7 @@ pub mod acceptance;
 pub mod adaptive;
 pub mod decode;
 pub mod draft_bias;
+mod drafted_inputs;
 mod error;
 pub mod ngram;
 mod row_deltas;

@@ -76,10 +76,30 @@
 //! trips more converged) and verifies the same draft again; if that round
 //! stalls too, the prompt's rows are settled as well. The server sees
 //! rounds of the verify width and trip count throughout.
+//!
+//! # A drafted start
+//!
+//! Pass 0 only estimates the inputs of the first trip, and the base
+//! drafter has just computed the same quantities for the same positions
+//! while it drafted them (its LoRA inputs at every adapted group, with its
+//! own weights and guide). With [`FixedPoint::drafted_start`] those are
+//! the first trip's inputs (`crate::drafted_inputs`,
+//! [`FixedPointPass::start_from_inputs`]): the first trip leaves when the
+//! round starts, and the client saves a plaintext pass of the verify width
+//! per round for one more single-position drafter step. The start is a
+//! guess like pass 0's, and the fixed point does not depend on it (one
+//! trip more to be exact by construction: the first group's input is a
+//! guess too). Without pass 0 the first trip's logit change is unknown;
+//! the rows' contraction after the second trip is then the pass's observed
+//! contraction of its inputs (`previous_changes`), clamped to
+//! [[`RHO_FLOOR`], 1/2] as every observed ρ is. The server sees the same
+//! trips, groups and widths.
+
+use std::borrow::Cow;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, FixedPointPass, KeepDeltas, KvCache, Model, NextTrip, PassDeltas,
-    Tensor,
+    AttentionMask, DeltaHook, FixedPointPass, FixedPointStep, GroupInput, KeepDeltas, KvCache,
+    Model, NextTrip, PassDeltas, Tensor,
 };
 
 use crate::SpecError;
@@ -179,6 +199,48 @@ pub struct FixedPoint {
     /// rows are certified after the same trips; the fixed point itself,
     /// and what the server sees (the same trips, encrypted), do not change.
     pub guessed_start: bool,
+    /// Pass 0 of a chain round is the drafter's: the first trip sends the
+    /// LoRA inputs the base drafter computed while it drafted the window
+    /// (its last draft fed once more for the last position), and no
+    /// plaintext pass runs before it. The client saves one pass of the
+    /// verify width per round for one single-position drafter step; the
+    /// start is off by the drafter's weights (quantized or f16) and its own
+    /// guide, a guess as pass 0's is, and the fixed point does not depend
+    /// on it. What the server sees is unchanged (the same trips, groups and
+    /// widths). The first trip's logit change is then unknown: after the
+    /// round's second trip a row's contraction is the pass's observed
+    /// contraction of its inputs (module docs, "A drafted start"), from
+    /// the third trip on its own logits' as always. Used only with at
+    /// least two trips per round, greedy or sampled chains from the base
+    /// drafter whose draft fills the window; other rounds run pass 0.
+    /// Measured, it does not pay when the server is the slower side of a
+    /// trip (BENCHMARKS.md, "The drafter's share of a round").
+    pub drafted_start: bool,
+    /// The passes of a round that only estimate the next trip's inputs
+    /// (pass 0 and every pass before a batch's last) run on the drafter's
+    /// model instead of the target's, when the drafter holds quantized
+    /// weights: the same function up to the 16-bit rounding of its
+    /// activations, 2.2× faster than an f32 pass at 9 positions
+    /// (BENCHMARKS.md, "Plaintext model"). (The decoder keeps the target
+    /// for them when the drafter is f16 or f32, which is no faster there.)
+    /// The batch's last pass, whose logits are certified and whose keys and
+    /// values are kept, runs on the target, as does every pass of a
+    /// continuation, so the fixed point is the target's. The last trip's
+    /// inputs then carry the estimate pass's rounding (relative ≈ 3·10⁻⁵
+    /// of a block's largest activation, below the later trips'
+    /// tolerance), and the round's last logit change, which the
+    /// certification reads, spans the two models: it carries their
+    /// difference (≈ 4·10⁻³ logits on the default model), which no trip
+    /// shrinks. Rows nearer a tie than that continue, on the target only
+    /// (continuing on the drafter too tripled the all-linear adapter's
+    /// continuations on prose: the difference blocked them round after
+    /// round). Measured in plaintext on code and prose, the rounds were
+    /// then those of target-only passes (BENCHMARKS.md, "The drafter's
+    /// share of a round"); it is opt-in because only the client's time
+    /// falls, which pays where the client bounds the round (two shadowed
+    /// trips at wan20), not under the default three trips. The shadow's
+    /// replay runs on the model of the pass it replays.
+    pub drafter_estimates: bool,
 }
 
 /// Relative tolerance of the deltas of a pass's first trip when
@@ -216,6 +278,8 @@ impl Default for FixedPoint {
             settle_trips: 0,
             shadow: false,
             guessed_start: true,
+            drafted_start: false,
+            drafter_estimates: false,
         }
     }
 }
@@ -280,7 +344,10 @@ impl std::fmt::Display for Schedule {
     /// `/prefill:M` for M trips other than the default), `/shadow` when
     /// rounds certify against a shadow cache ([`FixedPoint::shadow`]),
     /// `/base-start` when pass 0 runs the base model
-    /// ([`FixedPoint::guessed_start`] off),
+    /// ([`FixedPoint::guessed_start`] off), `/drafted-start` when the
+    /// drafter's inputs replace pass 0 ([`FixedPoint::drafted_start`]),
+    /// `/drafter-estimates` when a round's estimate passes run on the
+    /// drafter's weights ([`FixedPoint::drafter_estimates`]),
     /// `/exact-trips` when every trip asks for full precision, `/batched`
     /// when trips are not streamed and `/no-ahead` when nothing is drafted
     /// during a round's last trip.
@@ -301,6 +368,12 @@ impl std::fmt::Display for Schedule {
                 }
                 if !fp.guessed_start {
                     f.write_str("/base-start")?;
+                }
+                if fp.drafted_start {
+                    f.write_str("/drafted-start")?;
+                }
+                if fp.drafter_estimates {
+                    f.write_str("/drafter-estimates")?;
                 }
                 if !fp.coarse_trips {
                     f.write_str("/exact-trips")?;
@@ -324,7 +397,9 @@ impl std::str::FromStr for Schedule {
     /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)),
     /// optionally followed by `/prefill:per-group` or `/prefill:M` (M ≥ 1
     /// batched trips per prefill pass), `/shadow` ([`FixedPoint::shadow`]),
-    /// `/base-start` (pass 0 without a guess),
+    /// `/base-start` (pass 0 without a guess), `/drafted-start`
+    /// ([`FixedPoint::drafted_start`]), `/drafter-estimates`
+    /// ([`FixedPoint::drafter_estimates`]),
     /// `/exact-trips` (no coarse trips),
     /// `/batched` (one batch per trip instead of streamed trips) and
     /// `/no-ahead` (no drafting during a round's last trip), in that order.
@@ -334,7 +409,8 @@ impl std::str::FromStr for Schedule {
             SpecError::Config(format!(
                 "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N, \
                  each fixed point optionally /prefill:per-group or /prefill:M, \
-                 /shadow, /base-start, /exact-trips, /batched and /no-ahead)"
+                 /shadow, /base-start, /drafted-start, /drafter-estimates, /exact-trips, /batched \
+                 and /no-ahead)"
             ))
         };
         let positive = |n: &str| match n.parse::<usize>() {
@@ -353,6 +429,14 @@ impl std::str::FromStr for Schedule {
             Some(rest) => (rest, true),
             None => (s, false),
         };
+        let (s, drafter_estimates) = match s.strip_suffix("/drafter-estimates") {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
+        let (s, drafted_start) = match s.strip_suffix("/drafted-start") {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
         let (s, base_start) = match s.strip_suffix("/base-start") {
             Some(rest) => (rest, true),
             None => (s, false),
@@ -366,7 +450,9 @@ impl std::str::FromStr for Schedule {
             Some((m, n)) => (m, Some(Prefill::FixedPoint(positive(n)?))),
             None => (s, None),
         };
-        if (exact || batched || no_ahead || shadow || base_start) && main == "per-group" {
+        if (exact || batched || no_ahead || shadow || base_start) && main == "per-group"
+            || (drafted_start || drafter_estimates) && main == "per-group"
+        {
             return Err(bad());
         }
         let mut fp = match main.split_once(':') {
@@ -390,6 +476,8 @@ impl std::str::FromStr for Schedule {
         fp.draft_ahead = !no_ahead;
         fp.shadow = shadow;
         fp.guessed_start = !base_start;
+        fp.drafted_start = drafted_start;
+        fp.drafter_estimates = drafter_estimates;
         Ok(Schedule::FixedPoint(fp))
     }
 }
@@ -412,6 +500,9 @@ pub(crate) struct Verified {
     /// ([`FixedPoint::shadow`]); the caller settles them ([`settle`]) and
     /// verifies the window again.
     pub stalled: bool,
+    /// The first trip sent the drafter's inputs
+    /// ([`FixedPoint::drafted_start`]).
+    pub drafted_start: bool,
 }
 
 /// Work to run on another thread while the last round trip of a
@@ -445,6 +536,15 @@ pub(crate) struct Window<'a> {
     /// [`Verified::stalled`] instead of continuing (false once the caller
     /// has settled the cached rows for this round).
     pub may_stall: bool,
+    /// The first estimate as the drafter computed it
+    /// ([`FixedPoint::drafted_start`]): every adapted group's input for the
+    /// window, (T, d_in) each, in forward order. Used instead of pass 0 when
+    /// the schedule asks for it and makes at least two trips per round.
+    pub drafted: Option<&'a [GroupInput]>,
+    /// The model of the passes that only estimate the next trip's inputs
+    /// when [`FixedPoint::drafter_estimates`] is on (the drafter's: same
+    /// architecture, cheaper weights).
+    pub estimator: &'a Model,
 }
 
 /// Runs one verify pass of `window.tokens` under `window.schedule`. `certify(logits,
@@ -486,6 +586,8 @@ pub(crate) fn verify<G: Send>(
         certify,
         estimate,
         may_stall,
+        drafted,
+        estimator,
     } = *window;
     let fp = match schedule {
         Schedule::PerGroup => {
@@ -498,26 +600,40 @@ pub(crate) fn verify<G: Send>(
                 round_trips: 0,
                 continuations: 0,
                 stalled: false,
+                drafted_start: false,
             };
             return Ok((verified, None));
         }
         Schedule::FixedPoint(fp) => fp,
     };
     let trips = fp.round_trips.max(1);
-    let guess = if fp.guessed_start {
-        estimate.pass_deltas(tokens.len())?
-    } else {
-        PassDeltas::new()
+    let first = fp.next_trip(fp.tolerance_of_trip(0, trips), true);
+    let drafted = drafted.filter(|_| fp.drafted_start && trips >= 2);
+    let drafted_start = drafted.is_some();
+    let mut pass = match drafted {
+        Some(inputs) => FixedPointPass::start_from_inputs(
+            model,
+            tokens,
+            cache,
+            mask,
+            hook,
+            inputs.to_vec(),
+            first,
+        )?,
+        None => {
+            let guess = if fp.guessed_start {
+                estimate.pass_deltas(tokens.len())?
+            } else {
+                PassDeltas::new()
+            };
+            let pass0 = if fp.drafter_estimates {
+                estimator
+            } else {
+                model
+            };
+            FixedPointPass::start_sending(pass0, tokens, cache, mask, hook, guess, first)?
+        }
     };
-    let mut pass = FixedPointPass::start_sending(
-        model,
-        tokens,
-        cache,
-        mask,
-        hook,
-        guess,
-        fp.next_trip(fp.tolerance_of_trip(0, trips), true),
-    )?;
     // After as many exact trips as groups every input is exact (module docs
     // of `FixedPointPass`): the bound that ends any run of continuations.
     // Trips follow the round's precision pattern for the first `groups`
@@ -530,7 +646,29 @@ pub(crate) fn verify<G: Send>(
             None
         }
     };
-    let exact_after = if fp.coarse_trips { 2 * groups } else { groups };
+    // (From given inputs one trip more: the first group's input is then an
+    // estimate too.)
+    let given = usize::from(pass.logits().is_none());
+    // With drafter estimates the target's first trip takes inputs the
+    // drafter's pass computed: one more.
+    let exact_after = if fp.coarse_trips || fp.drafter_estimates {
+        2 * groups
+    } else {
+        groups
+    } + given
+        + usize::from(fp.drafter_estimates);
+    // The model of the pass after trip j: with drafter estimates, the
+    // drafter's for the passes of the round's own batch but its last;
+    // a continuation runs on the target throughout (its changes then
+    // compare target passes: the two models' difference does not shrink
+    // with more trips, so certifying against it could not end).
+    let runs_on = |j: usize| {
+        if fp.drafter_estimates && j < trips.min(groups) {
+            estimator
+        } else {
+            model
+        }
+    };
     let mut continuations = 0;
     let mut guess = None;
     loop {
@@ -539,6 +677,7 @@ pub(crate) fn verify<G: Send>(
         // batch's last, which sends nothing.
         for _ in 0..trips - 1 {
             let j = pass.round_trips();
+            pass.run_on(runs_on(j))?;
             pass.iterate_sending(cache, hook, tol(j), fp.next_trip(tol(j + 1), true))?;
         }
         let tolerance = tol(pass.round_trips());
@@ -553,7 +692,7 @@ pub(crate) fn verify<G: Send>(
                 Some(sh) => {
                     sh.truncate(pass.cache_start());
                     let replayed = pass.replay(sh)?;
-                    Ok(Some(distance(pass.logits(), &replayed)?))
+                    Ok(Some(distance(latest(pass)?, &replayed)?))
                 }
                 None => Ok(None),
             }
@@ -561,11 +700,12 @@ pub(crate) fn verify<G: Send>(
         let mut inherited;
         match ahead.take() {
             Some(work) => {
-                let before_last = pass.logits().clone();
+                let before_last = latest(&pass)?.clone();
                 let deltas = pass.deltas().clone();
                 let (last, g) = std::thread::scope(|scope| {
                     let helper = scope.spawn(move || work(&before_last, &deltas));
                     let last = replay(&pass).and_then(|r| {
+                        pass.run_on(model)?;
                         pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;
                         Ok(r)
                     });
@@ -579,6 +719,7 @@ pub(crate) fn verify<G: Send>(
             }
             None => {
                 inherited = replay(&pass)?;
+                pass.run_on(model)?;
                 pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;
             }
         }
@@ -588,33 +729,32 @@ pub(crate) fn verify<G: Send>(
             if let Some(sh) = shadow.as_deref_mut().filter(|_| fp.shadow) {
                 sh.truncate(pass.cache_start());
                 let replayed = pass.replay(sh)?;
-                inherited = Some(distance(pass.logits(), &replayed)?);
+                inherited = Some(distance(latest(&pass)?, &replayed)?);
             }
         }
         let steps = pass.steps();
         let own = &steps[steps.len() - 1].logit_change;
-        let previous = steps
-            .len()
-            .checked_sub(2)
-            .map(|i| &steps[i].logit_change[..]);
+        let previous = previous_changes(steps);
+        let previous = previous.as_deref();
+        let logits = latest(&pass)?;
         let usable = if pass.round_trips() >= exact_after {
             real
         } else {
             match &inherited {
                 Some(inh) => {
                     let (change, previous) = with_inherited(own, previous, inh);
-                    certify(pass.logits(), &change, Some(&previous))?.min(real)
+                    certify(logits, &change, Some(&previous))?.min(real)
                 }
-                None => certify(pass.logits(), own, previous)?.min(real),
+                None => certify(logits, own, previous)?.min(real),
             }
         };
         let stalled = usable == 0
             && may_stall
             && continuations > 0
             && inherited.is_some()
-            && certify(pass.logits(), own, previous)? > 0;
+            && certify(logits, own, previous)? > 0;
         if usable > 0 || stalled {
-            let (logits, deltas) = (pass.logits().clone(), pass.deltas().clone());
+            let (logits, deltas) = (logits.clone(), pass.deltas().clone());
             for _ in 0..fp.settle_trips {
                 pass.iterate_sending(cache, hook, None, NextTrip::Wait)?;
             }
@@ -625,11 +765,51 @@ pub(crate) fn verify<G: Send>(
                 round_trips: pass.round_trips(),
                 continuations,
                 stalled,
+                drafted_start,
             };
             return Ok((verified, guess));
         }
         continuations += 1;
     }
+}
+
+/// Per row, the logit change of the trip before the last of `steps`
+/// (`None` after a single trip): what [`error_factor`] divides the last
+/// change by to observe the row's contraction. After a drafted start
+/// ([`FixedPoint::drafted_start`]) the first trip's logit change is
+/// unknown (+∞); its stand-in is the last change divided by the pass's
+/// observed contraction of its inputs (the second trip's
+/// [`cipherlora_model::FixedPointStep::input_change`] over the first's),
+/// so the row's ρ is that contraction, clamped as any ρ is. The inputs of
+/// the start are known, the drafter's, and near the fixed point the logits'
+/// error is a linear image of the inputs' (module docs of
+/// `cipherlora_model::fixed_point`): both contract at the same rate. Rows
+/// stay at ρ = 1/2 when the inputs did not move on the first trip.
+fn previous_changes(steps: &[FixedPointStep]) -> Option<Cow<'_, [f32]>> {
+    let n = steps.len();
+    let before = &steps[n.checked_sub(2)?];
+    if before.logit_change.iter().all(|c| c.is_finite()) {
+        return Some(Cow::Borrowed(&before.logit_change));
+    }
+    let last = &steps[n - 1];
+    let rho = last.input_change / before.input_change;
+    if !(rho.is_finite() && rho > 0.0) {
+        return Some(Cow::Borrowed(&before.logit_change));
+    }
+    Some(Cow::Owned(
+        last.logit_change
+            .iter()
+            .zip(&before.logit_change)
+            .map(|(&c, &b)| if b.is_finite() { b } else { c / rho })
+            .collect(),
+    ))
+}
+
+/// The logits of `pass`'s latest plaintext pass (every pass
+/// [`verify`] reads has run one).
+fn latest<'p>(pass: &'p FixedPointPass<'_>) -> Result<&'p Tensor, SpecError> {
+    pass.logits()
+        .ok_or_else(|| SpecError::Config("a fixed-point pass read before its first pass".into()))
 }
 
 /// A (change, previous) pair whose certification bound ([`error_factor`]
@@ -647,7 +827,7 @@ fn with_inherited(
         .enumerate()
         .map(
             |(j, (&o, &i))| match previous.and_then(|p| p.get(j).copied()) {
-                Some(p) if p > 0.0 && o > 0.0 && o.is_finite() => {
+                Some(p) if p > 0.0 && p.is_finite() && o > 0.0 && o.is_finite() => {
                     let c = o + INHERITED_FACTOR * i / error_factor(o, Some(p));
                     (c, p * c / o)
                 }
@@ -843,11 +1023,14 @@ pub(crate) fn prefill_pass(
 /// The factor a row's last logit change is multiplied by to bound its
 /// remaining error, 2·ρ/(1−ρ) (a flip needs an error of half the margin),
 /// with ρ the row's observed contraction `change / previous change`,
-/// clamped to [[`RHO_FLOOR`], 1/2]; with no previous change, ρ = 1/2.
+/// clamped to [[`RHO_FLOOR`], 1/2]; with no previous change, or an unknown
+/// (infinite) one, ρ = 1/2.
 #[must_use]
 pub fn error_factor(change: f32, previous: Option<f32>) -> f32 {
     let rho = match previous {
-        Some(p) if p > 0.0 && change.is_finite() => (change / p).clamp(RHO_FLOOR, 0.5),
+        Some(p) if p > 0.0 && p.is_finite() && change.is_finite() => {
+            (change / p).clamp(RHO_FLOOR, 0.5)
+        }
         _ => 0.5,
     };
     2.0 * rho / (1.0 - rho)
@@ -1034,6 +1217,10 @@ mod tests {
             "fixed-point:2/prefill:per-group/shadow/exact-trips/no-ahead",
             "fixed-point:3/base-start",
             "fixed-point:2/shadow/base-start/batched",
+            "fixed-point:2/shadow/drafted-start",
+            "fixed-point:3/drafted-start/exact-trips/no-ahead",
+            "fixed-point:2/shadow/drafter-estimates",
+            "fixed-point:2/shadow/drafted-start/drafter-estimates/batched",
         ] {
             assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
         }
@@ -1074,6 +1261,11 @@ mod tests {
             "fixed-point/exact-trips/shadow",
             "per-group/base-start",
             "fixed-point/base-start/shadow",
+            "per-group/drafted-start",
+            "fixed-point/drafted-start/base-start",
+            "per-group/drafter-estimates",
+            "fixed-point/drafter-estimates/drafted-start",
+            "fixed-point/target-estimates",
         ] {
             assert!(bad.parse::<Schedule>().is_err(), "{bad}");
         }
@@ -1124,5 +1316,52 @@ mod tests {
         let prev = [1.0, 1.0];
         assert_eq!(certify_sampled(&[1.5e-3, 1.5e-3], Some(&prev), 2, 1e-3), 2);
         assert_eq!(certify_sampled(&[1.5e-3, 1.5e-3], None, 2, 1e-3), 0);
+    }
+
+    /// An unknown previous change (+∞, a drafted start's first trip) is no
+    /// evidence of contraction: ρ = 1/2, not the floor a huge change would
+    /// give.
+    #[test]
+    fn an_unknown_previous_change_is_no_contraction() {
+        assert_eq!(error_factor(0.1, Some(f32::INFINITY)), 2.0);
+        assert_eq!(error_factor(0.1, None), 2.0);
+        assert_eq!(error_factor(0.1, Some(10.0)), 0.5);
+        let (change, previous) = with_inherited(&[0.1], Some(&[f32::INFINITY]), &[0.0]);
+        assert_eq!(error_factor(change[0], Some(previous[0])), 2.0);
+    }
+
+    /// After a drafted start, a row's previous change is its last one over
+    /// the pass's input contraction (so its ρ is that contraction, clamped);
+    /// known previous changes are kept as they are.
+    #[test]
+    fn a_drafted_start_observes_the_contraction_of_its_inputs() {
+        let step = |input_change: f32, logit_change: Vec<f32>| FixedPointStep {
+            input_change,
+            logit_change,
+        };
+        let inf = f32::INFINITY;
+        let drafted = [step(0.4, vec![inf, inf]), step(0.1, vec![0.02, 0.0])];
+        let prev = previous_changes(&drafted).unwrap();
+        assert!((prev[0] - 0.08).abs() < 1e-6 && prev[1] == 0.0, "{prev:?}");
+        // ρ = 0.25 for row 0: factor 2·0.25/0.75; row 1 did not move.
+        assert!((error_factor(0.02, Some(prev[0])) - 2.0 / 3.0).abs() < 1e-6);
+        // A slow contraction is clamped at 1/2.
+        let slow = [step(0.1, vec![inf]), step(0.09, vec![0.02])];
+        let prev = previous_changes(&slow).unwrap();
+        assert_eq!(error_factor(0.02, Some(prev[0])), 2.0);
+        // Inputs that did not move on the first trip: no evidence, ρ = 1/2.
+        let still = [step(0.0, vec![inf]), step(0.01, vec![0.02])];
+        let prev = previous_changes(&still).unwrap();
+        assert_eq!(error_factor(0.02, Some(prev[0])), 2.0);
+        // After pass 0, and after a continuation, the logits' own changes.
+        let known = [step(0.4, vec![0.5]), step(0.1, vec![0.02])];
+        assert_eq!(&previous_changes(&known).unwrap()[..], &[0.5]);
+        let continued = [
+            step(0.4, vec![inf]),
+            step(0.1, vec![0.02]),
+            step(0.01, vec![0.001]),
+        ];
+        assert_eq!(&previous_changes(&continued).unwrap()[..], &[0.02]);
+        assert!(previous_changes(&drafted[..1]).is_none());
     }
 }

@@ -56,6 +56,18 @@ impl Default for TreeParams {
     }
 }
 
+impl TreeParams {
+    /// The most positions growing a tree of `budget` nodes feeds to the
+    /// drafter's cache after the context ([`grow`]): at most `branch` per
+    /// level, and the levels below the root's, min(max_depth, budget) − 1.
+    /// What the drafter's cache needs beyond the context and a chain's
+    /// margin.
+    #[must_use]
+    pub fn max_fed(&self, budget: usize) -> usize {
+        self.branch.max(1) * self.max_depth.min(budget).saturating_sub(1)
+    }
+}
+
 impl std::fmt::Display for TreeParams {
     /// `tree:BRANCHxDEPTH`, as parsed by [`std::str::FromStr`].
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -443,6 +455,53 @@ mod tests {
             r[t as usize] = p.ln();
         }
         r
+    }
+
+    /// Regression: the acceptance example ran the drafter's cache full
+    /// (`cache full: 147 + 2 positions > capacity 148`, general-all-r8,
+    /// T = 16, trees of 15 nodes): the cache had room for a chain's K + 1
+    /// positions after the context, and a tree's growth may feed more. The
+    /// decoder now adds [`TreeParams::max_fed`]; this pins that bound:
+    /// growth feeds at most `branch` nodes per level below the root, with
+    /// any acceptance estimate (here one that has learnt that every rank is
+    /// accepted, which keeps the frontier full).
+    #[test]
+    fn a_tree_feeds_at_most_max_fed_positions() {
+        let mut learnt = Calibration::default();
+        for _ in 0..200 {
+            for rank in 0..4 {
+                learnt.observe(rank, 0.2, true);
+            }
+        }
+        let even = row(64, &[(1, 0.2), (2, 0.2), (3, 0.2), (4, 0.2)]);
+        for (branch, depth, budget) in [(4, 15, 15), (3, 15, 15), (2, 8, 8), (4, 8, 15), (3, 16, 8)]
+        {
+            let params = TreeParams {
+                branch,
+                max_depth: depth,
+            };
+            let mut g = TreeGrowth::new(budget, branch);
+            g.expand(None, &even, &learnt);
+            g.next_level(0);
+            let mut fed = 0;
+            for _ in 1..depth.min(budget) {
+                let (level, tokens, _) = g.take_frontier();
+                if level.is_empty() {
+                    break;
+                }
+                assert!(tokens.len() <= branch);
+                fed += tokens.len();
+                let first_new = g.len();
+                for &n in &level {
+                    g.expand(Some(n), &even, &learnt);
+                }
+                g.next_level(first_new);
+            }
+            assert!(
+                fed <= params.max_fed(budget),
+                "{params} budget {budget}: fed {fed}"
+            );
+        }
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 mod common;
 
-use cipherlora_model::{PlainLora, SamplingParams};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_model::PlainLora;
+use cipherlora_spec::decode::{self, SpecConfig};
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
 use common::{fixture, load_adapter, reference_with};
 
@@ -22,20 +22,9 @@ const PROSE: [&str; 2] = [
 
 fn config(guided: bool, schedule: Schedule, k: usize, n: usize, eos: Vec<u32>) -> SpecConfig {
     SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k,
-        adaptive: false,
-        pad_to_k: true,
-        prefill_width: None,
-        optimistic: false,
-        draft_stop_below: 0.0,
         delta_guided: guided,
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        eos,
-        first_token_from_prefill: false,
         schedule,
+        ..SpecConfig::greedy(k, n, eos)
     }
 }
 

@@ -14,8 +14,8 @@
 
 mod common;
 
-use cipherlora_model::{PlainLora, SamplingParams};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_model::PlainLora;
+use cipherlora_spec::decode::{self, SpecConfig};
 use common::{fixture, load_adapter, reference_with};
 
 /// Prompt `i` of `adapters/eval/general_prompts.jsonl`.
@@ -39,20 +39,9 @@ fn a_shadow_cache_keeps_the_near_tie_three_trips_flipped_at_token_9() {
     let n = 12;
     let want = reference_with(f, &adapter, &prompt, n);
     let cfg = SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k: 7,
-        adaptive: false,
-        pad_to_k: true,
         prefill_width: Some(16),
-        optimistic: false,
-        draft_stop_below: 0.0,
-        delta_guided: true,
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        eos: f.tokenizer.eos_tokens().to_vec(),
-        first_token_from_prefill: false,
         schedule: "fixed-point/shadow".parse().unwrap(),
+        ..SpecConfig::greedy(7, n, f.tokenizer.eos_tokens().to_vec())
     };
     let mut hook = PlainLora::new(&adapter);
     let got =

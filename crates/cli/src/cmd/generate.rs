@@ -141,6 +141,9 @@ pub struct GenerateArgs {
     /// round, streamed layer by layer; suffixes `/prefill:per-group`,
     /// `/prefill:M`, `/shadow` — certify against the cached rows' residual
     /// too —, `/base-start` — pass 0 without the last rows' deltas —,
+    /// `/drafted-start` — the drafter's inputs instead of pass 0 —,
+    /// `/drafter-estimates` — a round's passes but its last on the
+    /// quantized drafter's weights —,
     /// `/exact-trips`, `/batched` — one batch per trip — and
     /// `/no-ahead` — no drafting during a round's last trip — as
     /// `cipherlora_spec::schedule::Schedule` parses them). The output is the

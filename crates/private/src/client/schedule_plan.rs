@@ -19,6 +19,14 @@
 //!   `max(N·up, Σdown, N·server, N·client + (N+1)·forward, N·(RTT + g)) + RTT + forward`,
 //!   g = one group's `up + server + down + client + forward`.
 //!
+//! With [`FixedPoint::drafter_estimates`] the passes before a round's last
+//! run on a quantized drafter; `forward` is priced as the target's pass all
+//! the same (an overestimate of the client's work).
+//!
+//! With a drafted start ([`FixedPoint::drafted_start`], two trips or more)
+//! the drafter's inputs replace pass 0: one `forward` less of client work
+//! per round, streamed or batched.
+//!
 //! With a shadow cache ([`FixedPoint::shadow`]) each round also replays one
 //! plaintext pass while its last trip is on the network: one more
 //! `forward` of client work when streamed, and with batched trips the last
@@ -215,9 +223,17 @@ pub fn choose_schedule_grouped(
     };
     // The shadow's replay of the pass before the last trip.
     let replay_ms = if fixed.shadow { forward_ms } else { 0.0 };
+    // Plaintext passes per round: one per trip and pass 0, unless the
+    // drafter's inputs replace pass 0 (one single-position drafter step
+    // instead, not modelled: drafting is not).
+    let passes = if fixed.drafted_start && n >= 2.0 {
+        n
+    } else {
+        n + 1.0
+    };
     let fixed_point_ms = if fixed.streamed {
         let down = transfer_ms((n - 1.0) * coarse_down + pass.bytes_down, link.down_bps());
-        let client = n * pass.client_he_ms + (n + 1.0) * forward_ms + replay_ms;
+        let client = n * pass.client_he_ms + passes * forward_ms + replay_ms;
         let groups = pass.groups.max(1) as f64;
         let one_group = (up
             + transfer_ms(pass.bytes_down, link.down_bps())
@@ -232,9 +248,7 @@ pub fn choose_schedule_grouped(
             .max(n * (rtt + one_group));
         busiest + rtt + forward_ms
     } else {
-        (n - 1.0) * trip(coarse_down)
-            + trip(pass.bytes_down).max(replay_ms)
-            + (n + 1.0) * forward_ms
+        (n - 1.0) * trip(coarse_down) + trip(pass.bytes_down).max(replay_ms) + passes * forward_ms
     };
     let schedule = if fixed_point_ms < per_group_ms {
         Schedule::FixedPoint(fixed)
@@ -399,6 +413,46 @@ mod tests {
         let plain = choose_schedule(&pass(), &link, 10.0, batched);
         let shadowed = choose_schedule(&pass(), &link, 10.0, shadow(batched));
         assert_eq!(plain.fixed_point_ms, shadowed.fixed_point_ms);
+    }
+
+    #[test]
+    fn a_drafted_start_saves_one_pass_from_two_trips_on() {
+        let drafted = |fp: FixedPoint| FixedPoint {
+            drafted_start: true,
+            ..fp
+        };
+        let link = LinkProfile::WAN20;
+        let two = FixedPoint {
+            round_trips: 2,
+            ..FixedPoint::default()
+        };
+        // Client-bound streamed rounds (500 ms passes) and batched ones.
+        for fp in [
+            two,
+            FixedPoint::default(),
+            FixedPoint {
+                streamed: false,
+                ..two
+            },
+        ] {
+            let plain = choose_schedule(&pass(), &link, 500.0, fp);
+            let started = choose_schedule(&pass(), &link, 500.0, drafted(fp));
+            let saved = plain.fixed_point_ms - started.fixed_point_ms;
+            assert!(
+                (saved - 500.0).abs() < 1e-6,
+                "{fp:?}: {plain:?} {started:?}"
+            );
+        }
+        // One trip per round runs pass 0 (a lone trip's change would be
+        // unknown).
+        let one = FixedPoint {
+            round_trips: 1,
+            ..FixedPoint::default()
+        };
+        assert_eq!(
+            choose_schedule(&pass(), &link, 500.0, one).fixed_point_ms,
+            choose_schedule(&pass(), &link, 500.0, drafted(one)).fixed_point_ms
+        );
     }
 
     #[test]

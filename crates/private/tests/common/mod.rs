@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
-use cipherlora_spec::decode::{DrafterKind, SpecConfig, SpecOutput};
+use cipherlora_spec::decode::{SpecConfig, SpecOutput};
 
 /// Held-out prompts (HumanEval-style signatures, not in the training corpus).
 pub const PROMPTS: [&str; 5] = [
@@ -65,20 +65,5 @@ pub fn assert_matches(got: &SpecOutput, want: &[u32], tok: &Tokenizer, what: &st
 /// constant-K padding, prefill through the verify session, the per-group
 /// schedule; tests change what they exercise with struct-update syntax.
 pub fn greedy_spec(k: usize, tokens: usize, tok: &Tokenizer) -> SpecConfig {
-    SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k,
-        adaptive: false,
-        pad_to_k: true,
-        prefill_width: None,
-        optimistic: false,
-        draft_stop_below: 0.0,
-        delta_guided: true,
-        max_tokens: tokens,
-        sampling: SamplingParams::greedy(),
-        eos: tok.eos_tokens().to_vec(),
-        first_token_from_prefill: false,
-        schedule: Default::default(),
-    }
+    SpecConfig::greedy(k, tokens, tok.eos_tokens().to_vec())
 }
