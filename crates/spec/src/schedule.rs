@@ -450,9 +450,14 @@ impl std::str::FromStr for Schedule {
             Some((m, n)) => (m, Some(Prefill::FixedPoint(positive(n)?))),
             None => (s, None),
         };
-        if (exact || batched || no_ahead || shadow || base_start) && main == "per-group"
-            || (drafted_start || drafter_estimates) && main == "per-group"
-        {
+        let fixed_point_only = exact
+            || batched
+            || no_ahead
+            || shadow
+            || base_start
+            || drafted_start
+            || drafter_estimates;
+        if fixed_point_only && main == "per-group" {
             return Err(bad());
         }
         let mut fp = match main.split_once(':') {

@@ -237,22 +237,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
     for text in PROMPTS {
         let prompt = f.tokenizer.encode(text).unwrap();
         let want = reference(f, &prompt, n);
-        let cfg = SpecConfig {
-            tree: None,
-            drafter: DrafterKind::Base,
-            k: 8,
-            adaptive: false,
-            pad_to_k: true,
-            prefill_width: None,
-            optimistic: false,
-            draft_stop_below: 0.0,
-            delta_guided: true,
-            max_tokens: n,
-            sampling: SamplingParams::greedy(),
-            eos: f.tokenizer.eos_tokens().to_vec(),
-            first_token_from_prefill: false,
-            schedule: Default::default(),
-        };
+        let cfg = SpecConfig::greedy(8, n, f.tokenizer.eos_tokens().to_vec());
         let mut hook = PlainLora::new(&f.adapter);
         let got =
             decode::generate_drafted(&f.model, &half, &prompt, &cfg, &mut hook, &mut |_| Ok(()))
@@ -299,20 +284,9 @@ fn fixed_point_config(
     n: usize,
 ) -> SpecConfig {
     SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k: 8,
-        adaptive: false,
-        pad_to_k: true,
         prefill_width: Some(16),
-        optimistic: false,
-        draft_stop_below: 0.0,
-        delta_guided: true,
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        eos: f.tokenizer.eos_tokens().to_vec(),
-        first_token_from_prefill: false,
         schedule: cipherlora_spec::schedule::Schedule::FixedPoint(fp),
+        ..SpecConfig::greedy(8, n, f.tokenizer.eos_tokens().to_vec())
     }
 }
 
@@ -426,22 +400,7 @@ fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
     let f = fixture();
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let want = reference(f, &prompt, 24);
-    let cfg = SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k: 4,
-        adaptive: false,
-        pad_to_k: true,
-        prefill_width: None,
-        optimistic: false,
-        draft_stop_below: 0.0,
-        delta_guided: true,
-        max_tokens: 24,
-        sampling: SamplingParams::greedy(),
-        eos: f.tokenizer.eos_tokens().to_vec(),
-        first_token_from_prefill: false,
-        schedule: Default::default(),
-    };
+    let cfg = SpecConfig::greedy(4, 24, f.tokenizer.eos_tokens().to_vec());
     let mut hook = PlainLora::new(&f.adapter);
     let mut calls = 0;
     let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| {
@@ -461,20 +420,9 @@ fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
 
 fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usize) -> SpecConfig {
     SpecConfig {
-        tree: None,
-        drafter: DrafterKind::Base,
-        k,
-        adaptive: false,
-        pad_to_k: true,
         prefill_width: Some(prefill_width),
-        optimistic: false,
-        draft_stop_below: 0.0,
-        delta_guided: true,
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        eos: f.tokenizer.eos_tokens().to_vec(),
         first_token_from_prefill: true,
-        schedule: Default::default(),
+        ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
 }
 

@@ -33,19 +33,8 @@ fn config(
 ) -> SpecConfig {
     SpecConfig {
         tree: tree.map(Into::into),
-        drafter: DrafterKind::Base,
-        k,
-        adaptive: false,
-        pad_to_k: true,
-        prefill_width: None,
-        optimistic: false,
-        draft_stop_below: 0.0,
-        delta_guided: true,
-        max_tokens: n,
-        sampling: SamplingParams::greedy(),
-        eos: f.tokenizer.eos_tokens().to_vec(),
-        first_token_from_prefill: false,
         schedule,
+        ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
 }
 
