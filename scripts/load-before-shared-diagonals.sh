@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     --main-costs)
       # main's machine cache (crates/private/src/server/cost_cache.rs):
       # <cache dir>/opcosts-v1-<preset>-<FNV-1a 64 of "model name|cpus">.json
-      cache=${CIPHERLORA_CACHE_DIR:-${XDG_CACHE_HOME:+$XDG_CACHE_HOME/cipherlora}}
+      cache=${CIPHERLORA_CACHE:-${XDG_CACHE_HOME:+$XDG_CACHE_HOME/cipherlora}}
       cache=${cache:-$HOME/.cache/cipherlora}
       key=$(python3 - <<'EOF'
 import os

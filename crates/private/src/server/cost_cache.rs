@@ -5,11 +5,11 @@
 //! during a generation would offer the reopening client another plan than
 //! the one its ciphertexts are laid out for. So the costs of a preset are
 //! measured once per machine and stored as JSON in
-//! `<cache dir>/cipherlora/opcosts-v1-<preset>-<machine>.json`, where the
-//! cache dir is `$CIPHERLORA_CACHE_DIR`, else `$XDG_CACHE_HOME`, else
-//! `$HOME/.cache`, and `<machine>` is a hash of the CPU model name and the
-//! number of CPUs. An unreadable or malformed file is measured again and
-//! rewritten; a failed write only costs the next start a measurement.
+//! `<cache dir>/opcosts-v1-<preset>-<machine>.json`, where the cache dir is
+//! the default model's ([`cache_dir`]) and `<machine>` is a hash of the CPU
+//! model name and the number of CPUs. An unreadable or malformed file is
+//! measured again and rewritten; a failed write only costs the next start a
+//! measurement.
 //!
 //! Builds with debug assertions (`cargo test`, the dev profile) keep their
 //! own file, `…-<machine>-debug.json`: the test suite measures while other
@@ -23,17 +23,12 @@ use cipherlora_helora::planner::OpCosts;
 
 use crate::PrivateError;
 
-/// The cache directory (see the module docs), if any can be named.
+/// The cache directory: the one the default model is fetched into
+/// ([`cipherlora_model::fetch::cache_dir`]: `$CIPHERLORA_CACHE`, else
+/// `$XDG_CACHE_HOME/cipherlora`, else `~/.cache/cipherlora`).
 #[must_use]
 pub fn cache_dir() -> Option<PathBuf> {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    env("CIPHERLORA_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("cipherlora")))
-        .or_else(|| env("HOME").map(|h| h.join(".cache").join("cipherlora")))
+    Some(cipherlora_model::fetch::cache_dir())
 }
 
 /// A stable name for this machine's CPU: FNV-1a 64 of the first `model
