@@ -27,8 +27,8 @@ use crate::PrivateError;
 /// ([`cipherlora_model::fetch::cache_dir`]: `$CIPHERLORA_CACHE`, else
 /// `$XDG_CACHE_HOME/cipherlora`, else `~/.cache/cipherlora`).
 #[must_use]
-pub fn cache_dir() -> Option<PathBuf> {
-    Some(cipherlora_model::fetch::cache_dir())
+pub fn cache_dir() -> PathBuf {
+    cipherlora_model::fetch::cache_dir()
 }
 
 /// A stable name for this machine's CPU: FNV-1a 64 of the first `model
