@@ -60,20 +60,16 @@ fn cache_file_name(preset: &str, machine: &str, debug_build: bool) -> String {
 /// # Errors
 /// Those of `measure`; never a cache read or write failure.
 pub fn cached_costs(
-    dir: Option<&Path>,
+    dir: &Path,
     preset: &str,
     measure: impl FnOnce() -> Result<OpCosts, PrivateError>,
 ) -> Result<OpCosts, PrivateError> {
-    let file = dir.map(|d| {
-        d.join(cache_file_name(
-            preset,
-            &machine_key(),
-            cfg!(debug_assertions),
-        ))
-    });
-    if let Some(f) = &file
-        && let Ok(text) = std::fs::read_to_string(f)
-    {
+    let f = dir.join(cache_file_name(
+        preset,
+        &machine_key(),
+        cfg!(debug_assertions),
+    ));
+    if let Ok(text) = std::fs::read_to_string(&f) {
         match serde_json::from_str::<OpCosts>(&text) {
             Ok(c) => {
                 tracing::info!(file = %f.display(), "planner op costs from the machine cache");
@@ -89,18 +85,16 @@ pub fn cached_costs(
     let measured = measure()?;
     let json = serde_json::to_string_pretty(&measured).unwrap_or_default();
     let costs = serde_json::from_str::<OpCosts>(&json).unwrap_or(measured);
-    if let Some(f) = &file {
-        let write = || -> std::io::Result<()> {
-            if let Some(parent) = f.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, &json)?;
-            std::fs::rename(&tmp, f)
-        };
-        if let Err(e) = write() {
-            tracing::warn!(file = %f.display(), error = %e, "could not cache the op costs");
+    let write = || -> std::io::Result<()> {
+        if let Some(parent) = f.parent() {
+            std::fs::create_dir_all(parent)?;
         }
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &json)?;
+        std::fs::rename(&tmp, &f)
+    };
+    if let Err(e) = write() {
+        tracing::warn!(file = %f.display(), error = %e, "could not cache the op costs");
     }
     Ok(costs)
 }
@@ -129,12 +123,12 @@ mod tests {
         let mut measured = OpCosts::default();
         measured.rotate_ms[1] = 1.234_567_890_123;
         let mut calls = 0;
-        let first = cached_costs(Some(&dir), "p", || {
+        let first = cached_costs(&dir, "p", || {
             calls += 1;
             Ok(measured.clone())
         })
         .unwrap();
-        let second = cached_costs(Some(&dir), "p", || {
+        let second = cached_costs(&dir, "p", || {
             calls += 1;
             Ok(OpCosts::default())
         })
@@ -143,15 +137,15 @@ mod tests {
         assert_eq!(first, second, "a restart must plan with the same costs");
         assert!((first.rotate_ms[1] - measured.rotate_ms[1]).abs() < 1e-12);
         // Another preset is measured on its own.
-        let other = cached_costs(Some(&dir), "q", || Ok(OpCosts::default())).unwrap();
+        let other = cached_costs(&dir, "q", || Ok(OpCosts::default())).unwrap();
         assert_eq!(other, OpCosts::default());
         // A corrupt file is measured again and rewritten.
         for e in std::fs::read_dir(&dir).unwrap() {
             std::fs::write(e.unwrap().path(), "{not json").unwrap();
         }
-        let again = cached_costs(Some(&dir), "p", || Ok(measured.clone())).unwrap();
+        let again = cached_costs(&dir, "p", || Ok(measured.clone())).unwrap();
         assert_eq!(again, first);
-        let reread = cached_costs(Some(&dir), "p", || panic!("must be cached")).unwrap();
+        let reread = cached_costs(&dir, "p", || panic!("must be cached")).unwrap();
         assert_eq!(reread, first);
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -247,7 +247,7 @@ impl HeAdapter {
     pub fn cached_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
         let preset = format!("{:?}", self.preset());
         let dir = crate::server::cost_cache::cache_dir();
-        let costs = crate::server::cost_cache::cached_costs(Some(&dir), &preset, || {
+        let costs = crate::server::cost_cache::cached_costs(&dir, &preset, || {
             Ok(self.measure_costs(reps)?.clone())
         })?;
         self.costs = costs;
