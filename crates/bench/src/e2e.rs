@@ -568,10 +568,30 @@ pub fn run_target(
                     )?;
                     cfg.k = width - 1;
                     (hook, width)
+                } else if grouping_asked.is_none() && cfg.verify_width() > 1 {
+                    // A given K groups its requests as the width model
+                    // prefers at that width (runs of layers under a fixed
+                    // point where the adapter allows it).
+                    let width = cfg.verify_width();
+                    connect_chosen_width(
+                        server.client_config(link),
+                        &id,
+                        opts.prefill_width,
+                        model.config(),
+                        |space| {
+                            let c = cipherlora_private::width_plan::candidate_for_client(
+                                space,
+                                model,
+                                draft_model,
+                                &link,
+                                opts.acceptance_prior,
+                                width - 1,
+                            )?;
+                            Ok((width - 1, c.grouping_for(space, forced.as_ref())))
+                        },
+                    )?
                 } else {
                     let width = cfg.verify_width();
-                    // A forced fixed point groups by layer where the adapter
-                    // allows it (the server answers by input otherwise).
                     let grouping = match (grouping_asked, forced) {
                         (Some(g), _) => g,
                         (None, Some(Schedule::FixedPoint(_))) => Grouping::BY_LAYER,

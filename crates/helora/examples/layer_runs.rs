@@ -8,15 +8,21 @@
 //! activations themselves, and the standard rows show why it would not pay
 //! (a fused stage A costs more server time than the groups it replaces).
 //!
-//! `cargo run --release -p cipherlora-helora --example layer_runs`
+//! `cargo run --release -p cipherlora-helora --example layer_runs -- [COSTS.json]`:
+//! under the default cost model, or under measured op costs (the JSON of a
+//! server's op-cost cache, or of the `opcosts` example).
 
 use cipherlora_helora::adapter::GroupShape;
 use cipherlora_helora::planner::choose;
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{Link, Mode, OpCosts};
 
-fn main() -> Result<(), cipherlora_helora::HeloraError> {
-    let (costs, link) = (OpCosts::default(), Link::default());
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let costs = match std::env::args().nth(1) {
+        Some(path) => serde_json::from_str(&std::fs::read_to_string(path)?)?,
+        None => OpCosts::default(),
+    };
+    let link = Link::default();
     let model = ModelShape::smollm2_135m();
     println!(
         "| LoRA | T | layers per request | plan | uploaded / returned ciphertexts per layer | server ms per layer (model) |"

@@ -8,7 +8,7 @@
 
 use crate::adapter::FusedGroup;
 use crate::error::{HeloraError, Result};
-use crate::plan::{BabySteps, GroupPlan, Layout, Mode};
+use crate::plan::{BabySteps, GroupPlan, Layout, Mode, Reach, Segment};
 
 /// Where a delta value lives in the client's output: projection, output row,
 /// position.
@@ -94,7 +94,8 @@ pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
             for s in &l.segments {
                 for x in 0..s.width + s.ext {
                     let row = s.u_off + (x + b) % s.period;
-                    fill_dim(&mut v, t, s.start + x, |p| u[row * t + p]);
+                    let dim = (s.start + s.lead + x) % l.w_in;
+                    fill_dim(&mut v, t, dim, |p| u[row * t + p]);
                 }
             }
             v
@@ -164,11 +165,30 @@ pub fn stage_b_diag(
             if row >= s.out_len {
                 break;
             }
-            let w = f.b_entry(s.out0 + row, s.u_off + (x + k) % s.period);
-            fill_dim(&mut v, t, s.start + x + shift, |_| w);
+            let Some(col) = stage_b_read(plan.stage_b.reach, s, x, k) else {
+                continue;
+            };
+            let w = f.b_entry(s.out0 + row, s.u_off + col);
+            fill_dim(&mut v, t, (s.start + x + shift) % l.w_in, |_| w);
         }
     }
     v
+}
+
+/// The column of the segment's `U` that output `x` reads through diagonal
+/// `k`, if it reads one there (plan module docs: "Stage B", "Dense
+/// outputs").
+fn stage_b_read(reach: Reach, s: &Segment, x: usize, k: usize) -> Option<usize> {
+    match reach {
+        Reach::Ahead => Some((x + k) % s.period),
+        Reach::TwoSided => {
+            let lo = x.min(s.width - s.period);
+            let read = (x + k).checked_sub(s.lead)?;
+            (lo..lo + s.period)
+                .contains(&read)
+                .then_some(read % s.period)
+        }
+    }
 }
 
 /// Stage-A plaintext diagonal for chunk `c`, giant step `q`, baby step `b`,

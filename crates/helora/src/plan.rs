@@ -49,6 +49,21 @@
 //! block-diagonal: the other `R − r_p` generalised diagonals would be zero
 //! there). All segments share the same input ciphertext and rotations.
 //!
+//! # Dense outputs ([`Reach::TwoSided`], FFA)
+//! The `ext` dimensions above hold input only: every output ciphertext
+//! returns them as zeros, `Σ_p (r_p − 1)` of its `w_in` dimensions (with
+//! 16 projections of rank 16 in one group, 240 of 1024: a quarter of the
+//! download). Reading both ways removes them: projection p's input holds
+//! `U_p` replicated over exactly its `W_p` output dimensions, shifted by
+//! `lead = R − 1`, and output `x` reads the one period `x'' ∈ [lo, lo + r_p)`
+//! with `lo = min(x, W_p − r_p)` through diagonal `k = x'' − x + lead`,
+//! `0 ≤ k ≤ 2R − 2`. Each output still sums exactly its own row (leak-freedom
+//! as above), at `2R − 1` diagonals instead of R: more ct×pt products and
+//! giant steps on the server for fewer output ciphertexts, decryptions and
+//! bytes down, which the planner weighs. When T divides the slots a rotation
+//! by `k·T` wraps consistently over the dimensions (`w_in·T = slots`), so the
+//! shifted inputs may wrap and the lead costs nothing.
+//!
 //! With client baby steps ([`BabySteps::Client`]) the client encrypts the g
 //! pre-rotated copies `rot(u', b·T)` itself (exactly, no wrap-around): no
 //! server baby rotations, paid in g encryptions and g× upload.
@@ -134,6 +149,22 @@ impl PositionPacking {
     }
 }
 
+/// Which input dimensions an FFA stage-B output reads (module docs,
+/// "Dense outputs").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reach {
+    /// Output `x` of a segment reads inputs `x … x + r − 1`: r diagonals, and
+    /// `r − 1` input-only dimensions (`ext`) after every segment, which hold
+    /// no output. Standard mode always reads so.
+    Ahead,
+    /// Output `x` reads one period of its segment's inputs: the r from `x`
+    /// on, or the segment's last r where fewer remain, all within
+    /// `x − (R − 1) … x + (R − 1)` (R the largest rank): `2R − 1` diagonals
+    /// and no `ext`, so every dimension of an output ciphertext holds a
+    /// delta (FFA with server baby steps only).
+    TwoSided,
+}
+
 /// Stage B (`Δ = B_f·U`) parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StageBPlan {
@@ -143,6 +174,8 @@ pub struct StageBPlan {
     pub g: usize,
     /// Who makes the baby steps (standard mode: always [`BabySteps::Server`]).
     pub baby: BabySteps,
+    /// Which inputs each output reads ([`Reach::Ahead`] in standard mode).
+    pub reach: Reach,
 }
 
 /// Stage A (`U = A_f·X`, standard mode) parameters.
@@ -193,6 +226,10 @@ pub struct Segment {
     pub width: usize,
     /// Extra input dimensions read beyond the outputs (no wrap-around).
     pub ext: usize,
+    /// Dimensions from the segment's first output to its first input
+    /// (`R − 1` under [`Reach::TwoSided`], else 0); input dimensions are
+    /// taken modulo [`Layout::w_in`].
+    pub lead: usize,
     /// Dimensions the segment owns in the input (FFA: `width + ext`) or in
     /// the stage-A product y (standard: `width + P − 1`, the window sums'
     /// reach); segments never overlap.
@@ -286,7 +323,13 @@ impl GroupPlan {
         let r_total = self.shape.total_rank();
         match (self.mode, self.stage_a) {
             (Mode::Ffa, None) => {
-                let diags_b = *self.shape.ranks.iter().max().unwrap_or(&1);
+                let r_max = *self.shape.ranks.iter().max().unwrap_or(&1);
+                let two_sided = sb.reach == Reach::TwoSided;
+                if two_sided && sb.baby == BabySteps::Client {
+                    return Err(infeasible("two-sided reach needs server baby steps"));
+                }
+                let lead = if two_sided { r_max - 1 } else { 0 };
+                let diags_b = if two_sided { 2 * r_max - 1 } else { r_max };
                 if sb.g > diags_b {
                     return Err(infeasible("baby-step size above the diagonal count"));
                 }
@@ -294,16 +337,21 @@ impl GroupPlan {
                 let mut start = 0;
                 for (p, (&d, &r)) in self.shape.d_outs.iter().zip(&self.shape.ranks).enumerate() {
                     let width = ceil_div(d, sb.n_out);
-                    let ext = match sb.baby {
-                        BabySteps::Server | BabySteps::ServerExtended => r - 1,
-                        BabySteps::Client => ((r - 1) / sb.g) * sb.g,
+                    let ext = match (sb.reach, sb.baby) {
+                        (Reach::TwoSided, _) => 0,
+                        (Reach::Ahead, BabySteps::Server | BabySteps::ServerExtended) => r - 1,
+                        (Reach::Ahead, BabySteps::Client) => ((r - 1) / sb.g) * sb.g,
                     };
+                    if two_sided && width < r {
+                        return Err(infeasible("two-sided reach needs segments of ≥ r outputs"));
+                    }
                     segments.push(Segment {
                         start,
                         width,
                         ext,
+                        lead,
                         region: width + ext,
-                        diags: r,
+                        diags: if two_sided { diags_b } else { r },
                         period: r,
                         u_off: self.shape.rank_offset(p),
                         out0: self.shape.out_offset(p),
@@ -311,7 +359,11 @@ impl GroupPlan {
                     });
                     start += width + ext;
                 }
-                if start > w_in {
+                // Rotations by multiples of T wrap consistently over the
+                // dimensions when T divides the slots: then the inputs may
+                // wrap too, and the lead costs no dimension.
+                let cyclic = w_in * self.slot_positions() == self.slots;
+                if start + if cyclic { 0 } else { lead } > w_in {
                     return Err(infeasible("segments do not fit the slots"));
                 }
                 Ok(Layout {
@@ -330,6 +382,9 @@ impl GroupPlan {
             (Mode::Standard, Some(sa)) => {
                 if !sb.baby.on_server() {
                     return Err(infeasible("standard stage B needs server baby steps"));
+                }
+                if sb.reach != Reach::Ahead {
+                    return Err(infeasible("standard stage B reads ahead only"));
                 }
                 // Row blocks of the stage-A output: one per projection
                 // (segmented; equal ranks) or one fused block of all R rows.
@@ -372,6 +427,7 @@ impl GroupPlan {
                         start,
                         width,
                         ext: rho - 1,
+                        lead: 0,
                         region: width + sa.period - 1,
                         diags: rho,
                         period: rho,

@@ -8,7 +8,7 @@
 use crate::adapter::GroupShape;
 use crate::counts::{LEVELS, OpCounts};
 use crate::error::{HeloraError, Result};
-use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};
+use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan, StageBPlan};
 
 /// Measured (or default) per-operation costs, in milliseconds, and
 /// ciphertext sizes, in bytes, indexed by level where they depend on it.
@@ -212,7 +212,8 @@ fn g_candidates(k: usize) -> Vec<usize> {
 /// All plans the planner considers for a group (feasible ones only).
 ///
 /// Both position packings (one position per slot, and two per complex slot
-/// when T ≥ 2). FFA: every baby-step owner × every g × the two smallest
+/// when T ≥ 2). FFA: every baby-step owner × both reaches where feasible
+/// ([`Reach::TwoSided`]: server baby steps) × every g × the two smallest
 /// feasible `n_out`. Standard: every stage-A period P (multiple of R) with
 /// its smallest feasible `n_out`; baby-step sizes: for each giant-step
 /// count, the smallest g reaching it.
@@ -255,19 +256,33 @@ fn candidates_packed(
     };
     match mode {
         Mode::Ffa => {
-            let k = *shape.ranks.iter().max().unwrap_or(&1);
-            for baby in [
-                BabySteps::Server,
-                BabySteps::ServerExtended,
-                BabySteps::Client,
+            let r_max = *shape.ranks.iter().max().unwrap_or(&1);
+            for (baby, reach) in [
+                (BabySteps::Server, Reach::Ahead),
+                (BabySteps::ServerExtended, Reach::Ahead),
+                (BabySteps::Client, Reach::Ahead),
+                (BabySteps::Server, Reach::TwoSided),
+                (BabySteps::ServerExtended, Reach::TwoSided),
             ] {
+                let k = match reach {
+                    Reach::Ahead => r_max,
+                    Reach::TwoSided => 2 * r_max - 1,
+                };
                 for g in 1..=k {
                     if baby == BabySteps::ServerExtended && g == 1 {
                         continue; // no baby rotation: the same as Server
                     }
                     let mut found = 0;
                     for n_out in 1..=d {
-                        let p = mk(None, StageBPlan { n_out, g, baby });
+                        let p = mk(
+                            None,
+                            StageBPlan {
+                                n_out,
+                                g,
+                                baby,
+                                reach,
+                            },
+                        );
                         if p.layout().is_ok() {
                             out.push(p);
                             found += 1;
@@ -309,6 +324,7 @@ fn candidates_packed(
                                 n_out,
                                 g: 1,
                                 baby: BabySteps::Server,
+                                reach: Reach::Ahead,
                             },
                         )
                     };
@@ -343,6 +359,7 @@ fn candidates_packed(
                                                     n_out,
                                                     g: gb,
                                                     baby: baby_b,
+                                                    reach: Reach::Ahead,
                                                 },
                                             );
                                             if p.layout().is_ok() {
@@ -416,7 +433,8 @@ pub fn best_per_family(
 
 impl GroupPlan {
     /// Strategy family: `hoisted-bsgs` (server baby steps, hoisted),
-    /// `double-hoisted-bsgs` (server baby steps kept over `Q·P`),
+    /// `double-hoisted-bsgs` (server baby steps kept over `Q·P`), each
+    /// with `-two-sided` for dense FFA outputs ([`Reach::TwoSided`]),
     /// `client-prerotated` (client baby steps, some server giant rotations),
     /// `client-replicated` (client supplies every diagonal's rotation: zero
     /// server rotations); standard mode names the row blocks (`fused`: one
@@ -464,11 +482,13 @@ impl GroupPlan {
             BabySteps::Client => 2,
         };
         match self.stage_a {
-            None => match self.stage_b.baby {
-                BabySteps::Server => "hoisted-bsgs",
-                BabySteps::ServerExtended => "double-hoisted-bsgs",
-                BabySteps::Client if self.stage_b.g >= diags => "client-replicated",
-                BabySteps::Client => "client-prerotated",
+            None => match (self.stage_b.baby, self.stage_b.reach) {
+                (BabySteps::Server, Reach::Ahead) => "hoisted-bsgs",
+                (BabySteps::ServerExtended, Reach::Ahead) => "double-hoisted-bsgs",
+                (BabySteps::Server, Reach::TwoSided) => "hoisted-bsgs-two-sided",
+                (BabySteps::ServerExtended, Reach::TwoSided) => "double-hoisted-bsgs-two-sided",
+                (BabySteps::Client, _) if self.stage_b.g >= diags => "client-replicated",
+                (BabySteps::Client, _) => "client-prerotated",
             },
             Some(a) => {
                 // Standard stage B is always on the server.

@@ -7,13 +7,14 @@
 
 use crate::adapter::GroupShape;
 use crate::error::{HeloraError, Result};
-use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, StageAPlan, StageBPlan};
+use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan, StageBPlan};
 
 const PLAN_MAGIC: &[u8; 4] = b"HLPL";
 const REQ_MAGIC: &[u8; 4] = b"HLRQ";
 const RESP_MAGIC: &[u8; 4] = b"HLRS";
-/// Version 2: plans carry their [`PositionPacking`].
-const VERSION: u8 = 2;
+/// Version 2: plans carry their [`PositionPacking`]; version 3: their
+/// stage-B [`Reach`].
+const VERSION: u8 = 3;
 /// Upper bound on ciphertexts per message (a group never needs more).
 pub const MAX_CIPHERTEXTS: usize = 1 << 16;
 /// Upper bound on projections per group.
@@ -144,6 +145,10 @@ pub fn encode_plan(p: &GroupPlan) -> Vec<u8> {
     put_u32(&mut o, p.stage_b.n_out);
     put_u32(&mut o, p.stage_b.g);
     o.push(baby_code(p.stage_b.baby));
+    o.push(match p.stage_b.reach {
+        Reach::Ahead => 0,
+        Reach::TwoSided => 1,
+    });
     match p.stage_a {
         None => o.push(0),
         Some(a) => {
@@ -207,6 +212,11 @@ pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
         n_out: r.usize()?,
         g: r.usize()?,
         baby: baby(&mut r)?,
+        reach: match r.u8()? {
+            0 => Reach::Ahead,
+            1 => Reach::TwoSided,
+            _ => return Err(r.bad("unknown stage-B reach")),
+        },
     };
     let stage_a = match r.u8()? {
         0 => None,

@@ -184,3 +184,60 @@ fn output_bounds_hold_and_are_attained() {
         }
     }
 }
+
+/// Dense FFA outputs ([`Reach::TwoSided`]) on the shape a session fuses
+/// when it groups four layers (16 projections of rank 16, the default
+/// model's q,k,v,o): exact against the plaintext reference, zero outside
+/// the deltas, counts as planned, and as few output ciphertexts as the
+/// deltas need, where reading ahead leaves a quarter of every output
+/// ciphertext empty. T = 8 lays the dimensions out cyclically (T' = 4
+/// divides the slots), T = 9 does not (the lead costs dimensions).
+#[test]
+fn two_sided_reach_fills_every_output_dimension_of_a_four_layer_group() {
+    use cipherlora_helora::planner::candidates;
+    use cipherlora_helora::{GroupShape, PositionPacking, Reach};
+    let model = ModelShape::smollm2_135m();
+    let mut shape = GroupShape {
+        d_in: 0,
+        d_outs: Vec::new(),
+        ranks: Vec::new(),
+    };
+    for _ in 0..4 {
+        for (_, g) in &model.groups {
+            shape.d_in += g.d_in;
+            shape.d_outs.extend_from_slice(&g.d_outs);
+            shape.ranks.extend_from_slice(&g.ranks);
+        }
+    }
+    let sim = SlotSimulator::new(SLOTS, 2).unwrap();
+    let adapter = random_adapter(&shape, 5);
+    for (t, dense_n_out, ahead_n_out) in [(8, 6, 8), (9, 8, 11)] {
+        let x = random_x(t, shape.d_in, 11);
+        let pairs: Vec<_> = candidates(&shape, Mode::Ffa, t, SLOTS, false)
+            .into_iter()
+            .filter(|p| p.packing == PositionPacking::ComplexPairs)
+            .collect();
+        let fewest = |reach| {
+            pairs
+                .iter()
+                .filter(|p| p.stage_b.reach == reach && p.stage_b.baby.on_server())
+                .map(|p| p.stage_b.n_out)
+                .min()
+                .unwrap()
+        };
+        assert_eq!(fewest(Reach::Ahead), ahead_n_out, "T={t}: reading ahead");
+        assert_eq!(fewest(Reach::TwoSided), dense_n_out, "T={t}: two-sided");
+        for plan in pairs
+            .iter()
+            .filter(|p| p.stage_b.reach == Reach::TwoSided && [1, 4, 31].contains(&p.stage_b.g))
+        {
+            sim.reset_counts();
+            let out = run(&sim, &sim, plan, &adapter, &x);
+            let label = format!("T={t} {}", plan.strategy());
+            assert_eq!(out.max_outside, 0.0, "{label}: non-zero outside deltas");
+            assert!(out.bits() > 40.0, "{label}: only {:.1} bits", out.bits());
+            assert_eq!(sim.counts(), plan.counts().unwrap(), "{label}: counts");
+            assert_eq!(sim.steps_used(), plan.galois_steps().unwrap(), "{label}");
+        }
+    }
+}

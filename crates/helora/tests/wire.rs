@@ -7,7 +7,8 @@ use cipherlora_helora::planner::candidates;
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::wire::{decode_plan, encode_plan};
 use cipherlora_helora::{
-    GroupClient, GroupRequest, GroupResponse, HeloraError, Mode, PreparedGroup, SlotSimulator,
+    GroupClient, GroupRequest, GroupResponse, HeloraError, Mode, PreparedGroup, Reach,
+    SlotSimulator,
 };
 use common::{random_adapter, random_x};
 
@@ -16,12 +17,20 @@ fn plans_round_trip_and_ids_differ() {
     let shape = &ModelShape::smollm2_135m().groups[0].1;
     let mut ids = std::collections::BTreeSet::new();
     for mode in [Mode::Ffa, Mode::Standard] {
-        for p in candidates(shape, mode, 9, 4096, false).into_iter().take(50) {
-            let bytes = encode_plan(&p);
-            assert_eq!(decode_plan(&bytes).unwrap(), p);
+        let all = candidates(shape, mode, 9, 4096, false);
+        // The first 50, and every plan with dense FFA outputs (which differ
+        // from a plan reading ahead only in their reach).
+        let two_sided = all
+            .iter()
+            .skip(50)
+            .filter(|p| p.stage_b.reach == Reach::TwoSided);
+        for p in all.iter().take(50).chain(two_sided) {
+            let bytes = encode_plan(p);
+            assert_eq!(&decode_plan(&bytes).unwrap(), p);
             assert!(ids.insert(p.id()), "plan id collision");
         }
     }
+    assert!(ids.len() > 100, "too few plans checked: {}", ids.len());
 }
 
 #[test]

@@ -290,9 +290,7 @@ impl GenerateArgs {
                     .with_context(|| format!("opening a session on {url}"))?;
                 (hook, 1)
             }
-            (_, KArg::Fixed(k)) => {
-                // A forced fixed point groups by layer where the adapter
-                // allows it (FFA; the server answers by input otherwise).
+            (_, KArg::Fixed(0)) => {
                 let grouping = match forced {
                     Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                     _ => Grouping::ByInput,
@@ -300,12 +298,29 @@ impl GenerateArgs {
                 let hook = connect_widths(
                     config,
                     id,
-                    (k + 1, grouping),
+                    (1, grouping),
                     self.prefill_width,
                     model.config(),
                 )
                     .with_context(|| format!("opening a session on {url}"))?;
-                (hook, k + 1)
+                (hook, 1)
+            }
+            (_, KArg::Fixed(k)) => {
+                // A given K groups its requests as the width model prefers
+                // at that width (runs of layers under a fixed point where
+                // the adapter allows it: FFA).
+                connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
+                    let c = cipherlora_private::width_plan::candidate_for_client(
+                        space,
+                        model,
+                        &drafter_model,
+                        &planning_link,
+                        self.acceptance_prior,
+                        k,
+                    )?;
+                    Ok((k, c.grouping_for(space, forced.as_ref())))
+                })
+                .with_context(|| format!("opening a session on {url}"))?
             }
             (_, KArg::Auto(k_max)) => {
                 connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {

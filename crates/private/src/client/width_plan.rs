@@ -18,8 +18,10 @@
 //! bytes, server products and decryptions — jumps at a few widths and stays
 //! flat between them. On the default model with a rank-16 q,k,v,o adapter,
 //! FFA needs 2 output ciphertexts per layer at T ≤ 8, 3 at T = 9–12 and 5 at
-//! T = 15–22: T = 8 moves a third fewer bytes than T = 9 for one position
-//! less. Which step wins depends on the link (bytes against round trips),
+//! T = 15–22 when each layer's groups travel alone: T = 8 moves a third
+//! fewer bytes than T = 9 for one position less. Runs of several layers
+//! with dense outputs ([`cipherlora_helora::Reach::TwoSided`]) need 1.5
+//! per layer at T = 8. Which step wins depends on the link (bytes against round trips),
 //! the client's speed (a pass of T positions) and α, so it is computed, not
 //! fixed.
 //!
@@ -341,6 +343,31 @@ pub fn choose_width_for_client(
         k_max,
         FixedPoint::default(),
     )
+}
+
+/// The modelled round at one given K (`--k N`): [`choose_width_for_client`]
+/// up to K, its candidate for K. A client whose K is fixed still groups its
+/// requests as the model prefers at that width
+/// ([`WidthCandidate::grouping_for`]): with dense FFA outputs
+/// ([`cipherlora_helora::Reach::TwoSided`]) runs of several layers return
+/// a quarter fewer ciphertexts per layer than one layer at T = 8.
+///
+/// # Errors
+/// As [`choose_width_for_client`] (K = 0 included).
+pub fn candidate_for_client(
+    space: &PlanSpace,
+    model: &cipherlora_model::Model,
+    drafter: &cipherlora_model::Model,
+    link: &LinkProfile,
+    alpha: f64,
+    k: usize,
+) -> Result<WidthCandidate, PrivateError> {
+    let choice = choose_width_for_client(space, model, drafter, link, alpha, k)?;
+    Ok(choice
+        .candidates
+        .into_iter()
+        .find(|c| c.k == k)
+        .unwrap_or(choice.best))
 }
 
 #[cfg(test)]
