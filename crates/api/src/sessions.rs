@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::Model;
-use cipherlora_private::width_plan::choose_width_for_client;
+use cipherlora_private::width_plan::{candidate_for_client, choose_width_for_client};
 use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_chosen_width, connect_widths};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::schedule::Schedule;
@@ -216,7 +216,8 @@ impl WarmAdapter {
         };
         let link = match (s.planning_link, &forced, s.k) {
             (Some(l), _, _) => Some(l),
-            (None, None, _) | (None, _, DraftLength::Auto { .. }) => {
+            (None, None | Some(Schedule::FixedPoint(_)), _)
+            | (None, _, DraftLength::Auto { .. }) => {
                 Some(LinkProfile::measure_tcp(&s.client.endpoint).map_err(|e| upstream(&e))?)
             }
             (None, Some(_), DraftLength::Fixed(_)) => None,
@@ -249,11 +250,24 @@ impl WarmAdapter {
                 },
             )
             .map_err(|e| upstream(&e))?,
+            // A given K groups its requests as the width model prefers at
+            // that width (runs of layers under a fixed point, FFA).
+            (DraftLength::Fixed(k), Some(link)) if k > 0 => connect_chosen_width(
+                s.client.clone(),
+                &self.id,
+                s.prefill_width,
+                model.config(),
+                |space| {
+                    let c = candidate_for_client(space, model, drafter, &link, k)?;
+                    Ok((k, c.grouping_for(space, forced.as_ref())))
+                },
+            )
+            .map_err(|e| upstream(&e))?,
             (k, _) => {
                 let width = k.max_k() + 1;
-                // A forced fixed point groups FFA requests by layer (one
-                // upload per layer); `auto` decides after opening, so it
-                // keeps them by input.
+                // No drafts, or a forced per-group schedule (no link to
+                // model on): a forced fixed point groups FFA requests by
+                // layer, anything else by input.
                 let grouping = match forced {
                     Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                     _ => Grouping::ByInput,

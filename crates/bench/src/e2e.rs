@@ -584,7 +584,6 @@ pub fn run_target(
                                 model,
                                 draft_model,
                                 &link,
-                                opts.acceptance_prior,
                                 width - 1,
                             )?;
                             Ok((width - 1, c.grouping_for(space, forced.as_ref())))

@@ -315,7 +315,6 @@ impl GenerateArgs {
                         model,
                         &drafter_model,
                         &planning_link,
-                        self.acceptance_prior,
                         k,
                     )?;
                     Ok((k, c.grouping_for(space, forced.as_ref())))

@@ -352,6 +352,11 @@ pub fn choose_width_for_client(
 /// ([`cipherlora_helora::Reach::TwoSided`]) runs of several layers return
 /// a quarter fewer ciphertexts per layer than one layer at T = 8.
 ///
+/// The acceptance prior only weighs widths against each other (the
+/// candidate's expected tokens), never the schedule or grouping at one
+/// width, so none is asked for; the candidate's `expected_tokens` and
+/// `tok_per_s` are those of α = 1/2.
+///
 /// # Errors
 /// As [`choose_width_for_client`] (K = 0 included).
 pub fn candidate_for_client(
@@ -359,10 +364,9 @@ pub fn candidate_for_client(
     model: &cipherlora_model::Model,
     drafter: &cipherlora_model::Model,
     link: &LinkProfile,
-    alpha: f64,
     k: usize,
 ) -> Result<WidthCandidate, PrivateError> {
-    let choice = choose_width_for_client(space, model, drafter, link, alpha, k)?;
+    let choice = choose_width_for_client(space, model, drafter, link, 0.5, k)?;
     Ok(choice
         .candidates
         .into_iter()
