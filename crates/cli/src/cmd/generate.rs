@@ -279,18 +279,9 @@ impl GenerateArgs {
             s => Some(s.parse::<Schedule>()?),
         };
         let (mut hook, width) = match (drafter, self.k) {
-            (DrafterKind::None, _) => {
-                let hook = connect_widths(
-                    config,
-                    id,
-                    (1, Grouping::ByInput),
-                    self.prefill_width,
-                    model.config(),
-                )
-                    .with_context(|| format!("opening a session on {url}"))?;
-                (hook, 1)
-            }
-            (_, KArg::Fixed(0)) => {
+            // No drafts: one position per round; a forced fixed point
+            // groups FFA requests by layer, anything else by input.
+            (DrafterKind::None, _) | (_, KArg::Fixed(0)) => {
                 let grouping = match forced {
                     Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                     _ => Grouping::ByInput,
