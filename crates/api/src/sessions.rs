@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::Model;
-use cipherlora_private::width_plan::{candidate_for_client, choose_width_for_client};
+use cipherlora_private::width_plan::{choose_width_for_client, grouping_for_given_k};
 use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_chosen_width, connect_widths};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::schedule::Schedule;
@@ -258,8 +258,9 @@ impl WarmAdapter {
                 s.prefill_width,
                 model.config(),
                 |space| {
-                    let c = candidate_for_client(space, model, drafter, &link, k)?;
-                    Ok((k, c.grouping_for(space, forced.as_ref())))
+                    let grouping =
+                        grouping_for_given_k(space, model, drafter, &link, k, forced.as_ref())?;
+                    Ok((k, grouping))
                 },
             )
             .map_err(|e| upstream(&e))?,

@@ -579,14 +579,15 @@ pub fn run_target(
                         opts.prefill_width,
                         model.config(),
                         |space| {
-                            let c = cipherlora_private::width_plan::candidate_for_client(
+                            let grouping = cipherlora_private::width_plan::grouping_for_given_k(
                                 space,
                                 model,
                                 draft_model,
                                 &link,
                                 width - 1,
+                                forced.as_ref(),
                             )?;
-                            Ok((width - 1, c.grouping_for(space, forced.as_ref())))
+                            Ok((width - 1, grouping))
                         },
                     )?
                 } else {

@@ -301,14 +301,15 @@ impl GenerateArgs {
                 // at that width (runs of layers under a fixed point where
                 // the adapter allows it: FFA).
                 connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
-                    let c = cipherlora_private::width_plan::candidate_for_client(
+                    let grouping = cipherlora_private::width_plan::grouping_for_given_k(
                         space,
                         model,
                         &drafter_model,
                         &planning_link,
                         k,
+                        forced.as_ref(),
                     )?;
-                    Ok((k, c.grouping_for(space, forced.as_ref())))
+                    Ok((k, grouping))
                 })
                 .with_context(|| format!("opening a session on {url}"))?
             }

@@ -345,33 +345,35 @@ pub fn choose_width_for_client(
     )
 }
 
-/// The modelled round at one given K (`--k N`): [`choose_width_for_client`]
-/// up to K, its candidate for K. A client whose K is fixed still groups its
-/// requests as the model prefers at that width
-/// ([`WidthCandidate::grouping_for`]): with dense FFA outputs
+/// How a client with a given K (`--k N`) groups its verify session's
+/// requests: as the width model prefers at that width
+/// ([`choose_width_for_client`] up to K, then
+/// [`WidthCandidate::grouping_for`] of its candidate for K, `forced` the
+/// schedule from `--schedule`). With dense FFA outputs
 /// ([`cipherlora_helora::Reach::TwoSided`]) runs of several layers return
 /// a quarter fewer ciphertexts per layer than one layer at T = 8.
 ///
-/// The acceptance prior only weighs widths against each other (the
-/// candidate's expected tokens), never the schedule or grouping at one
-/// width, so none is asked for; the candidate's `expected_tokens` and
-/// `tok_per_s` are those of α = 1/2.
+/// The acceptance prior only weighs widths against each other (a
+/// candidate's expected tokens), never the schedule or the grouping at one
+/// width, so none is asked for.
 ///
 /// # Errors
 /// As [`choose_width_for_client`] (K = 0 included).
-pub fn candidate_for_client(
+pub fn grouping_for_given_k(
     space: &PlanSpace,
     model: &cipherlora_model::Model,
     drafter: &cipherlora_model::Model,
     link: &LinkProfile,
     k: usize,
-) -> Result<WidthCandidate, PrivateError> {
+    forced: Option<&Schedule>,
+) -> Result<Grouping, PrivateError> {
     let choice = choose_width_for_client(space, model, drafter, link, 0.5, k)?;
-    Ok(choice
+    let candidate = choice
         .candidates
-        .into_iter()
+        .iter()
         .find(|c| c.k == k)
-        .unwrap_or(choice.best))
+        .unwrap_or(&choice.best);
+    Ok(candidate.grouping_for(space, forced))
 }
 
 #[cfg(test)]
