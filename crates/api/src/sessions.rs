@@ -63,8 +63,10 @@ pub enum DraftLength {
     Auto {
         /// The largest K considered.
         k_max: usize,
-        /// Per-token acceptance rate the model assumes (0 < α < 1).
-        acceptance_prior: f64,
+        /// Per-token acceptance rate the model assumes (0 < α < 1); `None`:
+        /// the adapter's published hint, else the default
+        /// ([`cipherlora_private::width_plan::acceptance_prior`]).
+        acceptance_prior: Option<f64>,
     },
 }
 

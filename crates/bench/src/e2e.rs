@@ -92,8 +92,9 @@ pub struct PrivateRuns {
     /// [`SpecConfig::draft_stop_below`] of every run.
     pub draft_stop_below: f32,
     /// The per-token acceptance rate α the verify-width model assumes for
-    /// configurations with `auto` K ([`cipherlora_private::width_plan`]).
-    pub acceptance_prior: f64,
+    /// configurations with `auto` K; `None`: the adapter's published hint,
+    /// else the default ([`cipherlora_private::width_plan::acceptance_prior`]).
+    pub acceptance_prior: Option<f64>,
 }
 
 /// One decoding configuration of the benchmark.
@@ -270,9 +271,17 @@ pub fn place(pin: bool) -> (Option<Placement>, String) {
 /// One line per modelled K of a verify-width choice (stderr).
 #[must_use]
 pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> String {
+    let forward: Vec<String> = (choice.client.forward_ms.iter())
+        .map(|ms| format!("{ms:.0}"))
+        .collect();
     let mut out = format!(
-        "verify width: K = {} (modelled {:.2} tok/s); K: tok/s [round ms, tokens/round, schedule]",
-        choice.best.k, choice.best.tok_per_s
+        "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.3}; client: draft step {:.1} ms, \
+         passes of 1.. positions {} ms); K: tok/s [round ms, tokens/round, schedule]",
+        choice.best.k,
+        choice.best.tok_per_s,
+        choice.alpha,
+        choice.client.draft_ms,
+        forward.join("/")
     );
     for c in &choice.candidates {
         out.push_str(&format!(

@@ -49,9 +49,10 @@ pub struct ApiArgs {
     /// a request's text.
     #[arg(long, default_value = "auto")]
     k: KArg,
-    /// The per-token acceptance rate `--k auto` assumes.
-    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR)]
-    acceptance_prior: f64,
+    /// The per-token acceptance rate `--k auto` assumes (default: the
+    /// adapter's published hint, else 0.83).
+    #[arg(long)]
+    acceptance_prior: Option<f64>,
     /// Positions per prefill pass (a second session of this width): one
     /// pass covers prompts up to this length, so a larger width lowers the
     /// time to first token of long prompts at some cost per pass.
@@ -176,10 +177,7 @@ mod tests {
         };
         let a = parse(&[]);
         assert_eq!(a.k, KArg::Auto(16));
-        assert_eq!(
-            a.acceptance_prior,
-            crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR
-        );
+        assert_eq!(a.acceptance_prior, None);
         assert_eq!(parse(&["--k", "4"]).k, KArg::Fixed(4));
         assert_eq!(parse(&["--k", "auto8"]).k, KArg::Auto(8));
         assert!(Wrap::try_parse_from(["x", "--k", "auto0"]).is_err());

@@ -189,7 +189,7 @@ impl SplitBenchArgs {
                 prefill_width: 16,
                 optimistic: false,
                 draft_stop_below: crate::cmd::demo::DEFAULT_DRAFT_STOP,
-                acceptance_prior: crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR,
+                acceptance_prior: None,
             })
         };
         cipherlora_bench::split_inference::run(
@@ -372,9 +372,10 @@ pub struct E2eBenchArgs {
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP)]
     draft_stop_below: f32,
     /// The per-token acceptance rate the verify-width model assumes for
-    /// `auto` K configurations.
-    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR)]
-    acceptance_prior: f64,
+    /// `auto` K configurations (default: the adapter's published hint, else
+    /// 0.83).
+    #[arg(long)]
+    acceptance_prior: Option<f64>,
     /// How the client's model holds its weights, comma-separated (`auto`:
     /// f32, what a private client verifies with by default): every
     /// configuration runs under each, each against a plaintext reference

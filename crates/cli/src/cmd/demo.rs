@@ -38,21 +38,6 @@ pub enum DraftArg {
 /// Default of `--draft-stop-below` (see BENCHMARKS.md, "Draft length").
 pub const DEFAULT_DRAFT_STOP: f32 = 0.0;
 
-/// Default per-token acceptance rate the verify-width model assumes
-/// (`--k auto`). Fitted to the measured tokens per round with the
-/// Leviathan et al. formula, the base drafter's acceptance is ≈ 0.9–0.93 on
-/// the committed code adapters (5.65–6.4 tokens per round at K = 7) but
-/// ≈ 0.6–0.72 on general English (`general-lora-r16`: 3.1 at K = 4 and 3.2
-/// at K = 9; `general-all-r8`: 2.5 at K = 5; BENCHMARKS.md, "General
-/// English across a network"). The model's choice is flat between K = 5, 7
-/// and 9 for standard LoRA, and measured side by side K = 7 was the best
-/// or near it on code (loopback: 1.24× K = 5; wan20: 1.03× K = 5, and
-/// 1.1× K = 9 in session 11) while prose at wan20 lost 11 % at K = 9: 0.83
-/// puts standard LoRA at K = 7 on loopback, wan20 and wan80 (0.85 picked 9
-/// on the WANs, 0.8 picked 5 everywhere) and leaves FFA's choices as they
-/// were.
-pub const DEFAULT_ACCEPTANCE_PRIOR: f64 = 0.83;
-
 /// How the base drafter holds its weights.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum DraftWeightsArg {

@@ -102,9 +102,10 @@ pub struct GenerateArgs {
     /// --acceptance-prior before the first token (never from the text).
     #[arg(long, default_value = "auto")]
     k: KArg,
-    /// Private mode: the per-token acceptance rate `--k auto` assumes.
-    #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_ACCEPTANCE_PRIOR, requires = "server")]
-    acceptance_prior: f64,
+    /// Private mode: the per-token acceptance rate `--k auto` assumes
+    /// (default: the adapter's published hint, else 0.83).
+    #[arg(long, requires = "server")]
+    acceptance_prior: Option<f64>,
     /// Private mode: draft trees of K nodes instead of chains of K tokens
     /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8).
     /// The verify pass still carries K+1 positions; the output is the same.
@@ -326,7 +327,7 @@ impl GenerateArgs {
                     let grouping = choice.best.grouping_for(space, forced.as_ref());
                     eprintln!(
                         "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.2}; requests grouped {grouping:?})",
-                        choice.best.k, choice.best.tok_per_s, self.acceptance_prior
+                        choice.best.k, choice.best.tok_per_s, choice.alpha
                     );
                     Ok((choice.best.k, grouping))
                 })

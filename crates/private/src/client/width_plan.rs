@@ -5,10 +5,12 @@
 //! A round that drafts K tokens, each accepted with probability α, yields
 //! `E(K) = (1 − α^(K+1)) / (1 − α)` tokens (Leviathan et al., "Fast
 //! Inference from Transformers via Speculative Decoding", ICML 2023, Eq. 1)
-//! and costs K draft steps plus one verify round of T = K + 1 positions,
+//! and costs K draft steps and one verify round of T = K + 1 positions,
 //! modelled as in [`crate::schedule_plan`] (the cheaper of the per-group and
 //! the fixed-point schedule on the link, with the plans the server's planner
-//! picks for width T). K is the one that maximises `E(K) / round`.
+//! picks for width T; a fixed point drafts the next round while its last
+//! trip is on the network, so only the drafting that outlasts that wait
+//! counts). K is the one that maximises `E(K) / round`.
 //!
 //! # Why it is worth choosing
 //! The cost of a verify round is a step function of T: a returned
@@ -25,11 +27,22 @@
 //! the client's speed (a pass of T positions) and α, so it is computed, not
 //! fixed.
 //!
+//! # The acceptance prior
+//! α is the client's `--acceptance-prior` when given, else the hint the
+//! adapter's owner publishes in the offer ([`SessionOffer::acceptance`],
+//! the base drafter's measured per-token agreement with the adapted model on
+//! the owner's text, from the adapter's `cipherlora.json`), else
+//! [`DEFAULT_ACCEPTANCE_PRIOR`] ([`acceptance_prior`]). The geometric
+//! model with one α undervalues long drafts where acceptance runs in
+//! streaks (code: 3.43 tokens per round at K = 3 and 6.40 at K = 7, where
+//! the α that fits K = 3 predicts 5.5), so a hint near the measured
+//! agreement errs towards shorter drafts.
+//!
 //! # What it reveals
 //! K is fixed for the session before the first token, from the link, the
-//! adapter's public shapes, the client's own timings and a prior α — not
-//! from acceptance observed during generation — so the verify width tells
-//! the server nothing about the text (it already sees T).
+//! adapter's public shapes and published hint, the client's own timings and
+//! a prior α — not from acceptance observed during generation — so the
+//! verify width tells the server nothing about the text (it already sees T).
 
 use std::sync::Arc;
 
@@ -71,6 +84,33 @@ pub struct PlanSpace {
     /// prefill session when the widths coincide), so it keeps the offer's
     /// grouping: [`choose_width`] models it so.
     pub width: Option<usize>,
+    /// The offer's [`SessionOffer::acceptance`] hint.
+    pub acceptance: Option<f64>,
+}
+
+/// The per-token acceptance rate the width model assumes when neither the
+/// client (`--acceptance-prior`) nor the adapter's offer gives one. Fitted
+/// to the measured tokens per round with the Leviathan et al. formula, the
+/// base drafter's acceptance is ≈ 0.9–0.93 on the committed code adapters
+/// (5.65–6.4 tokens per round at K = 7) but ≈ 0.6–0.72 on general English
+/// (`general-lora-r16`: 3.1 at K = 4 and 3.2 at K = 9; `general-all-r8`:
+/// 2.5 at K = 5; BENCHMARKS.md, "General English across a network"). The
+/// model's choice is flat between K = 5, 7 and 9 for standard LoRA, and
+/// measured side by side K = 7 was the best or near it on code (loopback:
+/// 1.24× K = 5; wan20: 1.03× K = 5, and 1.1× K = 9 in session 11) while
+/// prose at wan20 lost 11 % at K = 9: 0.83 puts standard LoRA at K = 7 on
+/// loopback, wan20 and wan80 (0.85 picked 9 on the WANs, 0.8 picked 5
+/// everywhere).
+pub const DEFAULT_ACCEPTANCE_PRIOR: f64 = 0.83;
+
+/// The α the width model uses (module docs, "The acceptance prior"): the
+/// client's own `given` prior, else `space`'s published hint, else
+/// [`DEFAULT_ACCEPTANCE_PRIOR`].
+#[must_use]
+pub fn acceptance_prior(space: &PlanSpace, given: Option<f64>) -> f64 {
+    given
+        .or(space.acceptance)
+        .unwrap_or(DEFAULT_ACCEPTANCE_PRIOR)
 }
 
 impl PlanSpace {
@@ -90,6 +130,7 @@ impl PlanSpace {
             grouping: offer.grouping,
             server_cost_ratio: offer.server_cost_ratio,
             width: offer.groups.first().map(|g| g.plan.t),
+            acceptance: offer.acceptance,
         }
     }
 
@@ -183,7 +224,7 @@ pub struct WidthCandidate {
     /// allows it (FFA), with the layers per group whose plans give the
     /// fastest fixed-point round (the time it is modelled on).
     pub grouping: Grouping,
-    /// Drafting plus the cheaper schedule's verify round, ms.
+    /// The cheaper schedule's round, its drafting included, ms.
     pub round_ms: f64,
     /// Expected tokens per round at the prior α (bonus token included).
     pub expected_tokens: f64,
@@ -198,6 +239,10 @@ pub struct WidthChoice {
     pub best: WidthCandidate,
     /// All candidates, by K.
     pub candidates: Vec<WidthCandidate>,
+    /// The client costs they were modelled with.
+    pub client: ClientCosts,
+    /// The acceptance prior α they were modelled with.
+    pub alpha: f64,
 }
 
 /// Models every K in `1..=k_max` (module docs) and picks the fastest.
@@ -233,7 +278,8 @@ pub fn choose_width(
         let ratio = space.server_cost_ratio;
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
         let forward_ms = client.forward_ms[k];
-        let mut schedule = choose_schedule_grouped(&pass, &pass, link, forward_ms, fixed);
+        let draft_ms = k as f64 * client.draft_ms;
+        let mut schedule = choose_schedule_grouped(&pass, &pass, link, forward_ms, draft_ms, fixed);
         let mut grouping = space.grouping;
         // The offer's own session serves this width with the offer's
         // grouping: no fused alternative for it. Otherwise the fixed point
@@ -242,7 +288,8 @@ pub fn choose_width(
             grouping = Grouping::ByInput;
             for fused in &fusions {
                 let fused_pass = PassModel::of_plans(&fused.plans(k + 1)?, sizes, ratio)?;
-                let c = choose_schedule_grouped(&pass, &fused_pass, link, forward_ms, fixed);
+                let c =
+                    choose_schedule_grouped(&pass, &fused_pass, link, forward_ms, draft_ms, fixed);
                 if c.fixed_point_ms < schedule.fixed_point_ms {
                     schedule = c;
                     grouping = fused.grouping;
@@ -252,8 +299,7 @@ pub fn choose_width(
                 grouping = Grouping::ByInput;
             }
         }
-        let round_ms =
-            k as f64 * client.draft_ms + schedule.per_group_ms.min(schedule.fixed_point_ms);
+        let round_ms = schedule.per_group_ms.min(schedule.fixed_point_ms);
         let expected = expected_tokens(alpha, k);
         candidates.push(WidthCandidate {
             k,
@@ -268,7 +314,12 @@ pub fn choose_width(
         .iter()
         .max_by(|a, b| a.tok_per_s.total_cmp(&b.tok_per_s))
         .unwrap_or(&candidates[0]);
-    Ok(WidthChoice { best, candidates })
+    Ok(WidthChoice {
+        best,
+        candidates,
+        client: client.clone(),
+        alpha,
+    })
 }
 
 impl WidthCandidate {
@@ -318,7 +369,9 @@ pub fn time_client(
 
 /// [`choose_width`] for a client about to open its verify session: the
 /// plan space of an offer it already holds (e.g. its prefill session's),
-/// its own timed passes ([`time_client`]), the engine's wire sizes.
+/// its own timed passes ([`time_client`]), the engine's wire sizes, and the
+/// [`acceptance_prior`] of `alpha` (the client's own, if any) and the
+/// offer's hint.
 ///
 /// # Errors
 /// As [`choose_width`] and [`time_client`]; [`PrivateError::Ckks`] for the
@@ -328,7 +381,7 @@ pub fn choose_width_for_client(
     model: &cipherlora_model::Model,
     drafter: &cipherlora_model::Model,
     link: &LinkProfile,
-    alpha: f64,
+    alpha: Option<f64>,
     k_max: usize,
 ) -> Result<WidthChoice, PrivateError> {
     let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
@@ -339,7 +392,7 @@ pub fn choose_width_for_client(
         &sizes,
         link,
         &client,
-        alpha,
+        acceptance_prior(space, alpha),
         k_max,
         FixedPoint::default(),
     )
@@ -367,7 +420,7 @@ pub fn grouping_for_given_k(
     k: usize,
     forced: Option<&Schedule>,
 ) -> Result<Grouping, PrivateError> {
-    let choice = choose_width_for_client(space, model, drafter, link, 0.5, k)?;
+    let choice = choose_width_for_client(space, model, drafter, link, Some(0.5), k)?;
     let candidate = choice
         .candidates
         .iter()
@@ -393,6 +446,7 @@ mod tests {
             grouping: Grouping::ByInput,
             server_cost_ratio: 1.0,
             width: None,
+            acceptance: None,
         }
     }
 
@@ -500,6 +554,28 @@ mod tests {
             at(0.3),
             at(0.95)
         );
+    }
+
+    /// The client's own prior wins, then the adapter's published hint,
+    /// then the default; a hint changes the modelled choice as a prior
+    /// does.
+    #[test]
+    fn the_adapter_s_published_hint_is_the_prior_unless_the_client_gives_one() {
+        let hinted = PlanSpace {
+            acceptance: Some(0.3),
+            ..space(Mode::Standard)
+        };
+        assert_eq!(acceptance_prior(&hinted, Some(0.95)), 0.95);
+        assert_eq!(acceptance_prior(&hinted, None), 0.3);
+        assert_eq!(
+            acceptance_prior(&space(Mode::Standard), None),
+            DEFAULT_ACCEPTANCE_PRIOR
+        );
+        let k = |space: &PlanSpace| {
+            let alpha = acceptance_prior(space, None);
+            model(space, &LinkProfile::LOOPBACK, alpha).best.k
+        };
+        assert!(k(&hinted) < k(&space(Mode::Standard)));
     }
 
     #[test]

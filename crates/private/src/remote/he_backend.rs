@@ -562,6 +562,7 @@ mod tests {
         let groups = AdapterGroups {
             kind: LoraKind::Ffa,
             groups: vec![LayerGroup::new(1, cipherlora_model::ProjGroup::O, adapter)],
+            acceptance: None,
         };
         HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap()
     }
@@ -581,6 +582,7 @@ mod tests {
                 group(ProjGroup::Qkv, "q_proj"),
                 group(ProjGroup::O, "o_proj"),
             ],
+            acceptance: None,
         };
         let b = HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap();
         let preset = b.info().ckks_presets[0].clone();

@@ -26,8 +26,9 @@ const PUBLIC_A_MAGIC: &[u8; 4] = b"CLPA";
 /// 2: the offer carries the server's cost ratio
 /// ([`SessionOffer::server_cost_ratio`]); 3: layers per group
 /// ([`Grouping::ByLayers`]) in the request and the offer, and each offered
-/// projection's layer.
-const VERSION: u8 = 3;
+/// projection's layer; 4: the adapter's acceptance hint in the offer
+/// ([`SessionOffer::acceptance`]).
+const VERSION: u8 = 4;
 
 /// Largest verify width T a plan request may ask for.
 pub const MAX_T: usize = 256;
@@ -123,7 +124,8 @@ pub fn preset_from_name(name: &str) -> Option<Preset> {
     PRESETS.into_iter().find(|&p| preset_name(p) == name)
 }
 
-/// Serialises an offer: preset, T, kind, grouping, cost ratio, then per
+/// Serialises an offer: preset, T, kind, grouping, cost ratio, acceptance
+/// hint (a flag byte, then the f64 when present), then per
 /// group the layer, group index, projections (each its layer and code) and
 /// the plan ([`encode_plan`]). The public lora_A of
 /// an FFA adapter is *not* in the offer bytes: it travels once, in
@@ -140,6 +142,13 @@ pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     o.push(kind_code(offer.kind));
     o.push(grouping_code(offer.grouping));
     o.extend_from_slice(&offer.server_cost_ratio.to_le_bytes());
+    match offer.acceptance {
+        Some(a) => {
+            o.push(1);
+            o.extend_from_slice(&a.to_le_bytes());
+        }
+        None => o.push(0),
+    }
     put_u32(&mut o, offer.groups.len());
     for g in &offer.groups {
         put_u32(&mut o, g.layer);
@@ -194,6 +203,14 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
     if !(MIN_COST_RATIO..=MAX_COST_RATIO).contains(&server_cost_ratio) {
         return Err(r.bad("server cost ratio out of range"));
     }
+    let acceptance = match r.u8()? {
+        0 => None,
+        1 => match r.f64()? {
+            a if a > 0.0 && a < 1.0 => Some(a),
+            _ => return Err(r.bad("acceptance hint out of (0, 1)")),
+        },
+        _ => return Err(r.bad("bad acceptance flag")),
+    };
     let n = r.usize()?;
     if n > MAX_GROUPS {
         return Err(r.bad("too many groups"));
@@ -281,6 +298,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
         grouping,
         groups,
         server_cost_ratio,
+        acceptance,
     })
 }
 
@@ -582,6 +600,7 @@ mod tests {
         AdapterGroups {
             kind,
             groups: layer(0).into_iter().chain(layer(3)).collect(),
+            acceptance: None,
         }
     }
 
@@ -591,8 +610,22 @@ mod tests {
 
     fn same(a: &SessionOffer, b: &SessionOffer) {
         assert_eq!(
-            (a.preset, a.t, a.kind, a.grouping, a.server_cost_ratio),
-            (b.preset, b.t, b.kind, b.grouping, b.server_cost_ratio)
+            (
+                a.preset,
+                a.t,
+                a.kind,
+                a.grouping,
+                a.server_cost_ratio,
+                a.acceptance
+            ),
+            (
+                b.preset,
+                b.t,
+                b.kind,
+                b.grouping,
+                b.server_cost_ratio,
+                b.acceptance
+            )
         );
         assert_eq!(a.groups.len(), b.groups.len());
         for (x, y) in a.groups.iter().zip(&b.groups) {
@@ -633,6 +666,27 @@ mod tests {
             o.server_cost_ratio = bad;
             let e = decode_offer(&encode_offer(&o)).unwrap_err();
             assert!(e.to_string().contains("cost ratio"), "{bad}: {e}");
+        }
+    }
+
+    /// The adapter's acceptance hint travels with the offer (or its
+    /// absence does); a hint outside (0, 1) is a malformed offer.
+    #[test]
+    fn offer_acceptance_hint_round_trips_and_bad_ones_are_rejected() {
+        let mut g = groups(LoraKind::Ffa);
+        g.acceptance = Some(0.885);
+        let mut o = HeAdapter::new(g).offer(5).unwrap();
+        assert_eq!(o.acceptance, Some(0.885));
+        assert_eq!(
+            decode_offer(&encode_offer(&o)).unwrap().acceptance,
+            Some(0.885)
+        );
+        o.acceptance = None;
+        assert_eq!(decode_offer(&encode_offer(&o)).unwrap().acceptance, None);
+        for bad in [f64::NAN, 0.0, 1.0, 1.5] {
+            o.acceptance = Some(bad);
+            let e = decode_offer(&encode_offer(&o)).unwrap_err();
+            assert!(e.to_string().contains("acceptance"), "{bad}: {e}");
         }
     }
 

@@ -63,13 +63,19 @@ pub struct AdapterGroups {
     pub kind: LoraKind,
     /// The groups.
     pub groups: Vec<LayerGroup>,
+    /// The adapter owner's measured per-token acceptance of a base-model
+    /// drafter, from `cipherlora.json` (`"acceptance"`, in (0, 1)), when
+    /// given: published in every offer ([`crate::SessionOffer::acceptance`])
+    /// for clients' verify-width model.
+    pub acceptance: Option<f64>,
 }
 
 impl AdapterGroups {
     /// Loads a PEFT folder for a base model of shape `config`, keeping lora_B
     /// in the PEFT row layout (no GGUF q/k permutation). FFA is read from
     /// `cipherlora.json` (`{"ffa": true}`); without the file the adapter is
-    /// standard.
+    /// standard. The same file's optional `"acceptance"` (a number in
+    /// (0, 1)) becomes [`AdapterGroups::acceptance`].
     ///
     /// # Errors
     /// [`PrivateError::Model`] for unreadable or mismatched adapter files,
@@ -78,8 +84,11 @@ impl AdapterGroups {
         let mut hf_layout = config.clone();
         hf_layout.rope_style = RopeStyle::Half;
         let adapter = LoraAdapter::load(dir, &hf_layout)?;
-        let kind = read_kind(dir)?;
-        Self::from_adapter(&adapter, kind)
+        let (kind, acceptance) = read_sidecar(dir)?;
+        Ok(AdapterGroups {
+            acceptance,
+            ..Self::from_adapter(&adapter, kind)?
+        })
     }
 
     /// Splits a loaded adapter (in whatever row layout it was loaded) into
@@ -114,7 +123,11 @@ impl AdapterGroups {
                 }
             }
         }
-        Ok(AdapterGroups { kind, groups })
+        Ok(AdapterGroups {
+            kind,
+            groups,
+            acceptance: None,
+        })
     }
 
     /// Wire index of a group kind.
@@ -180,6 +193,7 @@ impl AdapterGroups {
         AdapterGroups {
             kind: self.kind,
             groups,
+            acceptance: self.acceptance,
         }
     }
 
@@ -222,23 +236,35 @@ fn flat(t: &cipherlora_model::Tensor) -> Result<Vec<f32>, PrivateError> {
     v.map_err(|e| PrivateError::Model(e.into()))
 }
 
-fn read_kind(dir: &Path) -> Result<LoraKind, PrivateError> {
+/// The LoRA variant and the acceptance hint of `dir`'s `cipherlora.json`
+/// (standard and none without the file).
+fn read_sidecar(dir: &Path) -> Result<(LoraKind, Option<f64>), PrivateError> {
     let path = dir.join("cipherlora.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
-        return Ok(LoraKind::Standard);
+        return Ok((LoraKind::Standard, None));
     };
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| PrivateError::Sidecar {
+    let bad = |reason: String| PrivateError::Sidecar {
         path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    match v.get("ffa") {
-        None | Some(serde_json::Value::Bool(false)) => Ok(LoraKind::Standard),
-        Some(serde_json::Value::Bool(true)) => Ok(LoraKind::Ffa),
-        Some(other) => Err(PrivateError::Sidecar {
-            path,
-            reason: format!("`ffa` must be a boolean, not {other}"),
-        }),
-    }
+        reason,
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let kind = match v.get("ffa") {
+        None | Some(serde_json::Value::Bool(false)) => LoraKind::Standard,
+        Some(serde_json::Value::Bool(true)) => LoraKind::Ffa,
+        Some(other) => return Err(bad(format!("`ffa` must be a boolean, not {other}"))),
+    };
+    let acceptance = match v.get("acceptance") {
+        None => None,
+        Some(a) => match a.as_f64() {
+            Some(a) if a > 0.0 && a < 1.0 => Some(a),
+            _ => {
+                return Err(bad(format!(
+                    "`acceptance` must be a number in (0, 1), not {a}"
+                )));
+            }
+        },
+    };
+    Ok((kind, acceptance))
 }
 
 #[cfg(test)]
@@ -273,7 +299,28 @@ mod tests {
                 group(0, ProjGroup::O, 2, vec![proj("o_proj", 4, 1, 2, 0.7)]),
                 group(1, ProjGroup::O, 2, vec![proj("o_proj", 4, 1, 2, -0.4)]),
             ],
+            acceptance: None,
         }
+    }
+
+    /// The sidecar's acceptance hint is read when it is a probability and
+    /// refused with a typed error otherwise; no file means standard, none.
+    #[test]
+    fn the_sidecar_acceptance_hint_is_a_probability_or_an_error() {
+        let dir = std::env::temp_dir().join(format!("cl-sidecar-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(read_sidecar(&dir).unwrap(), (LoraKind::Standard, None));
+        let write = |text: &str| std::fs::write(dir.join("cipherlora.json"), text).unwrap();
+        write(r#"{"ffa": true, "acceptance": 0.885}"#);
+        assert_eq!(read_sidecar(&dir).unwrap(), (LoraKind::Ffa, Some(0.885)));
+        for bad in ["1.0", "0", "-0.5", "\"high\"", "null"] {
+            write(&format!(r#"{{"acceptance": {bad}}}"#));
+            assert!(
+                matches!(read_sidecar(&dir), Err(PrivateError::Sidecar { .. })),
+                "{bad}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The fused group's delta on the concatenated input equals each

@@ -55,6 +55,14 @@ pub struct SessionOffer {
     /// accepts [`MIN_COST_RATIO`, `MAX_COST_RATIO`]. It tells the client how
     /// fast the server's machine is, nothing about other sessions.
     pub server_cost_ratio: f64,
+    /// The adapter owner's measured per-token acceptance of a base-model
+    /// drafter ([`crate::server::AdapterGroups::acceptance`]), when the
+    /// adapter's sidecar gives one: a client without its own prior models
+    /// its verify width with it (`width_plan::acceptance_prior`). A
+    /// property of the adapter, which a client learns anyway from the
+    /// outputs it verifies; the width chosen from it depends on nothing
+    /// the client sees, so it tells the server nothing about the text.
+    pub acceptance: Option<f64>,
 }
 
 /// Smallest [`SessionOffer::server_cost_ratio`] a client accepts.
@@ -370,6 +378,7 @@ impl HeAdapter {
             grouping,
             groups,
             server_cost_ratio,
+            acceptance: self.groups.acceptance,
         })
     }
 
