@@ -291,7 +291,7 @@ impl WarmAdapter {
             (None, link) => {
                 let link = link.ok_or_else(|| ApiError::Internal("no link to plan on".into()))?;
                 cipherlora_private::choose_for_session(
-                    model,
+                    (model, Some(drafter)),
                     &hook,
                     verify_width,
                     Some(s.prefill_width),

@@ -642,7 +642,7 @@ pub fn run_target(
                 let schedule_name;
                 (cfg.schedule, schedule_name) = if schedule == "auto" {
                     let s = cipherlora_private::choose_for_session(
-                        model,
+                        (model, Some(draft_model)),
                         &hook,
                         width,
                         Some(prefill_width),

@@ -207,6 +207,7 @@ impl DemoArgs {
             self.prefill_width
         );
 
+        let drafter_model = self.draft_weights.drafter(&model)?;
         let cfg = SpecConfig {
             tree: None,
             drafter,
@@ -223,7 +224,7 @@ impl DemoArgs {
             first_token_from_prefill: true,
             schedule: crate::cmd::schedule_arg::resolve_schedule(
                 &self.schedule,
-                &model,
+                (&model, Some(&*drafter_model)),
                 &hook,
                 (width, self.prefill_width),
                 &self.link,
@@ -232,7 +233,6 @@ impl DemoArgs {
         println!("--- private (CKKS, speculative) ---");
         print!("{}", self.prompt);
         let mut stream = TextStream::new(&tok);
-        let drafter_model = self.draft_weights.drafter(&model)?;
         let t0 = Instant::now();
         let private = decode::generate_drafted(
             &model,

@@ -336,7 +336,7 @@ impl GenerateArgs {
         };
         let schedule = resolve_schedule(
             &self.schedule,
-            model,
+            (model, Some(&*drafter_model)),
             &hook,
             (width, self.prefill_width),
             &planning_link,

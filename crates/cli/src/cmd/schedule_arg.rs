@@ -7,14 +7,15 @@ use cipherlora_spec::schedule::Schedule;
 
 /// The verify schedule for `arg` (`auto`, `per-group`, `fixed-point[:N]`):
 /// `auto` models one round of each on `link` with the verify session's
-/// plans and a timed plaintext pass of `width` positions, and logs the
+/// plans, a timed plaintext pass of `width` positions and the `drafter`'s
+/// steps ([`cipherlora_private::choose_for_session`]), and logs the
 /// choice.
 ///
 /// # Errors
 /// An unknown schedule; a failed forward pass; no session of `width`.
 pub fn resolve_schedule<T: cipherlora_private::Transport>(
     arg: &str,
-    model: &Model,
+    (model, drafter): (&Model, Option<&Model>),
     hook: &cipherlora_private::ByWidth<T>,
     (width, prefill_width): (usize, usize),
     link: &LinkProfile,
@@ -22,8 +23,13 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
     if arg != "auto" {
         return Ok(arg.parse()?);
     }
-    let choice =
-        cipherlora_private::choose_for_session(model, hook, width, Some(prefill_width), link)?;
+    let choice = cipherlora_private::choose_for_session(
+        (model, drafter),
+        hook,
+        width,
+        Some(prefill_width),
+        link,
+    )?;
     let prefill = choice.prefill.map_or(String::new(), |p| {
         format!(
             "; prefill pass: per-group {:.0} ms, fixed-point {:.0} ms",

@@ -293,8 +293,11 @@ pub fn choose_schedule_grouped(
 }
 
 /// [`choose_schedule`] for the verify session of width `width` behind
-/// `hook`: its plans' [`PassModel`] and one plaintext pass of `width`
-/// positions of `model`, timed here. When that picks the fixed point and
+/// `hook`: its plans' [`PassModel`], one plaintext pass of `width`
+/// positions of `model` and (with a `drafter`) `width − 1` of its
+/// single-position steps, timed here: the round's drafting, priced as
+/// [`choose_schedule_grouped`] does so that this agrees with the width
+/// model's choice at the same width. When that picks the fixed point and
 /// `hook` has a session of `prefill_width`, the prefill passes are modelled
 /// the same way (one pass of that session group by group against the fixed
 /// point's prefill trips) and run group by group when that is cheaper: the
@@ -306,7 +309,7 @@ pub fn choose_schedule_grouped(
 /// [`PrivateError::Transport`] when `hook` has no session of that width;
 /// [`PrivateError::Model`] when the pass fails.
 pub fn choose_for_session<T: crate::Transport>(
-    model: &cipherlora_model::Model,
+    (model, drafter): (&cipherlora_model::Model, Option<&cipherlora_model::Model>),
     hook: &crate::ByWidth<T>,
     width: usize,
     prefill_width: Option<usize>,
@@ -315,10 +318,17 @@ pub fn choose_for_session<T: crate::Transport>(
     let session = hook
         .session(width)
         .ok_or_else(|| PrivateError::Transport(format!("no session of width {width}")))?;
-    let mut choice = choose_schedule(
-        session.pass_model(),
+    let draft_ms = match drafter {
+        Some(d) => width.saturating_sub(1) as f64 * time_pass(d, 1)?.min(time_pass(d, 1)?),
+        None => 0.0,
+    };
+    let pass = session.pass_model();
+    let mut choice = choose_schedule_grouped(
+        pass,
+        pass,
         link,
         time_pass(model, width)?,
+        draft_ms,
         FixedPoint::default(),
     );
     if session.plan_space().grouping.layers().is_some() {
