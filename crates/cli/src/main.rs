@@ -56,7 +56,24 @@ enum Command {
     Attack(cmd::attack::AttackArgs),
 }
 
+/// Gives candle no more threads than the CPUs this process may run on
+/// ([`cipherlora_model::threads_for_allowed_cpus`]: under `taskset` or a
+/// one-CPU container its spinning pools otherwise share one CPU). Must run
+/// before any thread starts.
+#[allow(unsafe_code)]
+fn cap_threads_to_allowed_cpus() {
+    if let Some(n) = cipherlora_model::threads_for_allowed_cpus() {
+        // SAFETY: called first thing in `main`, before this process starts
+        // any thread, so nothing reads the environment concurrently.
+        unsafe {
+            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+            std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    cap_threads_to_allowed_cpus();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

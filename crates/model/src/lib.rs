@@ -74,3 +74,50 @@ pub use candle_core::Tensor;
 pub fn num_threads() -> usize {
     candle_core::utils::get_num_threads()
 }
+
+/// The thread count a process should give candle when it may run on fewer
+/// CPUs than candle would start threads for: `Some(allowed)` when neither
+/// `RAYON_NUM_THREADS` nor `CANDLE_NUM_THREADS` is set and the CPUs the
+/// process may use ([`std::thread::available_parallelism`]: its affinity
+/// mask and CPU quota) are fewer than candle's default (the machine's
+/// physical cores); `None` otherwise. A binary sets both variables to it
+/// before any thread starts.
+///
+/// Why: candle's pools spin while they wait for each other. Two of them on
+/// one CPU (a client under `taskset -c 0`, or a container with one CPU)
+/// made a one-position pass of the quantized default model take 290 ms
+/// instead of 9–14 ms (21×), and an f32 pass of 8 positions 137–192 ms
+/// instead of 114 (session 23, measured with `taskset -c 1`).
+#[must_use]
+pub fn threads_for_allowed_cpus() -> Option<usize> {
+    let set = |v: &str| std::env::var_os(v).is_some();
+    let allowed = std::thread::available_parallelism().ok()?.get();
+    capped_threads(
+        set("RAYON_NUM_THREADS") || set("CANDLE_NUM_THREADS"),
+        allowed,
+        num_threads(),
+    )
+}
+
+/// [`threads_for_allowed_cpus`]'s rule: no change when the user chose a
+/// count (`chosen`), else `allowed` when it is below candle's `default`.
+fn capped_threads(chosen: bool, allowed: usize, default: usize) -> Option<usize> {
+    (!chosen && allowed < default).then_some(allowed)
+}
+
+#[cfg(test)]
+mod thread_tests {
+    use super::capped_threads;
+
+    /// Regression (session 23): a process pinned to one CPU of a two-core
+    /// machine started two spinning pool threads on it.
+    #[test]
+    fn a_process_allowed_one_cpu_of_two_asks_for_one_thread() {
+        assert_eq!(capped_threads(false, 1, 2), Some(1));
+        // The user's own count is kept, and a process allowed every core
+        // keeps candle's default.
+        assert_eq!(capped_threads(true, 1, 2), None);
+        assert_eq!(capped_threads(false, 2, 2), None);
+        assert_eq!(capped_threads(false, 16, 8), None);
+    }
+}
