@@ -35,7 +35,7 @@
 //! [`DEFAULT_ACCEPTANCE_PRIOR`] ([`acceptance_prior`]). The geometric
 //! model with one α undervalues long drafts where acceptance runs in
 //! streaks (code: 3.43 tokens per round at K = 3 and 6.40 at K = 7, where
-//! the α that fits K = 3 predicts 5.5), so a hint near the measured
+//! the α that fits K = 3, 0.90, predicts 5.7), so a hint near the measured
 //! agreement errs towards shorter drafts.
 //!
 //! # What it reveals
