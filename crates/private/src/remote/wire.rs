@@ -18,7 +18,9 @@ use cipherlora_model::{Proj, ProjGroup};
 
 use crate::PrivateError;
 use crate::server::{AdapterGroups, LoraKind};
-use crate::server::{Grouping, MAX_COST_RATIO, MIN_COST_RATIO, OfferedGroup, SessionOffer};
+use crate::server::{
+    Grouping, MAX_COST_RATIO, MIN_COST_RATIO, OfferedGroup, SessionOffer, is_acceptance_hint,
+};
 
 const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
 const OFFER_MAGIC: &[u8; 4] = b"CLOF";
@@ -206,7 +208,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
     let acceptance = match r.u8()? {
         0 => None,
         1 => match r.f64()? {
-            a if a > 0.0 && a < 1.0 => Some(a),
+            a if is_acceptance_hint(a) => Some(a),
             _ => return Err(r.bad("acceptance hint out of (0, 1)")),
         },
         _ => return Err(r.bad("bad acceptance flag")),

@@ -256,7 +256,7 @@ fn read_sidecar(dir: &Path) -> Result<(LoraKind, Option<f64>), PrivateError> {
     let acceptance = match v.get("acceptance") {
         None => None,
         Some(a) => match a.as_f64() {
-            Some(a) if a > 0.0 && a < 1.0 => Some(a),
+            Some(a) if crate::server::is_acceptance_hint(a) => Some(a),
             _ => {
                 return Err(bad(format!(
                     "`acceptance` must be a number in (0, 1), not {a}"

@@ -70,6 +70,14 @@ pub const MIN_COST_RATIO: f64 = 1.0 / 64.0;
 /// Largest [`SessionOffer::server_cost_ratio`] a client accepts.
 pub const MAX_COST_RATIO: f64 = 64.0;
 
+/// Whether `a` can be an acceptance hint ([`SessionOffer::acceptance`]):
+/// a probability strictly between 0 and 1 (NaN is not). The one rule for
+/// the adapter's `cipherlora.json` and the offer's wire format.
+#[must_use]
+pub fn is_acceptance_hint(a: f64) -> bool {
+    a > 0.0 && a < 1.0
+}
+
 /// How a [`SessionOffer`] groups the adapted projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Grouping {
