@@ -224,6 +224,14 @@ impl WarmAdapter {
             }
             (None, Some(_), DraftLength::Fixed(_)) => None,
         };
+        // The client's own acceptance prior, if any (else the adapter's
+        // hint): it sets the fixed point `auto` runs.
+        let alpha = match s.k {
+            DraftLength::Auto {
+                acceptance_prior, ..
+            } => acceptance_prior,
+            DraftLength::Fixed(_) => None,
+        };
         let (hook, verify_width) = match (s.k, link) {
             (
                 DraftLength::Auto {
@@ -260,8 +268,13 @@ impl WarmAdapter {
                 s.prefill_width,
                 model.config(),
                 |space| {
-                    let grouping =
-                        grouping_for_given_k(space, model, drafter, &link, k, forced.as_ref())?;
+                    let grouping = grouping_for_given_k(
+                        space,
+                        (model, drafter),
+                        &link,
+                        (k, None),
+                        forced.as_ref(),
+                    )?;
                     Ok((k, grouping))
                 },
             )
@@ -295,7 +308,7 @@ impl WarmAdapter {
                     &hook,
                     verify_width,
                     Some(s.prefill_width),
-                    &link,
+                    (&link, alpha),
                 )
                 .map_err(|e| upstream(&e))?
                 .schedule

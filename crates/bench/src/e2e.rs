@@ -590,10 +590,9 @@ pub fn run_target(
                         |space| {
                             let grouping = cipherlora_private::width_plan::grouping_for_given_k(
                                 space,
-                                model,
-                                draft_model,
+                                (model, draft_model),
                                 &link,
-                                width - 1,
+                                (width - 1, opts.acceptance_prior),
                                 forced.as_ref(),
                             )?;
                             Ok((width - 1, grouping))
@@ -646,7 +645,7 @@ pub fn run_target(
                         &hook,
                         width,
                         Some(prefill_width),
-                        &link,
+                        (&link, opts.acceptance_prior),
                     )?
                     .schedule;
                     (s, format!("auto: {s}"))

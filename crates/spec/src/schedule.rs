@@ -236,10 +236,13 @@ pub struct FixedPoint {
     /// continuations on prose: the difference blocked them round after
     /// round). Measured in plaintext on code and prose, the rounds were
     /// then those of target-only passes (BENCHMARKS.md, "The drafter's
-    /// share of a round"); it is opt-in because only the client's time
-    /// falls, which pays where the client bounds the round (two shadowed
-    /// trips at wan20), not under the default three trips. The shadow's
-    /// replay runs on the model of the pass it replays.
+    /// share of a round"); it is off in [`FixedPoint::default`] because
+    /// only the client's time falls, which pays where the client bounds
+    /// the round (two shadowed trips at wan20, which a client runs by
+    /// default for a high acceptance prior:
+    /// `cipherlora_private::width_plan::default_fixed_point`), not under
+    /// three trips. The shadow's replay runs on the model of the pass it
+    /// replays.
     pub drafter_estimates: bool,
 }
 

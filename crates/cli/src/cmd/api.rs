@@ -50,8 +50,9 @@ pub struct ApiArgs {
     #[arg(long, default_value = "auto")]
     k: KArg,
     /// The per-token acceptance rate `--k auto` assumes (default: the
-    /// adapter's published hint, else 0.83).
-    #[arg(long)]
+    /// adapter's published hint, else 0.83); from 0.85 on, `--schedule
+    /// auto` runs two shadowed fixed-point trips per round.
+    #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
     /// Positions per prefill pass (a second session of this width): one
     /// pass covers prompts up to this length, so a larger width lowers the

@@ -373,8 +373,9 @@ pub struct E2eBenchArgs {
     draft_stop_below: f32,
     /// The per-token acceptance rate the verify-width model assumes for
     /// `auto` K configurations (default: the adapter's published hint, else
-    /// 0.83).
-    #[arg(long)]
+    /// 0.83); from 0.85 on, the `auto` schedule is two shadowed
+    /// fixed-point trips per round.
+    #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
     /// How the client's model holds its weights, comma-separated (`auto`:
     /// f32, what a private client verifies with by default): every

@@ -227,7 +227,7 @@ impl DemoArgs {
                 (&model, Some(&*drafter_model)),
                 &hook,
                 (width, self.prefill_width),
-                &self.link,
+                (&self.link, None),
             )?,
         };
         println!("--- private (CKKS, speculative) ---");

@@ -103,8 +103,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "auto")]
     k: KArg,
     /// Private mode: the per-token acceptance rate `--k auto` assumes
-    /// (default: the adapter's published hint, else 0.83).
-    #[arg(long, requires = "server")]
+    /// (default: the adapter's published hint, else 0.83); from 0.85 on,
+    /// `--schedule auto` runs two shadowed fixed-point trips per round.
+    #[arg(long, requires = "server", value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
     /// Private mode: draft trees of K nodes instead of chains of K tokens
     /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8).
@@ -137,7 +138,9 @@ pub struct GenerateArgs {
     optimistic: bool,
     /// Private mode: how a verify pass gets its deltas: `auto` (the cheaper
     /// of the two on the link, modelled: `--link`'s profile when given, else
-    /// the measured TCP round trip and 100 Mbit/s), `per-group` (one round
+    /// the measured TCP round trip and 100 Mbit/s; the fixed point is
+    /// `fixed-point:2/shadow/drafter-estimates` for an acceptance prior
+    /// ≥ 0.85, else `fixed-point:3`), `per-group` (one round
     /// trip per adapted layer group), `fixed-point[:N]` (N round trips per
     /// round, streamed layer by layer; suffixes `/prefill:per-group`,
     /// `/prefill:M`, `/shadow` — certify against the cached rows' residual
@@ -304,10 +307,9 @@ impl GenerateArgs {
                 connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
                     let grouping = cipherlora_private::width_plan::grouping_for_given_k(
                         space,
-                        model,
-                        &drafter_model,
+                        (model, &drafter_model),
                         &planning_link,
-                        k,
+                        (k, self.acceptance_prior),
                         forced.as_ref(),
                     )?;
                     Ok((k, grouping))
@@ -339,7 +341,7 @@ impl GenerateArgs {
             (model, Some(&*drafter_model)),
             &hook,
             (width, self.prefill_width),
-            &planning_link,
+            (&planning_link, self.acceptance_prior),
         )?;
         anyhow::ensure!(
             self.tree.is_none() || drafter == DrafterKind::Base,

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod acceptance_arg;
 pub mod api;
 pub mod attack;
 pub mod bench;

@@ -8,7 +8,8 @@ use cipherlora_spec::schedule::Schedule;
 /// The verify schedule for `arg` (`auto`, `per-group`, `fixed-point[:N]`):
 /// `auto` models one round of each on `link` with the verify session's
 /// plans, a timed plaintext pass of `width` positions and the `drafter`'s
-/// steps ([`cipherlora_private::choose_for_session`]), and logs the
+/// steps ([`cipherlora_private::choose_for_session`], with the fixed point
+/// of the acceptance prior `alpha` or the adapter's hint), and logs the
 /// choice.
 ///
 /// # Errors
@@ -18,7 +19,7 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
     (model, drafter): (&Model, Option<&Model>),
     hook: &cipherlora_private::ByWidth<T>,
     (width, prefill_width): (usize, usize),
-    link: &LinkProfile,
+    (link, alpha): (&LinkProfile, Option<f64>),
 ) -> anyhow::Result<Schedule> {
     if arg != "auto" {
         return Ok(arg.parse()?);
@@ -28,7 +29,7 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
         hook,
         width,
         Some(prefill_width),
-        link,
+        (link, alpha),
     )?;
     let prefill = choice.prefill.map_or(String::new(), |p| {
         format!(

@@ -293,7 +293,10 @@ pub fn choose_schedule_grouped(
 }
 
 /// [`choose_schedule`] for the verify session of width `width` behind
-/// `hook`: its plans' [`PassModel`], one plaintext pass of `width`
+/// `hook`, with the fixed point the client would run
+/// ([`crate::width_plan::default_fixed_point`] of the
+/// [`crate::width_plan::acceptance_prior`] of `alpha`, the client's own
+/// prior if any, and the session's published hint): its plans' [`PassModel`], one plaintext pass of `width`
 /// positions of `model` and (with a `drafter`) `width − 1` of its
 /// single-position steps, timed here: the round's drafting, priced as
 /// [`choose_schedule_grouped`] does so that this agrees with the width
@@ -313,28 +316,26 @@ pub fn choose_for_session<T: crate::Transport>(
     hook: &crate::ByWidth<T>,
     width: usize,
     prefill_width: Option<usize>,
-    link: &LinkProfile,
+    (link, alpha): (&LinkProfile, Option<f64>),
 ) -> Result<ScheduleChoice, PrivateError> {
     let session = hook
         .session(width)
         .ok_or_else(|| PrivateError::Transport(format!("no session of width {width}")))?;
+    let fixed = crate::width_plan::default_fixed_point(crate::width_plan::acceptance_prior(
+        session.plan_space(),
+        alpha,
+    ));
     let draft_ms = match drafter {
         Some(d) => width.saturating_sub(1) as f64 * time_pass(d, 1)?.min(time_pass(d, 1)?),
         None => 0.0,
     };
     let pass = session.pass_model();
-    let mut choice = choose_schedule_grouped(
-        pass,
-        pass,
-        link,
-        time_pass(model, width)?,
-        draft_ms,
-        FixedPoint::default(),
-    );
+    let mut choice =
+        choose_schedule_grouped(pass, pass, link, time_pass(model, width)?, draft_ms, fixed);
     if session.plan_space().grouping.layers().is_some() {
         // Its requests need a whole layer's inputs: only the fixed point.
         choice.per_group_ms = f64::INFINITY;
-        choice.schedule = Schedule::FixedPoint(FixedPoint::default());
+        choice.schedule = Schedule::FixedPoint(fixed);
     }
     let wide = prefill_width
         .filter(|&w| w != width)

@@ -103,6 +103,43 @@ pub struct PlanSpace {
 /// everywhere).
 pub const DEFAULT_ACCEPTANCE_PRIOR: f64 = 0.83;
 
+/// The lowest acceptance prior α for which a client's default fixed point
+/// is two trips per round certified against the cached rows' residual
+/// ([`default_fixed_point`]). Two shadowed trips are exact where three
+/// unshadowed ones have one measured divergence, and move two thirds of
+/// the bytes and server work of three; what they cost is the shadow's
+/// settlings, whose number is a property of the text: in plaintext, 5
+/// prompts × 64 tokens at T = 8, the adapters whose base drafter agrees
+/// 0.885–0.906 of the time (code) settled 1–2 times and kept 0.80–0.84 of
+/// three trips' tokens per round, the two at 0.77 (prose) settled 13–16
+/// times and kept 0.35 (BENCHMARKS.md, "Settling from the rows' own
+/// deltas"). End to end on code, two shadowed trips were 1.2–1.3× three
+/// (FFA at wan20 and wan80, standard LoRA at wan20). 0.85 sits between the
+/// two measured groups; below it the client keeps three trips.
+pub const SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE: f64 = 0.85;
+
+/// The fixed point a client runs when the schedule is `auto` (and models
+/// when it chooses K), for acceptance prior `alpha` ([`acceptance_prior`]):
+/// two trips per round with the shadow cache and the drafter's estimate
+/// passes (`fixed-point:2/shadow/drafter-estimates`) from
+/// [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] on, else [`FixedPoint::default`]
+/// (three trips). The prior is public (the client's own or the adapter's
+/// published hint) and fixed before the first token, so the trips per
+/// round tell the server nothing about the text.
+#[must_use]
+pub fn default_fixed_point(alpha: f64) -> FixedPoint {
+    if alpha >= SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE {
+        FixedPoint {
+            round_trips: 2,
+            shadow: true,
+            drafter_estimates: true,
+            ..FixedPoint::default()
+        }
+    } else {
+        FixedPoint::default()
+    }
+}
+
 /// The α the width model uses (module docs, "The acceptance prior"): the
 /// client's own `given` prior, else `space`'s published hint, else
 /// [`DEFAULT_ACCEPTANCE_PRIOR`].
@@ -371,7 +408,7 @@ pub fn time_client(
 /// plan space of an offer it already holds (e.g. its prefill session's),
 /// its own timed passes ([`time_client`]), the engine's wire sizes, and the
 /// [`acceptance_prior`] of `alpha` (the client's own, if any) and the
-/// offer's hint.
+/// offer's hint, with that prior's [`default_fixed_point`].
 ///
 /// # Errors
 /// As [`choose_width`] and [`time_client`]; [`PrivateError::Ckks`] for the
@@ -384,43 +421,62 @@ pub fn choose_width_for_client(
     alpha: Option<f64>,
     k_max: usize,
 ) -> Result<WidthChoice, PrivateError> {
-    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
-    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
-    let client = time_client(model, drafter, k_max + 1)?;
-    choose_width(
+    let alpha = acceptance_prior(space, alpha);
+    let client_side = (model, drafter);
+    choose_width_timed(
         space,
-        &sizes,
+        client_side,
         link,
-        &client,
-        acceptance_prior(space, alpha),
+        alpha,
         k_max,
-        FixedPoint::default(),
+        default_fixed_point(alpha),
     )
 }
 
+/// [`choose_width`] with the client's passes timed here and the engine's
+/// wire sizes.
+fn choose_width_timed(
+    space: &PlanSpace,
+    (model, drafter): (&cipherlora_model::Model, &cipherlora_model::Model),
+    link: &LinkProfile,
+    alpha: f64,
+    k_max: usize,
+    fixed: FixedPoint,
+) -> Result<WidthChoice, PrivateError> {
+    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
+    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
+    let client = time_client(model, drafter, k_max + 1)?;
+    choose_width(space, &sizes, link, &client, alpha, k_max, fixed)
+}
+
 /// How a client with a given K (`--k N`) groups its verify session's
-/// requests: as the width model prefers at that width
-/// ([`choose_width_for_client`] up to K, then
-/// [`WidthCandidate::grouping_for`] of its candidate for K, `forced` the
-/// schedule from `--schedule`). With dense FFA outputs
+/// requests: as the width model prefers at that width (the model up to K,
+/// then [`WidthCandidate::grouping_for`] of its candidate for K, `forced`
+/// the schedule from `--schedule`). With dense FFA outputs
 /// ([`cipherlora_helora::Reach::TwoSided`]) runs of several layers return
-/// a quarter fewer ciphertexts per layer than one layer at T = 8.
+/// a quarter fewer ciphertexts per layer than one layer at T = 8. The
+/// fixed point modelled is the forced one, else the
+/// [`default_fixed_point`] of the [`acceptance_prior`] of `alpha` (the
+/// client's own, if any) and the offer's hint: the one `auto` runs.
 ///
-/// The acceptance prior only weighs widths against each other (a
+/// The prior otherwise only weighs widths against each other (a
 /// candidate's expected tokens), never the schedule or the grouping at one
-/// width, so none is asked for.
+/// width, so it does not enter the choice at K.
 ///
 /// # Errors
 /// As [`choose_width_for_client`] (K = 0 included).
 pub fn grouping_for_given_k(
     space: &PlanSpace,
-    model: &cipherlora_model::Model,
-    drafter: &cipherlora_model::Model,
+    (model, drafter): (&cipherlora_model::Model, &cipherlora_model::Model),
     link: &LinkProfile,
-    k: usize,
+    (k, alpha): (usize, Option<f64>),
     forced: Option<&Schedule>,
 ) -> Result<Grouping, PrivateError> {
-    let choice = choose_width_for_client(space, model, drafter, link, Some(0.5), k)?;
+    let fixed = match forced {
+        Some(Schedule::FixedPoint(fp)) => *fp,
+        _ => default_fixed_point(acceptance_prior(space, alpha)),
+    };
+    let choice = choose_width_timed(space, (model, drafter), link, 0.5, k, fixed)?;
     let candidate = choice
         .candidates
         .iter()
@@ -576,6 +632,40 @@ mod tests {
             model(space, &LinkProfile::LOOPBACK, alpha).best.k
         };
         assert!(k(&hinted) < k(&space(Mode::Standard)));
+    }
+
+    /// A prior at or above [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] makes the
+    /// default fixed point two shadowed trips, below it three plain ones;
+    /// on wan20 the two trips' round is modelled cheaper at every K, and
+    /// the width model, given that fixed point, picks it.
+    #[test]
+    fn a_high_agreement_prior_runs_two_shadowed_trips_and_prices_them() {
+        let two = default_fixed_point(0.9);
+        assert_eq!((two.round_trips, two.shadow), (2, true));
+        assert!(two.drafter_estimates);
+        assert_eq!(default_fixed_point(SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE), two);
+        assert_eq!(default_fixed_point(0.84), FixedPoint::default());
+        assert_eq!(default_fixed_point(DEFAULT_ACCEPTANCE_PRIOR).round_trips, 3);
+        for mode in [Mode::Ffa, Mode::Standard] {
+            let s = space(mode);
+            let with = |fixed| {
+                choose_width(&s, &sizes(), &LinkProfile::WAN20, &client(), 0.9, 16, fixed).unwrap()
+            };
+            let (three, shadowed) = (with(FixedPoint::default()), with(two));
+            for (a, b) in three.candidates.iter().zip(&shadowed.candidates) {
+                assert!(
+                    b.schedule.fixed_point_ms < a.schedule.fixed_point_ms,
+                    "{mode:?} K = {}: {b:?} vs {a:?}",
+                    a.k
+                );
+            }
+            assert_eq!(
+                shadowed.best.schedule.schedule,
+                Schedule::FixedPoint(two),
+                "{mode:?}: {:?}",
+                shadowed.best
+            );
+        }
     }
 
     #[test]
