@@ -43,8 +43,8 @@ use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
     prefill_pass, settle, verify,
 };
-use crate::tree::{DraftTree, accept_tree_greedy, accept_tree_sampled};
-use crate::tree_draft::{Calibration, GrownTree, TreeDrafts, TreeParams, grow};
+use crate::tree::{accept_tree_greedy, accept_tree_sampled_with};
+use crate::tree_draft::{Calibration, GrownTree, SampledGrowth, TreeDrafts, TreeParams, grow};
 
 /// Which drafter proposes the K tokens of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,7 +440,9 @@ pub fn generate_drafted(
                 draft
             }
             None => match &cfg.tree {
-                Some(tree) => drafter.draft_tree(&context, &target, k, &tree.shape)?,
+                Some(tree) => {
+                    drafter.draft_tree(&context, &target, (k, &tree.shape), (&sampler, &mut rng))?
+                }
                 None => drafter.draft(&context, &target, k, &sampler, &mut rng)?,
             },
         };
@@ -622,7 +624,8 @@ pub fn generate_drafted(
             let all = rows(&verified.logits, real)?;
             let argmax: Vec<u32> = all.iter().map(|r| greedy_token(r)).collect();
             drafter.calibration.observe_tree(grown, &argmax);
-            let outcome = accept_tree(&grown.tree, &all, usable, &sampler, &context, &mut rng)?;
+            let outcome = accept_tree(grown, &all, usable, &sampler, &context, &mut rng)?;
+            drafter.calibration.observe_drawn(grown, &outcome.path);
             stats.accepted += outcome.path.len();
             drafter.guide(&verified.deltas, last_kept_row(&outcome.path))?;
             let last = last_kept_row(&outcome.path);
@@ -795,15 +798,17 @@ fn emit(
 /// Accepts a tree round from its verify rows (`rows[r]`: the logits of
 /// verify row r, root first; `usable`: rows of the path that may be used,
 /// see [`accept_tree_greedy`]). Sampling takes each row's distribution
-/// after its own history (the context and the row's path).
+/// after its own history (the context and the row's path), and each
+/// sampled node's proposal from `grown`.
 fn accept_tree(
-    tree: &DraftTree,
+    grown: &GrownTree,
     rows: &[Vec<f32>],
     usable: usize,
     sampler: &Sampler,
     context: &[u32],
     rng: &mut ChaCha20Rng,
 ) -> Result<crate::tree::TreeOutcome, SpecError> {
+    let tree = &grown.tree;
     let rows = &rows[..=tree.len()];
     if sampler.is_greedy() {
         let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
@@ -821,7 +826,8 @@ fn accept_tree(
         history.extend(path.iter().rev());
         probs.push(sampler.probs(row, &history));
     }
-    accept_tree_sampled(tree, &probs, rng)
+    let proposals: Vec<Option<&[f32]>> = grown.proposals.iter().map(|q| q.as_deref()).collect();
+    accept_tree_sampled_with(tree, &probs, &proposals, rng)
 }
 
 /// What [`prefill`] did.
@@ -960,8 +966,16 @@ impl Draft {
         k: usize,
         params: &TreeParams,
         (calibration, bias): (&Calibration, &mut DraftBias),
+        sampled: Option<SampledGrowth<'_>>,
     ) -> Result<Self, SpecError> {
-        let grown = grow(models, cache, feed, k, params, calibration, bias)?;
+        let grown = grow(
+            models,
+            cache,
+            feed,
+            (k, params),
+            (calibration, bias),
+            sampled,
+        )?;
         Ok(Self {
             tokens: grown.tree.tokens.clone(),
             probs: None,
@@ -1204,8 +1218,8 @@ impl<'m> Drafter<'m> {
         &mut self,
         context: &[u32],
         target: &KvCache,
-        k: usize,
-        params: &TreeParams,
+        (k, params): (usize, &TreeParams),
+        sampling: (&Sampler, &mut ChaCha20Rng),
     ) -> Result<Draft, SpecError> {
         let cache = self.cache.as_mut().expect("base drafter has a cache");
         let from = self.synced.min(cache.len());
@@ -1213,6 +1227,12 @@ impl<'m> Drafter<'m> {
         self.synced = target.len();
         let feed = context[cache.len()..].to_vec();
         let models = (self.model, self.batch_model);
+        let (sampler, rng) = sampling;
+        let sampled = (!sampler.is_greedy()).then_some(SampledGrowth {
+            sampler,
+            context,
+            rng,
+        });
         Draft::grown(
             models,
             cache,
@@ -1220,6 +1240,7 @@ impl<'m> Drafter<'m> {
             k,
             params,
             (&self.calibration, &mut self.bias),
+            sampled,
         )
     }
 
@@ -1356,6 +1377,8 @@ impl<'m> Drafter<'m> {
                 k,
                 params,
                 (&self.calibration, &mut self.bias),
+                // Drafting ahead is greedy only (`FixedPoint::draft_ahead`).
+                None,
             )?,
         })
     }

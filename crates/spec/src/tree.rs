@@ -29,6 +29,21 @@
 //!   distributed as the adapted model's next token after its prefix, which
 //!   the χ² tests check (tests/speculative_sampling_chi2.rs), with a rule
 //!   that forgets the renormalisation failing them.
+//! - sampling with a *sampled* first child ([`accept_tree_sampled_with`]):
+//!   a node's first child may instead be drawn from the drafter's
+//!   distribution q, as a sampled chain's drafts are. Recursive rejection
+//!   sampling takes any proposal the history allows (Jeon et al. 2024, §3):
+//!   the sampled child is accepted with probability min(1, p'(x)/q(x)), and
+//!   on rejection the residual becomes max(0, p' − q), renormalised; the
+//!   deterministic siblings after it (the drafter's next choices, chosen
+//!   without x) then proceed as above. (Accepting a drawn child with
+//!   p'(x), as if chosen, would be exact too, since its token does not
+//!   depend on the target's draws, but accepts it with Σ q·p on average
+//!   where this rule accepts with Σ min(p, q), a sampled chain's rate: a
+//!   tree whose first children are drawn keeps a sampled chain's
+//!   acceptance along its first path and adds its siblings'. The χ² test
+//!   with a drawn child rejected by the chosen child's update, removing x
+//!   alone, fails.)
 
 use rand::{Rng, RngExt};
 
@@ -199,7 +214,37 @@ pub fn accept_tree_sampled<R: Rng + ?Sized>(
     target_probs: &[Vec<f32>],
     rng: &mut R,
 ) -> Result<TreeOutcome, SpecError> {
+    accept_tree_sampled_with(tree, target_probs, &vec![None; tree.len()], rng)
+}
+
+/// [`accept_tree_sampled`] where some nodes were drawn from a drafter
+/// distribution instead of chosen (module docs): `proposals[n]` is the
+/// distribution node n's token was sampled from (after the same sampling
+/// transforms as the target's), `None` for a deterministic node. A sampled
+/// node is tried first among its siblings (it must be its parent's first
+/// child) and accepted with probability min(1, p'(x)/q(x)); on rejection
+/// the row's residual becomes max(0, p' − q). The rest is
+/// [`accept_tree_sampled`].
+///
+/// # Errors
+/// As [`accept_tree_sampled`]; also [`SpecError::Config`] when
+/// `proposals` has the wrong length or a sampled node is not its parent's
+/// first child, and [`SpecError::BadDistribution`] when a proposal is not a
+/// distribution or gives its own token no probability.
+pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
+    tree: &DraftTree,
+    target_probs: &[Vec<f32>],
+    proposals: &[Option<&[f32]>],
+    rng: &mut R,
+) -> Result<TreeOutcome, SpecError> {
     check_rows(tree, target_probs.len())?;
+    if proposals.len() != tree.len() {
+        return Err(SpecError::Config(format!(
+            "{} proposals for a draft tree of {} nodes",
+            proposals.len(),
+            tree.len()
+        )));
+    }
     let vocab = target_probs[0].len();
     for (row, p) in target_probs.iter().enumerate() {
         check_distribution(row, p, vocab)?;
@@ -217,39 +262,67 @@ pub fn accept_tree_sampled<R: Rng + ?Sized>(
         });
     }
     let children = tree.children();
+    for (c, q) in proposals.iter().enumerate() {
+        let Some(q) = q else { continue };
+        let row = tree.parents[c].map_or(0, |p| p + 1);
+        if children[row].first() != Some(&c) {
+            return Err(SpecError::Config(format!(
+                "draft tree node {c} was sampled but is not its parent's first child"
+            )));
+        }
+        check_distribution(row, q, vocab)?;
+        if q[tree.tokens[c] as usize] <= 0.0 {
+            return Err(SpecError::BadDistribution {
+                row,
+                reason: "a sampled draft's token has no probability under its proposal",
+            });
+        }
+    }
     let mut path = Vec::new();
     let mut row = 0;
     'rows: loop {
         let p = &target_probs[row];
-        // p'(x) = p(x) / (1 − removed) for x not rejected yet.
-        let mut removed = 0f64;
-        let mut rejected: Vec<u32> = Vec::new();
+        // The residual p' as weights w over the vocabulary, of total mass.
+        let mut w: Vec<f64> = p.iter().map(|&x| f64::from(x)).collect();
+        let mut mass: f64 = w.iter().sum();
         for &c in &children[row] {
-            let x = tree.tokens[c];
-            if rejected.contains(&x) {
-                continue; // a duplicate sibling: p'(x) is 0 now.
+            let x = tree.tokens[c] as usize;
+            if w[x] <= 0.0 {
+                continue; // e.g. a duplicate sibling: p'(x) is 0 now.
             }
-            let p_x = f64::from(p[x as usize]);
             let u: f64 = rng.random();
-            if u * (1.0 - removed) < p_x {
-                path.push(c);
-                row = c + 1;
-                continue 'rows;
+            match proposals[c] {
+                // A sampled child: accept with min(1, p'(x) / q(x)).
+                Some(q) => {
+                    if u * f64::from(q[x]) * mass < w[x] {
+                        path.push(c);
+                        row = c + 1;
+                        continue 'rows;
+                    }
+                    for (wt, &qt) in w.iter_mut().zip(q) {
+                        *wt = (*wt / mass - f64::from(qt)).max(0.0);
+                    }
+                    mass = w.iter().sum();
+                }
+                // A chosen child: accept with p'(x).
+                None => {
+                    if u * mass < w[x] {
+                        path.push(c);
+                        row = c + 1;
+                        continue 'rows;
+                    }
+                    mass -= w[x];
+                    w[x] = 0.0;
+                }
             }
-            removed += p_x;
-            rejected.push(x);
+            if mass <= 0.0 {
+                break;
+            }
         }
-        let weight = |t: usize| {
-            if rejected.contains(&(t as u32)) {
-                0.0
-            } else {
-                f64::from(p[t])
-            }
-        };
         // The rejected children cannot hold all the mass but by rounding;
         // then the row itself is the fallback (as `sample_residual`).
-        let token = if (0..vocab).any(|t| weight(t) > 0.0) {
-            sample_weights(vocab, weight, rng)
+        let token = if mass > 0.0 && w.iter().any(|&x| x > 0.0) {
+            sample_weights(vocab, |t| w[t], rng)
         } else {
             sample_weights(vocab, |t| f64::from(p[t]), rng)
         };
@@ -349,6 +422,33 @@ mod tests {
             accept_tree_sampled(&tree(), &p, &mut rng),
             Err(SpecError::TokenOutOfVocab { .. })
         ));
+    }
+
+    /// A drawn node must be its parent's first child, come with a
+    /// distribution that gives its token mass, and every node needs an
+    /// entry: typed errors, nothing sampled.
+    #[test]
+    fn bad_proposals_are_typed_errors() {
+        let t = tree(); // root -> {0, 1}, 0 -> {2, 3}, 1 -> {4: token 9}
+        let p = vec![vec![0.1f32; 10]; 6];
+        let q = vec![0.1f32; 10];
+        let mut no_nine = q.clone();
+        (no_nine[9], no_nine[8]) = (0.0, 0.2);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let mut with =
+            |proposals: &[Option<&[f32]>]| accept_tree_sampled_with(&t, &p, proposals, &mut rng);
+        assert!(matches!(with(&[None; 4]), Err(SpecError::Config(_))));
+        // Node 1 is the root's second child.
+        let second = [None, Some(&q[..]), None, None, None];
+        assert!(matches!(with(&second), Err(SpecError::Config(_))));
+        // Node 4's proposal gives its token (9) nothing.
+        let no_mass = [Some(&q[..]), None, None, None, Some(&no_nine[..])];
+        assert!(matches!(
+            with(&no_mass),
+            Err(SpecError::BadDistribution { .. })
+        ));
+        let fine = [Some(&q[..]), None, Some(&no_nine[..]), None, Some(&q[..])];
+        assert!(with(&fine).is_ok());
     }
 
     #[test]

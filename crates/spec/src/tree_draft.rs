@@ -28,10 +28,23 @@
 //!
 //! The shape depends only on the drafter's probabilities and on earlier
 //! rounds, never on this round's target, so greedy verification stays
-//! exact and sampled verification (deterministic drafts,
-//! [`crate::tree::accept_tree_sampled`]) stays unbiased whatever the shape.
+//! exact and sampled verification ([`crate::tree::accept_tree_sampled_with`])
+//! stays unbiased whatever the shape.
+//!
+//! Sampling. When the target samples, the first child of every expanded
+//! node is drawn from the drafter's distribution after the same sampling
+//! transforms ([`SampledGrowth`]), as a sampled chain's drafts are, and its
+//! siblings are the drafter's next choices without it. A deterministic
+//! first child is accepted with the target's probability of that one token
+//! (on general English at temperature 1 a tree of such children verified
+//! 1.63 tokens per round at T = 16 where a sampled chain verified 5.93:
+//! BENCHMARKS.md, "Trees under sampling"); a sampled one with Σ min(p, q),
+//! the chain's rate.
 
-use cipherlora_model::{AttentionMask, DeltaHook, KvCache, Model};
+use std::sync::Arc;
+
+use cipherlora_model::{AttentionMask, DeltaHook, KvCache, Model, Sampler};
+use rand_chacha::ChaCha20Rng;
 
 use crate::SpecError;
 use crate::tree::DraftTree;
@@ -107,10 +120,16 @@ impl std::str::FromStr for TreeParams {
 /// adapter: 53 % at q < 0.1, 76-100 % from q = 0.1 on), a second choice
 /// about as often as q or less (4-15 %). The prior is √q for a first
 /// choice (between those), q for the others (EAGLE-2's estimate).
+///
+/// Drawn first children (sampling, module docs) are accepted at a rate of
+/// their own, Σ min(p, q) on average, learnt apart: every row a sampled
+/// round reached tells whether its drawn child was kept.
 #[derive(Debug, Clone)]
 pub struct Calibration {
     hits: [[f32; Self::BINS]; Self::RANKS],
     trials: [[f32; Self::BINS]; Self::RANKS],
+    /// Drawn first children kept and tried.
+    drawn: (f32, f32),
 }
 
 impl Default for Calibration {
@@ -118,6 +137,7 @@ impl Default for Calibration {
         Self {
             hits: [[0.0; Self::BINS]; Self::RANKS],
             trials: [[0.0; Self::BINS]; Self::RANKS],
+            drawn: (0.0, 0.0),
         }
     }
 }
@@ -140,6 +160,31 @@ impl Calibration {
         let prior = if r == 0 { centre.sqrt() } else { centre };
         let c = (self.hits[r][b] + Self::PRIOR * prior) / (self.trials[r][b] + Self::PRIOR);
         c.clamp(1e-4, 1.0)
+    }
+
+    /// The estimated acceptance of a drawn first child (prior 0.8, the
+    /// order of a guided drafter's per-token agreement).
+    #[must_use]
+    pub fn drawn_estimate(&self) -> f32 {
+        let (hits, trials) = self.drawn;
+        ((hits + Self::PRIOR * 0.8) / (trials + Self::PRIOR)).clamp(1e-4, 1.0)
+    }
+
+    /// Learns from a sampled tree round that kept `path`: at every row the
+    /// walk reached (the root and each kept node), whether the row's drawn
+    /// first child, if it had one, was the node kept next.
+    pub(crate) fn observe_drawn(&mut self, grown: &GrownTree, path: &[usize]) {
+        let children = grown.tree.children();
+        let rows = std::iter::once(0).chain(path.iter().map(|&n| n + 1));
+        for (depth, row) in rows.enumerate() {
+            let Some(&first) = children[row].first() else {
+                continue;
+            };
+            if grown.proposals[first].is_some() {
+                self.drawn.1 += 1.0;
+                self.drawn.0 += f32::from(u8::from(path.get(depth) == Some(&first)));
+            }
+        }
     }
 
     /// Records one child of sibling rank `rank` and drafter probability
@@ -198,6 +243,33 @@ pub(crate) struct GrownTree {
     pub q: Vec<f32>,
     /// Each node's rank among the drafter's choices after its parent.
     pub rank: Vec<usize>,
+    /// For each node drawn from the drafter's distribution (sampling,
+    /// [`SampledGrowth`]), that distribution; `None` for a chosen node.
+    pub proposals: Vec<Option<Arc<[f32]>>>,
+}
+
+/// What growth needs to draw first children when the target samples
+/// (module docs, "Sampling"): the sampler whose transforms the target
+/// applies, the context the tree continues, and the round's generator.
+pub(crate) struct SampledGrowth<'a> {
+    /// The target's sampler (temperature, top-k, top-p, penalty).
+    pub sampler: &'a Sampler,
+    /// Every token before the tree (its root is the last).
+    pub context: &'a [u32],
+    /// The decoding loop's generator.
+    pub rng: &'a mut ChaCha20Rng,
+}
+
+impl SampledGrowth<'_> {
+    /// The drafter's distribution after `history` (the context and a path)
+    /// from its logits `row`, and a token drawn from it.
+    fn draw(&mut self, row: &[f32], path: &[u32]) -> (u32, Arc<[f32]>) {
+        let mut history = self.context.to_vec();
+        history.extend_from_slice(path);
+        let q = self.sampler.probs(row, &history);
+        let x = crate::acceptance::sample(&q, self.rng);
+        (x, q.into())
+    }
 }
 
 impl GrownTree {
@@ -207,6 +279,11 @@ impl GrownTree {
         path.iter().map_while(|&n| self.fed[n]).collect()
     }
 }
+
+/// The least share of a node's acceptance estimate its chosen children
+/// keep after a drawn first child (sampling): they are tried only once the
+/// drawn child is rejected.
+const MIN_AFTER_DRAWN: f32 = 0.05;
 
 /// A candidate during growth.
 #[derive(Debug, Clone)]
@@ -222,6 +299,8 @@ struct Candidate {
     depth: usize,
     /// Index among the fed tree positions, once fed.
     fed: Option<usize>,
+    /// The distribution the token was drawn from (a sampled first child).
+    proposal: Option<Arc<[f32]>>,
 }
 
 /// The selection logic of growth, apart from the model (module docs).
@@ -249,24 +328,69 @@ impl TreeGrowth {
     }
 
     /// Adds the top `branch` tokens of the logits `row` as children of
-    /// `parent` (`None`: the root), scored by `calibration`. Call once per
-    /// node of a level, then [`Self::next_level`].
-    pub fn expand(&mut self, parent: Option<usize>, row: &[f32], calibration: &Calibration) {
+    /// `parent` (`None`: the root), scored by `calibration`; with `first`
+    /// (a token drawn from the distribution given with it) that token is
+    /// the first child and the top `branch − 1` others follow. Call once
+    /// per node of a level, then [`Self::next_level`].
+    pub fn expand(
+        &mut self,
+        parent: Option<usize>,
+        row: &[f32],
+        calibration: &Calibration,
+        first: Option<(u32, Arc<[f32]>)>,
+    ) {
         let (base, depth) =
             parent.map_or((0.0, 1), |p| (self.cands[p].score, self.cands[p].depth + 1));
         let log_z = log_sum_exp(row);
-        for (rank, (token, logit)) in top_k(row, self.branch).into_iter().enumerate() {
-            let q = (logit - log_z).exp();
+        let top = top_k(row, self.branch);
+        // A drawn first child is accepted about as often as a sampled
+        // chain's draft (its own learnt rate); its siblings are tried only
+        // once it is rejected.
+        let drawn_estimate = first.as_ref().map(|_| calibration.drawn_estimate());
+        let after_drawn = drawn_estimate.map_or(1.0, |c| (1.0 - c).max(MIN_AFTER_DRAWN));
+        let mut push = |token: u32, rank: usize, proposal: Option<Arc<[f32]>>| {
+            let q = (row[token as usize] - log_z).exp();
+            let estimate = match (&proposal, drawn_estimate) {
+                (Some(_), Some(c)) => c,
+                _ => calibration.estimate(rank, q) * after_drawn,
+            };
             self.cands.push(Candidate {
                 token,
                 parent,
                 q,
                 rank,
-                score: base + calibration.estimate(rank, q).ln(),
+                score: base + estimate.ln(),
                 depth,
                 fed: None,
+                proposal,
             });
+        };
+        let drawn = first.as_ref().map(|(x, _)| *x);
+        if let Some((x, q)) = first {
+            let rank = row.iter().filter(|&&l| l > row[x as usize]).count();
+            push(x, rank, Some(q));
         }
+        let others = self.branch - usize::from(drawn.is_some());
+        for (rank, (token, _)) in top
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, (t, _))| Some(t) != drawn)
+            .take(others)
+        {
+            push(token, rank, None);
+        }
+    }
+
+    /// The tokens of candidate `c`'s path, root's child first.
+    fn path_tokens(&self, c: usize) -> Vec<u32> {
+        let mut path = Vec::new();
+        let mut node = Some(c);
+        while let Some(n) = node {
+            path.push(self.cands[n].token);
+            node = self.cands[n].parent;
+        }
+        path.reverse();
+        path
     }
 
     /// Closes the level just expanded: its candidates form the next
@@ -310,8 +434,8 @@ impl TreeGrowth {
     }
 
     /// The `budget` best candidates as a tree in level order, with each
-    /// node's fed index, drafter probability and rank.
-    pub fn finish(self) -> (DraftTree, Vec<Option<usize>>, Vec<f32>, Vec<usize>) {
+    /// node's fed index, drafter probability and rank, and the proposals.
+    pub fn finish(self) -> GrownTree {
         let mut order: Vec<usize> = (0..self.cands.len()).collect();
         order.sort_by(|&a, &b| {
             let (x, y) = (&self.cands[a], &self.cands[b]);
@@ -340,7 +464,17 @@ impl TreeGrowth {
         let fed = order.iter().map(|&c| self.cands[c].fed).collect();
         let q = order.iter().map(|&c| self.cands[c].q).collect();
         let rank = order.iter().map(|&c| self.cands[c].rank).collect();
-        (tree, fed, q, rank)
+        let proposals = order
+            .iter()
+            .map(|&c| self.cands[c].proposal.clone())
+            .collect();
+        GrownTree {
+            tree,
+            fed,
+            q,
+            rank,
+            proposals,
+        }
     }
 
     /// The k-th best score so far (−∞ when there are fewer than k).
@@ -365,7 +499,9 @@ impl TreeGrowth {
 /// architecture, e.g. f16 weights for single positions and f32 for the
 /// levels (candle's f16 GEMM on the CPU is ~5× slower than f32 for a few
 /// rows, while f16 halves a single position's weight traffic; measured for
-/// SmolLM2-135M, BENCHMARKS.md "Tree drafts").
+/// SmolLM2-135M, BENCHMARKS.md "Tree drafts"). With `sampled` (the target
+/// samples) every expanded node's first child is drawn (module docs,
+/// "Sampling").
 ///
 /// # Errors
 /// Those of the forward pass (a full cache included).
@@ -373,15 +509,15 @@ pub(crate) fn grow(
     (model, batch_model): (&Model, &Model),
     cache: &mut KvCache,
     feed: &[u32],
-    budget: usize,
-    params: &TreeParams,
-    calibration: &Calibration,
-    bias: &mut dyn DeltaHook,
+    (budget, params): (usize, &TreeParams),
+    (calibration, bias): (&Calibration, &mut dyn DeltaHook),
+    mut sampled: Option<SampledGrowth<'_>>,
 ) -> Result<GrownTree, SpecError> {
     let logits = model.forward(feed, cache, &AttentionMask::Causal, bias)?;
     let root = last_row(&logits, feed.len())?;
     let mut g = TreeGrowth::new(budget, params.branch);
-    g.expand(None, &root, calibration);
+    let first = sampled.as_mut().map(|s| s.draw(&root, &[]));
+    g.expand(None, &root, calibration, first);
     g.next_level(0);
     for _ in 1..params.max_depth.min(budget) {
         let (level, tokens, mask) = g.take_frontier();
@@ -395,12 +531,13 @@ pub(crate) fn grow(
             .map_err(|e| SpecError::Model(e.into()))?;
         let first_new = g.len();
         for (&c, row) in level.iter().zip(&rows) {
-            g.expand(Some(c), row, calibration);
+            let path = g.path_tokens(c);
+            let first = sampled.as_mut().map(|s| s.draw(row, &path));
+            g.expand(Some(c), row, calibration, first);
         }
         g.next_level(first_new);
     }
-    let (tree, fed, q, rank) = g.finish();
-    Ok(GrownTree { tree, fed, q, rank })
+    Ok(g.finish())
 }
 
 fn last_row(logits: &cipherlora_model::Tensor, n: usize) -> Result<Vec<f32>, SpecError> {
@@ -481,7 +618,7 @@ mod tests {
                 max_depth: depth,
             };
             let mut g = TreeGrowth::new(budget, branch);
-            g.expand(None, &even, &learnt);
+            g.expand(None, &even, &learnt, None);
             g.next_level(0);
             let mut fed = 0;
             for _ in 1..depth.min(budget) {
@@ -493,7 +630,7 @@ mod tests {
                 fed += tokens.len();
                 let first_new = g.len();
                 for &n in &level {
-                    g.expand(Some(n), &even, &learnt);
+                    g.expand(Some(n), &even, &learnt, None);
                 }
                 g.next_level(first_new);
             }
@@ -509,15 +646,15 @@ mod tests {
         let c = Calibration::default();
         let mut g = TreeGrowth::new(4, 2);
         // Root: token 1 (0.6), token 2 (0.3).
-        g.expand(None, &row(8, &[(1, 0.6), (2, 0.3)]), &c);
+        g.expand(None, &row(8, &[(1, 0.6), (2, 0.3)]), &c, None);
         g.next_level(0);
         let (level, tokens, mask) = g.take_frontier();
         assert_eq!((level, tokens), (vec![0, 1], vec![1, 2]));
         assert_eq!(mask, AttentionMask::tree_extension(vec![None, None], 0));
         let first = g.len();
         // After 1: token 3 (0.9), 4 (0.05); after 2: token 5 (0.5), 6 (0.4).
-        g.expand(Some(0), &row(8, &[(3, 0.9), (4, 0.05)]), &c);
-        g.expand(Some(1), &row(8, &[(5, 0.5), (6, 0.4)]), &c);
+        g.expand(Some(0), &row(8, &[(3, 0.9), (4, 0.05)]), &c, None);
+        g.expand(Some(1), &row(8, &[(5, 0.5), (6, 0.4)]), &c, None);
         g.next_level(first);
         // Scores: 1: .6, 2: .3, 1-3: .54, 1-4: .03, 2-5: .15, 2-6: .12.
         let (level, _, mask) = g.take_frontier();
@@ -526,11 +663,63 @@ mod tests {
             mask,
             AttentionMask::tree_extension(vec![None, None, Some(0), Some(1)], 2)
         );
-        let (tree, fed, _, _) = g.finish();
+        let GrownTree { tree, fed, .. } = g.finish();
         // The 4 best: 1, 1-3, 2, 2-5 — in level order, siblings by rank.
         assert_eq!(tree.tokens, vec![1, 2, 3, 5]);
         assert_eq!(tree.parents, vec![None, None, Some(0), Some(1)]);
         assert_eq!(fed, vec![Some(0), Some(1), Some(2), Some(3)]);
+    }
+
+    /// Sampling: a drawn first child (here the drafter's second choice)
+    /// comes first among its siblings with its proposal, the chosen
+    /// siblings skip its token, and growth expands the drawn child before
+    /// the chosen ones, which are tried only after it is rejected.
+    #[test]
+    fn a_drawn_first_child_leads_and_is_grown_first() {
+        let c = Calibration::default();
+        let mut g = TreeGrowth::new(4, 2);
+        let r = row(8, &[(1, 0.6), (2, 0.3)]);
+        let q: Arc<[f32]> = vec![0.125f32; 8].into();
+        g.expand(None, &r, &c, Some((2, Arc::clone(&q))));
+        g.next_level(0);
+        let (level, tokens, _) = g.take_frontier();
+        assert_eq!(tokens, vec![2, 1], "drawn child first: {level:?}");
+        let first = g.len();
+        g.expand(
+            Some(0),
+            &row(8, &[(3, 0.9), (4, 0.05)]),
+            &c,
+            Some((3, Arc::clone(&q))),
+        );
+        g.expand(
+            Some(1),
+            &row(8, &[(5, 0.5), (6, 0.4)]),
+            &c,
+            Some((6, Arc::clone(&q))),
+        );
+        g.next_level(first);
+        let GrownTree {
+            tree, proposals, ..
+        } = g.finish();
+        // The root's drawn child 2, its drawn child 3, then chosen 1.
+        assert_eq!(tree.tokens[0], 2);
+        assert!(proposals[0].is_some());
+        assert_eq!(tree.parents[..2], [None, None]);
+        assert_eq!(tree.tokens[1], 1);
+        assert!(proposals[1].is_none());
+        assert!(tree.tokens.contains(&3), "{tree:?}");
+        // Chosen siblings never repeat the drawn token.
+        for (i, &p) in tree.parents.iter().enumerate() {
+            let siblings: Vec<u32> = (0..tree.len())
+                .filter(|&j| tree.parents[j] == p)
+                .map(|j| tree.tokens[j])
+                .collect();
+            assert_eq!(
+                siblings.iter().filter(|&&t| t == tree.tokens[i]).count(),
+                1,
+                "{tree:?}"
+            );
+        }
     }
 
     #[test]
@@ -540,9 +729,12 @@ mod tests {
             None,
             &row(8, &[(7, 0.5), (2, 0.4)]),
             &Calibration::default(),
+            None,
         );
         g.next_level(0);
-        let (tree, fed, q, rank) = g.finish();
+        let GrownTree {
+            tree, fed, q, rank, ..
+        } = g.finish();
         assert_eq!(rank, vec![0]);
         assert!((q[0] - 0.5 / 0.9).abs() < 1e-3);
         assert_eq!(tree, DraftTree::chain(&[7]));

@@ -8,11 +8,13 @@
 //! (resampling from p instead of norm(max(0, p − q)); accepting every draft)
 //! must fail it. The same holds for tree drafts: multi-draft speculative
 //! sampling over a tree of the drafter's top tokens passes, and a rule that
-//! forgets to renormalise after a rejected sibling fails. Seeds are fixed,
-//! so the test is deterministic.
+//! forgets to renormalise after a rejected sibling fails; so does a tree
+//! whose first children are drawn from the drafter (recursive rejection
+//! sampling with a sampled proposal), and treating those drawn children
+//! as chosen ones fails. Seeds are fixed, so the test is deterministic.
 
 use cipherlora_spec::acceptance::{DraftProbs, RoundOutcome, accept_sampled, sample};
-use cipherlora_spec::tree::{DraftTree, accept_tree_sampled};
+use cipherlora_spec::tree::{DraftTree, accept_tree_sampled, accept_tree_sampled_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{ChiSquared, ContinuousCDF};
@@ -299,4 +301,124 @@ fn chi2_detects_a_tree_rule_that_does_not_renormalise() {
         two_tokens_by_tree(target, tree_without_renormalising, rng)
     });
     assert!(p < 1e-6, "wrong tree rule passed χ²: p = {p}");
+}
+
+/// A tree after `last` whose first children are drawn: the root's first
+/// child drawn from the drafter's row, then its next 2 choices without it;
+/// each of those 3 nodes with a drawn first child and one chosen sibling
+/// (9 nodes, level order). Returns the tree and, per node, the row its
+/// token was drawn from (`None`: chosen).
+fn sampled_tree(
+    draft: &[Vec<f32>],
+    last: u32,
+    rng: &mut ChaCha20Rng,
+) -> (DraftTree, Vec<Option<Vec<f32>>>) {
+    let mut tree = DraftTree {
+        tokens: Vec::new(),
+        parents: Vec::new(),
+    };
+    let mut proposals = Vec::new();
+    let mut children = |tree: &mut DraftTree, after: u32, parent: Option<usize>, n: usize| {
+        let q = &draft[after as usize];
+        let x = sample(q, rng);
+        tree.tokens.push(x);
+        tree.parents.push(parent);
+        proposals.push(Some(q.clone()));
+        for t in top(draft, after, n)
+            .into_iter()
+            .filter(|&t| t != x)
+            .take(n - 1)
+        {
+            tree.tokens.push(t);
+            tree.parents.push(parent);
+            proposals.push(None);
+        }
+    };
+    children(&mut tree, last, None, 3);
+    for i in 0..3 {
+        let t = tree.tokens[i];
+        children(&mut tree, t, Some(i), 2);
+    }
+    (tree, proposals)
+}
+
+/// Wrong: accepts a drawn child with min(1, p'(x)/q(x)) as it should, but
+/// on its rejection removes only x from the residual (the chosen child's
+/// update) instead of taking max(0, p' − q). (Accepting a drawn child with
+/// p'(x), as if chosen, is exact, only slower: the token is independent of
+/// the target's draws.)
+fn drawn_child_with_a_chosen_residual(
+    tree: &DraftTree,
+    rows: &[Vec<f32>],
+    proposals: &[Option<&[f32]>],
+    rng: &mut ChaCha20Rng,
+) -> Vec<u32> {
+    let children = tree.children();
+    let (mut row, mut tokens) = (0usize, Vec::new());
+    'rows: loop {
+        let mut w: Vec<f64> = rows[row].iter().map(|&x| f64::from(x)).collect();
+        for &c in &children[row] {
+            let x = tree.tokens[c] as usize;
+            let mass: f64 = w.iter().sum();
+            let accept = match proposals[c] {
+                Some(q) => w[x] / mass / f64::from(q[x]),
+                None => w[x] / mass,
+            };
+            if rng.random::<f64>() < accept {
+                tokens.push(x as u32);
+                row = c + 1;
+                continue 'rows;
+            }
+            w[x] = 0.0;
+        }
+        let total: f64 = w.iter().sum();
+        let rest: Vec<f32> = w.iter().map(|x| (x / total) as f32).collect();
+        tokens.push(sample(&rest, rng));
+        return tokens;
+    }
+}
+
+/// Two tokens after `CONTEXT` from rounds of [`sampled_tree`]s, accepted
+/// with the drawn children's proposals by the library's rule when
+/// `honest`, else by [`drawn_child_with_a_chosen_residual`].
+fn two_tokens_by_sampled_tree(
+    target: &[Vec<f32>],
+    honest: bool,
+    rng: &mut ChaCha20Rng,
+) -> (u32, u32) {
+    let draft = chain(12, 2.0);
+    let mut out = vec![CONTEXT];
+    while out.len() < 3 {
+        let last = *out.last().unwrap();
+        let (tree, proposals) = sampled_tree(&draft, last, rng);
+        let proposals: Vec<Option<&[f32]>> = proposals.iter().map(|q| q.as_deref()).collect();
+        let rows = tree_rows(target, &tree, last);
+        out.extend(if honest {
+            accept_tree_sampled_with(&tree, &rows, &proposals, rng)
+                .unwrap()
+                .tokens
+        } else {
+            drawn_child_with_a_chosen_residual(&tree, &rows, &proposals, rng)
+        });
+    }
+    (out[1], out[2])
+}
+
+#[test]
+fn trees_with_drawn_first_children_follow_the_target_distribution() {
+    let p = joint_p_value(4, |target, rng| {
+        two_tokens_by_sampled_tree(target, true, rng)
+    });
+    assert!(
+        p > 1e-3,
+        "drawn-child tree acceptance rejected by χ²: p = {p}"
+    );
+}
+
+#[test]
+fn chi2_detects_a_drawn_child_rejected_with_a_chosen_child_s_residual() {
+    let p = joint_p_value(4, |target, rng| {
+        two_tokens_by_sampled_tree(target, false, rng)
+    });
+    assert!(p < 1e-6, "wrong drawn-child rule passed χ²: p = {p}");
 }
