@@ -287,14 +287,12 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
         let mut mass: f64 = w.iter().sum();
         for &c in &children[row] {
             let x = tree.tokens[c] as usize;
-            if w[x] <= 0.0 {
-                continue; // e.g. a duplicate sibling: p'(x) is 0 now.
-            }
-            let u: f64 = rng.random();
             match proposals[c] {
-                // A sampled child: accept with min(1, p'(x) / q(x)).
+                // A sampled child: accept with min(1, p'(x) / q(x)); a
+                // rejection, even of a token p' gives nothing, leaves
+                // max(0, p' − q), whichever token was drawn.
                 Some(q) => {
-                    if u * f64::from(q[x]) * mass < w[x] {
+                    if w[x] > 0.0 && rng.random::<f64>() * f64::from(q[x]) * mass < w[x] {
                         path.push(c);
                         row = c + 1;
                         continue 'rows;
@@ -306,7 +304,10 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
                 }
                 // A chosen child: accept with p'(x).
                 None => {
-                    if u * mass < w[x] {
+                    if w[x] <= 0.0 {
+                        continue; // e.g. a duplicate sibling: p'(x) is 0 now.
+                    }
+                    if rng.random::<f64>() * mass < w[x] {
                         path.push(c);
                         row = c + 1;
                         continue 'rows;

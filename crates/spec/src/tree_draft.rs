@@ -34,12 +34,14 @@
 //! Sampling. When the target samples, the first child of every expanded
 //! node is drawn from the drafter's distribution after the same sampling
 //! transforms ([`SampledGrowth`]), as a sampled chain's drafts are, and its
-//! siblings are the drafter's next choices without it. A deterministic
-//! first child is accepted with the target's probability of that one token
-//! (on general English at temperature 1 a tree of such children verified
-//! 1.63 tokens per round at T = 16 where a sampled chain verified 5.93:
-//! BENCHMARKS.md, "Trees under sampling"); a sampled one with Σ min(p, q),
-//! the chain's rate.
+//! siblings are the drafter's next choices without it; growth scores the
+//! drawn child by its learnt acceptance rate and the siblings by its miss
+//! rate ([`Calibration::drawn_estimate`]). A deterministic first child is
+//! accepted with the target's probability of that one token (on general
+//! English at temperature 1 a tree of such children verified 1.63 tokens
+//! per round at T = 16 where a sampled chain verified 5.93), a drawn one
+//! with Σ min(p, q), the chain's rate (6.67 now: BENCHMARKS.md, "Trees
+//! under sampling").
 
 use std::sync::Arc;
 

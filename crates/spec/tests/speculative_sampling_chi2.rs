@@ -118,13 +118,21 @@ fn p_value(rule: Rule, seed: u64) -> f64 {
 /// `CONTEXT` that `generate(target, rng)` produces, over `DRAWS` draws.
 fn joint_p_value(
     seed: u64,
+    generate: impl FnMut(&[Vec<f32>], &mut ChaCha20Rng) -> (u32, u32),
+) -> f64 {
+    joint_p_value_for(&chain(11, 2.0), seed, generate)
+}
+
+/// [`joint_p_value`] against the chain `target`.
+fn joint_p_value_for(
+    target: &[Vec<f32>],
+    seed: u64,
     mut generate: impl FnMut(&[Vec<f32>], &mut ChaCha20Rng) -> (u32, u32),
 ) -> f64 {
-    let target = chain(11, 2.0);
     let mut rng = ChaCha20Rng::seed_from_u64(seed);
     let mut counts = vec![0usize; V * V];
     for _ in 0..DRAWS {
-        let (a, b) = generate(&target, &mut rng);
+        let (a, b) = generate(target, &mut rng);
         counts[a as usize * V + b as usize] += 1;
     }
     // Cells with expected count < 5 are pooled into one rest bucket.
@@ -421,4 +429,33 @@ fn chi2_detects_a_drawn_child_rejected_with_a_chosen_child_s_residual() {
         two_tokens_by_sampled_tree(target, false, rng)
     });
     assert!(p < 1e-6, "wrong drawn-child rule passed χ²: p = {p}");
+}
+
+/// Regression: a drawn child whose token the target gives no probability
+/// (a top-k or top-p target) was skipped without the max(0, p' − q)
+/// update its rejection implies, which biased the residual. A target that
+/// gives each row's three least likely tokens nothing makes such draws
+/// common.
+#[test]
+fn drawn_children_the_target_rules_out_still_update_the_residual() {
+    let target: Vec<Vec<f32>> = chain(11, 2.0)
+        .into_iter()
+        .map(|row| {
+            let mut ids: Vec<usize> = (0..V).collect();
+            ids.sort_by(|&a, &b| row[a].total_cmp(&row[b]));
+            let mut r = row.clone();
+            for &t in &ids[..3] {
+                r[t] = 0.0;
+            }
+            let s: f32 = r.iter().sum();
+            r.iter().map(|x| x / s).collect()
+        })
+        .collect();
+    let p = joint_p_value_for(&target, 5, |target, rng| {
+        two_tokens_by_sampled_tree(target, true, rng)
+    });
+    assert!(
+        p > 1e-3,
+        "drawn-child tree acceptance rejected by χ²: p = {p}"
+    );
 }
