@@ -272,7 +272,7 @@ impl WarmAdapter {
                         space,
                         (model, drafter),
                         &link,
-                        (k, None),
+                        (k, alpha),
                         forced.as_ref(),
                     )?;
                     Ok((k, grouping))

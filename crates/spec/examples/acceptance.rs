@@ -20,7 +20,7 @@
 //! trees draw from one seed (the prompt's index) up to 64 tokens, verified
 //! by exact (multi-draft) speculative sampling, so the outputs differ
 //! between shapes and are not checked here (the χ² tests of
-//! `cipherlora_spec::speculative` and `tree` check the distributions).
+//! `tests/speculative_sampling_chi2.rs` check the distributions).
 //!
 //! `--guided false` drafts with the plain base model instead of
 //! delta-guided drafting (`cipherlora_spec::draft_bias`);

@@ -296,8 +296,9 @@ pub fn choose_schedule_grouped(
 /// `hook`, with the fixed point the client would run
 /// ([`crate::width_plan::default_fixed_point`] of the
 /// [`crate::width_plan::acceptance_prior`] of `alpha`, the client's own
-/// prior if any, and the session's published hint): its plans' [`PassModel`], one plaintext pass of `width`
-/// positions of `model` and (with a `drafter`) `width − 1` of its
+/// prior if any, and the session's published hint): its plans'
+/// [`PassModel`], one plaintext pass of `width` positions of `model` and
+/// (with a `drafter`) `width − 1` of its
 /// single-position steps, timed here: the round's drafting, priced as
 /// [`choose_schedule_grouped`] does so that this agrees with the width
 /// model's choice at the same width. When that picks the fixed point and
