@@ -237,6 +237,20 @@ fn tree_rows(target: &[Vec<f32>], tree: &DraftTree, last: u32) -> Vec<Vec<f32>> 
         .collect()
 }
 
+/// The first two tokens after `CONTEXT` from rounds that each continue
+/// the last token with what `round` returns.
+fn two_tokens_by_rounds(
+    rng: &mut ChaCha20Rng,
+    mut round: impl FnMut(u32, &mut ChaCha20Rng) -> Vec<u32>,
+) -> (u32, u32) {
+    let mut out = vec![CONTEXT];
+    while out.len() < 3 {
+        let last = *out.last().unwrap();
+        out.extend(round(last, rng));
+    }
+    (out[1], out[2])
+}
+
 /// Two tokens after `CONTEXT` from tree rounds accepted by `accept`.
 fn two_tokens_by_tree(
     target: &[Vec<f32>],
@@ -245,13 +259,10 @@ fn two_tokens_by_tree(
 ) -> (u32, u32) {
     // A drafter that differs from the target, so rejections happen.
     let draft = chain(12, 2.0);
-    let mut out = vec![CONTEXT];
-    while out.len() < 3 {
-        let last = *out.last().unwrap();
+    two_tokens_by_rounds(rng, |last, rng| {
         let tree = draft_tree(&draft, last);
-        out.extend(accept(&tree, &tree_rows(target, &tree, last), rng));
-    }
-    (out[1], out[2])
+        accept(&tree, &tree_rows(target, &tree, last), rng)
+    })
 }
 
 #[test]
@@ -395,21 +406,18 @@ fn two_tokens_by_sampled_tree(
     rng: &mut ChaCha20Rng,
 ) -> (u32, u32) {
     let draft = chain(12, 2.0);
-    let mut out = vec![CONTEXT];
-    while out.len() < 3 {
-        let last = *out.last().unwrap();
+    two_tokens_by_rounds(rng, |last, rng| {
         let (tree, proposals) = sampled_tree(&draft, last, rng);
         let proposals: Vec<Option<&[f32]>> = proposals.iter().map(|q| q.as_deref()).collect();
         let rows = tree_rows(target, &tree, last);
-        out.extend(if honest {
+        if honest {
             accept_tree_sampled_with(&tree, &rows, &proposals, rng)
                 .unwrap()
                 .tokens
         } else {
             drawn_child_with_a_chosen_residual(&tree, &rows, &proposals, rng)
-        });
-    }
-    (out[1], out[2])
+        }
+    })
 }
 
 #[test]
