@@ -625,7 +625,10 @@ pub fn generate_drafted(
             let argmax: Vec<u32> = all.iter().map(|r| greedy_token(r)).collect();
             drafter.calibration.observe_tree(grown, &argmax);
             let outcome = accept_tree(grown, &all, usable, &sampler, &context, &mut rng)?;
-            drafter.calibration.observe_drawn(grown, &outcome.path);
+            if !greedy {
+                // Only sampled rounds draw first children.
+                drafter.calibration.observe_drawn(grown, &outcome.path);
+            }
             stats.accepted += outcome.path.len();
             drafter.guide(&verified.deltas, last_kept_row(&outcome.path))?;
             let last = last_kept_row(&outcome.path);
