@@ -318,10 +318,15 @@ impl Engine {
                 let Warm::Open(open) = &mut *state else {
                     return Err(ApiError::Internal("sessions not open".into()));
                 };
+                let schedule = if job.sampling.is_greedy() {
+                    open.schedule
+                } else {
+                    open.sampled_schedule
+                };
                 let cfg = self.spec_config(
                     job,
                     DrafterKind::Base,
-                    open.schedule,
+                    schedule,
                     (open.verify_width - 1, adapter.settings().prefill_width),
                 );
                 let before = open.hook.timings();
@@ -335,7 +340,10 @@ impl Engine {
                 );
                 let mut he = open.hook.timings();
                 he.subtract(&before);
-                let schedule = open.schedule.to_string();
+                let schedule = cfg
+                    .schedule
+                    .for_decoding(job.sampling.is_greedy())
+                    .to_string();
                 match result {
                     Ok(out) => {
                         let cost = private_cost(&out, &he, schedule);

@@ -34,8 +34,12 @@ use crate::queue::{Queue, Ticket};
 pub struct OpenSessions {
     /// The HE hook: one session per width.
     pub hook: ByWidth<GrpcTransport>,
-    /// The verify schedule chosen for this link.
+    /// The verify schedule chosen for this link (greedy requests).
     pub schedule: Schedule,
+    /// The verify schedule of sampled requests
+    /// ([`cipherlora_private::schedule_plan::ScheduleChoice::sampled`]; a
+    /// forced schedule serves both).
+    pub sampled_schedule: Schedule,
     /// The verify width K + 1 (fixed, or chosen when the sessions opened).
     pub verify_width: usize,
 }
@@ -299,24 +303,24 @@ impl WarmAdapter {
                 (hook, width)
             }
         };
-        let schedule = match (forced, link) {
-            (Some(schedule), _) => schedule,
+        let (schedule, sampled_schedule) = match (forced, link) {
+            (Some(schedule), _) => (schedule, schedule.for_decoding(false)),
             (None, link) => {
                 let link = link.ok_or_else(|| ApiError::Internal("no link to plan on".into()))?;
-                cipherlora_private::choose_for_session(
+                let choice = cipherlora_private::choose_for_session(
                     (model, Some(drafter)),
                     &hook,
                     verify_width,
                     Some(s.prefill_width),
                     (&link, alpha),
                 )
-                .map_err(|e| upstream(&e))?
-                .schedule
+                .map_err(|e| upstream(&e))?;
+                (choice.schedule, choice.sampled)
             }
         };
         spinner.finish_and_clear();
         eprintln!(
-            "adapter {}: sessions open in {:.1} s (K = {}, schedule {schedule})",
+            "adapter {}: sessions open in {:.1} s (K = {}, schedule {schedule}, sampled {sampled_schedule})",
             self.id,
             t0.elapsed().as_secs_f64(),
             verify_width - 1
@@ -324,6 +328,7 @@ impl WarmAdapter {
         Ok(OpenSessions {
             hook,
             schedule,
+            sampled_schedule,
             verify_width,
         })
     }

@@ -95,6 +95,13 @@ pub struct PrivateRuns {
     /// configurations with `auto` K; `None`: the adapter's published hint,
     /// else the default ([`cipherlora_private::width_plan::acceptance_prior`]).
     pub acceptance_prior: Option<f64>,
+    /// Sampling temperature of the private runs (0: greedy). Sampled runs
+    /// draw from a seed per prompt (its index), take `auto`'s schedule for
+    /// sampling ([`cipherlora_private::schedule_plan::ScheduleChoice::sampled`])
+    /// and are not compared with the (greedy) plaintext reference: their
+    /// distribution is the χ² tests' to check (`matches_plaintext` is then
+    /// `None`).
+    pub temperature: f32,
 }
 
 /// One decoding configuration of the benchmark.
@@ -204,8 +211,9 @@ pub struct E2eRun {
     pub plaintext_tok_per_s: f64,
     /// tok_per_s / `plaintext_tok_per_s`.
     pub ratio_to_plaintext: f64,
-    /// Greedy output equals the plaintext reference token for token.
-    pub matches_plaintext: bool,
+    /// Greedy output equals the plaintext reference token for token
+    /// (`None`: a sampled run, not compared).
+    pub matches_plaintext: Option<bool>,
     /// Rounds whose draft was made ahead during the previous verify pass.
     pub ahead_hits: usize,
     /// Verify passes started from the drafter's inputs instead of pass 0
@@ -231,6 +239,9 @@ pub struct E2eReport {
     pub max_tokens: usize,
     /// Positions per prefill pass.
     pub prefill_width: usize,
+    /// Sampling temperature of the private runs (0: greedy).
+    #[serde(default)]
+    pub temperature: f32,
 }
 
 /// Every server thread pinned to `core`, computing one group at a time.
@@ -385,6 +396,7 @@ pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
         prompts: opts.prompts,
         max_tokens: opts.private.max_tokens,
         prefill_width: opts.private.prefill_width,
+        temperature: opts.private.temperature,
     };
     let md = crate::write_report(
         &opts.json,
@@ -505,7 +517,7 @@ pub fn run_target(
             server_busy_ms_per_token: 0.0,
             plaintext_tok_per_s: first_tps,
             ratio_to_plaintext: 1.0,
-            matches_plaintext: true,
+            matches_plaintext: Some(true),
             ahead_hits: 0,
             drafted_starts: 0,
         });
@@ -536,7 +548,10 @@ pub fn run_target(
                     draft_stop_below: opts.draft_stop_below,
                     delta_guided: c.guided,
                     max_tokens: opts.max_tokens,
-                    sampling: SamplingParams::greedy(),
+                    sampling: SamplingParams {
+                        temperature: opts.temperature,
+                        ..SamplingParams::greedy()
+                    },
                     eos: eos.clone(),
                     first_token_from_prefill: false,
                     schedule: Schedule::PerGroup,
@@ -639,18 +654,24 @@ pub fn run_target(
                 cfg.prefill_width = Some(prefill_width);
                 // `auto` is modelled on this run's link with the open session.
                 let schedule_name;
+                let greedy = cfg.sampling.is_greedy();
                 (cfg.schedule, schedule_name) = if schedule == "auto" {
-                    let s = cipherlora_private::choose_for_session(
+                    let choice = cipherlora_private::choose_for_session(
                         (model, Some(draft_model)),
                         &hook,
                         width,
                         Some(prefill_width),
                         (&link, opts.acceptance_prior),
-                    )?
-                    .schedule;
+                    )?;
+                    let s = if greedy {
+                        choice.schedule
+                    } else {
+                        choice.sampled
+                    };
                     (s, format!("auto: {s}"))
                 } else {
-                    let s: Schedule = schedule.parse()?;
+                    // What a generation runs it as (sampled: exact trips).
+                    let s = schedule.parse::<Schedule>()?.for_decoding(greedy);
                     (s, s.to_string())
                 };
                 let grouped = hook
@@ -673,7 +694,8 @@ pub fn run_target(
                 let mut split = TimeSplit::default();
                 let mut decode = HeTimings::default();
                 let mut calibration = None;
-                for (p, want) in prompts.iter().zip(&reference) {
+                for (index, (p, want)) in prompts.iter().zip(&reference).enumerate() {
+                    cfg.sampling.seed = index as u64;
                     // Tree drafts carry their acceptance estimate from
                     // prompt to prompt, as a long-running client does.
                     if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
@@ -748,7 +770,7 @@ pub fn run_target(
                     server_busy_ms_per_token: decode.server_busy_ms / tokens.max(1) as f64,
                     plaintext_tok_per_s: plain_tps,
                     ratio_to_plaintext: tps / plain_tps,
-                    matches_plaintext: matches,
+                    matches_plaintext: greedy.then_some(matches),
                     ahead_hits,
                     drafted_starts,
                 };
@@ -765,7 +787,8 @@ pub fn run_target(
                     run.bytes_up_per_token / 1e3,
                     run.bytes_down_per_token / 1e3,
                     run.server_busy_ms_per_token,
-                    matches
+                    run.matches_plaintext
+                        .map_or("- (sampled)".to_string(), |m| m.to_string())
                 );
                 runs.push(run);
             }
@@ -790,10 +813,21 @@ pub fn run_target(
 #[must_use]
 pub fn markdown(r: &E2eReport) -> String {
     let mut s = format!(
-        "Private generation end to end ({} prompts × {} tokens, greedy, prefill width {}; {}).\n\n\
+        "Private generation end to end ({} prompts × {} tokens, {}, prefill width {}; {}).\n\n\
          | mode | weights | LoRA | drafter (weights) | K | schedule | link | tok/s | plaintext tok/s, side by side | × plaintext | tokens/round | round trips/round | up kB/token | down kB/token | draft | forward | encrypt | server | network | decrypt | server busy | match |\n\
          | --- | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
-        r.prompts, r.max_tokens, r.prefill_width, r.pinning
+        r.prompts,
+        r.max_tokens,
+        if r.temperature > 0.0 {
+            format!(
+                "sampled at temperature {} (one seed per prompt)",
+                r.temperature
+            )
+        } else {
+            "greedy".to_string()
+        },
+        r.prefill_width,
+        r.pinning
     );
     for x in &r.runs {
         let d = &x.split_ms;
@@ -826,7 +860,11 @@ pub fn markdown(r: &E2eReport) -> String {
             per(d.network),
             per(d.decrypt),
             x.server_busy_ms_per_token,
-            if x.matches_plaintext { "yes" } else { "**NO**" },
+            match x.matches_plaintext {
+                Some(true) => "yes",
+                Some(false) => "**NO**",
+                None => "sampled",
+            },
         ));
     }
     s.push_str(

@@ -613,7 +613,7 @@ impl TableRow {
                 d.network / rounds,
                 d.total() / rounds,
             ],
-            matches: x.matches_plaintext,
+            matches: x.matches_plaintext == Some(true),
         }
     }
 

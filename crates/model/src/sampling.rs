@@ -41,6 +41,12 @@ impl SamplingParams {
     pub fn greedy() -> Self {
         Self::default()
     }
+
+    /// Whether these parameters decode greedily (temperature 0).
+    #[must_use]
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
 }
 
 /// A seeded sampler.
@@ -88,7 +94,7 @@ impl Sampler {
 
     /// Whether sampling is greedy (temperature 0).
     pub fn is_greedy(&self) -> bool {
-        self.params.temperature == 0.0
+        self.params.is_greedy()
     }
 
     /// The distribution the sampler draws from, over the whole vocabulary:

@@ -33,6 +33,10 @@
 //! CLI drafts quantized), `--drafter-estimates true` runs the estimate
 //! passes on a quantized drafter (`FixedPoint::drafter_estimates`).
 //! `--skip N` leaves out the first N prompts of each adapter.
+//! `--temperature t` (t > 0) samples (seeded by the prompt's index)
+//! instead: nothing is compared, the row counts the rounds and the
+//! batched round trips per generated token that sampled certification
+//! (`FixedPoint::sampling_tolerance`) takes.
 //! `--weights quantized` verifies (and computes the sequential reference)
 //! with the GGUF's weights kept quantized (`--weights quantized` of the
 //! CLI) instead of f32; the drafter stays f16.
@@ -80,6 +84,11 @@ struct Args {
     /// `--drafter-weights f16|quantized` (f16 by default; the private CLI
     /// drafts with the GGUF's quantized weights).
     drafter_weights: WeightMode,
+    /// `--temperature t` (t > 0): sample (seed = the prompt's index)
+    /// instead of decoding greedily; the outputs then differ from the
+    /// greedy trajectory by design and are not compared (the χ² tests
+    /// check the distributions), only the rounds are counted.
+    temperature: f32,
 }
 
 /// The plaintext LoRA, with deltas asked for within a tolerance made that
@@ -156,6 +165,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         drafted_start: false,
         drafter_estimates: false,
         drafter_weights: WeightMode::F16,
+        temperature: 0.0,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -184,6 +194,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             "--guess" => a.guess = v.parse()?,
             "--drafted-start" => a.drafted_start = v.parse()?,
             "--drafter-estimates" => a.drafter_estimates = v.parse()?,
+            "--temperature" => a.temperature = v.parse()?,
             "--weights" | "--drafter-weights" => {
                 let w = match v.as_str() {
                     "f32" => WeightMode::F32,
@@ -203,6 +214,19 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         }
     }
     Ok(a)
+}
+
+/// Greedy at `temperature` 0, else sampling seeded by the prompt's index.
+fn sampling(temperature: f32, index: usize) -> SamplingParams {
+    if temperature > 0.0 {
+        SamplingParams {
+            temperature,
+            seed: index as u64,
+            ..SamplingParams::default()
+        }
+    } else {
+        SamplingParams::greedy()
+    }
 }
 
 /// The held-out prompts of an adapter: prose for the general-English ones,
@@ -251,9 +275,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let eos = tok.eos_tokens().to_vec();
     let mut report = Vec::new();
     println!(
-        "| adapter | T | trips per round | prompts | diverged | first divergence (token index) | tokens / round | continuations | uncertified rows | settles |"
+        "| adapter | T | trips per round | prompts | diverged | first divergence (token index) | tokens / round | continuations | uncertified rows | settles | batched trips / token |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
     for name in &args.adapters {
         let adapter = LoraAdapter::load(&root.join("adapters").join(name), model.config())?;
         let prompts = prompts(&root, name)?;
@@ -263,9 +287,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut diverged: Vec<Vec<Option<usize>>> =
             vec![Vec::new(); args.widths.len() * args.trips.len()];
         // (width, trips) → (tokens, rounds, continuations, uncertified rows,
-        // settles).
-        let mut counts = vec![[0usize; 5]; args.widths.len() * args.trips.len()];
-        for text in &prompts[first..first + n] {
+        // settles, verify round trips).
+        let mut counts = vec![[0usize; 6]; args.widths.len() * args.trips.len()];
+        for (index, text) in prompts[first..first + n].iter().enumerate() {
             let prompt = tok.encode(text)?;
             let opts = GenerateOptions {
                 max_tokens: NEW_TOKENS,
@@ -293,7 +317,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         draft_stop_below: 0.0,
                         delta_guided: args.guided,
                         max_tokens: traj.len(),
-                        sampling: SamplingParams::greedy(),
+                        sampling: sampling(args.temperature, index),
                         eos: eos.clone(),
                         first_token_from_prefill: false,
                         schedule: Schedule::FixedPoint(FixedPoint {
@@ -320,12 +344,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         &mut hook,
                         &mut |_| Ok(()),
                     )?;
-                    let first = traj
-                        .iter()
-                        .zip(&out.tokens)
-                        .position(|(a, b)| a != b)
-                        .or((out.tokens.len() != traj.len())
-                            .then(|| out.tokens.len().min(traj.len())));
+                    let first = (args.temperature == 0.0)
+                        .then(|| {
+                            traj.iter()
+                                .zip(&out.tokens)
+                                .position(|(a, b)| a != b)
+                                .or((out.tokens.len() != traj.len())
+                                    .then(|| out.tokens.len().min(traj.len())))
+                        })
+                        .flatten();
                     diverged[w * args.trips.len() + r].push(first);
                     let c = &mut counts[w * args.trips.len() + r];
                     let st = &out.stats;
@@ -335,6 +362,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         st.continuations,
                         st.uncertified_rows,
                         st.settles,
+                        st.round_trips,
                     ]
                     .into_iter()
                     .enumerate()
@@ -354,13 +382,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (r, &trips) in args.trips.iter().enumerate() {
                 let d = &diverged[w * args.trips.len() + r];
                 let at: Vec<usize> = d.iter().flatten().copied().collect();
-                let [tokens, rounds, continuations, uncertified, settles] =
-                    counts[w * args.trips.len() + r];
+                let [
+                    tokens,
+                    rounds,
+                    continuations,
+                    uncertified,
+                    settles,
+                    round_trips,
+                ] = counts[w * args.trips.len() + r];
                 println!(
-                    "| {name} | {width} | {trips} | {} | {} | {at:?} | {:.2} | {continuations} | {uncertified} | {settles} |",
+                    "| {name} | {width} | {trips} | {} | {} | {at:?} | {:.2} | {continuations} | {uncertified} | {settles} | {:.2} |",
                     d.len(),
                     at.len(),
                     tokens as f64 / rounds.max(1) as f64,
+                    round_trips as f64 / tokens.max(1) as f64,
                 );
                 report.push(serde_json::json!({
                     "adapter": name, "verify_width": width, "round_trips": trips,
@@ -369,7 +404,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "shadow": args.shadow, "guessed_start": args.guess, "new_tokens": NEW_TOKENS, "diverged": at.len(),
                     "first_divergence": at, "tokens": tokens, "rounds": rounds,
                     "continuations": continuations, "uncertified_rows": uncertified,
-                    "settles": settles, "weights": format!("{:?}", args.weights),
+                    "settles": settles, "verify_round_trips": round_trips, "temperature": args.temperature, "weights": format!("{:?}", args.weights),
                     "drafted_start": args.drafted_start, "drafter_estimates": args.drafter_estimates, "drafter_weights": format!("{:?}", args.drafter_weights),
                 }));
             }

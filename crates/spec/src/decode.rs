@@ -305,6 +305,18 @@ pub fn generate_drafted(
     let capacity = prompt.len() + cfg.max_tokens + width.max(prefill_width) + 1;
     let sampler = Sampler::new(cfg.sampling.clone())?;
     let greedy = sampler.is_greedy();
+    // Sampled rows need a fixed point of their own
+    // (`FixedPoint::for_sampling`).
+    let sampled_cfg;
+    let cfg = if greedy {
+        cfg
+    } else {
+        sampled_cfg = SpecConfig {
+            schedule: cfg.schedule.for_decoding(false),
+            ..cfg.clone()
+        };
+        &sampled_cfg
+    };
     let mut rng = ChaCha20Rng::seed_from_u64(cfg.sampling.seed);
     let mut stats = SpecStats::default();
     let mut context = prompt.to_vec();
@@ -820,13 +832,7 @@ fn accept_tree(
     let mut probs = Vec::with_capacity(rows.len());
     for (r, row) in rows.iter().enumerate() {
         let mut history = context.to_vec();
-        let mut path = Vec::new();
-        let mut node = r.checked_sub(1);
-        while let Some(n) = node {
-            path.push(tree.tokens[n]);
-            node = tree.parents[n];
-        }
-        history.extend(path.iter().rev());
+        history.extend(tree.path_to(r.checked_sub(1)));
         probs.push(sampler.probs(row, &history));
     }
     let proposals: Vec<Option<&[f32]>> = grown.proposals.iter().map(|q| q.as_deref()).collect();

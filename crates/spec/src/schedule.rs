@@ -288,6 +288,42 @@ impl Default for FixedPoint {
 }
 
 impl FixedPoint {
+    /// This fixed point as a sampled generation runs it. A sampled row is
+    /// certified only when its logits' remaining error is at most
+    /// [`FixedPoint::sampling_tolerance`] (10⁻⁴ logits), so a sampled
+    /// generation's fixed point leaves out what only a greedy margin
+    /// tolerates:
+    /// - coarse trips ([`FixedPoint::coarse_trips`]): a coarse trip's
+    ///   deltas are off by 2⁻¹¹ or 2⁻¹⁵ of a group's largest delta,
+    ///   10⁻³–10⁻² logits once through the model, so the last logit change
+    ///   of every batch measured that rounding, not the fixed point's
+    ///   residual, and no row was certified until the pass ran out of
+    ///   coarse trips (one per group): 9.7 batched trips per token against
+    ///   1.1 with exact trips (`code-lora-r16`, T = 12, two trips per
+    ///   round; BENCHMARKS.md, "Sampling under the fixed point");
+    /// - the shadow ([`FixedPoint::shadow`]): its rows are a round's pass
+    ///   before its first batch's last trip, 10⁻²-converged, while a
+    ///   sampled round keeps rows converged to the tolerance after its
+    ///   continuations; the inherited term then blocked every later row
+    ///   until a settling (166 trips for 16 tokens in
+    ///   `tests/real_model_sampled_trips.rs`). Without it the kept rows'
+    ///   residual is what their own certification bounds, the tolerance;
+    /// - the drafter's estimate passes ([`FixedPoint::drafter_estimates`]):
+    ///   the two models differ by ≈ 4·10⁻³ logits, which no trip shrinks,
+    ///   so a batch's last change never reached the tolerance.
+    ///
+    /// The request sizes then tell the server that the client samples (a
+    /// setting, not the text).
+    #[must_use]
+    pub fn for_sampling(self) -> Self {
+        Self {
+            coarse_trips: false,
+            shadow: false,
+            drafter_estimates: false,
+            ..self
+        }
+    }
+
     /// The tolerance of trip `j` (0-based, continuations included) of a
     /// pass whose rounds make `batch` trips: [`FixedPoint::trip_tolerance`]
     /// of its index within its batch, the batch's last trip exact. A
@@ -339,6 +375,19 @@ pub enum Schedule {
     PerGroup,
     /// All groups in each batched round trip, iterated to a fixed point.
     FixedPoint(FixedPoint),
+}
+
+impl Schedule {
+    /// The schedule a generation runs with, given whether it decodes
+    /// greedily: a sampled generation's fixed point is
+    /// [`FixedPoint::for_sampling`]; greedy generations are unchanged.
+    #[must_use]
+    pub fn for_decoding(self, greedy: bool) -> Self {
+        match self {
+            Schedule::FixedPoint(fp) if !greedy => Schedule::FixedPoint(fp.for_sampling()),
+            other => other,
+        }
+    }
 }
 
 impl std::fmt::Display for Schedule {
@@ -1300,6 +1349,35 @@ mod tests {
 
     /// Regression: a continuation's trips all asked full precision, so the
     /// response sizes told the server which rounds were continuations.
+    #[test]
+    fn sampled_generations_ask_every_trip_exactly() {
+        let fp = FixedPoint::default();
+        assert!(fp.coarse_trips);
+        let sampled = Schedule::FixedPoint(fp).for_decoding(false);
+        let Schedule::FixedPoint(s) = sampled else {
+            panic!("still a fixed point");
+        };
+        assert!((0..8).all(|j| s.tolerance_of_trip(j, s.round_trips).is_none()));
+        assert_eq!(
+            s,
+            FixedPoint {
+                coarse_trips: false,
+                ..fp
+            }
+        );
+        let two: Schedule = "fixed-point:2/shadow/drafter-estimates".parse().unwrap();
+        let Schedule::FixedPoint(t) = two.for_decoding(false) else {
+            panic!("still a fixed point");
+        };
+        assert!(!t.shadow && !t.drafter_estimates && !t.coarse_trips);
+        assert_eq!(t.round_trips, 2);
+        assert_eq!(
+            Schedule::FixedPoint(fp).for_decoding(true),
+            Schedule::FixedPoint(fp)
+        );
+        assert_eq!(Schedule::PerGroup.for_decoding(false), Schedule::PerGroup);
+    }
+
     #[test]
     fn a_continuation_asks_the_precision_a_round_asks() {
         let fp = FixedPoint::default();

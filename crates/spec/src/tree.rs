@@ -93,6 +93,22 @@ impl DraftTree {
         depth.into_iter().max().unwrap_or(0)
     }
 
+    /// The tokens on the path from the root to `node` (`None`: the root
+    /// itself, an empty path), root side first: what verify row
+    /// `node + 1` sees after the verified context. Panics if `node` is out
+    /// of range (callers index rows of this tree).
+    #[must_use]
+    pub fn path_to(&self, node: Option<usize>) -> Vec<u32> {
+        let mut path = Vec::new();
+        let mut at = node;
+        while let Some(n) = at {
+            path.push(self.tokens[n]);
+            at = self.parents[n];
+        }
+        path.reverse();
+        path
+    }
+
     /// Checks the parent array: same length as the tokens, every parent an
     /// earlier node.
     ///
@@ -385,6 +401,16 @@ mod tests {
         let tree = accept_tree_greedy(&DraftTree::chain(&drafts), &argmax, usize::MAX).unwrap();
         assert_eq!(tree.tokens, chain.tokens);
         assert_eq!(tree.path.len(), chain.accepted);
+    }
+
+    #[test]
+    fn paths_walk_from_the_root_to_the_node() {
+        let t = tree();
+        assert_eq!(t.path_to(None), Vec::<u32>::new());
+        assert_eq!(t.path_to(Some(1)), vec![6]);
+        assert_eq!(t.path_to(Some(3)), vec![5, 8]);
+        assert_eq!(t.path_to(Some(4)), vec![6, 9]);
+        assert_eq!(DraftTree::chain(&[1, 2, 3]).path_to(Some(2)), vec![1, 2, 3]);
     }
 
     #[test]

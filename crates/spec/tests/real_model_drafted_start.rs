@@ -7,40 +7,16 @@
 
 mod common;
 
-use cipherlora_model::{
-    DeltaHook, GroupDeltas, GroupInput, LoadOptions, Model, ModelError, PlainLora, ProjGroup,
-    Tensor, WeightMode, fetch,
-};
+use cipherlora_model::{GroupInput, LoadOptions, Model, PlainLora, WeightMode, fetch};
 use cipherlora_spec::decode::{self, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
-use common::{PROMPTS, fixture, reference};
+use common::{PROMPTS, Recording, fixture, reference};
 
 fn config(schedule: &str, guided: bool, n: usize, eos: Vec<u32>) -> SpecConfig {
     SpecConfig {
         delta_guided: guided,
         schedule: schedule.parse::<Schedule>().unwrap(),
         ..SpecConfig::greedy(7, n, eos)
-    }
-}
-
-/// The plaintext LoRA, keeping the inputs of every batched trip.
-struct Recording<'a> {
-    lora: PlainLora<'a>,
-    trips: Vec<Vec<GroupInput>>,
-}
-
-impl DeltaHook for Recording<'_> {
-    fn deltas(&mut self, l: usize, g: ProjGroup, x: &Tensor) -> Result<GroupDeltas, ModelError> {
-        self.lora.deltas(l, g, x)
-    }
-
-    fn wants(&self, l: usize, g: ProjGroup) -> bool {
-        self.lora.wants(l, g)
-    }
-
-    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
-        self.trips.push(inputs.to_vec());
-        self.lora.deltas_many(inputs)
     }
 }
 
@@ -73,10 +49,7 @@ fn the_drafter_records_the_inputs_pass_zero_would_send() {
         "fixed-point/base-start/exact-trips/batched",
     ] {
         let cfg = config(schedule, false, 8, eos.clone());
-        let mut hook = Recording {
-            lora: PlainLora::new(&f.adapter),
-            trips: Vec::new(),
-        };
+        let mut hook = Recording::new(&f.adapter);
         let got = decode::generate_drafted(
             &f.model,
             &f.model,

@@ -190,6 +190,7 @@ impl SplitBenchArgs {
                 optimistic: false,
                 draft_stop_below: crate::cmd::demo::DEFAULT_DRAFT_STOP,
                 acceptance_prior: None,
+                temperature: 0.0,
             })
         };
         cipherlora_bench::split_inference::run(
@@ -377,6 +378,12 @@ pub struct E2eBenchArgs {
     /// fixed-point trips per round.
     #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
+    /// Sampling temperature of the private runs (0: greedy, compared with
+    /// the plaintext reference). Sampled runs draw from one seed per prompt
+    /// and are not compared; `auto` takes the schedule it models for
+    /// sampling.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
     /// How the client's model holds its weights, comma-separated (`auto`:
     /// f32, what a private client verifies with by default): every
     /// configuration runs under each, each against a plaintext reference
@@ -418,6 +425,7 @@ impl E2eBenchArgs {
                 optimistic: self.optimistic,
                 draft_stop_below: self.draft_stop_below,
                 acceptance_prior: self.acceptance_prior,
+                temperature: self.temperature,
             },
         })?;
         Ok(())

@@ -228,6 +228,7 @@ impl DemoArgs {
                 &hook,
                 (width, self.prefill_width),
                 (&self.link, None),
+                true,
             )?,
         };
         println!("--- private (CKKS, speculative) ---");

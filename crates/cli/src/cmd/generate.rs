@@ -342,6 +342,7 @@ impl GenerateArgs {
             &hook,
             (width, self.prefill_width),
             (&planning_link, self.acceptance_prior),
+            self.sampling.is_greedy(),
         )?;
         anyhow::ensure!(
             self.tree.is_none() || drafter == DrafterKind::Base,

@@ -9,8 +9,10 @@ use cipherlora_spec::schedule::Schedule;
 /// `auto` models one round of each on `link` with the verify session's
 /// plans, a timed plaintext pass of `width` positions and the `drafter`'s
 /// steps ([`cipherlora_private::choose_for_session`], with the fixed point
-/// of the acceptance prior `alpha` or the adapter's hint), and logs the
-/// choice.
+/// of the acceptance prior `alpha` or the adapter's hint), for greedy
+/// decoding or, with `greedy` false, for sampling (whose rows need more
+/// trips: [`cipherlora_private::schedule_plan::ScheduleChoice::sampled`]),
+/// and logs the choice.
 ///
 /// # Errors
 /// An unknown schedule; a failed forward pass; no session of `width`.
@@ -20,9 +22,10 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
     hook: &cipherlora_private::ByWidth<T>,
     (width, prefill_width): (usize, usize),
     (link, alpha): (&LinkProfile, Option<f64>),
+    greedy: bool,
 ) -> anyhow::Result<Schedule> {
     if arg != "auto" {
-        return Ok(arg.parse()?);
+        return Ok(arg.parse::<Schedule>()?.for_decoding(greedy));
     }
     let choice = cipherlora_private::choose_for_session(
         (model, drafter),
@@ -37,12 +40,16 @@ pub fn resolve_schedule<T: cipherlora_private::Transport>(
             p.per_group_ms, p.fixed_point_ms
         )
     });
+    let (schedule, fixed_point_ms) = if greedy {
+        (choice.schedule, choice.fixed_point_ms)
+    } else {
+        (choice.sampled, choice.sampled_fixed_point_ms)
+    };
     eprintln!(
-        "schedule: {} (modelled round: per-group {:.0} ms, fixed-point {:.0} ms{prefill}; link RTT {:.0} ms)",
-        choice.schedule,
+        "schedule: {schedule} (modelled {} round: per-group {:.0} ms, fixed-point {fixed_point_ms:.0} ms{prefill}; link RTT {:.0} ms)",
+        if greedy { "greedy" } else { "sampled" },
         choice.per_group_ms,
-        choice.fixed_point_ms,
         link.rtt().as_secs_f64() * 1e3
     );
-    Ok(choice.schedule)
+    Ok(schedule)
 }

@@ -48,6 +48,16 @@
 //! number depends on the text: BENCHMARKS.md, "Settling from the rows' own
 //! deltas").
 //!
+//! # Sampling
+//! A sampled row is certified only when its logits' remaining error is at
+//! most [`FixedPoint::sampling_tolerance`], which takes more trips than a
+//! greedy row's margin: a sampled round is priced at
+//! [`SAMPLED_TRIPS_PER_ROUND`] exact trips (continuations included), with
+//! nothing drafted ahead, and [`ScheduleChoice::sampled`] is chosen
+//! against the same per-group round. Where round trips are cheap against
+//! server work (standard LoRA) sampled generations then run group by
+//! group while greedy ones take the fixed point.
+//!
 //! The fixed point pays N passes of bytes and compute to save `G − N`
 //! latencies: it wins on a WAN (G = 60 for q,k,v,o on 30 layers, 120 for
 //! all seven projections) and loses on loopback. The server time is the
@@ -162,18 +172,38 @@ pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
 /// A schedule and the modelled time per verify round of both candidates.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScheduleChoice {
-    /// The cheaper schedule (with, for the fixed point, how prefill passes
-    /// run: [`choose_for_session`] decides that too).
+    /// The cheaper schedule for greedy decoding (with, for the fixed
+    /// point, how prefill passes run: [`choose_for_session`] decides that
+    /// too).
     pub schedule: Schedule,
+    /// The cheaper schedule for sampled decoding (module docs,
+    /// "Sampling"): the per-group round against a fixed point priced at
+    /// [`SAMPLED_TRIPS_PER_ROUND`] exact trips per decided round; a fixed
+    /// point here asks every trip exactly
+    /// ([`Schedule::for_decoding`]).
+    pub sampled: Schedule,
     /// Modelled per-group round, ms (drafting included where priced:
     /// [`choose_schedule_grouped`]).
     pub per_group_ms: f64,
     /// Modelled fixed-point round, ms (drafting included likewise).
     pub fixed_point_ms: f64,
+    /// Modelled fixed-point round of a sampled generation, ms.
+    pub sampled_fixed_point_ms: f64,
     /// For a fixed-point schedule with a prefill session: one prefill pass
     /// modelled group by group and as batched trips, ms.
     pub prefill: Option<PrefillChoice>,
 }
+
+/// Batched round trips a sampled verify round takes on average under the
+/// fixed point, continuations included: a sampled row is certified only
+/// when its logits' remaining error is at most
+/// [`FixedPoint::sampling_tolerance`] (10⁻⁴), which takes several more
+/// trips than a greedy row's margin. Measured in plaintext with exact
+/// trips, temperature 1, `code-lora-r16`, T = 12, 6 prompts × 64 tokens:
+/// 7.0 trips per decided round with batches of two trips (shadowed), 7.2
+/// with batches of three (BENCHMARKS.md, "Sampling under the fixed
+/// point").
+pub const SAMPLED_TRIPS_PER_ROUND: usize = 7;
 
 /// The modelled cost of one prefill pass both ways.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -228,7 +258,52 @@ pub fn choose_schedule_grouped(
         + per_group.client_he_ms
         + forward_ms
         + draft_ms;
-    let pass = fixed_point;
+    let fixed_point_ms = fixed_point_round_ms(fixed_point, link, forward_ms, draft_ms, fixed);
+    // Sampled rounds: more trips, all exact, no shadow nor drafter
+    // estimates (`FixedPoint::for_sampling`), nothing drafted ahead
+    // (greedy only).
+    let sampled_fixed = fixed.for_sampling();
+    let sampled_fixed_point_ms = fixed_point_round_ms(
+        fixed_point,
+        link,
+        forward_ms,
+        draft_ms,
+        FixedPoint {
+            round_trips: SAMPLED_TRIPS_PER_ROUND.max(fixed.round_trips),
+            draft_ahead: false,
+            ..sampled_fixed
+        },
+    );
+    let schedule = if fixed_point_ms < per_group_ms {
+        Schedule::FixedPoint(fixed)
+    } else {
+        Schedule::PerGroup
+    };
+    let sampled = if sampled_fixed_point_ms < per_group_ms {
+        Schedule::FixedPoint(sampled_fixed)
+    } else {
+        Schedule::PerGroup
+    };
+    ScheduleChoice {
+        schedule,
+        sampled,
+        per_group_ms,
+        fixed_point_ms,
+        sampled_fixed_point_ms,
+        prefill: None,
+    }
+}
+
+/// One fixed-point round of `fixed.round_trips` trips over `pass` on
+/// `link`, its drafting included (module docs), ms.
+fn fixed_point_round_ms(
+    pass: &PassModel,
+    link: &LinkProfile,
+    forward_ms: f64,
+    draft_ms: f64,
+    fixed: FixedPoint,
+) -> f64 {
+    let rtt = link.rtt().as_secs_f64() * 1e3;
     let up = transfer_ms(pass.bytes_up, link.up_bps());
     let trip = |down_bytes: f64| {
         let down = transfer_ms(down_bytes, link.down_bps());
@@ -259,7 +334,7 @@ pub fn choose_schedule_grouped(
             draft_ms
         }
     };
-    let fixed_point_ms = if fixed.streamed {
+    if fixed.streamed {
         let down = transfer_ms((n - 1.0) * coarse_down + pass.bytes_down, link.down_bps());
         let client = n * pass.client_he_ms + passes * forward_ms + replay_ms;
         let groups = pass.groups.max(1) as f64;
@@ -278,17 +353,6 @@ pub fn choose_schedule_grouped(
             + last.max(replay_ms)
             + passes * forward_ms
             + exposed(last - replay_ms.min(last))
-    };
-    let schedule = if fixed_point_ms < per_group_ms {
-        Schedule::FixedPoint(fixed)
-    } else {
-        Schedule::PerGroup
-    };
-    ScheduleChoice {
-        schedule,
-        per_group_ms,
-        fixed_point_ms,
-        prefill: None,
     }
 }
 
@@ -322,10 +386,7 @@ pub fn choose_for_session<T: crate::Transport>(
     let session = hook
         .session(width)
         .ok_or_else(|| PrivateError::Transport(format!("no session of width {width}")))?;
-    let fixed = crate::width_plan::default_fixed_point(crate::width_plan::acceptance_prior(
-        session.plan_space(),
-        alpha,
-    ));
+    let fixed = crate::width_plan::auto_fixed_point(session.plan_space(), alpha);
     let draft_ms = match drafter {
         Some(d) => width.saturating_sub(1) as f64 * time_pass(d, 1)?.min(time_pass(d, 1)?),
         None => 0.0,
@@ -337,6 +398,7 @@ pub fn choose_for_session<T: crate::Transport>(
         // Its requests need a whole layer's inputs: only the fixed point.
         choice.per_group_ms = f64::INFINITY;
         choice.schedule = Schedule::FixedPoint(fixed);
+        choice.sampled = Schedule::FixedPoint(fixed).for_decoding(false);
     }
     let wide = prefill_width
         .filter(|&w| w != width)
@@ -358,6 +420,9 @@ pub fn choose_for_session<T: crate::Transport>(
         if c.schedule == Schedule::PerGroup {
             fp.prefill = Prefill::PerGroup;
             choice.schedule = Schedule::FixedPoint(fp);
+            if let Schedule::FixedPoint(sampled) = &mut choice.sampled {
+                sampled.prefill = Prefill::PerGroup;
+            }
         }
         choice.prefill = Some(PrefillChoice {
             per_group_ms: c.per_group_ms,
@@ -397,6 +462,45 @@ mod tests {
             server_ms: 110.0,
             client_he_ms: 13.0,
         }
+    }
+
+    #[test]
+    fn sampled_rounds_are_priced_at_more_exact_trips() {
+        // Standard LoRA at T = 12 (BENCHMARKS.md, wan20 rows of session
+        // 24): the server's pass dominates a trip.
+        let standard = PassModel {
+            groups: 60,
+            bytes_up: 16e6,
+            bytes_down: 12e6,
+            bytes_down_coarse: 9e6,
+            server_ms: 1300.0,
+            client_he_ms: 100.0,
+        };
+        let two = FixedPoint {
+            round_trips: 2,
+            shadow: true,
+            ..FixedPoint::default()
+        };
+        let c = choose_schedule(&standard, &LinkProfile::WAN20, 60.0, two);
+        assert_eq!(c.schedule, Schedule::FixedPoint(two), "{c:?}");
+        assert_eq!(c.sampled, Schedule::PerGroup, "{c:?}");
+        assert!(c.sampled_fixed_point_ms > 3.0 * c.fixed_point_ms, "{c:?}");
+        // FFA at wan80: latency dominates, sampled rounds keep the fixed
+        // point, every trip exact.
+        let c = choose_schedule(&pass(), &LinkProfile::WAN80, 40.0, FixedPoint::default());
+        let exact = FixedPoint {
+            coarse_trips: false,
+            shadow: false,
+            drafter_estimates: false,
+            ..FixedPoint::default()
+        };
+        assert_eq!(c.sampled, Schedule::FixedPoint(exact), "{c:?}");
+        // On loopback neither pays.
+        let c = choose_schedule(&pass(), &LinkProfile::LOOPBACK, 40.0, two);
+        assert_eq!(
+            (c.schedule, c.sampled),
+            (Schedule::PerGroup, Schedule::PerGroup)
+        );
     }
 
     #[test]

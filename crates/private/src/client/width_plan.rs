@@ -140,6 +140,14 @@ pub fn default_fixed_point(alpha: f64) -> FixedPoint {
     }
 }
 
+/// The fixed point `auto` runs for a client with its own prior `given`
+/// (if any) on `space`: [`default_fixed_point`] of the
+/// [`acceptance_prior`].
+#[must_use]
+pub fn auto_fixed_point(space: &PlanSpace, given: Option<f64>) -> FixedPoint {
+    default_fixed_point(acceptance_prior(space, given))
+}
+
 /// The α the width model uses (module docs, "The acceptance prior"): the
 /// client's own `given` prior, else `space`'s published hint, else
 /// [`DEFAULT_ACCEPTANCE_PRIOR`].
@@ -474,7 +482,7 @@ pub fn grouping_for_given_k(
 ) -> Result<Grouping, PrivateError> {
     let fixed = match forced {
         Some(Schedule::FixedPoint(fp)) => *fp,
-        _ => default_fixed_point(acceptance_prior(space, alpha)),
+        _ => auto_fixed_point(space, alpha),
     };
     let choice = choose_width_timed(space, (model, drafter), link, 0.5, k, fixed)?;
     let candidate = choice

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, GenerateOptions, LoraAdapter, Model, PlainLora, Sampler,
-    SamplingParams, Tokenizer, fetch, generate,
+    AttentionMask, DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoraAdapter, Model,
+    ModelError, PlainLora, ProjGroup, Sampler, SamplingParams, Tensor, Tokenizer, fetch, generate,
 };
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
@@ -114,4 +114,47 @@ pub fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
         12
     };
     1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
+}
+
+/// The plaintext LoRA, keeping the inputs of every batched trip asked at
+/// full precision (`trips`) and counting those asked within a tolerance
+/// (`coarse`, answered exactly all the same).
+pub struct Recording<'a> {
+    pub lora: PlainLora<'a>,
+    pub trips: Vec<Vec<GroupInput>>,
+    pub coarse: usize,
+}
+
+impl<'a> Recording<'a> {
+    pub fn new(adapter: &'a LoraAdapter) -> Self {
+        Self {
+            lora: PlainLora::new(adapter),
+            trips: Vec::new(),
+            coarse: 0,
+        }
+    }
+}
+
+impl DeltaHook for Recording<'_> {
+    fn deltas(&mut self, l: usize, g: ProjGroup, x: &Tensor) -> Result<GroupDeltas, ModelError> {
+        self.lora.deltas(l, g, x)
+    }
+
+    fn wants(&self, l: usize, g: ProjGroup) -> bool {
+        self.lora.wants(l, g)
+    }
+
+    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.trips.push(inputs.to_vec());
+        self.lora.deltas_many(inputs)
+    }
+
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        _tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.coarse += 1;
+        self.lora.deltas_many(inputs)
+    }
 }
