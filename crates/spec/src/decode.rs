@@ -121,7 +121,9 @@ pub struct SpecConfig {
     /// How each verify and prefill pass gets its deltas
     /// ([`Schedule::PerGroup`]: one round trip per layer group;
     /// [`Schedule::FixedPoint`]: a constant number of batched round trips).
-    /// The output is the same either way (see [`crate::schedule`]).
+    /// The output is the same either way (see [`crate::schedule`]). A
+    /// sampled generation runs a fixed point as
+    /// [`crate::schedule::FixedPoint::for_sampling`] whatever this says.
     pub schedule: Schedule,
 }
 
