@@ -340,10 +340,7 @@ impl Engine {
                 );
                 let mut he = open.hook.timings();
                 he.subtract(&before);
-                let schedule = cfg
-                    .schedule
-                    .for_decoding(job.sampling.is_greedy())
-                    .to_string();
+                let schedule = cfg.schedule.to_string();
                 match result {
                     Ok(out) => {
                         let cost = private_cost(&out, &he, schedule);

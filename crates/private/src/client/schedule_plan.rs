@@ -274,19 +274,16 @@ pub fn choose_schedule_grouped(
             ..sampled_fixed
         },
     );
-    let schedule = if fixed_point_ms < per_group_ms {
-        Schedule::FixedPoint(fixed)
-    } else {
-        Schedule::PerGroup
-    };
-    let sampled = if sampled_fixed_point_ms < per_group_ms {
-        Schedule::FixedPoint(sampled_fixed)
-    } else {
-        Schedule::PerGroup
+    let cheaper = |fp: FixedPoint, fixed_point_ms: f64| {
+        if fixed_point_ms < per_group_ms {
+            Schedule::FixedPoint(fp)
+        } else {
+            Schedule::PerGroup
+        }
     };
     ScheduleChoice {
-        schedule,
-        sampled,
+        schedule: cheaper(fixed, fixed_point_ms),
+        sampled: cheaper(sampled_fixed, sampled_fixed_point_ms),
         per_group_ms,
         fixed_point_ms,
         sampled_fixed_point_ms,
@@ -398,7 +395,7 @@ pub fn choose_for_session<T: crate::Transport>(
         // Its requests need a whole layer's inputs: only the fixed point.
         choice.per_group_ms = f64::INFINITY;
         choice.schedule = Schedule::FixedPoint(fixed);
-        choice.sampled = Schedule::FixedPoint(fixed).for_decoding(false);
+        choice.sampled = Schedule::FixedPoint(fixed.for_sampling());
     }
     let wide = prefill_width
         .filter(|&w| w != width)
