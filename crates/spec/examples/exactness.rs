@@ -36,7 +36,8 @@
 //! `--temperature t` (t > 0) samples (seeded by the prompt's index)
 //! instead: nothing is compared, the row counts the rounds and the
 //! batched round trips per generated token that sampled certification
-//! (`FixedPoint::sampling_tolerance`) takes.
+//! takes (certified draws, `cipherlora_spec::draw_bounds`, for chains;
+//! `FixedPoint::sampling_tolerance` for trees).
 //! `--weights quantized` verifies (and computes the sequential reference)
 //! with the GGUF's weights kept quantized (`--weights quantized` of the
 //! CLI) instead of f32; the drafter stays f16.

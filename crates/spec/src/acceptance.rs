@@ -11,6 +11,7 @@
 use rand::{Rng, RngExt};
 
 use crate::SpecError;
+use crate::race::Race;
 
 /// What a verify round keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +78,9 @@ pub enum DraftProbs<'a> {
 /// replacement from `norm(max(0, p_i − q_i))` and stop; when all K drafts are
 /// accepted, draw the bonus token from `p_K`. The resulting tokens are
 /// distributed exactly as sampling from the target `p` one token at a time.
+/// Each row's randomness is drawn first ([`RowUniforms`]) and its tokens
+/// are picked by an exponential race ([`crate::race`]); see
+/// [`accept_sampled_with`].
 ///
 /// `target_probs` are the target model's K+1 distributions after the
 /// sampling transforms (temperature, top-k, top-p, repetition penalty), as
@@ -93,6 +97,58 @@ pub fn accept_sampled<R: Rng + ?Sized>(
     rng: &mut R,
 ) -> Result<RoundOutcome, SpecError> {
     check_target_count(drafts.len(), target_probs.len())?;
+    let uniforms = RowUniforms::draw(rng, target_probs.len());
+    accept_sampled_with(drafts, draft_probs, target_probs, &uniforms)
+}
+
+/// The randomness one verify row's sampling step may consume: `accept`, a
+/// uniform in [0, 1) for the acceptance test of the row's draft, and
+/// `pick`, the seed of the exponential race ([`crate::race`]) that draws
+/// the row's token (the correction from the residual after a rejection,
+/// or the bonus token). A round draws them for every row before it looks
+/// at the target's distributions, so its outcome is a fixed function of
+/// those distributions ([`accept_sampled_with`]); that is what lets a
+/// fixed-point round decide a row's draw from a bound on its logits
+/// ([`crate::draw_bounds`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowUniforms {
+    /// Compared with p(d)/q(d) for the row's draft d.
+    pub accept: f64,
+    /// The seed of the row's exponential race.
+    pub pick: u64,
+}
+
+impl RowUniforms {
+    /// `rows` rows' randomness from `rng`, in row order.
+    pub fn draw<R: Rng + ?Sized>(rng: &mut R, rows: usize) -> Vec<RowUniforms> {
+        (0..rows)
+            .map(|_| RowUniforms {
+                accept: rng.random(),
+                pick: rng.random(),
+            })
+            .collect()
+    }
+}
+
+/// [`accept_sampled`] with the rows' uniforms drawn beforehand: the same
+/// procedure, a deterministic function of its inputs.
+///
+/// # Errors
+/// Those of [`accept_sampled`], and [`SpecError::UniformCount`] when fewer
+/// uniforms than target rows are given.
+pub fn accept_sampled_with(
+    drafts: &[u32],
+    draft_probs: DraftProbs<'_>,
+    target_probs: &[Vec<f32>],
+    uniforms: &[RowUniforms],
+) -> Result<RoundOutcome, SpecError> {
+    check_target_count(drafts.len(), target_probs.len())?;
+    if uniforms.len() < target_probs.len() {
+        return Err(SpecError::UniformCount {
+            rows: target_probs.len(),
+            got: uniforms.len(),
+        });
+    }
     let vocab = target_probs[0].len();
     for (row, p) in target_probs.iter().enumerate() {
         check_distribution(row, p, vocab)?;
@@ -127,16 +183,16 @@ pub fn accept_sampled<R: Rng + ?Sized>(
         };
         let p_d = f64::from(p[d as usize]);
         // u < p/q  ⇔  u·q < p, which also handles q = 0 without dividing.
-        let u: f64 = rng.random();
-        if u * q_d < p_d {
+        if uniforms[i].accept * q_d < p_d {
             tokens.push(d);
             continue;
         }
+        let race = Race::new(uniforms[i].pick, vocab);
         let replacement = match draft_probs {
             DraftProbs::PointMass => {
-                sample_residual(p, |t| if t == d as usize { 1.0 } else { 0.0 }, rng)
+                pick_residual(p, |t| if t == d as usize { 1.0 } else { 0.0 }, &race)
             }
-            DraftProbs::Sampled(q) => sample_residual(p, |t| f64::from(q[i][t]), rng),
+            DraftProbs::Sampled(q) => pick_residual(p, |t| f64::from(q[i][t]), &race),
         };
         tokens.push(replacement);
         return Ok(RoundOutcome {
@@ -145,7 +201,9 @@ pub fn accept_sampled<R: Rng + ?Sized>(
         });
     }
     let accepted = drafts.len();
-    tokens.push(sample(&target_probs[accepted], rng));
+    let p = &target_probs[accepted];
+    let race = Race::new(uniforms[accepted].pick, vocab);
+    tokens.push(race.winner(|t| f64::from(p[t])).unwrap_or(0));
     Ok(RoundOutcome { accepted, tokens })
 }
 
@@ -154,20 +212,14 @@ pub fn sample<R: Rng + ?Sized>(probs: &[f32], rng: &mut R) -> u32 {
     sample_weights(probs.len(), |t| f64::from(probs[t]), rng)
 }
 
-/// Draws from `norm(max(0, p − q))`; falls back to `p` in the measure-zero
-/// case where the residual vanishes (p ≤ q everywhere, i.e. p = q).
-pub(crate) fn sample_residual<R: Rng + ?Sized>(
-    p: &[f32],
-    q: impl Fn(usize) -> f64,
-    rng: &mut R,
-) -> u32 {
+/// The winner of `race` over `norm(max(0, p − q))`; over `p` in the
+/// measure-zero case where the residual vanishes (p ≤ q everywhere, i.e.
+/// p = q).
+pub(crate) fn pick_residual(p: &[f32], q: impl Fn(usize) -> f64, race: &Race) -> u32 {
     let residual = |t: usize| (f64::from(p[t]) - q(t)).max(0.0);
-    let total: f64 = (0..p.len()).map(residual).sum();
-    if total > 0.0 {
-        sample_weights(p.len(), residual, rng)
-    } else {
-        sample(p, rng)
-    }
+    race.winner(residual)
+        .or_else(|| race.winner(|t| f64::from(p[t])))
+        .unwrap_or(0)
 }
 
 /// Inverse-CDF sampling over unnormalised non-negative weights.

@@ -33,16 +33,20 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use crate::SpecError;
-use crate::acceptance::{DraftProbs, RoundOutcome, accept_greedy, accept_sampled};
+use crate::acceptance::{
+    DraftProbs, RoundOutcome, RowUniforms, accept_greedy, accept_sampled_with,
+};
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::draft_bias::DraftBias;
 use crate::drafted_inputs::{DraftedInputs, Recording};
+use crate::draw_bounds::{BoundedRow, DrawCut, decided, log_weight_bound};
 use crate::ngram::PromptLookup;
 use crate::row_deltas::RowDeltas;
 use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
-    prefill_pass, settle, verify,
+    prefill_pass, remaining_error, settle, verify,
 };
+use crate::target_probs::{chain_probs, tree_probs};
 use crate::tree::{accept_tree_greedy, accept_tree_sampled_with};
 use crate::tree_draft::{Calibration, GrownTree, SampledGrowth, TreeDrafts, TreeParams, grow};
 
@@ -308,13 +312,20 @@ pub fn generate_drafted(
     let sampler = Sampler::new(cfg.sampling.clone())?;
     let greedy = sampler.is_greedy();
     // Sampled rows need a fixed point of their own
-    // (`FixedPoint::for_sampling`).
+    // (`FixedPoint::for_sampling`); chains whose draws are certified
+    // (`crate::draw_bounds`) also settle their kept rows.
+    let certified_draws = cfg.tree.is_none() && log_weight_bound(1.0, &cfg.sampling).is_some();
     let sampled_cfg;
     let cfg = if greedy {
         cfg
     } else {
         sampled_cfg = SpecConfig {
-            schedule: cfg.schedule.for_decoding(false),
+            schedule: match cfg.schedule.for_decoding(false) {
+                Schedule::FixedPoint(fp) if certified_draws => {
+                    Schedule::FixedPoint(fp.for_certified_draws())
+                }
+                other => other,
+            },
             ..cfg.clone()
         };
         &sampled_cfg
@@ -484,18 +495,59 @@ pub fn generate_drafted(
             && draft.tokens.len() == k
             && draft.tree.is_none();
         let drafts = &inputs[1..real];
+        // A sampled chain round draws its rows' uniforms before it is
+        // verified; where the sampler allows, the fixed point then
+        // certifies the rows' draws, within a cut of rows fixed before any
+        // uniform is looked at (`crate::draw_bounds`). Trees draw as they
+        // walk and keep the tolerance rule.
+        let uniforms = (!greedy && tree.is_none()).then(|| RowUniforms::draw(&mut rng, real));
+        let draws = uniforms.as_deref().filter(|_| certified_draws);
+        let cut = DrawCut::new();
+        let certify_draws = |fp: &FixedPoint,
+                             logits: &Tensor,
+                             change: &[f32],
+                             previous: Option<&[f32]>,
+                             uniforms: &[RowUniforms]|
+         -> Result<usize, SpecError> {
+            let bounds: Vec<f32> = (0..real)
+                .map(|j| fp.margin * remaining_error(change, previous, j))
+                .collect();
+            let tolerance = fp.draw_tolerance * cfg.sampling.temperature.min(1.0);
+            let m = cut.rows(&bounds, tolerance);
+            if m == 0 {
+                return Ok(0);
+            }
+            let probs = chain_probs(&sampler, &rows(logits, m)?, &context, drafts);
+            let bounded: Vec<BoundedRow<'_>> = probs
+                .iter()
+                .zip(&bounds)
+                .map(|(p, &b)| BoundedRow {
+                    probs: p,
+                    delta: log_weight_bound(b, &cfg.sampling).unwrap_or(f64::INFINITY),
+                })
+                .collect();
+            let q = draft_probs(draft.probs.as_deref(), m - 1);
+            Ok(if decided(&drafts[..m - 1], q, &bounded, uniforms) {
+                m
+            } else {
+                0
+            })
+        };
         let certify = |logits: &Tensor,
                        change: &[f32],
                        previous: Option<&[f32]>|
          -> Result<usize, SpecError> {
-            Ok(match (&cfg.schedule, tree) {
-                (Schedule::FixedPoint(fp), Some(t)) if greedy => {
+            Ok(match (&cfg.schedule, tree, draws) {
+                (Schedule::FixedPoint(fp), Some(t), _) if greedy => {
                     certify_tree_greedy(&rows(logits, real)?, change, previous, t, fp.margin)
                 }
-                (Schedule::FixedPoint(fp), None) if greedy => {
+                (Schedule::FixedPoint(fp), None, _) if greedy => {
                     certify_greedy(&rows(logits, real)?, change, previous, drafts, fp.margin)
                 }
-                (Schedule::FixedPoint(fp), tree) => {
+                (Schedule::FixedPoint(fp), None, Some(uniforms)) => {
+                    certify_draws(fp, logits, change, previous, uniforms)?
+                }
+                (Schedule::FixedPoint(fp), tree, _) => {
                     let rows = certify_sampled(change, previous, real, fp.sampling_tolerance);
                     // A sampled tree walk may visit any row: all or none.
                     if tree.is_some() && rows < real {
@@ -504,7 +556,7 @@ pub fn generate_drafted(
                         rows
                     }
                 }
-                (Schedule::PerGroup, _) => real,
+                (Schedule::PerGroup, _, _) => real,
             })
         };
         // Fixed point: while the round's last trip is on the network, draft
@@ -629,11 +681,14 @@ pub fn generate_drafted(
             retry = Some(draft);
             continue;
         }
-        stats.uncertified_rows += real - verified.usable;
-
         // Only the certified rows decide (all of them on the per-group
-        // schedule): a shorter draft, verified exactly.
-        let usable = verified.usable;
+        // schedule): a shorter draft, verified exactly. Certified draws
+        // keep their cut also when the pass ran on until its inputs were
+        // exact without asking.
+        let usable = cut
+            .fixed()
+            .map_or(verified.usable, |m| m.min(verified.usable));
+        stats.uncertified_rows += real - usable;
         if let Some(grown) = &draft.tree {
             let all = rows(&verified.logits, real)?;
             let argmax: Vec<u32> = all.iter().map(|r| greedy_token(r)).collect();
@@ -689,19 +744,12 @@ pub fn generate_drafted(
             let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
             accept_greedy(drafts, &argmax)?
         } else {
-            let mut history = context.clone();
-            let mut p = Vec::with_capacity(rows.len());
-            for (i, row) in rows.iter().enumerate() {
-                p.push(sampler.probs(row, &history));
-                if i < drafts.len() {
-                    history.push(drafts[i]);
-                }
-            }
-            let q = match &draft.probs {
-                Some(q) => DraftProbs::Sampled(&q[..drafts.len()]),
-                None => DraftProbs::PointMass,
-            };
-            accept_sampled(drafts, q, &p, &mut rng)?
+            let p = chain_probs(&sampler, &rows, &context, drafts);
+            let q = draft_probs(draft.probs.as_deref(), drafts.len());
+            let uniforms = uniforms.as_deref().ok_or_else(|| {
+                SpecError::Config("a sampled chain round without its uniforms".into())
+            })?;
+            accept_sampled_with(drafts, q, &p, uniforms)?
         };
         stats.accepted += outcome.accepted;
         drafter.guide(&verified.deltas, outcome.accepted)?;
@@ -831,12 +879,7 @@ fn accept_tree(
         let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
         return accept_tree_greedy(tree, &argmax, usable);
     }
-    let mut probs = Vec::with_capacity(rows.len());
-    for (r, row) in rows.iter().enumerate() {
-        let mut history = context.to_vec();
-        history.extend(tree.path_to(r.checked_sub(1)));
-        probs.push(sampler.probs(row, &history));
-    }
+    let probs = tree_probs(sampler, rows, context, tree);
     let proposals: Vec<Option<&[f32]>> = grown.proposals.iter().map(|q| q.as_deref()).collect();
     accept_tree_sampled_with(tree, &probs, &proposals, rng)
 }
@@ -906,6 +949,15 @@ fn prefill(
         done.passes += 1;
     }
     Ok(done)
+}
+
+/// How the first `n` drafts of a chain were chosen: drawn from the
+/// drafter's `probs` rows, or point masses.
+fn draft_probs(probs: Option<&[Vec<f32>]>, n: usize) -> DraftProbs<'_> {
+    match probs {
+        Some(q) => DraftProbs::Sampled(&q[..n]),
+        None => DraftProbs::PointMass,
+    }
 }
 
 /// The first `n` rows of a (T, vocab) logits tensor.

@@ -29,6 +29,15 @@ pub enum SpecError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A round's pre-drawn uniforms do not cover its target rows
+    /// ([`crate::acceptance::accept_sampled_with`]).
+    #[error("{got} rows of uniforms for {rows} target rows")]
+    UniformCount {
+        /// Number of target rows.
+        rows: usize,
+        /// Number of rows of uniforms supplied.
+        got: usize,
+    },
     /// A drafted token id lies outside the vocabulary.
     #[error("draft token {token} at index {index} is outside the vocabulary of {vocab}")]
     TokenOutOfVocab {

@@ -11,6 +11,8 @@
 //!   from Transformers via Speculative Decoding", Algorithm 1; Chen et al.
 //!   2023), which makes the output follow the adapted model's distribution
 //!   exactly whatever the drafter proposes.
+//! - [`draw_bounds`]: deciding a sampled round's draws from a bound on its
+//!   logits, so a fixed-point round needs no more trips than its draws do.
 //! - [`ngram`]: the prompt-lookup (n-gram) drafter, which costs nothing.
 //! - [`decode`]: the generation loop over a [`cipherlora_model::Model`]:
 //!   drafting, one verify pass per round through a delta hook, KV rollback.
@@ -30,10 +32,13 @@ pub mod adaptive;
 pub mod decode;
 pub mod draft_bias;
 mod drafted_inputs;
+pub mod draw_bounds;
 mod error;
 pub mod ngram;
+pub mod race;
 mod row_deltas;
 pub mod schedule;
+pub mod target_probs;
 pub mod tree;
 pub mod tree_draft;
 

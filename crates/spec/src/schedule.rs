@@ -145,6 +145,13 @@ pub struct FixedPoint {
     /// error ([`error_factor`] × last change) is at most this (absolute, in
     /// logits).
     pub sampling_tolerance: f32,
+    /// A sampled chain round whose sampler the draw bounds cover
+    /// ([`crate::draw_bounds::log_weight_bound`]) uses the leading rows
+    /// whose logit bound is at most this × min(1, temperature) (absolute,
+    /// in logits), and certifies their *draws* instead of their
+    /// distributions ([`crate::draw_bounds`]); the round then settles its
+    /// kept rows ([`FixedPoint::for_certified_draws`]).
+    pub draw_tolerance: f32,
     /// How prefill passes get their deltas. With [`Prefill::FixedPoint`]
     /// there are no logits to certify: the prompt's keys and values are
     /// kept as the last pass computed them, and no later certification
@@ -174,9 +181,10 @@ pub struct FixedPoint {
     /// deltas are the same as with one batch per trip; only the waiting
     /// differs. Used when the hook streams ([`DeltaHook::stream`]).
     pub streamed: bool,
-    /// Diagnostic (plaintext experiments): round trips made after a
-    /// round's tokens are decided, which refine only the keys and values
-    /// the round keeps. 0 (the default) for every real schedule; with
+    /// Round trips made after a round's tokens are decided, which refine
+    /// only the keys and values the round keeps: 1 for sampled chains
+    /// whose draws are certified ([`FixedPoint::for_certified_draws`]), 0
+    /// (the default) for every other schedule. As a diagnostic, with
     /// `round_trips = 2` and a few of these, a run isolates the residual
     /// the kept rows carry from the certification of the decided rows
     /// (`cipherlora-spec --example exactness -- --settle N`).
@@ -274,6 +282,7 @@ impl Default for FixedPoint {
             round_trips: 3,
             margin: 1.0,
             sampling_tolerance: 1e-4,
+            draw_tolerance: DRAW_TOLERANCE,
             prefill: Prefill::FixedPoint(5),
             draft_ahead: true,
             coarse_trips: true,
@@ -320,6 +329,24 @@ impl FixedPoint {
             coarse_trips: false,
             shadow: false,
             drafter_estimates: false,
+            ..self
+        }
+    }
+
+    /// This (sampled) fixed point for chain rounds whose draws are
+    /// certified ([`crate::draw_bounds`]): one exact trip after each
+    /// round's decision ([`FixedPoint::settle_trips`]). Those rows are
+    /// decided while their logits may still be
+    /// [`FixedPoint::draw_tolerance`] off; the keys and values they leave
+    /// in the cache are every later row's, and no later certification
+    /// bounds them (no shadow under sampling). One trip takes them from
+    /// 10⁻³–5·10⁻³ to 3–5·10⁻⁴ logits (`code-lora-r16`, T = 12): below
+    /// what three greedy trips keep, a little above the 10⁻⁴ of rows
+    /// certified whole, which is also the floor the changes stop at.
+    #[must_use]
+    pub fn for_certified_draws(self) -> Self {
+        Self {
+            settle_trips: self.settle_trips.max(1),
             ..self
         }
     }
@@ -1093,6 +1120,19 @@ pub fn error_factor(change: f32, previous: Option<f32>) -> f32 {
     2.0 * rho / (1.0 - rho)
 }
 
+/// [`FixedPoint::draw_tolerance`] by default: the greedy margin of three
+/// trips' rows (BENCHMARKS.md, "Certifying draws").
+pub const DRAW_TOLERANCE: f32 = 5e-3;
+
+/// The bound on verify row `j`'s remaining logit error: its last change
+/// times [`error_factor`] (`previous`: the trip before's changes); +∞ for
+/// a row without a change.
+#[must_use]
+pub fn remaining_error(change: &[f32], previous: Option<&[f32]>, j: usize) -> f32 {
+    let moved = change.get(j).copied().unwrap_or(f32::INFINITY);
+    moved * error_factor(moved, previous.and_then(|p| p.get(j).copied()))
+}
+
 /// The smallest contraction per round trip the certification assumes
 /// (measured: 0.1 median, 0.2 in the worst window; BENCHMARKS.md).
 pub const RHO_FLOOR: f32 = 0.2;
@@ -1134,9 +1174,7 @@ fn certified_argmax(
     margin: f32,
 ) -> Option<u32> {
     let (top, second, arg) = top_two(row);
-    let moved = change.get(j).copied().unwrap_or(f32::INFINITY);
-    let bound = moved * error_factor(moved, previous.and_then(|p| p.get(j).copied()));
-    (top - second > margin * bound).then_some(arg)
+    (top - second > margin * remaining_error(change, previous, j)).then_some(arg)
 }
 
 /// Greedy certification of a tree pass ([`crate::tree`]): walks the path
@@ -1181,13 +1219,8 @@ pub fn certify_sampled(
     real: usize,
     tolerance: f32,
 ) -> usize {
-    change
-        .iter()
-        .take(real)
-        .enumerate()
-        .take_while(|&(j, &c)| {
-            c * error_factor(c, previous.and_then(|p| p.get(j).copied())) <= tolerance
-        })
+    (0..real.min(change.len()))
+        .take_while(|&j| remaining_error(change, previous, j) <= tolerance)
         .count()
 }
 

@@ -337,7 +337,7 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
             }
         }
         // The rejected children cannot hold all the mass but by rounding;
-        // then the row itself is the fallback (as `sample_residual`).
+        // then the row itself is the fallback (as `pick_residual`).
         let token = if mass > 0.0 && w.iter().any(|&x| x > 0.0) {
             sample_weights(vocab, |t| w[t], rng)
         } else {

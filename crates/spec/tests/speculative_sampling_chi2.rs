@@ -11,9 +11,16 @@
 //! forgets to renormalise after a rejected sibling fails; so does a tree
 //! whose first children are drawn from the drafter (recursive rejection
 //! sampling with a sampled proposal), and treating those drawn children
-//! as chosen ones fails. Seeds are fixed, so the test is deterministic.
+//! as chosen ones fails. Certified draws (`cipherlora_spec::draw_bounds`:
+//! each round decided from logits known only to within a bound that
+//! shrinks trip by trip, undecided rounds running more trips with the
+//! same uniforms) pass; shortening an undecided round to a fresh draw of
+//! its first token fails. Seeds are fixed, so the test is deterministic.
 
-use cipherlora_spec::acceptance::{DraftProbs, RoundOutcome, accept_sampled, sample};
+use cipherlora_spec::acceptance::{
+    DraftProbs, RoundOutcome, RowUniforms, accept_sampled, accept_sampled_with, sample,
+};
+use cipherlora_spec::draw_bounds::{BoundedRow, decided};
 use cipherlora_spec::tree::{DraftTree, accept_tree_sampled, accept_tree_sampled_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -78,6 +85,80 @@ fn accept_all(d: &[u32], _q: &[Vec<f32>], p: &[Vec<f32>], rng: &mut ChaCha20Rng)
         accepted: d.len(),
         tokens,
     }
+}
+
+/// The logit bound of a simulated fixed point's first trip, and its
+/// contraction per trip.
+const FIRST_BOUND: f64 = 0.3;
+const CONTRACTION: f64 = 0.2;
+
+/// A simulated fixed point's estimate of `p` after trip `k`: every
+/// log-probability moved by up to its bound, FIRST_BOUND × CONTRACTION^k.
+fn estimate(p: &[Vec<f32>], k: i32, rng: &mut ChaCha20Rng) -> (Vec<Vec<f32>>, f64) {
+    let bound = FIRST_BOUND * CONTRACTION.powi(k);
+    let rows = p
+        .iter()
+        .map(|row| {
+            let l: Vec<f64> = row
+                .iter()
+                .map(|&x| f64::from(x).ln() + bound * (2.0 * rng.random::<f64>() - 1.0))
+                .collect();
+            let max = l.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = l.iter().map(|x| (x - max).exp()).sum();
+            l.iter().map(|x| ((x - max).exp() / s) as f32).collect()
+        })
+        .collect();
+    (rows, bound)
+}
+
+/// The round's outcome from the estimate after trip `k`, if that estimate
+/// decides its draws.
+fn decided_after(
+    k: i32,
+    (d, q, p): (&[u32], &[Vec<f32>], &[Vec<f32>]),
+    uniforms: &[RowUniforms],
+    rng: &mut ChaCha20Rng,
+) -> Option<RoundOutcome> {
+    let (rows, bound) = estimate(p, k, rng);
+    let bounded: Vec<BoundedRow<'_>> = rows
+        .iter()
+        .map(|r| BoundedRow {
+            probs: r,
+            delta: bound,
+        })
+        .collect();
+    decided(d, DraftProbs::Sampled(q), &bounded, uniforms)
+        .then(|| accept_sampled_with(d, DraftProbs::Sampled(q), &rows, uniforms).unwrap())
+}
+
+/// Certified draws: the uniforms first, then trips until the estimate
+/// decides them; the outcome is the estimate's.
+fn certified_draws(
+    d: &[u32],
+    q: &[Vec<f32>],
+    p: &[Vec<f32>],
+    rng: &mut ChaCha20Rng,
+) -> RoundOutcome {
+    let uniforms = RowUniforms::draw(rng, p.len());
+    (0..12)
+        .find_map(|k| decided_after(k, (d, q, p), &uniforms, rng))
+        .unwrap_or_else(|| accept_sampled_with(d, DraftProbs::Sampled(q), p, &uniforms).unwrap())
+}
+
+/// Wrong: a round undecided after its first trip is shortened to its
+/// first row, a fresh draw from the exact distribution (what ending the
+/// round at an undecided row does: the event depends on the uniforms).
+fn shortening_undecided_rounds(
+    d: &[u32],
+    q: &[Vec<f32>],
+    p: &[Vec<f32>],
+    rng: &mut ChaCha20Rng,
+) -> RoundOutcome {
+    let uniforms = RowUniforms::draw(rng, p.len());
+    decided_after(0, (d, q, p), &uniforms, rng).unwrap_or_else(|| RoundOutcome {
+        accepted: 0,
+        tokens: vec![sample(&p[0], rng)],
+    })
 }
 
 /// Generates two tokens after `CONTEXT` with speculative rounds.
@@ -158,22 +239,41 @@ fn joint_p_value_for(
     1.0 - dist.cdf(chi2)
 }
 
+/// Asserts that `rule` passes the χ² test (p > 10⁻³).
+fn assert_follows_the_target(rule: Rule) {
+    let p = p_value(rule, 1);
+    assert!(p > 1e-3, "a correct rule rejected by χ²: p = {p}");
+}
+
+/// Asserts that `rule` fails the χ² test (p < 10⁻⁶).
+fn assert_detected(rule: Rule) {
+    let p = p_value(rule, 1);
+    assert!(p < 1e-6, "a wrong rule passed χ²: p = {p}");
+}
+
 #[test]
 fn speculative_sampling_follows_the_target_distribution() {
-    let p = p_value(correct, 1);
-    assert!(p > 1e-3, "correct rule rejected by χ²: p = {p}");
+    assert_follows_the_target(correct);
 }
 
 #[test]
 fn chi2_detects_resampling_from_p_instead_of_the_residual() {
-    let p = p_value(resample_from_p, 1);
-    assert!(p < 1e-6, "wrong rule passed χ²: p = {p}");
+    assert_detected(resample_from_p);
+}
+
+#[test]
+fn certified_draws_follow_the_target_distribution() {
+    assert_follows_the_target(certified_draws);
+}
+
+#[test]
+fn chi2_detects_shortening_a_round_at_an_undecided_draw() {
+    assert_detected(shortening_undecided_rounds);
 }
 
 #[test]
 fn chi2_detects_accepting_every_draft() {
-    let p = p_value(accept_all, 1);
-    assert!(p < 1e-6, "wrong rule passed χ²: p = {p}");
+    assert_detected(accept_all);
 }
 
 #[test]

@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 use candle_core::{Device, Tensor};
 use cipherlora_model::{AttentionMask, KvCache, Model, Sampler, SamplingParams};
 use cipherlora_spec::acceptance::accept_greedy;
+use cipherlora_spec::target_probs::{chain_probs, tree_probs};
 use cipherlora_spec::tree::{TreeOutcome, accept_tree_greedy, accept_tree_sampled};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -277,7 +278,7 @@ pub fn generate(
                 accept_tree_greedy(&verify, &argmax[..=batch.verify], usize::MAX)?
             } else {
                 let rows = logits.narrow(0, 0, batch.verify + 1)?.to_vec2::<f32>()?;
-                let probs = accept::tree_target_probs(&sampler, &rows, &context, &verify);
+                let probs = tree_probs(&sampler, &rows, &context, &verify);
                 accept_tree_sampled(&verify, &probs, &mut rng)?
             };
             // Keep the pending rows and the accepted path.
@@ -298,7 +299,7 @@ pub fn generate(
                 accept_greedy(drafts, &argmax)?
             } else {
                 let rows = logits.to_vec2::<f32>()?;
-                let probs = accept::target_probs(&sampler, &rows, &context, drafts);
+                let probs = chain_probs(&sampler, &rows, &context, drafts);
                 accept::exact(drafts, &probs, &mut rng)?
             };
             let keep = start + q + outcome.accepted;
