@@ -8,9 +8,9 @@
 mod common;
 
 use cipherlora_model::{GroupInput, LoadOptions, Model, PlainLora, WeightMode, fetch};
-use cipherlora_spec::decode::{self, SpecConfig};
+use cipherlora_spec::decode::SpecConfig;
 use cipherlora_spec::schedule::Schedule;
-use common::{PROMPTS, Recording, fixture, reference};
+use common::{PROMPTS, Recording, drafted, fixture, reference};
 
 fn config(schedule: &str, guided: bool, n: usize, eos: Vec<u32>) -> SpecConfig {
     SpecConfig {
@@ -50,15 +50,7 @@ fn the_drafter_records_the_inputs_pass_zero_would_send() {
     ] {
         let cfg = config(schedule, false, 8, eos.clone());
         let mut hook = Recording::new(&f.adapter);
-        let got = decode::generate_drafted(
-            &f.model,
-            &f.model,
-            &prompt,
-            &cfg,
-            &mut hook,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+        let got = drafted(f, &f.model, &prompt, &cfg, &mut hook);
         assert_eq!(got.tokens, reference(f, &prompt, 8), "{schedule}");
         // Every verify pass (continuations are more trips of the same
         // pass) starts from the drafter when asked to.
@@ -102,15 +94,7 @@ fn drafted_starts_and_drafter_estimates_keep_greedy_output() {
             let prompt = f.tokenizer.encode(text).unwrap();
             let cfg = config(schedule, true, n, eos.clone());
             let mut hook = PlainLora::new(&f.adapter);
-            let got = decode::generate_drafted(
-                &f.model,
-                &quantized,
-                &prompt,
-                &cfg,
-                &mut hook,
-                &mut |_| Ok(()),
-            )
-            .unwrap();
+            let got = drafted(f, &quantized, &prompt, &cfg, &mut hook);
             assert_eq!(
                 got.tokens,
                 reference(f, &prompt, n),

@@ -9,9 +9,9 @@
 mod common;
 
 use cipherlora_model::PlainLora;
-use cipherlora_spec::decode::{self, SpecConfig};
+use cipherlora_spec::decode::SpecConfig;
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
-use common::{fixture, load_adapter, reference_with};
+use common::{drafted, fixture, load_adapter, reference_with};
 
 /// Prose prompts (those of the `convergence` example), not from the
 /// adapter's training text.
@@ -53,15 +53,7 @@ fn delta_guided_drafts_keep_greedy_output_and_need_fewer_rounds() {
             for (g, guided) in [false, true].into_iter().enumerate() {
                 let cfg = config(guided, *schedule, k, n, eos.clone());
                 let mut hook = PlainLora::new(&adapter);
-                let got = decode::generate_drafted(
-                    &f.model,
-                    &f.model,
-                    &prompt,
-                    &cfg,
-                    &mut hook,
-                    &mut |_| Ok(()),
-                )
-                .unwrap();
+                let got = drafted(f, &f.model, &prompt, &cfg, &mut hook);
                 assert_eq!(
                     got.tokens, want,
                     "{text:?}, {schedule}, guided {guided}: output differs"

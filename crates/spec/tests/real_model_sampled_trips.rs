@@ -21,8 +21,8 @@
 mod common;
 
 use cipherlora_model::SamplingParams;
-use cipherlora_spec::decode::{self, SpecConfig};
-use common::{PROMPTS, Recording, fixture};
+use cipherlora_spec::decode::SpecConfig;
+use common::{PROMPTS, Recording, drafted, fixture};
 
 /// Batched trips (coarse, exact) of a 16-token generation of `PROMPTS[0]`
 /// at `temperature` under two shadowed trips per round (the `auto`
@@ -42,16 +42,7 @@ fn trips(temperature: f32) -> (usize, usize, usize) {
         ..SpecConfig::greedy(7, n, f.tokenizer.eos_tokens().to_vec())
     };
     let mut hook = Recording::new(&f.adapter);
-    let out =
-        decode::generate_drafted(
-            &f.model,
-            &f.model,
-            &prompt,
-            &cfg,
-            &mut hook,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let out = drafted(f, &f.model, &prompt, &cfg, &mut hook);
     assert_eq!(out.tokens.len(), n, "{:?}", out.stats);
     (hook.coarse, hook.trips.len(), out.stats.round_trips)
 }

@@ -15,8 +15,8 @@
 mod common;
 
 use cipherlora_model::PlainLora;
-use cipherlora_spec::decode::{self, SpecConfig};
-use common::{fixture, load_adapter, reference_with};
+use cipherlora_spec::decode::SpecConfig;
+use common::{drafted, fixture, load_adapter, reference_with};
 
 /// Prompt `i` of `adapters/eval/general_prompts.jsonl`.
 fn general_prompt(i: usize) -> String {
@@ -44,16 +44,7 @@ fn a_shadow_cache_keeps_the_near_tie_three_trips_flipped_at_token_9() {
         ..SpecConfig::greedy(7, n, f.tokenizer.eos_tokens().to_vec())
     };
     let mut hook = PlainLora::new(&adapter);
-    let got =
-        decode::generate_drafted(
-            &f.model,
-            &drafter,
-            &prompt,
-            &cfg,
-            &mut hook,
-            &mut |_| Ok(()),
-        )
-        .unwrap();
+    let got = drafted(f, &drafter, &prompt, &cfg, &mut hook);
     assert_eq!(got.tokens, want, "{:?}", got.stats);
     assert!(got.stats.settles >= 1, "{:?}", got.stats);
     // Every round, settling included, is three trips.

@@ -21,7 +21,7 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 mod common;
-use common::{Fixture, PROMPTS, chi2_p_value, fixture, last_probs, reference};
+use common::{Fixture, PROMPTS, chi2_p_value, drafted, fixture, last_probs, reference};
 
 #[allow(clippy::too_many_arguments)]
 fn speculative(
@@ -239,9 +239,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
         let want = reference(f, &prompt, n);
         let cfg = SpecConfig::greedy(8, n, f.tokenizer.eos_tokens().to_vec());
         let mut hook = PlainLora::new(&f.adapter);
-        let got =
-            decode::generate_drafted(&f.model, &half, &prompt, &cfg, &mut hook, &mut |_| Ok(()))
-                .unwrap();
+        let got = drafted(f, &half, &prompt, &cfg, &mut hook);
         assert_eq!(
             got.tokens, want,
             "f16 drafter changed the output on {text:?}"

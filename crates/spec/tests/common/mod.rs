@@ -10,6 +10,7 @@ use cipherlora_model::{
     AttentionMask, DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoraAdapter, Model,
     ModelError, PlainLora, ProjGroup, Sampler, SamplingParams, Tensor, Tokenizer, fetch, generate,
 };
+use cipherlora_spec::decode::{self, SpecConfig, SpecOutput};
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
 /// A committed adapter under `adapters/`.
@@ -114,6 +115,19 @@ pub fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
         12
     };
     1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
+}
+
+/// A speculative generation of `prompt` by the fixture's model under
+/// `cfg`, `drafter` drafting and `hook` adding the deltas, the tokens
+/// streamed nowhere.
+pub fn drafted(
+    f: &Fixture,
+    drafter: &Model,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+    hook: &mut dyn DeltaHook,
+) -> SpecOutput {
+    decode::generate_drafted(&f.model, drafter, prompt, cfg, hook, &mut |_| Ok(())).unwrap()
 }
 
 /// The plaintext LoRA, keeping the inputs of every batched trip asked at
