@@ -1120,8 +1120,11 @@ pub fn error_factor(change: f32, previous: Option<f32>) -> f32 {
     2.0 * rho / (1.0 - rho)
 }
 
-/// [`FixedPoint::draw_tolerance`] by default: the greedy margin of three
-/// trips' rows (BENCHMARKS.md, "Certifying draws").
+/// [`FixedPoint::draw_tolerance`] by default, 5·10⁻³ logits: after four
+/// exact trips nearly every row's bound is within it (10⁻³–5·10⁻³ on
+/// `code-lora-r16`, T = 12, where two trips leave 0.05–0.3), and decisions
+/// at that bound left 2 of 69 rounds undecided (BENCHMARKS.md,
+/// "Certifying draws").
 pub const DRAW_TOLERANCE: f32 = 5e-3;
 
 /// The bound on verify row `j`'s remaining logit error: its last change
