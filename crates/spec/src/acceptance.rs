@@ -103,7 +103,7 @@ pub fn accept_sampled<R: Rng + ?Sized>(
 
 /// The randomness one verify row's sampling step may consume: `accept`, a
 /// uniform in [0, 1) for the acceptance test of the row's draft, and
-/// `pick`, the seed of the exponential race ([`crate::race`]) that draws
+/// `race_seed`, the seed of the exponential race ([`crate::race`]) that draws
 /// the row's token (the correction from the residual after a rejection,
 /// or the bonus token). A round draws them for every row before it looks
 /// at the target's distributions, so its outcome is a fixed function of
@@ -114,8 +114,8 @@ pub fn accept_sampled<R: Rng + ?Sized>(
 pub struct RowUniforms {
     /// Compared with p(d)/q(d) for the row's draft d.
     pub accept: f64,
-    /// The seed of the row's exponential race.
-    pub pick: u64,
+    /// The seed of the row's exponential race ([`RowUniforms::race`]).
+    pub race_seed: u64,
 }
 
 impl RowUniforms {
@@ -124,9 +124,16 @@ impl RowUniforms {
         (0..rows)
             .map(|_| RowUniforms {
                 accept: rng.random(),
-                pick: rng.random(),
+                race_seed: rng.random(),
             })
             .collect()
+    }
+
+    /// The row's exponential race over `tokens` tokens: the clocks every
+    /// pick of this row reads, whichever weights it races.
+    #[must_use]
+    pub fn race(&self, tokens: usize) -> Race {
+        Race::new(self.race_seed, tokens)
     }
 }
 
@@ -187,7 +194,7 @@ pub fn accept_sampled_with(
             tokens.push(d);
             continue;
         }
-        let race = Race::new(uniforms[i].pick, vocab);
+        let race = uniforms[i].race(vocab);
         let replacement = match draft_probs {
             DraftProbs::PointMass => {
                 pick_residual(p, |t| if t == d as usize { 1.0 } else { 0.0 }, &race)
@@ -202,7 +209,7 @@ pub fn accept_sampled_with(
     }
     let accepted = drafts.len();
     let p = &target_probs[accepted];
-    let race = Race::new(uniforms[accepted].pick, vocab);
+    let race = uniforms[accepted].race(vocab);
     tokens.push(race.winner(|t| f64::from(p[t])).unwrap_or(0));
     Ok(RoundOutcome { accepted, tokens })
 }

@@ -121,7 +121,7 @@ pub fn decided(
         let p = |t: usize| f64::from(row.probs[t]);
         let lo = |t: usize| (p(t) * (-spread).exp() - q(t)).max(0.0);
         let hi = |t: usize| (p(t) * spread.exp() - q(t)).max(0.0);
-        let race = Race::new(uniforms[i].pick, n);
+        let race = uniforms[i].race(n);
         return if (0..n).all(|t| hi(t) <= 0.0) {
             // p ≤ q everywhere for every p in the bound: the fallback to p.
             pick_decided(row, &race)
@@ -134,10 +134,7 @@ pub fn decided(
         };
     }
     let last = rows[drafts.len()];
-    pick_decided(
-        last,
-        &Race::new(uniforms[drafts.len()].pick, last.probs.len()),
-    )
+    pick_decided(last, &uniforms[drafts.len()].race(last.probs.len()))
 }
 
 /// Whether the row's bonus pick by `race` is the same token for every
@@ -221,7 +218,7 @@ mod tests {
             sampled in any::<bool>(),
         ) {
             let uniforms: Vec<RowUniforms> =
-                u.iter().map(|&(accept, pick)| RowUniforms { accept, pick }).collect();
+                u.iter().map(|&(accept, race_seed)| RowUniforms { accept, race_seed }).collect();
             let estimate: Vec<Vec<f32>> = logits.iter().map(|l| softmax(l)).collect();
             let q: Vec<Vec<f32>> = logits[..2]
                 .iter()
@@ -263,7 +260,7 @@ mod tests {
         for seed in 0..20 {
             let u = [RowUniforms {
                 accept: 0.5,
-                pick: seed,
+                race_seed: seed,
             }];
             tight += usize::from(decided(&[], DraftProbs::PointMass, &[row(0.0)], &u));
             wide += usize::from(decided(&[], DraftProbs::PointMass, &[row(5.0)], &u));
