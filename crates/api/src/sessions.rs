@@ -255,7 +255,7 @@ impl WarmAdapter {
                         drafter,
                         &link,
                         acceptance_prior,
-                        k_max,
+                        k_max.into(),
                     )?;
                     Ok((
                         choice.best.k,

@@ -31,6 +31,7 @@ use cipherlora_model::{
     GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
     WeightMode, generate,
 };
+use cipherlora_private::width_plan::DraftLimits;
 use cipherlora_private::{
     ByWidth, EmbeddedServer, Grouping, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
     connect_remote, connect_widths,
@@ -118,7 +119,9 @@ pub struct DecodeConfig {
     /// How the base drafter holds its weights.
     pub drafter_weights: DrafterWeights,
     /// Tree drafts of K nodes of this shape instead of a chain of K tokens
-    /// (base drafter; [`cipherlora_spec::tree_draft`]).
+    /// (base drafter; [`cipherlora_spec::tree_draft`]); with `auto_k`, the
+    /// shape limits of a tree the width model may choose instead of a
+    /// chain ([`cipherlora_private::width_plan::DraftLimits::trees`]).
     pub tree: Option<TreeParams>,
     /// Delta-guided drafting ([`cipherlora_spec::draft_bias`]; the
     /// default): off for side-by-side runs of the plain base drafter.
@@ -287,7 +290,7 @@ pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> Str
         .collect();
     let mut out = format!(
         "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.3}; client: draft step {:.1} ms, \
-         passes of 1.. positions {} ms); K: tok/s [round ms, tokens/round, schedule]",
+         passes of 1.. positions {} ms); K: tok/s [round ms, tokens/round, draft, schedule]",
         choice.best.k,
         choice.best.tok_per_s,
         choice.alpha,
@@ -295,8 +298,11 @@ pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> Str
         forward.join("/")
     );
     for c in &choice.candidates {
+        let shape = c
+            .tree
+            .map_or_else(|| "chain".to_string(), |t| format!("tree {t}"));
         out.push_str(&format!(
-            "\n  {:2}: {:5.2} [{:6.0}, {:4.2}, {}, grouped {:?}]",
+            "\n  {:2}: {:5.2} [{:6.0}, {:4.2}, {shape}, {}, grouped {:?}]",
             c.k, c.tok_per_s, c.round_ms, c.expected_tokens, c.schedule.schedule, c.grouping
         ));
     }
@@ -569,6 +575,13 @@ pub fn run_target(
                     s => Some(s.parse::<Schedule>()?),
                 };
                 let (mut hook, width) = if c.auto_k {
+                    // `tree:auto`: the width model picks a chain or a tree
+                    // of the configuration's shape limits with K.
+                    let drafts = DraftLimits {
+                        k_max: k,
+                        trees: c.tree,
+                    };
+                    let mut chosen_tree = None;
                     let (hook, width) = connect_chosen_width(
                         server.client_config(link),
                         &id,
@@ -581,16 +594,18 @@ pub fn run_target(
                                 draft_model,
                                 &link,
                                 opts.acceptance_prior,
-                                k,
+                                drafts,
                             )?;
                             eprintln!("{}", width_report(&choice));
                             let grouping = grouping_asked.unwrap_or_else(|| {
                                 choice.best.grouping_for(space, forced.as_ref())
                             });
+                            chosen_tree = choice.best.tree;
                             Ok((choice.best.k, grouping))
                         },
                     )?;
                     cfg.k = width - 1;
+                    cfg.tree = chosen_tree.map(Into::into);
                     (hook, width)
                 } else if grouping_asked.is_none() && cfg.verify_width() > 1 {
                     // A given K groups its requests as the width model
@@ -742,7 +757,14 @@ pub fn run_target(
                             _ => drafter_name(drafter).to_string(),
                         };
                         match (c.tree, c.auto_k) {
-                            (Some(t), _) => format!("{name} {t}"),
+                            // The shape the width model chose.
+                            (Some(limits), true) => match &cfg.tree {
+                                Some(t) => {
+                                    format!("{name} {} (auto of {limits}, K ≤ {k})", t.shape)
+                                }
+                                None => format!("{name} chain (auto of {limits}, K ≤ {k})"),
+                            },
+                            (Some(t), false) => format!("{name} {t}"),
                             (None, true) => format!("{name} (auto K ≤ {k})"),
                             (None, false) => name,
                         }

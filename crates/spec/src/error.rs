@@ -38,6 +38,15 @@ pub enum SpecError {
         /// Number of rows of uniforms supplied.
         got: usize,
     },
+    /// Acceptance rates by drafter rank
+    /// ([`crate::tree_plan::RankAcceptance`]) that are not probabilities of
+    /// disjoint events: none given, one outside [0, 1] or not a number, or
+    /// rates summing above 1.
+    #[error("invalid acceptance by rank: {reason}")]
+    BadRankAcceptance {
+        /// What is wrong with them.
+        reason: String,
+    },
     /// A drafted token id lies outside the vocabulary.
     #[error("draft token {token} at index {index} is outside the vocabulary of {vocab}")]
     TokenOutOfVocab {

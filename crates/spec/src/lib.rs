@@ -19,6 +19,9 @@
 //! - [`tree`], [`tree_draft`]: draft trees (several candidate
 //!   continuations verified in one pass under a tree attention mask), their
 //!   growth by the base drafter and their greedy and sampled acceptance.
+//! - [`tree_plan`]: expected tokens per round of a chain or of the best
+//!   tree of the same node budget (Sequoia's positional acceptance), the
+//!   width model's reason to pick one or the other.
 //! - [`adaptive`]: choosing K per round from the observed acceptance rate
 //!   and the measured cost of a round.
 //!
@@ -41,5 +44,6 @@ pub mod schedule;
 pub mod target_probs;
 pub mod tree;
 pub mod tree_draft;
+pub mod tree_plan;
 
 pub use error::SpecError;

@@ -456,7 +456,9 @@ fn model_and_adapters(
 /// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16`, `f32` or `q`,
 /// quantized);
 /// `tree:K[:BxD][:WEIGHTS]`: the base drafter growing trees of K nodes
-/// (branch B, depth D; default [`TreeParams::default`]). A `plain-` prefix
+/// (branch B, depth D; default [`TreeParams::default`]); `tree:auto[N]…`:
+/// K and a chain or a tree of that shape as the width model prefers
+/// (`cipherlora_spec::tree_plan`). A `plain-` prefix
 /// turns delta-guided drafting off ([`cipherlora_spec::draft_bias`]).
 fn parse_config(
     s: &str,
@@ -486,8 +488,8 @@ fn parse_config(
         None => (0, false),
     };
     anyhow::ensure!(
-        !auto_k || (name == "base" || name == "hybrid" || name == "ngram"),
-        "{s}: auto K is for chain drafters (base, ngram, hybrid)"
+        !auto_k || matches!(name, "base" | "hybrid" | "ngram" | "tree"),
+        "{s}: auto K is for the base, ngram, hybrid and tree drafters"
     );
     let tree = match (name, parts.peek()) {
         ("tree", Some(shape)) if shape.contains('x') => {
@@ -653,7 +655,16 @@ mod tests {
             (a.k, a.auto_k, a.drafter_weights),
             (12, true, DrafterWeights::F32)
         );
-        assert!(parse_config("tree:auto", DraftWeightsArg::F16).is_err());
+        // `tree:auto`: K and chain-or-tree from the width model, within the
+        // given (or default) shape limits.
+        let t = parse_config("tree:auto", DraftWeightsArg::F16).unwrap();
+        assert_eq!(
+            (t.k, t.auto_k, t.tree),
+            (16, true, Some(TreeParams::default()))
+        );
+        let t = parse_config("tree:auto24:3x12", DraftWeightsArg::F16).unwrap();
+        assert_eq!((t.k, t.auto_k), (24, true));
+        assert_eq!(t.tree, Some("tree:3x12".parse().unwrap()));
         assert!(parse_config("base:autox", DraftWeightsArg::F16).is_err());
         let t = parse_config("tree:16:3x12:f32", DraftWeightsArg::F16).unwrap();
         assert_eq!(

@@ -9,6 +9,7 @@ use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora, TextStream,
     Tokenizer, WeightMode,
 };
+use cipherlora_private::width_plan::DraftLimits;
 use cipherlora_private::{Grouping, connect_chosen_width, connect_widths};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
@@ -108,10 +109,12 @@ pub struct GenerateArgs {
     #[arg(long, requires = "server", value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
     /// Private mode: draft trees of K nodes instead of chains of K tokens
-    /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8).
+    /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8),
+    /// or `auto` / `auto:BxD` with `--k auto`: the width model chooses a
+    /// chain or a tree of that shape with K (`cipherlora_spec::tree_plan`).
     /// The verify pass still carries K+1 positions; the output is the same.
-    #[arg(long, requires = "server", value_parser = parse_tree_shape)]
-    tree: Option<TreeParams>,
+    #[arg(long, requires = "server", value_parser = parse_tree_arg)]
+    tree: Option<TreeArg>,
     /// Private mode: how the base drafter holds its weights (its drafts are
     /// verified by the --weights model either way).
     #[arg(long, value_enum, default_value = "quantized", requires = "server")]
@@ -282,6 +285,12 @@ impl GenerateArgs {
             "auto" => None,
             s => Some(s.parse::<Schedule>()?),
         };
+        anyhow::ensure!(
+            !matches!(self.tree, Some(TreeArg::Auto(_))) || matches!(self.k, KArg::Auto(_)),
+            "--tree auto chooses a chain or a tree together with K: it needs --k auto"
+        );
+        // The draft shape `--tree auto` leaves to the width model.
+        let mut chosen_tree = None;
         let (mut hook, width) = match (drafter, self.k) {
             // No drafts: one position per round; a forced fixed point
             // groups FFA requests by layer, anything else by input.
@@ -297,7 +306,7 @@ impl GenerateArgs {
                     self.prefill_width,
                     model.config(),
                 )
-                    .with_context(|| format!("opening a session on {url}"))?;
+                .with_context(|| format!("opening a session on {url}"))?;
                 (hook, 1)
             }
             (_, KArg::Fixed(k)) => {
@@ -317,6 +326,13 @@ impl GenerateArgs {
                 .with_context(|| format!("opening a session on {url}"))?
             }
             (_, KArg::Auto(k_max)) => {
+                let drafts = DraftLimits {
+                    k_max,
+                    trees: match self.tree {
+                        Some(TreeArg::Auto(limits)) => Some(limits),
+                        _ => None,
+                    },
+                };
                 connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
                     let choice = cipherlora_private::width_plan::choose_width_for_client(
                         space,
@@ -324,17 +340,27 @@ impl GenerateArgs {
                         &drafter_model,
                         &planning_link,
                         self.acceptance_prior,
-                        k_max,
+                        drafts,
                     )?;
                     let grouping = choice.best.grouping_for(space, forced.as_ref());
+                    let shape = choice
+                        .best
+                        .tree
+                        .map_or_else(|| "a chain".to_string(), |t| format!("a tree, {t}"));
                     eprintln!(
-                        "verify width: K = {} (modelled {:.2} tok/s at acceptance {:.2}; requests grouped {grouping:?})",
+                        "verify width: K = {}, {shape} (modelled {:.2} tok/s at acceptance {:.2}; requests grouped {grouping:?})",
                         choice.best.k, choice.best.tok_per_s, choice.alpha
                     );
+                    chosen_tree = choice.best.tree;
                     Ok((choice.best.k, grouping))
                 })
                 .with_context(|| format!("opening a session on {url}"))?
             }
+        };
+        let tree = match self.tree {
+            Some(TreeArg::Fixed(shape)) => Some(shape),
+            Some(TreeArg::Auto(_)) => chosen_tree,
+            None => None,
         };
         let schedule = resolve_schedule(
             &self.schedule,
@@ -345,11 +371,11 @@ impl GenerateArgs {
             self.sampling.is_greedy(),
         )?;
         anyhow::ensure!(
-            self.tree.is_none() || drafter == DrafterKind::Base,
+            tree.is_none() || drafter == DrafterKind::Base,
             "--tree needs --draft base"
         );
         let cfg = SpecConfig {
-            tree: self.tree.map(Into::into),
+            tree: tree.map(Into::into),
             drafter,
             k: width - 1,
             adaptive: false,
@@ -460,10 +486,57 @@ impl std::str::FromStr for KArg {
     }
 }
 
-/// `default` or `BxD` (branch, depth), as `--tree` takes them.
-fn parse_tree_shape(s: &str) -> Result<TreeParams, String> {
-    if s == "default" {
-        return Ok(TreeParams::default());
+/// What `--tree` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeArg {
+    /// Trees of this shape every round.
+    Fixed(TreeParams),
+    /// A chain or a tree within these limits, as the width model prefers
+    /// (`auto`, `auto:BxD`).
+    Auto(TreeParams),
+}
+
+/// `default`, `BxD` (branch, depth), `auto` or `auto:BxD`, as `--tree`
+/// takes them.
+fn parse_tree_arg(s: &str) -> Result<TreeArg, String> {
+    let shape = |s: &str| -> Result<TreeParams, String> {
+        if s == "default" {
+            return Ok(TreeParams::default());
+        }
+        format!("tree:{s}").parse().map_err(|e| format!("{e}"))
+    };
+    match s.strip_prefix("auto") {
+        Some("") => Ok(TreeArg::Auto(TreeParams::default())),
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(limits) => shape(limits).map(TreeArg::Auto),
+            None => Err(format!("{s}: expected auto or auto:BxD")),
+        },
+        None => shape(s).map(TreeArg::Fixed),
     }
-    format!("tree:{s}").parse().map_err(|e| format!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_arguments_parse_to_fixed_shapes_or_auto_limits() {
+        let shape = |s: &str| -> TreeParams { format!("tree:{s}").parse().unwrap() };
+        assert_eq!(
+            parse_tree_arg("default"),
+            Ok(TreeArg::Fixed(TreeParams::default()))
+        );
+        assert_eq!(parse_tree_arg("3x8"), Ok(TreeArg::Fixed(shape("3x8"))));
+        assert_eq!(
+            parse_tree_arg("auto"),
+            Ok(TreeArg::Auto(TreeParams::default()))
+        );
+        assert_eq!(
+            parse_tree_arg("auto:2x16"),
+            Ok(TreeArg::Auto(shape("2x16")))
+        );
+        for bad in ["autox", "auto:", "auto:2y3", "0x3", "tree"] {
+            assert!(parse_tree_arg(bad).is_err(), "{bad} was accepted");
+        }
+    }
 }

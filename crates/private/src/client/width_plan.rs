@@ -27,6 +27,25 @@
 //! the client's speed (a pass of T positions) and α, so it is computed, not
 //! fixed.
 //!
+//! # Chain or tree
+//! With [`DraftLimits::trees`] set, each K is also modelled as a draft
+//! tree of K nodes ([`cipherlora_spec::tree_plan`]: the best tree under
+//! positional acceptance, the first choice's rate α and later ranks'
+//! from [`RankAcceptance::from_first`]), drafted level by level: the root's
+//! step and single-node levels at the drafter's step cost, a level of w > 1
+//! nodes as one pass of min(w, branch) positions of the verified model
+//! (`tree_draft::grow` batches levels on the target's weights). The server
+//! sees T = K + 1 positions either way, so the choice reveals nothing; it
+//! trades tokens per round against drafting time, which a fixed point
+//! hides behind its last trip only as far as that trip lasts. With the
+//! base drafter over the adapted prefix (α ≈ 0.85–0.9 in context) the
+//! model keeps chains up to T ≈ 17 and prices trees at 1.08× (T = 32) and
+//! 1.22× (T = 64) a chain, against 1.17× and 1.23× measured; at the
+//! widths the link and the server make worth verifying, a tree's batched
+//! levels cost more than its few extra tokens, so the model keeps chains
+//! for every committed adapter (BENCHMARKS.md, "Chain or tree: the
+//! planner").
+//!
 //! # The acceptance prior
 //! α is the client's `--acceptance-prior` when given, else the hint the
 //! adapter's owner publishes in the offer ([`SessionOffer::acceptance`],
@@ -52,6 +71,8 @@ use cipherlora_helora::{GroupPlan, GroupShape, Link, Mode, OpCosts};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::adaptive::expected_tokens;
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
+use cipherlora_spec::tree_draft::TreeParams;
+use cipherlora_spec::tree_plan::{RankAcceptance, TreeEstimate, best_tree};
 
 use crate::PrivateError;
 use crate::schedule_plan::{
@@ -257,6 +278,24 @@ pub struct ClientCosts {
     pub draft_ms: f64,
 }
 
+/// The drafts the width model chooses among.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftLimits {
+    /// The largest K considered (≥ 1).
+    pub k_max: usize,
+    /// Draft trees of K nodes within these shape limits compete with
+    /// chains of K drafts (module docs, "Chain or tree"); `None`: chains
+    /// only.
+    pub trees: Option<TreeParams>,
+}
+
+impl From<usize> for DraftLimits {
+    /// Chains of at most `k_max` drafts.
+    fn from(k_max: usize) -> Self {
+        Self { k_max, trees: None }
+    }
+}
+
 /// One candidate K and its modelled round.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WidthCandidate {
@@ -273,6 +312,10 @@ pub struct WidthCandidate {
     pub round_ms: f64,
     /// Expected tokens per round at the prior α (bonus token included).
     pub expected_tokens: f64,
+    /// A draft tree of K nodes within these limits where the model
+    /// prefers one to the chain of K drafts ([`DraftLimits::trees`]);
+    /// `None`: a chain.
+    pub tree: Option<TreeParams>,
     /// `expected_tokens / round_ms`, tokens/s.
     pub tok_per_s: f64,
 }
@@ -290,7 +333,8 @@ pub struct WidthChoice {
     pub alpha: f64,
 }
 
-/// Models every K in `1..=k_max` (module docs) and picks the fastest.
+/// Models every K in `1..=drafts.k_max` (module docs), as a chain and,
+/// with [`DraftLimits::trees`], as a tree, and picks the fastest.
 ///
 /// `alpha` is the prior per-token acceptance rate (clamped to [0, 1]).
 ///
@@ -304,9 +348,10 @@ pub fn choose_width(
     link: &LinkProfile,
     client: &ClientCosts,
     alpha: f64,
-    k_max: usize,
+    drafts: DraftLimits,
     fixed: FixedPoint,
 ) -> Result<WidthChoice, PrivateError> {
+    let k_max = drafts.k_max;
     if k_max == 0 || client.forward_ms.len() < k_max + 1 {
         return Err(PrivateError::WidthModel {
             k_max,
@@ -323,14 +368,19 @@ pub fn choose_width(
         let ratio = space.server_cost_ratio;
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
         let forward_ms = client.forward_ms[k];
-        let draft_ms = k as f64 * client.draft_ms;
-        let mut schedule = choose_schedule_grouped(&pass, &pass, link, forward_ms, draft_ms, fixed);
-        let mut grouping = space.grouping;
-        // The offer's own session serves this width with the offer's
-        // grouping: no fused alternative for it. Otherwise the fixed point
-        // runs on whichever layers per group make its round fastest.
-        if !space.is_own_width(k + 1) {
-            grouping = Grouping::ByInput;
+        // The schedule and grouping of a round at this width whose drafting
+        // takes `draft_ms`.
+        let round = |draft_ms: f64| -> Result<(ScheduleChoice, Grouping), PrivateError> {
+            let mut schedule =
+                choose_schedule_grouped(&pass, &pass, link, forward_ms, draft_ms, fixed);
+            // The offer's own session serves this width with the offer's
+            // grouping: no fused alternative for it. Otherwise the fixed
+            // point runs on whichever layers per group make its round
+            // fastest.
+            if space.is_own_width(k + 1) {
+                return Ok((schedule, space.grouping));
+            }
+            let mut grouping = Grouping::ByInput;
             for fused in &fusions {
                 let fused_pass = PassModel::of_plans(&fused.plans(k + 1)?, sizes, ratio)?;
                 let c =
@@ -343,16 +393,44 @@ pub fn choose_width(
             if !matches!(schedule.schedule, Schedule::FixedPoint(_)) {
                 grouping = Grouping::ByInput;
             }
-        }
-        let round_ms = schedule.per_group_ms.min(schedule.fixed_point_ms);
-        let expected = expected_tokens(alpha, k);
-        candidates.push(WidthCandidate {
-            k,
-            schedule,
-            grouping,
-            round_ms,
-            expected_tokens: expected,
-            tok_per_s: expected / round_ms.max(1e-9) * 1e3,
+            Ok((schedule, grouping))
+        };
+        let candidate = |(schedule, grouping): (ScheduleChoice, Grouping),
+                         expected: f64,
+                         tree: Option<TreeParams>| {
+            let round_ms = schedule.per_group_ms.min(schedule.fixed_point_ms);
+            WidthCandidate {
+                k,
+                schedule,
+                grouping,
+                round_ms,
+                expected_tokens: expected,
+                tree,
+                tok_per_s: expected / round_ms.max(1e-9) * 1e3,
+            }
+        };
+        let chain = candidate(
+            round(k as f64 * client.draft_ms)?,
+            expected_tokens(alpha, k),
+            None,
+        );
+        // The same width as a tree where the model spends nodes off the
+        // chain: more tokens per round, its own drafting time.
+        let tree = match drafts.trees {
+            Some(limits) => {
+                let estimate = best_tree(&RankAcceptance::from_first(alpha), k, &limits);
+                if estimate.is_chain() {
+                    None
+                } else {
+                    let draft_ms = tree_draft_ms(&estimate, &limits, client);
+                    Some(candidate(round(draft_ms)?, estimate.tokens, Some(limits)))
+                }
+            }
+            None => None,
+        };
+        candidates.push(match tree {
+            Some(t) if t.tok_per_s > chain.tok_per_s => t,
+            _ => chain,
         });
     }
     let best = *candidates
@@ -365,6 +443,31 @@ pub fn choose_width(
         client: client.clone(),
         alpha,
     })
+}
+
+/// The drafting time of a tree of `estimate`'s shape, ms: the root's step
+/// and every single-node level at the drafter's step cost, every wider
+/// level as one pass of min(width, branch) positions of the verified model
+/// (module docs, "Chain or tree"). A chain's shape costs its K steps.
+fn tree_draft_ms(estimate: &TreeEstimate, limits: &TreeParams, client: &ClientCosts) -> f64 {
+    // Levels fed to the drafter: the root, then every level whose nodes
+    // get children (all but the deepest).
+    let fed = estimate
+        .widths
+        .iter()
+        .take(estimate.widths.len().saturating_sub(1));
+    client.draft_ms
+        + fed
+            .map(|&w| match w.min(limits.branch.max(1)) {
+                1 => client.draft_ms,
+                n => client
+                    .forward_ms
+                    .get(n - 1)
+                    .or(client.forward_ms.last())
+                    .copied()
+                    .unwrap_or(client.draft_ms),
+            })
+            .sum::<f64>()
 }
 
 impl WidthCandidate {
@@ -427,7 +530,7 @@ pub fn choose_width_for_client(
     drafter: &cipherlora_model::Model,
     link: &LinkProfile,
     alpha: Option<f64>,
-    k_max: usize,
+    drafts: DraftLimits,
 ) -> Result<WidthChoice, PrivateError> {
     let alpha = acceptance_prior(space, alpha);
     let client_side = (model, drafter);
@@ -436,7 +539,7 @@ pub fn choose_width_for_client(
         client_side,
         link,
         alpha,
-        k_max,
+        drafts,
         default_fixed_point(alpha),
     )
 }
@@ -448,13 +551,13 @@ fn choose_width_timed(
     (model, drafter): (&cipherlora_model::Model, &cipherlora_model::Model),
     link: &LinkProfile,
     alpha: f64,
-    k_max: usize,
+    drafts: DraftLimits,
     fixed: FixedPoint,
 ) -> Result<WidthChoice, PrivateError> {
     let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
     let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
-    let client = time_client(model, drafter, k_max + 1)?;
-    choose_width(space, &sizes, link, &client, alpha, k_max, fixed)
+    let client = time_client(model, drafter, drafts.k_max + 1)?;
+    choose_width(space, &sizes, link, &client, alpha, drafts, fixed)
 }
 
 /// How a client with a given K (`--k N`) groups its verify session's
@@ -484,7 +587,7 @@ pub fn grouping_for_given_k(
         Some(Schedule::FixedPoint(fp)) => *fp,
         _ => auto_fixed_point(space, alpha),
     };
-    let choice = choose_width_timed(space, (model, drafter), link, 0.5, k, fixed)?;
+    let choice = choose_width_timed(space, (model, drafter), link, 0.5, k.into(), fixed)?;
     let candidate = choice
         .candidates
         .iter()
@@ -537,7 +640,7 @@ mod tests {
             link,
             &client(),
             alpha,
-            16,
+            16.into(),
             FixedPoint::default(),
         )
         .unwrap()
@@ -657,7 +760,16 @@ mod tests {
         for mode in [Mode::Ffa, Mode::Standard] {
             let s = space(mode);
             let with = |fixed| {
-                choose_width(&s, &sizes(), &LinkProfile::WAN20, &client(), 0.9, 16, fixed).unwrap()
+                choose_width(
+                    &s,
+                    &sizes(),
+                    &LinkProfile::WAN20,
+                    &client(),
+                    0.9,
+                    16.into(),
+                    fixed,
+                )
+                .unwrap()
             };
             let (three, shadowed) = (with(FixedPoint::default()), with(two));
             for (a, b) in three.candidates.iter().zip(&shadowed.candidates) {
@@ -686,10 +798,107 @@ mod tests {
             &LinkProfile::WAN20,
             &c,
             0.8,
-            8,
+            8.into(),
             FixedPoint::default(),
         );
         assert!(matches!(r, Err(PrivateError::WidthModel { .. })), "{r:?}");
+    }
+
+    /// [`choose_width`] with trees of the default shape limits allowed, K ≤
+    /// `k_max`, on loopback (no link time to hide drafting behind).
+    fn with_trees(
+        space: &PlanSpace,
+        client: &ClientCosts,
+        alpha: f64,
+        k_max: usize,
+    ) -> WidthChoice {
+        let drafts = DraftLimits {
+            k_max,
+            trees: Some(TreeParams::default()),
+        };
+        let link = LinkProfile::LOOPBACK;
+        choose_width(
+            space,
+            &sizes(),
+            &link,
+            client,
+            alpha,
+            drafts,
+            FixedPoint::default(),
+        )
+        .unwrap()
+    }
+
+    /// The base drafter over the adapted prefix agrees ≈ 0.85–0.9 of the
+    /// time: the model keeps chains at every width up to 16 (measured on
+    /// prose at T = 16: trees 1.02× a chain), so allowing trees changes
+    /// nothing.
+    #[test]
+    fn a_strong_drafter_keeps_chains() {
+        for mode in [Mode::Ffa, Mode::Standard] {
+            let s = space(mode);
+            let trees = with_trees(&s, &client(), 0.88, 16);
+            assert!(
+                trees.candidates.iter().all(|c| c.tree.is_none()),
+                "{mode:?}"
+            );
+            assert_eq!(trees.best, model(&s, &LinkProfile::LOOPBACK, 0.88).best);
+        }
+    }
+
+    /// A weak drafter (first choice 0.6): at a wide T the model spends
+    /// nodes on second choices; where batched levels cost what a draft
+    /// step costs the tree wins at that width, where a level is dear (a
+    /// slow client's batched pass) the chain stays.
+    #[test]
+    fn a_weak_drafter_gets_a_tree_unless_its_levels_are_dear() {
+        let s = space(Mode::Ffa);
+        let cheap = ClientCosts {
+            forward_ms: vec![12.0; 24],
+            draft_ms: 12.0,
+        };
+        let c = with_trees(&s, &cheap, 0.6, 16);
+        let at16 = c.candidates.iter().find(|c| c.k == 16).unwrap();
+        assert_eq!(at16.tree, Some(TreeParams::default()), "{at16:?}");
+        let chain = expected_tokens(0.6, 16);
+        let tree = best_tree(&RankAcceptance::from_first(0.6), 16, &TreeParams::default());
+        assert_eq!(at16.expected_tokens, tree.tokens);
+        assert!(at16.expected_tokens > 1.1 * chain);
+        let dear = ClientCosts {
+            forward_ms: vec![5_000.0; 24],
+            draft_ms: 12.0,
+        };
+        let c = with_trees(&s, &dear, 0.6, 16);
+        assert!(c.candidates.iter().all(|c| c.tree.is_none()), "{c:?}");
+    }
+
+    /// The drafting a tree costs: the root and single-node levels at a
+    /// draft step, wider levels as a batched pass of at most `branch`
+    /// positions, the deepest level not fed.
+    #[test]
+    fn a_tree_s_drafting_is_priced_by_its_levels() {
+        let client = ClientCosts {
+            forward_ms: vec![100.0, 200.0, 300.0, 400.0, 500.0],
+            draft_ms: 10.0,
+        };
+        let limits = TreeParams {
+            branch: 3,
+            max_depth: 8,
+        };
+        let estimate = TreeEstimate {
+            tokens: 0.0,
+            depth: 4,
+            widths: vec![2, 5, 1, 1],
+        };
+        // Root 10 + level 1 (2 nodes) 200 + level 2 (5, capped at 3) 300
+        // + level 3 (1) 10; level 4 is not fed.
+        assert_eq!(tree_draft_ms(&estimate, &limits, &client), 520.0);
+        let chain = TreeEstimate {
+            tokens: 0.0,
+            depth: 3,
+            widths: vec![1, 1, 1],
+        };
+        assert_eq!(tree_draft_ms(&chain, &limits, &client), 30.0);
     }
 
     /// Regression (session 14, `bench e2e --links home80`): the model

@@ -1,0 +1,363 @@
+//! The planner's model of a draft: expected tokens per verify round of a
+//! chain or of the best tree of the same node budget, from the drafter's
+//! acceptance by rank.
+//!
+//! # The model
+//! Sequoia (Chen et al. 2024, "Sequoia: Scalable, Robust, and
+//! Hardware-aware Speculative Decoding", §3.1) assumes *positional
+//! acceptance*: at any node, the target's token is the drafter's i-th
+//! choice there with a probability `r_i` that depends on i alone
+//! ([`RankAcceptance`]). A node reached from the root through choices of
+//! ranks `i_1, …, i_d` is then on the accepted path with probability
+//! `r_{i_1} · … · r_{i_d}` (its *value*), and greedy verification of a tree
+//! yields, in expectation, one token per accepted node plus the bonus
+//! token: `1 + Σ_nodes value`. A chain uses first choices only, so a chain
+//! of K drafts yields `1 + Σ_{d=1..K} r_1^d`, Leviathan et al.'s `E(K)` with
+//! α = `r_1` ([`crate::adaptive::expected_tokens`]).
+//!
+//! A node's value is at most its parent's (every factor is ≤ 1), so the
+//! K most valuable nodes that the shape limits allow form a tree, and the
+//! best tree of K nodes is found best first: take the most valuable node
+//! of the frontier, put its children (up to `branch`, down to `max_depth`)
+//! on the frontier, K times ([`best_tree`]). Under positional acceptance
+//! this is the optimum Sequoia's dynamic program computes.
+//!
+//! # What it is for, and what it leaves out
+//! The width model (`cipherlora_private::width_plan`) weighs a tree's
+//! tokens per round against a chain's at each verify width T = K + 1: the
+//! server sees the same T positions either way (the tree lives in the
+//! client's attention mask), so the choice costs no privacy, only drafting
+//! time (a tree is drafted level by level in batched passes). The model
+//! is conservative about trees: EAGLE-2's growth ([`crate::tree_draft`])
+//! scores each node by the drafter's own, calibrated, probability there,
+//! so it puts siblings where the drafter is unsure, which one `r_i` per
+//! rank cannot. With `r_1` fitted to a measured chain, the model predicted
+//! trees at 1.00–1.02× chains at T = 9–17 where growth measured
+//! 0.98–1.13×, and 1.08× / 1.22× at T = 32 / 64 where it measured 1.17× /
+//! 1.23× (BENCHMARKS.md, "Chain or tree: the planner"). Acceptance that
+//! runs in streaks (code: a chain of the base drafter at K = 7 verifies
+//! 6.4 tokens per round where the α that fits K = 3 predicts 5.7) makes
+//! deep chains worth more than the model says, which favours chains.
+//!
+//! With the base model drafting over the adapted prefix the first choice
+//! dominates: teacher-forced on 1,280 tokens of the general-English
+//! adapter's trajectories, the adapted token was the base model's first
+//! choice 77.6 % of the time, its second 12.5 %, third 4.1 %, fourth 1.6 %
+//! (BENCHMARKS.md, "Tree drafts"): a second choice took 0.56 of the first
+//! choice's misses ([`SECOND_CHOICE_SHARE`]), each further rank about as
+//! large a share of what was left.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::SpecError;
+use crate::tree_draft::TreeParams;
+
+/// The share of the first choice's misses that the second choice takes,
+/// and each later rank of what the ranks before it left: 0.125 / (1 −
+/// 0.776) on the general-English adapter (module docs). Used by
+/// [`RankAcceptance::from_first`] when only the first choice's rate is
+/// known (an adapter's published acceptance hint).
+pub const SECOND_CHOICE_SHARE: f64 = 0.56;
+
+/// Ranks [`RankAcceptance::from_first`] models (the fifth choice and lower
+/// together took 4.2 % of the measured tokens; no tree shape here expands
+/// more than four children per node by default).
+const MODELLED_RANKS: usize = 8;
+
+/// Per drafter rank i (index 0: the first choice), the probability `r_i`
+/// that the target's token at a node is the drafter's i-th choice there:
+/// disjoint events, so the rates sum to at most 1 (module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankAcceptance {
+    rates: Vec<f64>,
+}
+
+impl RankAcceptance {
+    /// The rates `r_1, r_2, …`, first choice first.
+    ///
+    /// # Errors
+    /// [`SpecError::BadRankAcceptance`] when there is no rate, a rate is not
+    /// a finite number in [0, 1], or the rates sum to more than 1.
+    pub fn new(rates: Vec<f64>) -> Result<Self, SpecError> {
+        let bad = |reason: String| Err(SpecError::BadRankAcceptance { reason });
+        if rates.is_empty() {
+            return bad("no rate given".into());
+        }
+        if let Some((i, r)) = rates
+            .iter()
+            .enumerate()
+            .find(|(_, r)| !(r.is_finite() && (0.0..=1.0).contains(*r)))
+        {
+            return bad(format!("rate {r} of rank {} is not in [0, 1]", i + 1));
+        }
+        let sum: f64 = rates.iter().sum();
+        if sum > 1.0 + 1e-9 {
+            return bad(format!(
+                "the rates sum to {sum}: the ranks' events are disjoint"
+            ));
+        }
+        Ok(Self { rates })
+    }
+
+    /// Rates from the first choice's `alpha` alone (clamped to [0, 1]):
+    /// every later rank takes [`SECOND_CHOICE_SHARE`] of what the ranks
+    /// before it left, `r_i = (1 − α) · s · (1 − s)^(i − 2)` for i ≥ 2.
+    #[must_use]
+    pub fn from_first(alpha: f64) -> Self {
+        let a = if alpha.is_finite() {
+            alpha.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        let mut rates = vec![a];
+        let mut left = 1.0 - a;
+        for _ in 1..MODELLED_RANKS {
+            let r = left * SECOND_CHOICE_SHARE;
+            rates.push(r);
+            left -= r;
+        }
+        Self { rates }
+    }
+
+    /// `r_i` for rank `i` (0: the first choice); 0 past the known ranks.
+    #[must_use]
+    pub fn rate(&self, rank: usize) -> f64 {
+        self.rates.get(rank).copied().unwrap_or(0.0)
+    }
+
+    /// Expected tokens per round of a chain of `k` drafts (bonus token
+    /// included): `1 + Σ_{d=1..k} r_1^d`.
+    #[must_use]
+    pub fn chain_tokens(&self, k: usize) -> f64 {
+        let a = self.rate(0);
+        let (mut sum, mut value) = (1.0, 1.0);
+        for _ in 0..k {
+            value *= a;
+            sum += value;
+        }
+        sum
+    }
+}
+
+/// The best tree of a node budget under a [`RankAcceptance`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeEstimate {
+    /// Expected tokens per round, bonus token included (module docs).
+    pub tokens: f64,
+    /// Depth of the deepest node (a chain of K has depth K).
+    pub depth: usize,
+    /// Nodes at each depth, from depth 1: the batched drafting passes a
+    /// tree of this shape needs, one per level.
+    pub widths: Vec<usize>,
+}
+
+impl TreeEstimate {
+    /// Whether the best tree is a chain (one node per level).
+    #[must_use]
+    pub fn is_chain(&self) -> bool {
+        self.widths.iter().all(|&w| w == 1)
+    }
+}
+
+/// A frontier node: its value and depth (1: a child of the root).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Candidate {
+    value: f64,
+    depth: usize,
+}
+
+impl Eq for Candidate {}
+
+impl Ord for Candidate {
+    /// By value, then the shallower first (a parent before its equally
+    /// valued child).
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.value
+            .total_cmp(&other.value)
+            .then(other.depth.cmp(&self.depth))
+    }
+}
+
+impl PartialOrd for Candidate {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The best tree of `budget` nodes within `params` (children per node ≤
+/// `branch`, depth ≤ `max_depth`) and its expected tokens per round (module
+/// docs: best first over the frontier). `budget` 0 gives the bonus token
+/// alone; a `branch` or `max_depth` of 0 allows no node.
+#[must_use]
+pub fn best_tree(acceptance: &RankAcceptance, budget: usize, params: &TreeParams) -> TreeEstimate {
+    let mut frontier = BinaryHeap::new();
+    let push_children = |frontier: &mut BinaryHeap<Candidate>, value: f64, depth: usize| {
+        if depth >= params.max_depth {
+            return;
+        }
+        for rank in 0..params.branch {
+            let r = acceptance.rate(rank);
+            if r > 0.0 {
+                frontier.push(Candidate {
+                    value: value * r,
+                    depth: depth + 1,
+                });
+            }
+        }
+    };
+    push_children(&mut frontier, 1.0, 0);
+    let mut estimate = TreeEstimate {
+        tokens: 1.0,
+        depth: 0,
+        widths: Vec::new(),
+    };
+    for _ in 0..budget {
+        let Some(node) = frontier.pop() else {
+            break;
+        };
+        estimate.tokens += node.value;
+        estimate.depth = estimate.depth.max(node.depth);
+        if estimate.widths.len() < node.depth {
+            estimate.widths.resize(node.depth, 0);
+        }
+        estimate.widths[node.depth - 1] += 1;
+        push_children(&mut frontier, node.value, node.depth);
+    }
+    estimate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::adaptive::expected_tokens;
+    use proptest::prelude::*;
+
+    fn shape(branch: usize, max_depth: usize) -> TreeParams {
+        TreeParams { branch, max_depth }
+    }
+
+    /// The best expected tokens over *every* tree of at most `budget` nodes
+    /// within the limits, by exhaustive search: a tree is a root whose
+    /// children of ranks 0..branch each get a subtree, and the budget is
+    /// split among them in every way. Independent of the best-first rule.
+    fn exhaustive(acc: &RankAcceptance, budget: usize, branch: usize, depth: usize) -> f64 {
+        // Best Σ value of a forest hanging below a node of value 1 with
+        // `n` nodes, children of ranks ≥ `rank`, at most `d` levels.
+        fn forest(acc: &RankAcceptance, n: usize, rank: usize, b: usize, d: usize) -> f64 {
+            if n == 0 || rank >= b || d == 0 {
+                return 0.0;
+            }
+            let r = acc.rate(rank);
+            // Either no child of this rank (then none of later ranks
+            // either would be better placed, but allow it), or one child
+            // with m nodes in its subtree (itself included).
+            let mut best = forest(acc, n, rank + 1, b, d);
+            for m in 1..=n {
+                let sub = r * (1.0 + forest(acc, m - 1, 0, b, d - 1));
+                best = best.max(sub + forest(acc, n - m, rank + 1, b, d));
+            }
+            best
+        }
+        1.0 + forest(acc, budget, 0, branch, depth)
+    }
+
+    #[test]
+    fn a_chain_yields_leviathans_expected_tokens() {
+        // Known closed form (1 − α^(K+1)) / (1 − α), computed elsewhere.
+        for &alpha in &[0.0, 0.3, 0.776, 0.9] {
+            let acc = RankAcceptance::from_first(alpha);
+            for k in 0..12 {
+                let want = expected_tokens(alpha, k);
+                assert!(
+                    (acc.chain_tokens(k) - want).abs() < 1e-12,
+                    "α {alpha} K {k}"
+                );
+                let tree = best_tree(&acc, k, &shape(1, 64));
+                assert!((tree.tokens - want).abs() < 1e-12, "α {alpha} K {k}");
+                assert!(tree.is_chain());
+            }
+        }
+    }
+
+    #[test]
+    fn measured_prose_ranks_at_t16_give_a_chain() {
+        // The general adapter's guided drafter: ≈ 0.88 per token in context
+        // (a chain at T = 16 verified 7.23 tokens per round, trees 1.02×
+        // that). The model agrees that 15 nodes are best spent on the chain.
+        let acc = RankAcceptance::from_first(0.88);
+        let tree = best_tree(&acc, 15, &shape(4, 64));
+        assert!(tree.is_chain(), "{tree:?}");
+        // … and that trees pay at a weaker drafter's rate.
+        let weak = best_tree(&RankAcceptance::from_first(0.6), 15, &shape(4, 64));
+        assert!(!weak.is_chain());
+        assert!(weak.tokens > 1.05 * RankAcceptance::from_first(0.6).chain_tokens(15));
+    }
+
+    #[test]
+    fn paper_style_rates_reproduce_the_papers_tree_gains() {
+        // Sequoia-like weak drafters (first choice ≈ 0.6–0.7, a strong
+        // second): trees of 15 nodes gain well over 1.4× a chain of 15.
+        let acc = RankAcceptance::new(vec![0.6, 0.2, 0.08, 0.04]).unwrap();
+        let tree = best_tree(&acc, 15, &shape(4, 16));
+        assert!(tree.tokens / acc.chain_tokens(15) > 1.2, "{tree:?}");
+    }
+
+    #[test]
+    fn bad_rates_are_typed_errors() {
+        for rates in [
+            vec![],
+            vec![1.2],
+            vec![-0.1],
+            vec![f64::NAN],
+            vec![0.7, 0.4],
+        ] {
+            assert!(matches!(
+                RankAcceptance::new(rates.clone()),
+                Err(SpecError::BadRankAcceptance { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn limits_bound_the_tree() {
+        let acc = RankAcceptance::from_first(0.5);
+        let t = best_tree(&acc, 40, &shape(3, 4));
+        assert!(t.depth <= 4);
+        assert!(t.widths.iter().zip(1..).all(|(&w, d)| w <= 3usize.pow(d)));
+        assert_eq!(t.widths.iter().sum::<usize>(), 40);
+        // No node allowed: the bonus token alone.
+        assert_eq!(best_tree(&acc, 10, &shape(0, 4)).tokens, 1.0);
+        assert_eq!(best_tree(&acc, 10, &shape(3, 0)).tokens, 1.0);
+    }
+
+    proptest! {
+        #[test]
+        fn best_first_is_the_exhaustive_optimum(
+            raw in proptest::collection::vec(0.0f64..1.0, 1..4),
+            budget in 0usize..7,
+            branch in 1usize..4,
+            depth in 1usize..5,
+        ) {
+            // Normalise to disjoint rates summing to at most 1.
+            let total: f64 = raw.iter().sum::<f64>().max(1.0);
+            let acc = RankAcceptance::new(raw.iter().map(|r| r / total).collect()).unwrap();
+            let got = best_tree(&acc, budget, &shape(branch, depth)).tokens;
+            let want = exhaustive(&acc, budget, branch, depth);
+            prop_assert!((got - want).abs() < 1e-9, "best first {got}, exhaustive {want}");
+        }
+
+        #[test]
+        fn a_tree_is_never_worse_than_a_chain_and_grows_with_its_budget(
+            alpha in 0.0f64..1.0,
+            budget in 0usize..24,
+        ) {
+            let acc = RankAcceptance::from_first(alpha);
+            let limits = shape(4, 64);
+            let t = best_tree(&acc, budget, &limits).tokens;
+            prop_assert!(t + 1e-12 >= acc.chain_tokens(budget));
+            prop_assert!(best_tree(&acc, budget + 1, &limits).tokens + 1e-12 >= t);
+            prop_assert!(t <= budget as f64 + 1.0 + 1e-12);
+        }
+    }
+}
