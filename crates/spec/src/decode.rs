@@ -421,6 +421,10 @@ pub fn generate_drafted(
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Draft> = None;
+    // Rows a greedy chain round verified but could not certify, with the
+    // deltas its last pass added (`schedule::Window::carried`): the old
+    // window's tokens from the new row 0 on, and the row they start at.
+    let mut carry: Option<(Vec<u32>, PassDeltas, usize)> = None;
     let mut out = Vec::new();
     let mut stopped_at_eos = false;
     let mut stopped_by_caller = false;
@@ -585,6 +589,14 @@ pub fn generate_drafted(
                     .is_some_and(|g| g.x.dims().first() == Some(&inputs.len()))
             }),
             estimator,
+            carried: carry.as_ref().and_then(|(tokens, deltas, from)| {
+                let count = tokens
+                    .iter()
+                    .zip(&inputs[..real])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (count > 0 && tree.is_none()).then_some((deltas, *from, count))
+            }),
         };
         let (verified, guess) = if go_ahead {
             std::thread::scope(|scope| {
@@ -754,6 +766,21 @@ pub fn generate_drafted(
         stats.accepted += outcome.accepted;
         drafter.guide(&verified.deltas, outcome.accepted)?;
         estimate = DraftBias::from_rows(&verified.deltas, kept_tail(outcome.accepted))?;
+        // A greedy round cut short by an uncertified row whose token came
+        // out as drafted: the rows from there on are the next window's
+        // first rows if the next draft repeats them.
+        let next_row = 1 + outcome.accepted;
+        carry = (greedy
+            && usable < real
+            && next_row < real
+            && outcome.tokens.last() == Some(&inputs[next_row]))
+        .then(|| {
+            (
+                inputs[next_row..real].to_vec(),
+                verified.deltas.clone(),
+                next_row,
+            )
+        });
         let hit = guess.as_ref().is_some_and(|g| {
             outcome.accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus)
         });
