@@ -368,32 +368,44 @@ pub fn choose_width(
         let ratio = space.server_cost_ratio;
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
         let forward_ms = client.forward_ms[k];
+        // The offer's own session serves this width with the offer's
+        // grouping: no fused alternative for it. Otherwise the fixed point
+        // runs on whichever layers per group make its round fastest.
+        let own = space.is_own_width(k + 1);
+        let fused_passes = if own {
+            Vec::new()
+        } else {
+            fusions
+                .iter()
+                .map(|f| {
+                    Ok((
+                        f.grouping,
+                        PassModel::of_plans(&f.plans(k + 1)?, sizes, ratio)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, PrivateError>>()?
+        };
         // The schedule and grouping of a round at this width whose drafting
         // takes `draft_ms`.
-        let round = |draft_ms: f64| -> Result<(ScheduleChoice, Grouping), PrivateError> {
+        let round = |draft_ms: f64| -> (ScheduleChoice, Grouping) {
             let mut schedule =
                 choose_schedule_grouped(&pass, &pass, link, forward_ms, draft_ms, fixed);
-            // The offer's own session serves this width with the offer's
-            // grouping: no fused alternative for it. Otherwise the fixed
-            // point runs on whichever layers per group make its round
-            // fastest.
-            if space.is_own_width(k + 1) {
-                return Ok((schedule, space.grouping));
+            if own {
+                return (schedule, space.grouping);
             }
             let mut grouping = Grouping::ByInput;
-            for fused in &fusions {
-                let fused_pass = PassModel::of_plans(&fused.plans(k + 1)?, sizes, ratio)?;
+            for (fused, fused_pass) in &fused_passes {
                 let c =
-                    choose_schedule_grouped(&pass, &fused_pass, link, forward_ms, draft_ms, fixed);
+                    choose_schedule_grouped(&pass, fused_pass, link, forward_ms, draft_ms, fixed);
                 if c.fixed_point_ms < schedule.fixed_point_ms {
                     schedule = c;
-                    grouping = fused.grouping;
+                    grouping = *fused;
                 }
             }
             if !matches!(schedule.schedule, Schedule::FixedPoint(_)) {
                 grouping = Grouping::ByInput;
             }
-            Ok((schedule, grouping))
+            (schedule, grouping)
         };
         let candidate = |(schedule, grouping): (ScheduleChoice, Grouping),
                          expected: f64,
@@ -410,7 +422,7 @@ pub fn choose_width(
             }
         };
         let chain = candidate(
-            round(k as f64 * client.draft_ms)?,
+            round(k as f64 * client.draft_ms),
             expected_tokens(alpha, k),
             None,
         );
@@ -423,7 +435,7 @@ pub fn choose_width(
                     None
                 } else {
                     let draft_ms = tree_draft_ms(&estimate, &limits, client);
-                    Some(candidate(round(draft_ms)?, estimate.tokens, Some(limits)))
+                    Some(candidate(round(draft_ms), estimate.tokens, Some(limits)))
                 }
             }
             None => None,
