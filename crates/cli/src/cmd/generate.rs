@@ -286,6 +286,10 @@ impl GenerateArgs {
             s => Some(s.parse::<Schedule>()?),
         };
         anyhow::ensure!(
+            self.tree.is_none() || drafter == DrafterKind::Base,
+            "--tree needs --draft base"
+        );
+        anyhow::ensure!(
             !matches!(self.tree, Some(TreeArg::Auto(_))) || matches!(self.k, KArg::Auto(_)),
             "--tree auto chooses a chain or a tree together with K: it needs --k auto"
         );
@@ -370,10 +374,6 @@ impl GenerateArgs {
             (&planning_link, self.acceptance_prior),
             self.sampling.is_greedy(),
         )?;
-        anyhow::ensure!(
-            tree.is_none() || drafter == DrafterKind::Base,
-            "--tree needs --draft base"
-        );
         let cfg = SpecConfig {
             tree: tree.map(Into::into),
             drafter,
