@@ -127,16 +127,11 @@ impl RankAcceptance {
     }
 
     /// Expected tokens per round of a chain of `k` drafts (bonus token
-    /// included): `1 + Σ_{d=1..k} r_1^d`.
+    /// included): `1 + Σ_{d=1..k} r_1^d`, Leviathan et al.'s `E(K)` at
+    /// α = `r_1` ([`crate::adaptive::expected_tokens`]).
     #[must_use]
     pub fn chain_tokens(&self, k: usize) -> f64 {
-        let a = self.rate(0);
-        let (mut sum, mut value) = (1.0, 1.0);
-        for _ in 0..k {
-            value *= a;
-            sum += value;
-        }
-        sum
+        crate::adaptive::expected_tokens(self.rate(0), k)
     }
 }
 

@@ -363,6 +363,7 @@ pub fn choose_width(
     let fusions: Vec<PlanSpace> = (1..=Grouping::MAX_LAYERS)
         .filter_map(|n| space.by_layers(n))
         .collect();
+    let ranks = RankAcceptance::from_first(alpha);
     for k in 1..=k_max {
         let plans = space.plans(k + 1)?;
         let ratio = space.server_cost_ratio;
@@ -430,7 +431,7 @@ pub fn choose_width(
         // chain: more tokens per round, its own drafting time.
         let tree = match drafts.trees {
             Some(limits) => {
-                let estimate = best_tree(&RankAcceptance::from_first(alpha), k, &limits);
+                let estimate = best_tree(&ranks, k, &limits);
                 if estimate.is_chain() {
                     None
                 } else {
