@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
     --costs) costs=$2; shift 2 ;;
     --main-costs)
       # main's machine cache (crates/private/src/server/cost_cache.rs):
-      # <cache dir>/opcosts-v1-<preset>-<FNV-1a 64 of "model name|cpus">.json
+      # <cache dir>/opcosts-v2-<preset>-<FNV-1a 64 of "model name|cpus">.json
       cache=${CIPHERLORA_CACHE:-${XDG_CACHE_HOME:+$XDG_CACHE_HOME/cipherlora}}
       cache=${cache:-$HOME/.cache/cipherlora}
       key=$(python3 - <<'EOF'
@@ -53,7 +53,7 @@ for b in f"{model}|{len(os.sched_getaffinity(0))}".encode():
 print(f"{h:016x}")
 EOF
       )
-      costs=$cache/opcosts-v1-N8192Depth2Fast-$key.json
+      costs=$cache/opcosts-v2-N8192Depth2Fast-$key.json
       if [ ! -f "$costs" ]; then
         echo "no op-cost cache of main for this machine: $costs" >&2
         echo "(main's server writes it on its first start, e.g. main's load_16_sessions test)" >&2

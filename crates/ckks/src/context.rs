@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tfhe_ntt::prime64::Plan;
 
 use crate::error::{CkksError, Result};
+use crate::lazy_dot::{LazyDot, Term};
 use crate::modular::{Modulus, ShoupConst};
 use crate::params::CkksParameters;
 use crate::pool::BufferPool;
@@ -44,6 +45,11 @@ pub struct Context {
     ntt_exp: Vec<u32>,
     /// Inverse of `ntt_exp` over odd exponents `< 2N`.
     exp_idx: Vec<u32>,
+    /// The many-term dot-product kernel per prime, where it runs
+    /// ([`crate::lazy_dot`]; `None`: the tfhe-ntt path).
+    lazy: Vec<Option<LazyDot>>,
+    /// One limb of zeros (the absent half of a one-sided [`Term`]).
+    pub(crate) zero_limb: Vec<u64>,
     /// Reusable buffers for public polynomials.
     pub(crate) pool: BufferPool,
     digest: u64,
@@ -156,6 +162,8 @@ impl Context {
             pq_inv_vec,
             ntt_exp,
             exp_idx,
+            lazy: all.iter().map(|&q| LazyDot::new(q, n)).collect(),
+            zero_limb: vec![0; n],
             pool: BufferPool::default(),
         }))
     }
@@ -236,6 +244,26 @@ impl Context {
     #[inline]
     pub(crate) fn mul_scaled(&self, i: usize, lhs: &mut [u64], rhs_scaled: &[u64]) {
         self.plans[i].mul_assign_normalize(lhs, rhs_scaled);
+    }
+
+    /// `out0 ← N^{-1}·Σ_k x0_k ⊙ w0_k`, `out1 ← N^{-1}·Σ_k x1_k ⊙ w1_k`
+    /// modulo prime `i` (overwritten, canonical; the `w` are N-scaled
+    /// plaintexts or keys, so this is the plain sum of products): one pass with lazy reduction where the IFMA kernel runs
+    /// ([`crate::lazy_dot`]), else one tfhe-ntt multiply-accumulate per
+    /// product. All slices are one limb long.
+    pub(crate) fn dot2(&self, i: usize, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
+        if let Some(k) = &self.lazy[i] {
+            k.dot2(terms, out0, out1);
+            return;
+        }
+        out0.fill(0);
+        out1.fill(0);
+        for t in terms {
+            self.mul_acc(i, out0, t.x0, t.w0);
+            self.mul_acc(i, out1, t.x1, t.w1);
+        }
+        self.normalize(i, out0);
+        self.normalize(i, out1);
     }
 
     /// `acc ← acc + lhs · rhs` modulo prime `i` (SIMD).

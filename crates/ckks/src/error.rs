@@ -185,6 +185,15 @@ pub enum CkksError {
         /// Largest `b` allowed (`bits(q_0) − 1`).
         max_bits: u32,
     },
+    /// A sum of products was given different numbers of ciphertexts and
+    /// plaintexts.
+    #[error("{ciphertexts} ciphertexts against {plaintexts} plaintexts")]
+    TermCountMismatch {
+        /// Ciphertexts given.
+        ciphertexts: usize,
+        /// Plaintexts given.
+        plaintexts: usize,
+    },
     /// Deserialisation: a structural field (count, Galois element, flag) is invalid.
     #[error("malformed field: {what}")]
     Malformed {

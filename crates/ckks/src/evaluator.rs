@@ -17,10 +17,11 @@ use crate::error::{CkksError, Result};
 use crate::hoisting::{self, ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext};
 use crate::keys::GaloisKeys;
 use crate::keyswitch::mod_up;
+use crate::lazy_dot::Term;
 use crate::plaintext::Plaintext;
 
 pub use crate::scale::SCALE_TOLERANCE;
-use crate::scale::check_scale;
+use crate::scale::{check_batch, check_product_term, check_scale};
 
 fn check_same(a: &Ciphertext, b: &Ciphertext) -> Result<()> {
     a.ctx.check(b.ctx.digest())?;
@@ -59,6 +60,9 @@ pub struct MulAccumulator {
     level: usize,
     scale: Option<f64>,
     terms: usize,
+    /// The sums already carry `N^{-1}` (one [`Self::add_products`] on an
+    /// empty accumulator).
+    normalized: bool,
 }
 
 impl MulAccumulator {
@@ -69,25 +73,8 @@ impl MulAccumulator {
     /// or `pt` is below it; [`CkksError::ScaleMismatch`] if the product's scale
     /// differs from earlier terms'.
     pub fn add_product(&mut self, ct: &Ciphertext, pt: &Plaintext) -> Result<()> {
-        self.ctx.check(ct.ctx.digest())?;
-        self.ctx.check(pt.digest)?;
-        if ct.level != self.level {
-            return Err(CkksError::LevelMismatch {
-                left: self.level,
-                right: ct.level,
-            });
-        }
-        if pt.level < self.level {
-            return Err(CkksError::LevelMismatch {
-                left: self.level,
-                right: pt.level,
-            });
-        }
-        let s = ct.scale * pt.scale;
-        match self.scale {
-            Some(prev) => check_scale(prev, s)?,
-            None => self.scale = Some(s),
-        }
+        check_term(&self.ctx, self.level, &mut self.scale, ct, pt)?;
+        self.start_or_denormalize();
         let n = self.ctx.degree();
         for i in 0..=self.level {
             let r = i * n..(i + 1) * n;
@@ -101,6 +88,67 @@ impl MulAccumulator {
         Ok(())
     }
 
+    /// Adds `Σ_k cts[k] × pts[k]` in one pass per limb with lazy reduction
+    /// (`lazy_dot` module: every operand read once, the accumulator written
+    /// once). On an empty accumulator the sum is normalised on the way and
+    /// [`Self::finish`] has nothing left to do. Every term is checked, as
+    /// by [`Self::add_product`], before anything is added.
+    ///
+    /// # Errors
+    /// [`CkksError::TermCountMismatch`] for slices of different lengths;
+    /// else as [`Self::add_product`].
+    pub fn add_products(&mut self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<()> {
+        let (ctx, level) = (&self.ctx, self.level);
+        check_batch(cts.len(), pts.len(), &mut self.scale, |scale, k| {
+            check_term(ctx, level, scale, cts[k], pts[k])
+        })?;
+        if cts.is_empty() {
+            return Ok(());
+        }
+        if self.terms > 0 {
+            // Onto earlier terms: one product at a time (not a hot path).
+            for (ct, pt) in cts.iter().zip(pts) {
+                self.add_product(ct, pt)?;
+            }
+            return Ok(());
+        }
+        let n = self.ctx.degree();
+        for i in 0..=self.level {
+            let r = i * n..(i + 1) * n;
+            let limbs: Vec<Cow<'_, [u64]>> =
+                pts.iter().map(|pt| scaled_limb(&self.ctx, pt, i)).collect();
+            let terms: Vec<Term<'_>> = cts
+                .iter()
+                .zip(&limbs)
+                .map(|(ct, w)| Term {
+                    x0: &ct.c0[r.clone()],
+                    w0: w,
+                    x1: &ct.c1[r.clone()],
+                    w1: w,
+                })
+                .collect();
+            let (a0, a1) = (&mut self.acc0[r.clone()], &mut self.acc1[r]);
+            self.ctx.dot2(i, &terms, a0, a1);
+        }
+        self.normalized = true;
+        self.terms += cts.len();
+        Ok(())
+    }
+
+    /// See [`start_or_denormalize`].
+    fn start_or_denormalize(&mut self) {
+        let limbs = (0..=self.level).map(|i| (i, i));
+        let (acc0, acc1) = (&mut self.acc0, &mut self.acc1);
+        start_or_denormalize(
+            &self.ctx,
+            acc0,
+            acc1,
+            self.terms,
+            &mut self.normalized,
+            limbs,
+        );
+    }
+
     /// Number of products added.
     pub fn terms(&self) -> usize {
         self.terms
@@ -111,7 +159,7 @@ impl MulAccumulator {
     pub fn finish(mut self) -> Option<Ciphertext> {
         let scale = self.scale?;
         let n = self.ctx.degree();
-        for i in 0..=self.level {
+        for i in (0..=self.level).filter(|_| !self.normalized) {
             self.ctx.normalize(i, &mut self.acc0[i * n..(i + 1) * n]);
             self.ctx.normalize(i, &mut self.acc1[i * n..(i + 1) * n]);
         }
@@ -123,6 +171,49 @@ impl MulAccumulator {
             scale,
         })
     }
+}
+
+/// The checks of one term of a [`MulAccumulator`] at `level` (context,
+/// level, scale); records the scale.
+fn check_term(
+    ctx: &Context,
+    level: usize,
+    scale: &mut Option<f64>,
+    ct: &Ciphertext,
+    pt: &Plaintext,
+) -> Result<()> {
+    ctx.check(ct.ctx.digest())?;
+    ctx.check(pt.digest)?;
+    check_product_term(level, scale, ct.level, pt.level, ct.scale * pt.scale)
+}
+
+/// Before a single product is added to an accumulator (`acc0`, `acc1`,
+/// limbs `(k, j)`: position k holds prime j): zeros for the first term (the
+/// buffers start with unspecified contents, which `add_products`
+/// overwrites), or back to the unnormalised form (`× N`) after a
+/// normalised `add_products`.
+pub(crate) fn start_or_denormalize(
+    ctx: &Context,
+    acc0: &mut [u64],
+    acc1: &mut [u64],
+    terms: usize,
+    normalized: &mut bool,
+    limbs: impl Iterator<Item = (usize, usize)>,
+) {
+    if terms == 0 {
+        acc0.fill(0);
+        acc1.fill(0);
+        return;
+    }
+    if !*normalized {
+        return;
+    }
+    let n = ctx.degree();
+    for (k, j) in limbs {
+        ctx.scale_by_n(j, &mut acc0[k * n..(k + 1) * n]);
+        ctx.scale_by_n(j, &mut acc1[k * n..(k + 1) * n]);
+    }
+    *normalized = false;
 }
 
 /// Limb `i` of a plaintext in N-scaled form.
@@ -334,11 +425,13 @@ impl Evaluator {
         let len = (level + 1) * self.ctx.degree();
         Ok(MulAccumulator {
             ctx: self.ctx.clone(),
-            acc0: self.ctx.pool.take_zeroed(len),
-            acc1: self.ctx.pool.take_zeroed(len),
+            // Contents unspecified until the first term (see `add_product`).
+            acc0: self.ctx.pool.take(len),
+            acc1: self.ctx.pool.take(len),
             level,
             scale: None,
             terms: 0,
+            normalized: false,
         })
     }
 
@@ -545,11 +638,13 @@ impl Evaluator {
         let len = (level + 2) * self.ctx.degree();
         Ok(ExtendedMulAccumulator {
             ctx: self.ctx.clone(),
-            acc0: self.ctx.pool.take_zeroed(len),
-            acc1: self.ctx.pool.take_zeroed(len),
+            // Contents unspecified until the first term (see `add_product`).
+            acc0: self.ctx.pool.take(len),
+            acc1: self.ctx.pool.take(len),
             level,
             scale: None,
             terms: 0,
+            normalized: false,
         })
     }
 

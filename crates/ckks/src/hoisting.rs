@@ -22,6 +22,7 @@ use crate::keys::GaloisKey;
 use crate::keyswitch::{
     inner_product, inner_product_plus, mod_down_add, mod_down_into, mod_down_rescale_into, permute,
 };
+use crate::lazy_dot::Term;
 use crate::plaintext::ExtendedPlaintext;
 
 /// A ciphertext with its ModUp decomposition precomputed.
@@ -266,6 +267,24 @@ pub struct ExtendedMulAccumulator {
     pub(crate) level: usize,
     pub(crate) scale: Option<f64>,
     pub(crate) terms: usize,
+    /// The sums already carry `N^{-1}` (one [`Self::add_products`] on an
+    /// empty accumulator).
+    pub(crate) normalized: bool,
+}
+
+/// The checks of one term of an [`ExtendedMulAccumulator`] at `level`
+/// (context, level, scale); records the scale.
+fn check_extended_term(
+    ctx: &Context,
+    level: usize,
+    scale: &mut Option<f64>,
+    ct: &ExtendedCiphertext,
+    pt: &ExtendedPlaintext,
+) -> Result<()> {
+    ctx.check(ct.digest)?;
+    ctx.check(pt.pt.digest)?;
+    let s = ct.scale * pt.pt.scale;
+    crate::scale::check_product_term(level, scale, ct.level, pt.pt.level, s)
 }
 
 impl ExtendedMulAccumulator {
@@ -277,39 +296,80 @@ impl ExtendedMulAccumulator {
     /// or `pt` is below it; [`CkksError::ScaleMismatch`] if the product's
     /// scale differs from earlier terms'.
     pub fn add_product(&mut self, ct: &ExtendedCiphertext, pt: &ExtendedPlaintext) -> Result<()> {
-        self.ctx.check(ct.digest)?;
-        self.ctx.check(pt.pt.digest)?;
-        if ct.level != self.level {
-            return Err(CkksError::LevelMismatch {
-                left: self.level,
-                right: ct.level,
-            });
-        }
-        if pt.pt.level < self.level {
-            return Err(CkksError::LevelMismatch {
-                left: self.level,
-                right: pt.pt.level,
-            });
-        }
-        let s = ct.scale * pt.pt.scale;
-        match self.scale {
-            Some(prev) => crate::scale::check_scale(prev, s)?,
-            None => self.scale = Some(s),
-        }
+        check_extended_term(&self.ctx, self.level, &mut self.scale, ct, pt)?;
+        self.start_or_denormalize();
         let n = self.ctx.degree();
         for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
             let r = k * n..(k + 1) * n;
-            let p = if j == self.ctx.sp() {
-                &pt.special[..]
-            } else {
-                &pt.pt.data[j * n..(j + 1) * n]
-            };
+            let p = pt.limb(j, n, self.ctx.sp());
             self.ctx
                 .mul_acc(j, &mut self.acc0[r.clone()], &ct.e0[r.clone()], p);
             self.ctx.mul_acc(j, &mut self.acc1[r.clone()], &ct.e1[r], p);
         }
         self.terms += 1;
         Ok(())
+    }
+
+    /// Adds `Σ_k cts[k] × pts[k]` in one pass per limb with lazy reduction,
+    /// as [`crate::MulAccumulator::add_products`].
+    ///
+    /// # Errors
+    /// [`CkksError::TermCountMismatch`] for slices of different lengths;
+    /// else as [`Self::add_product`].
+    pub fn add_products(
+        &mut self,
+        cts: &[&ExtendedCiphertext],
+        pts: &[&ExtendedPlaintext],
+    ) -> Result<()> {
+        let (ctx, level) = (&self.ctx, self.level);
+        crate::scale::check_batch(cts.len(), pts.len(), &mut self.scale, |scale, k| {
+            check_extended_term(ctx, level, scale, cts[k], pts[k])
+        })?;
+        if cts.is_empty() {
+            return Ok(());
+        }
+        if self.terms > 0 {
+            // Onto earlier terms: one product at a time (not a hot path).
+            for (ct, pt) in cts.iter().zip(pts) {
+                self.add_product(ct, pt)?;
+            }
+            return Ok(());
+        }
+        let n = self.ctx.degree();
+        let sp = self.ctx.sp();
+        let mut terms = Vec::with_capacity(cts.len());
+        for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
+            let r = k * n..(k + 1) * n;
+            terms.clear();
+            terms.extend(cts.iter().zip(pts).map(|(ct, pt)| {
+                let w = pt.limb(j, n, sp);
+                Term {
+                    x0: &ct.e0[r.clone()],
+                    w0: w,
+                    x1: &ct.e1[r.clone()],
+                    w1: w,
+                }
+            }));
+            let (a0, a1) = (&mut self.acc0[r.clone()], &mut self.acc1[r]);
+            self.ctx.dot2(j, &terms, a0, a1);
+        }
+        self.normalized = true;
+        self.terms += cts.len();
+        Ok(())
+    }
+
+    /// See [`crate::evaluator::start_or_denormalize`].
+    fn start_or_denormalize(&mut self) {
+        let limbs = self.ctx.qp_primes(self.level).enumerate();
+        let (acc0, acc1) = (&mut self.acc0, &mut self.acc1);
+        crate::evaluator::start_or_denormalize(
+            &self.ctx,
+            acc0,
+            acc1,
+            self.terms,
+            &mut self.normalized,
+            limbs,
+        );
     }
 
     /// Number of products added.
@@ -322,7 +382,8 @@ impl ExtendedMulAccumulator {
     pub fn finish(mut self) -> Option<ExtendedCiphertext> {
         let scale = self.scale?;
         let n = self.ctx.degree();
-        for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
+        let primes = self.ctx.qp_primes(self.level).enumerate();
+        for (k, j) in primes.filter(|_| !self.normalized) {
             self.ctx.normalize(j, &mut self.acc0[k * n..(k + 1) * n]);
             self.ctx.normalize(j, &mut self.acc1[k * n..(k + 1) * n]);
         }

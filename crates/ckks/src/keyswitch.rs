@@ -5,6 +5,7 @@
 
 use crate::context::Context;
 use crate::keys::GaloisKey;
+use crate::lazy_dot::Term;
 use crate::modular::{lift_centered_combine, lift_centered_limb, vectorized};
 
 /// ModUp: for each digit `i ≤ level`, the residue `[c]_{q_i}` (balanced)
@@ -65,27 +66,35 @@ pub(crate) fn inner_product_plus(
 ) -> (Vec<u64>, Vec<u64>) {
     let n = ctx.degree();
     let primes: Vec<usize> = ctx.qp_primes(level).collect();
-    let mut t0 = ctx.pool.take_zeroed(primes.len() * n);
-    let mut t1 = ctx.pool.take_zeroed(primes.len() * n);
-    for (i, d) in digits.iter().enumerate() {
-        let (b, a) = (&key.b_scaled[i], &key.a_scaled[i]);
-        for (k, &j) in primes.iter().enumerate() {
-            let r = k * n..(k + 1) * n;
-            let kr = j * n..(j + 1) * n;
-            ctx.mul_acc(j, &mut t0[r.clone()], &d[r.clone()], &b[kr.clone()]);
-            ctx.mul_acc(j, &mut t1[r.clone()], &d[r.clone()], &a[kr]);
-        }
-    }
-    if let Some(c0) = c0 {
-        for j in 0..=level {
-            let r = j * n..(j + 1) * n;
-            ctx.mul_acc(j, &mut t0[r.clone()], &c0[r], &ctx.p_mod_vec[j]);
-        }
-    }
-    // The key is stored N-scaled: remove the factor once for the whole sum.
+    // Every limb is overwritten by `dot2`.
+    let mut t0 = ctx.pool.take(primes.len() * n);
+    let mut t1 = ctx.pool.take(primes.len() * n);
+    let mut terms = Vec::with_capacity(digits.len() + 1);
     for (k, &j) in primes.iter().enumerate() {
-        ctx.normalize(j, &mut t0[k * n..(k + 1) * n]);
-        ctx.normalize(j, &mut t1[k * n..(k + 1) * n]);
+        let r = k * n..(k + 1) * n;
+        let kr = j * n..(j + 1) * n;
+        terms.clear();
+        terms.extend(digits.iter().enumerate().map(|(i, d)| {
+            let x = &d[r.clone()];
+            Term {
+                x0: x,
+                w0: &key.b_scaled[i][kr.clone()],
+                x1: x,
+                w1: &key.a_scaled[i][kr.clone()],
+            }
+        }));
+        // `P·c0` on the chain primes (`p_mod_vec` is N-scaled like the key).
+        if let Some(c0) = c0.filter(|_| j <= level) {
+            let x = &c0[j * n..(j + 1) * n];
+            terms.push(Term {
+                x0: x,
+                w0: &ctx.p_mod_vec[j],
+                x1: x,
+                w1: &ctx.zero_limb,
+            });
+        }
+        // The key is stored N-scaled: the sum takes `N^{-1}` once.
+        ctx.dot2(j, &terms, &mut t0[r.clone()], &mut t1[r]);
     }
     (t0, t1)
 }

@@ -78,6 +78,7 @@ pub mod evaluator;
 pub mod hoisting;
 pub mod keys;
 mod keyswitch;
+mod lazy_dot;
 pub mod modular;
 pub mod params;
 pub mod plaintext;

@@ -62,6 +62,15 @@ impl std::fmt::Debug for ExtendedPlaintext {
 }
 
 impl ExtendedPlaintext {
+    /// The N-scaled limb of prime `j` (`sp`: the special prime's index).
+    pub(crate) fn limb(&self, j: usize, n: usize, sp: usize) -> &[u64] {
+        if j == sp {
+            &self.special
+        } else {
+            &self.pt.data[j * n..(j + 1) * n]
+        }
+    }
+
     /// Level of the chain part.
     pub fn level(&self) -> usize {
         self.pt.level

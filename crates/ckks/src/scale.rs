@@ -1,4 +1,5 @@
-//! Scale equality, shared by the evaluator and hoisting.
+//! Scale equality and the checks of a product term, shared by the
+//! evaluator and hoisting.
 
 use crate::error::{CkksError, Result};
 
@@ -15,4 +16,69 @@ pub(crate) fn check_scale(a: f64, b: f64) -> Result<()> {
     } else {
         Err(CkksError::ScaleMismatch { left: a, right: b })
     }
+}
+
+/// The checks of one ct×pt term of a sum at `level` (the accumulators'
+/// `add_product`): the ciphertext at `level`, the plaintext at or above
+/// it, the product's scale `product_scale` equal to the earlier terms'
+/// (`scale`, recorded on the first term).
+///
+/// # Errors
+/// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`]; `scale` is
+/// then unchanged.
+pub(crate) fn check_product_term(
+    level: usize,
+    scale: &mut Option<f64>,
+    ct_level: usize,
+    pt_level: usize,
+    product_scale: f64,
+) -> Result<()> {
+    if ct_level != level {
+        return Err(CkksError::LevelMismatch {
+            left: level,
+            right: ct_level,
+        });
+    }
+    if pt_level < level {
+        return Err(CkksError::LevelMismatch {
+            left: level,
+            right: pt_level,
+        });
+    }
+    match *scale {
+        Some(prev) => check_scale(prev, product_scale),
+        None => {
+            *scale = Some(product_scale);
+            Ok(())
+        }
+    }
+}
+
+/// The checks of a whole batch of `n_cts` ciphertexts and `n_pts`
+/// plaintexts (the accumulators' `add_products`): equal counts, then
+/// `check(k)` for every term; on any error the recorded `scale` is put
+/// back, so a refused batch leaves the accumulator as it was.
+///
+/// # Errors
+/// [`CkksError::TermCountMismatch`], or the first term's error.
+pub(crate) fn check_batch(
+    n_cts: usize,
+    n_pts: usize,
+    scale: &mut Option<f64>,
+    mut check: impl FnMut(&mut Option<f64>, usize) -> Result<()>,
+) -> Result<()> {
+    if n_cts != n_pts {
+        return Err(CkksError::TermCountMismatch {
+            ciphertexts: n_cts,
+            plaintexts: n_pts,
+        });
+    }
+    let saved = *scale;
+    for k in 0..n_cts {
+        if let Err(e) = check(scale, k) {
+            *scale = saved;
+            return Err(e);
+        }
+    }
+    Ok(())
 }

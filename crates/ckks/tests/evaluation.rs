@@ -65,6 +65,128 @@ fn mul_accumulator_matches_sum_of_products_and_reference() {
     assert!(f.ev.mul_accumulator(top).unwrap().finish().is_none());
 }
 
+/// `add_products` (one lazy many-term pass per limb, the IFMA kernel where
+/// the CPU has it) against `add_product` one term at a time (tfhe-ntt's
+/// multiply-accumulate): bit-identical sums for term counts on both sides
+/// of the kernel's reduction chunk, at every level, over `Q` and over
+/// `Q·P`, also when mixed with single products afterwards.
+#[test]
+fn add_products_is_bit_identical_to_one_product_at_a_time() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 32);
+    let (slots, scale) = (f.ctx.slots(), f.ctx.params().scale());
+    let max_terms = 24;
+    for level in 0..=f.ctx.max_level() {
+        let cts: Vec<Ciphertext> = (0..max_terms)
+            .map(|k| encrypt(&mut f, &values(slots, 300 + k, 2.0), level, scale))
+            .collect();
+        let pts: Vec<Plaintext> = (0..max_terms)
+            .map(|k| {
+                f.enc
+                    .encode(&values(slots, 400 + k, 1.0), level, scale)
+                    .unwrap()
+            })
+            .collect();
+        let exts: Vec<ExtendedCiphertext> = cts.iter().map(|c| f.ev.extend(c)).collect();
+        let epts: Vec<ExtendedPlaintext> = (0..max_terms)
+            .map(|k| {
+                let w = values(slots, 500 + k, 1.0);
+                f.enc.encode_extended(&w, level, scale).unwrap()
+            })
+            .collect();
+        for terms in [1usize, 7, 8, 9, 24] {
+            let (c, p): (Vec<_>, Vec<_>) = cts.iter().zip(&pts).take(terms).unzip();
+            let mut batch = f.ev.mul_accumulator(level).unwrap();
+            batch.add_products(&c, &p).unwrap();
+            let mut single = f.ev.mul_accumulator(level).unwrap();
+            for (c, p) in c.iter().zip(&p) {
+                single.add_product(c, p).unwrap();
+            }
+            assert_eq!(batch.terms(), terms);
+            assert_eq!(
+                batch.finish(),
+                single.finish(),
+                "level {level}, {terms} terms"
+            );
+
+            let (c, p): (Vec<_>, Vec<_>) = exts.iter().zip(&epts).take(terms).unzip();
+            let mut batch = f.ev.mul_accumulator_extended(level).unwrap();
+            batch.add_products(&c, &p).unwrap();
+            let mut single = f.ev.mul_accumulator_extended(level).unwrap();
+            for (c, p) in c.iter().zip(&p) {
+                single.add_product(c, p).unwrap();
+            }
+            assert_eq!(
+                batch.finish(),
+                single.finish(),
+                "level {level}, {terms} terms, Q·P"
+            );
+        }
+        // A batch, then single products, then a batch onto earlier terms.
+        let (c, p): (Vec<_>, Vec<_>) = cts.iter().zip(&pts).unzip();
+        let mut mixed = f.ev.mul_accumulator(level).unwrap();
+        mixed.add_products(&c[..9], &p[..9]).unwrap();
+        mixed.add_product(c[9], p[9]).unwrap();
+        mixed.add_products(&c[10..], &p[10..]).unwrap();
+        let mut all = f.ev.mul_accumulator(level).unwrap();
+        all.add_products(&c, &p).unwrap();
+        assert_eq!(mixed.terms(), max_terms as usize);
+        assert_eq!(mixed.finish(), all.finish(), "level {level}, mixed");
+    }
+}
+
+/// A bad batch is refused whole with a typed error and leaves the
+/// accumulator as it was.
+#[test]
+fn add_products_refuses_bad_batches_without_adding_anything() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 33);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let cts: Vec<Ciphertext> = (0..3)
+        .map(|k| encrypt(&mut f, &values(slots, 600 + k, 1.0), top, scale))
+        .collect();
+    let pts: Vec<Plaintext> = (0..3)
+        .map(|k| {
+            f.enc
+                .encode(&values(slots, 700 + k, 1.0), top, scale)
+                .unwrap()
+        })
+        .collect();
+    let (c, p): (Vec<_>, Vec<_>) = cts.iter().zip(&pts).unzip();
+    let mut acc = f.ev.mul_accumulator(top).unwrap();
+    assert!(matches!(
+        acc.add_products(&c, &p[..2]),
+        Err(CkksError::TermCountMismatch {
+            ciphertexts: 3,
+            plaintexts: 2
+        })
+    ));
+    let other = f
+        .enc
+        .encode(&values(slots, 9, 1.0), top, scale * 2.0)
+        .unwrap();
+    assert!(matches!(
+        acc.add_products(&c[..2], &[p[0], &other]),
+        Err(CkksError::ScaleMismatch { .. })
+    ));
+    let low = f.ev.drop_to_level(&cts[1], 1).unwrap();
+    assert!(matches!(
+        acc.add_products(&[c[0], &low], &p[..2]),
+        Err(CkksError::LevelMismatch { .. })
+    ));
+    assert_eq!(acc.terms(), 0);
+    // Still usable, and at a scale the refused batch did not pin: a batch of
+    // the other scale is accepted.
+    let twice: Vec<Plaintext> = (0..3)
+        .map(|k| {
+            f.enc
+                .encode(&values(slots, 700 + k, 1.0), top, scale * 2.0)
+                .unwrap()
+        })
+        .collect();
+    let p2: Vec<&Plaintext> = twice.iter().collect();
+    acc.add_products(&c, &p2).unwrap();
+    assert_eq!(acc.terms(), 3);
+}
+
 #[test]
 fn double_hoisting_sums_rotations_before_one_mod_down() {
     let mut f = fixture(Preset::N8192Depth2Fast, 31);

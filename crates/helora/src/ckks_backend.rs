@@ -303,9 +303,7 @@ impl HeServer for CkksServer {
             .ev
             .mul_accumulator_extended(cts[0].level())
             .map_err(he)?;
-        for (c, p) in cts.iter().zip(pts) {
-            acc.add_product(c, p).map_err(he)?;
-        }
+        acc.add_products(cts, pts).map_err(he)?;
         acc.finish()
             .ok_or_else(|| HeloraError::Backend("dot_plain_extended: empty".into()))
     }
@@ -319,9 +317,7 @@ impl HeServer for CkksServer {
             return Err(HeloraError::Backend("dot_plain: bad term count".into()));
         }
         let mut acc = self.ev.mul_accumulator(cts[0].level()).map_err(he)?;
-        for (c, p) in cts.iter().zip(pts) {
-            acc.add_product(c, p).map_err(he)?;
-        }
+        acc.add_products(cts, pts).map_err(he)?;
         acc.finish()
             .ok_or_else(|| HeloraError::Backend("dot_plain: empty".into()))
     }

@@ -442,8 +442,8 @@ impl Fixture {
                 })?;
                 continue;
             }
-            // ct×pt inside a lazy accumulation of TERMS terms, each with its
-            // own plaintext, as plans use it: once over a working set larger
+            // ct×pt inside one lazy sum of TERMS terms (`add_products`), each
+            // with its own plaintext, as plans use it: once over a working set larger
             // than the last-level cache (a round streams every diagonal
             // once; a session holds 10⁸–10⁹ bytes of them), once over a
             // cache-resident one.
@@ -451,11 +451,13 @@ impl Fixture {
             let mut ct_pt = |n: usize| {
                 median_ms(reps, || {
                     let mut acc = ev.mul_accumulator(level).map_err(he)?;
-                    for _ in 0..TERMS {
-                        k += 1;
-                        acc.add_product(&cts[k % DISTINCT], &set.ws[k % n])
-                            .map_err(he)?;
-                    }
+                    let (cs, ps): (Vec<_>, Vec<_>) = (0..TERMS)
+                        .map(|_| {
+                            k += 1;
+                            (&cts[k % DISTINCT], &set.ws[k % n])
+                        })
+                        .unzip();
+                    acc.add_products(&cs, &ps).map_err(he)?;
                     let _ = acc.finish();
                     Ok(())
                 })
@@ -472,11 +474,13 @@ impl Fixture {
             // extended diagonals, then the fused ModDown + rescale.
             c.ext_ct_pt_ms[level] = median_ms(reps, || {
                 let mut acc = ev.mul_accumulator_extended(level).map_err(he)?;
-                for _ in 0..TERMS {
-                    k += 1;
-                    acc.add_product(&set.exts[k % DISTINCT], &set.ews[k % set.ews.len()])
-                        .map_err(he)?;
-                }
+                let (cs, ps): (Vec<_>, Vec<_>) = (0..TERMS)
+                    .map(|_| {
+                        k += 1;
+                        (&set.exts[k % DISTINCT], &set.ews[k % set.ews.len()])
+                    })
+                    .unzip();
+                acc.add_products(&cs, &ps).map_err(he)?;
                 let _ = acc.finish();
                 Ok(())
             })? / TERMS as f64;

@@ -5,7 +5,7 @@
 //! during a generation would offer the reopening client another plan than
 //! the one its ciphertexts are laid out for. So the costs of a preset are
 //! measured once per machine and stored as JSON in
-//! `<cache dir>/opcosts-v1-<preset>-<machine>.json`, where the cache dir is
+//! `<cache dir>/opcosts-v<N>-<preset>-<machine>.json` ([`COSTS_VERSION`]), where the cache dir is
 //! the default model's ([`cache_dir`]) and `<machine>` is a hash of the CPU
 //! model name and the number of CPUs. An unreadable or malformed file is
 //! measured again and rewritten; a failed write only costs the next start a
@@ -48,10 +48,16 @@ pub fn machine_key() -> String {
     format!("{id:016x}")
 }
 
+/// Version of the measured costs in the cache file's name: raised when a
+/// kernel the costs price changes speed, so that no server plans from
+/// costs of the old kernel. 2: ct×pt sums run as one lazy many-term pass
+/// (`add_products`), about 1.5× the old per-product speed.
+pub const COSTS_VERSION: u32 = 2;
+
 /// The cache file's name for `preset` on `machine` (module docs).
 fn cache_file_name(preset: &str, machine: &str, debug_build: bool) -> String {
     let build = if debug_build { "-debug" } else { "" };
-    format!("opcosts-v1-{preset}-{machine}{build}.json")
+    format!("opcosts-v{COSTS_VERSION}-{preset}-{machine}{build}.json")
 }
 
 /// The costs for `preset` from `dir`'s cache file, or `measure()`d and
@@ -109,7 +115,7 @@ mod tests {
     fn debug_builds_keep_their_op_costs_apart() {
         let release = cache_file_name("N8192Depth2Fast", "651f", false);
         let debug = cache_file_name("N8192Depth2Fast", "651f", true);
-        assert_eq!(release, "opcosts-v1-N8192Depth2Fast-651f.json");
+        assert_eq!(release, "opcosts-v2-N8192Depth2Fast-651f.json");
         assert_ne!(debug, release);
         assert!(debug.ends_with(".json") && debug.contains("651f"));
     }

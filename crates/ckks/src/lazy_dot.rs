@@ -1,0 +1,330 @@
+//! Many-term modular dot products in one pass with lazy reduction.
+//!
+//! The server's hot loops are sums of products over one RNS limb: a giant
+//! step of a baby-step/giant-step linear transformation sums `g` products
+//! `ct_b × pt_b` (Halevi–Shoup, CRYPTO 2018, §3), and a key switch sums
+//! the decomposed digits times the key (`Σ_i d_i · ksk_i`, Han–Ki,
+//! CT-RSA 2020, §3). Done one product at a time (a fused multiply-add into
+//! an accumulator per product, [`crate::Context`]'s `mul_acc`), every
+//! product reads and writes the whole accumulator and reduces every
+//! element modulo p; with plaintexts and keys streamed from memory the
+//! pass is bound by that traffic, not by the multiplies.
+//!
+//! [`Context::dot2`](crate::Context) instead walks the limb once, eight
+//! coefficients at a time, and keeps the sums of the 104-bit products in
+//! registers (AVX-512 IFMA `vpmadd52luq`/`vpmadd52huq` accumulate the low
+//! and high 52 bits separately; Drucker–Gueron, "Fast modular squaring
+//! with AVX512IFMA", 2019, use the same split). Every [`CHUNK`] terms the
+//! pair is reduced with one Montgomery reduction modulo `2^52`
+//! (Montgomery, Math. Comp. 1985) and one Shoup multiplication by a
+//! constant that undoes the Montgomery factor and applies the `N^{-1}` of
+//! the N-scaled plaintexts and keys, then added to a running
+//! sum kept in `[0, 2p)`. Each operand is read once and each output
+//! written once.
+//!
+//! Bounds (p < 2^50, every input residue < p): a product is below 2^100,
+//! so its high 52-bit half is below 2^48; [`CHUNK`] = 8 of them sum below
+//! 2^51 and the low halves below 2^55. After moving the low sum's carry
+//! into the high sum (high `h < 2^51 + 8`, low `l < 2^52`) the Montgomery
+//! step `t = h + hi52(m·p) + [l ≠ 0]`, `m = l·(−p^{-1}) mod 2^52`, gives
+//! `t ≡ (h·2^52 + l)·2^-52 (mod p)` with `t < 2^51 + 2^50 + 9 < 2^52`,
+//! the input bound of the 52-bit Shoup multiplication, whose result lies
+//! in `[0, 2p)`.
+//!
+//! Primes from 2^50 up, or a CPU without IFMA, take the portable path
+//! (one tfhe-ntt multiply-accumulate per product, then `N^{-1}`);
+//! both paths return the same residues (unit tests against `u128`
+//! arithmetic).
+
+/// Terms summed in registers between two reductions (see the module docs'
+/// bounds).
+pub(crate) const CHUNK: usize = 8;
+
+/// Low 52 bits.
+const MASK52: u64 = (1 << 52) - 1;
+
+/// One term of a paired dot product: `x0 ⊙ w0` is added to the first
+/// output and `x1 ⊙ w1` to the second (all four one limb long).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Term<'a> {
+    pub x0: &'a [u64],
+    pub w0: &'a [u64],
+    pub x1: &'a [u64],
+    pub w1: &'a [u64],
+}
+
+/// A constant `c < p` with its 52-bit Shoup companion `⌊c·2^52 / p⌋`.
+#[derive(Debug, Clone, Copy)]
+struct Shoup52 {
+    c: u64,
+    c_shoup: u64,
+}
+
+impl Shoup52 {
+    fn new(c: u64, p: u64) -> Self {
+        Self {
+            c,
+            c_shoup: (((c as u128) << 52) / p as u128) as u64,
+        }
+    }
+}
+
+/// The IFMA kernel's constants for one prime `p < 2^50`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LazyDot {
+    p: u64,
+    /// `−p^{-1} mod 2^52`.
+    p_inv_neg: u64,
+    /// `2^52·N^{-1} mod p`: undoes the Montgomery factor and applies the
+    /// `N^{-1}` of N-scaled operands.
+    post: Shoup52,
+    /// `N^{-1} mod p` (the scalar path).
+    n_inv: u64,
+}
+
+/// `b^e mod p`.
+fn pow_mod(b: u64, mut e: u64, p: u64) -> u64 {
+    let p = p as u128;
+    let mut r = 1u128;
+    let mut b = b as u128 % p;
+    while e > 0 {
+        if e & 1 == 1 {
+            r = r * b % p;
+        }
+        b = b * b % p;
+        e >>= 1;
+    }
+    r as u64
+}
+
+impl LazyDot {
+    /// The kernel for prime `p` and ring degree `n`, or `None` when it does
+    /// not apply (`p ≥ 2^50`, or no AVX-512 IFMA on this CPU).
+    pub(crate) fn new(p: u64, n: usize) -> Option<Self> {
+        if !(3..1 << 50).contains(&p) || !ifma_available() {
+            return None;
+        }
+        Some(Self::for_prime(p, n))
+    }
+
+    /// The constants, whether or not the CPU can run the kernel.
+    fn for_prime(p: u64, n: usize) -> Self {
+        // Newton's iteration for p^{-1} mod 2^64 (p odd): 6 steps double
+        // 1 correct bit to 64.
+        let mut inv = 1u64;
+        for _ in 0..6 {
+            inv = inv.wrapping_mul(2u64.wrapping_sub(p.wrapping_mul(inv)));
+        }
+        let r = ((1u128 << 52) % p as u128) as u64;
+        let n_inv = pow_mod(n as u64, p - 2, p);
+        let r_n_inv = ((r as u128 * n_inv as u128) % p as u128) as u64;
+        Self {
+            p,
+            p_inv_neg: inv.wrapping_neg() & MASK52,
+            post: Shoup52::new(r_n_inv, p),
+            n_inv,
+        }
+    }
+
+    /// `out0 ← N^{-1}·Σ x0⊙w0`, `out1 ← N^{-1}·Σ x1⊙w1` modulo p, in
+    /// `[0, p)` (overwritten; zero for no terms): the sum of products with
+    /// N-scaled `w` (plaintexts and keys). Every slice has `out0.len()`
+    /// elements, a multiple of 8, each `< p`.
+    pub(crate) fn dot2(&self, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(simd) = Ifma::try_new() {
+            simd.vectorize(
+                #[inline(always)]
+                || dot2_ifma(simd, self, terms, out0, out1),
+            );
+            return;
+        }
+        // `new` returns a kernel only where IFMA runs, so only the tests
+        // (through `for_prime`) reach this scalar path on other CPUs.
+        let p = self.p as u128;
+        let f = self.n_inv as u128;
+        for (k, out) in [out0, out1].into_iter().enumerate() {
+            for (i, o) in out.iter_mut().enumerate() {
+                let s = terms.iter().fold(0u128, |s, t| {
+                    let (x, w) = if k == 0 { (t.x0, t.w0) } else { (t.x1, t.w1) };
+                    (s + x[i] as u128 * w[i] as u128) % p
+                });
+                *o = (s * f % p) as u64;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pulp::simd_type! {
+    /// AVX-512 with the 52-bit integer multiply-add (IFMA).
+    struct Ifma {
+        pub avx512f: "avx512f",
+        pub avx512ifma: "avx512ifma",
+    }
+}
+
+/// Whether this CPU runs the IFMA kernel.
+pub(crate) fn ifma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Ifma::is_available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn dot2_ifma(simd: Ifma, k: &LazyDot, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
+    use pulp::{as_arrays, as_arrays_mut, cast};
+    use std::arch::x86_64::__m512i;
+
+    let f = simd.avx512f;
+    let ifma = simd.avx512ifma;
+    let zero = f._mm512_setzero_si512();
+    let mask = f._mm512_set1_epi64(MASK52 as i64);
+    let p = f._mm512_set1_epi64(k.p as i64);
+    let two_p = f._mm512_set1_epi64((2 * k.p) as i64);
+    let p_inv_neg = f._mm512_set1_epi64(k.p_inv_neg as i64);
+    let neg_p = f._mm512_set1_epi64((k.p.wrapping_neg() & MASK52) as i64);
+    let c = f._mm512_set1_epi64(k.post.c as i64);
+    let c_shoup = f._mm512_set1_epi64(k.post.c_shoup as i64);
+    let one = f._mm512_set1_epi64(1);
+
+    // h·2^52 + l → N^{-1}·(h·2^52 + l) mod p, in [0, 2p): Montgomery, then
+    // Shoup by 2^52·N^{-1} (module docs).
+    let reduce = |h: __m512i, l: __m512i| -> __m512i {
+        let h = f._mm512_add_epi64(h, f._mm512_srli_epi64::<52>(l));
+        let l = f._mm512_and_si512(l, mask);
+        let m = ifma._mm512_madd52lo_epu64(zero, l, p_inv_neg);
+        let mut t = ifma._mm512_madd52hi_epu64(h, m, p);
+        let nz = f._mm512_test_epi64_mask(l, l);
+        t = f._mm512_mask_add_epi64(t, nz, t, one);
+        // Shoup: q = ⌊t·c'/2^52⌋, r = t·c − q·p (mod 2^52) ∈ [0, 2p).
+        let q = ifma._mm512_madd52hi_epu64(zero, t, c_shoup);
+        let r = ifma._mm512_madd52lo_epu64(zero, t, c);
+        let r = ifma._mm512_madd52lo_epu64(r, q, neg_p);
+        f._mm512_and_si512(r, mask)
+    };
+    // s + r with s, r ∈ [0, 2p) → [0, 2p).
+    let add_2p = |s: __m512i, r: __m512i| -> __m512i {
+        let s = f._mm512_add_epi64(s, r);
+        let ge = f._mm512_cmpge_epu64_mask(s, two_p);
+        f._mm512_mask_sub_epi64(s, ge, s, two_p)
+    };
+    // [0, 2p) → [0, p).
+    let finish = |s: __m512i| -> __m512i {
+        let ge = f._mm512_cmpge_epu64_mask(s, p);
+        f._mm512_mask_sub_epi64(s, ge, s, p)
+    };
+
+    let n = out0.len();
+    let load = |v: &[u64], i: usize| -> __m512i { cast(as_arrays::<8, u64>(&v[i..i + 8]).0[0]) };
+    let (o0, _) = as_arrays_mut::<8, u64>(out0);
+    let (o1, _) = as_arrays_mut::<8, u64>(out1);
+    for (v, (o0, o1)) in o0.iter_mut().zip(o1.iter_mut()).enumerate().take(n / 8) {
+        let i = v * 8;
+        let mut s0 = zero;
+        let mut s1 = zero;
+        for chunk in terms.chunks(CHUNK) {
+            let (mut l0, mut h0, mut l1, mut h1) = (zero, zero, zero, zero);
+            for t in chunk {
+                let w0 = load(t.w0, i);
+                let x0 = load(t.x0, i);
+                l0 = ifma._mm512_madd52lo_epu64(l0, x0, w0);
+                h0 = ifma._mm512_madd52hi_epu64(h0, x0, w0);
+                let w1 = load(t.w1, i);
+                let x1 = load(t.x1, i);
+                l1 = ifma._mm512_madd52lo_epu64(l1, x1, w1);
+                h1 = ifma._mm512_madd52hi_epu64(h1, x1, w1);
+            }
+            s0 = add_2p(s0, reduce(h0, l0));
+            s1 = add_2p(s1, reduce(h1, l1));
+        }
+        *o0 = cast(finish(s0));
+        *o1 = cast(finish(s1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::modular::is_prime;
+    use proptest::prelude::*;
+
+    /// The largest NTT-friendly prime below `2^bits` (p ≡ 1 mod 2n).
+    fn prime_below(bits: u32, n: u64) -> u64 {
+        let mut p = ((1u64 << bits) - 1) / (2 * n) * (2 * n) + 1;
+        while !is_prime(p) {
+            p -= 2 * n;
+        }
+        p
+    }
+
+    /// `N^{-1}·Σ x⊙w mod p` in `u128`, for ring degree `ring_n`, the
+    /// inverse by Fermat.
+    fn reference(p: u64, ring_n: usize, xs: &[Vec<u64>], ws: &[Vec<u64>]) -> Vec<u64> {
+        let f = pow_mod(ring_n as u64, p - 2, p) as u128;
+        (0..xs.first().map_or(0, Vec::len))
+            .map(|i| {
+                let s = xs.iter().zip(ws).fold(0u128, |s, (x, w)| {
+                    (s + x[i] as u128 * w[i] as u128) % p as u128
+                });
+                (s * f % p as u128) as u64
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// The kernel equals `u128` arithmetic for 40- and 50-bit primes,
+        /// 0–20 terms (more than one reduction chunk), including residues at `p − 1` (the bounds' worst case).
+        #[test]
+        fn dot2_matches_u128_reference(
+            bits in prop::sample::select(vec![36u32, 40, 45, 49, 50]),
+            terms in 0usize..=20,
+            extreme in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let n = 64usize;
+            let p = prime_below(bits, 8192);
+            let mut s = seed | 1;
+            let mut rnd = move || {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if extreme { p - 1 - (s % 2) } else { s % p }
+            };
+            let mk = |rnd: &mut dyn FnMut() -> u64| -> Vec<Vec<u64>> {
+                (0..terms).map(|_| (0..n).map(|_| rnd()).collect()).collect()
+            };
+            let (x0, w0, x1, w1) = (mk(&mut rnd), mk(&mut rnd), mk(&mut rnd), mk(&mut rnd));
+            let ts: Vec<Term<'_>> = (0..terms)
+                .map(|k| Term { x0: &x0[k], w0: &w0[k], x1: &x1[k], w1: &w1[k] })
+                .collect();
+            let k = LazyDot::for_prime(p, 8192);
+            let (mut o0, mut o1) = (vec![7u64; n], vec![7u64; n]);
+            k.dot2(&ts, &mut o0, &mut o1);
+            let (r0, r1) = if terms == 0 {
+                (vec![0; n], vec![0; n])
+            } else {
+                (reference(p, 8192, &x0, &w0), reference(p, 8192, &x1, &w1))
+            };
+            prop_assert_eq!(o0, r0);
+            prop_assert_eq!(o1, r1);
+        }
+    }
+
+    /// Primes from 2^50 up are refused (the module docs' bounds need
+    /// `p < 2^50`).
+    #[test]
+    fn primes_from_2_50_take_the_portable_path() {
+        let p = prime_below(51, 8192);
+        assert!(p > 1 << 50);
+        assert!(LazyDot::new(p, 8192).is_none());
+    }
+}
