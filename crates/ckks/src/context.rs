@@ -248,9 +248,10 @@ impl Context {
 
     /// `out0 ← N^{-1}·Σ_k x0_k ⊙ w0_k`, `out1 ← N^{-1}·Σ_k x1_k ⊙ w1_k`
     /// modulo prime `i` (overwritten, canonical; the `w` are N-scaled
-    /// plaintexts or keys, so this is the plain sum of products): one pass with lazy reduction where the IFMA kernel runs
-    /// ([`crate::lazy_dot`]), else one tfhe-ntt multiply-accumulate per
-    /// product. All slices are one limb long.
+    /// plaintexts or keys, so this is the plain sum of products): one pass
+    /// with lazy reduction where the IFMA kernel runs ([`crate::lazy_dot`]),
+    /// else one tfhe-ntt multiply-accumulate per product. All slices are
+    /// one limb long.
     pub(crate) fn dot2(&self, i: usize, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
         if let Some(k) = &self.lazy[i] {
             k.dot2(terms, out0, out1);

@@ -21,7 +21,7 @@ use crate::lazy_dot::Term;
 use crate::plaintext::Plaintext;
 
 pub use crate::scale::SCALE_TOLERANCE;
-use crate::scale::{check_batch, check_product_term, check_scale};
+use crate::scale::{BatchPath, check_batch, check_product_term, check_scale};
 
 fn check_same(a: &Ciphertext, b: &Ciphertext) -> Result<()> {
     a.ctx.check(b.ctx.digest())?;
@@ -99,18 +99,22 @@ impl MulAccumulator {
     /// else as [`Self::add_product`].
     pub fn add_products(&mut self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<()> {
         let (ctx, level) = (&self.ctx, self.level);
-        check_batch(cts.len(), pts.len(), &mut self.scale, |scale, k| {
-            check_term(ctx, level, scale, cts[k], pts[k])
-        })?;
-        if cts.is_empty() {
-            return Ok(());
-        }
-        if self.terms > 0 {
-            // Onto earlier terms: one product at a time (not a hot path).
-            for (ct, pt) in cts.iter().zip(pts) {
-                self.add_product(ct, pt)?;
+        let path = check_batch(
+            cts.len(),
+            pts.len(),
+            self.terms,
+            &mut self.scale,
+            |scale, k| check_term(ctx, level, scale, cts[k], pts[k]),
+        )?;
+        match path {
+            BatchPath::Empty => return Ok(()),
+            BatchPath::OntoEarlierTerms => {
+                for (ct, pt) in cts.iter().zip(pts) {
+                    self.add_product(ct, pt)?;
+                }
+                return Ok(());
             }
-            return Ok(());
+            BatchPath::Fresh => {}
         }
         let n = self.ctx.degree();
         for i in 0..=self.level {

@@ -24,6 +24,7 @@ use crate::keyswitch::{
 };
 use crate::lazy_dot::Term;
 use crate::plaintext::ExtendedPlaintext;
+use crate::scale::{BatchPath, check_batch};
 
 /// A ciphertext with its ModUp decomposition precomputed.
 pub struct HoistedCiphertext {
@@ -322,18 +323,22 @@ impl ExtendedMulAccumulator {
         pts: &[&ExtendedPlaintext],
     ) -> Result<()> {
         let (ctx, level) = (&self.ctx, self.level);
-        crate::scale::check_batch(cts.len(), pts.len(), &mut self.scale, |scale, k| {
-            check_extended_term(ctx, level, scale, cts[k], pts[k])
-        })?;
-        if cts.is_empty() {
-            return Ok(());
-        }
-        if self.terms > 0 {
-            // Onto earlier terms: one product at a time (not a hot path).
-            for (ct, pt) in cts.iter().zip(pts) {
-                self.add_product(ct, pt)?;
+        let path = check_batch(
+            cts.len(),
+            pts.len(),
+            self.terms,
+            &mut self.scale,
+            |scale, k| check_extended_term(ctx, level, scale, cts[k], pts[k]),
+        )?;
+        match path {
+            BatchPath::Empty => return Ok(()),
+            BatchPath::OntoEarlierTerms => {
+                for (ct, pt) in cts.iter().zip(pts) {
+                    self.add_product(ct, pt)?;
+                }
+                return Ok(());
             }
-            return Ok(());
+            BatchPath::Fresh => {}
         }
         let n = self.ctx.degree();
         let sp = self.ctx.sp();

@@ -54,19 +54,34 @@ pub(crate) fn check_product_term(
     }
 }
 
+/// What an accumulator's `add_products` does with a batch that passed
+/// [`check_batch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchPath {
+    /// No terms: nothing to add.
+    Empty,
+    /// The accumulator already holds terms: add one product at a time
+    /// (not a hot path).
+    OntoEarlierTerms,
+    /// An empty accumulator: the one-pass lazy sum, normalised on the way.
+    Fresh,
+}
+
 /// The checks of a whole batch of `n_cts` ciphertexts and `n_pts`
 /// plaintexts (the accumulators' `add_products`): equal counts, then
 /// `check(k)` for every term; on any error the recorded `scale` is put
-/// back, so a refused batch leaves the accumulator as it was.
+/// back, so a refused batch leaves the accumulator as it was. On success,
+/// the path to take for an accumulator already holding `terms` terms.
 ///
 /// # Errors
 /// [`CkksError::TermCountMismatch`], or the first term's error.
 pub(crate) fn check_batch(
     n_cts: usize,
     n_pts: usize,
+    terms: usize,
     scale: &mut Option<f64>,
     mut check: impl FnMut(&mut Option<f64>, usize) -> Result<()>,
-) -> Result<()> {
+) -> Result<BatchPath> {
     if n_cts != n_pts {
         return Err(CkksError::TermCountMismatch {
             ciphertexts: n_cts,
@@ -80,5 +95,9 @@ pub(crate) fn check_batch(
             return Err(e);
         }
     }
-    Ok(())
+    Ok(match (n_cts, terms) {
+        (0, _) => BatchPath::Empty,
+        (_, 0) => BatchPath::Fresh,
+        _ => BatchPath::OntoEarlierTerms,
+    })
 }
