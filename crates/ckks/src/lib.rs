@@ -24,6 +24,10 @@
 //!   to a power of two and dropping headroom and low bits
 //!   ([`compress`], Brakerski–Vaikuntanathan modulus switching, Kyber-style
 //!   compression), with a chooser that bounds the added error.
+//! * Uploads: fresh seeded ciphertexts drop low bits of `c0` for requests
+//!   that need less precision ([`rounded`], the same Kyber-style
+//!   compression on the part not multiplied by the secret; levels are
+//!   kept), with [`rounded::max_dropped_bits`] bounding the added error.
 //!
 //! * Parallelism: single-threaded by default; [`Evaluator::with_parallelism`]
 //!   runs ModUp digits and independent hoisted rotations on rayon.
@@ -39,6 +43,7 @@
 //! | rotate / hoisted rotate after ct×pt + rescale | ≤ 2^-22 | `prop_rotate_random_steps` |
 //! | double-hoisted dot product (5 terms, \|x\| ≤ 2, \|w\| ≤ 1.5) | ≤ 2^-20 | `double_hoisted_dot_product_matches_plain_path_and_reference` |
 //! | compress → decrypt, vs uncompressed, \|v\| ≤ M | ≤ [`CompressionParams::predicted_error`] ≤ M·2^-P | `compressed_decryption_matches_uncompressed_to_the_predicted_precision` |
+//! | round low bits of `c0` → decrypt, vs unrounded | ≤ [`rounded::predicted_error`] | `rounding_adds_at_most_the_predicted_error_at_every_level` |
 //!
 //! The fast presets (`*Fast`, 50-bit `q_0`) bound decrypted values at
 //! level 0 by `q_0 / (2Δ) = 2^9`; the 60-bit presets by `2^19`.
@@ -83,6 +88,7 @@ pub mod modular;
 pub mod params;
 pub mod plaintext;
 mod pool;
+pub mod rounded;
 pub mod sampling;
 mod scale;
 pub mod serialize;
@@ -99,6 +105,7 @@ pub use hoisting::{ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext
 pub use keys::{GaloisKey, GaloisKeys, PublicKey, SecretKey};
 pub use params::{CkksParameters, Preset, SecurityBound};
 pub use plaintext::{ExtendedPlaintext, Plaintext};
+pub use rounded::RoundedSeededCiphertext;
 /// Complex slot values ([`Encoder::encode_complex`], [`Encoder::decode_complex`]).
 pub use rustfft::num_complex::Complex64;
 pub use sampling::{os_rng, os_seed};

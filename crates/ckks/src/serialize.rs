@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | 4 | magic `CKLR` |
 //! | 1 | format version ([`FORMAT_VERSION`], 2) |
-//! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys, 5 compressed ciphertext |
+//! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys, 5 compressed ciphertext, 6 rounded seeded ciphertext |
 //! | 1 | log2 N |
 //! | 1 | level |
 //! | 8 | parameter digest ([`crate::CkksParameters::digest`]) |
@@ -19,7 +19,10 @@
 //! compressed ciphertext (level 0 only, [`crate::compress`]) = scale (f64,
 //! of the uncompressed ciphertext) ‖ b (u8) ‖ k (u8) ‖ d (u8) ‖ 0 (u8) ‖
 //! `c0'` at `b − d` bits per coefficient ‖ `c1'` at `b` bits (coefficient
-//! form, same bit stream as the limbs).
+//! form, same bit stream as the limbs); rounded seeded ciphertext
+//! ([`crate::rounded`]) = scale ‖ seed (32) ‖ d (u8) ‖ 0 0 0 (u8) ‖ limb 0
+//! of `c0'` as `⌊a_0/2^d⌋` at `bits(q_0) − d` bits (coefficient form) ‖
+//! limbs `1..=L` of `c0'` (NTT form).
 //! A polynomial is its limbs in order, limb `i` bit-packed at
 //! `⌈log2 q_i⌉` bits per coefficient (canonical NTT form). Uniform parts are
 //! never sent: they are re-expanded from the seeds with ChaCha8
@@ -46,6 +49,7 @@ use crate::compress::{CompressedCiphertext, CompressionParams};
 use crate::context::Context;
 use crate::error::{CkksError, Result};
 use crate::keys::{GaloisKey, GaloisKeys, PublicKey};
+use crate::rounded::{self, RoundedSeededCiphertext};
 
 const MAGIC: &[u8; 4] = b"CKLR";
 /// Current format version: 2 (seeds expanded with ChaCha8; version 1,
@@ -62,6 +66,7 @@ enum Kind {
     PublicKey = 3,
     GaloisKeys = 4,
     Compressed = 5,
+    RoundedSeeded = 6,
 }
 
 /// The kind of a serialized object, read from its header by [`peek_kind`].
@@ -78,6 +83,8 @@ pub enum ObjectKind {
     GaloisKeys,
     /// [`CompressedCiphertext`] (5).
     CompressedCiphertext,
+    /// [`RoundedSeededCiphertext`] (6).
+    RoundedSeededCiphertext,
 }
 
 /// The kind of the object `bytes` claim to hold, from the magic, version
@@ -94,6 +101,7 @@ pub fn peek_kind(bytes: &[u8]) -> Result<ObjectKind> {
         3 => ObjectKind::PublicKey,
         4 => ObjectKind::GaloisKeys,
         5 => ObjectKind::CompressedCiphertext,
+        6 => ObjectKind::RoundedSeededCiphertext,
         _ => {
             return Err(CkksError::Malformed {
                 what: "object kind",
@@ -426,6 +434,21 @@ impl SeededCiphertext {
         out
     }
 
+    /// Parses an upload: a seeded ciphertext ([`Self::to_bytes`]) or a
+    /// rounded one ([`RoundedSeededCiphertext::to_bytes`], rebuilt with
+    /// [`RoundedSeededCiphertext::to_seeded`]); any other kind is
+    /// [`CkksError::WrongKind`].
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`]; never panics.
+    pub fn from_upload_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        if kind_byte(bytes)? == Kind::RoundedSeeded as u8 {
+            Ok(RoundedSeededCiphertext::from_bytes(ctx, bytes)?.to_seeded())
+        } else {
+            Self::from_bytes(ctx, bytes)
+        }
+    }
+
     /// Parses and validates bytes from [`Self::to_bytes`].
     ///
     /// # Errors
@@ -442,6 +465,79 @@ impl SeededCiphertext {
             seed,
             level,
             scale,
+        })
+    }
+}
+
+/// Header, scale, seed and `(d, 0, 0, 0)` of a rounded seeded ciphertext.
+const ROUNDED_FIXED: usize = HEADER + 8 + 32 + 4;
+
+fn rounded_len(ctx: &Context, level: usize, dropped: u32) -> usize {
+    ROUNDED_FIXED
+        + ctx.degree() * rounded::high_bits(ctx, dropped) as usize / 8
+        + poly_bytes(ctx, 1..=level)
+}
+
+impl RoundedSeededCiphertext {
+    /// Serializes (header, scale, seed, `d`, three zero bytes, limb 0 at
+    /// `bits(q_0) − d` bits per coefficient, limbs `1..=L` bit-packed):
+    /// `N·d/8` bytes fewer than [`SeededCiphertext::to_bytes`] (plus 4).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let ctx = &self.ctx;
+        let mut out = Vec::with_capacity(rounded_len(ctx, self.level, self.dropped));
+        header(ctx, Kind::RoundedSeeded, self.level, &mut out);
+        out.extend_from_slice(&self.scale.to_bits().to_le_bytes());
+        out.extend_from_slice(&self.seed);
+        out.extend_from_slice(&[self.dropped as u8, 0, 0, 0]);
+        pack_limb(
+            &self.high,
+            rounded::high_bits(ctx, self.dropped) as usize,
+            &mut out,
+        );
+        pack(ctx, &self.rest, 1..=self.level, &mut out);
+        out
+    }
+
+    /// Parses and validates bytes from [`Self::to_bytes`]: the header, the
+    /// scale, `d` (`1..=bits(q_0) − 2`, reserved bytes 0), the exact length
+    /// before allocating, then every limb-0 value below `⌈q_0/2^d⌉` and
+    /// every other coefficient below its prime.
+    ///
+    /// # Errors
+    /// Any deserialisation variant of [`CkksError`],
+    /// [`CkksError::InvalidCompression`] for an invalid `d`; never panics.
+    pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
+        let (level, mut r) = open(ctx, bytes, Kind::RoundedSeeded)?;
+        let scale = r.scale()?;
+        let seed = r.seed()?;
+        let raw = r.take(4)?;
+        if raw[1..] != [0, 0, 0] {
+            return Err(CkksError::Malformed {
+                what: "rounded ciphertext reserved bytes",
+            });
+        }
+        let dropped = u32::from(raw[0]);
+        rounded::check_dropped(ctx, dropped)?;
+        exact_len(bytes, rounded_len(ctx, level, dropped))?;
+        let n = ctx.degree();
+        let mut high = vec![0u64; n];
+        let bits = rounded::high_bits(ctx, dropped) as usize;
+        unpack_limb(
+            r.take(n * bits / 8)?,
+            bits,
+            rounded::high_limit(ctx, dropped),
+            &mut high,
+        )
+        .map_err(|index| CkksError::CoefficientOutOfRange { limb: 0, index })?;
+        let rest = r.poly(ctx, 1..=level)?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            high,
+            rest,
+            seed,
+            level,
+            scale,
+            dropped,
         })
     }
 }

@@ -15,6 +15,8 @@ struct Objects {
     gk: Vec<u8>,
     /// A compressed level-0 ciphertext.
     cc: Vec<u8>,
+    /// A seeded ciphertext with 16 low bits of `c0` dropped.
+    rs: Vec<u8>,
 }
 
 fn objects() -> Objects {
@@ -44,6 +46,7 @@ fn objects() -> Objects {
     .unwrap();
     Objects {
         cc: ct0.compress(&p).unwrap().to_bytes(),
+        rs: seeded.round_low_bits(16).unwrap().to_bytes(),
         ct: ct.to_bytes(),
         seeded: seeded.to_bytes(),
         pk: pk.to_bytes(),
@@ -52,13 +55,14 @@ fn objects() -> Objects {
     }
 }
 
-fn parse_all(f: &Fixture, b: &[u8]) -> [bool; 5] {
+fn parse_all(f: &Fixture, b: &[u8]) -> [bool; 6] {
     [
         Ciphertext::from_bytes(&f.ctx, b).is_ok(),
         SeededCiphertext::from_bytes(&f.ctx, b).is_ok(),
         PublicKey::from_bytes(&f.ctx, b).is_ok(),
         GaloisKeys::from_bytes(&f.ctx, b).is_ok(),
         CompressedCiphertext::from_bytes(&f.ctx, b).is_ok(),
+        RoundedSeededCiphertext::from_bytes(&f.ctx, b).is_ok(),
     ]
 }
 
@@ -102,14 +106,14 @@ fn round_trips_preserve_objects_and_function() {
 #[test]
 fn truncated_and_extended_inputs_are_typed_errors() {
     let o = objects();
-    for (i, bytes) in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc]
+    for (i, bytes) in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc, &o.rs]
         .into_iter()
         .enumerate()
     {
         let mut ok = parse_all(&o.f, bytes);
         assert!(ok[i], "object {i} must parse");
         ok[i] = false;
-        assert_eq!(ok, [false; 5], "kinds are not interchangeable");
+        assert_eq!(ok, [false; 6], "kinds are not interchangeable");
         for cut in [
             0,
             1,
@@ -213,7 +217,7 @@ fn version_1_objects_are_refused() {
     assert_eq!(serialize::FORMAT_VERSION, 2);
     let o = objects();
     let ctx = &o.f.ctx;
-    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc] {
+    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc, &o.rs] {
         assert_eq!(bytes[4], 2);
         let mut b = bytes.clone();
         b[4] = 1;
@@ -224,7 +228,11 @@ fn version_1_objects_are_refused() {
             Some(want.clone())
         );
         assert_eq!(PublicKey::from_bytes(ctx, &b).err(), Some(want.clone()));
-        assert_eq!(GaloisKeys::from_bytes(ctx, &b).err(), Some(want));
+        assert_eq!(GaloisKeys::from_bytes(ctx, &b).err(), Some(want.clone()));
+        assert_eq!(
+            RoundedSeededCiphertext::from_bytes(ctx, &b).err(),
+            Some(want)
+        );
     }
 }
 
@@ -274,15 +282,52 @@ proptest! {
         let valid = p.validate(f.ctx.params().moduli()[0]).is_ok();
         let body = if valid { p.poly_bytes(f.ctx.degree()) } else { 64 };
         let len = (body as i64 + delta).max(0) as usize;
-        let mut x = seed | 1;
-        b.extend((0..len).map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        }));
+        b.extend(random_body(seed, len));
         let r = CompressedCiphertext::from_bytes(&f.ctx, &b);
         prop_assert_eq!(r.is_ok(), valid && delta == 0);
+        if let Ok(c) = r {
+            prop_assert_eq!(c.to_bytes(), b);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A valid rounded-seeded header at a random level with a random `d`
+    /// and a random body of about the implied length: a typed error unless
+    /// `d` is valid and the length exact; when it parses, it writes back
+    /// the same bytes; never panics.
+    #[test]
+    fn rounded_headers_with_random_parameters_and_bodies(
+        level in 0u8..3,
+        dropped in 0u8..64,
+        delta in -3i64..=3,
+        seed in any::<u64>(),
+    ) {
+        let f = fixture_small();
+        let ctx = &f.ctx;
+        let mut b = b"CKLR".to_vec();
+        b.extend_from_slice(&[serialize::FORMAT_VERSION, 6, 13, level]);
+        b.extend_from_slice(&ctx.params().digest().to_le_bytes());
+        b.extend_from_slice(&ctx.params().scale().to_bits().to_le_bytes());
+        b.extend_from_slice(&[7u8; 32]);
+        b.extend_from_slice(&[dropped, 0, 0, 0]);
+        let bits: Vec<u32> = ctx.params().moduli().iter().map(|q| 64 - q.leading_zeros()).collect();
+        let valid = dropped >= 1 && u32::from(dropped) + 2 <= bits[0];
+        let n = ctx.degree();
+        let body = if valid {
+            n * (bits[0] - u32::from(dropped)) as usize / 8
+                + bits[1..=usize::from(level)].iter().map(|&b| n * b as usize / 8).sum::<usize>()
+        } else {
+            64
+        };
+        let len = (body as i64 + delta).max(0) as usize;
+        b.extend(random_body(seed, len));
+        let r = RoundedSeededCiphertext::from_bytes(ctx, &b);
+        if !(valid && delta == 0) {
+            prop_assert!(r.is_err());
+        }
         if let Ok(c) = r {
             prop_assert_eq!(c.to_bytes(), b);
         }
@@ -293,7 +338,7 @@ proptest! {
 fn bit_flips_and_truncations_of_valid_objects_never_panic() {
     let o = objects();
     let mut x = 0x1234_5678_9abc_def1u64;
-    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc] {
+    for bytes in [&o.ct, &o.seeded, &o.pk, &o.gk, &o.cc, &o.rs] {
         for _ in 0..24 {
             x ^= x << 13;
             x ^= x >> 7;
@@ -373,6 +418,19 @@ fn compressed_ciphertexts_round_trip_and_validate_their_fields() {
         CompressedCiphertext::from_bytes(&other.ctx, &o.cc),
         Err(CkksError::ParameterMismatch { .. })
     ));
+}
+
+/// `len` pseudo-random bytes from `seed` (xorshift64).
+fn random_body(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 fn fixture_small() -> Fixture {

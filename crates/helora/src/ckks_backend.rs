@@ -21,7 +21,7 @@ use cipherlora_ckks::serialize::peek_kind;
 use cipherlora_ckks::{
     Ciphertext, CompressedCiphertext, CompressionParams, Context, Decryptor, Encoder, Encryptor,
     Evaluator, ExtendedCiphertext, ExtendedPlaintext, GaloisKeys, ObjectKind, Plaintext, PublicKey,
-    SecretKey, SeededCiphertext, os_rng,
+    SecretKey, SeededCiphertext, os_rng, rounded,
 };
 use rand::Rng;
 use rand_chacha::ChaCha20Rng;
@@ -372,7 +372,7 @@ impl HeServer for CkksServer {
     }
 
     fn input_from_bytes(&self, bytes: &[u8]) -> Result<Ciphertext> {
-        let seeded = SeededCiphertext::from_bytes(&self.ctx, bytes).map_err(he)?;
+        let seeded = SeededCiphertext::from_upload_bytes(&self.ctx, bytes).map_err(he)?;
         Ok(seeded.expand())
     }
 
@@ -447,6 +447,17 @@ impl HeClient for CkksClient {
     }
 
     fn encrypt_to_bytes(&self, re: &[f64], im: &[f64], level: usize) -> Result<Vec<u8>> {
+        self.encrypt_to_bytes_within(re, im, level, 0.0)
+    }
+
+    fn encrypt_to_bytes_within(
+        &self,
+        re: &[f64],
+        im: &[f64],
+        level: usize,
+        max_error: f64,
+    ) -> Result<Vec<u8>> {
+        let scale = self.ctx.params().scale();
         let ct = self
             .encryptor
             .encrypt_values_sk(
@@ -454,12 +465,15 @@ impl HeClient for CkksClient {
                 re,
                 im,
                 level,
-                self.ctx.params().scale(),
+                scale,
                 &self.sk,
                 &mut *lock(&self.rng),
             )
             .map_err(he)?;
-        Ok(ct.to_bytes())
+        match rounded::max_dropped_bits(&self.ctx, scale, max_error) {
+            0 => Ok(ct.to_bytes()),
+            d => Ok(ct.round_low_bits(d).map_err(he)?.to_bytes()),
+        }
     }
 
     fn decrypt_from_bytes(&self, bytes: &[u8]) -> Result<Vec<Complex64>> {

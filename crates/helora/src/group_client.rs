@@ -338,11 +338,31 @@ impl GroupClient {
         group: u32,
         x: &[f32],
     ) -> Result<(GroupRequest, InputScales)> {
+        self.request_within(client, layer, group, x, 0.0)
+    }
+
+    /// As [`GroupClient::request`], the upload allowed to lose up to
+    /// `max_error` per normalised input value (|x| ≤ 1 after the
+    /// normalisation, so the error is relative to each position's largest
+    /// input; [`HeClient::encrypt_to_bytes_within`]). The delta of row `i`
+    /// then moves by at most `max_error · Σ_j |W_i,j|`: the group's output
+    /// bound times `max_error`.
+    ///
+    /// # Errors
+    /// As [`GroupClient::request`].
+    pub fn request_within<C: HeClient>(
+        &self,
+        client: &C,
+        layer: u32,
+        group: u32,
+        x: &[f32],
+        max_error: f64,
+    ) -> Result<(GroupRequest, InputScales)> {
         let level = self.plan.input_level();
         let (slots, scales) = self.input_slots(x)?;
         let ciphertexts = slots
             .iter()
-            .map(|v| client.encrypt_to_bytes(&v.re, &v.im, level))
+            .map(|v| client.encrypt_to_bytes_within(&v.re, &v.im, level, max_error))
             .collect::<Result<Vec<_>>>()?;
         let req = GroupRequest {
             plan_id: self.plan_id,

@@ -161,6 +161,26 @@ pub trait HeClient {
     /// More values than slots, level out of range.
     fn encrypt_to_bytes(&self, re: &[f64], im: &[f64], level: usize) -> Result<Vec<u8>>;
 
+    /// As [`Self::encrypt_to_bytes`], allowing the upload to lose up to
+    /// `max_error` (absolute, per real or imaginary slot part, with high
+    /// probability) for fewer bytes: the CKKS backend drops that many low
+    /// bits of `c0` ([`cipherlora_ckks::rounded`]). `max_error = 0` is
+    /// [`Self::encrypt_to_bytes`], which backends without a lossy upload
+    /// also give for any error.
+    ///
+    /// # Errors
+    /// As [`Self::encrypt_to_bytes`].
+    fn encrypt_to_bytes_within(
+        &self,
+        re: &[f64],
+        im: &[f64],
+        level: usize,
+        max_error: f64,
+    ) -> Result<Vec<u8>> {
+        let _ = max_error;
+        self.encrypt_to_bytes(re, im, level)
+    }
+
     /// Parses, decrypts and decodes a result ciphertext (compressed or
     /// not): all slots, both parts.
     ///

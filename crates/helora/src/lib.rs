@@ -17,7 +17,9 @@
 //!    serialise with [`wire::encode_plan`]). The client sends Galois keys for
 //!    exactly [`GroupPlan::galois_steps`] once per session.
 //! 2. Client: [`GroupClient::request`] packs (FFA: `U = A·X` in plaintext;
-//!    standard: X) and encrypts → [`GroupRequest`].
+//!    standard: X) and encrypts → [`GroupRequest`]
+//!    ([`GroupClient::request_within`]: an upload that may lose a stated
+//!    error, for fewer bytes).
 //! 3. Server: [`PreparedGroup::handle`] evaluates on ciphertexts →
 //!    [`GroupResponse`].
 //!    Each position's input (FFA: `U = A·X`; standard: X) is divided by a

@@ -372,7 +372,7 @@ impl Fixture {
                 Ok(())
             })?;
             c.parse_input_ms[level] = median_ms(reps, || {
-                let _ = cipherlora_ckks::SeededCiphertext::from_bytes(ctx, &set.upload)
+                let _ = cipherlora_ckks::SeededCiphertext::from_upload_bytes(ctx, &set.upload)
                     .map_err(he)?
                     .expand();
                 Ok(())

@@ -359,14 +359,21 @@ fn compressed_responses_match_uncompressed_ones() {
 /// precision relative to the output bound (against an uncompressed server),
 /// never get more precise than the server's default, and never fewer than
 /// `MIN_BITS`.
-#[test]
-fn coarse_responses_are_smaller_and_within_the_asked_precision() {
-    use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};
-    let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
+/// The default model's first group (q,k,v) at T = 8 in `mode`: the
+/// planner's plan at default costs, a client, and the Galois keys the plan
+/// needs.
+fn first_group_at_t8(
+    ctx: &std::sync::Arc<Context>,
+    mode: Mode,
+) -> (
+    cipherlora_helora::GroupPlan,
+    CkksClient,
+    cipherlora_ckks::GaloisKeys,
+) {
     let shape = &ModelShape::smollm2_135m().groups[0].1;
     let (plan, _) = choose(
         shape,
-        Mode::Ffa,
+        mode,
         8,
         ctx.slots(),
         false,
@@ -374,9 +381,18 @@ fn coarse_responses_are_smaller_and_within_the_asked_precision() {
         &Link::default(),
     )
     .unwrap();
-    let client = CkksClient::new(&ctx).unwrap();
+    let client = CkksClient::new(ctx).unwrap();
     let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
     let gks = client.galois_keys(&steps);
+    (plan, client, gks)
+}
+
+#[test]
+fn coarse_responses_are_smaller_and_within_the_asked_precision() {
+    use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};
+    let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
+    let shape = &ModelShape::smollm2_135m().groups[0].1;
+    let (plan, client, gks) = first_group_at_t8(&ctx, Mode::Ffa);
     let on = CkksServer::new(&ctx, gks.clone(), None).unwrap();
     let off = CkksServer::new(&ctx, gks, None)
         .unwrap()
@@ -429,4 +445,64 @@ fn modelled_download_size_is_the_compressed_size() {
     assert_eq!(down as usize, 28 + p.poly_bytes(ctx.degree()));
     // Uncompressed: 16 + 8 + 2 × 8192 × 50 / 8.
     assert!(down < 0.8 * 102_424.0, "{down}");
+}
+
+/// A lossy upload (`GroupClient::request_within`) is smaller by the bits
+/// it drops, and moves each returned delta by at most the group's output
+/// bound times the error it allowed (plus the evaluation's own noise), in
+/// both modes: what `upload_error` in the private client relies on.
+#[test]
+fn lossy_uploads_are_smaller_and_move_deltas_within_the_bound() {
+    use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};
+    let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
+    let shape = &ModelShape::smollm2_135m().groups[0].1;
+    for mode in [Mode::Ffa, Mode::Standard] {
+        let (plan, client, gks) = first_group_at_t8(&ctx, mode);
+        let server = CkksServer::new(&ctx, gks, None)
+            .unwrap()
+            .with_compression(ResponseCompression::Off);
+        let adapter = common::random_adapter(shape, 91);
+        let gc = match mode {
+            Mode::Ffa => {
+                let a: Vec<Vec<f32>> = adapter.projections.iter().map(|p| p.a.clone()).collect();
+                GroupClient::ffa(&plan, &a).unwrap()
+            }
+            Mode::Standard => GroupClient::standard(&plan).unwrap(),
+        };
+        let x = common::random_x(plan.t, shape.d_in, 92);
+        let prepared = PreparedGroup::new(&server, &plan, &adapter).unwrap();
+        let answer = |max_error: f64| {
+            let (req, _) = gc.request_within(&client, 0, 0, &x, max_error).unwrap();
+            let bytes: usize = req.ciphertexts.iter().map(Vec::len).sum();
+            let resp = prepared.handle(&server, &req).unwrap();
+            (bytes, gc.decrypt_all(&client, &resp).unwrap())
+        };
+        let (exact_bytes, exact) = answer(0.0);
+        let mut last = exact_bytes;
+        for max_error in [2f64.powi(-17), 2f64.powi(-13)] {
+            let (bytes, got) = answer(max_error);
+            assert!(
+                bytes < last,
+                "{mode:?} {max_error:e}: {bytes} ≥ {last} bytes"
+            );
+            last = bytes;
+            let mut worst = 0.0f64;
+            for (c, (g, e)) in got.iter().zip(&exact).enumerate() {
+                let bound = prepared.output_bounds()[c];
+                let err = g
+                    .iter()
+                    .zip(e)
+                    .map(|(u, v)| (u.re - v.re).abs().max((u.im - v.im).abs()))
+                    .fold(0.0, f64::max);
+                let allowed = bound * (max_error + 2f64.powi(-20));
+                assert!(err <= allowed, "{mode:?} ct {c}: {err:e} > {allowed:e}");
+                worst = worst.max(err / bound);
+            }
+            eprintln!(
+                "{mode:?}: max error {max_error:e} → {bytes} of {exact_bytes} bytes, \
+                 worst delta error {worst:e} × bound"
+            );
+            assert!(worst > max_error / 4096.0, "{mode:?}: nothing was dropped?");
+        }
+    }
 }

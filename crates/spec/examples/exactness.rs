@@ -32,7 +32,8 @@
 //! f16|quantized` picks the drafter's weights (f16 by default; the private
 //! CLI drafts quantized), `--drafter-estimates true` runs the estimate
 //! passes on a quantized drafter (`FixedPoint::drafter_estimates`).
-//! `--skip N` leaves out the first N prompts of each adapter.
+//! `--skip N` leaves out the first N prompts of each adapter; `--tokens N`
+//! generates N new tokens per prompt instead of 64.
 //! `--temperature t` (t > 0) samples (seeded by the prompt's index)
 //! instead: nothing is compared, the row counts the rounds and the
 //! batched round trips per generated token that sampled certification
@@ -59,6 +60,7 @@ use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedu
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
+/// New tokens per prompt unless `--tokens N` says otherwise.
 const NEW_TOKENS: usize = 64;
 const PREFILL_WIDTH: usize = 16;
 
@@ -68,6 +70,8 @@ struct Args {
     trips: Vec<usize>,
     prefill: Prefill,
     limit: usize,
+    /// `--tokens N`: new tokens per prompt (default [`NEW_TOKENS`]).
+    tokens: usize,
     skip: usize,
     out: PathBuf,
     coarse: Option<f64>,
@@ -155,6 +159,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         trips: vec![2, 3],
         prefill: Prefill::FixedPoint(PREFILL_ROUND_TRIPS),
         limit: usize::MAX,
+        tokens: NEW_TOKENS,
         skip: 0,
         out: root.join("reports/exactness.json"),
         coarse: None,
@@ -186,6 +191,7 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
                 }
             }
             "--limit" => a.limit = v.parse()?,
+            "--tokens" => a.tokens = v.parse()?,
             "--skip" => a.skip = v.parse()?,
             "--out" => a.out = root.join(v),
             "--coarse" => a.coarse = Some(v.parse()?),
@@ -293,7 +299,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (index, text) in prompts[first..first + n].iter().enumerate() {
             let prompt = tok.encode(text)?;
             let opts = GenerateOptions {
-                max_tokens: NEW_TOKENS,
+                max_tokens: args.tokens,
                 sampling: SamplingParams::greedy(),
                 eos: eos.clone(),
             };
@@ -402,7 +408,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "adapter": name, "verify_width": width, "round_trips": trips,
                     "prefill": args.prefill.to_string(), "prompts": d.len(),
                     "coarse_noise": args.coarse, "settle_trips": args.settle, "delta_guided": args.guided,
-                    "shadow": args.shadow, "guessed_start": args.guess, "new_tokens": NEW_TOKENS, "diverged": at.len(),
+                    "shadow": args.shadow, "guessed_start": args.guess, "new_tokens": args.tokens, "diverged": at.len(),
                     "first_divergence": at, "tokens": tokens, "rounds": rounds,
                     "continuations": continuations, "uncertified_rows": uncertified,
                     "settles": settles, "verify_round_trips": round_trips, "temperature": args.temperature, "weights": format!("{:?}", args.weights),

@@ -14,7 +14,7 @@ use cipherlora_model::{
 
 use crate::PrivateError;
 use crate::client::Transport;
-use crate::client::response_bits::response_bits;
+use crate::client::response_bits::{response_bits, upload_error};
 use crate::client::schedule_plan::PassModel;
 use crate::client::width_plan::PlanSpace;
 use crate::server::AdapterGroups;
@@ -292,23 +292,27 @@ impl<T: Transport> HeHook<T> {
             })
     }
 
-    /// Packs and encrypts one group's input (T, d_in).
+    /// Packs and encrypts one group's input (T, d_in), the upload allowed
+    /// to lose up to `max_error` per normalised input value (0: exact;
+    /// [`upload_error`]).
     fn encrypt_group(
         &self,
         layer: usize,
         group: ProjGroup,
         x: &Tensor,
+        max_error: f64,
     ) -> Result<(GroupRequest, InputScales), PrivateError> {
         let g = self.client_group(layer, group)?;
         let xs = x
             .flatten_all()
             .and_then(|x| x.to_vec1::<f32>())
             .map_err(|e| PrivateError::Model(e.into()))?;
-        Ok(g.client.request(
+        Ok(g.client.request_within(
             &self.he,
             layer as u32,
             AdapterGroups::group_index(group),
             &xs,
+            max_error,
         )?)
     }
 
@@ -350,7 +354,7 @@ impl<T: Transport> HeHook<T> {
         }
         let (t, _) = x.dims2().map_err(|e| PrivateError::Model(e.into()))?;
         let t0 = Instant::now();
-        let (request, scales) = self.encrypt_group(layer, group, x)?;
+        let (request, scales) = self.encrypt_group(layer, group, x, 0.0)?;
         let t1 = Instant::now();
         let reply = self.transport.round(&request)?;
         let t2 = Instant::now();
@@ -409,19 +413,23 @@ impl<T: Transport> HeHook<T> {
         Ok(units)
     }
 
-    /// `response_bits`: the precision asked of the server (0: its default).
+    /// `tolerance`: the relative precision the deltas need (0: full), which
+    /// sets the response bits asked of the server ([`response_bits`]) and
+    /// the error the upload may lose ([`upload_error`]).
     fn many_group_deltas(
         &mut self,
         inputs: &[GroupInput],
-        response_bits: u32,
+        tolerance: f64,
     ) -> Result<Vec<GroupDeltas>, PrivateError> {
+        let (bits, max_error) = (response_bits(tolerance), upload_error(tolerance));
         let t0 = Instant::now();
         let units = self.units(inputs)?;
         let (requests, scales): (Vec<GroupRequest>, Vec<InputScales>) = units
             .iter()
             .map(|u| {
-                let (mut request, scales) = self.encrypt_group(u.key.0, u.key.1, &u.x)?;
-                request.response_bits = response_bits;
+                let (mut request, scales) =
+                    self.encrypt_group(u.key.0, u.key.1, &u.x, max_error)?;
+                request.response_bits = bits;
                 Ok((request, scales))
             })
             .collect::<Result<Vec<_>, PrivateError>>()?
@@ -568,14 +576,17 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     /// [`cipherlora_helora::ResponseCompression::MIN_BITS`]; a tolerance of
     /// 0 asks for the server's default. The bits asked for depend only on
     /// the tolerance, which the caller fixes per trip of a round (never on
-    /// the data), so they reveal nothing the trip count does not.
+    /// the data), so they reveal nothing the trip count does not. The
+    /// upload of such a request drops low bits of its ciphertexts'
+    /// `c0` within a quarter of the tolerance ([`upload_error`]); their
+    /// number depends on the tolerance and the parameters only, so the
+    /// upload's size reveals no more.
     fn deltas_many_within(
         &mut self,
         inputs: &[GroupInput],
         tolerance: f64,
     ) -> Result<Vec<GroupDeltas>, ModelError> {
-        let bits = response_bits(tolerance);
-        self.many_group_deltas(inputs, bits).map_err(|e| {
+        self.many_group_deltas(inputs, tolerance).map_err(|e| {
             let (layer, group) = inputs
                 .first()
                 .map_or((0, ProjGroup::Qkv), |g| (g.layer, g.group));

@@ -1,6 +1,7 @@
-//! How many bits of precision a request asks of the server's response
-//! compression for a given relative tolerance (the coarse trips of the
-//! fixed-point schedule ask for fewer than the default).
+//! How much precision a request keeps for a given relative tolerance (the
+//! coarse trips of the fixed-point schedule ask for less than the
+//! default): the bits it asks of the server's response compression, and
+//! the error its upload may lose.
 
 use cipherlora_helora::ResponseCompression;
 
@@ -17,9 +18,39 @@ pub(crate) fn response_bits(tolerance: f64) -> u32 {
     )
 }
 
+/// The largest error the upload of a request with relative `tolerance`
+/// may add to each normalised input value (|x| ≤ 1;
+/// [`cipherlora_helora::GroupClient::request_within`]): `2^-(bits + 1)`
+/// with `bits` = [`response_bits`], so at most a quarter of the
+/// tolerance. An input error ε moves a delta by at most ε times the
+/// group's output bound, the unit of the tolerance and of the response
+/// compression's error (`bound·2^-bits`, at most half the tolerance): the
+/// two together stay within three quarters of it. 0 (an exact upload)
+/// where the tolerance asks for full precision.
+pub(crate) fn upload_error(tolerance: f64) -> f64 {
+    match response_bits(tolerance) {
+        0 => 0.0,
+        bits => 2f64.powi(-(bits as i32) - 1),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upload_keeps_a_quarter_of_the_tolerance() {
+        assert_eq!(upload_error(0.0), 0.0);
+        assert_eq!(upload_error(1.0), 0.0);
+        assert_eq!(upload_error(f64::NAN), 0.0);
+        for tolerance in [0.3, 1.0 / 2048.0, 1.0 / 32768.0, 1e-6] {
+            let e = upload_error(tolerance);
+            assert!(e > 0.0 && e <= tolerance / 4.0, "{tolerance}: {e}");
+            let response = 2f64.powi(-(response_bits(tolerance) as i32));
+            assert!(e + response <= 0.75 * tolerance, "{tolerance}");
+        }
+        assert_eq!(upload_error(1.0 / 2048.0), 1.0 / 8192.0);
+    }
 
     #[test]
     fn response_bits_cover_the_tolerance_with_a_bit_to_spare() {

@@ -84,6 +84,10 @@ pub struct PassModel {
     pub groups: usize,
     /// Bytes uploaded per pass.
     pub bytes_up: f64,
+    /// Bytes uploaded per pass on a coarse trip (every fixed-point trip but
+    /// a round's last, [`FixedPoint::coarse_trips`]): its ciphertexts drop
+    /// low bits of `c0` (`cipherlora_ckks::rounded`).
+    pub bytes_up_coarse: f64,
     /// Bytes downloaded per pass.
     pub bytes_down: f64,
     /// Bytes downloaded per pass on a coarse trip (every fixed-point trip
@@ -122,11 +126,11 @@ impl PassModel {
         sizes: &WireSizes,
         server_cost_ratio: f64,
     ) -> Result<Self, PrivateError> {
-        let (up, down, _, down_coarse) = sizes;
         let costs = OpCosts::default();
         let mut m = PassModel {
             groups: 0,
             bytes_up: 0.0,
+            bytes_up_coarse: 0.0,
             bytes_down: 0.0,
             bytes_down_coarse: 0.0,
             server_ms: 0.0,
@@ -135,14 +139,17 @@ impl PassModel {
         for plan in plans {
             let c = plan.counts()?;
             m.groups += 1;
-            m.bytes_up += c
-                .encryptions
-                .iter()
-                .zip(up)
-                .map(|(&n, &b)| n as f64 * b)
-                .sum::<f64>();
-            m.bytes_down += c.decryptions as f64 * down;
-            m.bytes_down_coarse += c.decryptions as f64 * down_coarse;
+            let upload = |by_level: &[f64]| {
+                c.encryptions
+                    .iter()
+                    .zip(by_level)
+                    .map(|(&n, &b)| n as f64 * b)
+                    .sum::<f64>()
+            };
+            m.bytes_up += upload(&sizes.up);
+            m.bytes_up_coarse += upload(&sizes.up_coarse);
+            m.bytes_down += c.decryptions as f64 * sizes.down;
+            m.bytes_down_coarse += c.decryptions as f64 * sizes.down_coarse;
             m.server_ms += costs.server_ms(&c) * server_cost_ratio;
             m.client_he_ms += costs.client_ms(&c);
         }
@@ -150,24 +157,54 @@ impl PassModel {
     }
 }
 
-/// The engine's wire sizes, bytes: a seeded upload at each level, a
-/// level-0 download as a default server returns it, one Galois key
-/// ([`cipherlora_helora::measure::wire_sizes`]), and a download at the
-/// precision of a coarse trip ([`wire_sizes`]).
-pub type WireSizes = ([f64; cipherlora_helora::counts::LEVELS], f64, f64, f64);
+/// The engine's wire sizes, bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WireSizes {
+    /// A seeded upload at each level
+    /// ([`cipherlora_helora::measure::wire_sizes`]).
+    pub up: [f64; cipherlora_helora::counts::LEVELS],
+    /// An upload at each level at the precision of a coarse trip
+    /// ([`wire_sizes`]).
+    pub up_coarse: [f64; cipherlora_helora::counts::LEVELS],
+    /// A level-0 download as a default server returns it.
+    pub down: f64,
+    /// A download at the precision of a coarse trip ([`wire_sizes`]).
+    pub down_coarse: f64,
+    /// One Galois key.
+    pub key: f64,
+}
 
-/// The [`WireSizes`] of `ctx`'s engine; a coarse trip's download is
-/// modelled at the later trips' precision (16 bits, the larger of the two).
+/// The [`WireSizes`] of `ctx`'s engine; a coarse trip's download and
+/// upload are modelled at the later trips' precision (16 response bits,
+/// the larger of the two; the upload dropping the bits
+/// [`crate::client::response_bits::upload_error`] allows there).
 ///
 /// # Errors
 /// Engine errors.
 pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
     let (up, down, key) = cipherlora_helora::measure::wire_sizes(ctx)?;
-    let bits = crate::client::response_bits::response_bits(
-        cipherlora_spec::schedule::LATER_TRIP_TOLERANCE,
-    );
+    let tolerance = cipherlora_spec::schedule::LATER_TRIP_TOLERANCE;
+    let bits = crate::client::response_bits::response_bits(tolerance);
     let coarse = cipherlora_helora::measure::compressed_download_bytes(ctx, bits).unwrap_or(down);
-    Ok((up, down, key, coarse.min(down)))
+    // Every level's upload keeps `c0`'s limbs but limb 0 whole: the rounded
+    // upload is N·d/8 bytes smaller, plus its 4-byte field.
+    let dropped = cipherlora_ckks::rounded::max_dropped_bits(
+        ctx,
+        ctx.params().scale(),
+        crate::client::response_bits::upload_error(tolerance),
+    );
+    let saved = match dropped {
+        0 => 0.0,
+        d => (ctx.degree() * d as usize / 8) as f64 - 4.0,
+    };
+    let up_coarse = up.map(|b| if b > 0.0 { b - saved } else { b });
+    Ok(WireSizes {
+        up,
+        up_coarse,
+        down,
+        down_coarse: coarse.min(down),
+        key,
+    })
 }
 
 /// A schedule and the modelled time per verify round of both candidates.
@@ -305,15 +342,18 @@ fn fixed_point_round_ms(
 ) -> f64 {
     let rtt = link.rtt().as_secs_f64() * 1e3;
     let up = transfer_ms(pass.bytes_up, link.up_bps());
-    let trip = |down_bytes: f64| {
+    let trip = |up: f64, down_bytes: f64| {
         let down = transfer_ms(down_bytes, link.down_bps());
         rtt + pass.server_ms.max(up).max(down) + pass.client_he_ms
     };
     let n = fixed.round_trips.max(1) as f64;
-    let coarse_down = if fixed.coarse_trips {
-        pass.bytes_down_coarse
+    let (coarse_up, coarse_down) = if fixed.coarse_trips {
+        (
+            transfer_ms(pass.bytes_up_coarse, link.up_bps()),
+            pass.bytes_down_coarse,
+        )
     } else {
-        pass.bytes_down
+        (up, pass.bytes_down)
     };
     // The shadow's replay of the pass before the last trip.
     let replay_ms = if fixed.shadow { forward_ms } else { 0.0 };
@@ -339,7 +379,7 @@ fn fixed_point_round_ms(
         let client = n * pass.client_he_ms + passes * forward_ms + replay_ms;
         let groups = pass.groups.max(1) as f64;
         let one_group = (up + last_down + pass.server_ms + pass.client_he_ms + forward_ms) / groups;
-        let busiest = (n * up)
+        let busiest = ((n - 1.0) * coarse_up + up)
             .max(down)
             .max(n * pass.server_ms)
             .max(n * (rtt + one_group));
@@ -348,8 +388,8 @@ fn fixed_point_round_ms(
         let client_bound = client + draft_ms + rtt + one_group;
         link_bound.max(client_bound)
     } else {
-        let last = trip(pass.bytes_down);
-        (n - 1.0) * trip(coarse_down)
+        let last = trip(up, pass.bytes_down);
+        (n - 1.0) * trip(coarse_up, coarse_down)
             + last.max(replay_ms)
             + passes * forward_ms
             + exposed(last - replay_ms.min(last))
@@ -457,6 +497,7 @@ mod tests {
         PassModel {
             groups: 60,
             bytes_up: 5.5e6,
+            bytes_up_coarse: 5.5e6,
             bytes_down: 7.2e6,
             bytes_down_coarse: 5.5e6,
             server_ms: 110.0,
@@ -471,6 +512,7 @@ mod tests {
         let standard = PassModel {
             groups: 60,
             bytes_up: 16e6,
+            bytes_up_coarse: 16e6,
             bytes_down: 12e6,
             bytes_down_coarse: 9e6,
             server_ms: 1300.0,
@@ -638,6 +680,7 @@ mod tests {
         let pass = PassModel {
             groups: 15,
             bytes_up: 1_383_240.0,
+            bytes_up_coarse: 1_383_240.0,
             bytes_down: 3_595_500.0,
             bytes_down_coarse: 2_766_060.0,
             server_ms: 200.0,

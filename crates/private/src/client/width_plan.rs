@@ -633,7 +633,13 @@ mod tests {
     fn sizes() -> WireSizes {
         // Seeded uploads by level, a compressed download (measured sizes of
         // the N = 8192 preset, BENCHMARKS.md), one Galois key.
-        ([51e3, 92e3, 133e3, 174e3], 79e3, 786e3, 61e3)
+        WireSizes {
+            up: [51e3, 92e3, 133e3, 174e3],
+            up_coarse: [51e3, 92e3, 133e3, 174e3],
+            down: 79e3,
+            down_coarse: 61e3,
+            key: 786e3,
+        }
     }
 
     /// Client passes that cost 40 ms plus 4 ms per position.

@@ -391,7 +391,7 @@ impl SessionCompute for HeCompute {
             });
         }
         for (index, bytes) in ciphertexts.iter().enumerate() {
-            let ct = SeededCiphertext::from_bytes(&self.ctx, bytes)
+            let ct = SeededCiphertext::from_upload_bytes(&self.ctx, bytes)
                 .map_err(|e| ciphertext_error(index, e))?;
             if ct.level() != meta.level {
                 return Err(BackendError::ParameterMismatch {

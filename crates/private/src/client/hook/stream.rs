@@ -17,7 +17,7 @@ use cipherlora_model::{DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGro
 use super::{HeHook, SessionDeltas, concat_members, member_deltas, model_error};
 use crate::PrivateError;
 use crate::client::Transport;
-use crate::client::response_bits::response_bits;
+use crate::client::response_bits::{response_bits, upload_error};
 use crate::server::AdapterGroups;
 
 /// One session group's request of a trip, from its first member's input to
@@ -37,6 +37,8 @@ struct Trip {
     round: u64,
     /// Response precision asked (0: the server's default).
     bits: u32,
+    /// The error each upload may lose (0: exact; [`upload_error`]).
+    max_error: f64,
     /// Session groups not yet answered, by session group key.
     units: HashMap<(usize, ProjGroup), Unit>,
     /// Decrypted deltas not yet taken, by model group.
@@ -65,7 +67,7 @@ impl<T: Transport> HeHook<T> {
         let key = self.session_group(input.layer, input.group)?;
         let members = self.client_group(key.0, key.1)?.members.clone();
         let trip = self.trips.trip(id)?;
-        let (round, bits) = (trip.round, trip.bits);
+        let (round, bits, max_error) = (trip.round, trip.bits, trip.max_error);
         let unit = trip
             .units
             .entry(key)
@@ -92,7 +94,7 @@ impl<T: Transport> HeHook<T> {
         };
         let t = x.dims().first().copied().unwrap_or(0);
         let t0 = Instant::now();
-        let (mut request, scales) = self.encrypt_group(key.0, key.1, &x)?;
+        let (mut request, scales) = self.encrypt_group(key.0, key.1, &x, max_error)?;
         request.response_bits = bits;
         let t1 = Instant::now();
         let answered = self.transport.send(round, &request)?;
@@ -197,6 +199,7 @@ impl<T: Transport> DeltaStream for HeHook<T> {
         let trip = Trip {
             round: self.transport.open_round(),
             bits: response_bits(tolerance.unwrap_or(0.0)),
+            max_error: upload_error(tolerance.unwrap_or(0.0)),
             units: HashMap::new(),
             ready: HashMap::new(),
         };
