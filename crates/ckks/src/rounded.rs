@@ -58,7 +58,6 @@ use std::sync::Arc;
 use crate::ciphertext::{Ciphertext, SeededCiphertext};
 use crate::context::Context;
 use crate::error::{CkksError, Result};
-use crate::sampling::expand_uniform;
 
 /// Failure probability (log2) of the high-probability bound on the slot
 /// error, per ciphertext.
@@ -241,16 +240,6 @@ impl RoundedSeededCiphertext {
     /// The full ciphertext: [`Self::to_seeded`], then `c1` re-expanded from
     /// the seed.
     pub fn expand(&self) -> Ciphertext {
-        let seeded = self.to_seeded();
-        let n = self.ctx.degree();
-        let mut c1 = vec![0u64; (self.level + 1) * n];
-        expand_uniform(&self.ctx, &self.seed, 0, 0..=self.level, &mut c1);
-        Ciphertext {
-            ctx: self.ctx.clone(),
-            c0: seeded.c0,
-            c1,
-            level: self.level,
-            scale: self.scale,
-        }
+        self.to_seeded().expand()
     }
 }
