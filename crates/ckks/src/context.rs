@@ -267,6 +267,44 @@ impl Context {
         self.normalize(i, out1);
     }
 
+    /// [`Self::dot2`] for several sums over one limb of prime `i` (`sums`:
+    /// each one's terms and its two outputs, all one limb long), computed
+    /// tile by tile: every sum on coefficients `[c, c + TILE)` before any
+    /// on the next tile ([`crate::lazy_dot::TILE`]). Terms that several
+    /// sums share (a baby-step/giant-step transformation's baby steps,
+    /// shared by all its giant steps) are then read from memory once and
+    /// from the cache by the other sums; each sum's own operands (its
+    /// plaintext diagonals) stream once either way. Where the IFMA kernel
+    /// does not run, one sum after the other over whole limbs (the
+    /// tfhe-ntt path works on whole limbs).
+    pub(crate) fn dot2_many(&self, i: usize, sums: &mut [crate::lazy_dot::Sum<'_, '_>]) {
+        let Some(k) = &self.lazy[i] else {
+            for s in sums.iter_mut() {
+                self.dot2(i, &s.terms, s.out0, s.out1);
+            }
+            return;
+        };
+        let n = sums.first().map_or(0, |s| s.out0.len());
+        let mut tile_terms = Vec::new();
+        for start in (0..n).step_by(crate::lazy_dot::TILE) {
+            let end = (start + crate::lazy_dot::TILE).min(n);
+            for s in sums.iter_mut() {
+                tile_terms.clear();
+                tile_terms.extend(s.terms.iter().map(|t| Term {
+                    x0: &t.x0[start..end],
+                    w0: &t.w0[start..end],
+                    x1: &t.x1[start..end],
+                    w1: &t.w1[start..end],
+                }));
+                k.dot2(
+                    &tile_terms,
+                    &mut s.out0[start..end],
+                    &mut s.out1[start..end],
+                );
+            }
+        }
+    }
+
     /// `acc ← acc + lhs · rhs` modulo prime `i` (SIMD).
     #[inline]
     pub(crate) fn mul_acc(&self, i: usize, acc: &mut [u64], lhs: &[u64], rhs: &[u64]) {

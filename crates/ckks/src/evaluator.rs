@@ -17,11 +17,11 @@ use crate::error::{CkksError, Result};
 use crate::hoisting::{self, ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext};
 use crate::keys::GaloisKeys;
 use crate::keyswitch::mod_up;
-use crate::lazy_dot::Term;
-use crate::plaintext::Plaintext;
+use crate::lazy_dot::{Sum, Term};
+use crate::plaintext::{ExtendedPlaintext, Plaintext};
 
 pub use crate::scale::SCALE_TOLERANCE;
-use crate::scale::{BatchPath, check_batch, check_product_term, check_scale};
+use crate::scale::{BatchPath, check_batch, check_fresh_batches, check_product_term, check_scale};
 
 fn check_same(a: &Ciphertext, b: &Ciphertext) -> Result<()> {
     a.ctx.check(b.ctx.digest())?;
@@ -124,18 +124,66 @@ impl MulAccumulator {
             let terms: Vec<Term<'_>> = cts
                 .iter()
                 .zip(&limbs)
-                .map(|(ct, w)| Term {
-                    x0: &ct.c0[r.clone()],
-                    w0: w,
-                    x1: &ct.c1[r.clone()],
-                    w1: w,
-                })
+                .map(|(ct, w)| Term::paired(&ct.c0[r.clone()], &ct.c1[r.clone()], w))
                 .collect();
             let (a0, a1) = (&mut self.acc0[r.clone()], &mut self.acc1[r]);
             self.ctx.dot2(i, &terms, a0, a1);
         }
         self.normalized = true;
         self.terms += cts.len();
+        Ok(())
+    }
+
+    /// [`Self::add_products`] into empty accumulators of one level, sum m
+    /// into `accs[m]`, tile by tile across the sums (as
+    /// `ExtendedMulAccumulator::add_fresh_products_tiled`). Every term of
+    /// every sum is checked first; on an error no accumulator has changed.
+    ///
+    /// # Errors
+    /// As [`Self::add_products`].
+    fn add_fresh_products_tiled(
+        accs: &mut [Self],
+        sums: &[(&[&Ciphertext], &[&Plaintext])],
+    ) -> Result<()> {
+        let Some(first) = accs.first() else {
+            return Ok(());
+        };
+        let (ctx, level) = (first.ctx.clone(), first.level);
+        debug_assert!(accs.iter().all(|a| a.level == level && a.terms == 0));
+        let mut scales: Vec<&mut Option<f64>> = accs.iter_mut().map(|a| &mut a.scale).collect();
+        let fresh = check_fresh_batches(
+            &mut scales,
+            sums.iter().map(|(c, p)| (c.len(), p.len())),
+            |m, scale, k| check_term(&ctx, level, scale, sums[m].0[k], sums[m].1[k]),
+        )?;
+        let n = ctx.degree();
+        for i in 0..=level {
+            let r = i * n..(i + 1) * n;
+            let limbs: Vec<Vec<Cow<'_, [u64]>>> = sums
+                .iter()
+                .map(|(_, pts)| pts.iter().map(|pt| scaled_limb(&ctx, pt, i)).collect())
+                .collect();
+            let mut batch: Vec<Sum<'_, '_>> = accs
+                .iter_mut()
+                .zip(sums)
+                .zip(&limbs)
+                .zip(&fresh)
+                .filter(|(_, fresh)| **fresh)
+                .map(|(((acc, (cts, _)), ws), _)| Sum {
+                    terms: cts
+                        .iter()
+                        .zip(ws)
+                        .map(|(ct, w)| Term::paired(&ct.c0[r.clone()], &ct.c1[r.clone()], w))
+                        .collect(),
+                    out0: &mut acc.acc0[r.clone()],
+                    out1: &mut acc.acc1[r.clone()],
+                })
+                .collect();
+            ctx.dot2_many(i, &mut batch);
+        }
+        for ((acc, (cts, _)), &fresh) in accs.iter_mut().zip(sums).zip(&fresh) {
+            (acc.normalized, acc.terms) = (fresh, cts.len());
+        }
         Ok(())
     }
 
@@ -650,6 +698,57 @@ impl Evaluator {
             terms: 0,
             normalized: false,
         })
+    }
+
+    /// Several sums of products at `level` in one pass over the limbs:
+    /// entry m of the result is `Σ_k sums[m].0[k] × sums[m].1[k]` (`None`
+    /// for an empty sum), as [`MulAccumulator::add_products`] on an empty
+    /// accumulator gives it, but every limb is walked in tiles of 1024
+    /// coefficients and every sum computed on a tile before the next, so
+    /// that ciphertexts the sums share are read from memory once. The
+    /// giant steps of a baby-step/giant-step linear transformation are such
+    /// sums: all read the same baby-step rotations (Halevi–Shoup,
+    /// CRYPTO 2018, §3), each with its own plaintext diagonals, which
+    /// stream once either way.
+    ///
+    /// # Errors
+    /// [`CkksError::LevelOutOfRange`]; else as
+    /// [`MulAccumulator::add_products`] (checked for every sum before any
+    /// arithmetic).
+    pub fn sums_of_products(
+        &self,
+        level: usize,
+        sums: &[(&[&Ciphertext], &[&Plaintext])],
+    ) -> Result<Vec<Option<Ciphertext>>> {
+        let mut accs = sums
+            .iter()
+            .map(|_| self.mul_accumulator(level))
+            .collect::<Result<Vec<_>>>()?;
+        MulAccumulator::add_fresh_products_tiled(&mut accs, sums)?;
+        Ok(accs.into_iter().map(MulAccumulator::finish).collect())
+    }
+
+    /// [`Self::sums_of_products`] over `Q_level·P` (double hoisting: the
+    /// sums of [`Self::mul_accumulator_extended`]; Bossuat et al.,
+    /// Eurocrypt 2021, §4.2).
+    ///
+    /// # Errors
+    /// [`CkksError::LevelOutOfRange`]; else as
+    /// [`ExtendedMulAccumulator::add_products`].
+    pub fn sums_of_products_extended(
+        &self,
+        level: usize,
+        sums: &[(&[&ExtendedCiphertext], &[&ExtendedPlaintext])],
+    ) -> Result<Vec<Option<ExtendedCiphertext>>> {
+        let mut accs = sums
+            .iter()
+            .map(|_| self.mul_accumulator_extended(level))
+            .collect::<Result<Vec<_>>>()?;
+        ExtendedMulAccumulator::add_fresh_products_tiled(&mut accs, sums)?;
+        Ok(accs
+            .into_iter()
+            .map(ExtendedMulAccumulator::finish)
+            .collect())
     }
 
     /// ModDown followed by rescale, fused: `round(x / (P·q_level))` from

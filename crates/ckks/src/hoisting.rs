@@ -22,9 +22,9 @@ use crate::keys::GaloisKey;
 use crate::keyswitch::{
     inner_product, inner_product_plus, mod_down_add, mod_down_into, mod_down_rescale_into, permute,
 };
-use crate::lazy_dot::Term;
+use crate::lazy_dot::{Sum, Term};
 use crate::plaintext::ExtendedPlaintext;
-use crate::scale::{BatchPath, check_batch};
+use crate::scale::{BatchPath, check_batch, check_fresh_batches};
 
 /// A ciphertext with its ModUp decomposition precomputed.
 pub struct HoistedCiphertext {
@@ -288,6 +288,27 @@ fn check_extended_term(
     crate::scale::check_product_term(level, scale, ct.level, pt.pt.level, s)
 }
 
+/// The terms of `Σ cts[k] × pts[k]` on limb `r` (prime `j`; `sp`: the
+/// special prime's index) for [`crate::Context`]'s `dot2`.
+fn limb_terms<'a>(
+    cts: &[&'a ExtendedCiphertext],
+    pts: &[&'a ExtendedPlaintext],
+    j: usize,
+    r: std::ops::Range<usize>,
+    sp: usize,
+) -> Vec<Term<'a>> {
+    cts.iter()
+        .zip(pts)
+        .map(|(ct, pt)| {
+            Term::paired(
+                &ct.e0[r.clone()],
+                &ct.e1[r.clone()],
+                pt.limb(j, r.len(), sp),
+            )
+        })
+        .collect()
+}
+
 impl ExtendedMulAccumulator {
     /// Adds `ct × pt` (`level + 2` limbs each).
     ///
@@ -342,24 +363,59 @@ impl ExtendedMulAccumulator {
         }
         let n = self.ctx.degree();
         let sp = self.ctx.sp();
-        let mut terms = Vec::with_capacity(cts.len());
         for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
             let r = k * n..(k + 1) * n;
-            terms.clear();
-            terms.extend(cts.iter().zip(pts).map(|(ct, pt)| {
-                let w = pt.limb(j, n, sp);
-                Term {
-                    x0: &ct.e0[r.clone()],
-                    w0: w,
-                    x1: &ct.e1[r.clone()],
-                    w1: w,
-                }
-            }));
+            let terms = limb_terms(cts, pts, j, r.clone(), sp);
             let (a0, a1) = (&mut self.acc0[r.clone()], &mut self.acc1[r]);
             self.ctx.dot2(j, &terms, a0, a1);
         }
         self.normalized = true;
         self.terms += cts.len();
+        Ok(())
+    }
+
+    /// [`Self::add_products`] into empty accumulators of one level, sum m
+    /// into `accs[m]`, every limb walked tile by tile across the sums
+    /// (`Context::dot2_many`), so that ciphertexts the sums share are read
+    /// from memory once. Every term of every sum is checked first; on an
+    /// error no accumulator has changed.
+    ///
+    /// # Errors
+    /// As [`Self::add_products`].
+    pub(crate) fn add_fresh_products_tiled(
+        accs: &mut [Self],
+        sums: &[(&[&ExtendedCiphertext], &[&ExtendedPlaintext])],
+    ) -> Result<()> {
+        let Some(first) = accs.first() else {
+            return Ok(());
+        };
+        let (ctx, level) = (first.ctx.clone(), first.level);
+        debug_assert!(accs.iter().all(|a| a.level == level && a.terms == 0));
+        let mut scales: Vec<&mut Option<f64>> = accs.iter_mut().map(|a| &mut a.scale).collect();
+        let fresh = check_fresh_batches(
+            &mut scales,
+            sums.iter().map(|(c, p)| (c.len(), p.len())),
+            |m, scale, k| check_extended_term(&ctx, level, scale, sums[m].0[k], sums[m].1[k]),
+        )?;
+        let (n, sp) = (ctx.degree(), ctx.sp());
+        for (k, j) in ctx.qp_primes(level).enumerate() {
+            let r = k * n..(k + 1) * n;
+            let mut batch: Vec<Sum<'_, '_>> = accs
+                .iter_mut()
+                .zip(sums)
+                .zip(&fresh)
+                .filter(|(_, fresh)| **fresh)
+                .map(|((acc, (cts, pts)), _)| Sum {
+                    terms: limb_terms(cts, pts, j, r.clone(), sp),
+                    out0: &mut acc.acc0[r.clone()],
+                    out1: &mut acc.acc1[r.clone()],
+                })
+                .collect();
+            ctx.dot2_many(j, &mut batch);
+        }
+        for ((acc, (cts, _)), &fresh) in accs.iter_mut().zip(sums).zip(&fresh) {
+            (acc.normalized, acc.terms) = (fresh, cts.len());
+        }
         Ok(())
     }
 

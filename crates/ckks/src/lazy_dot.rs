@@ -40,6 +40,24 @@
 /// bounds).
 pub(crate) const CHUNK: usize = 8;
 
+/// Coefficients per tile of [`crate::Context`]'s `dot2_many`: 1024
+/// coefficients of 16–24 baby steps' two polynomials (256–384 KiB) stay in
+/// a core's L2 cache while every giant step's sum reads them. Measured
+/// once in session 30 with a throwaway kernel benchmark (16 shared terms,
+/// 6 sums, 4 limbs, 30 layers' plaintexts streamed from memory): 3.63 ms
+/// per layer one sum after the other, 3.35 / 3.07 / 2.97 / 2.94 ms with
+/// tiles of 256 / 512 / 1024 / 2048 (BENCHMARKS.md, session 30, for the
+/// effect on a whole layer).
+pub(crate) const TILE: usize = 1024;
+
+/// One sum of [`crate::Context`]'s `dot2_many`: its terms (one limb long)
+/// and its two outputs (the same length, overwritten).
+pub(crate) struct Sum<'a, 'b> {
+    pub terms: Vec<Term<'a>>,
+    pub out0: &'b mut [u64],
+    pub out1: &'b mut [u64],
+}
+
 /// Low 52 bits.
 const MASK52: u64 = (1 << 52) - 1;
 
@@ -51,6 +69,19 @@ pub(crate) struct Term<'a> {
     pub w0: &'a [u64],
     pub x1: &'a [u64],
     pub w1: &'a [u64],
+}
+
+impl<'a> Term<'a> {
+    /// The term of a ciphertext `(c0, c1)` times one plaintext or key
+    /// limb `w`: `c0 ⊙ w` to the first output, `c1 ⊙ w` to the second.
+    pub(crate) fn paired(c0: &'a [u64], c1: &'a [u64], w: &'a [u64]) -> Self {
+        Self {
+            x0: c0,
+            w0: w,
+            x1: c1,
+            w1: w,
+        }
+    }
 }
 
 /// A constant `c < p` with its 52-bit Shoup companion `⌊c·2^52 / p⌋`.

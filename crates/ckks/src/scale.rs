@@ -101,3 +101,35 @@ pub(crate) fn check_batch(
         _ => BatchPath::OntoEarlierTerms,
     })
 }
+
+/// [`check_batch`] for several sums, each into a fresh accumulator (sum m
+/// into the one whose scale is `scales[m]`; `lens[m]` its ciphertext and
+/// plaintext counts; `check(m, scale, k)` checks term k of sum m): whether
+/// each sum has terms. On an error every scale is reset to `None`, as a
+/// fresh accumulator's, so no accumulator has changed.
+///
+/// # Errors
+/// As [`check_batch`], for the first sum that fails.
+pub(crate) fn check_fresh_batches(
+    scales: &mut [&mut Option<f64>],
+    lens: impl IntoIterator<Item = (usize, usize)>,
+    mut check: impl FnMut(usize, &mut Option<f64>, usize) -> Result<()>,
+) -> Result<Vec<bool>> {
+    let mut fresh = Vec::with_capacity(scales.len());
+    for (m, (n_cts, n_pts)) in lens.into_iter().enumerate() {
+        let result = match scales.get_mut(m) {
+            Some(scale) => check_batch(n_cts, n_pts, 0, scale, |s, k| check(m, s, k)),
+            None => Ok(BatchPath::Empty),
+        };
+        match result {
+            Ok(path) => fresh.push(path == BatchPath::Fresh),
+            Err(e) => {
+                for scale in scales.iter_mut() {
+                    **scale = None;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(fresh)
+}

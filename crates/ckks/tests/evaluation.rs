@@ -187,6 +187,113 @@ fn add_products_refuses_bad_batches_without_adding_anything() {
     assert_eq!(acc.terms(), 3);
 }
 
+/// `sums_of_products` (every limb walked in tiles across the sums)
+/// against one accumulator per sum fed one product at a time (tfhe-ntt's
+/// multiply-accumulate, no tiling): bit-identical, over `Q` and `Q·P`, at
+/// every level, for sums sharing ciphertexts as giant steps share baby
+/// steps, of different lengths (one past the kernel's reduction chunk) and
+/// empty.
+#[test]
+fn sums_of_products_are_bit_identical_to_separate_accumulators() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 34);
+    let (slots, scale) = (f.ctx.slots(), f.ctx.params().scale());
+    let terms = 9;
+    for level in 0..=f.ctx.max_level() {
+        let cts: Vec<Ciphertext> = (0..terms)
+            .map(|k| encrypt(&mut f, &values(slots, 800 + k, 2.0), level, scale))
+            .collect();
+        let exts: Vec<ExtendedCiphertext> = cts.iter().map(|c| f.ev.extend(c)).collect();
+        // Three sums' plaintexts: 9, 4 and 0 terms.
+        let lens = [terms as usize, 4, 0];
+        let pts: Vec<Vec<Plaintext>> = (0..3)
+            .map(|m| {
+                (0..lens[m])
+                    .map(|k| {
+                        let w = values(slots, 900 + 10 * m as u64 + k as u64, 1.0);
+                        f.enc.encode(&w, level, scale).unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+        let epts: Vec<Vec<ExtendedPlaintext>> = (0..3)
+            .map(|m| {
+                (0..lens[m])
+                    .map(|k| {
+                        let w = values(slots, 950 + 10 * m as u64 + k as u64, 1.0);
+                        f.enc.encode_extended(&w, level, scale).unwrap()
+                    })
+                    .collect()
+            })
+            .collect();
+
+        let c: Vec<&Ciphertext> = cts.iter().collect();
+        let p: Vec<Vec<&Plaintext>> = pts.iter().map(|v| v.iter().collect()).collect();
+        let sums: Vec<(&[&Ciphertext], &[&Plaintext])> =
+            (0..3).map(|m| (&c[..lens[m]], &p[m][..])).collect();
+        let got = f.ev.sums_of_products(level, &sums).unwrap();
+        for (m, got) in got.into_iter().enumerate() {
+            let mut single = f.ev.mul_accumulator(level).unwrap();
+            for (c, p) in c.iter().zip(&p[m]) {
+                single.add_product(c, p).unwrap();
+            }
+            assert_eq!(got, single.finish(), "level {level}, sum {m}");
+        }
+
+        let e: Vec<&ExtendedCiphertext> = exts.iter().collect();
+        let ep: Vec<Vec<&ExtendedPlaintext>> = epts.iter().map(|v| v.iter().collect()).collect();
+        let sums: Vec<(&[&ExtendedCiphertext], &[&ExtendedPlaintext])> =
+            (0..3).map(|m| (&e[..lens[m]], &ep[m][..])).collect();
+        let got = f.ev.sums_of_products_extended(level, &sums).unwrap();
+        for (m, got) in got.into_iter().enumerate() {
+            let mut single = f.ev.mul_accumulator_extended(level).unwrap();
+            for (c, p) in e.iter().zip(&ep[m]) {
+                single.add_product(c, p).unwrap();
+            }
+            assert_eq!(got, single.finish(), "level {level}, sum {m}, Q·P");
+        }
+    }
+}
+
+/// A bad term in any sum refuses the whole call with the term's typed
+/// error.
+#[test]
+fn sums_of_products_refuse_a_bad_sum_with_a_typed_error() {
+    let mut f = fixture(Preset::N8192Depth2Fast, 35);
+    let (slots, scale, top) = (f.ctx.slots(), f.ctx.params().scale(), f.ctx.max_level());
+    let cts: Vec<Ciphertext> = (0..2)
+        .map(|k| encrypt(&mut f, &values(slots, 980 + k, 1.0), top, scale))
+        .collect();
+    let pt = f.enc.encode(&values(slots, 990, 1.0), top, scale).unwrap();
+    let twice = f
+        .enc
+        .encode(&values(slots, 991, 1.0), top, scale * 2.0)
+        .unwrap();
+    let c: Vec<&Ciphertext> = cts.iter().collect();
+    let good: [&Plaintext; 2] = [&pt, &pt];
+    let mixed: [&Plaintext; 2] = [&pt, &twice];
+    assert!(matches!(
+        f.ev.sums_of_products(top, &[(&c[..], &good[..]), (&c[..], &mixed[..])]),
+        Err(CkksError::ScaleMismatch { .. })
+    ));
+    assert!(
+        f.ev.sums_of_products(top, &[(&c[..], &good[..]), (&c[..1], &good[..1])])
+            .is_ok()
+    );
+    assert!(matches!(
+        f.ev.sums_of_products(top, &[(&c[..], &good[..1])]),
+        Err(CkksError::TermCountMismatch { .. })
+    ));
+    let low = f.ev.drop_to_level(&cts[1], 1).unwrap();
+    assert!(matches!(
+        f.ev.sums_of_products(top, &[(&[c[0], &low][..], &good[..])]),
+        Err(CkksError::LevelMismatch { .. })
+    ));
+    assert!(matches!(
+        f.ev.sums_of_products(top + 1, &[(&c[..], &good[..])]),
+        Err(CkksError::LevelOutOfRange { .. })
+    ));
+}
+
 #[test]
 fn double_hoisting_sums_rotations_before_one_mod_down() {
     let mut f = fixture(Preset::N8192Depth2Fast, 31);

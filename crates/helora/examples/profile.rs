@@ -11,7 +11,7 @@ use cipherlora_helora::planner::choose;
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{
     CkksClient, CkksServer, GroupAdapter, GroupClient, HeServer, Link, Mode, PreparedGroup,
-    ProjectionAdapter, Result,
+    ProductSum, ProjectionAdapter, Result,
 };
 
 struct Timed<'a> {
@@ -59,6 +59,17 @@ impl HeServer for Timed<'_> {
     fn dot_plain_extended(&self, c: &[&Self::ExtCt], p: &[&Self::ExtPt]) -> Result<Self::ExtCt> {
         self.time("dot_plain_ext", || self.inner.dot_plain_extended(c, p))
     }
+    fn dot_plain_extended_many(
+        &self,
+        sums: &[ProductSum<'_, Self::ExtCt, Self::ExtPt>],
+    ) -> Result<Vec<Self::ExtCt>> {
+        self.time("dot_plain_ext(sums)", || {
+            self.inner.dot_plain_extended_many(sums)
+        })
+    }
+    fn dot_plain_many(&self, sums: &[ProductSum<'_, Self::Ct, Self::Pt>]) -> Result<Vec<Self::Ct>> {
+        self.time("dot_plain(sums)", || self.inner.dot_plain_many(sums))
+    }
     fn mod_down_rescale(&self, c: &Self::ExtCt) -> Result<Self::Ct> {
         self.time("mod_down_rescale", || self.inner.mod_down_rescale(c))
     }
@@ -97,12 +108,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast)?)?;
     let client = CkksClient::new(&ctx)?;
     let costs = cipherlora_helora::measure::measure_op_costs(&ctx, 20)?;
+    let t: usize = std::env::var("PROFILE_T")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(9);
     for mode in [Mode::Ffa, Mode::Standard] {
         for (g, shape) in ModelShape::smollm2_135m().groups {
             let (plan, est) = choose(
                 &shape,
                 mode,
-                9,
+                t,
                 ctx.slots(),
                 false,
                 &costs,
@@ -130,7 +145,16 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                     })
                     .collect(),
             };
-            let prepared = PreparedGroup::new(&timed, &plan, &ad)?;
+            // PROFILE_LAYERS distinct copies of the group's diagonals, run
+            // one after the other as a round does (their plaintexts then
+            // come from memory, not from the cache).
+            let layers: usize = std::env::var("PROFILE_LAYERS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1);
+            let prepared = (0..layers)
+                .map(|_| PreparedGroup::new(&timed, &plan, &ad))
+                .collect::<Result<Vec<_>>>()?;
             let gc = match mode {
                 Mode::Ffa => GroupClient::ffa(
                     &plan,
@@ -141,13 +165,13 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 )?,
                 Mode::Standard => GroupClient::standard(&plan)?,
             };
-            let x = vec![0.5f32; 9 * shape.d_in];
+            let x = vec![0.5f32; t * shape.d_in];
             let (req, _scales) = gc.request(&client, 0, 0, &x)?;
-            let reps = 10;
+            let reps = 10 * layers;
             timed.t.borrow_mut().clear();
             let t0 = thread_cpu_ms();
-            for _ in 0..reps {
-                prepared.handle(&timed, &req)?;
+            for i in 0..reps {
+                prepared[i % layers].handle(&timed, &req)?;
             }
             let total = (thread_cpu_ms() - t0) / reps as f64;
             println!(

@@ -27,7 +27,7 @@ use rand::Rng;
 use rand_chacha::ChaCha20Rng;
 
 use crate::error::{HeloraError, Result};
-use crate::he_traits::{Complex64, HeClient, HeServer};
+use crate::he_traits::{Complex64, HeClient, HeServer, ProductSum};
 
 fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
     HeloraError::Ckks(e)
@@ -306,6 +306,52 @@ impl HeServer for CkksServer {
         acc.add_products(cts, pts).map_err(he)?;
         acc.finish()
             .ok_or_else(|| HeloraError::Backend("dot_plain_extended: empty".into()))
+    }
+
+    fn dot_plain_extended_many(
+        &self,
+        sums: &[ProductSum<'_, ExtendedCiphertext, ExtendedPlaintext>],
+    ) -> Result<Vec<ExtendedCiphertext>> {
+        let Some(level) = sums.iter().find_map(|(c, _)| c.first().map(|c| c.level())) else {
+            return if sums.is_empty() {
+                Ok(Vec::new())
+            } else {
+                Err(HeloraError::Backend(
+                    "dot_plain_extended_many: empty sum".into(),
+                ))
+            };
+        };
+        let slices: Vec<(&[&ExtendedCiphertext], &[&ExtendedPlaintext])> =
+            sums.iter().map(|(c, p)| (&c[..], &p[..])).collect();
+        self.ev
+            .sums_of_products_extended(level, &slices)
+            .map_err(he)?
+            .into_iter()
+            .map(|s| {
+                s.ok_or_else(|| HeloraError::Backend("dot_plain_extended_many: empty sum".into()))
+            })
+            .collect()
+    }
+
+    fn dot_plain_many(
+        &self,
+        sums: &[ProductSum<'_, Ciphertext, Plaintext>],
+    ) -> Result<Vec<Ciphertext>> {
+        let Some(level) = sums.iter().find_map(|(c, _)| c.first().map(|c| c.level())) else {
+            return if sums.is_empty() {
+                Ok(Vec::new())
+            } else {
+                Err(HeloraError::Backend("dot_plain_many: empty sum".into()))
+            };
+        };
+        let slices: Vec<(&[&Ciphertext], &[&Plaintext])> =
+            sums.iter().map(|(c, p)| (&c[..], &p[..])).collect();
+        self.ev
+            .sums_of_products(level, &slices)
+            .map_err(he)?
+            .into_iter()
+            .map(|s| s.ok_or_else(|| HeloraError::Backend("dot_plain_many: empty sum".into())))
+            .collect()
     }
 
     fn mod_down_rescale(&self, ct: &ExtendedCiphertext) -> Result<Ciphertext> {

@@ -285,14 +285,42 @@ impl<S: HeServer> PreparedGroup<S> {
     }
 
     /// Handles one wire request: checks its header against the plan,
-    /// evaluates, and serialises the result ciphertexts with their output
-    /// bounds ([`Self::output_bounds`]; compressed by the CKKS backend,
-    /// after rerandomisation).
+    /// parses its ciphertexts, evaluates, and serialises the result
+    /// ciphertexts with their output bounds ([`Self::output_bounds`];
+    /// compressed by the CKKS backend, after rerandomisation).
     ///
     /// # Errors
-    /// [`HeloraError::PlanMismatch`] on a foreign plan id or T; as
-    /// [`PreparedGroup::evaluate`].
+    /// [`HeloraError::PlanMismatch`] on a foreign plan id or T; the
+    /// backend's parse errors; as [`PreparedGroup::evaluate`].
     pub fn handle(&self, server: &S, req: &GroupRequest) -> Result<GroupResponse> {
+        self.check_header(req)?;
+        let inputs = req
+            .ciphertexts
+            .iter()
+            .map(|b| server.input_from_bytes(b))
+            .collect::<Result<Vec<_>>>()?;
+        self.respond(server, req, &inputs)
+    }
+
+    /// [`Self::handle`] for a request whose ciphertexts the caller has
+    /// parsed already (`inputs`, in plan order; e.g. while checking their
+    /// level and scale), so that they are not parsed twice:
+    /// `req.ciphertexts` is not read (it may be empty).
+    ///
+    /// # Errors
+    /// As [`Self::handle`].
+    pub fn handle_parsed(
+        &self,
+        server: &S,
+        req: &GroupRequest,
+        inputs: &[S::Ct],
+    ) -> Result<GroupResponse> {
+        self.check_header(req)?;
+        self.respond(server, req, inputs)
+    }
+
+    /// [`HeloraError::PlanMismatch`] unless `req` names this plan and its T.
+    fn check_header(&self, req: &GroupRequest) -> Result<()> {
         if req.plan_id != self.plan_id {
             return Err(HeloraError::PlanMismatch {
                 field: "plan_id",
@@ -307,12 +335,13 @@ impl<S: HeServer> PreparedGroup<S> {
                 got: u64::from(req.t),
             });
         }
-        let inputs = req
-            .ciphertexts
-            .iter()
-            .map(|b| server.input_from_bytes(b))
-            .collect::<Result<Vec<_>>>()?;
-        let out = self.evaluate(server, &inputs)?;
+        Ok(())
+    }
+
+    /// Evaluates `inputs` and serialises the outputs at the precision
+    /// `req` asks for.
+    fn respond(&self, server: &S, req: &GroupRequest, inputs: &[S::Ct]) -> Result<GroupResponse> {
+        let out = self.evaluate(server, inputs)?;
         let ciphertexts = out
             .iter()
             .zip(&self.output_bounds)
@@ -344,67 +373,110 @@ impl<S: HeServer> PreparedGroup<S> {
         server.rotate_hoisted_extended(ct, &steps)
     }
 
-    /// The giant partial sum `rescale(Σ_b pdiag_{q,b} ⊙ v_b)` of giant `q`
-    /// over the terms `idx` of the babies (one fused ModDown + rescale when
-    /// they are extended).
-    fn giant_part(
+    /// The giant partial sums `rescale(Σ_b pdiag_{q,b} ⊙ v_b)` of every
+    /// `(diagonals, q, idx)` in `parts` (`idx`: the baby indices of giant
+    /// q), their products computed together since they all read the same
+    /// babies ([`HeServer::dot_plain_many`],
+    /// [`HeServer::dot_plain_extended_many`]), each then brought down by
+    /// one rescale (one fused ModDown + rescale when extended).
+    fn giant_parts(
         &self,
         server: &S,
         babies: &Babies<'_, S>,
-        diags: &Diags<S>,
-        q: usize,
-        idx: &[usize],
-    ) -> Result<S::Ct> {
-        match (babies, diags) {
-            (Babies::Plain(v), Diags::Plain(d)) => {
-                let cts: Vec<&S::Ct> = idx.iter().map(|&i| v[i]).collect();
-                server.rescale(&server.dot_plain(&cts, &d[q].iter().collect::<Vec<_>>())?)
+        parts: &[(&Diags<S>, usize, &[usize])],
+    ) -> Result<Vec<S::Ct>> {
+        const MISMATCH: HeloraError = HeloraError::InfeasiblePlan {
+            reason: "diagonal encoding does not match the baby steps",
+        };
+        match babies {
+            Babies::Plain(v) => {
+                let sums = parts
+                    .iter()
+                    .map(|&(d, q, idx)| match d {
+                        Diags::Plain(d) => {
+                            Ok((idx.iter().map(|&i| v[i]).collect(), d[q].iter().collect()))
+                        }
+                        Diags::Extended(_) => Err(MISMATCH),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                server
+                    .dot_plain_many(&sums)?
+                    .iter()
+                    .map(|s| server.rescale(s))
+                    .collect()
             }
-            (Babies::Extended(v), Diags::Extended(d)) => {
-                let cts: Vec<&S::ExtCt> = idx.iter().map(|&i| v[i]).collect();
-                server.mod_down_rescale(
-                    &server.dot_plain_extended(&cts, &d[q].iter().collect::<Vec<_>>())?,
-                )
+            Babies::Extended(v) => {
+                let sums = parts
+                    .iter()
+                    .map(|&(d, q, idx)| match d {
+                        Diags::Extended(d) => {
+                            Ok((idx.iter().map(|&i| v[i]).collect(), d[q].iter().collect()))
+                        }
+                        Diags::Plain(_) => Err(MISMATCH),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                server
+                    .dot_plain_extended_many(&sums)?
+                    .iter()
+                    .map(|s| server.mod_down_rescale(s))
+                    .collect()
             }
-            _ => Err(HeloraError::InfeasiblePlan {
-                reason: "diagonal encoding does not match the baby steps",
-            }),
         }
     }
 
-    /// `Σ_q rot(rescale(Σ_b pdiag_{q,b} ⊙ v_b), q·g·T)`, `terms[q]` listing
-    /// the baby indices of giant q. Each giant partial sum is rescaled
-    /// *before* its rotation, so the giant-step key switches run one level
-    /// lower (fewer limbs: about 2.5× cheaper at N = 8192 from level 1 to 0,
-    /// measured) for the price of one rescale each.
-    fn bsgs_sum(
+    /// `Σ_q rot(rescale(Σ_b pdiag_{q,b} ⊙ v_b), q·g·T)` for each diagonal
+    /// set of `diags` (one result each), `terms[q]` listing the baby
+    /// indices of giant q. Each giant partial sum is rescaled *before* its
+    /// rotation, so the giant-step key switches run one level lower (fewer
+    /// limbs: about 2.5× cheaper at N = 8192 from level 1 to 0, measured)
+    /// for the price of one rescale each. The products of every giant step
+    /// of every set are computed together ([`Self::giant_parts`]).
+    fn bsgs_sums(
         &self,
         server: &S,
         g: usize,
         babies: &Babies<'_, S>,
-        diags: &Diags<S>,
+        diags: &[&Diags<S>],
         terms: &[Vec<usize>],
-    ) -> Result<S::Ct> {
-        let t = self.plan.slot_positions() as i64;
-        let mut acc: Option<S::Ct> = None;
-        if terms.len() != diags.giants() {
+    ) -> Result<Vec<S::Ct>> {
+        if terms.is_empty() {
+            return Err(HeloraError::InfeasiblePlan {
+                reason: "no diagonal to evaluate",
+            });
+        }
+        if diags.iter().any(|d| d.giants() != terms.len()) {
             return Err(HeloraError::InfeasiblePlan {
                 reason: "giant-step count differs from the diagonals'",
             });
         }
-        for (q, idx) in terms.iter().enumerate() {
-            let mut part = self.giant_part(server, babies, diags, q, idx)?;
-            if q > 0 {
-                part = server.rotate(&part, q as i64 * g as i64 * t)?;
+        let parts: Vec<(&Diags<S>, usize, &[usize])> = diags
+            .iter()
+            .flat_map(|&d| {
+                terms
+                    .iter()
+                    .enumerate()
+                    .map(move |(q, idx)| (d, q, idx.as_slice()))
+            })
+            .collect();
+        let mut parts = self.giant_parts(server, babies, &parts)?.into_iter();
+        let t = self.plan.slot_positions() as i64;
+        let mut out = Vec::with_capacity(diags.len());
+        for _ in diags {
+            let mut acc: Option<S::Ct> = None;
+            for (q, mut part) in parts.by_ref().take(terms.len()).enumerate() {
+                if q > 0 {
+                    part = server.rotate(&part, q as i64 * g as i64 * t)?;
+                }
+                match acc.as_mut() {
+                    None => acc = Some(part),
+                    Some(a) => server.add_assign(a, &part)?,
+                }
             }
-            match acc.as_mut() {
-                None => acc = Some(part),
-                Some(a) => server.add_assign(a, &part)?,
-            }
+            out.push(acc.ok_or(HeloraError::InfeasiblePlan {
+                reason: "no diagonal to evaluate",
+            })?);
         }
-        acc.ok_or(HeloraError::InfeasiblePlan {
-            reason: "no diagonal to evaluate",
-        })
+        Ok(out)
     }
 
     /// Stage A: `u'` with fully summed U wherever stage B reads it.
@@ -447,7 +519,12 @@ impl<S: HeServer> PreparedGroup<S> {
                     .collect()
             })
             .collect();
-        let y = self.bsgs_sum(server, sa.g, &v, diags, &terms)?;
+        let y = self
+            .bsgs_sums(server, sa.g, &v, &[diags], &terms)?
+            .pop()
+            .ok_or(HeloraError::InfeasiblePlan {
+                reason: "no diagonal to evaluate",
+            })?;
         // Window sum over P/ρ groups of ρ dimensions.
         let mut s = y.clone();
         for (step, add_y) in GroupPlan::window_steps(l.window, r * self.plan.slot_positions()) {
@@ -465,13 +542,13 @@ impl<S: HeServer> PreparedGroup<S> {
         let terms: Vec<Vec<usize>> = (0..l.giants_b)
             .map(|q| (0..l.babies_b).filter(|&b| q * g + b < l.diags_b).collect())
             .collect();
-        let mut out = Vec::with_capacity(self.b_diags.len());
-        for diags in &self.b_diags {
-            let mut ct = self.bsgs_sum(server, g, v, diags, &terms)?;
-            if self.plan.rerandomize {
-                ct = server.rerandomize(&ct)?;
+        // Every output's giant steps read the same babies: computed together.
+        let diags: Vec<&Diags<S>> = self.b_diags.iter().collect();
+        let mut out = self.bsgs_sums(server, g, v, &diags, &terms)?;
+        if self.plan.rerandomize {
+            for ct in &mut out {
+                *ct = server.rerandomize(ct)?;
             }
-            out.push(ct);
         }
         Ok(out)
     }

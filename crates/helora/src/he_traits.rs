@@ -12,6 +12,11 @@ pub use cipherlora_ckks::Complex64;
 
 use crate::error::Result;
 
+/// One sum of products of [`HeServer::dot_plain_many`] and
+/// [`HeServer::dot_plain_extended_many`]: its ciphertexts and its
+/// plaintexts, term by term.
+pub type ProductSum<'a, C, P> = (Vec<&'a C>, Vec<&'a P>);
+
 /// Server-side homomorphic evaluation.
 ///
 /// Slots are complex; every plaintext the server makes holds *real* weights
@@ -75,6 +80,24 @@ pub trait HeServer {
     fn dot_plain_extended(&self, cts: &[&Self::ExtCt], pts: &[&Self::ExtPt])
     -> Result<Self::ExtCt>;
 
+    /// Several [`HeServer::dot_plain_extended`] sums, one result per
+    /// `(cts, pts)` entry: the giant steps of a baby-step/giant-step
+    /// transformation, which all read the same baby steps. The default
+    /// computes them one after the other; the CKKS backend walks the limbs
+    /// once for all of them, so that shared ciphertexts are read from
+    /// memory once (`cipherlora_ckks::Evaluator::sums_of_products_extended`).
+    ///
+    /// # Errors
+    /// As [`HeServer::dot_plain_extended`], for any entry.
+    fn dot_plain_extended_many(
+        &self,
+        sums: &[ProductSum<'_, Self::ExtCt, Self::ExtPt>],
+    ) -> Result<Vec<Self::ExtCt>> {
+        sums.iter()
+            .map(|(c, p)| self.dot_plain_extended(c, p))
+            .collect()
+    }
+
     /// ModDown (divide by P) and rescale (divide by the last prime), fused:
     /// the result is at level − 1, like [`HeServer::rescale`] of a
     /// [`HeServer::dot_plain`].
@@ -89,6 +112,15 @@ pub trait HeServer {
     /// # Errors
     /// Empty or mismatched inputs, level mismatch.
     fn dot_plain(&self, cts: &[&Self::Ct], pts: &[&Self::Pt]) -> Result<Self::Ct>;
+
+    /// Several [`HeServer::dot_plain`] sums, one result per `(cts, pts)`
+    /// entry (as [`HeServer::dot_plain_extended_many`]).
+    ///
+    /// # Errors
+    /// As [`HeServer::dot_plain`], for any entry.
+    fn dot_plain_many(&self, sums: &[ProductSum<'_, Self::Ct, Self::Pt>]) -> Result<Vec<Self::Ct>> {
+        sums.iter().map(|(c, p)| self.dot_plain(c, p)).collect()
+    }
 
     /// `acc += other`.
     ///

@@ -104,7 +104,7 @@ pub use counts::OpCounts;
 pub use error::{HeloraError, Result};
 pub use group_client::{GroupClient, InputScales, SlotDeltas, SlotValues};
 pub use group_server::PreparedGroup;
-pub use he_traits::{HeClient, HeServer};
+pub use he_traits::{HeClient, HeServer, ProductSum};
 pub use plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan, StageBPlan};
 pub use planner::{Estimate, Link, OpCosts};
 pub use sim::SlotSimulator;

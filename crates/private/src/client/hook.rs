@@ -578,9 +578,10 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     /// the tolerance, which the caller fixes per trip of a round (never on
     /// the data), so they reveal nothing the trip count does not. The
     /// upload of such a request drops low bits of its ciphertexts'
-    /// `c0` within a quarter of the tolerance ([`upload_error`]); their
-    /// number depends on the tolerance and the parameters only, so the
-    /// upload's size reveals no more.
+    /// `c0` within a quarter of the tolerance ([`upload_error`]; a
+    /// tolerance of 0, within a quarter of the default response
+    /// precision's); their number depends on the tolerance and the
+    /// parameters only, so the upload's size reveals no more.
     fn deltas_many_within(
         &mut self,
         inputs: &[GroupInput],

@@ -25,13 +25,22 @@ pub(crate) fn response_bits(tolerance: f64) -> u32 {
 /// tolerance. An input error ε moves a delta by at most ε times the
 /// group's output bound, the unit of the tolerance and of the response
 /// compression's error (`bound·2^-bits`, at most half the tolerance): the
-/// two together stay within three quarters of it. 0 (an exact upload)
-/// where the tolerance asks for full precision.
+/// two together stay within three quarters of it.
+///
+/// A tolerance asking for full precision (0, a round's last trip) gets the
+/// same rule at the server's default response precision
+/// ([`ResponseCompression::DEFAULT_BITS`], 25 bits: `2^-26`, about 5 of
+/// the 130 bits a standard-LoRA upload carries per coefficient): the
+/// response is compressed to that precision anyway, and the upload's
+/// error, at half the response's, adds at most half again to what the
+/// response already loses (both far below the fixed point's residual,
+/// ≥ 1e-3 relative after a round's trips; `crate::HeHook`).
 pub(crate) fn upload_error(tolerance: f64) -> f64 {
-    match response_bits(tolerance) {
-        0 => 0.0,
-        bits => 2f64.powi(-(bits as i32) - 1),
-    }
+    let bits = match response_bits(tolerance) {
+        0 => ResponseCompression::DEFAULT_BITS,
+        bits => bits,
+    };
+    2f64.powi(-(bits as i32) - 1)
 }
 
 #[cfg(test)]
@@ -40,9 +49,12 @@ mod tests {
 
     #[test]
     fn the_upload_keeps_a_quarter_of_the_tolerance() {
-        assert_eq!(upload_error(0.0), 0.0);
-        assert_eq!(upload_error(1.0), 0.0);
-        assert_eq!(upload_error(f64::NAN), 0.0);
+        // Full precision: a quarter of the default response precision's
+        // tolerance, never exact (the response is compressed to it).
+        let full = 2f64.powi(-(ResponseCompression::DEFAULT_BITS as i32) - 1);
+        for tolerance in [0.0, 1.0, f64::NAN, 1e-12] {
+            assert_eq!(upload_error(tolerance), full, "{tolerance}");
+        }
         for tolerance in [0.3, 1.0 / 2048.0, 1.0 / 32768.0, 1e-6] {
             let e = upload_error(tolerance);
             assert!(e > 0.0 && e <= tolerance / 4.0, "{tolerance}: {e}");

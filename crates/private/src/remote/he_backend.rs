@@ -390,6 +390,10 @@ impl SessionCompute for HeCompute {
                 got: ciphertexts.len(),
             });
         }
+        // Parsed once: the checks below and the evaluation share the
+        // expanded ciphertexts (a rounded upload rebuilds limb 0 with a
+        // forward NTT, which a second parse would repeat).
+        let mut inputs = Vec::with_capacity(ciphertexts.len());
         for (index, bytes) in ciphertexts.iter().enumerate() {
             let ct = SeededCiphertext::from_upload_bytes(&self.ctx, bytes)
                 .map_err(|e| ciphertext_error(index, e))?;
@@ -405,16 +409,20 @@ impl SessionCompute for HeCompute {
                     what: "scale differs from the parameters' scale".into(),
                 });
             }
+            inputs.push(ct.expand());
         }
         let request = GroupRequest {
             plan_id: meta.plan_id,
             layer,
             group,
             t: meta.t,
-            ciphertexts: ciphertexts.iter().map(|c| c.to_vec()).collect(),
+            ciphertexts: Vec::new(),
             response_bits,
         };
-        let response = self.session.handle(&request).map_err(backend_error)?;
+        let response = self
+            .session
+            .handle_parsed(&request, &inputs)
+            .map_err(backend_error)?;
         Ok(response.ciphertexts.into_iter().map(Bytes::from).collect())
     }
 }

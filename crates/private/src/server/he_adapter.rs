@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
-use cipherlora_ckks::{CkksParameters, Context, GaloisKeys, Preset, PublicKey};
+use cipherlora_ckks::{Ciphertext, CkksParameters, Context, GaloisKeys, Preset, PublicKey};
 use cipherlora_helora::group_server::PreparedGroup;
 use cipherlora_helora::planner::{Link, OpCosts, choose};
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
@@ -551,15 +551,33 @@ impl ServerSession {
     /// of ciphertexts or malformed ciphertext bytes (checked before any
     /// arithmetic).
     pub fn handle(&self, request: &GroupRequest) -> Result<GroupResponse, PrivateError> {
-        let pg = self
-            .prepared
+        Ok(self
+            .group(request.layer, request.group)?
+            .handle(&self.he, request)?)
+    }
+
+    /// [`Self::handle`] for a request whose ciphertexts the caller has
+    /// parsed already (`inputs`, in plan order): `request.ciphertexts` is
+    /// not read ([`cipherlora_helora::PreparedGroup::handle_parsed`]).
+    ///
+    /// # Errors
+    /// As [`Self::handle`].
+    pub fn handle_parsed(
+        &self,
+        request: &GroupRequest,
+        inputs: &[Ciphertext],
+    ) -> Result<GroupResponse, PrivateError> {
+        Ok(self
+            .group(request.layer, request.group)?
+            .handle_parsed(&self.he, request, inputs)?)
+    }
+
+    /// The prepared group of (layer, group).
+    fn group(&self, layer: u32, group: u32) -> Result<&PreparedGroup<CkksServer>, PrivateError> {
+        self.prepared
             .groups
-            .get(&(request.layer, request.group))
-            .ok_or(PrivateError::UnknownGroup {
-                layer: request.layer,
-                group: request.group,
-            })?;
-        Ok(pg.handle(&self.he, request)?)
+            .get(&(layer, group))
+            .ok_or(PrivateError::UnknownGroup { layer, group })
     }
 }
 

@@ -37,7 +37,7 @@ struct Trip {
     round: u64,
     /// Response precision asked (0: the server's default).
     bits: u32,
-    /// The error each upload may lose (0: exact; [`upload_error`]).
+    /// The error each upload may lose ([`upload_error`]).
     max_error: f64,
     /// Session groups not yet answered, by session group key.
     units: HashMap<(usize, ProjGroup), Unit>,
