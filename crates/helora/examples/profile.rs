@@ -1,6 +1,11 @@
 //! Where the server's time goes in a real evaluation: wraps the CKKS server
 //! and sums thread CPU time per operation kind (default model, FFA and
-//! standard, T = 9, planner's plan under the default cost model).
+//! standard, planner's plan under the default cost model).
+//!
+//! `PROFILE_T` sets the positions T (default 9); `PROFILE_LAYERS` prepares
+//! that many distinct copies of each group's diagonals and cycles through
+//! them (default 1), so that with 30 the plaintexts come from memory as in
+//! a round of the default model rather than from the cache.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
