@@ -98,6 +98,10 @@ impl MulAccumulator {
     /// [`CkksError::TermCountMismatch`] for slices of different lengths;
     /// else as [`Self::add_product`].
     pub fn add_products(&mut self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<()> {
+        if self.terms == 0 {
+            // The one-pass lazy sum, normalised on the way.
+            return Self::add_fresh_products_tiled(std::slice::from_mut(self), &[(cts, pts)]);
+        }
         let (ctx, level) = (&self.ctx, self.level);
         let path = check_batch(
             cts.len(),
@@ -106,31 +110,11 @@ impl MulAccumulator {
             &mut self.scale,
             |scale, k| check_term(ctx, level, scale, cts[k], pts[k]),
         )?;
-        match path {
-            BatchPath::Empty => return Ok(()),
-            BatchPath::OntoEarlierTerms => {
-                for (ct, pt) in cts.iter().zip(pts) {
-                    self.add_product(ct, pt)?;
-                }
-                return Ok(());
+        if path == BatchPath::OntoEarlierTerms {
+            for (ct, pt) in cts.iter().zip(pts) {
+                self.add_product(ct, pt)?;
             }
-            BatchPath::Fresh => {}
         }
-        let n = self.ctx.degree();
-        for i in 0..=self.level {
-            let r = i * n..(i + 1) * n;
-            let limbs: Vec<Cow<'_, [u64]>> =
-                pts.iter().map(|pt| scaled_limb(&self.ctx, pt, i)).collect();
-            let terms: Vec<Term<'_>> = cts
-                .iter()
-                .zip(&limbs)
-                .map(|(ct, w)| Term::paired(&ct.c0[r.clone()], &ct.c1[r.clone()], w))
-                .collect();
-            let (a0, a1) = (&mut self.acc0[r.clone()], &mut self.acc1[r]);
-            self.ctx.dot2(i, &terms, a0, a1);
-        }
-        self.normalized = true;
-        self.terms += cts.len();
         Ok(())
     }
 

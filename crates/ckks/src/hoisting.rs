@@ -343,6 +343,10 @@ impl ExtendedMulAccumulator {
         cts: &[&ExtendedCiphertext],
         pts: &[&ExtendedPlaintext],
     ) -> Result<()> {
+        if self.terms == 0 {
+            // The one-pass lazy sum, normalised on the way.
+            return Self::add_fresh_products_tiled(std::slice::from_mut(self), &[(cts, pts)]);
+        }
         let (ctx, level) = (&self.ctx, self.level);
         let path = check_batch(
             cts.len(),
@@ -351,26 +355,11 @@ impl ExtendedMulAccumulator {
             &mut self.scale,
             |scale, k| check_extended_term(ctx, level, scale, cts[k], pts[k]),
         )?;
-        match path {
-            BatchPath::Empty => return Ok(()),
-            BatchPath::OntoEarlierTerms => {
-                for (ct, pt) in cts.iter().zip(pts) {
-                    self.add_product(ct, pt)?;
-                }
-                return Ok(());
+        if path == BatchPath::OntoEarlierTerms {
+            for (ct, pt) in cts.iter().zip(pts) {
+                self.add_product(ct, pt)?;
             }
-            BatchPath::Fresh => {}
         }
-        let n = self.ctx.degree();
-        let sp = self.ctx.sp();
-        for (k, j) in self.ctx.qp_primes(self.level).enumerate() {
-            let r = k * n..(k + 1) * n;
-            let terms = limb_terms(cts, pts, j, r.clone(), sp);
-            let (a0, a1) = (&mut self.acc0[r.clone()], &mut self.acc1[r]);
-            self.ctx.dot2(j, &terms, a0, a1);
-        }
-        self.normalized = true;
-        self.terms += cts.len();
         Ok(())
     }
 
