@@ -26,6 +26,30 @@ pub struct KvCache {
     first_layer: usize,
 }
 
+/// Keys and values of consecutive positions copied out of a cache
+/// ([`KvCache::rows`]): per layer (num_kv_heads, len, head_dim), f32, after
+/// RoPE. [`KvCache::put_rows`] writes chosen rows back, into the same cache
+/// or another of the same model (a drafter's).
+#[derive(Debug, Clone)]
+pub struct KvRows {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    len: usize,
+    first_layer: usize,
+}
+
+impl KvRows {
+    /// Number of positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 impl KvCache {
     /// An empty cache for `capacity` positions (memory:
     /// 2 · layers · kv_heads · capacity · head_dim · 4 bytes).
@@ -187,6 +211,81 @@ impl KvCache {
         Ok(())
     }
 
+    /// A copy of positions `from..self.len()` of every layer, which stays
+    /// as it is when this cache moves on (e.g. a verify pass's window, kept
+    /// while the next pass overwrites it).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `from` exceeds `len()`;
+    /// [`ModelError::Candle`] if a copy fails.
+    pub fn rows(&self, from: usize) -> Result<KvRows, ModelError> {
+        if from > self.len {
+            return Err(ModelError::Input(format!(
+                "rows from {from} beyond cache length {}",
+                self.len
+            )));
+        }
+        let idx: Vec<u32> = (from..self.len).map(|p| p as u32).collect();
+        let idx = Tensor::new(idx.as_slice(), &Device::Cpu)?;
+        // `index_select` allocates: the copy shares no storage with the
+        // cache, which later passes write in place.
+        let pick = |v: &Vec<Tensor>| -> Result<Vec<Tensor>, ModelError> {
+            v.iter().map(|t| Ok(t.index_select(&idx, 1)?)).collect()
+        };
+        Ok(KvRows {
+            keys: pick(&self.keys)?,
+            values: pick(&self.values)?,
+            len: self.len - from,
+            first_layer: self.first_layer,
+        })
+    }
+
+    /// Rolls back to `at` positions and appends the rows `pick` of `rows`
+    /// (indices into `rows`, any order) at `at..at + pick.len()`. The rows
+    /// must have been computed at those positions (keys are stored after
+    /// RoPE): a tree pass's row of a node at depth d belongs at
+    /// `start + d`, so a root-to-node path is put back as [`Self::compact`]
+    /// keeps it.
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `at` exceeds `len()`, an index is not below
+    /// `rows.len()`, the rows come from a cache of other layers or shapes,
+    /// or `at + pick.len()` exceeds the capacity; [`ModelError::Candle`] if
+    /// a copy fails.
+    pub fn put_rows(&mut self, at: usize, rows: &KvRows, pick: &[usize]) -> Result<(), ModelError> {
+        if at > self.len || at + pick.len() > self.capacity {
+            return Err(ModelError::Input(format!(
+                "cannot put {} rows at {at} into a cache of {} of {} positions",
+                pick.len(),
+                self.len,
+                self.capacity
+            )));
+        }
+        if pick.iter().any(|&i| i >= rows.len) {
+            return Err(ModelError::Input(format!(
+                "row indices {pick:?} must be < {}",
+                rows.len
+            )));
+        }
+        if rows.first_layer != self.first_layer || rows.keys.len() != self.keys.len() {
+            return Err(ModelError::Input("rows of other layers".into()));
+        }
+        if !pick.is_empty() {
+            let idx: Vec<u32> = pick.iter().map(|&i| i as u32).collect();
+            let idx = Tensor::new(idx.as_slice(), &Device::Cpu)?;
+            for (dst, src) in [(&self.keys, &rows.keys), (&self.values, &rows.values)] {
+                for (d, s) in dst.iter().zip(src) {
+                    if d.dims()[0] != s.dims()[0] || d.dims()[2] != s.dims()[2] {
+                        return Err(ModelError::Input("rows of a different model".into()));
+                    }
+                    d.slice_set(&s.index_select(&idx, 1)?, 1, at)?;
+                }
+            }
+        }
+        self.len = at + pick.len();
+        Ok(())
+    }
+
     /// Writes keys/values (num_kv_heads, t, head_dim) of `layer` at `at..at+t`.
     pub(crate) fn write(
         &self,
@@ -309,5 +408,85 @@ mod tests {
         let mut dst = filled(&c, 8, 2, 0.0);
         assert!(dst.sync_from(&src, 3).is_err(), "from beyond this cache");
         assert!(dst.sync_from(&src, 6).is_err(), "from beyond the source");
+    }
+
+    /// Keys and values of every layer at position `pos`, all heads.
+    fn at(kv: &KvCache, pos: usize) -> Vec<Vec<f32>> {
+        kv.layers()
+            .flat_map(|l| {
+                let (k, v) = kv.read(l, kv.len()).unwrap();
+                [k, v].map(|t| {
+                    let row = t.narrow(1, pos, 1).unwrap();
+                    row.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rows_stay_as_copied_while_the_cache_is_overwritten() {
+        let c = config();
+        let mut kv = filled(&c, 8, 6, 0.0);
+        let original = kv.fork().unwrap();
+        let rows = kv.rows(2).unwrap();
+        assert_eq!(rows.len(), 4);
+        // Overwrite every position in place, then put the rows back after
+        // the first two.
+        let other = filled(&c, 8, 6, 500.0);
+        kv.sync_from(&other, 0).unwrap();
+        assert_ne!(at(&kv, 3), at(&original, 3));
+        kv.put_rows(2, &rows, &[0, 1, 2, 3]).unwrap();
+        assert_eq!(kv.len(), 6);
+        for pos in 0..2 {
+            assert_eq!(at(&kv, pos), at(&other, pos), "position {pos}");
+        }
+        for pos in 2..6 {
+            assert_eq!(at(&kv, pos), at(&original, pos), "position {pos}");
+        }
+    }
+
+    #[test]
+    fn putting_a_tree_path_back_equals_compacting_the_cache() {
+        let c = config();
+        // A tree pass appended 6 nodes after 3 context positions; keep the
+        // window rows, then put the path [0, 2, 5] (window rows) back into a
+        // drafter that holds the context and rows of its own after it.
+        let target = filled(&c, 12, 9, 0.0);
+        let window = target.rows(3).unwrap();
+        let mut compacted = target.fork().unwrap();
+        compacted.compact(3, &[0, 2, 5]).unwrap();
+        let mut drafter = filled(&c, 12, 7, 1000.0);
+        let own = drafter.fork().unwrap();
+        drafter.put_rows(3, &window, &[0, 2, 5]).unwrap();
+        assert_eq!(drafter.len(), 6);
+        for pos in 0..3 {
+            assert_eq!(at(&drafter, pos), at(&own, pos), "position {pos}");
+        }
+        for pos in 3..6 {
+            assert_eq!(at(&drafter, pos), at(&compacted, pos), "position {pos}");
+        }
+    }
+
+    #[test]
+    fn put_rows_refuses_impossible_ranges() {
+        let c = config();
+        let rows = filled(&c, 8, 5, 0.0).rows(1).unwrap();
+        let mut dst = filled(&c, 6, 3, 0.0);
+        assert!(dst.put_rows(4, &rows, &[0]).is_err(), "at beyond the cache");
+        assert!(
+            dst.put_rows(3, &rows, &[0, 1, 2, 3]).is_err(),
+            "beyond capacity"
+        );
+        assert!(
+            dst.put_rows(1, &rows, &[4]).is_err(),
+            "index beyond the rows"
+        );
+        assert!(
+            filled(&c, 8, 5, 0.0).rows(6).is_err(),
+            "from beyond the cache"
+        );
+        let mut other = KvCache::for_layers(&c, 8, 1..2).unwrap();
+        assert!(other.put_rows(0, &rows, &[0]).is_err(), "other layers");
+        assert_eq!(dst.len(), 3, "a refused put leaves the cache as it was");
     }
 }

@@ -51,7 +51,7 @@ pub use hook::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, KeepDeltas, NoAdapter, PassDeltas, Proj,
     ProjGroup, TripId,
 };
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvRows};
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};
 pub use mask::AttentionMask;
 pub use model::Model;

@@ -39,6 +39,12 @@
 //! batched round trips per generated token that sampled certification
 //! takes (certified draws, `cipherlora_spec::draw_bounds`, for chains;
 //! `FixedPoint::sampling_tolerance` for trees).
+//! `--ahead false` switches off drafting the next round during a round's
+//! last trip (`FixedPoint::draft_ahead`; on by default, as in the CLI):
+//! tokens per round then show what drafting ahead costs in acceptance.
+//! `--tree tree:BxD` drafts trees of width − 1 nodes instead of chains
+//! (each tree configuration carries its acceptance estimate from prompt
+//! to prompt, as a long-running client would).
 //! `--weights quantized` verifies (and computes the sequential reference)
 //! with the GGUF's weights kept quantized (`--weights quantized` of the
 //! CLI) instead of f32; the drafter stays f16.
@@ -57,6 +63,7 @@ use cipherlora_model::{
 };
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
+use cipherlora_spec::tree_draft::{Calibration, TreeDrafts, TreeParams};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -94,6 +101,10 @@ struct Args {
     /// greedy trajectory by design and are not compared (the χ² tests
     /// check the distributions), only the rounds are counted.
     temperature: f32,
+    /// `--ahead false`: no drafting during a round's last trip.
+    ahead: bool,
+    /// `--tree tree:BxD`: tree drafts of that shape instead of chains.
+    tree: Option<TreeParams>,
 }
 
 /// The plaintext LoRA, with deltas asked for within a tolerance made that
@@ -172,6 +183,8 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
         drafter_estimates: false,
         drafter_weights: WeightMode::F16,
         temperature: 0.0,
+        ahead: true,
+        tree: None,
     };
     let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
     let nums = |v: &str| -> Result<Vec<usize>, std::num::ParseIntError> {
@@ -202,6 +215,8 @@ fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
             "--drafted-start" => a.drafted_start = v.parse()?,
             "--drafter-estimates" => a.drafter_estimates = v.parse()?,
             "--temperature" => a.temperature = v.parse()?,
+            "--ahead" => a.ahead = v.parse()?,
+            "--tree" => a.tree = Some(v.parse()?),
             "--weights" | "--drafter-weights" => {
                 let w = match v.as_str() {
                     "f32" => WeightMode::F32,
@@ -294,8 +309,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut diverged: Vec<Vec<Option<usize>>> =
             vec![Vec::new(); args.widths.len() * args.trips.len()];
         // (width, trips) → (tokens, rounds, continuations, uncertified rows,
-        // settles, verify round trips).
-        let mut counts = vec![[0usize; 6]; args.widths.len() * args.trips.len()];
+        // settles, verify round trips, rounds drafted ahead and used).
+        let mut counts = vec![[0usize; 7]; args.widths.len() * args.trips.len()];
+        let mut calibration = vec![Calibration::default(); args.widths.len() * args.trips.len()];
         for (index, text) in prompts[first..first + n].iter().enumerate() {
             let prompt = tok.encode(text)?;
             let opts = GenerateOptions {
@@ -314,7 +330,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (w, &width) in args.widths.iter().enumerate() {
                 for (r, &trips) in args.trips.iter().enumerate() {
                     let cfg = SpecConfig {
-                        tree: None,
+                        tree: args.tree.map(|shape| TreeDrafts {
+                            shape,
+                            calibration: calibration[w * args.trips.len() + r].clone(),
+                        }),
                         drafter: DrafterKind::Base,
                         k: width - 1,
                         adaptive: false,
@@ -335,6 +354,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             guessed_start: args.guess,
                             drafted_start: args.drafted_start,
                             drafter_estimates: args.drafter_estimates,
+                            draft_ahead: args.ahead,
                             ..FixedPoint::default()
                         }),
                     };
@@ -351,6 +371,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         &mut hook,
                         &mut |_| Ok(()),
                     )?;
+                    if let Some(c) = out.calibration.clone() {
+                        calibration[w * args.trips.len() + r] = c;
+                    }
                     let first = (args.temperature == 0.0)
                         .then(|| {
                             traj.iter()
@@ -370,6 +393,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         st.uncertified_rows,
                         st.settles,
                         st.round_trips,
+                        st.ahead_hits,
                     ]
                     .into_iter()
                     .enumerate()
@@ -396,6 +420,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     uncertified,
                     settles,
                     round_trips,
+                    ahead_hits,
                 ] = counts[w * args.trips.len() + r];
                 println!(
                     "| {name} | {width} | {trips} | {} | {} | {at:?} | {:.2} | {continuations} | {uncertified} | {settles} | {:.2} |",
@@ -411,8 +436,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "shadow": args.shadow, "guessed_start": args.guess, "new_tokens": args.tokens, "diverged": at.len(),
                     "first_divergence": at, "tokens": tokens, "rounds": rounds,
                     "continuations": continuations, "uncertified_rows": uncertified,
-                    "settles": settles, "verify_round_trips": round_trips, "temperature": args.temperature, "weights": format!("{:?}", args.weights),
+                    "settles": settles, "verify_round_trips": round_trips, "ahead_hits": ahead_hits, "temperature": args.temperature, "weights": format!("{:?}", args.weights),
                     "drafted_start": args.drafted_start, "drafter_estimates": args.drafter_estimates, "drafter_weights": format!("{:?}", args.drafter_weights),
+                    "draft_ahead": args.ahead, "tree": args.tree.map(|t| format!("tree:{}x{}", t.branch, t.max_depth)),
                 }));
             }
         }

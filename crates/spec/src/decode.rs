@@ -26,7 +26,7 @@
 use std::time::Instant;
 
 use cipherlora_model::{
-    AttentionMask, DeltaHook, GroupInput, KvCache, Model, PassDeltas, ProjGroup, Sampler,
+    AttentionMask, DeltaHook, GroupInput, KvCache, KvRows, Model, PassDeltas, ProjGroup, Sampler,
     SamplingParams, Tensor, wanted_groups,
 };
 use rand::SeedableRng;
@@ -572,7 +572,6 @@ pub fn generate_drafted(
             && !cfg.adaptive
             && draft.from_base
             && !retrying;
-        let context_len = context.len();
         let window = Window {
             model,
             tokens: &inputs,
@@ -613,27 +612,29 @@ pub fn generate_drafted(
                 Ok::<_, SpecError>((verified?.0, Some(guess?)))
             })?
         } else if predict {
-            let mut work =
-                |logits: &Tensor, deltas: &PassDeltas| -> Result<(Guess, f64), SpecError> {
-                    let t = Instant::now();
-                    let argmax: Vec<u32> = rows(logits, real)?
-                        .iter()
-                        .map(|r| greedy_token(r))
-                        .collect();
-                    let guess = match (&draft.tree, &cfg.tree) {
-                        (Some(grown), Some(trees)) => {
-                            let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
-                            drafter.guide(deltas, last_kept_row(&predicted.path))?;
-                            drafter.tree_from(context_len, grown, &predicted, k, &trees.shape)?
-                        }
-                        _ => {
-                            let predicted = accept_greedy(drafts, &argmax)?;
-                            drafter.guide(deltas, predicted.accepted)?;
-                            drafter.draft_from(context_len, drafts, &predicted, k)?
-                        }
-                    };
-                    Ok((guess, t.elapsed().as_secs_f64()))
+            let mut work = |logits: &Tensor,
+                            deltas: &PassDeltas,
+                            window: &KvRows|
+             -> Result<(Guess, f64), SpecError> {
+                let t = Instant::now();
+                let argmax: Vec<u32> = rows(logits, real)?
+                    .iter()
+                    .map(|r| greedy_token(r))
+                    .collect();
+                let guess = match (&draft.tree, &cfg.tree) {
+                    (Some(grown), Some(trees)) => {
+                        let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
+                        drafter.guide(deltas, last_kept_row(&predicted.path))?;
+                        drafter.tree_from((before, window), &predicted, k, &trees.shape)?
+                    }
+                    _ => {
+                        let predicted = accept_greedy(drafts, &argmax)?;
+                        drafter.guide(deltas, predicted.accepted)?;
+                        drafter.draft_from((before, window), &predicted, k)?
+                    }
                 };
+                Ok((guess, t.elapsed().as_secs_f64()))
+            };
             let (verified, g) = verify(
                 &window,
                 &mut target,
@@ -1375,15 +1376,22 @@ impl<'m> Drafter<'m> {
     }
 
     /// Drafts the next round as if the round being verified ends with
-    /// `predicted` (its accepted drafts and bonus token): rolls the cache
-    /// back to the context (`context_len` tokens) plus the predicted
-    /// accepted drafts, feeds what it lacks of them and the bonus token, and
-    /// drafts k tokens greedily. Leaves the cache as after a normal draft of
-    /// the next round.
+    /// `predicted` (its accepted drafts and bonus token): puts the window's
+    /// rows of the predicted accepted drafts (and of the context's last
+    /// token before them) into the cache, feeds the bonus token and drafts
+    /// k tokens greedily. Leaves the cache as after a normal draft of the
+    /// next round.
+    ///
+    /// `(start, window)`: the verify window's first position and its rows
+    /// as the pass before the last trip computed them ([`KvRows`]). They
+    /// are the adapted model's up to one trip's residual, so the next
+    /// drafts see the adapted prefix, as a round drafted after verification
+    /// does when it syncs from the target cache ("Drafting over the adapted
+    /// prefix" in BENCHMARKS.md); the drafter's own rows of its drafts are
+    /// the base model's.
     fn draft_from(
         &mut self,
-        context_len: usize,
-        drafts: &[u32],
+        (start, window): (usize, &KvRows),
         predicted: &RoundOutcome,
         k: usize,
     ) -> Result<Guess, SpecError> {
@@ -1393,12 +1401,9 @@ impl<'m> Drafter<'m> {
             .tokens
             .last()
             .expect("an outcome has a bonus token");
-        let keep = (context_len + accepted).min(cache.len());
-        cache.truncate(keep);
-        // Positions ..keep are cached; feed the accepted drafts after them
-        // (position context_len + j holds drafts[j]) and the bonus token.
-        let mut feed: Vec<u32> = drafts[keep.saturating_sub(context_len)..accepted].to_vec();
-        feed.push(bonus);
+        let rows: Vec<usize> = (0..=accepted).collect();
+        cache.put_rows(start, window, &rows)?;
+        let mut feed = vec![bonus];
         let mut next = Vec::with_capacity(k);
         if let Some(r) = self.recorder.as_mut() {
             r.clear();
@@ -1431,30 +1436,27 @@ impl<'m> Drafter<'m> {
 
     /// [`Self::draft_from`] for a tree round: grows the next round's tree
     /// (at most k nodes, `params`) as if the round being verified accepts
-    /// `predicted` (its path of nodes of `grown` and bonus token). Keeps the
-    /// context (`context_len` tokens) and the predicted path's nodes growth
-    /// had fed, feeds the rest of the path and the bonus token, then grows;
-    /// the cache ends as after [`Self::draft_tree`] of the next round.
+    /// `predicted` (its path of nodes and bonus token). Puts the
+    /// window's rows of the context's last token and of the predicted
+    /// path's nodes (window row n + 1 holds node n, at its depth's
+    /// position) into the cache, feeds the bonus token, then grows; the
+    /// cache ends as after [`Self::draft_tree`] of the next round.
     fn tree_from(
         &mut self,
-        context_len: usize,
-        grown: &GrownTree,
+        (start, window): (usize, &KvRows),
         predicted: &crate::tree::TreeOutcome,
         k: usize,
         params: &TreeParams,
     ) -> Result<Guess, SpecError> {
         let cache = self.cache.as_mut().expect("base drafter has a cache");
-        let cached = grown.cached_path(&predicted.path);
-        cache.compact(context_len, &cached)?;
+        let rows: Vec<usize> = std::iter::once(0)
+            .chain(predicted.path.iter().map(|&n| n + 1))
+            .collect();
+        cache.put_rows(start, window, &rows)?;
         let bonus = *predicted
             .tokens
             .last()
             .expect("an outcome has a bonus token");
-        let mut feed: Vec<u32> = predicted.path[cached.len()..]
-            .iter()
-            .map(|&n| grown.tree.tokens[n])
-            .collect();
-        feed.push(bonus);
         let models = (self.model, self.batch_model);
         Ok(Guess {
             accepted: predicted.path.len(),
@@ -1463,7 +1465,7 @@ impl<'m> Drafter<'m> {
             next: Draft::grown(
                 models,
                 cache,
-                &feed,
+                &[bonus],
                 k,
                 params,
                 (&self.calibration, &mut self.bias),

@@ -117,7 +117,7 @@ use std::borrow::Cow;
 
 use cipherlora_model::{
     AttentionMask, DeltaHook, FixedPointPass, FixedPointStep, GroupDeltas, GroupInput, KeepDeltas,
-    KvCache, Model, NextTrip, PassDeltas, Tensor,
+    KvCache, KvRows, Model, NextTrip, PassDeltas, Tensor,
 };
 
 use crate::SpecError;
@@ -609,11 +609,13 @@ pub(crate) struct Verified {
 
 /// Work to run on another thread while the last round trip of a
 /// fixed-point pass is on the network: it gets the logits of the pass
-/// before the last trip (its argmax is nearly always final, BENCHMARKS.md)
-/// and the deltas that pass added, and returns what the next round may
-/// use, e.g. a draft grown from the predicted outcome.
+/// before the last trip (its argmax is nearly always final, BENCHMARKS.md),
+/// the deltas that pass added and the keys and values it computed (the
+/// window's T rows, adapted up to the residual of one trip less), and
+/// returns what the next round may use, e.g. a draft grown from the
+/// predicted outcome over those rows.
 pub(crate) type Ahead<'a, G> =
-    &'a mut (dyn FnMut(&Tensor, &PassDeltas) -> Result<G, SpecError> + Send);
+    &'a mut (dyn FnMut(&Tensor, &PassDeltas, &KvRows) -> Result<G, SpecError> + Send);
 
 /// `certify(logits, last_change, previous_change)`: how many leading rows
 /// are certified.
@@ -816,8 +818,9 @@ pub(crate) fn verify<G: Send>(
             Some(work) => {
                 let before_last = latest(&pass)?.clone();
                 let deltas = pass.deltas().clone();
+                let rows = cache.rows(pass.cache_start())?;
                 let (last, g) = std::thread::scope(|scope| {
-                    let helper = scope.spawn(move || work(&before_last, &deltas));
+                    let helper = scope.spawn(move || work(&before_last, &deltas, &rows));
                     let last = replay(&pass).and_then(|r| {
                         pass.run_on(model)?;
                         pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;

@@ -290,6 +290,40 @@ mod tests {
     }
 
     #[test]
+    fn at_t16_every_tree_of_seven_tokens_per_round_is_a_chain() {
+        // Issue 14 asks for ≥ 7 tokens per round at T ≤ 16 and trees ≥ 1.4×
+        // chains. Under the positional model no ranked drafter (r_1 ≥ r_2 ≥
+        // …, any share of the misses per later rank) has both at T = 16:
+        // a tree of 15 nodes reaching 7 needs r_1 ≈ 0.87 or more, and then
+        // a sibling (value ≤ 1 − r_1) is worth less than the chain's
+        // 15th node (r_1^15). BENCHMARKS.md, "How wide a tree must be".
+        let mut best_ratio_below_seven: f64 = 0.0;
+        for a in (1..100).map(|i| f64::from(i) / 100.0) {
+            for s in (0..=20).map(|i| f64::from(i) / 20.0) {
+                let mut rates = vec![a];
+                let mut left = 1.0 - a;
+                for _ in 1..8 {
+                    rates.push(left * s);
+                    left -= left * s;
+                }
+                if rates.windows(2).any(|w| w[1] > w[0]) {
+                    continue;
+                }
+                let acc = RankAcceptance::new(rates).unwrap();
+                let tree = best_tree(&acc, 15, &shape(4, 64));
+                if tree.tokens >= 7.0 {
+                    assert!(tree.is_chain(), "r_1 {a}, share {s}: {tree:?}");
+                } else {
+                    best_ratio_below_seven =
+                        best_ratio_below_seven.max(tree.tokens / acc.chain_tokens(15));
+                }
+            }
+        }
+        // Trees do gain where drafters are weak (below seven tokens).
+        assert!(best_ratio_below_seven > 1.4, "{best_ratio_below_seven}");
+    }
+
+    #[test]
     fn paper_style_rates_reproduce_the_papers_tree_gains() {
         // Sequoia-like weak drafters (first choice ≈ 0.6–0.7, a strong
         // second): trees of 15 nodes gain well over 1.4× a chain of 15.
