@@ -270,16 +270,22 @@ impl KvCache {
         if rows.first_layer != self.first_layer || rows.keys.len() != self.keys.len() {
             return Err(ModelError::Input("rows of other layers".into()));
         }
+        let pairs = || {
+            self.keys
+                .iter()
+                .zip(&rows.keys)
+                .chain(self.values.iter().zip(&rows.values))
+        };
+        // Every shape is checked before anything is written: a refused put
+        // leaves the cache as it was.
+        if pairs().any(|(d, s)| d.dims()[0] != s.dims()[0] || d.dims()[2] != s.dims()[2]) {
+            return Err(ModelError::Input("rows of a different model".into()));
+        }
         if !pick.is_empty() {
             let idx: Vec<u32> = pick.iter().map(|&i| i as u32).collect();
             let idx = Tensor::new(idx.as_slice(), &Device::Cpu)?;
-            for (dst, src) in [(&self.keys, &rows.keys), (&self.values, &rows.values)] {
-                for (d, s) in dst.iter().zip(src) {
-                    if d.dims()[0] != s.dims()[0] || d.dims()[2] != s.dims()[2] {
-                        return Err(ModelError::Input("rows of a different model".into()));
-                    }
-                    d.slice_set(&s.index_select(&idx, 1)?, 1, at)?;
-                }
+            for (d, s) in pairs() {
+                d.slice_set(&s.index_select(&idx, 1)?, 1, at)?;
             }
         }
         self.len = at + pick.len();
@@ -487,6 +493,14 @@ mod tests {
         );
         let mut other = KvCache::for_layers(&c, 8, 1..2).unwrap();
         assert!(other.put_rows(0, &rows, &[0]).is_err(), "other layers");
+        let wide = ModelConfig {
+            head_dim: 8,
+            ..config()
+        };
+        let mut wider = filled(&wide, 8, 3, 0.0);
+        let before: Vec<_> = (0..3).map(|p| at(&wider, p)).collect();
+        assert!(wider.put_rows(1, &rows, &[0]).is_err(), "another model");
+        assert_eq!((0..3).map(|p| at(&wider, p)).collect::<Vec<_>>(), before);
         assert_eq!(dst.len(), 3, "a refused put leaves the cache as it was");
     }
 }
