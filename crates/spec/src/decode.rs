@@ -47,7 +47,7 @@ use crate::schedule::{
     prefill_pass, remaining_error, settle, verify,
 };
 use crate::target_probs::{chain_probs, tree_probs};
-use crate::tree::{accept_tree_greedy, accept_tree_sampled_with};
+use crate::tree::{accept_tree_greedy, accept_tree_sampled_with, path_rows};
 use crate::tree_draft::{Calibration, GrownTree, SampledGrowth, TreeDrafts, TreeParams, grow};
 
 /// Which drafter proposes the K tokens of a round.
@@ -716,9 +716,7 @@ pub fn generate_drafted(
             let last = last_kept_row(&outcome.path);
             estimate = DraftBias::from_rows(&verified.deltas, last..last + 1)?;
             // Keep `last` and the accepted path; the new last token is not cached.
-            let keep: Vec<usize> = std::iter::once(0)
-                .chain(outcome.path.iter().map(|&n| n + 1))
-                .collect();
+            let keep = path_rows(&outcome.path);
             target.compact(before, &keep)?;
             if let Some(sh) = shadow.as_mut() {
                 sh.compact(before, &keep)?;
@@ -1449,10 +1447,7 @@ impl<'m> Drafter<'m> {
         params: &TreeParams,
     ) -> Result<Guess, SpecError> {
         let cache = self.cache.as_mut().expect("base drafter has a cache");
-        let rows: Vec<usize> = std::iter::once(0)
-            .chain(predicted.path.iter().map(|&n| n + 1))
-            .collect();
-        cache.put_rows(start, window, &rows)?;
+        cache.put_rows(start, window, &path_rows(&predicted.path))?;
         let bonus = *predicted
             .tokens
             .last()

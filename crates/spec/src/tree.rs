@@ -179,6 +179,17 @@ pub struct TreeOutcome {
     pub tokens: Vec<u32>,
 }
 
+/// The verify pass's rows of a root-to-node `path` of tree nodes: row 0
+/// (the root, the context's last token) and row n + 1 for node n
+/// ([`DraftTree::verify_parents`] lays the nodes out that way). Node
+/// `path[d]`'s row then belongs at depth d + 1, as
+/// `cipherlora_model::KvCache::compact` keeps it.
+pub fn path_rows(path: &[usize]) -> Vec<usize> {
+    std::iter::once(0)
+        .chain(path.iter().map(|&n| n + 1))
+        .collect()
+}
+
 /// Greedy tree acceptance: from the root, move to the child whose token is
 /// the current row's argmax while one exists, using at most `max_rows`
 /// rows of the path (the root's row included; a fixed-point pass may have

@@ -178,8 +178,7 @@ impl Calibration {
     /// first child, if it had one, was the node kept next.
     pub(crate) fn observe_drawn(&mut self, grown: &GrownTree, path: &[usize]) {
         let children = grown.tree.children();
-        let rows = std::iter::once(0).chain(path.iter().map(|&n| n + 1));
-        for (depth, row) in rows.enumerate() {
+        for (depth, row) in crate::tree::path_rows(path).into_iter().enumerate() {
             let Some(&first) = children[row].first() else {
                 continue;
             };
