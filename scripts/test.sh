@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The project's test command (README.md, second command): formatting, lints,
-# then every test, including the ones on the real default model (fetched on
-# first use from PyPI with a pinned version and sha256), then the OpenAI
-# endpoint's test script.
+# The project's test command (README.md, second command): formatting, the
+# docs' links, lints, then every test, including the ones on the real default
+# model (fetched on first use from PyPI with a pinned version and sha256),
+# the OpenAI endpoint's test script and README's quick start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo fmt --all -- --check
+python3 scripts/check-links.py     # every relative link in README, BENCHMARKS, CHANGELOG, CONTRIBUTING, docs/
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo run --locked --quiet -p cipherlora -- fetch
 cargo test --workspace --locked
@@ -18,3 +19,7 @@ venv=target/openai-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai==3.54.0
 "$venv/bin/python" scripts/openai_api_test.py target/debug/cipherlora
+
+# README's quick start as it stands (dev-cert, serve with TLS and a token,
+# generate, api + curl), on the debug binary built above.
+scripts/quickstart.sh target/debug/cipherlora
