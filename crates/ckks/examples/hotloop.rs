@@ -1,7 +1,6 @@
-//! Loops one CKKS operation for profiling (`perf record`): encrypt (of an
-//! encoded plaintext), encryptv (fused encode + encrypt of values), decrypt,
-//! encode, rescale, rotations (plain, hoisted, extended), ModDown, fused
-//! ModDown + rescale. N = 8192, preset N8192Depth2Fast.
+//! Loops one CKKS operation for profiling (`perf record`): encrypt (of an encoded plaintext),
+//! encryptv (fused encode + encrypt of values), decrypt, encode, rescale, rotations (plain,
+//! hoisted, extended), ModDown, fused ModDown + rescale. N = 8192, preset N8192Depth2Fast.
 
 use cipherlora_ckks::*;
 use std::time::Instant;

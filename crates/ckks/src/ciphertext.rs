@@ -1,15 +1,13 @@
-//! Ciphertexts: pairs of RNS polynomials in NTT form, and the seeded form of
-//! fresh secret-key ciphertexts.
+//! Ciphertexts: pairs of RNS polynomials in NTT form, and the seeded form of fresh secret-key
+//! ciphertexts.
 
 use std::sync::Arc;
 
 use crate::context::Context;
 use crate::sampling::expand_uniform;
 
-/// A CKKS ciphertext `(c0, c1)` with `c0 + c1·s ≈ m` modulo `Q_level`.
-///
-/// Both polynomials are in NTT form, `level + 1` limbs of N words each
-/// (limb `i` modulo `q_i`). The scale is tracked per ciphertext.
+/// A CKKS ciphertext `(c0, c1)` with `c0 + c1·s ≈ m` mod `Q_level`: NTT form, `level + 1` limbs of
+/// N words each, with its scale.
 pub struct Ciphertext {
     pub(crate) ctx: Arc<Context>,
     pub(crate) c0: Vec<u64>,
@@ -66,8 +64,8 @@ impl Ciphertext {
     pub fn scale(&self) -> f64 {
         self.scale
     }
-    /// Overrides the tracked scale (e.g. to declare `Δ²/q ≈ Δ` exact after a
-    /// rescale when the caller has arranged the scales to match).
+    /// Overrides the tracked scale (e.g. to declare `Δ²/q ≈ Δ` exact after a rescale when the
+    /// caller has arranged the scales to match).
     pub fn set_scale(&mut self, scale: f64) {
         self.scale = scale;
     }
@@ -77,9 +75,8 @@ impl Ciphertext {
     }
 }
 
-/// A fresh secret-key ciphertext whose uniform part `c1 = a` is replaced by
-/// the 32-byte seed it was expanded from (ChaCha8, `sampling::expand_uniform`):
-/// half the upload size.
+/// A fresh secret-key ciphertext whose uniform part `c1 = a` is replaced by the 32-byte seed it was
+/// expanded from (ChaCha8, `sampling::expand_uniform`): half the upload size.
 #[derive(Clone)]
 pub struct SeededCiphertext {
     pub(crate) ctx: Arc<Context>,

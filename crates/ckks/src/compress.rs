@@ -1,76 +1,7 @@
-//! Lossy, controlled compression of level-0 ciphertexts for the download:
-//! modulus switching to a power of two, dropping the headroom bits of both
-//! polynomials and the low bits of `c0`.
-//!
-//! # The transformation
-//! A level-0 ciphertext `(c0, c1)` modulo `q_0` at scale `Δ` decrypts to
-//! `m = c0 + c1·s (mod q_0)` with `σ(m)/Δ = z`, the slot values. With
-//! `B = b + k`, each coefficient (centered lift of `c mod q_0`) is switched
-//! to the modulus `2^B` and reduced modulo `2^b`:
-//!
-//! * `c1' = round(c1 · 2^B / q_0) mod 2^b`,
-//! * `c0' = round(c0 · 2^(B−d) / q_0) mod 2^(b−d)`,
-//!
-//! computed exactly (128-bit integers). The receiver computes
-//! `m' = c0'·2^d + c1'·s (mod 2^b)`, `c1'·s` being formed exactly over the
-//! integers (negacyclic product by the ternary `s`, `|coefficient| ≤ N·2^(b−1)`,
-//! by NTT modulo `q_0` and the special prime and CRT), takes the centered
-//! representative and decodes it at the scale `Δ' = Δ·2^B/q_0`. Since
-//! `c0 + c1·s = m + q_0·I` for an integer polynomial `I`,
-//! `m' = m·2^B/q_0 + 2^B·I + E ≡ m·2^B/q_0 + E (mod 2^b)` (k ≥ 0), with the
-//! rounding error `E = e0·2^d + e1·s`, `|e0|, |e1| ≤ 1/2` coefficient-wise.
-//!
-//! This is modulus switching (Brakerski–Vaikuntanathan, "Efficient fully
-//! homomorphic encryption from (standard) LWE", FOCS 2011, dimension-modulus
-//! reduction; Brakerski–Gentry–Vaikuntanathan, ITCS 2012, modulus
-//! switching; CKKS rescaling, Cheon–Kim–Kim–Song, Asiacrypt 2017, is the
-//! same operation between primes) to a power-of-two modulus, followed by
-//! dropping low-order bits of the part that is not multiplied by the secret
-//! — the ciphertext compression of Kyber (Bos et al., "CRYSTALS-Kyber",
-//! EuroS&P 2018, `Compress_q`, where `v` keeps fewer bits than `u` for the
-//! same reason). Implemented here from those descriptions; no code is
-//! copied.
-//!
-//! # Noise analysis ([`CompressionParams::choose`])
-//! *Wrap-around.* If every slot value has `|Re z|, |Im z| ≤ M`, then
-//! `|z| ≤ √2·M` and every coefficient of `m = σ^{-1}(Δ·z)` (an average of N
-//! evaluations times roots of unity) satisfies `|m_i| ≤ √2·M·Δ`. The rounding
-//! error is at most `2^(d−1) + N/2` per coefficient (`s` ternary). The
-//! receiver's centered representative is right iff
-//! `√2·M·Δ·2^B/q_0 + 2^(d−1) + N/2 < 2^(b−1)`: this worst-case condition is
-//! checked exactly, so values up to the bound never wrap. The headroom `k`
-//! is the largest that satisfies it (k = 0 is plain modulus switching;
-//! raising k by one multiplies `Δ'` by 2 at the same b).
-//!
-//! *Precision.* A slot is `Σ_i E_i·ζ^i / Δ'` and the canonical embedding
-//! is a ring homomorphism, so the slot error is
-//! `(2^d·ê0_j + ê1_j·ŝ_j)/Δ'` with `x̂_j = x(ζ_j)`. Heuristically (as in
-//! every CKKS noise analysis) the rounding errors are independent and
-//! uniform (variance 1/12 per coefficient) and the evaluations are complex
-//! Gaussians (central limit over N coefficients): `E|ê0_j|² = E|ê1_j|² = N/12`
-//! and, for a uniform ternary secret (`E[s_i²] = 2/3`), `E|ŝ_j|² = 2N/3`.
-//! Averaged over slots, the real and imaginary parts each have variance
-//! `N·v/2`, `v = 4^d/12 + N/18` (the coefficient variance; the standard
-//! deviation grows by √N from coefficients to slots), which the tests
-//! match to 1 %. But `ê1_j·ŝ_j` is a *product* of Gaussians, whose tail is
-//! exponential, not Gaussian: given `ŝ_j`, a part is Gaussian with variance
-//! `σ²(W) = (N/24)·(4^d + (2N/3)·W)`, `W = |ŝ_j|²/(2N/3)` ~ Exp(1), so
-//! `P(|part|·Δ' > t) ≤ E_W[exp(−t²/(2σ²(W)))]` (Chernoff). The bound
-//! `t_d` solves `N·E_W[…] = 2^-40` (N parts per ciphertext; probability over
-//! the key and the ciphertext; numerical integration and bisection): 10 to
-//! 17 average standard deviations depending on d, where a Gaussian model
-//! would say 8.6 — and measured maxima reach 6.6 of them (d = 7), which
-//! the Gaussian bound's usual slack would not cover.
-//! [`CompressionParams::predicted_error`] is `t_d/Δ'`; the chooser
-//! requires it to be at most `M·2^-P` and, over every `d < b` with
-//! `d ≤ log2 N` (beyond, the rounding of `c0` dominates the variance by a
-//! factor N/1.5 and every further dropped bit costs a bit of b), picks the
-//! smallest serialized size `N·(2b − d)` bits (ties: the smaller b).
-//!
-//! At N = 8192, `q_0 ≈ 2^50`, `Δ = 2^40`, M = 4 and P = 24 this gives
-//! b = 42, k = 6, d = 8: 76 bits per coefficient pair instead of 100
-//! (77 824 instead of 102 400 bytes; the `compress` tests print the
-//! choices).
+//! Lossy, controlled compression of level-0 ciphertexts for the download: modulus switching to
+//! `2^(b+k)` (Brakerski–Vaikuntanathan, FOCS 2011; BGV, ITCS 2012) and dropping `d` low bits of
+//! `c0` (Kyber's `Compress_q`, Bos et al., EuroS&P 2018). Noise analysis:
+//! docs/design/code-notes.md, "ckks: compress".
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -81,22 +12,19 @@ use crate::decrypt::Decryptor;
 use crate::error::{CkksError, Result};
 use crate::plaintext::Plaintext;
 
-/// Failure probability (log2) of the high-probability bound on the slot
-/// error, per ciphertext.
+/// Failure probability (log2) of the high-probability bound on the slot error, per ciphertext.
 const FAILURE_LOG2: f64 = 40.0;
 
-/// Largest `b + k` handled (the switched numerator `c·2^(b+k)`,
-/// `|c| < 2^61`, must fit an `i128`).
+/// Largest `b + k` handled (the switched numerator `c·2^(b+k)`, `|c| < 2^61`, must fit an `i128`).
 const MAX_SWITCH_BITS: u32 = 64;
 
 /// The parameters of a compressed ciphertext (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompressionParams {
-    /// `b`: bits per coefficient of `c1'` (the modulus `2^b` of the
-    /// compressed ciphertext); `2 ≤ b < bits(q_0)`.
+    /// `b`: bits per coefficient of `c1'` (modulus `2^b`); `2 ≤ b < bits(q_0)`.
     pub bits: u32,
-    /// `k`: headroom bits dropped from the top (the switch is to `2^(b+k)`,
-    /// then reduced modulo `2^b`); `b + k ≤ 64`.
+    /// `k`: headroom bits dropped from the top (switch to `2^(b+k)`, reduce mod `2^b`); `b + k ≤
+    /// 64`.
     pub headroom: u32,
     /// `d`: low bits dropped from `c0'` (`c0'` has `b − d` bits); `d < b`.
     pub dropped: u32,
@@ -106,8 +34,7 @@ fn bits_of(q: u64) -> u32 {
     64 - q.leading_zeros()
 }
 
-/// `E_W[exp(−t²/(2(α + β·W)))]`, `W` ~ Exp(1): Simpson's rule on
-/// `[0, 160]` (the weight `e^{−w}` below 2^-230 beyond), 1600 intervals.
+/// `E_W[exp(−t²/(2(α + β·W)))]`, `W` ~ Exp(1), by Simpson's rule on `[0, 160]`.
 fn product_tail(t: f64, alpha: f64, beta: f64) -> f64 {
     const W_MAX: f64 = 160.0;
     const STEPS: usize = 1600;
@@ -120,15 +47,7 @@ fn product_tail(t: f64, alpha: f64, beta: f64) -> f64 {
     acc * h / 3.0
 }
 
-/// `t_d` of the module docs, in coefficient units (divide by `Δ'` for slot
-/// units): the bound exceeded by some real or imaginary part of the N/2
-/// slots of a compressed ciphertext with probability at most 2^-40.
-///
-/// Depends on `(N, d)` only and costs ≈ 0.4 ms (bisection over a numerical
-/// integral), so it is computed once per process and pair: a server chooses
-/// parameters for every output bound of every session, and recomputing the
-/// tails there cost ≈ 6 ms per choice (≈ 1–3 s of server time in the first
-/// round of each session; `cached_tail_thresholds_equal_fresh_ones`).
+/// `t_d` (coefficient units), exceeded by some slot part w.p. ≤ 2^-40; memoized per `(N, d)`.
 fn tail_threshold(degree: usize, dropped: u32) -> f64 {
     static TAILS: OnceLock<Mutex<HashMap<(usize, u32), f64>>> = OnceLock::new();
     let tails = TAILS.get_or_init(|| Mutex::new(HashMap::new()));
@@ -140,8 +59,7 @@ fn tail_threshold(degree: usize, dropped: u32) -> f64 {
     if let Some(t) = cached {
         return t;
     }
-    // Computed outside the lock: two threads may both compute the same
-    // (deterministic) value; either insert is right.
+    // Computed outside the lock: a race computes the same value twice.
     let t = tail_threshold_uncached(degree, dropped);
     tails
         .lock()
@@ -172,11 +90,8 @@ fn tail_threshold_uncached(degree: usize, dropped: u32) -> f64 {
 }
 
 impl CompressionParams {
-    /// Checks the structural constraints against `q_0`:
-    /// `2 ≤ b < bits(q_0)`, `d < b`, `b + k ≤ 64`.
-    ///
-    /// # Errors
-    /// [`CkksError::InvalidCompression`] naming the violated constraint.
+    /// Checks `2 ≤ b < bits(q_0)`, `d < b`, `b + k ≤ 64`. Errors:
+    /// [`CkksError::InvalidCompression`].
     pub fn validate(&self, q0: u64) -> Result<()> {
         let reason = if self.bits < 2 || self.bits >= bits_of(q0) {
             "bits must be in 2..bits(q0)"
@@ -195,32 +110,24 @@ impl CompressionParams {
         scale * 2f64.powi((self.bits + self.headroom) as i32) / q0 as f64
     }
 
-    /// Serialized body size in bytes of both polynomials at degree N:
-    /// `N·(2b − d)/8`.
+    /// Serialized body size in bytes of both polynomials at degree N: `N·(2b − d)/8`.
     pub fn poly_bytes(&self, degree: usize) -> usize {
         degree * (2 * self.bits - self.dropped) as usize / 8
     }
 
-    /// The high-probability bound (failure probability 2^-40 per
-    /// ciphertext over the key and the rounding, module docs) on the
-    /// absolute error the compression adds to the real or imaginary part of
-    /// any slot, in slot units: `t_d/Δ'`.
+    /// Bound (failure 2^-40 per ciphertext) on any slot part's added error, slot units: `t_d/Δ'`.
     pub fn predicted_error(&self, degree: usize, q0: u64, scale: f64) -> f64 {
         tail_threshold(degree, self.dropped) / self.compressed_scale(scale, q0)
     }
 
-    /// The standard deviation of the compression error of a real or
-    /// imaginary slot part, averaged over the slots (module docs), in slot
-    /// units: `sqrt(N·(4^d/12 + N/18)/2)/Δ'`.
+    /// Standard deviation of a slot part's error, slot units: `sqrt(N·(4^d/12 + N/18)/2)/Δ'`.
     pub fn error_std(&self, degree: usize, q0: u64, scale: f64) -> f64 {
         let n = degree as f64;
         let v = 4f64.powi(self.dropped as i32) / 12.0 + n / 18.0;
         (n * v / 2.0).sqrt() / self.compressed_scale(scale, q0)
     }
 
-    /// Whether no coefficient can wrap around modulo `2^b` when every slot
-    /// part is at most `value_bound` in absolute value (module docs:
-    /// `√2·M·Δ·2^(b+k)/q_0 + 2^(d−1) + N/2 < 2^(b−1)`).
+    /// Whether no coefficient can wrap modulo `2^b` for slot parts ≤ `value_bound`.
     pub fn fits(&self, degree: usize, q0: u64, scale: f64, value_bound: f64) -> bool {
         let coeff = std::f64::consts::SQRT_2 * value_bound * self.compressed_scale(scale, q0);
         let noise = 2f64.powi(self.dropped as i32 - 1) + degree as f64 / 2.0;
@@ -228,23 +135,9 @@ impl CompressionParams {
         coeff + noise + 1.0 < 2f64.powi(self.bits as i32 - 1)
     }
 
-    /// Chooses `(b, k, d)` for ciphertexts of degree `degree` modulo `q0`
-    /// at scale `scale` whose slot values have real and imaginary parts at
-    /// most `value_bound` in absolute value, such that the compression
-    /// error of every slot part is at most `value_bound·2^-precision_bits`
-    /// with high probability (module docs), with the fewest bytes. Costs a
-    /// few milliseconds (numerical tail bounds): callers that compress many
-    /// ciphertexts with the same bound should keep the result.
-    ///
-    /// # Errors
-    /// [`CkksError::InvalidCompression`] for a non-finite or non-positive
-    /// bound, a degree that is not a power of two ≥ 8, or `precision_bits`
-    /// 0 or above 60; [`CkksError::InvalidScale`] for a scale below 1 or
-    /// non-finite;
-    /// [`CkksError::CompressionBoundTooLarge`] when values up to the bound
-    /// would wrap even without compression (`2√2·M·Δ ≳ q_0`);
-    /// [`CkksError::CompressionInfeasible`] when no `b < bits(q_0)` reaches
-    /// the precision (too small a modulus for the request).
+    /// The smallest `(b, k, d)` keeping slot errors ≤ `value_bound·2^-precision_bits` w.h.p. (costs
+    /// milliseconds: keep it). Errors: [`CkksError::InvalidCompression`], `InvalidScale`,
+    /// `CompressionBoundTooLarge` (values would wrap), `CompressionInfeasible`.
     pub fn choose(
         degree: usize,
         q0: u64,
@@ -317,10 +210,8 @@ impl CompressionParams {
     }
 }
 
-/// A compressed level-0 ciphertext: `c0'` modulo `2^(b−d)` and `c1'`
-/// modulo `2^b` in coefficient form (module docs), and the scale `Δ` of the
-/// ciphertext it came from. Decrypt with [`Decryptor::decrypt_compressed`];
-/// it cannot be evaluated on.
+/// A compressed level-0 ciphertext: `c0'` mod `2^(b−d)`, `c1'` mod `2^b`, and the scale `Δ`.
+/// Decrypt with [`Decryptor::decrypt_compressed`].
 #[derive(Clone)]
 pub struct CompressedCiphertext {
     pub(crate) ctx: Arc<Context>,
@@ -367,17 +258,7 @@ impl CompressedCiphertext {
     }
 }
 
-/// `round(c·2^shift / q)` modulo `2^bits` for the centered lift `c` of
-/// `x mod q`, exactly.
-///
-/// Computed on the magnitude `|c| < q/2` as `⌊(2|c|·2^shift + q) / 2q⌋`
-/// and negated for negative `c`: the quotient is below `2^(shift − 1)`,
-/// so with `shift ≤ 64` (`b + k ≤ 64`) and `q < 2^62` it is a
-/// 128-by-64-bit division with a 64-bit quotient, one hardware divide,
-/// where the signed 128-bit `div_euclid` it replaces took the generic
-/// 128-bit path (the server spent ≈ 6 % of a standard LoRA round here).
-/// Rounding is the same: `c·2^shift/q` is never a half-integer for an odd
-/// prime `q` and `c ≠ 0` (`switch_matches_the_signed_reference`).
+/// `round(c·2^shift / q)` mod `2^bits` for the centered lift `c` of `x`, exactly.
 fn switch(x: u64, q: u64, shift: u32, bits: u32) -> u64 {
     let negative = x > q / 2;
     let magnitude = if negative { q - x } else { x };
@@ -388,14 +269,8 @@ fn switch(x: u64, q: u64, shift: u32, bits: u32) -> u64 {
 }
 
 impl Ciphertext {
-    /// Compresses a level-0 ciphertext with `params` (module docs): one
-    /// inverse NTT per polynomial and an exact rounding per coefficient.
-    /// The caller is responsible for the value bound `params` was chosen
-    /// for ([`CompressionParams::choose`]); values beyond it wrap.
-    ///
-    /// # Errors
-    /// [`CkksError::InvalidCompression`] when the ciphertext is not at
-    /// level 0 or `params` fail [`CompressionParams::validate`].
+    /// Compresses a level-0 ciphertext (values beyond `params`' bound wrap). Errors:
+    /// [`CkksError::InvalidCompression`] off level 0 or for invalid `params`.
     pub fn compress(&self, params: &CompressionParams) -> Result<CompressedCiphertext> {
         if self.level != 0 {
             return Err(CkksError::InvalidCompression {
@@ -428,18 +303,8 @@ impl Ciphertext {
 }
 
 impl Decryptor {
-    /// Decrypts a compressed ciphertext: `m' = c0'·2^d + c1'·s mod 2^b`,
-    /// `c1'·s` computed exactly (NTT modulo `q_0` and the special prime,
-    /// CRT), centered, returned as a level-0 plaintext at the scale
-    /// `Δ' = Δ·2^(b+k)/q_0` for [`crate::Encoder::decode_complex`] (the
-    /// same slot values as the uncompressed decryption, up to
-    /// [`CompressionParams::predicted_error`]). Never sent back (as
-    /// [`Decryptor::decrypt`]).
-    ///
-    /// # Errors
-    /// [`CkksError::ParameterMismatch`] if the ciphertext belongs to another
-    /// context than the key; [`CkksError::InvalidCompression`] for
-    /// parameters that fail [`CompressionParams::validate`].
+    /// Decrypts to a level-0 plaintext at scale `Δ·2^(b+k)/q_0`. Errors:
+    /// [`CkksError::ParameterMismatch`], [`CkksError::InvalidCompression`].
     pub fn decrypt_compressed(&self, ct: &CompressedCiphertext) -> Result<Plaintext> {
         let ctx = &self.sk.ctx;
         ctx.check(ct.ctx.digest())?;
@@ -504,9 +369,7 @@ mod tests {
     use crate::sampling::os_rng;
     use rand::Rng;
 
-    /// Regression: every session's server recomputed the tails (≈ 6 ms
-    /// per compression choice); the process-wide memo must give exactly
-    /// the fresh values, whichever thread filled it.
+    /// The process-wide tail memo gives exactly the fresh values, whichever thread filled it.
     #[test]
     fn cached_tail_thresholds_equal_fresh_ones() {
         let pairs = [(8192usize, 0u32), (8192, 7), (4096, 3), (16384, 13)];
@@ -523,8 +386,7 @@ mod tests {
         assert!(tail_threshold(8192, 8) > tail_threshold(8192, 4));
     }
 
-    /// The exact signed rounding `switch` replaced (`div_euclid` on the
-    /// centered lift), kept as the reference.
+    /// The signed `div_euclid` reference for `switch`.
     fn switch_reference(x: u64, q: u64, shift: u32, bits: u32) -> u64 {
         let c = if x > q / 2 {
             x as i128 - q as i128
@@ -576,9 +438,7 @@ mod tests {
             .collect()
     }
 
-    /// A level-0 ciphertext of `re + i·im` reached by a ct×pt product and a
-    /// rescale from level 1 (the noise of a real response), its
-    /// uncompressed decryption, and the secret key.
+    /// A level-0 ciphertext of `re + i·im` after ct×pt and rescale, its decryption, and the key.
     fn level0(ctx: &Arc<Context>, re: &[f64], im: &[f64]) -> (Ciphertext, SecretKey) {
         let mut rng = os_rng().unwrap();
         let sk = SecretKey::generate(ctx, &mut rng);
@@ -662,9 +522,7 @@ mod tests {
         let bound = 3.0;
         let p = CompressionParams::choose(n, q0, scale, bound, 24).unwrap();
         let slots = ctx.slots();
-        // Constant vectors put the whole mass into one coefficient
-        // (|m_0| = √2·M·Δ for z = M(1 + i)); alternating signs and random
-        // signs at the bound cover other extremes.
+        // Constant, alternating and random signs at the bound: the extreme cases.
         let mut rng = os_rng().unwrap();
         let signs: Vec<f64> = (0..slots)
             .map(|_| if rng.next_u32() & 1 == 0 { 1.0 } else { -1.0 })
@@ -696,9 +554,7 @@ mod tests {
             let err = max_diff(&got, &plain);
             assert!(err <= p.predicted_error(n, q0, scale), "wrapped: {err:e}");
         }
-        // Two more headroom bits wrap the constant vector: the worst-case
-        // check is tight to within a factor 4 (√2 of it is the worst-case
-        // embedding, which a constant vector does not reach).
+        // Two more headroom bits wrap the constant vector (the check is tight within 4×).
         let wider = CompressionParams {
             headroom: p.headroom + 2,
             ..p

@@ -1,7 +1,4 @@
-//! The shared, immutable evaluation context: NTT plans for every prime, RNS
-//! constants for rescaling and key switching, and the map between NTT output
-//! positions and evaluation points used to apply Galois automorphisms as slot
-//! permutations.
+//! The shared evaluation context: NTT plans, RNS constants and Galois slot permutations.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,11 +11,7 @@ use crate::modular::{Modulus, ShoupConst};
 use crate::params::CkksParameters;
 use crate::pool::BufferPool;
 
-/// NTT plans and RNS constants for one parameter set. Build once with
-/// [`Context::new`] and share the `Arc`.
-///
-/// Prime indices: `0..=L` are the chain primes `q_i`, index `L + 1` is the
-/// special prime `P`.
+/// NTT plans and RNS constants for one parameter set; prime `L + 1` is the special prime `P`.
 pub struct Context {
     params: CkksParameters,
     n: usize,
@@ -29,9 +22,7 @@ pub struct Context {
     pub(crate) n_mod: Vec<ShoupConst>,
     /// `P mod q_i`.
     pub(crate) p_mod: Vec<ShoupConst>,
-    /// SIMD constants (N copies of `c·N mod q`, for one
-    /// `mul_assign_normalize`/`mul_accumulate` pass of tfhe-ntt):
-    /// `P` per chain prime `i`.
+    /// SIMD constants `P·N mod q_i`, per chain prime.
     pub(crate) p_mod_vec: Vec<Vec<u64>>,
     /// `N` per prime (all primes), to N-scale a limb in one SIMD pass.
     pub(crate) n_sq_vec: Vec<Vec<u64>>,
@@ -45,8 +36,7 @@ pub struct Context {
     ntt_exp: Vec<u32>,
     /// Inverse of `ntt_exp` over odd exponents `< 2N`.
     exp_idx: Vec<u32>,
-    /// The many-term dot-product kernel per prime, where it runs
-    /// ([`crate::lazy_dot`]; `None`: the tfhe-ntt path).
+    /// The many-term dot-product kernel per prime, where it runs (`None`: tfhe-ntt path).
     lazy: Vec<Option<LazyDot>>,
     /// One limb of zeros (the absent half of a one-sided [`Term`]).
     pub(crate) zero_limb: Vec<u64>,
@@ -66,12 +56,7 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// Builds NTT plans (tfhe-ntt `prime64::Plan`: AVX-512 IFMA for primes
-    /// below 2^50, AVX-512/AVX2 otherwise) and RNS constants.
-    ///
-    /// # Errors
-    /// [`CkksError::InvalidParameters`] if a prime admits no NTT plan (cannot
-    /// happen for parameters from the builder).
+    /// Builds NTT plans and RNS constants. Errors: [`CkksError::InvalidParameters`].
     pub fn new(params: CkksParameters) -> Result<Arc<Self>> {
         let n = params.degree();
         let all: Vec<u64> = params
@@ -120,8 +105,7 @@ impl Context {
             })
             .collect();
 
-        // Which evaluation point does each NTT output position hold? Transform
-        // the monomial X: output j is then ω_j = ψ^{e_j} itself.
+        // Transforming the monomial X gives each NTT output position's evaluation point.
         let m0 = moduli[0];
         let mut x = vec![0u64; n];
         x[1] = 1;
@@ -168,8 +152,7 @@ impl Context {
         }))
     }
 
-    /// Digest of N and the primes ([`CkksParameters::digest`]): objects of
-    /// one context carry it and operations refuse mixed contexts.
+    /// Digest of N and the primes: operations refuse objects of another context.
     pub fn digest(&self) -> u64 {
         self.digest
     }
@@ -219,8 +202,7 @@ impl Context {
         (0..=level).chain(std::iter::once(self.sp()))
     }
 
-    /// Forward negacyclic NTT (coefficients → evaluations, tfhe-ntt's
-    /// bit-reversed order) modulo prime `i`. Input and output in `[0, q_i)`.
+    /// Forward negacyclic NTT modulo prime `i` (tfhe-ntt's bit-reversed order).
     #[inline]
     pub(crate) fn fwd(&self, i: usize, buf: &mut [u64]) {
         self.plans[i].fwd(buf);
@@ -239,19 +221,13 @@ impl Context {
         self.plans[i].normalize(buf);
     }
 
-    /// `lhs ← lhs · rhs · N^{-1}` modulo prime `i` (SIMD). With `rhs` stored
-    /// N-scaled this is the plain product.
+    /// `lhs ← lhs · rhs · N^{-1}` modulo prime `i` (the plain product for N-scaled `rhs`).
     #[inline]
     pub(crate) fn mul_scaled(&self, i: usize, lhs: &mut [u64], rhs_scaled: &[u64]) {
         self.plans[i].mul_assign_normalize(lhs, rhs_scaled);
     }
 
-    /// `out0 ← N^{-1}·Σ_k x0_k ⊙ w0_k`, `out1 ← N^{-1}·Σ_k x1_k ⊙ w1_k`
-    /// modulo prime `i` (overwritten, canonical; the `w` are N-scaled
-    /// plaintexts or keys, so this is the plain sum of products): one pass
-    /// with lazy reduction where the IFMA kernel runs ([`crate::lazy_dot`]),
-    /// else one tfhe-ntt multiply-accumulate per product. All slices are
-    /// one limb long.
+    /// `out0 ← N^{-1}·Σ_k x0_k ⊙ w0_k`, `out1 ← N^{-1}·Σ_k x1_k ⊙ w1_k` mod prime `i`.
     pub(crate) fn dot2(&self, i: usize, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
         if let Some(k) = &self.lazy[i] {
             k.dot2(terms, out0, out1);
@@ -267,16 +243,7 @@ impl Context {
         self.normalize(i, out1);
     }
 
-    /// [`Self::dot2`] for several sums over one limb of prime `i` (`sums`:
-    /// each one's terms and its two outputs, all one limb long), computed
-    /// tile by tile: every sum on coefficients `[c, c + TILE)` before any
-    /// on the next tile ([`crate::lazy_dot::TILE`]). Terms that several
-    /// sums share (a baby-step/giant-step transformation's baby steps,
-    /// shared by all its giant steps) are then read from memory once and
-    /// from the cache by the other sums; each sum's own operands (its
-    /// plaintext diagonals) stream once either way. Where the IFMA kernel
-    /// does not run, one sum after the other over whole limbs (the
-    /// tfhe-ntt path works on whole limbs).
+    /// [`Self::dot2`] for several sums over one limb, tile by tile.
     pub(crate) fn dot2_many(&self, i: usize, sums: &mut [crate::lazy_dot::Sum<'_, '_>]) {
         let Some(k) = &self.lazy[i] else {
             for s in sums.iter_mut() {
@@ -311,8 +278,7 @@ impl Context {
         self.plans[i].mul_accumulate(acc, lhs, rhs);
     }
 
-    /// `buf ← N · buf` modulo prime `i`, turning a canonical limb into the
-    /// N-scaled storage form.
+    /// `buf ← N · buf` modulo prime `i`, turning a canonical limb into the N-scaled storage form.
     pub(crate) fn scale_by_n(&self, i: usize, buf: &mut [u64]) {
         let m = self.moduli[i];
         let c = self.n_mod[i];
@@ -321,8 +287,7 @@ impl Context {
         }
     }
 
-    /// The Galois element `5^step mod 2N` of a left rotation by `step` slots
-    /// (negative steps rotate right).
+    /// The Galois element `5^step mod 2N` of a left rotation by `step` slots.
     pub fn galois_element(&self, step: i64) -> u64 {
         let slots = self.slots() as i64;
         let r = step.rem_euclid(slots) as u64;
@@ -357,9 +322,7 @@ impl Context {
         r
     }
 
-    /// The slot-level permutation of the automorphism `X ↦ X^g` in evaluation
-    /// form: `σ_g(a)[j] = a[perm[j]]` for every limb, because
-    /// `σ_g(a)(ψ^e) = a(ψ^{g·e})`.
+    /// The slot permutation of `X ↦ X^g` in evaluation form: `σ_g(a)[j] = a[perm[j]]`.
     pub(crate) fn galois_perm(&self, g: u64) -> Vec<u32> {
         let two_n = 2 * self.n as u64;
         self.ntt_exp

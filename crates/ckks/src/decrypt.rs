@@ -5,9 +5,8 @@ use crate::error::Result;
 use crate::keys::SecretKey;
 use crate::plaintext::Plaintext;
 
-/// Decrypts ciphertexts with a secret key. The result is a plaintext to be
-/// decoded by [`crate::Encoder::decode`]; it must never be sent back to the
-/// server (IND-CPA-D, Li–Micciancio 2021).
+/// Decrypts with a secret key; the plaintext must never be sent back to the server (IND-CPA-D,
+/// Li–Micciancio 2021).
 #[derive(Debug, Clone)]
 pub struct Decryptor {
     pub(crate) sk: SecretKey,
@@ -19,11 +18,8 @@ impl Decryptor {
         Self { sk: sk.clone() }
     }
 
-    /// Decrypts at the ciphertext's level and scale.
-    ///
-    /// # Errors
-    /// [`crate::CkksError::ParameterMismatch`] if the ciphertext belongs to
-    /// another context than the key.
+    /// Decrypts at the ciphertext's level and scale. Errors:
+    /// [`crate::CkksError::ParameterMismatch`] for another context's ciphertext.
     pub fn decrypt(&self, ct: &Ciphertext) -> Result<Plaintext> {
         let ctx = &self.sk.ctx;
         ctx.check(ct.ctx.digest())?;

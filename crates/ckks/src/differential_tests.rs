@@ -1,15 +1,6 @@
-//! Differential test against a second, independent computation: a naive
-//! schoolbook negacyclic convolution (O(N²), exact 128-bit accumulation) in
-//! the coefficient domain, for one full ct×pt → rescale → rotate chain.
-//!
-//! * ct×pt: the engine's NTT-domain product must equal, coefficient for
-//!   coefficient and prime for prime, the schoolbook product of the inputs.
-//! * rescale: the output must satisfy the defining identity
-//!   `q_l·c'' + r ≡ c' (mod q_j)` with `r ≡ c' (mod q_l)`, `|r| ≤ q_l/2`.
-//! * rotate: decrypting with a schoolbook `c0 + c1·s` and CRT in i128 must
-//!   give `σ_g(m)` computed on coefficients (`X^i ↦ ±X^{g·i mod N}`) up to
-//!   key-switching noise, and its naive canonical-embedding slots must match
-//!   the plaintext reference `(x·w)` rotated.
+//! Differential tests against an independent schoolbook negacyclic convolution (O(N²), exact
+//! 128-bit) for ct×pt → rescale → rotate: products prime for prime, the rescale identity, and
+//! rotation slots against the plaintext reference.
 
 use std::f64::consts::PI;
 

@@ -1,50 +1,6 @@
-//! Canonical-embedding encoder: vectors of up to N/2 real or complex slots ↔
-//! integer polynomials, written directly into N-scaled NTT form.
-//!
-//! The message space is `ℂ^{N/2}` (Cheon–Kim–Kim–Song, Asiacrypt 2017,
-//! §3.2): [`Encoder::encode`] / [`Encoder::decode`] use the real parts only,
-//! [`Encoder::encode_complex`] / [`Encoder::decode_complex`] both parts. A
-//! linear map with *real* plaintext weights (products by real plaintexts,
-//! rotations, additions, rescales) acts on the real and imaginary parts
-//! independently, so a complex slot carries two independent real values
-//! through such a circuit at no extra cost.
-//!
-//! Slot `k` is the evaluation of the message polynomial at `ζ^{5^k}` with
-//! `ζ = e^{iπ/N}` (Cheon–Kim–Kim–Song, Asiacrypt 2017, §3.2 and the
-//! "special FFT" of its reference implementation; the same ordering is used
-//! by SEAL and Lattigo), so the Galois element `5^r` rotates slots left by
-//! `r`. Encoding error: rounding adds at most 1/2 per coefficient, i.e. at
-//! most `N/(2Δ)` (worst case) and about `√N/(2Δ)·O(1)` (typical) per slot
-//! before encryption.
-//!
-//! # The transform: a twist, one standard FFT of size N/2, a permutation
-//!
-//! Let `m(X) = Σ_{k<N} m_k X^k` with real `m_k`, `n = N/2`, and
-//! `e_j = 5^j mod 2N` for `j < n`. Because `5^j ≡ 1 (mod 4)`:
-//!
-//! 1. *Folding.* `ζ^{e_j·n} = i^{e_j} = i`, so
-//!    `m(ζ^{e_j}) = Σ_{i<n} z_i ζ^{e_j·i}` with `z_i = m_i + i·m_{i+n}`:
-//!    the N real coefficients are packed into n complex ones with no loss.
-//! 2. *Twist.* Writing `e_j = 4·l_j + 1`, `ζ^{e_j·i} = ζ^i·ω^{l_j·i}` with
-//!    `ω = ζ^4 = e^{2πi/n}`, hence
-//!    `m(ζ^{e_j}) = Σ_{i<n} (z_i ζ^i)·ω^{i·l_j} = DFT⁺(z ⊙ ζ^•)[l_j]`,
-//!    a plain size-n DFT with the positive exponent sign of the twisted
-//!    vector. This is the classical evaluation of a negacyclic polynomial
-//!    at the odd powers of a 2N-th root of unity by weighting with `ζ^i`
-//!    and one cyclic FFT (Crandall–Fagin, "Discrete weighted transforms and
-//!    large-integer arithmetic", Math. Comp. 62, 1994).
-//! 3. *Permutation.* `j ↦ l_j = (e_j − 1)/4` is a bijection of `[0, n)`
-//!    (5 generates the order-n subgroup `{x ≡ 1 mod 4}` of `(ℤ/2Nℤ)^*`), so
-//!    slot `j` is output `l_j` of the FFT and the transform is invertible:
-//!    encoding puts slot `j` at index `l_j`, runs the negative-sign DFT,
-//!    divides by n and untwists by `ζ^{-i}`; the real and imaginary parts
-//!    of `z_i` are then `m_i` and `m_{i+n}`.
-//!
-//! The FFTs are rustfft plans (radix-4/mixed radix with AVX at run time),
-//! made once per [`Encoder`]; twist factors and the slot permutation are
-//! precomputed too. This computes the same map as the CKKS reference
-//! "special FFT" (a radix-2 FFT with twiddles `ζ^{5^j}` on bit-reversed
-//! input), up to floating-point rounding.
+//! Canonical-embedding encoder: N/2 real or complex slots ↔ integer polynomials in N-scaled NTT
+//! form (Cheon–Kim–Kim–Song, Asiacrypt 2017, §3.2); slot `k` at `ζ^{5^k}`, so `5^r` rotates left by
+//! `r`. Derivation: docs/design/code-notes.md, "ckks: encoder".
 
 use std::f64::consts::PI;
 use std::sync::Arc;
@@ -61,22 +17,18 @@ use crate::plaintext::{ExtendedPlaintext, Plaintext};
 #[derive(Clone)]
 pub struct Encoder {
     ctx: Arc<Context>,
-    /// Size-N/2 DFT with exponent sign `+` (rustfft's inverse direction,
-    /// unnormalised): evaluation at the slot points (decode).
+    /// Size-N/2 DFT with exponent sign `+` (evaluation at the slot points).
     eval_fft: Arc<dyn Fft<f64>>,
-    /// Size-N/2 DFT with exponent sign `−` (rustfft's forward direction):
-    /// interpolation (encode).
+    /// Size-N/2 DFT with exponent sign `−` (rustfft's forward direction): interpolation (encode).
     interp_fft: Arc<dyn Fft<f64>>,
     /// Scratch lengths of the two plans' out-of-place calls.
     eval_scratch: usize,
     interp_scratch: usize,
     /// `twist[i] = ζ^i`, `i < N/2`.
     twist: Vec<Complex<f64>>,
-    /// `untwist[i] = ζ^{-i} / (N/2)` (the DFT normalisation folded in; N/2 is
-    /// a power of two, so this is exact).
+    /// `untwist[i] = ζ^{-i} / (N/2)` (exact).
     untwist: Vec<Complex<f64>>,
-    /// `slot_index[j] = l_j = (5^j mod 2N − 1)/4`: where slot `j` sits in
-    /// the DFT's output (decode) or input (encode).
+    /// `slot_index[j] = (5^j mod 2N − 1)/4`: slot `j`'s index in the DFT.
     slot_index: Vec<u32>,
     /// `garner[i][j] = q_j^{-1} mod q_i` for `j < i`.
     garner: Vec<Vec<ShoupConst>>,
@@ -95,8 +47,7 @@ impl std::fmt::Debug for Encoder {
 const MAX_COEFF: f64 = 4.611_686_018_427_388e18; // 2^62
 
 impl Encoder {
-    /// Precomputes the FFT plans, twist factors and slot permutation for the
-    /// context's degree.
+    /// Precomputes the FFT plans, twist factors and slot permutation for the context's degree.
     pub fn new(ctx: &Arc<Context>) -> Self {
         let n = ctx.degree();
         let slots = n / 2;
@@ -146,9 +97,7 @@ impl Encoder {
         &self.ctx
     }
 
-    /// Evaluates at the slot points: `twisted[i] = z_i·ζ^i` (the packed,
-    /// scaled coefficients times the twist; clobbered) → the N/2 complex
-    /// slot values (one size-N/2 FFT, then the slot permutation).
+    /// Evaluates at the slot points (`twisted`, clobbered) → the N/2 complex slot values.
     fn evaluate(&self, twisted: &mut [Complex<f64>]) -> Vec<Complex<f64>> {
         let slots = twisted.len();
         let mut out = vec![Complex::new(0.0, 0.0); slots];
@@ -158,9 +107,7 @@ impl Encoder {
         self.slot_index.iter().map(|&l| out[l as usize]).collect()
     }
 
-    /// The integer coefficients `round(Δ·m)` of the polynomial whose slots
-    /// are `values` (zero padded; `im`, when given, holds the imaginary
-    /// parts and is zero padded too).
+    /// The integer coefficients `round(Δ·m)` of the polynomial with slots `values` (+ i·`im`).
     pub(crate) fn coefficients(
         &self,
         values: &[f64],
@@ -198,8 +145,7 @@ impl Encoder {
             .process_outofplace_with_scratch(&mut spectrum, &mut z, &mut scratch);
         let mut coeffs = vec![0i64; 2 * slots];
         let (lo, hi) = coeffs.split_at_mut(slots);
-        // |coefficient| ≤ max |value| (the embedding is an isometry up to √N),
-        // so the range check above keeps these inside i64.
+        // |coefficient| ≤ max |value| (checked above), so these fit i64.
         crate::modular::vectorized(|| {
             for (((a, b), &c), &u) in lo.iter_mut().zip(hi.iter_mut()).zip(&z).zip(&self.untwist) {
                 let c = c * u;
@@ -210,27 +156,13 @@ impl Encoder {
         Ok(coeffs)
     }
 
-    /// Encodes up to N/2 real values (zero padded) at `level` and `scale`
-    /// into an N-scaled NTT-form plaintext (one FFT of size N/2 + `level+1` NTTs).
-    /// Any scale ≥ 1 is allowed, e.g. exactly the prime a later rescale
-    /// divides by, so callers can keep scales exact.
-    ///
-    /// # Errors
-    /// [`CkksError::TooManyValues`], [`CkksError::ValueOutOfRange`] (NaN, ±∞
-    /// or `|value·scale| ≥ 2^62`), [`CkksError::InvalidScale`],
-    /// [`CkksError::LevelOutOfRange`].
+    /// Encodes up to N/2 real values at `level` and `scale` (≥ 1). Errors:
+    /// [`CkksError::TooManyValues`], `ValueOutOfRange`, `InvalidScale`, `LevelOutOfRange`.
     pub fn encode(&self, values: &[f64], level: usize, scale: f64) -> Result<Plaintext> {
         self.encode_parts(values, None, level, scale)
     }
 
-    /// Encodes up to N/2 complex values, given as their real parts `re` and
-    /// imaginary parts `im` (each zero padded, lengths may differ), at
-    /// `level` and `scale` (module docs: a circuit with real weights keeps
-    /// the two parts apart).
-    ///
-    /// # Errors
-    /// As [`Self::encode`]; `index` in [`CkksError::ValueOutOfRange`] is the
-    /// slot whose real or imaginary part is out of range.
+    /// Encodes up to N/2 complex values `re + i·im`. Errors as [`Self::encode`].
     pub fn encode_complex(
         &self,
         re: &[f64],
@@ -258,8 +190,7 @@ impl Encoder {
         })
     }
 
-    /// The encoding's integer coefficients and its limbs modulo `q_0..=q_level`
-    /// (what [`Self::encode`] and [`Self::encode_extended`] share).
+    /// The integer coefficients and their limbs mod `q_0..=q_level`.
     fn chain_limbs(
         &self,
         values: &[f64],
@@ -288,12 +219,7 @@ impl Encoder {
         self.ctx.mul_scaled(i, limb, &self.ctx.n_sq_vec[i]);
     }
 
-    /// As [`Self::encode`], over the extended basis `Q_level·P` (one more
-    /// NTT, for the special prime): a plaintext for ct×pt products on
-    /// [`crate::ExtendedCiphertext`]s (double hoisting).
-    ///
-    /// # Errors
-    /// As [`Self::encode`].
+    /// As [`Self::encode`], over `Q_level·P` (double hoisting).
     pub fn encode_extended(
         &self,
         values: &[f64],
@@ -316,22 +242,12 @@ impl Encoder {
         })
     }
 
-    /// Decodes a plaintext (from [`Self::encode`] or a decryption) to its
-    /// N/2 real slot values: inverse NTT per limb, CRT by Garner's algorithm
-    /// with balanced digits (exact, no big integers: the value is summed in
-    /// f64 from the top digit), division by the scale, twist, one size-N/2
-    /// FFT, slot permutation (module docs).
-    ///
-    /// # Panics
-    /// If the plaintext belongs to another context.
+    /// Decodes a plaintext to its N/2 real slot values. Panics: for another context's plaintext.
     pub fn decode(&self, pt: &Plaintext) -> Vec<f64> {
         self.decode_complex(pt).into_iter().map(|z| z.re).collect()
     }
 
-    /// As [`Self::decode`], keeping both parts of the N/2 complex slots.
-    ///
-    /// # Panics
-    /// If the plaintext belongs to another context.
+    /// As [`Self::decode`], both parts. Panics: for another context's plaintext.
     pub fn decode_complex(&self, pt: &Plaintext) -> Vec<Complex<f64>> {
         assert_eq!(
             pt.digest,
@@ -352,8 +268,7 @@ impl Encoder {
         let inv_scale = 1.0 / pt.scale;
         let mut v = vec![Complex::new(0.0, 0.0); slots];
         if limbs == 1 {
-            // One limb (level 0, what clients decrypt): the balanced residue
-            // is the coefficient; branch-free and vectorized, twist included.
+            // One limb (level 0): the balanced residue is the coefficient.
             let (q, half) = (primes[0], primes[0] / 2);
             let (lo, hi) = coeff.split_at(slots);
             let balanced = |t: u64| (t as i64 - q as i64 * (t > half) as i64) as f64 * inv_scale;
@@ -406,8 +321,7 @@ mod tests {
     use super::*;
     use crate::params::CkksParameters;
 
-    /// N = 4096 (the smallest degree the parameter builder accepts), two
-    /// chain primes (39 and 30 bits), scale 2^30.
+    /// N = 4096, two chain primes (39 and 30 bits), scale 2^30.
     fn small_ctx() -> Arc<Context> {
         static CTX: OnceLock<Arc<Context>> = OnceLock::new();
         CTX.get_or_init(|| {
@@ -436,9 +350,7 @@ mod tests {
             .collect()
     }
 
-    /// Reference canonical embedding, independent of the FFT: for every slot
-    /// `j`, `Σ_k c_k·ζ^{e_j·k}` with `e_j = 5^j mod 2N`, the powers of
-    /// `ζ = e^{iπ/N}` read from a table indexed by `e_j·k mod 2N` (O(N²)).
+    /// Reference canonical embedding, O(N²): `Σ_k c_k·ζ^{e_j·k}`, `e_j = 5^j mod 2N`.
     fn naive_slots(coeffs: &[i64], scale: f64) -> Vec<Complex<f64>> {
         let n = coeffs.len();
         let two_n = 2 * n;
@@ -461,8 +373,7 @@ mod tests {
             .collect()
     }
 
-    /// A plaintext holding the integer polynomial `coeffs` at `level`,
-    /// N-scaled as the encoder stores it or canonical as decryption does.
+    /// A plaintext holding `coeffs` at `level`, N-scaled or canonical.
     fn plaintext_of(
         enc: &Encoder,
         coeffs: &[i64],
@@ -490,19 +401,14 @@ mod tests {
         }
     }
 
-    /// Plans are shared `Arc<dyn Fft>` (rustfft's `Fft: Send + Sync`): the
-    /// encoder stays shareable across threads, as before.
+    /// The encoder is `Send + Sync + Clone`.
     #[test]
     fn encoder_is_send_sync_clone() {
         fn check<T: Send + Sync + Clone + std::fmt::Debug>() {}
         check::<Encoder>();
     }
 
-    /// Decode of an arbitrary integer polynomial (complex slot values, not
-    /// made by the encoder) equals the direct evaluation at every slot
-    /// point (`decode`: its real part, `decode_complex`: both parts): both
-    /// the one-limb path and the Garner path (level 1, coefficients beyond
-    /// the first prime), N-scaled and canonical.
+    /// Decode equals the direct evaluation at every slot (one-limb and Garner paths).
     #[test]
     fn decode_matches_direct_evaluation_at_every_slot() {
         let ctx = small_ctx();
@@ -535,9 +441,7 @@ mod tests {
         }
     }
 
-    /// Encode, then the direct evaluation of the integer coefficients at
-    /// every slot point gives back the values (zero past a sparse input) with
-    /// imaginary parts ≈ 0.
+    /// Encode then direct evaluation gives back the values, imaginary parts ≈ 0.
     #[test]
     fn encode_matches_direct_evaluation_at_every_slot() {
         let ctx = small_ctx();
@@ -562,9 +466,7 @@ mod tests {
         }
     }
 
-    /// `encode_complex`: the direct evaluation of the integer coefficients
-    /// gives back both parts, each zero padded on its own (real and
-    /// imaginary inputs of different lengths).
+    /// `encode_complex`: direct evaluation gives back both parts, each zero padded.
     #[test]
     fn encode_complex_matches_direct_evaluation_at_every_slot() {
         let ctx = small_ctx();
@@ -597,9 +499,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(32))]
 
-        /// decode ∘ encode ≈ identity (error ≤ 2^-20 at Δ = 2^30, |v| ≤ 64),
-        /// for any number of values up to N/2: slots past the input decode
-        /// to ≈ 0; at levels 0 and 1 (one-limb and Garner decode paths).
+        /// decode ∘ encode ≈ identity (≤ 2^-20 at Δ = 2^30, |v| ≤ 64) at levels 0 and 1.
         #[test]
         fn prop_encode_decode_round_trip_sparse(
             len in 0usize..=2048,
@@ -622,8 +522,7 @@ mod tests {
         }
     }
 
-    /// Independent check of the embedding: evaluate the integer polynomial at
-    /// ζ^{5^k} directly (O(N²), small N).
+    /// Encoding matches a direct O(N²) canonical embedding (small N).
     #[test]
     fn encoding_matches_naive_canonical_embedding() {
         let ctx = small_ctx();

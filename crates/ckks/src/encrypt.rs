@@ -1,9 +1,6 @@
-//! Encryption: secret-key (seeded, half-size) and public-key.
-//!
-//! Secret key (Lyubashevsky–Peikert–Regev RLWE; seeded form as in SEAL's
-//! "symmetric seeded" ciphertexts): `c1 = a` expanded from a fresh 32-byte
-//! seed, `c0 = −a·s + e + m`. Public key: `c = u·(b, a) + (e0 + m, e1)` with
-//! ternary `u` (CKKS, Cheon–Kim–Kim–Song 2017, §3.4).
+//! Encryption: secret-key (RLWE, Lyubashevsky–Peikert–Regev; seeded as SEAL's symmetric seeded
+//! ciphertexts: `c1 = a` from a 32-byte seed, `c0 = −a·s + e + m`) and public-key (`c = u·(b, a) +
+//! (e0 + m, e1)`, ternary `u`; CKKS §3.4).
 
 use std::sync::Arc;
 
@@ -38,12 +35,8 @@ impl Encryptor {
         Self { ctx: ctx.clone() }
     }
 
-    /// Secret-key encryption at the plaintext's level and scale; the uniform
-    /// part is replaced by its seed.
-    ///
-    /// # Errors
-    /// [`crate::CkksError::ParameterMismatch`] if the plaintext or the key
-    /// belong to another context.
+    /// Secret-key encryption at the plaintext's level and scale, `a` as its seed. Errors:
+    /// [`crate::CkksError::ParameterMismatch`] for another context's plaintext or key.
     pub fn encrypt_sk<R: CryptoRng + ?Sized>(
         &self,
         pt: &Plaintext,
@@ -68,9 +61,8 @@ impl Encryptor {
         }))
     }
 
-    /// The part both secret-key encryptions share: `a` expanded from `seed`
-    /// and, limb by limb, `c0 = (m + e) − a·s`, with `message_limb(i, buf)`
-    /// writing limb `i` of `m + e` (NTT form) into `buf`.
+    /// Shared by both secret-key encryptions: `a` from `seed`, limb by limb `c0 = (m + e) − a·s`,
+    /// `message_limb(i, buf)` writing limb `i` of `m + e`.
     fn seeded(
         &self,
         sk: &SecretKey,
@@ -103,18 +95,10 @@ impl Encryptor {
         }
     }
 
-    /// Encodes the slot values `re + i·im` (as
-    /// [`Encoder::encode_complex`]) and encrypts them under the secret key
-    /// in one pass: the error is added to the message's integer
-    /// coefficients *before* the forward NTT, so each limb takes one NTT
-    /// instead of two (message and error) and the plaintext never exists in
-    /// N-scaled form. The ciphertext is the one `encode_complex` followed by
-    /// [`Self::encrypt_sk`] produces with the same random generator state
-    /// (the same seed and error, drawn in the same order), bit for bit.
-    ///
-    /// # Errors
-    /// As [`Encoder::encode_complex`]; [`CkksError::ParameterMismatch`] if
-    /// the encoder or the key belong to another context.
+    /// Encodes `re + i·im` and encrypts it under the secret key in one pass (the error is added
+    /// before the forward NTT); bit-identical to `encode_complex` then [`Self::encrypt_sk`] from
+    /// the same generator state. Errors: as [`Encoder::encode_complex`];
+    /// [`CkksError::ParameterMismatch`] for another context's encoder or key.
     #[allow(clippy::too_many_arguments)]
     pub fn encrypt_values_sk<R: CryptoRng + ?Sized>(
         &self,
@@ -146,11 +130,8 @@ impl Encryptor {
         }))
     }
 
-    /// Public-key encryption at the plaintext's level and scale.
-    ///
-    /// # Errors
-    /// [`crate::CkksError::ParameterMismatch`] if the plaintext or the key
-    /// belong to another context.
+    /// Public-key encryption at the plaintext's level and scale. Errors:
+    /// [`crate::CkksError::ParameterMismatch`] for another context's plaintext or key.
     pub fn encrypt_pk<R: CryptoRng + ?Sized>(
         &self,
         pt: &Plaintext,

@@ -2,10 +2,8 @@
 
 use thiserror::Error;
 
-/// Everything that can go wrong in `cipherlora-ckks`.
-///
-/// Bad input (parameters, values, bytes) always yields one of these variants,
-/// never a panic.
+/// Everything that can go wrong in `cipherlora-ckks`; bad input always yields one of these, never a
+/// panic.
 #[non_exhaustive]
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum CkksError {
@@ -25,8 +23,8 @@ pub enum CkksError {
         /// Largest supported size.
         max: u32,
     },
-    /// The parameter set is structurally invalid (empty chain, wrong number of
-    /// special primes, special prime smaller than a chain prime, ...).
+    /// The parameter set is structurally invalid (empty chain, wrong number of special primes,
+    /// special prime smaller than a chain prime, ...).
     #[error("invalid parameters: {reason}")]
     InvalidParameters {
         /// What is wrong, in words.
@@ -40,8 +38,8 @@ pub enum CkksError {
         /// Ring degree.
         degree: usize,
     },
-    /// The parameter set is above the HE-standard bound for 128-bit classical
-    /// security with a ternary secret.
+    /// The parameter set is above the HE-standard bound for 128-bit classical security with a
+    /// ternary secret.
     #[error(
         "insecure parameters: log2(QP) = {log_qp} > {max_log_qp} allowed for N = {degree} at 128-bit security"
     )]
@@ -160,15 +158,15 @@ pub enum CkksError {
         /// Coefficient index within the limb.
         index: usize,
     },
-    /// Compression: invalid parameters or input (non-finite bound, a
-    /// ciphertext above level 0, `b`, `k`, `d` out of range, …).
+    /// Compression: invalid parameters or input (non-finite bound, a ciphertext above level 0, `b`,
+    /// `k`, `d` out of range, …).
     #[error("invalid compression: {reason}")]
     InvalidCompression {
         /// What is wrong, in words.
         reason: &'static str,
     },
-    /// Compression: slot values up to `bound` would wrap around modulo
-    /// `q_0` at this scale even without compression (`2√2·bound·scale ≳ q_0`).
+    /// Compression: slot values up to `bound` would wrap around modulo `q_0` at this scale even
+    /// without compression (`2√2·bound·scale ≳ q_0`).
     #[error("value bound {bound} too large for q_0 at scale {scale}")]
     CompressionBoundTooLarge {
         /// The bound on |real part| and |imaginary part| of every slot.
@@ -176,8 +174,7 @@ pub enum CkksError {
         /// The scale Δ of the ciphertext.
         scale: f64,
     },
-    /// Compression: no modulus `2^b` with `b ≤ max_bits` reaches the
-    /// requested precision.
+    /// Compression: no modulus `2^b` with `b ≤ max_bits` reaches the requested precision.
     #[error("compression to {precision_bits} bits of precision needs more than {max_bits} bits")]
     CompressionInfeasible {
         /// Requested precision, bits relative to the value bound.
@@ -185,8 +182,7 @@ pub enum CkksError {
         /// Largest `b` allowed (`bits(q_0) − 1`).
         max_bits: u32,
     },
-    /// A sum of products was given different numbers of ciphertexts and
-    /// plaintexts.
+    /// A sum of products was given different numbers of ciphertexts and plaintexts.
     #[error("{ciphertexts} ciphertexts against {plaintexts} plaintexts")]
     TermCountMismatch {
         /// Ciphertexts given.

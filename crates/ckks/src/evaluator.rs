@@ -1,12 +1,5 @@
-//! Homomorphic evaluation on NTT-form ciphertexts: addition, ct×pt products
-//! (single and lazily accumulated), rescaling, level dropping, rotations
-//! (plain and hoisted).
-//!
-//! Rescaling follows the full-RNS CKKS of Cheon–Han–Kim–Kim–Song (SAC 2018,
-//! §3.3, "RS"): `c ↦ (c − [c]_{q_l}) · q_l^{-1}` limb by limb, with the last
-//! limb brought back to coefficient form, lifted (balanced) to each other
-//! prime and re-transformed. Rotations use hybrid key switching (see
-//! the `keyswitch` module) and Halevi–Shoup hoisting (see [`crate::hoisting`]).
+//! Homomorphic evaluation on NTT-form ciphertexts: addition, ct×pt products, rescaling
+//! (Cheon–Han–Kim–Kim–Song, SAC 2018, §3.3), level dropping, hoisted rotations.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -35,23 +28,13 @@ fn check_same(a: &Ciphertext, b: &Ciphertext) -> Result<()> {
 }
 
 /// Evaluates operations on ciphertexts of one context.
-///
-/// Single-threaded by default (what the microbenchmarks measure); with
-/// [`Evaluator::with_parallelism`] the ModUp digits of a rotation and the
-/// independent rotations of [`Evaluator::rotate_hoisted_many`] run on the
-/// rayon pool.
 #[derive(Debug, Clone)]
 pub struct Evaluator {
     ctx: Arc<Context>,
     parallel: bool,
 }
 
-/// Sums many ct×pt products at one level; see [`Evaluator::mul_accumulator`].
-///
-/// Each product is a fused SIMD multiply-add into the accumulator (tfhe-ntt
-/// `mul_accumulate`); plaintexts are N-scaled, so the `N^{-1}` normalisation
-/// every single product would need is deferred and applied once, in
-/// [`MulAccumulator::finish`].
+/// Sums many ct×pt products at one level, normalising once in [`MulAccumulator::finish`].
 #[derive(Debug, Clone)]
 pub struct MulAccumulator {
     ctx: Arc<Context>,
@@ -60,18 +43,12 @@ pub struct MulAccumulator {
     level: usize,
     scale: Option<f64>,
     terms: usize,
-    /// The sums already carry `N^{-1}` (one [`Self::add_products`] on an
-    /// empty accumulator).
+    /// The sums already carry `N^{-1}` (one [`Self::add_products`] on an empty accumulator).
     normalized: bool,
 }
 
 impl MulAccumulator {
-    /// Adds `ct × pt`.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelMismatch`] if `ct` is not at the accumulator's level
-    /// or `pt` is below it; [`CkksError::ScaleMismatch`] if the product's scale
-    /// differs from earlier terms'.
+    /// Adds `ct × pt`. Errors: [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
     pub fn add_product(&mut self, ct: &Ciphertext, pt: &Plaintext) -> Result<()> {
         check_term(&self.ctx, self.level, &mut self.scale, ct, pt)?;
         self.start_or_denormalize();
@@ -88,15 +65,8 @@ impl MulAccumulator {
         Ok(())
     }
 
-    /// Adds `Σ_k cts[k] × pts[k]` in one pass per limb with lazy reduction
-    /// (`lazy_dot` module: every operand read once, the accumulator written
-    /// once). On an empty accumulator the sum is normalised on the way and
-    /// [`Self::finish`] has nothing left to do. Every term is checked, as
-    /// by [`Self::add_product`], before anything is added.
-    ///
-    /// # Errors
-    /// [`CkksError::TermCountMismatch`] for slices of different lengths;
-    /// else as [`Self::add_product`].
+    /// Adds `Σ_k cts[k] × pts[k]` lazily reduced, all terms checked first. Errors:
+    /// [`CkksError::TermCountMismatch`]; else as [`Self::add_product`].
     pub fn add_products(&mut self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<()> {
         if self.terms == 0 {
             // The one-pass lazy sum, normalised on the way.
@@ -118,13 +88,7 @@ impl MulAccumulator {
         Ok(())
     }
 
-    /// [`Self::add_products`] into empty accumulators of one level, sum m
-    /// into `accs[m]`, tile by tile across the sums (as
-    /// `ExtendedMulAccumulator::add_fresh_products_tiled`). Every term of
-    /// every sum is checked first; on an error no accumulator has changed.
-    ///
-    /// # Errors
-    /// As [`Self::add_products`].
+    /// [`Self::add_products`] into empty accumulators, tile by tile; errors change none.
     fn add_fresh_products_tiled(
         accs: &mut [Self],
         sums: &[(&[&Ciphertext], &[&Plaintext])],
@@ -190,8 +154,7 @@ impl MulAccumulator {
         self.terms
     }
 
-    /// The sum as a ciphertext of scale `ct.scale·pt.scale` (`None` if no
-    /// term was added).
+    /// The sum as a ciphertext of scale `ct.scale·pt.scale` (`None` if no term was added).
     pub fn finish(mut self) -> Option<Ciphertext> {
         let scale = self.scale?;
         let n = self.ctx.degree();
@@ -209,8 +172,7 @@ impl MulAccumulator {
     }
 }
 
-/// The checks of one term of a [`MulAccumulator`] at `level` (context,
-/// level, scale); records the scale.
+/// Checks one term at `level` (context, level, scale) and records the scale.
 fn check_term(
     ctx: &Context,
     level: usize,
@@ -223,11 +185,7 @@ fn check_term(
     check_product_term(level, scale, ct.level, pt.level, ct.scale * pt.scale)
 }
 
-/// Before a single product is added to an accumulator (`acc0`, `acc1`,
-/// limbs `(k, j)`: position k holds prime j): zeros for the first term (the
-/// buffers start with unspecified contents, which `add_products`
-/// overwrites), or back to the unnormalised form (`× N`) after a
-/// normalised `add_products`.
+/// Prepares an accumulator for a single product (zeros, or back to unnormalised).
 pub(crate) fn start_or_denormalize(
     ctx: &Context,
     acc0: &mut [u64],
@@ -280,10 +238,7 @@ impl Evaluator {
         self
     }
 
-    /// Several rotations of one hoisted input (in parallel if enabled).
-    ///
-    /// # Errors
-    /// [`CkksError::MissingGaloisKey`] for the first step without a key.
+    /// Several rotations of one hoisted input. Errors: [`CkksError::MissingGaloisKey`].
     pub fn rotate_hoisted_many(
         &self,
         h: &HoistedCiphertext,
@@ -309,8 +264,7 @@ impl Evaluator {
         &self.ctx
     }
 
-    /// Galois elements needed for the given rotation steps (deduplicated,
-    /// identity removed), e.g. to tell a client which keys to generate.
+    /// Galois elements needed for rotation `steps` (deduplicated, identity removed).
     pub fn required_galois_elements(&self, steps: &[i64]) -> Vec<u64> {
         let mut g: Vec<u64> = steps
             .iter()
@@ -341,10 +295,7 @@ impl Evaluator {
         })
     }
 
-    /// `a ← a + b`.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    /// `a ← a + b`. Errors: [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
     pub fn add_assign(&self, a: &mut Ciphertext, b: &Ciphertext) -> Result<()> {
         self.ctx.check(a.ctx.digest())?;
         check_same(a, b)?;
@@ -354,20 +305,14 @@ impl Evaluator {
         Ok(())
     }
 
-    /// `a + b`.
-    ///
-    /// # Errors
-    /// As [`Self::add_assign`].
+    /// `a + b`; errors as [`Self::add_assign`].
     pub fn add(&self, a: &Ciphertext, b: &Ciphertext) -> Result<Ciphertext> {
         let mut r = a.clone();
         self.add_assign(&mut r, b)?;
         Ok(r)
     }
 
-    /// `a ← a − b`.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    /// `a ← a − b`. Errors: [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
     pub fn sub_assign(&self, a: &mut Ciphertext, b: &Ciphertext) -> Result<()> {
         self.ctx.check(a.ctx.digest())?;
         check_same(a, b)?;
@@ -377,20 +322,14 @@ impl Evaluator {
         Ok(())
     }
 
-    /// `a − b`.
-    ///
-    /// # Errors
-    /// As [`Self::sub_assign`].
+    /// `a − b`; errors as [`Self::sub_assign`].
     pub fn sub(&self, a: &Ciphertext, b: &Ciphertext) -> Result<Ciphertext> {
         let mut r = a.clone();
         self.sub_assign(&mut r, b)?;
         Ok(r)
     }
 
-    /// `ct ← ct + pt` (same level ≤ pt level, same scale).
-    ///
-    /// # Errors
-    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    /// `ct ← ct + pt`. Errors: [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
     pub fn add_plain_assign(&self, ct: &mut Ciphertext, pt: &Plaintext) -> Result<()> {
         self.ctx.check(ct.ctx.digest())?;
         self.ctx.check(pt.digest)?;
@@ -413,11 +352,7 @@ impl Evaluator {
         Ok(())
     }
 
-    /// `ct ← ct × pt`: scale multiplies, level unchanged (`pt.level ≥
-    /// ct.level`; extra plaintext limbs are ignored). One SIMD pass per limb.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelMismatch`] if the plaintext is below the ciphertext.
+    /// `ct ← ct × pt`: scales multiply. Errors: [`CkksError::LevelMismatch`] if `pt` is below `ct`.
     pub fn mul_plain_assign(&self, ct: &mut Ciphertext, pt: &Plaintext) -> Result<()> {
         self.ctx.check(ct.ctx.digest())?;
         self.ctx.check(pt.digest)?;
@@ -438,21 +373,14 @@ impl Evaluator {
         Ok(())
     }
 
-    /// `ct × pt`.
-    ///
-    /// # Errors
-    /// As [`Self::mul_plain_assign`].
+    /// `ct × pt`; errors as [`Self::mul_plain_assign`].
     pub fn mul_plain(&self, ct: &Ciphertext, pt: &Plaintext) -> Result<Ciphertext> {
         let mut r = ct.clone();
         self.mul_plain_assign(&mut r, pt)?;
         Ok(r)
     }
 
-    /// An empty multiply-accumulator at `level`: `Σ ct_k × pt_k` with one
-    /// final normalisation.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelOutOfRange`].
+    /// An empty multiply-accumulator at `level`. Errors: [`CkksError::LevelOutOfRange`].
     pub fn mul_accumulator(&self, level: usize) -> Result<MulAccumulator> {
         let max = self.ctx.max_level();
         if level > max {
@@ -471,11 +399,7 @@ impl Evaluator {
         })
     }
 
-    /// Rescale in place: divide by the last prime `q_l` with rounding; the
-    /// level drops by one and the scale is divided by `q_l`.
-    ///
-    /// # Errors
-    /// [`CkksError::CannotRescale`] at level 0.
+    /// Rescale in place by the last prime `q_l`. Errors: [`CkksError::CannotRescale`] at level 0.
     pub fn rescale_assign(&self, ct: &mut Ciphertext) -> Result<()> {
         self.ctx.check(ct.ctx.digest())?;
         let l = ct.level;
@@ -511,20 +435,14 @@ impl Evaluator {
         Ok(())
     }
 
-    /// Rescaled copy; see [`Self::rescale_assign`].
-    ///
-    /// # Errors
-    /// [`CkksError::CannotRescale`] at level 0.
+    /// Rescaled copy; errors as [`Self::rescale_assign`].
     pub fn rescale(&self, ct: &Ciphertext) -> Result<Ciphertext> {
         let mut r = ct.clone();
         self.rescale_assign(&mut r)?;
         Ok(r)
     }
 
-    /// Drops limbs down to `level` (no division: the scale is unchanged).
-    ///
-    /// # Errors
-    /// [`CkksError::LevelOutOfRange`] if `level` is above the ciphertext's.
+    /// Drops limbs down to `level`. Errors: [`CkksError::LevelOutOfRange`] above the ciphertext's.
     pub fn drop_to_level_assign(&self, ct: &mut Ciphertext, level: usize) -> Result<()> {
         self.ctx.check(ct.ctx.digest())?;
         if level > ct.level {
@@ -540,21 +458,16 @@ impl Evaluator {
         Ok(())
     }
 
-    /// Copy dropped to `level`; see [`Self::drop_to_level_assign`].
-    ///
-    /// # Errors
-    /// As [`Self::drop_to_level_assign`].
+    /// Copy dropped to `level`; errors as [`Self::drop_to_level_assign`].
     pub fn drop_to_level(&self, ct: &Ciphertext, level: usize) -> Result<Ciphertext> {
         let mut r = ct.clone();
         self.drop_to_level_assign(&mut r, level)?;
         Ok(r)
     }
 
-    /// Precomputes the ModUp decomposition of `ct` for hoisted rotations
-    /// (`level + 1` inverse NTTs and `(level + 1)²` forward NTTs).
+    /// Precomputes `ct`'s ModUp decomposition for hoisted rotations.
     pub fn hoist(&self, ct: &Ciphertext) -> HoistedCiphertext {
-        // Built in the ciphertext's own context: a foreign ciphertext cannot
-        // make this panic; using the result with this evaluator is refused.
+        // Built in the ciphertext's own context: foreign ciphertexts cannot make this panic.
         HoistedCiphertext {
             ctx: ct.ctx.clone(),
             c0: ct.ctx.pool.copy_of(&ct.c0),
@@ -564,11 +477,7 @@ impl Evaluator {
         }
     }
 
-    /// Left rotation by `step` slots of a hoisted input (negative: right).
-    /// Step 0 returns the input unchanged.
-    ///
-    /// # Errors
-    /// [`CkksError::MissingGaloisKey`].
+    /// Left rotation of a hoisted input by `step` (negative: right). Errors: missing Galois key.
     pub fn rotate_hoisted(
         &self,
         h: &HoistedCiphertext,
@@ -598,10 +507,7 @@ impl Evaluator {
         Ok(hoisting::rotate_hoisted(&self.ctx, h, key))
     }
 
-    /// Left rotation by `step` slots (negative: right); one key switch.
-    ///
-    /// # Errors
-    /// [`CkksError::MissingGaloisKey`].
+    /// Left rotation by `step` slots (one key switch). Errors: [`CkksError::MissingGaloisKey`].
     pub fn rotate(&self, ct: &Ciphertext, step: i64, gks: &GaloisKeys) -> Result<Ciphertext> {
         self.ctx.check(ct.ctx.digest())?;
         if self.ctx.galois_element(step) == 1 {
@@ -612,13 +518,8 @@ impl Evaluator {
         Ok(hoisting::rotate_hoisted(&self.ctx, &self.hoist(ct), key))
     }
 
-    /// Rotation of a hoisted input, kept over `Q·P` before ModDown (double
-    /// hoisting): sum several with [`Self::add_extended_assign`], then one
-    /// [`Self::mod_down`].
-    ///
-    /// # Errors
-    /// [`CkksError::MissingGaloisKey`] (step 0 is not supported here either:
-    /// use [`Self::extend`]).
+    /// Hoisted rotation kept over `Q·P` (double hoisting). Errors: [`CkksError::MissingGaloisKey`]
+    /// (step 0: use [`Self::extend`]).
     pub fn rotate_hoisted_extended(
         &self,
         h: &HoistedCiphertext,
@@ -631,9 +532,7 @@ impl Evaluator {
         Ok(hoisting::rotate_hoisted_extended(&self.ctx, h, key))
     }
 
-    /// The unrotated input over `Q·P` (`(P·c0, P·c1)`, the special-prime
-    /// limb zero), to add to extended rotations or multiply by extended
-    /// plaintexts.
+    /// The unrotated input over `Q·P` (`(P·c0, P·c1)`).
     pub fn extend(&self, ct: &Ciphertext) -> ExtendedCiphertext {
         let ctx = &ct.ctx;
         let n = ctx.degree();
@@ -658,14 +557,7 @@ impl Evaluator {
         }
     }
 
-    /// An empty multiply-accumulator over `Q_level·P`: `Σ ext_k × ept_k`
-    /// with one final normalisation (double hoisting: the baby-step
-    /// rotations stay over `Q·P`, are multiplied by plaintexts encoded with
-    /// [`crate::Encoder::encode_extended`], and each sum needs one ModDown,
-    /// e.g. [`Self::mod_down_rescale`]).
-    ///
-    /// # Errors
-    /// [`CkksError::LevelOutOfRange`].
+    /// An empty accumulator over `Q_level·P`. Errors: [`CkksError::LevelOutOfRange`].
     pub fn mul_accumulator_extended(&self, level: usize) -> Result<ExtendedMulAccumulator> {
         let max = self.ctx.max_level();
         if level > max {
@@ -684,21 +576,9 @@ impl Evaluator {
         })
     }
 
-    /// Several sums of products at `level` in one pass over the limbs:
-    /// entry m of the result is `Σ_k sums[m].0[k] × sums[m].1[k]` (`None`
-    /// for an empty sum), as [`MulAccumulator::add_products`] on an empty
-    /// accumulator gives it, but every limb is walked in tiles of 1024
-    /// coefficients and every sum computed on a tile before the next, so
-    /// that ciphertexts the sums share are read from memory once. The
-    /// giant steps of a baby-step/giant-step linear transformation are such
-    /// sums: all read the same baby-step rotations (Halevi–Shoup,
-    /// CRYPTO 2018, §3), each with its own plaintext diagonals, which
-    /// stream once either way.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelOutOfRange`]; else as
-    /// [`MulAccumulator::add_products`] (checked for every sum before any
-    /// arithmetic).
+    /// Several sums of products at `level` in one tiled pass (BSGS giant steps, Halevi–Shoup,
+    /// CRYPTO 2018, §3). Errors: [`CkksError::LevelOutOfRange`]; as
+    /// [`MulAccumulator::add_products`].
     pub fn sums_of_products(
         &self,
         level: usize,
@@ -712,12 +592,7 @@ impl Evaluator {
         Ok(accs.into_iter().map(MulAccumulator::finish).collect())
     }
 
-    /// [`Self::sums_of_products`] over `Q_level·P` (double hoisting: the
-    /// sums of [`Self::mul_accumulator_extended`]; Bossuat et al.,
-    /// Eurocrypt 2021, §4.2).
-    ///
-    /// # Errors
-    /// [`CkksError::LevelOutOfRange`]; else as
+    /// [`Self::sums_of_products`] over `Q_level·P`. Errors: [`CkksError::LevelOutOfRange`]; as
     /// [`ExtendedMulAccumulator::add_products`].
     pub fn sums_of_products_extended(
         &self,
@@ -735,24 +610,14 @@ impl Evaluator {
             .collect())
     }
 
-    /// ModDown followed by rescale, fused: `round(x / (P·q_level))` from
-    /// `Q_level·P` to `Q_{level−1}`; the scale is divided by `q_level`
-    /// (2 inverse NTTs and `level` forward NTTs per polynomial instead of
-    /// the `2` and `2·level + 1` of [`Self::mod_down`] then
-    /// [`Self::rescale`]).
-    ///
-    /// # Errors
-    /// [`CkksError::ParameterMismatch`] for an object of another context,
-    /// [`CkksError::CannotRescale`] at level 0.
+    /// Fused ModDown and rescale, `Q_level·P` → `Q_{level−1}`. Errors:
+    /// [`CkksError::ParameterMismatch`], [`CkksError::CannotRescale`] at level 0.
     pub fn mod_down_rescale(&self, x: &ExtendedCiphertext) -> Result<Ciphertext> {
         self.ctx.check(x.digest)?;
         hoisting::mod_down_rescale(&self.ctx, x)
     }
 
-    /// `acc ← acc + x` over `Q·P`.
-    ///
-    /// # Errors
-    /// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`].
+    /// `acc ← acc + x` over `Q·P`. Errors: [`CkksError::LevelMismatch`], `ScaleMismatch`.
     pub fn add_extended_assign(
         &self,
         acc: &mut ExtendedCiphertext,
@@ -763,10 +628,7 @@ impl Evaluator {
         hoisting::add_extended(&self.ctx, acc, x)
     }
 
-    /// ModDown: divides an extended ciphertext by P (rounded) back to `Q`.
-    ///
-    /// # Errors
-    /// [`CkksError::ParameterMismatch`] for an object of another context.
+    /// ModDown: `round(x / P)` back to `Q`. Errors: [`CkksError::ParameterMismatch`].
     pub fn mod_down(&self, x: &ExtendedCiphertext) -> Result<Ciphertext> {
         self.ctx.check(x.digest)?;
         Ok(hoisting::mod_down(&self.ctx, x))

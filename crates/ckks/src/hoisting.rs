@@ -1,17 +1,5 @@
-//! Hoisted rotations (Halevi–Shoup, "Faster homomorphic linear
-//! transformations in HElib", Crypto 2018, §5): the expensive part of a
-//! rotation, the ModUp decomposition of `c1`, is done once; every further
-//! rotation of the same input costs one key inner product, one ModDown and a
-//! permutation. Because our Galois keys switch to `σ_{g^{-1}}(s)` (see
-//! [`crate::keys`]), the digits are used unpermuted and `σ_g` is applied to
-//! the two output polynomials only.
-//!
-//! "Double hoisting" (Bossuat et al., Eurocrypt 2021, §4.2): an
-//! [`ExtendedCiphertext`] keeps a rotation's result over `Q·P`, before
-//! ModDown; several can be summed, multiplied by plaintexts encoded over
-//! `Q·P` ([`crate::ExtendedPlaintext`], [`ExtendedMulAccumulator`]) and
-//! brought down with a single ModDown, or a single fused ModDown + rescale
-//! ([`crate::Evaluator::mod_down_rescale`]).
+//! Hoisted rotations (Halevi–Shoup, CRYPTO 2018, §5) and double hoisting (Bossuat et al., EUROCRYPT
+//! 2021, §4.2): [`ExtendedCiphertext`]s stay over `Q·P` until one ModDown.
 
 use std::sync::Arc;
 
@@ -65,11 +53,7 @@ impl HoistedCiphertext {
     }
 }
 
-/// A ciphertext over the extended basis `Q_level·P` (NTT form) encrypting
-/// `P·m`: the result of a hoisted rotation before ModDown.
-///
-/// Storage: `e0`, `e1` of `level + 2` limbs (chain primes `q_0..q_level`,
-/// then `P`).
+/// A ciphertext over `Q_level·P` (NTT, `P` last) encrypting `P·m`.
 pub struct ExtendedCiphertext {
     pub(crate) ctx: Arc<Context>,
     pub(crate) e0: Vec<u64>,
@@ -137,8 +121,7 @@ pub(crate) fn key_switched_extended(
 ) -> (Vec<u64>, Vec<u64>) {
     inner_product_plus(ctx, &h.digits, key, h.level, Some(&h.c0))
 }
-/// Rotation of a hoisted input: key switch `c1` to `σ_{g^{-1}}(s)`, ModDown,
-/// add `c0`, then apply `σ_g` to both polynomials.
+/// Key switch `c1` to `σ_{g^{-1}}(s)`, ModDown, add `c0`, then apply `σ_g`.
 pub(crate) fn rotate_hoisted(
     ctx: &Arc<Context>,
     h: &HoistedCiphertext,
@@ -234,8 +217,7 @@ pub(crate) fn mod_down(ctx: &Arc<Context>, x: &ExtendedCiphertext) -> Ciphertext
     }
 }
 
-/// ModDown and rescale fused: divides an extended ciphertext by `P·q_level`
-/// (rounded) into `Q_{level−1}`; the scale is divided by `q_level`.
+/// Fused ModDown and rescale into `Q_{level−1}`; the scale is divided by `q_level`.
 pub(crate) fn mod_down_rescale(ctx: &Arc<Context>, x: &ExtendedCiphertext) -> Result<Ciphertext> {
     if x.level == 0 {
         return Err(CkksError::CannotRescale);
@@ -254,12 +236,7 @@ pub(crate) fn mod_down_rescale(ctx: &Arc<Context>, x: &ExtendedCiphertext) -> Re
     })
 }
 
-/// Sums ct×pt products over the extended basis `Q_level·P` (double
-/// hoisting: extended baby-step rotations times extended plaintext
-/// diagonals, Bossuat et al., Eurocrypt 2021, §4.2); see
-/// [`crate::Evaluator::mul_accumulator_extended`]. Like
-/// [`crate::MulAccumulator`], products are fused SIMD multiply-adds and the
-/// `N^{-1}` normalisation is applied once, in [`Self::finish`].
+/// Sums ct×pt products over `Q_level·P`, normalising once in [`Self::finish`].
 #[derive(Debug)]
 pub struct ExtendedMulAccumulator {
     pub(crate) ctx: Arc<Context>,
@@ -268,13 +245,11 @@ pub struct ExtendedMulAccumulator {
     pub(crate) level: usize,
     pub(crate) scale: Option<f64>,
     pub(crate) terms: usize,
-    /// The sums already carry `N^{-1}` (one [`Self::add_products`] on an
-    /// empty accumulator).
+    /// The sums already carry `N^{-1}` (one [`Self::add_products`] on an empty accumulator).
     pub(crate) normalized: bool,
 }
 
-/// The checks of one term of an [`ExtendedMulAccumulator`] at `level`
-/// (context, level, scale); records the scale.
+/// Checks one term at `level` (context, level, scale) and records the scale.
 fn check_extended_term(
     ctx: &Context,
     level: usize,
@@ -288,8 +263,7 @@ fn check_extended_term(
     crate::scale::check_product_term(level, scale, ct.level, pt.pt.level, s)
 }
 
-/// The terms of `Σ cts[k] × pts[k]` on limb `r` (prime `j`; `sp`: the
-/// special prime's index) for [`crate::Context`]'s `dot2`.
+/// The terms of `Σ cts[k] × pts[k]` on limb `r` (prime `j`).
 fn limb_terms<'a>(
     cts: &[&'a ExtendedCiphertext],
     pts: &[&'a ExtendedPlaintext],
@@ -310,13 +284,7 @@ fn limb_terms<'a>(
 }
 
 impl ExtendedMulAccumulator {
-    /// Adds `ct × pt` (`level + 2` limbs each).
-    ///
-    /// # Errors
-    /// [`CkksError::ParameterMismatch`] for objects of another context;
-    /// [`CkksError::LevelMismatch`] if `ct` is not at the accumulator's level
-    /// or `pt` is below it; [`CkksError::ScaleMismatch`] if the product's
-    /// scale differs from earlier terms'.
+    /// Adds `ct × pt`. Errors: [`CkksError::ParameterMismatch`], `LevelMismatch`, `ScaleMismatch`.
     pub fn add_product(&mut self, ct: &ExtendedCiphertext, pt: &ExtendedPlaintext) -> Result<()> {
         check_extended_term(&self.ctx, self.level, &mut self.scale, ct, pt)?;
         self.start_or_denormalize();
@@ -332,12 +300,8 @@ impl ExtendedMulAccumulator {
         Ok(())
     }
 
-    /// Adds `Σ_k cts[k] × pts[k]` in one pass per limb with lazy reduction,
-    /// as [`crate::MulAccumulator::add_products`].
-    ///
-    /// # Errors
-    /// [`CkksError::TermCountMismatch`] for slices of different lengths;
-    /// else as [`Self::add_product`].
+    /// Adds `Σ_k cts[k] × pts[k]` lazily reduced. Errors: [`CkksError::TermCountMismatch`]; as
+    /// [`Self::add_product`].
     pub fn add_products(
         &mut self,
         cts: &[&ExtendedCiphertext],
@@ -363,14 +327,7 @@ impl ExtendedMulAccumulator {
         Ok(())
     }
 
-    /// [`Self::add_products`] into empty accumulators of one level, sum m
-    /// into `accs[m]`, every limb walked tile by tile across the sums
-    /// (`Context::dot2_many`), so that ciphertexts the sums share are read
-    /// from memory once. Every term of every sum is checked first; on an
-    /// error no accumulator has changed.
-    ///
-    /// # Errors
-    /// As [`Self::add_products`].
+    /// [`Self::add_products`] into empty accumulators, tile by tile; errors change none.
     pub(crate) fn add_fresh_products_tiled(
         accs: &mut [Self],
         sums: &[(&[&ExtendedCiphertext], &[&ExtendedPlaintext])],
@@ -427,8 +384,7 @@ impl ExtendedMulAccumulator {
         self.terms
     }
 
-    /// The sum over `Q_level·P`, of scale `ct.scale·pt.scale` (`None` if no
-    /// term was added).
+    /// The sum over `Q_level·P`, of scale `ct.scale·pt.scale` (`None` if no term was added).
     pub fn finish(mut self) -> Option<ExtendedCiphertext> {
         let scale = self.scale?;
         let n = self.ctx.degree();

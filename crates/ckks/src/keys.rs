@@ -1,16 +1,6 @@
-//! Keys: ternary secret key, public key, Galois (rotation) keys for hybrid
-//! key switching with one special prime.
-//!
-//! Galois keys (Bossuat–Mouchet–Troncoso-Pastoriza–Hubaux, Eurocrypt 2021,
-//! §3 "hybrid key switching"; one chain prime per digit, special prime P):
-//! for Galois element g and digit i ∈ 0..=L,
-//! `b_i = −a_i·t + e_i + P·[i = j]·s  (mod q_j)`, `b_i = −a_i·t + e_i (mod P)`
-//! with `t = σ_{g^{-1}}(s)`. The key switches *from* `s` *to* `σ_{g^{-1}}(s)`;
-//! a rotation key-switches `c1` first and applies `σ_g` last, so the same
-//! decomposition serves every rotation of a hoisted input without permuting
-//! the digits (Halevi–Shoup, Crypto 2018, §5 hoisting). The `a_i` are
-//! expanded from a 32-byte seed (stream i), so only the `b_i` and the seed are
-//! serialized.
+//! Keys: ternary secret key, public key, and Galois keys for hybrid key switching with one special
+//! prime (Bossuat et al., EUROCRYPT 2021, §3), switching to `σ_{g^{-1}}(s)` so hoisted digits need
+//! no permutation (Halevi–Shoup, CRYPTO 2018, §5).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,8 +11,7 @@ use crate::context::Context;
 use crate::error::{CkksError, Result};
 use crate::sampling::{expand_uniform, gaussian, small_to_mod, ternary};
 
-/// The ternary secret key `s`, held in NTT form for every prime (chain and
-/// special). Never serialized, never printed.
+/// The ternary secret key `s` in NTT form for every prime. Never serialized or printed.
 #[derive(Clone)]
 pub struct SecretKey {
     pub(crate) ctx: Arc<Context>,
@@ -33,8 +22,7 @@ pub struct SecretKey {
 }
 
 impl Drop for SecretKey {
-    /// Best-effort wipe of the key material (no `unsafe` volatile writes:
-    /// `black_box` keeps the stores from being elided as dead).
+    /// Best-effort wipe of the key material.
     fn drop(&mut self) {
         self.s_ntt.fill(0);
         self.s_scaled.fill(0);
@@ -117,8 +105,7 @@ fn rlwe_b(
     }
 }
 
-/// The public key `(b, a) = (−a·s + e, a)` modulo `Q_L` (NTT form), with
-/// `a` expanded from a seed.
+/// The public key `(b, a) = (−a·s + e, a)` modulo `Q_L` (NTT form), with `a` expanded from a seed.
 #[derive(Clone)]
 pub struct PublicKey {
     pub(crate) ctx: Arc<Context>,
@@ -292,9 +279,7 @@ pub struct GaloisKeys {
 }
 
 impl GaloisKeys {
-    /// Generates keys for left rotations by each of `steps` slots (negative:
-    /// right). Step 0 (mod N/2) needs no key and is skipped; duplicates are
-    /// generated once.
+    /// Keys for left rotations by `steps` slots (negative: right); 0 skipped, duplicates once.
     pub fn generate<R: CryptoRng + ?Sized>(sk: &SecretKey, steps: &[i64], rng: &mut R) -> Self {
         let mut keys = BTreeMap::new();
         for &s in steps {
@@ -320,10 +305,7 @@ impl GaloisKeys {
         self.keys.get(&g)
     }
 
-    /// The key for a rotation by `step` slots.
-    ///
-    /// # Errors
-    /// [`CkksError::MissingGaloisKey`].
+    /// The key for a rotation by `step` slots. Errors: [`CkksError::MissingGaloisKey`].
     pub fn for_step(&self, ctx: &Context, step: i64) -> Result<&GaloisKey> {
         let g = ctx.galois_element(step);
         self.keys.get(&g).ok_or(CkksError::MissingGaloisKey {
@@ -357,8 +339,7 @@ impl std::fmt::Debug for GaloisKeys {
     }
 }
 
-/// Multiplies both parts of a key (all limbs 0..L, limb-major) by N, the
-/// stored form that makes ct×pt and key switching a single vector pass.
+/// Multiplies both parts of a key by N (the stored form).
 fn scale_pair_by_n(ctx: &Context, a: &mut [u64], b: &mut [u64]) {
     let n = ctx.degree();
     for (i, (la, lb)) in a.chunks_exact_mut(n).zip(b.chunks_exact_mut(n)).enumerate() {

@@ -1,19 +1,13 @@
-//! Hybrid key switching with one special prime P and one chain prime per
-//! digit (Han–Ki, CT-RSA 2020; Bossuat et al., Eurocrypt 2021, §3):
-//! ModUp (decompose `c` into its residues and extend each to `Q_l·P`),
-//! inner product with the key, ModDown (divide by P with rounding).
+//! Hybrid key switching with one special prime P and one chain prime per digit (Han–Ki, CT-RSA
+//! 2020; Bossuat et al., EUROCRYPT 2021, §3): ModUp, inner product with the key, ModDown.
 
 use crate::context::Context;
 use crate::keys::GaloisKey;
 use crate::lazy_dot::Term;
 use crate::modular::{lift_centered_combine, lift_centered_limb, vectorized};
 
-/// ModUp: for each digit `i ≤ level`, the residue `[c]_{q_i}` (balanced)
-/// extended to every prime of `Q_level·P`, in NTT form. `c` is an NTT-form
-/// polynomial with `level + 1` limbs. Output: `level + 1` digits of
-/// `level + 2` limbs each (limb k ↔ prime `qp_primes(level)[k]`).
-///
-/// With `parallel`, digits are computed on the rayon pool.
+/// ModUp: per digit `i ≤ level`, the balanced residue `[c]_{q_i}` extended to `Q_level·P` in NTT
+/// form: `level + 1` digits of `level + 2` limbs (optionally on the rayon pool).
 pub(crate) fn mod_up(ctx: &Context, c: &[u64], level: usize, parallel: bool) -> Vec<Vec<u64>> {
     use rayon::prelude::*;
     let n = ctx.degree();
@@ -42,8 +36,8 @@ pub(crate) fn mod_up(ctx: &Context, c: &[u64], level: usize, parallel: bool) -> 
     }
 }
 
-/// Inner product of the decomposed digits with a Galois key:
-/// `(Σ_i d_i·b_i, Σ_i d_i·a_i)` over `Q_level·P`, canonical NTT form.
+/// Inner product of the decomposed digits with a Galois key: `(Σ_i d_i·b_i, Σ_i d_i·a_i)` over
+/// `Q_level·P`, canonical NTT form.
 pub(crate) fn inner_product(
     ctx: &Context,
     digits: &[Vec<u64>],
@@ -53,10 +47,8 @@ pub(crate) fn inner_product(
     inner_product_plus(ctx, digits, key, level, None)
 }
 
-/// [`inner_product`], with `P·c0` added to the first output when `c0` (an
-/// NTT-form polynomial over `Q_level`) is given: the key-switched
-/// ciphertext over `Q_level·P` before ModDown. The `P·c0` term rides in the
-/// same lazy accumulation (one fused SIMD multiply-add per limb).
+/// [`inner_product`], adding `P·c0` to the first output when `c0` is given (the key-switched
+/// ciphertext over `Q_level·P`).
 pub(crate) fn inner_product_plus(
     ctx: &Context,
     digits: &[Vec<u64>],
@@ -99,8 +91,8 @@ pub(crate) fn inner_product_plus(
     (t0, t1)
 }
 
-/// `out ← out + (x − y)·c` on one limb of prime `j`, with `c_vec` the
-/// N-scaled SIMD constant of `c` (see [`Context`]); `y` is clobbered.
+/// `out ← out + (x − y)·c` on one limb of prime `j`, with `c_vec` the N-scaled SIMD constant of `c`
+/// (see [`Context`]); `y` is clobbered.
 fn sub_scale_add(
     ctx: &Context,
     j: usize,
@@ -134,10 +126,8 @@ fn sub_scale_into(ctx: &Context, j: usize, x: &[u64], y: &[u64], c_vec: &[u64], 
     ctx.mul_scaled(j, out, c_vec);
 }
 
-/// ModDown: `round(x / P)` from `Q_level·P` (level + 2 limbs, NTT) to
-/// `Q_level` (level + 1 limbs, NTT), adding the result into `out`
-/// (Bossuat et al., Eurocrypt 2021, §3, "ModDown"): one inverse NTT and
-/// `level + 1` forward NTTs.
+/// ModDown: `round(x / P)` from `Q_level·P` to `Q_level` (NTT), added into `out` (Bossuat et al.,
+/// EUROCRYPT 2021, §3).
 pub(crate) fn mod_down_add(ctx: &Context, x: &[u64], level: usize, out: &mut [u64]) {
     mod_down_impl(ctx, x, level, out, true);
 }
@@ -175,16 +165,9 @@ fn mod_down_impl(ctx: &Context, x: &[u64], level: usize, out: &mut [u64], add: b
     ctx.pool.give(y);
 }
 
-/// Fused ModDown and rescale: `round(x / (P·q_level))` from `Q_level·P`
-/// (level + 2 limbs, NTT) to `Q_{level−1}` (level limbs, NTT), written to
-/// `out`. Requires `level ≥ 1`.
-///
-/// Both divisions at once (the ModDown of Bossuat et al., Eurocrypt 2021,
-/// §3, followed by the RS of Cheon–Han–Kim–Kim–Song, SAC 2018, §3.3): with
-/// `y = [x]_P` and `z = [(x − y)/P]_{q_l}` (both centered, from two inverse
-/// NTTs), `w = y + P·z` is the centered residue of `x` modulo `P·q_l`, and
-/// `(x − w)/(P·q_l)` is computed limb by limb; `2` inverse and `level`
-/// forward NTTs instead of the `2` and `2·level + 1` of ModDown then rescale.
+/// Fused ModDown and rescale: `round(x / (P·q_level))` from `Q_level·P` to `Q_{level−1}` (NTT) into
+/// `out`, `level ≥ 1` (with RS of Cheon–Han–Kim–Kim–Song, SAC 2018, §3.3): 2 inverse and `level`
+/// forward NTTs.
 pub(crate) fn mod_down_rescale_into(ctx: &Context, x: &[u64], level: usize, out: &mut [u64]) {
     debug_assert!(level >= 1);
     let n = ctx.degree();

@@ -1,57 +1,14 @@
-//! Many-term modular dot products in one pass with lazy reduction.
-//!
-//! The server's hot loops are sums of products over one RNS limb: a giant
-//! step of a baby-step/giant-step linear transformation sums `g` products
-//! `ct_b × pt_b` (Halevi–Shoup, CRYPTO 2018, §3), and a key switch sums
-//! the decomposed digits times the key (`Σ_i d_i · ksk_i`, Han–Ki,
-//! CT-RSA 2020, §3). Done one product at a time (a fused multiply-add into
-//! an accumulator per product, [`crate::Context`]'s `mul_acc`), every
-//! product reads and writes the whole accumulator and reduces every
-//! element modulo p; with plaintexts and keys streamed from memory the
-//! pass is bound by that traffic, not by the multiplies.
-//!
-//! [`Context::dot2`](crate::Context) instead walks the limb once, eight
-//! coefficients at a time, and keeps the sums of the 104-bit products in
-//! registers (AVX-512 IFMA `vpmadd52luq`/`vpmadd52huq` accumulate the low
-//! and high 52 bits separately; Drucker–Gueron, "Fast modular squaring
-//! with AVX512IFMA", 2019, use the same split). Every [`CHUNK`] terms the
-//! pair is reduced with one Montgomery reduction modulo `2^52`
-//! (Montgomery, Math. Comp. 1985) and one Shoup multiplication by a
-//! constant that undoes the Montgomery factor and applies the `N^{-1}` of
-//! the N-scaled plaintexts and keys, then added to a running
-//! sum kept in `[0, 2p)`. Each operand is read once and each output
-//! written once.
-//!
-//! Bounds (p < 2^50, every input residue < p): a product is below 2^100,
-//! so its high 52-bit half is below 2^48; [`CHUNK`] = 8 of them sum below
-//! 2^51 and the low halves below 2^55. After moving the low sum's carry
-//! into the high sum (high `h < 2^51 + 8`, low `l < 2^52`) the Montgomery
-//! step `t = h + hi52(m·p) + [l ≠ 0]`, `m = l·(−p^{-1}) mod 2^52`, gives
-//! `t ≡ (h·2^52 + l)·2^-52 (mod p)` with `t < 2^51 + 2^50 + 9 < 2^52`,
-//! the input bound of the 52-bit Shoup multiplication, whose result lies
-//! in `[0, 2p)`.
-//!
-//! Primes from 2^50 up, or a CPU without IFMA, take the portable path
-//! (one tfhe-ntt multiply-accumulate per product, then `N^{-1}`);
-//! both paths return the same residues (unit tests against `u128`
-//! arithmetic).
+//! Many-term modular dot products with lazy reduction (BSGS giant steps, key switching): AVX-512
+//! IFMA accumulation, one Montgomery reduction and one Shoup multiplication every [`CHUNK`] terms,
+//! or a portable path. Bounds: docs/design/code-notes.md, "ckks: lazy_dot".
 
-/// Terms summed in registers between two reductions (see the module docs'
-/// bounds).
+/// Terms summed in registers between two reductions (see the module docs' bounds).
 pub(crate) const CHUNK: usize = 8;
 
-/// Coefficients per tile of [`crate::Context`]'s `dot2_many`: 1024
-/// coefficients of 16–24 baby steps' two polynomials (256–384 KiB) stay in
-/// a core's L2 cache while every giant step's sum reads them. Measured
-/// once in session 30 with a throwaway kernel benchmark (16 shared terms,
-/// 6 sums, 4 limbs, 30 layers' plaintexts streamed from memory): 3.63 ms
-/// per layer one sum after the other, 3.35 / 3.07 / 2.97 / 2.94 ms with
-/// tiles of 256 / 512 / 1024 / 2048 (BENCHMARKS.md, session 30, for the
-/// effect on a whole layer).
+/// Coefficients per tile of `dot2_many` (shared terms stay in L2).
 pub(crate) const TILE: usize = 1024;
 
-/// One sum of [`crate::Context`]'s `dot2_many`: its terms (one limb long)
-/// and its two outputs (the same length, overwritten).
+/// One sum of `dot2_many`: its terms and its two outputs.
 pub(crate) struct Sum<'a, 'b> {
     pub terms: Vec<Term<'a>>,
     pub out0: &'b mut [u64],
@@ -61,8 +18,7 @@ pub(crate) struct Sum<'a, 'b> {
 /// Low 52 bits.
 const MASK52: u64 = (1 << 52) - 1;
 
-/// One term of a paired dot product: `x0 ⊙ w0` is added to the first
-/// output and `x1 ⊙ w1` to the second (all four one limb long).
+/// One term: `x0 ⊙ w0` to the first output, `x1 ⊙ w1` to the second.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Term<'a> {
     pub x0: &'a [u64],
@@ -72,8 +28,7 @@ pub(crate) struct Term<'a> {
 }
 
 impl<'a> Term<'a> {
-    /// The term of a ciphertext `(c0, c1)` times one plaintext or key
-    /// limb `w`: `c0 ⊙ w` to the first output, `c1 ⊙ w` to the second.
+    /// The term of a ciphertext `(c0, c1)` times one limb `w`.
     pub(crate) fn paired(c0: &'a [u64], c1: &'a [u64], w: &'a [u64]) -> Self {
         Self {
             x0: c0,
@@ -106,8 +61,7 @@ pub(crate) struct LazyDot {
     p: u64,
     /// `−p^{-1} mod 2^52`.
     p_inv_neg: u64,
-    /// `2^52·N^{-1} mod p`: undoes the Montgomery factor and applies the
-    /// `N^{-1}` of N-scaled operands.
+    /// `2^52·N^{-1} mod p`.
     post: Shoup52,
     /// `N^{-1} mod p` (the scalar path).
     n_inv: u64,
@@ -129,8 +83,7 @@ fn pow_mod(b: u64, mut e: u64, p: u64) -> u64 {
 }
 
 impl LazyDot {
-    /// The kernel for prime `p` and ring degree `n`, or `None` when it does
-    /// not apply (`p ≥ 2^50`, or no AVX-512 IFMA on this CPU).
+    /// The kernel for prime `p`, or `None` (`p ≥ 2^50`, or no IFMA).
     pub(crate) fn new(p: u64, n: usize) -> Option<Self> {
         if !(3..1 << 50).contains(&p) || !ifma_available() {
             return None;
@@ -140,8 +93,7 @@ impl LazyDot {
 
     /// The constants, whether or not the CPU can run the kernel.
     fn for_prime(p: u64, n: usize) -> Self {
-        // Newton's iteration for p^{-1} mod 2^64 (p odd): 6 steps double
-        // 1 correct bit to 64.
+        // Newton's iteration for p^{-1} mod 2^64 (p odd): 6 steps double 1 correct bit to 64.
         let mut inv = 1u64;
         for _ in 0..6 {
             inv = inv.wrapping_mul(2u64.wrapping_sub(p.wrapping_mul(inv)));
@@ -157,10 +109,8 @@ impl LazyDot {
         }
     }
 
-    /// `out0 ← N^{-1}·Σ x0⊙w0`, `out1 ← N^{-1}·Σ x1⊙w1` modulo p, in
-    /// `[0, p)` (overwritten; zero for no terms): the sum of products with
-    /// N-scaled `w` (plaintexts and keys). Every slice has `out0.len()`
-    /// elements, a multiple of 8, each `< p`.
+    /// `out0 ← N^{-1}·Σ x0⊙w0`, `out1 ← N^{-1}·Σ x1⊙w1` mod p, in `[0, p)`; lengths a multiple
+    /// of 8.
     pub(crate) fn dot2(&self, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(simd) = Ifma::try_new() {
@@ -170,8 +120,7 @@ impl LazyDot {
             );
             return;
         }
-        // `new` returns a kernel only where IFMA runs, so only the tests
-        // (through `for_prime`) reach this scalar path on other CPUs.
+        // Only tests reach this scalar path on CPUs without IFMA.
         let p = self.p as u128;
         let f = self.n_inv as u128;
         for (k, out) in [out0, out1].into_iter().enumerate() {
@@ -225,8 +174,7 @@ fn dot2_ifma(simd: Ifma, k: &LazyDot, terms: &[Term<'_>], out0: &mut [u64], out1
     let c_shoup = f._mm512_set1_epi64(k.post.c_shoup as i64);
     let one = f._mm512_set1_epi64(1);
 
-    // h·2^52 + l → N^{-1}·(h·2^52 + l) mod p, in [0, 2p): Montgomery, then
-    // Shoup by 2^52·N^{-1} (module docs).
+    // h·2^52 + l → N^{-1}·(h·2^52 + l) mod p, in [0, 2p).
     let reduce = |h: __m512i, l: __m512i| -> __m512i {
         let h = f._mm512_add_epi64(h, f._mm512_srli_epi64::<52>(l));
         let l = f._mm512_and_si512(l, mask);
@@ -295,8 +243,7 @@ mod tests {
         p
     }
 
-    /// `N^{-1}·Σ x⊙w mod p` in `u128`, for ring degree `ring_n`, the
-    /// inverse by Fermat.
+    /// `N^{-1}·Σ x⊙w mod p` in `u128`, for ring degree `ring_n`, the inverse by Fermat.
     fn reference(p: u64, ring_n: usize, xs: &[Vec<u64>], ws: &[Vec<u64>]) -> Vec<u64> {
         let f = pow_mod(ring_n as u64, p - 2, p) as u128;
         (0..xs.first().map_or(0, Vec::len))
@@ -312,8 +259,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
-        /// The kernel equals `u128` arithmetic for 40- and 50-bit primes,
-        /// 0–20 terms (more than one reduction chunk), including residues at `p − 1` (the bounds' worst case).
+        /// The kernel equals `u128` arithmetic, worst-case residues included.
         #[test]
         fn dot2_matches_u128_reference(
             bits in prop::sample::select(vec![36u32, 40, 45, 49, 50]),
@@ -350,8 +296,7 @@ mod tests {
         }
     }
 
-    /// Primes from 2^50 up are refused (the module docs' bounds need
-    /// `p < 2^50`).
+    /// Primes from 2^50 up are refused (the module docs' bounds need `p < 2^50`).
     #[test]
     fn primes_from_2_50_take_the_portable_path() {
         let p = prime_below(51, 8192);

@@ -1,59 +1,10 @@
-//! RNS-CKKS homomorphic encryption, specialised for encrypted LoRA deltas but
-//! knowing nothing of LoRA or models.
-//!
-//! * Scheme: full-RNS CKKS (Cheon–Kim–Kim–Song, Asiacrypt 2017;
-//!   Cheon–Han–Kim–Kim–Song, SAC 2018), ciphertexts and plaintexts kept in
-//!   NTT form throughout (tfhe-ntt 0.7 `prime64` plans: AVX-512 IFMA for
-//!   primes < 2^50, AVX-512 otherwise).
-//! * Key switching: hybrid, one special prime, one chain prime per digit
-//!   (Bossuat et al., Eurocrypt 2021); hoisted rotations (Halevi–Shoup,
-//!   Crypto 2018) and double hoisting (Bossuat et al., §4.2): rotations kept
-//!   over `Q·P` ([`ExtendedCiphertext`]), multiplied by plaintexts encoded
-//!   over `Q·P` ([`ExtendedPlaintext`], [`ExtendedMulAccumulator`]) and
-//!   brought down once, by a ModDown fused with the following rescale
-//!   ([`Evaluator::mod_down_rescale`]).
-//! * RNS inner loops (centered lifts, ModDown, rescale, encoding) are
-//!   branch-free and vectorized: constant products run as tfhe-ntt SIMD
-//!   products by precomputed constant vectors.
-//! * Security: 128-bit HE-standard parameter sets only
-//!   ([`params::SecurityBound`]); randomness from the OS CSPRNG through
-//!   ChaCha20; seeded uniform parts halve upload sizes (public seeds are
-//!   expanded with ChaCha8).
-//!
-//! * Downloads: level-0 ciphertexts compress lossily by modulus switching
-//!   to a power of two and dropping headroom and low bits
-//!   ([`compress`], Brakerski–Vaikuntanathan modulus switching, Kyber-style
-//!   compression), with a chooser that bounds the added error.
-//! * Uploads: fresh seeded ciphertexts drop low bits of `c0` for requests
-//!   that need less precision ([`rounded`], the same Kyber-style
-//!   compression on the part not multiplied by the secret; levels are
-//!   kept), with [`rounded::max_dropped_bits`] bounding the added error.
-//!
-//! * Parallelism: single-threaded by default; [`Evaluator::with_parallelism`]
-//!   runs ModUp digits and independent hoisted rotations on rayon.
-//!
-//! # Precision (tested bounds, absolute error on slots)
-//!
-//! | operation | bound | test |
-//! | --- | --- | --- |
-//! | encode → decode, \|v\| ≤ 100, Δ = 2^40 | ≤ 2^-30 | `prop_encode_decode` |
-//! | secret-key encrypt → decrypt, \|v\| ≤ 4 | ≤ 2^-25 | `encrypt_decrypt_sk_and_pk_every_preset` |
-//! | public-key encrypt → decrypt | ≤ 2^-20 (√N more noise) | same |
-//! | ct×pt + rescale, \|x\|, \|w\| ≤ 8, Δ = 2^40 | ≤ 2^-25 | `prop_ct_pt_rescale_precision` |
-//! | rotate / hoisted rotate after ct×pt + rescale | ≤ 2^-22 | `prop_rotate_random_steps` |
-//! | double-hoisted dot product (5 terms, \|x\| ≤ 2, \|w\| ≤ 1.5) | ≤ 2^-20 | `double_hoisted_dot_product_matches_plain_path_and_reference` |
-//! | compress → decrypt, vs uncompressed, \|v\| ≤ M | ≤ [`CompressionParams::predicted_error`] ≤ M·2^-P | `compressed_decryption_matches_uncompressed_to_the_predicted_precision` |
-//! | round low bits of `c0` → decrypt, vs unrounded | ≤ [`rounded::predicted_error`] | `rounding_adds_at_most_the_predicted_error_at_every_level` |
-//!
-//! The fast presets (`*Fast`, 50-bit `q_0`) bound decrypted values at
-//! level 0 by `q_0 / (2Δ) = 2^9`; the 60-bit presets by `2^19`.
-//!
-//! # Storage conventions
-//!
-//! Ciphertexts and plaintexts are in NTT (evaluation) form at all times, in
-//! tfhe-ntt's bit-reversed order; rotations are slot permutations computed
-//! from that order ([`Context`]). Encoded plaintexts and keys are stored
-//! multiplied by N so each product is one SIMD `mul_assign_normalize`.
+//! RNS-CKKS homomorphic encryption (full-RNS CKKS: Cheon–Kim–Kim–Song, Asiacrypt 2017;
+//! Cheon–Han–Kim–Kim–Song, SAC 2018), knowing nothing of LoRA or models. This crate owns parameters
+//! ([`params`], 128-bit HE-standard sets only), encoding, keys, encryption, evaluation with hybrid
+//! key switching and (double) hoisting (Bossuat et al., EUROCRYPT 2021; Halevi–Shoup, CRYPTO 2018),
+//! compressed downloads ([`compress`]) and uploads ([`rounded`]) and serialization. Start at
+//! [`Context`], [`Encoder`] and [`Evaluator`]; tested precision bounds and storage conventions:
+//! docs/design/code-notes.md, "ckks".
 //!
 //! ```
 //! use cipherlora_ckks::*;

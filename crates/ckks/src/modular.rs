@@ -1,10 +1,6 @@
-//! Word-size modular arithmetic for primes below 2^62: Shoup multiplication
-//! by a precomputed constant, Barrett-style reduction, exponentiation and
-//! deterministic Miller–Rabin primality.
-//!
-//! Shoup's trick (V. Shoup, NTL; see also Harvey 2014, "Faster arithmetic for
-//! number-theoretic transforms", §2): to multiply many `a` by a fixed `w`,
-//! precompute `w' = ⌊w·2^64/q⌋`; then `a·w − ⌊a·w'/2^64⌋·q ∈ [0, 2q)`.
+//! Word-size modular arithmetic for primes below 2^62: Shoup multiplication by a precomputed
+//! constant (Harvey 2014, §2), Barrett-style reduction, exponentiation and deterministic
+//! Miller–Rabin.
 
 /// A prime modulus `q < 2^62` with its reduction constants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,8 +109,7 @@ impl Modulus {
         self.pow(a, self.q - 2)
     }
 
-    /// Maps a signed value into `[0, q)` (branch-free: used on plaintext
-    /// coefficients).
+    /// Maps a signed value into `[0, q)` (branch-free: used on plaintext coefficients).
     #[inline(always)]
     pub fn from_i64(&self, x: i64) -> u64 {
         let r = self.reduce(x.unsigned_abs());
@@ -122,8 +117,8 @@ impl Modulus {
         (self.neg(r) & mask) | (r & !mask)
     }
 
-    /// Centered lift of `x ∈ [0, src)` (a residue modulo `src`) into `[0, q)`:
-    /// the representative in `(−src/2, src/2]` is reduced modulo `q`.
+    /// Centered lift of `x ∈ [0, src)` (a residue modulo `src`) into `[0, q)`: the representative
+    /// in `(−src/2, src/2]` is reduced modulo `q`.
     #[inline(always)]
     pub fn lift_centered(&self, x: u64, src: u64) -> u64 {
         let negative = x > src / 2;
@@ -133,18 +128,13 @@ impl Modulus {
     }
 }
 
-/// Centered lift of a whole limb (`src[k] ∈ [0, src_q)`, residues modulo
-/// `src_q`) into `[0, m.q)`, written to `out`: the same map as
-/// [`Modulus::lift_centered`], branch-free and auto-vectorized (AVX-512:
-/// the reduction of `|x| < src_q/2` uses an f64 quotient estimate corrected
-/// twice, exact for `src_q < 2^62`).
+/// Centered lift of a limb (residues mod `src_q`) into `[0, m.q)`, as [`Modulus::lift_centered`],
+/// branch-free and vectorized.
 pub(crate) fn lift_centered_limb(m: &Modulus, src: &[u64], src_q: u64, out: &mut [u64]) {
     lift_centered_combine(m, src, src_q, out, |_, lifted| lifted);
 }
 
-/// As [`lift_centered_limb`], combining each lifted value with the old
-/// output: `out[k] ← f(out[k], lift(src[k]))` in the same vectorized pass
-/// (`f` must be branch-free to keep the loop vectorized).
+/// As [`lift_centered_limb`], with `out[k] ← f(out[k], lift(src[k]))` (`f` branch-free).
 #[inline(always)]
 pub(crate) fn lift_centered_combine(
     m: &Modulus,
@@ -175,13 +165,11 @@ pub(crate) fn lift_centered_combine(
     });
 }
 
-/// `±mag mod q` (minus when `neg = 1`) for `mag < 2^63` and `q ≥ 2^20`,
-/// branch-free and vectorizable: an f64 quotient estimate (off by at most 2)
-/// corrected twice each way.
+/// `±mag mod q` (minus when `neg = 1`) for `mag < 2^63`, `q ≥ 2^20`, branch-free.
 #[inline(always)]
 fn signed_residue(mag: u64, neg: u64, q: u64, inv_q: f64) -> u64 {
-    // Round the estimate (< 2^44) to an integer by adding 2^52 and reading
-    // the mantissa bits: unlike a saturating `as u64`, this vectorizes.
+    // Round the estimate (< 2^44) to an integer by adding 2^52 and reading the mantissa bits:
+    // unlike a saturating `as u64`, this vectorizes.
     const MAGIC: f64 = 4_503_599_627_370_496.0; // 2^52
     let quot = (mag as f64 * inv_q + MAGIC).to_bits() - MAGIC.to_bits();
     let mut r = mag.wrapping_sub(quot.wrapping_mul(q)) as i64;
@@ -195,8 +183,8 @@ fn signed_residue(mag: u64, neg: u64, q: u64, inv_q: f64) -> u64 {
     r ^ ((r ^ negr) & 0u64.wrapping_sub(neg))
 }
 
-/// Residues in `[0, q)` of signed coefficients (`|c| < 2^62`), branch-free
-/// and auto-vectorized (used on plaintext coefficients).
+/// Residues in `[0, q)` of signed coefficients (`|c| < 2^62`), branch-free and auto-vectorized
+/// (used on plaintext coefficients).
 pub(crate) fn reduce_signed_limb(m: &Modulus, src: &[i64], out: &mut [u64]) {
     let q = m.q;
     let inv_q = 1.0 / q as f64;
@@ -207,9 +195,7 @@ pub(crate) fn reduce_signed_limb(m: &Modulus, src: &[i64], out: &mut [u64]) {
     });
 }
 
-/// Runs `f` compiled for the best instruction set available at run time
-/// (AVX-512, else AVX2, else baseline) so that LLVM can auto-vectorize the
-/// element-wise loops inside it (pulp's safe `vectorize`; `f` is inlined).
+/// Runs `f` compiled for the best instruction set available (pulp's `vectorize`).
 #[inline(always)]
 pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -224,8 +210,8 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Deterministic Miller–Rabin for 64-bit integers (bases: the first 12 primes,
-/// sufficient for all n < 3.3·10^24).
+/// Deterministic Miller–Rabin for 64-bit integers (bases: the first 12 primes, sufficient for all
+/// n < 3.3·10^24).
 pub fn is_prime(n: u64) -> bool {
     if n < 2 {
         return false;

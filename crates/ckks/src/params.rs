@@ -1,19 +1,6 @@
-//! CKKS parameter sets: ring degree, RNS modulus chain, special prime, scale;
-//! a validating builder and presets.
-//!
-//! Security: the builder refuses any set whose total modulus `log2(Q·P)`
-//! (counted as the sum of the prime sizes, an upper bound) exceeds the
-//! HE-standard bound for 128-bit classical security with a ternary secret
-//! (Albrecht et al., "Homomorphic Encryption Security Standard", 2018,
-//! Table 1 for uniform ternary secrets: N=4096 → 109, 8192 → 218,
-//! 16384 → 438).
-//!
-//! Structure (full-RNS CKKS, Cheon–Han–Kim–Kim–Song, SAC 2018): the chain
-//! `q_0, …, q_L` carries the message (`q_0` is the last prime standing and
-//! bounds the decrypted magnitude; `q_1..q_L` are rescaled away, one per
-//! multiplication, so they should be close to the scale); one special prime
-//! `P ≥ max q_i` is used only inside key switching (hybrid key switching with
-//! one prime per digit, Han–Ki 2020 / Bossuat et al. 2021).
+//! CKKS parameter sets (Cheon–Han–Kim–Kim–Song, SAC 2018): degree, chain, special prime `P`, scale;
+//! the builder refuses sets above the 128-bit HE-standard bound for ternary secrets (Albrecht et
+//! al. 2018, Table 1: N=4096 → 109, 8192 → 218, 16384 → 438 bits).
 
 use crate::error::{CkksError, Result};
 use crate::modular::is_prime;
@@ -23,9 +10,7 @@ use crate::modular::is_prime;
 pub struct SecurityBound;
 
 impl SecurityBound {
-    /// Maximum `log2(Q·P)` in bits for 128-bit classical security at ring
-    /// degree `degree` (HE standard, ternary secret), or `None` for an
-    /// unsupported degree.
+    /// Maximum `log2(Q·P)` for 128-bit security at `degree`; `None` if unsupported.
     pub fn max_log_qp(degree: usize) -> Option<u32> {
         match degree {
             4096 => Some(109),
@@ -42,16 +27,13 @@ impl SecurityBound {
 pub enum Preset {
     /// N=8192, chain 60,40 + special 60, scale 2^40: one multiplication.
     N8192Depth1,
-    /// N=8192, chain 60,40,40 + special 60, scale 2^40: two multiplications
-    /// (log QP = 200 ≤ 218).
+    /// N=8192, chain 60,40,40 + special 60, scale 2^40: two multiplications (log QP = 200 ≤ 218).
     N8192Depth2,
     /// N=16384, chain 60,40 + special 60, scale 2^40.
     N16384Depth1,
     /// N=16384, chain 60,40,40 + special 60, scale 2^40.
     N16384Depth2,
-    /// N=8192, chain 50,40,40 + special 50, scale 2^40: every prime ≤ 50 bits
-    /// so the NTT takes tfhe-ntt's AVX-512 IFMA path (faster, |decrypted
-    /// values| must stay below 2^9 at level 0).
+    /// N=8192, chain 50,40,40 + special 50, scale 2^40 (IFMA NTT; |values| < 2^9 at level 0).
     N8192Depth2Fast,
     /// N=16384, chain 50,40,40 + special 50, scale 2^40 (IFMA path).
     N16384Depth2Fast,
@@ -104,12 +86,8 @@ impl CkksParametersBuilder {
         self
     }
 
-    /// Validates and generates the primes.
-    ///
-    /// # Errors
-    /// [`CkksError::UnsupportedDegree`], [`CkksError::InvalidModulusBits`],
-    /// [`CkksError::InvalidParameters`], [`CkksError::InsecureParameters`]
-    /// (above the 128-bit HE-standard bound), [`CkksError::NoPrimeFound`].
+    /// Validates and generates the primes. Errors: [`CkksError::UnsupportedDegree`],
+    /// `InvalidModulusBits`, `InvalidParameters`, `InsecureParameters`, `NoPrimeFound`.
     pub fn build(self) -> Result<CkksParameters> {
         let max_log_qp =
             SecurityBound::max_log_qp(self.degree).ok_or(CkksError::UnsupportedDegree {
@@ -172,8 +150,7 @@ impl CkksParametersBuilder {
     }
 }
 
-/// Distinct primes `q ≡ 1 (mod 2N)` with exactly the requested bit sizes,
-/// each the largest such prime below `2^bits` not already taken.
+/// Distinct primes `q ≡ 1 (mod 2N)` of the requested sizes, each the largest free below `2^bits`.
 fn generate_primes(bits: &[u32], degree: usize) -> Result<Vec<u64>> {
     let two_n = 2 * degree as u64;
     let mut out: Vec<u64> = Vec::with_capacity(bits.len());
@@ -205,11 +182,7 @@ impl CkksParameters {
         CkksParametersBuilder::default()
     }
 
-    /// A named parameter set (all are 128-bit secure by the HE standard).
-    ///
-    /// # Errors
-    /// Never for the listed presets (prime generation always succeeds), but
-    /// returns the builder's errors for forward compatibility.
+    /// A named 128-bit parameter set. Errors: the builder's (never for listed presets).
     pub fn preset(preset: Preset) -> Result<Self> {
         let (n, chain, special): (usize, &[u32], u32) = match preset {
             Preset::N8192Depth1 => (8192, &[60, 40], 60),
@@ -275,8 +248,7 @@ impl CkksParameters {
     pub fn log_qp_bits(&self) -> u32 {
         self.moduli_bits.iter().chain(&self.special_bits).sum()
     }
-    /// A 64-bit digest (FNV-1a) of N and all primes; serialized objects carry it
-    /// so that objects made under other parameters are refused.
+    /// FNV-1a digest of N and all primes, carried by serialized objects.
     pub fn digest(&self) -> u64 {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let mut eat = |x: u64| {

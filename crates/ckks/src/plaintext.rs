@@ -1,13 +1,8 @@
 //! Plaintexts: an RNS polynomial in NTT (evaluation) form at a level and scale.
 
-/// A CKKS plaintext in NTT form over the chain primes `q_0..q_level`.
-///
-/// Storage: `level + 1` limbs of N words, limb `i` holding values in
-/// `[0, q_i)`. Plaintexts made by the [`crate::Encoder`] are stored
-/// *N-scaled* (each evaluation multiplied by N mod q_i) so that a ct×pt
-/// product is one SIMD `mul_assign_normalize` pass of tfhe-ntt (which
-/// multiplies by `N^{-1}`): pre-encoded plaintexts cost nothing extra at use
-/// time. Decrypted plaintexts are stored canonically; the flag records which.
+/// A CKKS plaintext in NTT form over `q_0..q_level` (`level + 1` limbs of N words). Encoder output
+/// is stored N-scaled, so a ct×pt product is one `mul_assign_normalize`; decrypted plaintexts are
+/// canonical; the flag records which.
 #[derive(Clone, PartialEq)]
 pub struct Plaintext {
     pub(crate) data: Vec<u64>,
@@ -39,11 +34,8 @@ impl Plaintext {
     }
 }
 
-/// A plaintext over the extended basis `Q_level·P` (N-scaled NTT form), for
-/// ct×pt products with [`crate::ExtendedCiphertext`]s (double hoisting,
-/// Bossuat et al., Eurocrypt 2021, §4.2). Made by
-/// [`crate::Encoder::encode_extended`]; the chain limbs are those of an
-/// ordinary plaintext, so it also multiplies ordinary ciphertexts
+/// A plaintext over `Q_level·P` (N-scaled NTT form) for products with
+/// [`crate::ExtendedCiphertext`]s; its chain limbs also multiply ordinary ciphertexts
 /// ([`ExtendedPlaintext::plaintext`]).
 #[derive(Clone, PartialEq)]
 pub struct ExtendedPlaintext {

@@ -1,17 +1,11 @@
-//! A small pool of `u64` buffers for polynomial temporaries and ciphertext
-//! storage.
-//!
-//! Ciphertexts and key-switching temporaries are 64 KiB–1 MiB: above glibc's
-//! mmap threshold, so without reuse every operation pays fresh page faults
-//! (measured: about a third of a hoisted decomposition's time on this
-//! machine). SEAL avoids the same cost with its memory pools. Only buffers of
-//! public data (ciphertexts, evaluation temporaries) go through the pool;
-//! secret-key and plaintext buffers never do.
+//! A small pool of `u64` buffers for public temporaries and ciphertexts (64 KiB–1 MiB, above
+//! glibc's mmap threshold, so reuse avoids page faults, as SEAL's pools do). Secret-key and
+//! plaintext buffers never go through it.
 
 use std::sync::Mutex;
 
-/// At most this many idle buffers are kept (a batch of 16 extended baby-step
-/// rotations alone holds 32 buffers plus temporaries).
+/// At most this many idle buffers are kept (a batch of 16 extended baby-step rotations alone holds
+/// 32 buffers plus temporaries).
 const MAX_IDLE: usize = 96;
 
 /// Reusable buffers, shared through the [`crate::Context`].
@@ -25,9 +19,8 @@ impl BufferPool {
     pub(crate) fn take(&self, len: usize) -> Vec<u64> {
         let found = {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-            // Best fit: the smallest idle buffer that is large enough, so
-            // small requests do not use up the large buffers (which would
-            // then be allocated afresh, page faults included).
+            // Best fit: the smallest idle buffer that is large enough, so small requests do not use
+            // up the large buffers (which would then be allocated afresh, page faults included).
             idle.iter()
                 .enumerate()
                 .filter(|(_, b)| b.capacity() >= len)

@@ -1,11 +1,6 @@
-//! Randomness: OS-seeded ChaCha20, ternary secrets, bounded discrete
-//! Gaussian errors (σ = 3.2, |e| ≤ 19 ≈ 6σ, as in the HE standard), and
-//! uniform polynomials expanded from a public 32-byte seed with ChaCha8
-//! (see `expand_uniform` for why eight rounds there, twenty elsewhere).
-//!
-//! Secret-dependent sampling is branch-free: the ternary sampler maps a
-//! 32-bit word to {−1, 0, 1} by a multiply-shift, the Gaussian sampler scans
-//! its whole cumulative table (CDT) with comparisons summed as integers.
+//! Randomness: OS-seeded ChaCha20, ternary secrets, bounded discrete Gaussian errors (σ = 3.2, |e|
+//! ≤ 19, as in the HE standard), and public uniform polynomials expanded from 32-byte seeds with
+//! ChaCha8. Secret-dependent sampling is branch-free.
 
 use std::sync::OnceLock;
 
@@ -20,18 +15,12 @@ pub const SIGMA: f64 = 3.2;
 /// Errors are bounded by `ERROR_BOUND` (≈ 6σ) in absolute value.
 pub const ERROR_BOUND: i64 = 19;
 
-/// A ChaCha20 generator seeded from the operating system (getrandom).
-///
-/// # Errors
-/// [`CkksError::Rng`] if the OS generator fails.
+/// A ChaCha20 generator seeded from the OS (getrandom). Errors: [`CkksError::Rng`].
 pub fn os_rng() -> Result<ChaCha20Rng> {
     Ok(ChaCha20Rng::from_seed(os_seed()?))
 }
 
-/// 32 bytes from the operating system's CSPRNG.
-///
-/// # Errors
-/// [`CkksError::Rng`] if the OS generator fails.
+/// 32 bytes from the OS CSPRNG. Errors: [`CkksError::Rng`].
 pub fn os_seed() -> Result<[u8; 32]> {
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| CkksError::Rng(e.to_string()))?;
@@ -63,12 +52,8 @@ fn cdt() -> &'static [u32; 2 * ERROR_BOUND as usize] {
     })
 }
 
-/// `n` errors from the discrete Gaussian of width σ, truncated to ±19.
-///
-/// Inversion sampling on a 32-bit word per sample (two samples per 64-bit
-/// ChaCha20 output; the cumulative table is exact to 2^-32, far below the
-/// tail mass P(|e| = 19) ≈ 2^-28) against the whole table; the scan runs
-/// table-outer, samples-inner, so it is branch-free and vectorizes.
+/// `n` errors from the discrete Gaussian of width σ, truncated to ±19, by branch-free inversion
+/// sampling (table exact to 2^-32).
 pub(crate) fn gaussian<R: CryptoRng + ?Sized>(rng: &mut R, n: usize) -> Vec<i8> {
     let t = cdt();
     let mut words = vec![0u32; n];
@@ -87,45 +72,26 @@ pub(crate) fn gaussian<R: CryptoRng + ?Sized>(rng: &mut R, n: usize) -> Vec<i8> 
         .collect()
 }
 
-/// `n` uniform 64-bit words from one bulk draw of `8n` bytes (little-endian
-/// words, as `fill` defines them).
+/// `n` uniform 64-bit words from one bulk draw of `8n` bytes (little-endian words, as `fill`
+/// defines them).
 fn random_words<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<u64> {
     let mut words = vec![0u64; n];
     rng.fill(&mut words[..]);
     words
 }
 
-/// Writes small signed coefficients (|x| < q) into `[0, q)` without
-/// branching on their value.
+/// Writes small signed coefficients (|x| < q) into `[0, q)` without branching on their value.
 #[inline(always)]
 pub(crate) fn small_to_mod(x: i8, q: u64) -> u64 {
     let t = (x as i64 + q as i64) as u64;
     t - q * ((t >= q) as u64)
 }
 
-/// Fills `out` (one limb of N words per listed prime, in order) with
-/// coefficients uniform modulo each prime, drawn from ChaCha8 (rand_chacha's
-/// [`ChaCha8Rng`]) keyed by `seed` on stream `stream` (rejection sampling
-/// on masked 64-bit words: per limb, N words are drawn in bulk and the
-/// accepted ones kept in order; missing ones are then drawn one word at a
-/// time). Deterministic: the same seed, stream and primes give the same
-/// output. This is part of the serialization format: version 2
-/// ([`crate::serialize::FORMAT_VERSION`]); version 1 expanded seeds with
-/// ChaCha20 and is refused on reading.
-///
-/// # Why eight rounds
-///
-/// This expands only the *public* uniform polynomials (`a` of seeded
-/// ciphertexts, public keys and Galois keys), whose seeds travel in the
-/// clear next to them: the stream cipher is used as a PRG whose output must
-/// be indistinguishable from uniform, never to hide a secret. Secrets and
-/// errors keep coming from the OS-seeded ChaCha20 generator ([`os_rng`]).
-/// ChaCha8 keeps a large margin for that use: the best published attacks on
-/// ChaCha reach 7 rounds, at complexities far beyond practical, and
-/// Aumasson, "Too Much Crypto" (Real World Crypto 2020; IACR ePrint
-/// 2019/1492) argues 8 rounds are sufficient. It is about 2.5× faster than
-/// ChaCha20, which dominated encryption and the server's expansion of each
-/// uploaded seeded ciphertext.
+/// Fills `out` (one limb of N words per listed prime) with coefficients uniform mod each prime,
+/// from ChaCha8 keyed by `seed` on `stream` (rejection sampling); deterministic, and part of format
+/// version 2 ([`crate::serialize::FORMAT_VERSION`]). Eight rounds suffice for public polynomials
+/// (Aumasson, "Too Much Crypto", ePrint 2019/1492); see docs/design/code-notes.md, "ckks:
+/// sampling".
 pub(crate) fn expand_uniform(
     ctx: &Context,
     seed: &[u8; 32],
@@ -191,14 +157,8 @@ mod tests {
         h
     }
 
-    /// Known-answer pin of the seed expansion of format version 2 (ChaCha8):
-    /// the polynomial a seed stands for is part of the wire format, so any
-    /// change here must come with a new `FORMAT_VERSION`. The first three
-    /// coefficients were cross-checked against an independent ChaCha8 (a
-    /// from-scratch implementation of Bernstein's ChaCha with 8 rounds, key =
-    /// seed, 64-bit block counter in words 12–13, stream in words 14–15,
-    /// little-endian 64-bit words masked to the 50 bits of `q_0`); the hashes
-    /// pin the whole output.
+    /// Known-answer pin of format version 2's seed expansion (cross-checked against an independent
+    /// ChaCha8): any change needs a new `FORMAT_VERSION`.
     #[test]
     fn expand_uniform_matches_format_version_2_vectors() {
         use crate::params::{CkksParameters, Preset};
@@ -206,8 +166,8 @@ mod tests {
         let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
         let n = ctx.degree();
         let seed: [u8; 32] = std::array::from_fn(|i| i as u8);
-        // A seeded ciphertext's `a` (stream 0, chain primes) and a Galois
-        // key digit's (stream 2, chain primes and P).
+        // A seeded ciphertext's `a` (stream 0, chain primes) and a Galois key digit's (stream 2,
+        // chain primes and P).
         let chain: Vec<usize> = (0..=ctx.max_level()).collect();
         let qp: Vec<usize> = ctx.qp_primes(ctx.max_level()).collect();
         for (stream, primes, want_head, want_hash) in [

@@ -1,15 +1,12 @@
-//! Scale equality and the checks of a product term, shared by the
-//! evaluator and hoisting.
+//! Scale equality and the checks of a product term, shared by the evaluator and hoisting.
 
 use crate::error::{CkksError, Result};
 
 /// Relative tolerance under which two scales count as equal.
 pub const SCALE_TOLERANCE: f64 = 1e-9;
 
-/// `Ok` when scales `a` and `b` agree within [`SCALE_TOLERANCE`] (relative).
-///
-/// # Errors
-/// [`CkksError::ScaleMismatch`] otherwise.
+/// `Ok` when scales agree within [`SCALE_TOLERANCE`] (relative). Errors:
+/// [`CkksError::ScaleMismatch`].
 pub(crate) fn check_scale(a: f64, b: f64) -> Result<()> {
     if (a - b).abs() <= SCALE_TOLERANCE * a.abs().max(b.abs()) {
         Ok(())
@@ -18,14 +15,9 @@ pub(crate) fn check_scale(a: f64, b: f64) -> Result<()> {
     }
 }
 
-/// The checks of one ct×pt term of a sum at `level` (the accumulators'
-/// `add_product`): the ciphertext at `level`, the plaintext at or above
-/// it, the product's scale `product_scale` equal to the earlier terms'
-/// (`scale`, recorded on the first term).
-///
-/// # Errors
-/// [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`]; `scale` is
-/// then unchanged.
+/// Checks one ct×pt term at `level`: levels, and `product_scale` equal to the recorded `scale` (set
+/// by the first term). Errors: [`CkksError::LevelMismatch`], [`CkksError::ScaleMismatch`]; `scale`
+/// unchanged then.
 pub(crate) fn check_product_term(
     level: usize,
     scale: &mut Option<f64>,
@@ -54,27 +46,20 @@ pub(crate) fn check_product_term(
     }
 }
 
-/// What an accumulator's `add_products` does with a batch that passed
-/// [`check_batch`].
+/// What an accumulator's `add_products` does with a batch that passed [`check_batch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BatchPath {
     /// No terms: nothing to add.
     Empty,
-    /// The accumulator already holds terms: add one product at a time
-    /// (not a hot path).
+    /// The accumulator already holds terms: add one product at a time (not a hot path).
     OntoEarlierTerms,
     /// An empty accumulator: the one-pass lazy sum, normalised on the way.
     Fresh,
 }
 
-/// The checks of a whole batch of `n_cts` ciphertexts and `n_pts`
-/// plaintexts (the accumulators' `add_products`): equal counts, then
-/// `check(k)` for every term; on any error the recorded `scale` is put
-/// back, so a refused batch leaves the accumulator as it was. On success,
-/// the path to take for an accumulator already holding `terms` terms.
-///
-/// # Errors
-/// [`CkksError::TermCountMismatch`], or the first term's error.
+/// Checks a batch (equal counts, then `check(k)` per term), restoring `scale` on error; returns the
+/// path for an accumulator holding `terms` terms. Errors: [`CkksError::TermCountMismatch`], or the
+/// first term's error.
 pub(crate) fn check_batch(
     n_cts: usize,
     n_pts: usize,
@@ -102,14 +87,8 @@ pub(crate) fn check_batch(
     })
 }
 
-/// [`check_batch`] for several sums, each into a fresh accumulator (sum m
-/// into the one whose scale is `scales[m]`; `lens[m]` its ciphertext and
-/// plaintext counts; `check(m, scale, k)` checks term k of sum m): whether
-/// each sum has terms. On an error every scale is reset to `None`, as a
-/// fresh accumulator's, so no accumulator has changed.
-///
-/// # Errors
-/// As [`check_batch`], for the first sum that fails.
+/// [`check_batch`] for several sums into fresh accumulators; returns whether each has terms,
+/// resetting every scale on error. Errors as `check_batch`.
 pub(crate) fn check_fresh_batches(
     scales: &mut [&mut Option<f64>],
     lens: impl IntoIterator<Item = (usize, usize)>,

@@ -1,45 +1,6 @@
-//! Compact, versioned, validated byte formats for ciphertexts, seeded
-//! ciphertexts, public keys and Galois keys.
-//!
-//! Layout (little-endian):
-//!
-//! | bytes | field |
-//! | --- | --- |
-//! | 4 | magic `CKLR` |
-//! | 1 | format version ([`FORMAT_VERSION`], 2) |
-//! | 1 | kind: 1 ciphertext, 2 seeded ciphertext, 3 public key, 4 Galois keys, 5 compressed ciphertext, 6 rounded seeded ciphertext |
-//! | 1 | log2 N |
-//! | 1 | level |
-//! | 8 | parameter digest ([`crate::CkksParameters::digest`]) |
-//! | … | body |
-//!
-//! Bodies: ciphertext = scale (f64) ‖ c0 ‖ c1; seeded = scale ‖ seed (32) ‖
-//! c0; public key = seed ‖ b (max level); Galois keys = count (u32) ‖ per key
-//! { Galois element (u64) ‖ seed ‖ b_0 … b_L over `q_0..q_L, P` };
-//! compressed ciphertext (level 0 only, [`crate::compress`]) = scale (f64,
-//! of the uncompressed ciphertext) ‖ b (u8) ‖ k (u8) ‖ d (u8) ‖ 0 (u8) ‖
-//! `c0'` at `b − d` bits per coefficient ‖ `c1'` at `b` bits (coefficient
-//! form, same bit stream as the limbs); rounded seeded ciphertext
-//! ([`crate::rounded`]) = scale ‖ seed (32) ‖ d (u8) ‖ 0 0 0 (u8) ‖ limb 0
-//! of `c0'` as `⌊a_0/2^d⌋` at `bits(q_0) − d` bits (coefficient form) ‖
-//! limbs `1..=L` of `c0'` (NTT form).
-//! A polynomial is its limbs in order, limb `i` bit-packed at
-//! `⌈log2 q_i⌉` bits per coefficient (canonical NTT form). Uniform parts are
-//! never sent: they are re-expanded from the seeds with ChaCha8
-//! (`sampling::expand_uniform` defines the expansion).
-//!
-//! Versions: 1 expanded seeds with ChaCha20; 2 (current) with ChaCha8, the
-//! layout being unchanged. Since a seed means a different polynomial, only
-//! the current version is read: any other is
-//! [`CkksError::UnsupportedVersion`].
-//!
-//! Reading checks, before allocating, that the length is exactly what the
-//! header implies; then that every coefficient is below its modulus, the
-//! degree, level and parameter digest match, the scale is finite and
-//! positive, Galois elements are odd, in `(1, 2N)` and distinct, and the
-//! compression parameters pass [`crate::CompressionParams::validate`] (with
-//! the reserved byte 0 and the level 0). Any failure
-//! is a typed [`CkksError`]; no input can make the reader panic.
+//! Versioned, validated byte formats for ciphertexts, keys and compressed forms: a 16-byte header
+//! (magic `CKLR`, [`FORMAT_VERSION`], kind, log2 N, level, parameter digest), then a bit-packed
+//! body. Reading never panics. Layout: docs/design/code-notes.md, "ckks: serialize".
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,8 +13,7 @@ use crate::keys::{GaloisKey, GaloisKeys, PublicKey};
 use crate::rounded::{self, RoundedSeededCiphertext};
 
 const MAGIC: &[u8; 4] = b"CKLR";
-/// Current format version: 2 (seeds expanded with ChaCha8; version 1,
-/// ChaCha20, is refused).
+/// Current format version: 2 (seeds expanded with ChaCha8; version 1, ChaCha20, is refused).
 pub const FORMAT_VERSION: u8 = 2;
 const HEADER: usize = 16;
 
@@ -87,13 +47,8 @@ pub enum ObjectKind {
     RoundedSeededCiphertext,
 }
 
-/// The kind of the object `bytes` claim to hold, from the magic, version
-/// and kind bytes only (the rest is checked by the matching `from_bytes`).
-///
-/// # Errors
-/// [`CkksError::Truncated`] (fewer than 16 bytes), [`CkksError::BadMagic`],
-/// [`CkksError::UnsupportedVersion`], [`CkksError::Malformed`] (unknown
-/// kind byte).
+/// The object kind `bytes` claim, from the header only. Errors: [`CkksError::Truncated`],
+/// `BadMagic`, `UnsupportedVersion`, `Malformed`.
 pub fn peek_kind(bytes: &[u8]) -> Result<ObjectKind> {
     Ok(match kind_byte(bytes)? {
         1 => ObjectKind::Ciphertext,
@@ -127,9 +82,7 @@ fn header(ctx: &Context, kind: Kind, level: usize, out: &mut Vec<u8>) {
     out.extend_from_slice(&ctx.params().digest().to_le_bytes());
 }
 
-/// Bit-packs one polynomial (limbs over `primes`, values `< q`): a
-/// little-endian bit stream of `bits(q)`-bit values, flushed 64 bits at a
-/// time.
+/// Bit-packs one polynomial (limbs over `primes`) at `bits(q)` bits per value.
 fn pack(ctx: &Context, data: &[u64], primes: impl Iterator<Item = usize>, out: &mut Vec<u8>) {
     let n = ctx.degree();
     for (limb, i) in data.chunks_exact(n).zip(primes) {
@@ -137,8 +90,7 @@ fn pack(ctx: &Context, data: &[u64], primes: impl Iterator<Item = usize>, out: &
     }
 }
 
-/// Bit-packs one limb of values `< 2^bits` (`bits ≤ 62`, `limb.len()·bits`
-/// a multiple of 8).
+/// Bit-packs one limb of values `< 2^bits` (`bits ≤ 62`, `limb.len()·bits` a multiple of 8).
 fn pack_limb(limb: &[u64], bits: usize, out: &mut Vec<u8>) {
     out.reserve(limb.len() * bits / 8);
     let mut acc: u128 = 0;
@@ -161,11 +113,7 @@ fn pack_limb(limb: &[u64], bits: usize, out: &mut Vec<u8>) {
     debug_assert_eq!(fill, 0);
 }
 
-/// Unpacks `out.len()` values of `bits` bits from the little-endian bit
-/// stream `raw` (exactly `out.len()·bits/8` bytes): value `k` is read from a
-/// 16-byte window at byte `k·bits/8` (no data-dependent branch; the raw
-/// bytes are copied once into a zero-padded buffer). `Err(k)` for the first
-/// value `≥ q`.
+/// Unpacks `out.len()` values of `bits` bits from `raw`; `Err(k)` for the first `≥ q`.
 fn unpack_limb(raw: &[u8], bits: usize, q: u64, out: &mut [u64]) -> std::result::Result<(), usize> {
     let mut padded = Vec::with_capacity(raw.len() + 16);
     padded.extend_from_slice(raw);
@@ -331,10 +279,7 @@ impl Ciphertext {
         out
     }
 
-    /// Parses and validates bytes from [`Self::to_bytes`].
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`]; never panics.
+    /// Parses and validates [`Self::to_bytes`] output. Errors: [`CkksError`]; never panics.
     pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         let (level, mut r) = open(ctx, bytes, Kind::Ciphertext)?;
         exact_len(bytes, HEADER + 8 + 2 * poly_bytes(ctx, 0..=level))?;
@@ -355,9 +300,7 @@ impl Ciphertext {
 const COMPRESSED_FIXED: usize = HEADER + 8 + 4;
 
 impl CompressedCiphertext {
-    /// Serializes (header at level 0, scale, `b`, `k`, `d`, a zero byte,
-    /// `c0'` at `b − d` bits and `c1'` at `b` bits per coefficient):
-    /// `28 + N·(2b − d)/8` bytes.
+    /// Serializes: `28 + N·(2b − d)/8` bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         let ctx = &self.ctx;
         let p = self.params;
@@ -370,15 +313,8 @@ impl CompressedCiphertext {
         out
     }
 
-    /// Parses and validates bytes from [`Self::to_bytes`]: the header
-    /// (level 0), the scale, the parameters
-    /// ([`CompressionParams::validate`] against `q_0`, reserved byte 0), then
-    /// the exact length before allocating.
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`],
-    /// [`CkksError::InvalidCompression`] for invalid `(b, k, d)`; never
-    /// panics.
+    /// Parses and validates [`Self::to_bytes`] output. Errors: [`CkksError`] (`InvalidCompression`
+    /// for bad `(b, k, d)`); never panics.
     pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         let (level, mut r) = open(ctx, bytes, Kind::Compressed)?;
         if level != 0 {
@@ -434,13 +370,7 @@ impl SeededCiphertext {
         out
     }
 
-    /// Parses an upload: a seeded ciphertext ([`Self::to_bytes`]) or a
-    /// rounded one ([`RoundedSeededCiphertext::to_bytes`], rebuilt with
-    /// [`RoundedSeededCiphertext::to_seeded`]); any other kind is
-    /// [`CkksError::WrongKind`].
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`]; never panics.
+    /// Parses a seeded or rounded upload. Errors: [`CkksError`] (`WrongKind` for other kinds).
     pub fn from_upload_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         if kind_byte(bytes)? == Kind::RoundedSeeded as u8 {
             Ok(RoundedSeededCiphertext::from_bytes(ctx, bytes)?.to_seeded())
@@ -449,10 +379,7 @@ impl SeededCiphertext {
         }
     }
 
-    /// Parses and validates bytes from [`Self::to_bytes`].
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`]; never panics.
+    /// Parses and validates [`Self::to_bytes`] output. Errors: [`CkksError`]; never panics.
     pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         let (level, mut r) = open(ctx, bytes, Kind::Seeded)?;
         exact_len(bytes, HEADER + 40 + poly_bytes(ctx, 0..=level))?;
@@ -479,9 +406,7 @@ fn rounded_len(ctx: &Context, level: usize, dropped: u32) -> usize {
 }
 
 impl RoundedSeededCiphertext {
-    /// Serializes (header, scale, seed, `d`, three zero bytes, limb 0 at
-    /// `bits(q_0) − d` bits per coefficient, limbs `1..=L` bit-packed):
-    /// `N·d/8` bytes fewer than [`SeededCiphertext::to_bytes`] (plus 4).
+    /// Serializes: `N·d/8 − 4` bytes fewer than the seeded form.
     pub fn to_bytes(&self) -> Vec<u8> {
         let ctx = &self.ctx;
         let mut out = Vec::with_capacity(rounded_len(ctx, self.level, self.dropped));
@@ -498,14 +423,8 @@ impl RoundedSeededCiphertext {
         out
     }
 
-    /// Parses and validates bytes from [`Self::to_bytes`]: the header, the
-    /// scale, `d` (`1..=bits(q_0) − 2`, reserved bytes 0), the exact length
-    /// before allocating, then every limb-0 value below `⌈q_0/2^d⌉` and
-    /// every other coefficient below its prime.
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`],
-    /// [`CkksError::InvalidCompression`] for an invalid `d`; never panics.
+    /// Parses and validates [`Self::to_bytes`] output. Errors: [`CkksError`] (`InvalidCompression`
+    /// for a bad `d`); never panics.
     pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         let (level, mut r) = open(ctx, bytes, Kind::RoundedSeeded)?;
         let scale = r.scale()?;
@@ -554,10 +473,7 @@ impl PublicKey {
         out
     }
 
-    /// Parses and validates bytes from [`Self::to_bytes`].
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`]; never panics.
+    /// Parses and validates [`Self::to_bytes`] output. Errors: [`CkksError`]; never panics.
     pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         let (level, mut r) = open(ctx, bytes, Kind::PublicKey)?;
         if level != ctx.max_level() {
@@ -605,11 +521,7 @@ impl GaloisKeys {
         out
     }
 
-    /// Parses and validates bytes from [`Self::to_bytes`] (re-expanding the
-    /// uniform parts from the seeds).
-    ///
-    /// # Errors
-    /// Any deserialisation variant of [`CkksError`]; never panics.
+    /// Parses [`Self::to_bytes`] output, re-expanding seeds. Errors: [`CkksError`]; never panics.
     pub fn from_bytes(ctx: &Arc<Context>, bytes: &[u8]) -> Result<Self> {
         let (level, mut r) = open(ctx, bytes, Kind::GaloisKeys)?;
         if level != ctx.max_level() {
@@ -655,8 +567,7 @@ mod tests {
     use super::*;
     use crate::params::{CkksParameters, Preset};
 
-    /// The bit stream, one bit at a time: value k occupies bits
-    /// `k·bits .. (k+1)·bits`, least significant first.
+    /// The bit stream one bit at a time, least significant first.
     fn naive_pack(values: &[u64], bits: usize) -> Vec<u8> {
         let mut out = vec![0u8; values.len() * bits / 8];
         for (k, &v) in values.iter().enumerate() {

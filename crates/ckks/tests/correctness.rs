@@ -47,10 +47,9 @@ fn encrypt_decrypt_sk_and_pk_every_preset() {
     }
 }
 
-/// The fused encode + encrypt (error added to the integer coefficients
-/// before the NTT) is the two-step path bit for bit, for complex values at
-/// every level: same random generator state, same ciphertext; and it
-/// decrypts to both parts.
+/// The fused encode + encrypt (error added to the integer coefficients before the NTT) is the
+/// two-step path bit for bit, for complex values at every level: same random generator state, same
+/// ciphertext; and it decrypts to both parts.
 #[test]
 fn fused_encode_encrypt_equals_encode_then_encrypt() {
     for &p in presets() {
@@ -145,8 +144,8 @@ fn mul_plain_rescale_add_rotate_every_preset() {
     }
 }
 
-/// Encrypting or decrypting objects of another parameter set used to panic;
-/// it is now a typed error.
+/// Encrypting or decrypting objects of another parameter set used to panic; it is now a typed
+/// error.
 #[test]
 fn regression_cross_context_encrypt_and_decrypt_are_typed_errors() {
     let mut a = fixture(Preset::N8192Depth2Fast, 3);

@@ -1,6 +1,5 @@
-//! Evaluation semantics beyond the basic chain: lazy accumulation, double
-//! hoisting, exact scales, level management, typed errors, and property
-//! tests over random inputs.
+//! Evaluation semantics beyond the basic chain: lazy accumulation, double hoisting, exact scales,
+//! level management, typed errors, and property tests over random inputs.
 
 mod common;
 
@@ -65,11 +64,10 @@ fn mul_accumulator_matches_sum_of_products_and_reference() {
     assert!(f.ev.mul_accumulator(top).unwrap().finish().is_none());
 }
 
-/// `add_products` (one lazy many-term pass per limb, the IFMA kernel where
-/// the CPU has it) against `add_product` one term at a time (tfhe-ntt's
-/// multiply-accumulate): bit-identical sums for term counts on both sides
-/// of the kernel's reduction chunk, at every level, over `Q` and over
-/// `Q·P`, also when mixed with single products afterwards.
+/// `add_products` (one lazy many-term pass per limb, the IFMA kernel where the CPU has it) against
+/// `add_product` one term at a time (tfhe-ntt's multiply-accumulate): bit-identical sums for term
+/// counts on both sides of the kernel's reduction chunk, at every level, over `Q` and over `Q·P`,
+/// also when mixed with single products afterwards.
 #[test]
 fn add_products_is_bit_identical_to_one_product_at_a_time() {
     let mut f = fixture(Preset::N8192Depth2Fast, 32);
@@ -134,8 +132,7 @@ fn add_products_is_bit_identical_to_one_product_at_a_time() {
     }
 }
 
-/// A bad batch is refused whole with a typed error and leaves the
-/// accumulator as it was.
+/// A bad batch is refused whole with a typed error and leaves the accumulator as it was.
 #[test]
 fn add_products_refuses_bad_batches_without_adding_anything() {
     let mut f = fixture(Preset::N8192Depth2Fast, 33);
@@ -173,8 +170,8 @@ fn add_products_refuses_bad_batches_without_adding_anything() {
         Err(CkksError::LevelMismatch { .. })
     ));
     assert_eq!(acc.terms(), 0);
-    // Still usable, and at a scale the refused batch did not pin: a batch of
-    // the other scale is accepted.
+    // Still usable, and at a scale the refused batch did not pin: a batch of the other scale is
+    // accepted.
     let twice: Vec<Plaintext> = (0..3)
         .map(|k| {
             f.enc
@@ -187,12 +184,10 @@ fn add_products_refuses_bad_batches_without_adding_anything() {
     assert_eq!(acc.terms(), 3);
 }
 
-/// `sums_of_products` (every limb walked in tiles across the sums)
-/// against one accumulator per sum fed one product at a time (tfhe-ntt's
-/// multiply-accumulate, no tiling): bit-identical, over `Q` and `Q·P`, at
-/// every level, for sums sharing ciphertexts as giant steps share baby
-/// steps, of different lengths (one past the kernel's reduction chunk) and
-/// empty.
+/// `sums_of_products` (every limb walked in tiles across the sums) against one accumulator per sum
+/// fed one product at a time (tfhe-ntt's multiply-accumulate, no tiling): bit-identical, over `Q`
+/// and `Q·P`, at every level, for sums sharing ciphertexts as giant steps share baby steps, of
+/// different lengths (one past the kernel's reduction chunk) and empty.
 #[test]
 fn sums_of_products_are_bit_identical_to_separate_accumulators() {
     let mut f = fixture(Preset::N8192Depth2Fast, 34);
@@ -254,8 +249,7 @@ fn sums_of_products_are_bit_identical_to_separate_accumulators() {
     }
 }
 
-/// A bad term in any sum refuses the whole call with the term's typed
-/// error.
+/// A bad term in any sum refuses the whole call with the term's typed error.
 #[test]
 fn sums_of_products_refuse_a_bad_sum_with_a_typed_error() {
     let mut f = fixture(Preset::N8192Depth2Fast, 35);
@@ -320,11 +314,10 @@ fn double_hoisting_sums_rotations_before_one_mod_down() {
     assert!(precision_bits(&got, &want) >= 22.0);
 }
 
-/// BSGS inner sum `Σ_b w_b ⊙ rot(x, b)` with double hoisting (extended
-/// rotations × extended plaintexts, one fused ModDown + rescale) against the
-/// plaintext reference and against the ordinary path (hoisted rotations
-/// brought down one by one, ct×pt, rescale), on both prime-size regimes
-/// (the centered lifts take different branches) and every level ≥ 1.
+/// BSGS inner sum `Σ_b w_b ⊙ rot(x, b)` with double hoisting (extended rotations × extended
+/// plaintexts, one fused ModDown + rescale) against the plaintext reference and against the
+/// ordinary path (hoisted rotations brought down one by one, ct×pt, rescale), on both prime-size
+/// regimes (the centered lifts take different branches) and every level ≥ 1.
 #[test]
 fn double_hoisted_dot_product_matches_plain_path_and_reference() {
     for (preset, seed) in [(Preset::N8192Depth2Fast, 41u8), (Preset::N8192Depth2, 42)] {
@@ -559,8 +552,8 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(6))]
 
-    /// `extend` multiplies by P exactly, so ModDown undoes it and the fused
-    /// ModDown + rescale equals the ordinary rescale, bit for bit.
+    /// `extend` multiplies by P exactly, so ModDown undoes it and the fused ModDown + rescale
+    /// equals the ordinary rescale, bit for bit.
     #[test]
     fn prop_extend_then_mod_down_is_exact(seed in any::<u64>(), level in 1usize..3, fast in any::<bool>()) {
         let preset = if fast { Preset::N8192Depth2Fast } else { Preset::N8192Depth2 };

@@ -1,6 +1,5 @@
-//! Seeded ciphertexts with the low bits of `c0` dropped (`rounded`): the
-//! added error against its predicted bound, at every level, through the
-//! byte format and through evaluation.
+//! Seeded ciphertexts with the low bits of `c0` dropped (`rounded`): the added error against its
+//! predicted bound, at every level, through the byte format and through evaluation.
 
 mod common;
 
@@ -15,14 +14,12 @@ fn max_diff(a: &[Complex64], b: &[Complex64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The error the rounding adds, measured as the distance between the
-/// decryptions of the rounded and the original ciphertext (same key, same
-/// seed), stays below `rounded::predicted_error` and above a sixteenth of
-/// it (the bound is a 2^-40 tail: the observed maximum over N parts sits at
-/// about a quarter of it), at every level and from 1 to 24 dropped bits.
-/// Decoding above level 0 reconstructs the integer from every limb
-/// (Garner), so a wrong limb 1 or 2 fails it; a wrong sign of δ in those
-/// limbs gives errors of order q_0/Δ.
+/// The error the rounding adds, measured as the distance between the decryptions of the rounded and
+/// the original ciphertext (same key, same seed), stays below `rounded::predicted_error` and above
+/// a sixteenth of it (the bound is a 2^-40 tail: the observed maximum over N parts sits at about a
+/// quarter of it), at every level and from 1 to 24 dropped bits. Decoding above level 0
+/// reconstructs the integer from every limb (Garner), so a wrong limb 1 or 2 fails it; a wrong sign
+/// of δ in those limbs gives errors of order q_0/Δ.
 #[test]
 fn rounding_adds_at_most_the_predicted_error_at_every_level() {
     let mut f = fixture(Preset::N8192Depth2Fast, 11);
@@ -64,8 +61,8 @@ fn rounding_adds_at_most_the_predicted_error_at_every_level() {
     }
 }
 
-/// The bytes round-trip to the same ciphertext, `N·d/8 − 4` bytes smaller
-/// than the seeded ciphertext's; the kind is peeked as such.
+/// The bytes round-trip to the same ciphertext, `N·d/8 − 4` bytes smaller than the seeded
+/// ciphertext's; the kind is peeked as such.
 #[test]
 fn rounded_ciphertexts_round_trip_and_are_smaller() {
     let mut f = fixture(Preset::N8192Depth2Fast, 12);
@@ -100,8 +97,8 @@ fn rounded_ciphertexts_round_trip_and_are_smaller() {
     }
 }
 
-/// A limb-0 value at or above `⌊(q_0 − 1)/2^d⌋ + 1`, an invalid `d` and non-zero
-/// reserved bytes are typed errors.
+/// A limb-0 value at or above `⌊(q_0 − 1)/2^d⌋ + 1`, an invalid `d` and non-zero reserved bytes are
+/// typed errors.
 #[test]
 fn rounded_ciphertext_fields_are_validated() {
     let mut f = fixture(Preset::N8192Depth2Fast, 13);
@@ -110,8 +107,8 @@ fn rounded_ciphertext_fields_are_validated() {
     let seeded = Encryptor::new(&f.ctx)
         .encrypt_values_sk(&f.enc, &re, &[], 1, scale, &f.sk, &mut f.rng)
         .unwrap();
-    // d = 1: limb 0 at 49 bits, whose all-ones value is above
-    // ⌈q_0/2⌉ (q_0 − 1 has zero bits above the 14th).
+    // d = 1: limb 0 at 49 bits, whose all-ones value is above ⌈q_0/2⌉ (q_0 − 1 has zero bits above
+    // the 14th).
     let bytes = seeded.round_low_bits(1).unwrap().to_bytes();
     // Body: scale (8), seed (32), d and reserved (4), then limb 0.
     let body = 16 + 8 + 32;
@@ -146,10 +143,9 @@ fn rounded_ciphertext_fields_are_validated() {
     ));
 }
 
-/// What the server does with an upload: a product with a plaintext and a
-/// rescale from the top level, from the rounded ciphertext, lands within
-/// the rounding's bound (scaled by the weight) of the same evaluation on
-/// the original ciphertext.
+/// What the server does with an upload: a product with a plaintext and a rescale from the top
+/// level, from the rounded ciphertext, lands within the rounding's bound (scaled by the weight) of
+/// the same evaluation on the original ciphertext.
 #[test]
 fn evaluation_on_a_rounded_ciphertext_carries_the_bound() {
     let mut f = fixture(Preset::N8192Depth2Fast, 14);

@@ -1,5 +1,5 @@
-//! Byte formats: round trips, sizes, and malformed input (random, truncated,
-//! bit-flipped, wrong parameters) giving typed errors, never panics.
+//! Byte formats: round trips, sizes, and malformed input (random, truncated, bit-flipped, wrong
+//! parameters) giving typed errors, never panics.
 
 mod common;
 
@@ -32,8 +32,7 @@ fn objects() -> Objects {
     let ct = f.ev.rescale(&seeded.expand()).unwrap();
     let pk = PublicKey::generate(&f.sk, &mut f.rng);
     let gk = GaloisKeys::generate(&f.sk, &[1], &mut f.rng);
-    // Two rescales without products: declare the scale Δ again (the
-    // content does not matter here).
+    // Two rescales without products: declare the scale Δ again (the content does not matter here).
     let mut ct0 = f.ev.rescale(&ct).unwrap();
     ct0.set_scale(f.ctx.params().scale());
     let p = CompressionParams::choose(
@@ -209,9 +208,8 @@ fn header_fields_are_validated() {
     ));
 }
 
-/// Version 1 expanded seeds with ChaCha20: its bytes (same layout) would
-/// silently mean other polynomials, so every kind refuses them with a typed
-/// error; objects written now carry version 2.
+/// Version 1 expanded seeds with ChaCha20: its bytes (same layout) would silently mean other
+/// polynomials, so every kind refuses them with a typed error; objects written now carry version 2.
 #[test]
 fn version_1_objects_are_refused() {
     assert_eq!(serialize::FORMAT_VERSION, 2);
@@ -256,10 +254,9 @@ proptest! {
         prop_assert!(parse_all(&f, &b).iter().all(|&x| !x));
     }
 
-    /// A valid compressed-ciphertext header with random `(b, k, d)` and a
-    /// random body of about the implied length: parses iff the parameters
-    /// are valid and the length is exact (every bit pattern of the body is
-    /// a valid coefficient), a typed error otherwise; never panics.
+    /// A valid compressed-ciphertext header with random `(b, k, d)` and a random body of about the
+    /// implied length: parses iff the parameters are valid and the length is exact (every bit
+    /// pattern of the body is a valid coefficient), a typed error otherwise; never panics.
     #[test]
     fn compressed_headers_with_random_parameters_and_bodies(
         bits in 0u8..64,
@@ -294,10 +291,9 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// A valid rounded-seeded header at a random level with a random `d`
-    /// and a random body of about the implied length: a typed error unless
-    /// `d` is valid and the length exact; when it parses, it writes back
-    /// the same bytes; never panics.
+    /// A valid rounded-seeded header at a random level with a random `d` and a random body of about
+    /// the implied length: a typed error unless `d` is valid and the length exact; when it parses,
+    /// it writes back the same bytes; never panics.
     #[test]
     fn rounded_headers_with_random_parameters_and_bodies(
         level in 0u8..3,
