@@ -47,8 +47,8 @@ struct Args {
     limit: usize,
     out: PathBuf,
     guided: bool,
-    /// The drafter's weights: `f16` (default) or `q` (the GGUF's own
-    /// quantized weights, the private CLI's default).
+    /// The drafter's weights: `f16` (default) or `q` (the GGUF's own quantized weights, the private
+    /// CLI's default).
     drafter_weights: String,
     /// Sampling temperature (0: greedy, checked against the trajectory).
     temperature: f32,
@@ -107,9 +107,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let args = args(&root)?;
     let path = fetch::ensure_default_model()?;
-    // f32 weights, what a private client verifies with
-    // (`WeightMode::for_private_verify`): the default loader keeps Q4_1
-    // quantized, whose batched and single-position passes differ in the
+    // f32 weights, what a private client verifies with (`WeightMode::for_private_verify`): the
+    // default loader keeps Q4_1 quantized, whose batched and single-position passes differ in the
     // last bits and may flip a near-tie against the sequential reference.
     let model = Model::load_with(
         &path,
@@ -154,8 +153,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut ranks = [0usize; 5];
         // [width][shape]: (tokens, rounds, draft seconds)
         let mut acc = vec![vec![(0usize, 0usize, 0f64); shapes.len()]; args.widths.len()];
-        // Each tree configuration carries its acceptance estimate from
-        // prompt to prompt, as a long-running client would.
+        // Each tree configuration carries its acceptance estimate from prompt to prompt, as a
+        // long-running client would.
         let mut calibration = vec![vec![Calibration::default(); shapes.len()]; args.widths.len()];
         for (index, text) in prompts.iter().enumerate() {
             let prompt = tok.encode(text)?;

@@ -173,9 +173,8 @@ fn main() -> anyhow::Result<()> {
     let guess = Guess::parse(&arg("--guess", "none"))?;
 
     let path = fetch::ensure_default_model()?;
-    // f32 weights, what a private client verifies with
-    // (`WeightMode::for_private_verify`): the default loader keeps Q4_1
-    // quantized, whose batched and single-position passes differ in the
+    // f32 weights, what a private client verifies with (`WeightMode::for_private_verify`): the
+    // default loader keeps Q4_1 quantized, whose batched and single-position passes differ in the
     // last bits and may flip a near-tie against the sequential reference.
     let model = Model::load_with(
         &path,
@@ -261,8 +260,8 @@ fn main() -> anyhow::Result<()> {
             .tokens;
             let mut context = prompt.clone();
             let mut cache = model.new_cache(prompt.len() + cont.len() + t + 1)?;
-            // Keeps the deltas of the latest rows the cache took, which a
-            // client has decrypted (the source of `--guess`).
+            // Keeps the deltas of the latest rows the cache took, which a client has decrypted (the
+            // source of `--guess`).
             let mut log = KeepDeltas::new(PlainLora::new(&adapter));
             model.forward(
                 &context[..context.len() - 1],

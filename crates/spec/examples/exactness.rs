@@ -87,19 +87,17 @@ struct Args {
     shadow: bool,
     guess: bool,
     weights: WeightMode,
-    /// `--drafted-start true`: the drafter's inputs replace pass 0
-    /// (`FixedPoint::drafted_start`).
+    /// `--drafted-start true`: the drafter's inputs replace pass 0 (`FixedPoint::drafted_start`).
     drafted_start: bool,
-    /// `--drafter-estimates true`: the estimate passes run on a quantized
-    /// drafter (`FixedPoint::drafter_estimates`).
+    /// `--drafter-estimates true`: the estimate passes run on a quantized drafter
+    /// (`FixedPoint::drafter_estimates`).
     drafter_estimates: bool,
-    /// `--drafter-weights f16|quantized` (f16 by default; the private CLI
-    /// drafts with the GGUF's quantized weights).
+    /// `--drafter-weights f16|quantized` (f16 by default; the private CLI drafts with the GGUF's
+    /// quantized weights).
     drafter_weights: WeightMode,
-    /// `--temperature t` (t > 0): sample (seed = the prompt's index)
-    /// instead of decoding greedily; the outputs then differ from the
-    /// greedy trajectory by design and are not compared (the χ² tests
-    /// check the distributions), only the rounds are counted.
+    /// `--temperature t` (t > 0): sample (seed = the prompt's index) instead of decoding greedily;
+    /// the outputs then differ from the greedy trajectory by design and are not compared (the χ²
+    /// tests check the distributions), only the rounds are counted.
     temperature: f32,
     /// `--ahead false`: no drafting during a round's last trip.
     ahead: bool,
@@ -107,8 +105,8 @@ struct Args {
     tree: Option<TreeParams>,
 }
 
-/// The plaintext LoRA, with deltas asked for within a tolerance made that
-/// much worse (see the module docs).
+/// The plaintext LoRA, with deltas asked for within a tolerance made that much worse (see the
+/// module docs).
 struct Coarse<'a> {
     exact: PlainLora<'a>,
     noise: f64,
@@ -251,8 +249,8 @@ fn sampling(temperature: f32, index: usize) -> SamplingParams {
     }
 }
 
-/// The held-out prompts of an adapter: prose for the general-English ones,
-/// HumanEval for the code ones.
+/// The held-out prompts of an adapter: prose for the general-English ones, HumanEval for the code
+/// ones.
 fn prompts(root: &Path, adapter: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     let file = if adapter.starts_with("general") {
         "adapters/eval/general_prompts.jsonl"
@@ -277,9 +275,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let args = args(&root)?;
     let path = fetch::ensure_default_model()?;
-    // f32 weights, what a private client verifies with
-    // (`WeightMode::for_private_verify`): the default loader keeps Q4_1
-    // quantized, whose batched and single-position passes differ in the
+    // f32 weights, what a private client verifies with (`WeightMode::for_private_verify`): the
+    // default loader keeps Q4_1 quantized, whose batched and single-position passes differ in the
     // last bits and may flip a near-tie against the sequential reference.
     let model = Model::load_with(
         &path,
@@ -308,8 +305,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // (width, trips) → first divergence per prompt.
         let mut diverged: Vec<Vec<Option<usize>>> =
             vec![Vec::new(); args.widths.len() * args.trips.len()];
-        // (width, trips) → (tokens, rounds, continuations, uncertified rows,
-        // settles, verify round trips, rounds drafted ahead and used).
+        // (width, trips) → (tokens, rounds, continuations, uncertified rows, settles, verify round
+        // trips, rounds drafted ahead and used).
         let mut counts = vec![[0usize; 7]; args.widths.len() * args.trips.len()];
         let mut calibration = vec![Calibration::default(); args.widths.len() * args.trips.len()];
         for (index, text) in prompts[first..first + n].iter().enumerate() {

@@ -1,12 +1,5 @@
-//! Deciding which drafted tokens to keep after a verify pass.
-//!
-//! A round drafts K tokens `d_0 … d_{K-1}` after the verified prefix and runs
-//! the adapted model on the K+1 positions `[last, d_0, …, d_{K-1}]`. Target
-//! row `i` is therefore the adapted model's prediction for the token that
-//! follows `d_{i-1}` (row 0 follows the prefix). Every round yields between
-//! 1 and K+1 tokens: the accepted drafts and one token chosen by the target
-//! model itself (the correction on a rejection, or the *bonus token* when
-//! every draft is accepted).
+//! Deciding which drafted tokens to keep: row `i` of the K+1 verify rows predicts the token after
+//! `d_{i-1}`, so a round yields 1 to K+1 tokens.
 
 use rand::{Rng, RngExt};
 
@@ -18,8 +11,7 @@ use crate::race::Race;
 pub struct RoundOutcome {
     /// How many drafted tokens were accepted (0 ≤ accepted ≤ K).
     pub accepted: usize,
-    /// The tokens to append: the `accepted` drafts followed by one token from
-    /// the target model, so `tokens.len() == accepted + 1`.
+    /// The `accepted` drafts and one target token (`tokens.len() == accepted + 1`).
     pub tokens: Vec<u32>,
 }
 
@@ -37,16 +29,8 @@ impl RoundOutcome {
     }
 }
 
-/// Greedy acceptance: the longest prefix of `drafts` that equals the target
-/// model's argmax at each position, plus the target's argmax after it.
-///
-/// `target_argmax` has K+1 entries (see the module docs for the alignment).
-/// The result is exactly what sequential greedy decoding with the target
-/// model would produce for these positions, which is why greedy private
-/// output can be compared token for token with the plaintext reference.
-///
-/// # Errors
-/// [`SpecError::TargetCount`] when `target_argmax.len() != drafts.len() + 1`.
+/// Greedy acceptance: the longest prefix of `drafts` matching the argmax, plus the next argmax.
+/// Errors: [`SpecError::TargetCount`] unless `target_argmax.len() == drafts.len() + 1`.
 pub fn accept_greedy(drafts: &[u32], target_argmax: &[u32]) -> Result<RoundOutcome, SpecError> {
     check_target_count(drafts.len(), target_argmax.len())?;
     let accepted = drafts
@@ -62,34 +46,15 @@ pub fn accept_greedy(drafts: &[u32], target_argmax: &[u32]) -> Result<RoundOutco
 /// How the drafter chose its tokens, needed by speculative sampling.
 #[derive(Debug, Clone, Copy)]
 pub enum DraftProbs<'a> {
-    /// A deterministic drafter (n-gram lookup, or greedy drafting): each
-    /// draft had probability 1 under the drafter.
+    /// A deterministic drafter: each draft had probability 1.
     PointMass,
-    /// A sampling drafter: row `i` is the distribution `q_i` that `d_i` was
-    /// drawn from (one row per draft, each over the whole vocabulary).
+    /// A sampling drafter: row `i` is the distribution `q_i` that `d_i` was drawn from.
     Sampled(&'a [Vec<f32>]),
 }
 
-/// Exact speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et
-/// al. 2023, "Accelerating LLM decoding with speculative sampling", Alg. 2).
-///
-/// For each draft `d_i` in order: accept with probability
-/// `min(1, p_i(d_i) / q_i(d_i))`; on the first rejection, draw the
-/// replacement from `norm(max(0, p_i − q_i))` and stop; when all K drafts are
-/// accepted, draw the bonus token from `p_K`. The resulting tokens are
-/// distributed exactly as sampling from the target `p` one token at a time.
-/// Each row's randomness is drawn first ([`RowUniforms`]) and its tokens
-/// are picked by an exponential race ([`crate::race`]); see
-/// [`accept_sampled_with`].
-///
-/// `target_probs` are the target model's K+1 distributions after the
-/// sampling transforms (temperature, top-k, top-p, repetition penalty), as
-/// probability vectors summing to 1.
-///
-/// # Errors
-/// [`SpecError::TargetCount`], [`SpecError::DraftProbCount`],
-/// [`SpecError::BadDistribution`] or [`SpecError::TokenOutOfVocab`] when the
-/// inputs are inconsistent; nothing is sampled then.
+/// Exact speculative sampling (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Alg. 2):
+/// accept `d_i` with `min(1, p_i(d_i) / q_i(d_i))`, else draw from `norm(max(0, p_i − q_i))`.
+/// Errors: [`SpecError::TargetCount`], `DraftProbCount`, `BadDistribution`, `TokenOutOfVocab`.
 pub fn accept_sampled<R: Rng + ?Sized>(
     drafts: &[u32],
     draft_probs: DraftProbs<'_>,
@@ -101,15 +66,7 @@ pub fn accept_sampled<R: Rng + ?Sized>(
     accept_sampled_with(drafts, draft_probs, target_probs, &uniforms)
 }
 
-/// The randomness one verify row's sampling step may consume: `accept`, a
-/// uniform in [0, 1) for the acceptance test of the row's draft, and
-/// `race_seed`, the seed of the exponential race ([`crate::race`]) that draws
-/// the row's token (the correction from the residual after a rejection,
-/// or the bonus token). A round draws them for every row before it looks
-/// at the target's distributions, so its outcome is a fixed function of
-/// those distributions ([`accept_sampled_with`]); that is what lets a
-/// fixed-point round decide a row's draw from a bound on its logits
-/// ([`crate::draw_bounds`]).
+/// One verify row's randomness, drawn in advance: `accept` and `race_seed`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowUniforms {
     /// Compared with p(d)/q(d) for the row's draft d.
@@ -129,20 +86,15 @@ impl RowUniforms {
             .collect()
     }
 
-    /// The row's exponential race over `tokens` tokens: the clocks every
-    /// pick of this row reads, whichever weights it races.
+    /// The row's exponential race over `tokens` tokens.
     #[must_use]
     pub fn race(&self, tokens: usize) -> Race {
         Race::new(self.race_seed, tokens)
     }
 }
 
-/// [`accept_sampled`] with the rows' uniforms drawn beforehand: the same
-/// procedure, a deterministic function of its inputs.
-///
-/// # Errors
-/// Those of [`accept_sampled`], and [`SpecError::UniformCount`] when fewer
-/// uniforms than target rows are given.
+/// [`accept_sampled`] with uniforms drawn beforehand. Errors: as `accept_sampled`;
+/// [`SpecError::UniformCount`].
 pub fn accept_sampled_with(
     drafts: &[u32],
     draft_probs: DraftProbs<'_>,
@@ -219,9 +171,7 @@ pub fn sample<R: Rng + ?Sized>(probs: &[f32], rng: &mut R) -> u32 {
     sample_weights(probs.len(), |t| f64::from(probs[t]), rng)
 }
 
-/// The winner of `race` over `norm(max(0, p − q))`; over `p` in the
-/// measure-zero case where the residual vanishes (p ≤ q everywhere, i.e.
-/// p = q).
+/// The winner of `race` over `norm(max(0, p − q))`, or over `p` when that vanishes.
 pub(crate) fn pick_residual(p: &[f32], q: impl Fn(usize) -> f64, race: &Race) -> u32 {
     let residual = |t: usize| (f64::from(p[t]) - q(t)).max(0.0);
     race.winner(residual)
@@ -248,8 +198,7 @@ pub(crate) fn sample_weights<R: Rng + ?Sized>(
             target -= wt;
         }
     }
-    // Rounding left `target` just above the total: the last token with
-    // positive weight is the right answer.
+    // Rounding overshoot: the last token with positive weight is the answer.
     last_positive as u32
 }
 

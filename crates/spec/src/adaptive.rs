@@ -1,12 +1,7 @@
-//! Adaptive K: how many tokens to draft in the next round.
-//!
-//! Model: each draft is accepted independently with probability α (the
-//! per-token agreement of drafter and target). A round that drafts K tokens
-//! then yields E\[tokens\] = (1 − α^{K+1}) / (1 − α) tokens (Leviathan et al.
-//! 2023, Eq. 1), and costs `round + K · draft` (with constant-K padding the
-//! verify cost of a round does not depend on K; without it, `per_position`
-//! adds the marginal verify cost). K is chosen to maximise tokens per unit
-//! cost, with α estimated from recent rounds by exponentially decayed counts.
+//! Adaptive K: with each draft accepted independently with probability α, a round of K drafts
+//! yields (1 − α^{K+1}) / (1 − α) tokens (Leviathan et al. 2023, Eq. 1) at cost `round + K · draft`
+//! (+ `per_position`); K maximises tokens per unit cost, α estimated by exponentially decayed
+//! counts.
 
 /// Costs of one round, in any consistent unit (e.g. ms).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,8 +20,8 @@ impl RoundCost {
     }
 }
 
-/// Expected tokens produced by a round drafting `k` tokens when each is
-/// accepted independently with probability `alpha` (bonus token included).
+/// Expected tokens produced by a round drafting `k` tokens when each is accepted independently with
+/// probability `alpha` (bonus token included).
 #[must_use]
 pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
     let a = alpha.clamp(0.0, 1.0);
@@ -49,10 +44,8 @@ pub struct AdaptiveK {
 }
 
 impl AdaptiveK {
-    /// A controller starting from a prior acceptance rate `prior_alpha`
-    /// worth `prior_weight` observed drafts; `decay` ∈ (0, 1] forgets old
-    /// rounds (1 = never). `k_min` is raised to at least 1 and `k_max` to at
-    /// least `k_min`.
+    /// A controller from prior rate `prior_alpha` worth `prior_weight` drafts; `decay` ∈ (0, 1]
+    /// forgets old rounds; `k_min ≥ 1`, `k_max ≥ k_min`.
     #[must_use]
     pub fn new(
         k_min: usize,
@@ -84,9 +77,7 @@ impl AdaptiveK {
         }
     }
 
-    /// Records a round that drafted `drafted` tokens and accepted `accepted`
-    /// of them. Under the independence model the round showed `accepted`
-    /// successes and, if it stopped early, one failure.
+    /// Records a round that drafted `drafted` tokens and accepted `accepted`.
     pub fn observe(&mut self, drafted: usize, accepted: usize) {
         let accepted = accepted.min(drafted);
         let failures = usize::from(accepted < drafted);

@@ -1,39 +1,8 @@
-//! Delta-guided drafting: the base drafter adds the adapter deltas the
-//! client decrypted for the latest verified position.
-//!
-//! The base model drafts for the adapted one, and on text unlike code the
-//! two disagree often: teacher-forced over the adapted prefix, the base
-//! model's greedy token was the adapted model's 84.7 % of the time on the
-//! general-English adapter (q,k,v,o, r = 16). Every verify round gives the
-//! client the adapter's deltas (alpha/r)·B·A·x at every projection of the
-//! rows it verified, decrypted for its own use. Adding the *latest kept
-//! row's* deltas, unchanged, to every draft position is a crude guess of
-//! the next positions' deltas — a LoRA delta has a large part shared by
-//! neighbouring positions — and raised that agreement to 93.1 % (90.6 % on
-//! the all-linear adapter, from 85.1 %; BENCHMARKS.md, "Delta-guided
-//! drafting", `cargo run --release -p cipherlora-spec --example
-//! drafter_probe`).
-//!
-//! Nothing leaves the client: the guess only changes which tokens are
-//! drafted, and every drafted token is verified as before, so greedy output
-//! still equals sequential adapted decoding and sampling still follows the
-//! adapted distribution (the drafter's distribution `q` is whatever it
-//! sampled from). The server sees rounds of the same width; only the number
-//! of rounds per token falls, which the threat model already counts as what
-//! speculation reveals. The client reuses one delta vector per projection
-//! that it already holds; it solves for nothing about lora_A or lora_B.
-//!
-//! One thing does change with sampling: a seed reproduces a generation
-//! only given the same deltas. The guide is built from the deltas the
-//! client decrypted, so another schedule (whose deltas differ in the last
-//! bits) or CKKS noise may send the seeded generator down another path,
-//! drawing other tokens from the same distribution.
-//!
-//! The idea is the drafting-side counterpart of reusing the previous
-//! token's computation in speculative decoding (e.g. EAGLE's feature-level
-//! drafting, Li et al., ICML 2024, which predicts the target's next hidden
-//! state from its last one); here the target's last adapter deltas are
-//! reused as they are.
+//! Delta-guided drafting: the base drafter adds the adapter deltas the client decrypted for the
+//! latest verified position, a guess of the next positions' deltas (cf. EAGLE's feature reuse, Li
+//! et al., ICML 2024). Nothing leaves the client and every draft is still verified, so outputs are
+//! unchanged; a sampled seed reproduces a generation only given the same deltas. Rationale:
+//! docs/design/code-notes.md, "spec: draft_bias".
 
 use std::collections::HashMap;
 
@@ -41,8 +10,8 @@ use cipherlora_model::{DeltaHook, GroupDeltas, ModelError, PassDeltas, ProjGroup
 
 use crate::SpecError;
 
-/// One (1, d_out) delta per adapted projection, added to every position a
-/// drafter runs (a [`DeltaHook`]). Empty: the plain base model.
+/// One (1, d_out) delta per adapted projection, added to every position a drafter runs (a
+/// [`DeltaHook`]). Empty: the plain base model.
 #[derive(Debug, Clone, Default)]
 pub struct DraftBias {
     rows: HashMap<(usize, ProjGroup), GroupDeltas>,
@@ -55,20 +24,14 @@ impl DraftBias {
         Self::default()
     }
 
-    /// Row `row` of a verify pass's deltas ((T, d_out) per projection).
-    ///
-    /// # Errors
+    /// Row `row` of a verify pass's deltas ((T, d_out) per projection). Errors:
     /// [`SpecError::Model`] when `row` is past a delta's rows.
     pub fn from_row(deltas: &PassDeltas, row: usize) -> Result<Self, SpecError> {
         Self::from_rows(deltas, row..row + 1)
     }
 
-    /// The mean of rows `rows` (non-empty) of a verify pass's deltas
-    /// ((T, d_out) per projection).
-    ///
-    /// # Errors
-    /// [`SpecError::Config`] when `rows` is empty, [`SpecError::Model`] when
-    /// it is past a delta's rows.
+    /// The mean of rows `rows` of a verify pass's deltas. Errors: [`SpecError::Config`] for empty
+    /// `rows`, [`SpecError::Model`] past a delta's rows.
     pub fn from_rows(deltas: &PassDeltas, rows: std::ops::Range<usize>) -> Result<Self, SpecError> {
         if rows.is_empty() {
             return Err(SpecError::Config(
@@ -92,12 +55,8 @@ impl DraftBias {
         Ok(Self { rows: out })
     }
 
-    /// The bias as the deltas of a pass of `t` positions, (t, d_out) per
-    /// projection: a verify pass's guessed first estimate
-    /// ([`cipherlora_model::FixedPointPass::start_sending`]).
-    ///
-    /// # Errors
-    /// [`SpecError::Model`] when a broadcast fails.
+    /// The bias as deltas of a `t`-position pass, (t, d_out) per projection (a guessed first
+    /// estimate). Errors: [`SpecError::Model`] when a broadcast fails.
     pub fn pass_deltas(&self, t: usize) -> Result<PassDeltas, SpecError> {
         let mut out = PassDeltas::with_capacity(self.rows.len());
         for (&key, one) in &self.rows {

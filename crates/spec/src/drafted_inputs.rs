@@ -1,19 +1,6 @@
-//! The LoRA inputs the base drafter computes while it drafts, kept as the
-//! next verify pass's first estimate
-//! ([`crate::schedule::FixedPoint::drafted_start`]).
-//!
-//! A chain drafter feeds the window's positions one by one: the round's
-//! last verified token, then each draft but the last. At every adapted
-//! projection group it computes that position's LoRA input x, the same
-//! quantity a verify pass's pass 0 computes, only with the drafter's
-//! weights, its own guide ([`crate::draft_bias`]) and, when it drafted
-//! ahead, its own keys and values for the predicted path. Recording them
-//! (and feeding the last draft once more) gives a first estimate of the
-//! fixed point ([`cipherlora_model::FixedPointPass`]) without a plaintext
-//! pass of the verify width: the client's costliest step per trip.
-//!
-//! Nothing leaves the client but what pass 0 would send: the same groups'
-//! inputs for the same T positions, encrypted.
+//! The LoRA inputs the base drafter computes while drafting, kept as the next verify pass's first
+//! estimate ([`crate::schedule::FixedPoint::drafted_start`]): it saves the client a plaintext pass
+//! of the verify width. Only pass 0's encrypted inputs leave the client, as without it.
 
 use std::collections::HashMap;
 
@@ -22,8 +9,8 @@ use cipherlora_model::{DeltaHook, GroupDeltas, GroupInput, ModelError, ProjGroup
 use crate::SpecError;
 use crate::draft_bias::DraftBias;
 
-/// Per adapted group, the inputs (1, d_in) of the positions a drafter fed
-/// since the last [`DraftedInputs::clear`], in order.
+/// Per adapted group, the inputs (1, d_in) of the positions a drafter fed since the last
+/// [`DraftedInputs::clear`], in order.
 #[derive(Debug, Default)]
 pub(crate) struct DraftedInputs {
     /// The verifier's groups in forward order.
@@ -33,8 +20,8 @@ pub(crate) struct DraftedInputs {
 }
 
 impl DraftedInputs {
-    /// A recorder for `groups` (the groups the verifier adapts, in forward
-    /// order: `cipherlora_model::wanted_groups`).
+    /// A recorder for `groups` (the groups the verifier adapts, in forward order:
+    /// `cipherlora_model::wanted_groups`).
     pub(crate) fn new(groups: Vec<(usize, ProjGroup)>) -> Self {
         let index = groups.iter().enumerate().map(|(i, &g)| (g, i)).collect();
         let rows = vec![Vec::new(); groups.len()];
@@ -50,12 +37,9 @@ impl DraftedInputs {
         self.rows.iter_mut().for_each(Vec::clear);
     }
 
-    /// Every group's recorded positions as one (t, d_in) input, in forward
-    /// order, and clears the record; `None` (and cleared all the same)
-    /// unless exactly `t` positions were recorded for every group.
-    ///
-    /// # Errors
-    /// [`SpecError::Model`] when the rows do not concatenate.
+    /// Every group's recorded positions as one (t, d_in) input, forward order, and clears the
+    /// record; `None` unless exactly `t` positions per group. Errors: [`SpecError::Model`] when the
+    /// rows do not concatenate.
     pub(crate) fn take(&mut self, t: usize) -> Result<Option<Vec<GroupInput>>, SpecError> {
         if self.groups.is_empty() || self.rows.iter().any(|r| r.len() != t) {
             self.clear();
@@ -84,8 +68,8 @@ impl DraftedInputs {
     }
 }
 
-/// A drafter's hook: adds `bias` ([`DraftBias`]) and, with a recorder,
-/// keeps every adapted group's input of the position fed.
+/// A drafter's hook: adds `bias` ([`DraftBias`]) and, with a recorder, keeps every adapted group's
+/// input of the position fed.
 pub(crate) struct Recording<'a> {
     pub bias: &'a mut DraftBias,
     pub inputs: Option<&'a mut DraftedInputs>,
@@ -136,8 +120,8 @@ mod tests {
             inputs: Some(&mut rec),
         };
         assert!(hook.wants(1, ProjGroup::O) && !hook.wants(0, ProjGroup::O));
-        // A first feed of three positions (only its last is in the window),
-        // then two single positions.
+        // A first feed of three positions (only its last is in the window), then two single
+        // positions.
         let first = Tensor::cat(&[row(9.0), row(8.0), row(1.0)], 0).unwrap();
         for x in [&first, &row(2.0), &row(3.0)] {
             for (l, g) in [(0, ProjGroup::Qkv), (1, ProjGroup::O)] {

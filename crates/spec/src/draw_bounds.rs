@@ -1,43 +1,6 @@
-//! Certifying a sampled row's *draw* from a bound on its logits.
-//!
-//! Exact speculative sampling (Leviathan et al. 2023, Algorithm 1;
-//! [`crate::acceptance::accept_sampled_with`]) is, once each row's uniforms
-//! are drawn ([`RowUniforms`]), a deterministic function of the target's
-//! distributions. Under the fixed-point schedule the client knows a row's
-//! logits only to within a bound ε (absolute, per logit: the row's last
-//! change times [`crate::schedule::error_factor`]). A round's draws are
-//! *decided* when every set of distributions whose logits lie within the
-//! rows' bounds gives the same outcome with these uniforms; the outcome is
-//! then the exact one, whatever the remaining error, and the round needs
-//! no more trips. Certifying the whole distribution instead (every logit
-//! within [`crate::schedule::FixedPoint::sampling_tolerance`], 10⁻⁴)
-//! took 6–7 exact trips per decided round where greedy rows take two
-//! (BENCHMARKS.md, "Sampling under the fixed point").
-//!
-//! **Bounds.** With temperature τ and repetition penalty θ (a map of
-//! Lipschitz constant max(θ, 1/θ) on each logit), the exact unnormalised
-//! weights exp(ℓ/τ) lie within a factor e^{±δ} of the estimate's, up to one
-//! common factor, with δ = max(θ, 1/θ)·ε/τ ([`log_weight_bound`]); the
-//! normalised probabilities within e^{±2δ}. Tokens are picked by an
-//! exponential race ([`crate::race`]), whose winner does not depend on a
-//! common factor and stays the winner unless two clocks nearly tie: the
-//! bonus pick uses the first bound, acceptance tests and residuals the
-//! second. Top-k and top-p move probability mass discontinuously when
-//! the ranks near their cut change: rows sampled with them are not covered
-//! and keep the tolerance rule.
-//!
-//! **Undecided rows continue the round; they never shorten it.** Whether a
-//! row's draw is decided depends on its uniforms (a uniform near p(d)/q(d)
-//! is undecided more often). Ending the round before such a row and
-//! drawing that position afresh next round would mix two procedures on
-//! events that depend on the first one's randomness, which biases the
-//! output. So the rows a round may use are fixed before any uniform is
-//! looked at (the leading rows whose bound is within a tolerance that
-//! depends on the bounds alone, [`DrawCut`]), and while any draw among them
-//! is undecided the round makes another exact trip with the same uniforms.
-//! `tests/speculative_sampling_chi2.rs` checks both: the rule passes the
-//! χ² test against the target's distribution and the shortening rule
-//! fails it.
+//! Certifying a sampled row's *draw* from a bound on its logits: with uniforms drawn first, a round
+//! is decided when every distribution within the bounds gives the same outcome (Leviathan et al.
+//! 2023, Algorithm 1). Notes: docs/design/code-notes.md, "spec: draw_bounds".
 
 use std::cell::Cell;
 
@@ -46,26 +9,19 @@ use cipherlora_model::SamplingParams;
 use crate::acceptance::{DraftProbs, RowUniforms};
 use crate::race::Race;
 
-/// Relative slack added to every bound for the rounding of the f32
-/// probabilities the acceptance code computes from the logits.
+/// Relative slack for the rounding of the f32 probabilities.
 const ROUNDING: f64 = 1e-5;
 
-/// One verify row for [`decided`]: the target's probabilities computed from
-/// the estimated logits (after the sampling transforms, summing to 1) and
-/// the bound δ on its unnormalised log-weights ([`log_weight_bound`]).
+/// One verify row: its estimated probabilities and bound δ on its log-weights.
 #[derive(Debug, Clone, Copy)]
 pub struct BoundedRow<'a> {
     /// The estimate's probabilities, over the whole vocabulary.
     pub probs: &'a [f32],
-    /// |log w_exact(x) − log w_estimate(x) − c| ≤ `delta` for one c and
-    /// every token x.
+    /// |log w_exact(x) − log w_estimate(x) − c| ≤ `delta` for one c and every x.
     pub delta: f64,
 }
 
-/// δ for a row whose logits are known to within `logit_bound` (absolute)
-/// under `params`: max(θ, 1/θ)·ε/τ. `None` where draws cannot be certified
-/// from a logit bound: greedy decoding (certified by margins instead), and
-/// top-k or top-p truncation.
+/// δ = max(θ, 1/θ)·ε/τ; `None` for greedy or top-k/top-p.
 #[must_use]
 pub fn log_weight_bound(logit_bound: f32, params: &SamplingParams) -> Option<f64> {
     let covered =
@@ -78,16 +34,7 @@ pub fn log_weight_bound(logit_bound: f32, params: &SamplingParams) -> Option<f64
     Some(lipschitz * f64::from(logit_bound) / f64::from(params.temperature))
 }
 
-/// Whether [`crate::acceptance::accept_sampled_with`] over `rows` (K + 1
-/// rows for the K `drafts`, row r's estimate and bound) with `uniforms`
-/// gives the same outcome for every distribution within the rows' bounds.
-/// Walks the rows as the acceptance does: an acceptance test decided for
-/// acceptance goes on to the next row; one decided for rejection ends the
-/// walk with the residual's pick; the last row's bonus pick ends it too.
-/// Any undecided test or pick makes the whole round undecided.
-///
-/// `rows.len()` must be `drafts.len() + 1` and `uniforms` must cover them
-/// (false otherwise: nothing is decided).
+/// Whether acceptance gives the same outcome for every distribution within the bounds.
 #[must_use]
 pub fn decided(
     drafts: &[u32],
@@ -137,9 +84,7 @@ pub fn decided(
     pick_decided(last, &uniforms[drafts.len()].race(last.probs.len()))
 }
 
-/// Whether the row's bonus pick by `race` is the same token for every
-/// distribution within its bound (a common factor does not change a
-/// race's winner: the unnormalised bound δ applies).
+/// Whether the row's bonus pick by `race` is the same for every distribution within its bound.
 fn pick_decided(row: BoundedRow<'_>, race: &Race) -> bool {
     let p = |t: usize| f64::from(row.probs[t]);
     let spread = row.delta + ROUNDING;
@@ -152,11 +97,7 @@ fn pick_decided(row: BoundedRow<'_>, race: &Race) -> bool {
     })
 }
 
-/// The rows a sampled round may use, fixed the first time any row is
-/// usable: the leading rows whose logit bound is at most the tolerance.
-/// The cut depends on the bounds alone, never on the uniforms, and does
-/// not move afterwards: a continuation only tightens the bounds of the
-/// same rows until their draws are decided (module docs).
+/// The rows a sampled round may use, fixed from the bounds alone.
 #[derive(Debug, Default)]
 pub struct DrawCut {
     rows: Cell<Option<usize>>,
@@ -169,9 +110,7 @@ impl DrawCut {
         Self::default()
     }
 
-    /// The cut: fixed already, or the leading rows of `bounds` (one logit
-    /// bound per real row) at most `tolerance`, fixed now if there are any.
-    /// 0 while no row is within the tolerance.
+    /// The cut: fixed already, or the leading rows within `tolerance`; 0 while none is.
     pub fn rows(&self, bounds: &[f32], tolerance: f32) -> usize {
         if let Some(m) = self.rows.get() {
             return m;
@@ -204,10 +143,7 @@ mod tests {
     }
 
     proptest! {
-        /// The soundness claim: a decided round's outcome, computed from
-        /// the estimate, is the outcome of every exact distribution within
-        /// the bound (here: one drawn at random inside it, and the corners
-        /// ±ε).
+        /// A decided round's outcome is every exact distribution's within the bound.
         #[test]
         fn a_decided_draw_is_the_exact_draw(
             logits in proptest::collection::vec(proptest::collection::vec(-3.0f64..3.0, 6), 3),
@@ -265,8 +201,7 @@ mod tests {
             tight += usize::from(decided(&[], DraftProbs::PointMass, &[row(0.0)], &u));
             wide += usize::from(decided(&[], DraftProbs::PointMass, &[row(5.0)], &u));
         }
-        // A zero bound decides every race; e^±10 between two clocks
-        // decides next to none.
+        // A zero bound decides every race; e^±10 between two clocks decides next to none.
         assert_eq!((tight, wide), (20, 0));
     }
 

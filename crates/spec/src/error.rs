@@ -4,8 +4,8 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
-    /// The verifier returned a number of positions that does not match the
-    /// draft: verifying K drafts needs exactly K+1 target rows.
+    /// The verifier returned a number of positions that does not match the draft: verifying K
+    /// drafts needs exactly K+1 target rows.
     #[error("verify returned {got} target rows for {drafts} drafts (expected drafts + 1)")]
     TargetCount {
         /// Number of drafted tokens.
@@ -38,10 +38,7 @@ pub enum SpecError {
         /// Number of rows of uniforms supplied.
         got: usize,
     },
-    /// Acceptance rates by drafter rank
-    /// ([`crate::tree_plan::RankAcceptance`]) that are not probabilities of
-    /// disjoint events: none given, one outside [0, 1] or not a number, or
-    /// rates summing above 1.
+    /// Rank acceptance rates that are not probabilities of disjoint events.
     #[error("invalid acceptance by rank: {reason}")]
     BadRankAcceptance {
         /// What is wrong with them.
@@ -57,19 +54,15 @@ pub enum SpecError {
         /// Vocabulary size.
         vocab: usize,
     },
-    /// The generation was configured inconsistently (empty prompt, K = 0
-    /// with a drafter, …).
+    /// The generation was configured inconsistently (empty prompt, K = 0 with a drafter, …).
     #[error("invalid generation settings: {0}")]
     Config(String),
-    /// Returned by an `on_tokens` callback to end the generation early (a
-    /// stop sequence was seen, or whoever waits for the tokens is gone).
-    /// The generator then returns `Ok` with the tokens so far and
-    /// [`SpecOutput::stopped_by_caller`](crate::decode::SpecOutput) set; it
-    /// never returns this variant itself.
+    /// Returned by an `on_tokens` callback to stop early; the generator then returns `Ok` with
+    /// [`SpecOutput::stopped_by_caller`](crate::decode::SpecOutput) set.
     #[error("the caller stopped the generation")]
     Stopped,
-    /// The forward pass, the sampler or the delta hook (in private mode: the
-    /// HE client or the transport) failed.
+    /// The forward pass, the sampler or the delta hook (in private mode: the HE client or the
+    /// transport) failed.
     #[error(transparent)]
     Model(#[from] cipherlora_model::ModelError),
 }

@@ -1,12 +1,6 @@
-//! Prompt-lookup (n-gram) drafting: free drafts copied from the context.
-//!
-//! The drafter finds the most recent earlier occurrence of the context's
-//! last n tokens (n from `max_ngram` down to `min_ngram`) and proposes the
-//! tokens that followed it (Saxena 2023, "Prompt lookup decoding"; the
-//! lookahead/n-gram drafting of the split-inference paper in
-//! ../shared/papers). It needs no model, so it costs nothing, but on fresh
-//! text it rarely matches (about 1.2 tokens per round measured on a real
-//! adapter), which is why the hybrid drafter exists.
+//! Prompt-lookup (n-gram) drafting (Saxena 2023): propose the tokens that followed the most recent
+//! earlier occurrence of the context's last n tokens (n from `max_ngram` down to `min_ngram`).
+//! Free, but rarely matching on fresh text.
 
 /// Prompt-lookup drafter configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,19 +21,14 @@ impl Default for PromptLookup {
 }
 
 impl PromptLookup {
-    /// Proposes up to `k` tokens to follow `context`.
-    ///
-    /// Returns fewer than `k` tokens (possibly none) when the match is near
-    /// the end of the context or no suffix of length ≥ `min_ngram` recurs.
-    /// Cost: O(len(context) · max_ngram) per call.
+    /// Proposes up to `k` tokens to follow `context`, fewer (or none) near its end or without a
+    /// match; O(len(context) · max_ngram).
     #[must_use]
     pub fn draft(&self, context: &[u32], k: usize) -> Vec<u32> {
         self.draft_with_match(context, k).0
     }
 
-    /// [`PromptLookup::draft`] and the length n of the suffix that matched
-    /// (0 when none did): a longer match predicts its continuation better,
-    /// which adaptive drafters use to choose how much to draft.
+    /// [`PromptLookup::draft`] and the matched suffix length (0: none).
     #[must_use]
     pub fn draft_with_match(&self, context: &[u32], k: usize) -> (Vec<u32>, usize) {
         let min = self.min_ngram.max(1);

@@ -1,24 +1,13 @@
-//! Drawing a token by an exponential race (the Gumbel-max trick in the
-//! form of exponential clocks; Huijben et al. 2022, "A Review of the
-//! Gumbel-max Trick and its Extensions for Discrete Stochasticity in
-//! Machine Learning", §2).
-//!
-//! Token t's clock rings at E_t / w_t with E_t ~ Exp(1) independent; the
-//! first clock to ring is token t with probability w_t / Σw, for any
-//! non-negative weights, normalised or not. Speculative sampling draws its
-//! corrections and bonus tokens this way rather than by inverse CDF for
-//! one reason: a small relative error in every weight moves every clock by
-//! a small factor, so the winner stays the winner unless two clocks nearly
-//! tie; an inverse-CDF point moves with the error of the whole cumulative
-//! sum, so a draw from a flat distribution (many tokens near 10⁻³) is
-//! undecided under any bound wider than its tokens
-//! ([`crate::draw_bounds`]).
+//! Drawing a token by an exponential race (the Gumbel-max trick as exponential clocks; Huijben et
+//! al. 2022, §2): token t rings at E_t / w_t, E_t ~ Exp(1), winning with probability w_t / Σw.
+//! Unlike an inverse CDF, the winner is stable under small relative weight errors, which
+//! [`crate::draw_bounds`] needs.
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// One row's clocks' Exp(1) variables, token by token, from a 64-bit seed
-/// (ChaCha8): the same seed gives the same race.
+/// One row's clocks' Exp(1) variables, token by token, from a 64-bit seed (ChaCha8): the same seed
+/// gives the same race.
 #[derive(Debug, Clone)]
 pub struct Race {
     clocks: Vec<f64>,
@@ -34,9 +23,8 @@ impl Race {
         Self { clocks }
     }
 
-    /// The token whose clock E_t / w_t rings first among those of positive
-    /// weight (the lowest index on ties); `None` when no weight is
-    /// positive. `w` is read for tokens `0..n`.
+    /// The token whose clock rings first among positive weights (lowest index on ties); `None` if
+    /// none is positive. Reads `w` for `0..n`.
     pub fn winner(&self, w: impl Fn(usize) -> f64) -> Option<u32> {
         let mut best: Option<(usize, f64)> = None;
         for (t, &e) in self.clocks.iter().enumerate() {
@@ -51,9 +39,8 @@ impl Race {
         best.map(|(t, _)| t as u32)
     }
 
-    /// Whether token `t` wins for every weight vector w with lo ≤ w ≤ hi:
-    /// its latest possible ring, E_t / lo_t, comes before every other
-    /// token's earliest, E_s / hi_s.
+    /// Whether token `t` wins for every w with lo ≤ w ≤ hi: E_t / lo_t before every other E_s /
+    /// hi_s.
     pub fn wins_within(
         &self,
         t: usize,
@@ -89,8 +76,8 @@ mod tests {
             counts[t as usize] += 1;
         }
         let total: f64 = w.iter().sum();
-        // χ² over the three tokens of positive weight (2 degrees of
-        // freedom; 13.8 is the 0.999 quantile).
+        // χ² over the three tokens of positive weight (2 degrees of freedom; 13.8 is the 0.999
+        // quantile).
         let chi2: f64 = [0, 2, 3]
             .iter()
             .map(|&t| {

@@ -1,35 +1,18 @@
-//! The deltas each cached row was computed with: where a settling starts.
-//!
-//! Under a shadow cache ([`crate::schedule::FixedPoint::shadow`]) a round
-//! that stalls on the cached rows' residual reruns those rows
-//! (`schedule::settle`). Rerun from the base model, every row pays the
-//! whole fixed point again (two rounds' worth of trips, from an error of
-//! the size of the delta itself). Rerun from the deltas the row was last
-//! computed with, its first pass reproduces the cached row (up to the
-//! storage's rounding) and every trip after it contracts the row's
-//! residual further: one round of trips leaves it a round's trips more
-//! converged than it was, and the shadow one trip behind that (the
-//! warm-start of any fixed-point iteration, e.g. Kelley, *Iterative Methods
-//! for Linear and Nonlinear Equations*, SIAM 1995, §4.2).
-//!
-//! The log holds those deltas row by row, in f16: a start needs no more
-//! precision than the first trip's contraction removes (f16's relative
-//! rounding, ≈ 5e-4, is what two trips of a fresh round leave on prose),
-//! and it halves the memory, which is per row `2 · Σ d_out` bytes over the
-//! adapted projections (≈ 92 kB for the default model's q,k,v,o adapter,
-//! about twice its f32 KV row). Nothing here leaves the client.
+//! The deltas each cached row was last computed with, in f16 (`2 · Σ d_out` bytes per row): a
+//! settling pass starts from them (a warm start: Kelley, *Iterative Methods for Linear and
+//! Nonlinear Equations*, SIAM 1995, §4.2), so its first pass reproduces the row and each trip
+//! contracts its residual further. Nothing here leaves the client.
 
 use candle_core::DType;
 use cipherlora_model::{GroupDeltas, PassDeltas, Proj, Tensor};
 
 use crate::SpecError;
 
-/// One stored stretch of rows: `(rows, deltas)` with (rows, d_out) f16
-/// tensors per adapted projection.
+/// One stored stretch of rows: `(rows, deltas)` with (rows, d_out) f16 tensors per adapted
+/// projection.
 type Chunk = (usize, PassDeltas);
 
-/// The deltas of cached rows `0..len()` (the rows a [`RowDeltas::push`]
-/// appended, in cache order).
+/// The deltas of cached rows `0..len()` (the rows a [`RowDeltas::push`] appended, in cache order).
 #[derive(Debug, Default)]
 pub(crate) struct RowDeltas {
     chunks: Vec<Chunk>,
@@ -40,8 +23,7 @@ fn model_err(e: impl Into<cipherlora_model::ModelError>) -> SpecError {
     SpecError::Model(e.into())
 }
 
-/// Rows `rows` (indices into the pass's T rows) of every delta of `deltas`,
-/// converted to `dtype`.
+/// Rows `rows` (indices into the pass's T rows) of every delta of `deltas`, converted to `dtype`.
 fn select(deltas: &PassDeltas, rows: &[usize], dtype: DType) -> Result<PassDeltas, SpecError> {
     let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
     let mut index: Option<Tensor> = None;
@@ -76,10 +58,7 @@ impl RowDeltas {
         self.len
     }
 
-    /// Appends rows `rows` (in that order) of a pass's deltas ((T, d_out)
-    /// per adapted projection).
-    ///
-    /// # Errors
+    /// Appends rows `rows` of a pass's deltas ((T, d_out) per projection). Errors:
     /// [`SpecError::Model`] when a row is past a delta's rows.
     pub(crate) fn push(&mut self, deltas: &PassDeltas, rows: &[usize]) -> Result<(), SpecError> {
         if rows.is_empty() {
@@ -91,10 +70,7 @@ impl RowDeltas {
         Ok(())
     }
 
-    /// Appends rows `0..n` of a pass's deltas.
-    ///
-    /// # Errors
-    /// As [`RowDeltas::push`].
+    /// Appends rows `0..n` of a pass's deltas; errors as [`RowDeltas::push`].
     pub(crate) fn push_first(&mut self, deltas: &PassDeltas, n: usize) -> Result<(), SpecError> {
         self.push(deltas, &(0..n).collect::<Vec<_>>())
     }
@@ -124,12 +100,8 @@ impl RowDeltas {
         }
     }
 
-    /// The deltas of rows `rows` as a pass of `t ≥ rows.len()` positions in
-    /// f32, the last row repeated into the padding: a settling pass's first
-    /// estimate. `None` when a row is not logged.
-    ///
-    /// # Errors
-    /// [`SpecError::Model`] when a tensor operation fails.
+    /// The deltas of `rows` as a `t`-position pass in f32, padding repeating the last row; `None`
+    /// when a row is not logged. Errors: [`SpecError::Model`].
     pub(crate) fn start(
         &self,
         rows: std::ops::Range<usize>,
@@ -195,8 +167,8 @@ mod tests {
 
     use super::*;
 
-    /// A pass of `t` rows whose row `i`, projection column `j` holds
-    /// `tag + i + j / 8` (exact in f16 for the sizes used here).
+    /// A pass of `t` rows whose row `i`, projection column `j` holds `tag + i + j / 8` (exact in
+    /// f16 for the sizes used here).
     fn pass(tag: f32, t: usize) -> PassDeltas {
         let dev = candle_core::Device::Cpu;
         let mk = |w: usize| {

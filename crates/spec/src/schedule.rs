@@ -1,117 +1,6 @@
-//! How a verify pass gets its adapter deltas: one round trip per layer
-//! group, or a fixed point over layers in a constant number of batched
-//! round trips, with the rows it can vouch for.
-//!
-//! # Exactness of the fixed-point schedule
-//!
-//! [`cipherlora_model::FixedPointPass`] converges to the sequentially
-//! computed pass; after a finite number of round trips its logits differ
-//! from the exact ones by a residual that shrinks by a large factor per trip
-//! (BENCHMARKS.md, "Fewer round trips": the convergence table). A row's
-//! greedy token is *certified* when its top-1/top-2 logit margin exceeds
-//! `margin` × a bound on its logits' remaining error. With a contraction
-//! factor ρ per trip, that error is at most change·ρ/(1−ρ), where change is
-//! the largest move of any of its logits over the last round trip; the
-//! argmax cannot flip while every logit is off by less than half the
-//! margin. The bound uses the row's own observed contraction (last change
-//! over the one before), clamped to [0.2, 1/2] ([`error_factor`]), and 1/2
-//! after a single trip. Measured on the committed
-//! adapters, on random all-linear ones and on q,k,v,o adapters at 4× the
-//! trained strength (BENCHMARKS.md, convergence table): ρ ≈ 0.1 per trip
-//! (median), 0.2 in the worst window, and no certified row was ever wrong.
-//! The encrypted deltas carry CKKS noise either way; the sequential
-//! protocol has the same noise, and greedy equality with the plaintext
-//! reference rests on the same margins. Sampling needs the whole
-//! distribution, so a row is certified there only when the same bound on
-//! its logits' remaining error is at most `sampling_tolerance` (1e-4 by
-//! default: every probability within a relative 2·10⁻⁴ of the exact
-//! pass's); that takes about two more trips than greedy, spent as
-//! continuation rounds.
-//!
-//! The keys and values a round keeps come from its last pass, whose inputs
-//! are off by the residual of the fixed point (relative 1e-2 after two trips,
-//! 1e-3 after three; 3e-6, the float32 floor, after six). Later rounds read
-//! them, so their logits carry that residual too; the margin rule of each
-//! later round measures only its own iteration, not the inherited residual.
-//! Measured in plaintext, two trips per round changed the greedy output of
-//! 7 of 80 generations of 64 tokens at a later near-tie, three (the
-//! default) changed none (BENCHMARKS.md, "How often the fixed point changes
-//! the greedy output"): the schedule is exact only as far as measured. This is why prefill passes make five trips (or run group by
-//! group, [`Prefill::PerGroup`]) and why the end-to-end tests compare every
-//! private output with the plaintext reference token for token.
-//!
-//! Only certified rows are used: the round accepts greedily along them
-//! (drafts before the first uncertified row, and the bonus token only if its
-//! row is certified). When even row 0 is uncertified, the round is
-//! *continued*: the same pass gets `round_trips` more round trips. The
-//! server sees every round as exactly `round_trips` round trips of the same
-//! width, asking the same precision trip by trip (a continuation's trips
-//! repeat a round's pattern of coarse and exact trips; streamed or batched:
-//! [`FixedPoint::streamed`] changes when each request leaves, which follows
-//! the client's compute, not which or how many), so a continuation looks
-//! like a round that accepted few tokens: it reveals nothing beyond the
-//! rounds-per-token count that speculative decoding already reveals (threat
-//! model, guarantee 5; README).
-//!
-//! # The inherited residual
-//!
-//! With [`FixedPoint::shadow`] the certification also bounds the residual
-//! the cached rows carry. The decoder keeps a second cache, the *shadow*,
-//! whose rows are each round's pass before its last (one trip less
-//! converged, everywhere, the prompt's rows included). Each round replays
-//! the pass before its last trip against the shadow
-//! ([`FixedPointPass::replay`], while that trip is on the network); the
-//! replay and the pass itself add the same deltas, so their logits differ
-//! only by what the two caches differ by. A row's bound adds
-//! [`INHERITED_FACTOR`] × that distance (the shadow's error is ≈ 1/ρ times
-//! the cache's). Measured in plaintext (BENCHMARKS.md, "Two trips per
-//! round"), the term separates exactly: on the general-English prompt whose
-//! output two trips changed at token 34 (a near-tie 0.005 logits wide, its
-//! inherited bound 0.13), it blocked that row and none of the four other
-//! near-ties of the generation. A row blocked only by the inherited term
-//! cannot be helped by more trips of its own pass: the pass returns
-//! [`Verified::stalled`], the decoder *settles* the rows kept since the
-//! last settling ([`settle`]: one round per pass of the verify width,
-//! started from the deltas each row was last computed with, so a round's
-//! trips more converged) and verifies the same draft again; if that round
-//! stalls too, the prompt's rows are settled as well. The server sees
-//! rounds of the verify width and trip count throughout.
-//!
-//! # A drafted start
-//!
-//! Pass 0 only estimates the inputs of the first trip, and the base
-//! drafter has just computed the same quantities for the same positions
-//! while it drafted them (its LoRA inputs at every adapted group, with its
-//! own weights and guide). With [`FixedPoint::drafted_start`] those are
-//! the first trip's inputs (`crate::drafted_inputs`,
-//! [`FixedPointPass::start_from_inputs`]): the first trip leaves when the
-//! round starts, and the client saves a plaintext pass of the verify width
-//! per round for one more single-position drafter step. The start is a
-//! guess like pass 0's, and the fixed point does not depend on it (one
-//! trip more to be exact by construction: the first group's input is a
-//! guess too). Without pass 0 the first trip's logit change is unknown;
-//! the rows' contraction after the second trip is then the pass's observed
-//! contraction of its inputs (`previous_changes`), clamped to
-//! [[`RHO_FLOOR`], 1/2] as every observed ρ is. The server sees the same
-//! trips, groups and widths.
-//!
-//! # A carried start
-//!
-//! A greedy chain round that stops at an uncertified row (a near-tie its
-//! trips could not settle) leaves its later rows verified to within the
-//! round's residual but unused, and the next round starts at that row. When
-//! the next draft repeats those rows' tokens (the drafter is deterministic
-//! and sees the same prefix), their deltas from the round's last pass
-//! replace the estimate's guess in pass 0 ([`Window::carried`]), so they
-//! start the new round as converged as the old one left them, and the
-//! near-tie now at row 0 is certified after the new round's trips instead
-//! of stopping it again (a continuation). Only pass 0's guess changes, so
-//! the server sees the same trips, and the fixed point, which does not
-//! depend on its start, the same result. Measured in plaintext
-//! (`code-lora-r16`, T = 12, two shadowed trips, 6 prompts × 64 tokens):
-//! continuations 6 → 3, tokens per round 6.51 → 6.86, batched trips per
-//! token 0.31 → 0.29; at T = 8 it changed nothing (5.26 tokens per
-//! round either way; BENCHMARKS.md, "A carried start").
+//! Verify-pass schedules: one round trip per layer group, or a fixed point over layers in a
+//! constant number of batched trips with certified rows. Rationale: docs/design/code-notes.md,
+//! "spec: schedule".
 
 use std::borrow::Cow;
 
@@ -124,19 +13,15 @@ use crate::SpecError;
 use crate::draft_bias::DraftBias;
 use crate::row_deltas::RowDeltas;
 
-/// Batched round trips per prefill pass by default (see
-/// [`FixedPoint::prefill`]).
+/// Batched round trips per prefill pass by default (see [`FixedPoint::prefill`]).
 pub const PREFILL_ROUND_TRIPS: usize = 5;
 
 /// How a prefill pass gets its deltas under the fixed-point schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefill {
-    /// One round trip per adapted layer group, in forward order: exact
-    /// keys and values, G round trips per pass (G = 60 for q,k,v,o on the
-    /// default model), the pass's bytes once.
+    /// One round trip per adapted layer group, in forward order: exact, G round trips per pass.
     PerGroup,
-    /// This many batched round trips of the fixed point (≥ 1), each
-    /// carrying the whole pass's bytes.
+    /// This many batched round trips of the fixed point (≥ 1).
     FixedPoint(usize),
 }
 
@@ -153,148 +38,44 @@ impl std::fmt::Display for Prefill {
 /// The fixed-point schedule's settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FixedPoint {
-    /// Batched round trips per verify round (the server always sees this
-    /// many per round).
+    /// Batched round trips per verify round (the server always sees this many).
     pub round_trips: usize,
-    /// A greedy row is certified when top-1 − top-2 > `margin` × its last
-    /// logit change.
+    /// A greedy row is certified when top-1 − top-2 > `margin` × its last logit change.
     pub margin: f32,
-    /// A sampled row is certified when the bound on its logits' remaining
-    /// error ([`error_factor`] × last change) is at most this (absolute, in
-    /// logits).
+    /// A sampled row is certified when its logits' error bound is at most this (logits).
     pub sampling_tolerance: f32,
-    /// A sampled chain round whose sampler the draw bounds cover
-    /// ([`crate::draw_bounds::log_weight_bound`]) uses the leading rows
-    /// whose logit bound is at most this × min(1, temperature) (absolute,
-    /// in logits), and certifies their *draws* instead of their
-    /// distributions ([`crate::draw_bounds`]); the round then settles its
-    /// kept rows ([`FixedPoint::for_certified_draws`]).
+    /// Sampled chains: rows with logit bound ≤ this × min(1, temperature) get their draws
+    /// certified.
     pub draw_tolerance: f32,
-    /// How prefill passes get their deltas. With [`Prefill::FixedPoint`]
-    /// there are no logits to certify: the prompt's keys and values are
-    /// kept as the last pass computed them, and no later certification
-    /// sees their residual error, which every later row inherits. Three
-    /// trips were once too few: on a general-English prompt of ~90 tokens
-    /// the residual flipped a near-tie 0.003 logits wide 26 tokens later
-    /// (K = 16, plaintext and HE alike; found by `bench e2e`); four were
-    /// enough, five are the default (BENCHMARKS.md, "A hole in the fixed
-    /// point's exactness"). [`Prefill::PerGroup`] leaves no residual at
-    /// all, and on a link of moderate latency costs less than five trips
-    /// of a wide pass (`cipherlora_private::schedule_plan` models both).
+    /// How prefill passes get their deltas ([`Prefill::PerGroup`] leaves no residual).
     pub prefill: Prefill,
-    /// Greedy decoding with the base drafter: while the last round trip is
-    /// on the network, draft the next round from the outcome the pass
-    /// before it predicts — the next chain, or for tree drafts the next tree
-    /// grown after the predicted path and bonus token (used when the round
-    /// ends that way; the output is unchanged either way).
+    /// Greedy, base drafter: draft the next round during the last round trip (same output).
     pub draft_ahead: bool,
-    /// Ask for coarse deltas on every trip of a pass but its last
-    /// ([`FixedPoint::trip_tolerance`]): fewer bytes per trip, the same
-    /// result to within the residual the fixed point leaves anyway.
+    /// Coarse deltas on every trip but a pass's last ([`FixedPoint::trip_tolerance`]).
     pub coarse_trips: bool,
-    /// Stream the trips of a round as a wavefront over layers
-    /// ([`cipherlora_model::DeltaStream`]): each group's request of the next
-    /// trip leaves as soon as the running pass has its input, so the trips'
-    /// transfers, the server's compute and the client's passes overlap. The
-    /// deltas are the same as with one batch per trip; only the waiting
-    /// differs. Used when the hook streams ([`DeltaHook::stream`]).
+    /// Stream a round's trips as a wavefront over layers (same deltas, less waiting).
     pub streamed: bool,
-    /// Round trips made after a round's tokens are decided, which refine
-    /// only the keys and values the round keeps: 1 for sampled chains
-    /// whose draws are certified ([`FixedPoint::for_certified_draws`]), 0
-    /// (the default) for every other schedule. As a diagnostic, with
-    /// `round_trips = 2` and a few of these, a run isolates the residual
-    /// the kept rows carry from the certification of the decided rows
-    /// (`cipherlora-spec --example exactness -- --settle N`).
+    /// Trips after a round's tokens are decided, refining only the kept rows (1: certified draws).
     pub settle_trips: usize,
-    /// Certify against the residual the cached rows carry, not only the
-    /// round's own (module docs, "The inherited residual"): a second cache
-    /// one trip less converged, one plaintext replay per round (run while
-    /// the last trip is on the network), and settling the cached rows when
-    /// a round stalls on their residual. Costs the memory of a second
-    /// cache and of the deltas each cached row was computed with (where a
-    /// settling starts; ≈ 92 kB per row for the default model's q,k,v,o
-    /// adapter, `crate::row_deltas`); what two trips per round need to
-    /// be exact.
+    /// Also certify against the cached rows' inherited residual, using a shadow cache.
     pub shadow: bool,
-    /// Pass 0 of a verify round adds a guess of the deltas instead of none:
-    /// the mean of the deltas of the last (up to four) rows the previous
-    /// round kept, at every position ([`DraftBias::from_rows`]). Trip 1's
-    /// inputs then start nearer the fixed point (the residual after two
-    /// trips falls 1.2–2.9×, BENCHMARKS.md "Two trips per round"), so more
-    /// rows are certified after the same trips; the fixed point itself,
-    /// and what the server sees (the same trips, encrypted), do not change.
+    /// Pass 0 adds the previous round's last kept rows' mean deltas ([`DraftBias::from_rows`]).
     pub guessed_start: bool,
-    /// Pass 0 of a chain round is the drafter's: the first trip sends the
-    /// LoRA inputs the base drafter computed while it drafted the window
-    /// (its last draft fed once more for the last position), and no
-    /// plaintext pass runs before it. The client saves one pass of the
-    /// verify width per round for one single-position drafter step; the
-    /// start is off by the drafter's weights (quantized or f16) and its own
-    /// guide, a guess as pass 0's is, and the fixed point does not depend
-    /// on it. What the server sees is unchanged (the same trips, groups and
-    /// widths). The first trip's logit change is then unknown: after the
-    /// round's second trip a row's contraction is the pass's observed
-    /// contraction of its inputs (module docs, "A drafted start"), from
-    /// the third trip on its own logits' as always. Used only with at
-    /// least two trips per round, greedy or sampled chains from the base
-    /// drafter whose draft fills the window; other rounds run pass 0.
-    /// Measured, it does not pay when the server is the slower side of a
-    /// trip (BENCHMARKS.md, "The drafter's share of a round").
+    /// Pass 0 of a chain round is the drafter's LoRA inputs (needs ≥ 2 trips per round).
     pub drafted_start: bool,
-    /// The passes of a round that only estimate the next trip's inputs
-    /// (pass 0 and every pass before a batch's last) run on the drafter's
-    /// model instead of the target's, when the drafter holds quantized
-    /// weights: the same function up to the 16-bit rounding of its
-    /// activations, 2.2× faster than an f32 pass at 9 positions
-    /// (BENCHMARKS.md, "Plaintext model"). (The decoder keeps the target
-    /// for them when the drafter is f16 or f32, which is no faster there.)
-    /// The batch's last pass, whose logits are certified and whose keys and
-    /// values are kept, runs on the target, as does every pass of a
-    /// continuation, so the fixed point is the target's. The last trip's
-    /// inputs then carry the estimate pass's rounding (relative ≈ 3·10⁻⁵
-    /// of a block's largest activation, below the later trips'
-    /// tolerance), and the round's last logit change, which the
-    /// certification reads, spans the two models: it carries their
-    /// difference (≈ 4·10⁻³ logits on the default model), which no trip
-    /// shrinks. Rows nearer a tie than that continue, on the target only
-    /// (continuing on the drafter too tripled the all-linear adapter's
-    /// continuations on prose: the difference blocked them round after
-    /// round). Measured in plaintext on code and prose, the rounds were
-    /// then those of target-only passes (BENCHMARKS.md, "The drafter's
-    /// share of a round"); it is off in [`FixedPoint::default`] because
-    /// only the client's time falls, which pays where the client bounds
-    /// the round (two shadowed trips at wan20, which a client runs by
-    /// default for a high acceptance prior:
-    /// `cipherlora_private::width_plan::default_fixed_point`), not under
-    /// three trips. The shadow's replay runs on the model of the pass it
-    /// replays.
+    /// Estimate passes on the drafter's quantized weights; last passes and continuations on the
+    /// target.
     pub drafter_estimates: bool,
 }
 
-/// Relative tolerance of the deltas of a pass's first trip when
-/// [`FixedPoint::coarse_trips`] is on: 2^-11 of the largest delta a group
-/// can return. The first trip's inputs are the base model's activations,
-/// off by 5e-2 to 4e-1 relative (BENCHMARKS.md, convergence table: input
-/// error after trip 1), so its deltas are that far from the exact ones
-/// whatever their precision; 2^-11 ≈ 5e-4 adds under 1 % to that.
+/// First-trip delta tolerance with coarse trips: 2^-11 of a group's largest delta.
 pub const FIRST_TRIP_TOLERANCE: f64 = 1.0 / 2048.0;
 
-/// Relative tolerance of the deltas of the later trips before a pass's
-/// last (2^-15 ≈ 3e-5): their inputs are still off by 1e-3 to 3e-2.
-/// Coarser settings were tried: 8 bits on the first trip and 12 on the
-/// second changed one of 30 outputs (general-lora-r16, token 26) with
-/// deltas perturbed by 16 × the tolerance, where 12 and 16 bits changed
-/// none (BENCHMARKS.md, "Streamed trips").
+/// Tolerance of the later trips before a pass's last: 2^-15 (relative).
 pub const LATER_TRIP_TOLERANCE: f64 = 1.0 / 32768.0;
 
 impl Default for FixedPoint {
-    /// Three round trips per round, margin 1, five batched trips per
-    /// prefill pass. Two trips certify the first rows' greedy tokens
-    /// (the measured convergence) but leave keys and values ≈ 1e-2 off,
-    /// which changed about one 64-token generation in eleven at a later
-    /// near-tie; three left none in the same 80 runs (BENCHMARKS.md, "How
-    /// often the fixed point changes the greedy output").
+    /// Three round trips per round, margin 1, five batched trips per prefill pass.
     fn default() -> Self {
         Self {
             round_trips: 3,
@@ -315,32 +96,7 @@ impl Default for FixedPoint {
 }
 
 impl FixedPoint {
-    /// This fixed point as a sampled generation runs it. A sampled row is
-    /// certified only when its logits' remaining error is at most
-    /// [`FixedPoint::sampling_tolerance`] (10⁻⁴ logits), so a sampled
-    /// generation's fixed point leaves out what only a greedy margin
-    /// tolerates:
-    /// - coarse trips ([`FixedPoint::coarse_trips`]): a coarse trip's
-    ///   deltas are off by 2⁻¹¹ or 2⁻¹⁵ of a group's largest delta,
-    ///   10⁻³–10⁻² logits once through the model, so the last logit change
-    ///   of every batch measured that rounding, not the fixed point's
-    ///   residual, and no row was certified until the pass ran out of
-    ///   coarse trips (one per group): 9.7 batched trips per token against
-    ///   1.1 with exact trips (`code-lora-r16`, T = 12, two trips per
-    ///   round; BENCHMARKS.md, "Sampling under the fixed point");
-    /// - the shadow ([`FixedPoint::shadow`]): its rows are a round's pass
-    ///   before its first batch's last trip, 10⁻²-converged, while a
-    ///   sampled round keeps rows converged to the tolerance after its
-    ///   continuations; the inherited term then blocked every later row
-    ///   until a settling (166 trips for 16 tokens in
-    ///   `tests/real_model_sampled_trips.rs`). Without it the kept rows'
-    ///   residual is what their own certification bounds, the tolerance;
-    /// - the drafter's estimate passes ([`FixedPoint::drafter_estimates`]):
-    ///   the two models differ by ≈ 4·10⁻³ logits, which no trip shrinks,
-    ///   so a batch's last change never reached the tolerance.
-    ///
-    /// The request sizes then tell the server that the client samples (a
-    /// setting, not the text).
+    /// This fixed point for sampling: no coarse trips, shadow or drafter estimates.
     #[must_use]
     pub fn for_sampling(self) -> Self {
         Self {
@@ -351,16 +107,7 @@ impl FixedPoint {
         }
     }
 
-    /// This (sampled) fixed point for chain rounds whose draws are
-    /// certified ([`crate::draw_bounds`]): one exact trip after each
-    /// round's decision ([`FixedPoint::settle_trips`]). Those rows are
-    /// decided while their logits may still be
-    /// [`FixedPoint::draw_tolerance`] off; the keys and values they leave
-    /// in the cache are every later row's, and no later certification
-    /// bounds them (no shadow under sampling). One trip takes them from
-    /// 10⁻³–5·10⁻³ to 3–5·10⁻⁴ logits (`code-lora-r16`, T = 12): below
-    /// what three greedy trips keep, a little above the 10⁻⁴ of rows
-    /// certified whole, which is also the floor the changes stop at.
+    /// This sampled fixed point for certified draws: one exact settle trip after each decision.
     #[must_use]
     pub fn for_certified_draws(self) -> Self {
         Self {
@@ -369,20 +116,15 @@ impl FixedPoint {
         }
     }
 
-    /// The tolerance of trip `j` (0-based, continuations included) of a
-    /// pass whose rounds make `batch` trips: [`FixedPoint::trip_tolerance`]
-    /// of its index within its batch, the batch's last trip exact. A
-    /// continuation's batch asks what a round's does, so the requested
-    /// precision does not tell the server which rounds are continuations.
+    /// The tolerance of trip `j` (0-based) of a pass with `batch`-trip rounds; a batch's last is
+    /// exact.
     #[must_use]
     pub fn tolerance_of_trip(&self, j: usize, batch: usize) -> Option<f64> {
         let batch = batch.max(1);
         self.trip_tolerance(j % batch, batch, (j + 1).is_multiple_of(batch))
     }
 
-    /// What a pass sends while it runs: the next trip, within `tolerance`,
-    /// when streaming and `send` holds, else nothing (the trip then goes
-    /// out as one batch when the next pass starts).
+    /// What a pass sends while it runs: the next trip when streaming and `send` holds.
     fn next_trip(&self, tolerance: Option<f64>, send: bool) -> NextTrip {
         if self.streamed && send {
             NextTrip::Send(tolerance)
@@ -391,14 +133,7 @@ impl FixedPoint {
         }
     }
 
-    /// The tolerance to ask of the trip after `done` trips of a pass
-    /// (`None`: exact): with [`FixedPoint::coarse_trips`], the first trip
-    /// gets [`FIRST_TRIP_TOLERANCE`], later ones [`LATER_TRIP_TOLERANCE`],
-    /// and the `last` trip of a batch of `batch` trips — the one whose
-    /// deltas the kept keys and values and the certified logits come from —
-    /// full precision (as is any `done ≥ batch`). The tolerances depend only
-    /// on the trip's index within its batch, so the response sizes tell the
-    /// server nothing beyond the trip count.
+    /// The tolerance after `done` trips (`None`: exact), from the trip's index in its batch alone.
     #[must_use]
     pub fn trip_tolerance(&self, done: usize, batch: usize, last: bool) -> Option<f64> {
         if !self.coarse_trips || last || done >= batch {
@@ -414,8 +149,7 @@ impl FixedPoint {
 /// The verify pass's schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Schedule {
-    /// One round trip per adapted layer group, in forward order (each
-    /// group's input is exact when it is sent).
+    /// One round trip per adapted layer group, in forward order.
     #[default]
     PerGroup,
     /// All groups in each batched round trip, iterated to a fixed point.
@@ -423,9 +157,7 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    /// The schedule a generation runs with, given whether it decodes
-    /// greedily: a sampled generation's fixed point is
-    /// [`FixedPoint::for_sampling`]; greedy generations are unchanged.
+    /// The schedule a generation runs with: [`FixedPoint::for_sampling`] unless greedy.
     #[must_use]
     pub fn for_decoding(self, greedy: bool) -> Self {
         match self {
@@ -436,18 +168,9 @@ impl Schedule {
 }
 
 impl std::fmt::Display for Schedule {
-    /// `per-group` or `fixed-point:N` (N round trips per round), followed
-    /// by `/prefill:per-group` when prefill passes go group by group (or
-    /// `/prefill:M` for M trips other than the default), `/shadow` when
-    /// rounds certify against a shadow cache ([`FixedPoint::shadow`]),
-    /// `/base-start` when pass 0 runs the base model
-    /// ([`FixedPoint::guessed_start`] off), `/drafted-start` when the
-    /// drafter's inputs replace pass 0 ([`FixedPoint::drafted_start`]),
-    /// `/drafter-estimates` when a round's estimate passes run on the
-    /// drafter's weights ([`FixedPoint::drafter_estimates`]),
-    /// `/exact-trips` when every trip asks for full precision, `/batched`
-    /// when trips are not streamed and `/no-ahead` when nothing is drafted
-    /// during a round's last trip.
+    /// `per-group` or `fixed-point:N`, then any of `/prefill:per-group`, `/prefill:M`, `/shadow`,
+    /// `/base-start`, `/drafted-start`, `/drafter-estimates`, `/exact-trips`, `/batched`,
+    /// `/no-ahead`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Schedule::PerGroup => f.write_str("per-group"),
@@ -490,17 +213,8 @@ impl std::fmt::Display for Schedule {
 impl std::str::FromStr for Schedule {
     type Err = SpecError;
 
-    /// `per-group`, `fixed-point` (the default round trips) or
-    /// `fixed-point:N` (N ≥ 1 round trips per round, prefill max(N, 5)),
-    /// optionally followed by `/prefill:per-group` or `/prefill:M` (M ≥ 1
-    /// batched trips per prefill pass), `/shadow` ([`FixedPoint::shadow`]),
-    /// `/base-start` (pass 0 without a guess), `/drafted-start`
-    /// ([`FixedPoint::drafted_start`]), `/drafter-estimates`
-    /// ([`FixedPoint::drafter_estimates`]),
-    /// `/exact-trips` (no coarse trips),
-    /// `/batched` (one batch per trip instead of streamed trips) and
-    /// `/no-ahead` (no drafting during a round's last trip), in that order.
-    /// Parses what `Display` writes.
+    /// Parses what `Display` writes (`fixed-point:N` prefills with max(N, 5) trips). Errors:
+    /// [`SpecError::Config`] on an unknown or out-of-range part.
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let bad = || {
             SpecError::Config(format!(
@@ -589,8 +303,7 @@ impl std::str::FromStr for Schedule {
 pub(crate) struct Verified {
     /// Logits of the pass, (T, vocab).
     pub logits: Tensor,
-    /// The deltas the pass added, (T, d_out) per adapted projection: the
-    /// drafter's guess for the next round ([`crate::draft_bias`]).
+    /// The deltas the pass added, (T, d_out) per adapted projection.
     pub deltas: PassDeltas,
     /// Leading rows the round may use (≥ 1).
     pub usable: usize,
@@ -598,32 +311,21 @@ pub(crate) struct Verified {
     pub round_trips: usize,
     /// Extra rounds spent on this pass because no row was certified yet.
     pub continuations: usize,
-    /// No row is usable because of the residual the cached rows carry
-    /// ([`FixedPoint::shadow`]); the caller settles them ([`settle`]) and
-    /// verifies the window again.
+    /// No row is usable because of the cached rows' residual: [`settle`] them and verify again.
     pub stalled: bool,
-    /// The first trip sent the drafter's inputs
-    /// ([`FixedPoint::drafted_start`]).
+    /// The first trip sent the drafter's inputs ([`FixedPoint::drafted_start`]).
     pub drafted_start: bool,
 }
 
-/// Work to run on another thread while the last round trip of a
-/// fixed-point pass is on the network: it gets the logits of the pass
-/// before the last trip (its argmax is nearly always final, BENCHMARKS.md),
-/// the deltas that pass added and the keys and values it computed (the
-/// window's T rows, adapted up to the residual of one trip less), and
-/// returns what the next round may use, e.g. a draft grown from the
-/// predicted outcome over those rows.
+/// Work run on another thread during the last round trip; returns e.g. the next draft.
 pub(crate) type Ahead<'a, G> =
     &'a mut (dyn FnMut(&Tensor, &PassDeltas, &KvRows) -> Result<G, SpecError> + Send);
 
-/// `certify(logits, last_change, previous_change)`: how many leading rows
-/// are certified.
+/// `certify(logits, last_change, previous_change)`: how many leading rows are certified.
 pub(crate) type Certify<'a> =
     &'a dyn Fn(&Tensor, &[f32], Option<&[f32]>) -> Result<usize, SpecError>;
 
-/// One verify pass to run: `tokens` (T, the first `real` of them not
-/// padding) under `schedule`.
+/// One verify pass: `tokens` (T, the first `real` not padding) under `schedule`.
 #[derive(Clone, Copy)]
 pub(crate) struct Window<'a> {
     pub model: &'a Model,
@@ -633,54 +335,20 @@ pub(crate) struct Window<'a> {
     pub real: usize,
     pub schedule: &'a Schedule,
     pub certify: Certify<'a>,
-    /// The fixed point's first estimate ([`FixedPoint::guessed_start`]):
-    /// the deltas pass 0 adds at every position (empty: the base model).
+    /// The deltas pass 0 adds at every position (empty: the base model).
     pub estimate: &'a DraftBias,
-    /// Whether a pass blocked only by the inherited residual returns
-    /// [`Verified::stalled`] instead of continuing (false once the caller
-    /// has settled the cached rows for this round).
+    /// Whether a pass blocked only by the inherited residual may return [`Verified::stalled`].
     pub may_stall: bool,
-    /// The first estimate as the drafter computed it
-    /// ([`FixedPoint::drafted_start`]): every adapted group's input for the
-    /// window, (T, d_in) each, in forward order. Used instead of pass 0 when
-    /// the schedule asks for it and makes at least two trips per round.
+    /// The drafter's inputs per adapted group, (T, d_in) each, forward order.
     pub drafted: Option<&'a [GroupInput]>,
-    /// The model of the passes that only estimate the next trip's inputs
-    /// when [`FixedPoint::drafter_estimates`] is on (the drafter's: same
-    /// architecture, cheaper weights).
+    /// The model of the estimate passes ([`FixedPoint::drafter_estimates`]).
     pub estimator: &'a Model,
-    /// Rows the round before verified but could not use, carried into
-    /// this window's first rows: `(deltas, from, count)`, the deltas that
-    /// round's last pass added, whose rows `from..from + count` hold this
-    /// window's rows `0..count` (same tokens after the same prefix). They
-    /// replace the estimate's guess there, so those rows start a round's
-    /// trips more converged (module docs, "A carried start").
+    /// Rows the previous round verified but could not use: `(deltas, from, count)`.
     pub carried: Option<(&'a PassDeltas, usize, usize)>,
 }
 
-/// Runs one verify pass of `window.tokens` under `window.schedule`. `certify(logits,
-/// last_change, previous_change)` returns how many leading rows are
-/// certified (0: none); it is not called on the per-group schedule, whose
-/// rows are all exact. `ahead`, on the fixed-point schedule, runs on a
-/// second thread during the round's last round trip (not during
-/// continuations); its result comes back with the pass.
-///
-/// `shadow`, with [`FixedPoint::shadow`], is the shadow cache (as many
-/// positions as `cache`; module docs, "The inherited residual"): the pass
-/// before the round's last trip is replayed against it, which appends the
-/// window's rows to it one trip less converged, and a row's error bound
-/// adds [`INHERITED_FACTOR`] × its distance to that replay. A continuation
-/// replays its latest pass instead. When a continuation's row 0 would be
-/// certified but for that inherited term and `window.may_stall` holds, the
-/// pass returns [`Verified::stalled`] (no usable rows): more trips of this
-/// pass cannot help, the cached rows need settling ([`settle`]). A round
-/// whose own trips end that way continues once first: stalling at once
-/// settled 1.5× as often on prose (BENCHMARKS.md, "Settling from the rows'
-/// own deltas"), the continuation's replay of its own latest pass often
-/// clearing the row.
-///
-/// # Errors
-/// Those of the forward pass, the hook and `ahead`.
+/// Runs one verify pass; `certify` counts certified leading rows, `ahead` runs during the last
+/// round trip, `shadow` is the shadow cache. Errors: those of the forward pass, hook and `ahead`.
 pub(crate) fn verify<G: Send>(
     window: &Window<'_>,
     cache: &mut KvCache,
@@ -750,10 +418,7 @@ pub(crate) fn verify<G: Send>(
             FixedPointPass::start_sending(pass0, tokens, cache, mask, hook, guess, first)?
         }
     };
-    // After as many exact trips as groups every input is exact (module docs
-    // of `FixedPointPass`): the bound that ends any run of continuations.
-    // Trips follow the round's precision pattern for the first `groups`
-    // trips, exact after that.
+    // After as many exact trips as groups every input is exact: this bounds continuations.
     let groups = pass.inputs().len().max(1);
     let tol = |j: usize| {
         if j < groups {
@@ -762,22 +427,15 @@ pub(crate) fn verify<G: Send>(
             None
         }
     };
-    // (From given inputs one trip more: the first group's input is then an
-    // estimate too.)
     let given = usize::from(pass.logits().is_none());
-    // With drafter estimates the target's first trip takes inputs the
-    // drafter's pass computed: one more.
     let exact_after = if fp.coarse_trips || fp.drafter_estimates {
         2 * groups
     } else {
         groups
     } + given
         + usize::from(fp.drafter_estimates);
-    // The model of the pass after trip j: with drafter estimates, the
-    // drafter's for the passes of the round's own batch but its last;
-    // a continuation runs on the target throughout (its changes then
-    // compare target passes: the two models' difference does not shrink
-    // with more trips, so certifying against it could not end).
+    // Estimate passes on the drafter; continuations on the target (their model difference never
+    // shrinks).
     let runs_on = |j: usize| {
         if fp.drafter_estimates && j < trips.min(groups) {
             estimator
@@ -788,18 +446,14 @@ pub(crate) fn verify<G: Send>(
     let mut continuations = 0;
     let mut guess = None;
     loop {
-        // Each pass takes trip j (sent ahead by the pass before it when
-        // streaming, else now as one batch) and sends trip j + 1 but the
-        // batch's last, which sends nothing.
         for _ in 0..trips - 1 {
             let j = pass.round_trips();
             pass.run_on(runs_on(j))?;
             pass.iterate_sending(cache, hook, tol(j), fp.next_trip(tol(j + 1), true))?;
         }
         let tolerance = tol(pass.round_trips());
-        // The shadow replay runs while the last trip is on the network: the
-        // pass before it, against the shadow; its distance to that pass's
-        // own logits is the inherited residual's (the deltas are the same).
+        // Shadow replay of the pass before the last trip; its logit distance is the inherited
+        // residual.
         let mut replay = |pass: &FixedPointPass<'_>| -> Result<Option<Vec<f32>>, SpecError> {
             match shadow
                 .as_deref_mut()
@@ -841,8 +495,7 @@ pub(crate) fn verify<G: Send>(
             }
         }
         if continuations > 0 {
-            // A continuation: the latest pass itself against the shadow
-            // (more trips of this pass do not shrink the inherited residual).
+            // A continuation replays its latest pass (more trips do not shrink the inherited term).
             if let Some(sh) = shadow.as_deref_mut().filter(|_| fp.shadow) {
                 sh.truncate(pass.cache_start());
                 let replayed = pass.replay(sh)?;
@@ -890,18 +543,7 @@ pub(crate) fn verify<G: Send>(
     }
 }
 
-/// Per row, the logit change of the trip before the last of `steps`
-/// (`None` after a single trip): what [`error_factor`] divides the last
-/// change by to observe the row's contraction. After a drafted start
-/// ([`FixedPoint::drafted_start`]) the first trip's logit change is
-/// unknown (+∞); its stand-in is the last change divided by the pass's
-/// observed contraction of its inputs (the second trip's
-/// [`cipherlora_model::FixedPointStep::input_change`] over the first's),
-/// so the row's ρ is that contraction, clamped as any ρ is. The inputs of
-/// the start are known, the drafter's, and near the fixed point the logits'
-/// error is a linear image of the inputs' (module docs of
-/// `cipherlora_model::fixed_point`): both contract at the same rate. Rows
-/// stay at ρ = 1/2 when the inputs did not move on the first trip.
+/// Per row, the logit change of the trip before the last (`None` after one trip).
 fn previous_changes(steps: &[FixedPointStep]) -> Option<Cow<'_, [f32]>> {
     let n = steps.len();
     let before = &steps[n.checked_sub(2)?];
@@ -922,18 +564,13 @@ fn previous_changes(steps: &[FixedPointStep]) -> Option<Cow<'_, [f32]>> {
     ))
 }
 
-/// The logits of `pass`'s latest plaintext pass (every pass
-/// [`verify`] reads has run one).
+/// The logits of `pass`'s latest plaintext pass (every pass [`verify`] reads has run one).
 fn latest<'p>(pass: &'p FixedPointPass<'_>) -> Result<&'p Tensor, SpecError> {
     pass.logits()
         .ok_or_else(|| SpecError::Config("a fixed-point pass read before its first pass".into()))
 }
 
-/// A (change, previous) pair whose certification bound ([`error_factor`]
-/// × change) is the row's own, `f(own, previous) × own`, plus
-/// [`INHERITED_FACTOR`] × `inherited`: the change grows by the inherited
-/// term and the previous change with it, so the row's observed
-/// contraction, and hence its factor, stay as they were.
+/// A (change, previous) pair bounding the row's own error plus [`INHERITED_FACTOR`] × `inherited`.
 fn with_inherited(
     own: &[f32],
     previous: Option<&[f32]>,
@@ -955,9 +592,7 @@ fn with_inherited(
         .unzip()
 }
 
-/// `guess` ((T, d_out) per projection) with its rows `0..count` replaced by
-/// rows `from..from + count` of `rows` where `rows` has the projection
-/// (module docs, "A carried start").
+/// `guess` with rows `0..count` replaced by rows `from..from + count` of `rows`.
 fn with_carried_rows(
     mut guess: PassDeltas,
     rows: &PassDeltas,
@@ -1001,27 +636,11 @@ fn distance(a: &Tensor, b: &Tensor) -> Result<Vec<f32>, SpecError> {
         .map_err(|e| SpecError::Model(cipherlora_model::ModelError::from(e)))
 }
 
-/// The inherited residual's share of a row's error bound: its distance to
-/// the shadow times 2ρ/(1−ρ) at ρ = [`RHO_FLOOR`] (the shadow's rows are
-/// one trip less converged).
+/// The inherited residual's share of a row's error bound: 2ρ/(1−ρ) at ρ = [`RHO_FLOOR`].
 const INHERITED_FACTOR: f32 = 2.0 * RHO_FLOOR / (1.0 - RHO_FLOOR);
 
-/// Settles cached rows after a [`Verified::stalled`] pass: reruns the rows
-/// at `from..from + tokens.len()` (their `tokens`; `cache` and `shadow`
-/// hold at least those positions) in passes of `width` positions, padded
-/// like a verify window, so the server sees ordinary rounds of the verify
-/// width (a round's trips, with a round's precision pattern).
-///
-/// Each pass starts from the deltas its rows were last computed with
-/// (`log`, [`crate::row_deltas`]): its first pass reproduces the cached
-/// rows and one round of trips leaves them that round's trips more
-/// converged. Rows the log lacks start from the base model and get
-/// [`BASE_START_ROUNDS`] rounds. The rows' shadow rows become the pass
-/// before the last, and their log entries the new deltas. Returns the
-/// round trips made; both caches and the log end at `from + tokens.len()`.
-///
-/// # Errors
-/// Those of the forward pass and the hook.
+/// Settles cached rows after a stalled pass in ordinary `width` rounds; returns the trips made.
+/// Errors: those of the forward pass and the hook.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn settle(
     model: &Model,
@@ -1089,10 +708,7 @@ pub(crate) fn settle(
     Ok(made)
 }
 
-/// Rounds a settling pass whose rows are not in the log gets: it starts
-/// from the base model, as a verify pass's fixed point does, and two
-/// rounds leave it a round's trips more converged than the verify pass
-/// left the row it replaces.
+/// Rounds a settling pass whose rows are not in the log gets (it starts from the base model).
 pub const BASE_START_ROUNDS: usize = 2;
 
 /// What a prefill pass leaves besides the prompt chunk's keys and values.
@@ -1105,13 +721,7 @@ pub(crate) struct PrefillPass {
     pub deltas: PassDeltas,
 }
 
-/// A prefill pass under `schedule`: the prompt chunk's keys and values go
-/// to `cache`, and with a `shadow` cache ([`FixedPoint::shadow`]) the same
-/// rows one trip less converged to it (group by group: the same rows);
-/// see [`PrefillPass`] for the rest.
-///
-/// # Errors
-/// Those of the forward pass and the hook.
+/// A prefill pass under `schedule` into `cache` (and `shadow`). Errors: forward pass and hook.
 pub(crate) fn prefill_pass(
     model: &Model,
     tokens: &[u32],
@@ -1174,11 +784,7 @@ pub(crate) fn prefill_pass(
     }
 }
 
-/// The factor a row's last logit change is multiplied by to bound its
-/// remaining error, 2·ρ/(1−ρ) (a flip needs an error of half the margin),
-/// with ρ the row's observed contraction `change / previous change`,
-/// clamped to [[`RHO_FLOOR`], 1/2]; with no previous change, or an unknown
-/// (infinite) one, ρ = 1/2.
+/// 2ρ/(1−ρ), ρ the observed contraction clamped to [[`RHO_FLOOR`], 1/2] (1/2 without `previous`).
 #[must_use]
 pub fn error_factor(change: f32, previous: Option<f32>) -> f32 {
     let rho = match previous {
@@ -1190,34 +796,21 @@ pub fn error_factor(change: f32, previous: Option<f32>) -> f32 {
     2.0 * rho / (1.0 - rho)
 }
 
-/// [`FixedPoint::draw_tolerance`] by default, 5·10⁻³ logits: after four
-/// exact trips nearly every row's bound is within it (10⁻³–5·10⁻³ on
-/// `code-lora-r16`, T = 12, where two trips leave 0.05–0.3), and decisions
-/// at that bound left 2 of 69 rounds undecided (BENCHMARKS.md,
-/// "Certifying draws").
+/// [`FixedPoint::draw_tolerance`] by default, 5·10⁻³ logits.
 pub const DRAW_TOLERANCE: f32 = 5e-3;
 
-/// The bound on verify row `j`'s remaining logit error: its last change
-/// times [`error_factor`] (`previous`: the trip before's changes); +∞ for
-/// a row without a change.
+/// Verify row `j`'s remaining-error bound: last change × [`error_factor`]; +∞ without a change.
 #[must_use]
 pub fn remaining_error(change: &[f32], previous: Option<&[f32]>, j: usize) -> f32 {
     let moved = change.get(j).copied().unwrap_or(f32::INFINITY);
     moved * error_factor(moved, previous.and_then(|p| p.get(j).copied()))
 }
 
-/// The smallest contraction per round trip the certification assumes
-/// (measured: 0.1 median, 0.2 in the worst window; BENCHMARKS.md).
+/// The smallest contraction per round trip the certification assumes.
 pub const RHO_FLOOR: f32 = 0.2;
 
-/// Greedy certification (the margin rule of the module docs): walks the
-/// rows in order and stops at the first row whose top-1/top-2 margin is not
-/// above `margin` × its remaining-error bound ([`error_factor`] × its last
-/// change; `previous`: the changes of the trip before, if any) — returns
-/// its index: the rows before it are usable — or at the first row whose
-/// argmax rejects its draft, or at the last real row (returns one past it:
-/// that row gives the bonus token). `drafts[j]` is the token row `j` is
-/// checked against.
+/// Greedy certification: the index of the first row whose top-1/top-2 margin is not above `margin`
+/// × its error bound or whose argmax rejects `drafts[j]`, else one past the last real row.
 #[must_use]
 pub fn certify_greedy(
     rows: &[Vec<f32>],
@@ -1237,8 +830,7 @@ pub fn certify_greedy(
     rows.len()
 }
 
-/// The argmax of verify row `j` if its top-1/top-2 margin is above
-/// `margin` × its remaining-error bound (the margin rule of the module docs).
+/// Row `j`'s argmax if its margin is above `margin` × its remaining-error bound.
 fn certified_argmax(
     row: &[f32],
     j: usize,
@@ -1250,12 +842,8 @@ fn certified_argmax(
     (top - second > margin * remaining_error(change, previous, j)).then_some(arg)
 }
 
-/// Greedy certification of a tree pass ([`crate::tree`]): walks the path
-/// greedy acceptance would take (root row first, then the child whose
-/// token is the row's argmax) and returns how many of its rows are
-/// certified by the margin rule before the first that is not (0: not even
-/// the root's). [`crate::tree::accept_tree_greedy`] limited to that many
-/// rows then walks the same, exact, path.
+/// Greedy certification of a tree pass: how many rows along the greedy path are certified (0: not
+/// even the root's); [`crate::tree::accept_tree_greedy`] then walks that path.
 #[must_use]
 pub fn certify_tree_greedy(
     rows: &[Vec<f32>],
@@ -1282,9 +870,7 @@ pub fn certify_tree_greedy(
     certified
 }
 
-/// Sampling certification: the leading rows (of the first `real`) whose
-/// bound on the remaining logit error ([`error_factor`] × last change;
-/// `previous`: the trip before's changes) is at most `tolerance`.
+/// Sampling certification: the leading rows (of `real`) whose error bound is at most `tolerance`.
 #[must_use]
 pub fn certify_sampled(
     change: &[f32],
@@ -1297,8 +883,7 @@ pub fn certify_sampled(
         .count()
 }
 
-/// Largest value, second largest, and the index of the largest (the first
-/// one on ties, as [`cipherlora_model::argmax`]).
+/// Largest value, second largest, and the index of the largest (first on ties).
 fn top_two(row: &[f32]) -> (f32, f32, u32) {
     let (mut top, mut second, mut arg) = (f32::NEG_INFINITY, f32::NEG_INFINITY, 0u32);
     for (i, &v) in row.iter().enumerate() {
@@ -1317,9 +902,7 @@ fn top_two(row: &[f32]) -> (f32, f32, u32) {
 mod tests {
     use super::*;
 
-    /// Rows `0..count` of the guess become rows `from..from + count` of the
-    /// carried deltas; the rest of the guess, and projections or groups
-    /// the carried deltas lack, stay as guessed.
+    /// Carried rows replace the guess's head; everything else stays as guessed.
     #[test]
     fn carried_rows_replace_the_head_of_the_guess() {
         use cipherlora_model::{Proj, ProjGroup};
@@ -1371,8 +954,7 @@ mod tests {
             vec![3.0, 0.0, 2.9], // argmax 0, margin 0.1
             vec![0.0, 0.0, 9.0],
         ];
-        // No previous trip: ρ = 1/2, bound = 2·change. Row 1 moved 0.05:
-        // 0.1 > 2·0.05 fails → only row 0 usable.
+        // No previous trip: ρ = 1/2, so row 1 (moved 0.05) fails and only row 0 is usable.
         assert_eq!(
             certify_greedy(&rows, &[0.1, 0.05, 0.1], None, &[1, 0], 1.0),
             1
@@ -1382,8 +964,7 @@ mod tests {
             certify_greedy(&rows, &[0.1, 0.01, 0.1], None, &[1, 0], 1.0),
             3
         );
-        // A fast contraction (0.04 after 1.0: ρ clamped to 0.2, bound =
-        // 0.5·change) certifies row 1 at change 0.1 (0.1 > 0.05) …
+        // A fast contraction (ρ clamped to 0.2) certifies row 1 at change 0.1 …
         let prev = [1.0, 1.0, 1.0];
         assert_eq!(
             certify_greedy(&rows, &[0.1, 0.1, 0.1], Some(&prev), &[1, 0], 1.0),
@@ -1481,8 +1062,7 @@ mod tests {
         }
     }
 
-    /// Coarse trips: every trip of a batch but the last, never a
-    /// continuation, and none when switched off.
+    /// Coarse trips: every trip of a batch but the last, never a continuation, none when off.
     #[test]
     fn only_the_trips_before_a_batch_s_last_are_coarse() {
         let fp = FixedPoint::default();
@@ -1500,8 +1080,7 @@ mod tests {
         assert_eq!(exact.trip_tolerance(0, 3, false), None);
     }
 
-    /// Regression: a continuation's trips all asked full precision, so the
-    /// response sizes told the server which rounds were continuations.
+    /// Every sampled trip asks full precision, so sizes do not reveal continuations.
     #[test]
     fn sampled_generations_ask_every_trip_exactly() {
         let fp = FixedPoint::default();
@@ -1557,9 +1136,7 @@ mod tests {
         assert_eq!(certify_sampled(&[1.5e-3, 1.5e-3], None, 2, 1e-3), 0);
     }
 
-    /// An unknown previous change (+∞, a drafted start's first trip) is no
-    /// evidence of contraction: ρ = 1/2, not the floor a huge change would
-    /// give.
+    /// An unknown previous change (+∞) means ρ = 1/2, not the floor.
     #[test]
     fn an_unknown_previous_change_is_no_contraction() {
         assert_eq!(error_factor(0.1, Some(f32::INFINITY)), 2.0);
@@ -1569,9 +1146,8 @@ mod tests {
         assert_eq!(error_factor(change[0], Some(previous[0])), 2.0);
     }
 
-    /// After a drafted start, a row's previous change is its last one over
-    /// the pass's input contraction (so its ρ is that contraction, clamped);
-    /// known previous changes are kept as they are.
+    /// After a drafted start the previous change comes from the inputs' contraction; known ones
+    /// stay.
     #[test]
     fn a_drafted_start_observes_the_contraction_of_its_inputs() {
         let step = |input_change: f32, logit_change: Vec<f32>| FixedPointStep {

@@ -1,15 +1,12 @@
-//! The target's sampling distributions of a verify pass's rows: each row
-//! after the sampling transforms (repetition penalty, temperature, top-k,
-//! top-p) over its own history, the tokens it would follow in
-//! one-token-at-a-time sampling. Shared by the private decoder and split
-//! inference.
+//! The target's sampling distributions of a verify pass's rows, each after the sampling transforms
+//! over its own history. Shared by the private decoder and split inference.
 
 use cipherlora_model::Sampler;
 
 use crate::tree::DraftTree;
 
-/// The distributions of a chain round's verify rows `logits` (K + 1 rows ×
-/// vocab): row i's history is `context` followed by the first i drafts.
+/// The distributions of a chain round's verify rows `logits` (K + 1 rows × vocab): row i's history
+/// is `context` followed by the first i drafts.
 #[must_use]
 pub fn chain_probs(
     sampler: &Sampler,
@@ -28,10 +25,8 @@ pub fn chain_probs(
     out
 }
 
-/// The distributions of a tree round's verify rows `logits` (row 0: the
-/// root, the last pending token; row i + 1: node i): each row's history is
-/// `context` followed by the tokens on the path from the root to its node.
-/// Rows past the tree's last node (padding) are left out.
+/// The distributions of a tree round's rows `logits` (row 0: root; i + 1: node i), each row's
+/// history `context` plus its root path; padding rows left out.
 #[must_use]
 pub fn tree_probs(
     sampler: &Sampler,

@@ -1,63 +1,18 @@
-//! Token trees: several candidate continuations verified in one pass.
-//!
-//! A chain draft puts all K positions of a verify pass on one guess; when
-//! the drafter's first choice is wrong at depth 2, the remaining positions
-//! are wasted. A *draft tree* spends the same K positions on the drafter's
-//! most likely continuations (SpecInfer: Miao et al. 2024, "SpecInfer:
-//! Accelerating Large Language Model Serving with Tree-based Speculative
-//! Inference and Verification", §3-4; the dynamic shape of EAGLE-2: Li et
-//! al. 2024, §4): node i holds a drafted token whose parent is another node
-//! or the *root*, the last verified token. The verify pass runs
-//! `[root, node 0, …, node n−1]` under a tree attention mask
-//! ([`cipherlora_model::AttentionMask::Tree`]), so row `i + 1` is the
-//! adapted model's distribution after the path root → … → node i, exactly
-//! as if that path had been verified as a chain.
-//!
-//! Acceptance walks down from the root:
-//! - greedy ([`accept_tree_greedy`]): move to the child whose token is the
-//!   row's argmax while there is one; the last row's argmax is the bonus
-//!   token. Each emitted token is the argmax after its exact prefix, so the
-//!   output equals sequential greedy decoding whatever the tree holds.
-//! - sampling ([`accept_tree_sampled`]): multi-draft speculative sampling
-//!   with deterministic drafts (SpecInfer's multi-step speculative sampling,
-//!   Algorithm 2, with each child a point mass; the recursive rejection
-//!   sampling of Jeon et al. 2024, "Recursive Speculative Decoding", §3, in
-//!   the same case): try the children in order, accepting child x with
-//!   probability p'(x), where p' is the row's distribution with the
-//!   children already rejected removed and renormalised; when none is
-//!   accepted, sample from that residual. Every emitted token is therefore
-//!   distributed as the adapted model's next token after its prefix, which
-//!   the χ² tests check (tests/speculative_sampling_chi2.rs), with a rule
-//!   that forgets the renormalisation failing them.
-//! - sampling with a *sampled* first child ([`accept_tree_sampled_with`]):
-//!   a node's first child may instead be drawn from the drafter's
-//!   distribution q, as a sampled chain's drafts are. Recursive rejection
-//!   sampling takes any proposal the history allows (Jeon et al. 2024, §3):
-//!   the sampled child is accepted with probability min(1, p'(x)/q(x)), and
-//!   on rejection the residual becomes max(0, p' − q), renormalised; the
-//!   deterministic siblings after it (the drafter's next choices, chosen
-//!   without x) then proceed as above. (Accepting a drawn child with
-//!   p'(x), as if chosen, would be exact too, since its token does not
-//!   depend on the target's draws, but accepts it with Σ q·p on average
-//!   where this rule accepts with Σ min(p, q), a sampled chain's rate: a
-//!   tree whose first children are drawn keeps a sampled chain's
-//!   acceptance along its first path and adds its siblings'. The χ² test
-//!   with a drawn child rejected by the chosen child's update, removing x
-//!   alone, fails.)
+//! Token trees: candidate continuations verified in one pass under a tree mask (SpecInfer, Miao et
+//! al. 2024, §3-4; EAGLE-2, Li et al. 2024, §4), accepted greedily or by exact multi-draft
+//! speculative sampling (Jeon et al. 2024, §3). Notes: docs/design/code-notes.md, "spec: tree".
 
 use rand::{Rng, RngExt};
 
 use crate::SpecError;
 use crate::acceptance::{check_distribution, sample_weights};
 
-/// A draft tree: `n` nodes in level order (every parent before its
-/// children; siblings in the drafter's order, most likely first).
+/// A draft tree: `n` nodes in level order, siblings most likely first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraftTree {
     /// Drafted token of each node.
     pub tokens: Vec<u32>,
-    /// Parent of each node (`None`: a child of the root, the last verified
-    /// token). Always an earlier node.
+    /// Parent of each node (`None`: the root, the last verified token); always earlier.
     pub parents: Vec<Option<usize>>,
 }
 
@@ -93,10 +48,7 @@ impl DraftTree {
         depth.into_iter().max().unwrap_or(0)
     }
 
-    /// The tokens on the path from the root to `node` (`None`: the root
-    /// itself, an empty path), root side first: what verify row
-    /// `node + 1` sees after the verified context. Panics if `node` is out
-    /// of range (callers index rows of this tree).
+    /// The tokens from the root to `node` (`None`: none), root first. Panics if out of range.
     #[must_use]
     pub fn path_to(&self, node: Option<usize>) -> Vec<u32> {
         let mut path = Vec::new();
@@ -109,11 +61,7 @@ impl DraftTree {
         path
     }
 
-    /// Checks the parent array: same length as the tokens, every parent an
-    /// earlier node.
-    ///
-    /// # Errors
-    /// [`SpecError::Config`] naming the first bad node.
+    /// Checks the parent array. Errors: [`SpecError::Config`] naming the first bad node.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.parents.len() != self.tokens.len() {
             return Err(SpecError::Config(format!(
@@ -135,8 +83,7 @@ impl DraftTree {
         }
     }
 
-    /// Children of each verify row, in node order: entry 0 lists the
-    /// root's children, entry `i + 1` node i's (as node indices).
+    /// Children of each verify row (entry 0: the root's; `i + 1`: node i's).
     #[must_use]
     pub fn children(&self) -> Vec<Vec<usize>> {
         let mut children = vec![Vec::new(); self.len() + 1];
@@ -146,14 +93,8 @@ impl DraftTree {
         children
     }
 
-    /// The parent array of the verify pass `[root, nodes…, fillers…]` of
-    /// `width` positions: the root first, every node shifted by one, and
-    /// `width − 1 − n` filler positions hanging off the root (their rows
-    /// are never read; they keep the number of positions the adapter server
-    /// sees constant).
-    ///
-    /// # Errors
-    /// [`SpecError::Config`] when the tree does not fit in `width − 1` nodes.
+    /// The parents of the verify pass `[root, nodes…, fillers…]` of `width` positions. Errors:
+    /// [`SpecError::Config`] when the tree does not fit.
     pub fn verify_parents(&self, width: usize) -> Result<Vec<Option<usize>>, SpecError> {
         if self.len() + 1 > width.max(1) {
             return Err(SpecError::Config(format!(
@@ -174,32 +115,19 @@ impl DraftTree {
 pub struct TreeOutcome {
     /// The accepted nodes, root to leaf (node `path[d]` has depth d + 1).
     pub path: Vec<usize>,
-    /// The tokens to append: the accepted nodes' tokens, then one token
-    /// from the target model (`tokens.len() == path.len() + 1`).
+    /// The accepted nodes' tokens, then the target's token (`path.len() + 1`).
     pub tokens: Vec<u32>,
 }
 
-/// The verify pass's rows of a root-to-node `path` of tree nodes: row 0
-/// (the root, the context's last token) and row n + 1 for node n
-/// ([`DraftTree::verify_parents`] lays the nodes out that way). Node
-/// `path[d]`'s row then belongs at depth d + 1, as
-/// `cipherlora_model::KvCache::compact` keeps it.
+/// The verify rows of a root-to-node `path`: 0, then n + 1 for node n.
 pub fn path_rows(path: &[usize]) -> Vec<usize> {
     std::iter::once(0)
         .chain(path.iter().map(|&n| n + 1))
         .collect()
 }
 
-/// Greedy tree acceptance: from the root, move to the child whose token is
-/// the current row's argmax while one exists, using at most `max_rows`
-/// rows of the path (the root's row included; a fixed-point pass may have
-/// certified fewer rows than the tree has: the walk then ends at the last
-/// certified row, whose argmax is exact). `argmax[r]` is the target's
-/// choice at verify row r (row 0: the root).
-///
-/// # Errors
-/// [`SpecError::TargetCount`] when `argmax` does not have a row per node
-/// plus the root's.
+/// Greedy tree acceptance along argmax children, within `max_rows` certified rows. Errors:
+/// [`SpecError::TargetCount`].
 pub fn accept_tree_greedy(
     tree: &DraftTree,
     argmax: &[u32],
@@ -224,18 +152,9 @@ pub fn accept_tree_greedy(
     Ok(TreeOutcome { path, tokens })
 }
 
-/// Exact multi-draft speculative sampling over a tree of deterministic
-/// drafts (module docs): at each row, try the children in order, accept
-/// child x with probability p'(x) where p' is the row's distribution
-/// without the children rejected so far, renormalised; when all are
-/// rejected (or there are none), sample the residual p' and stop.
-/// `target_probs[r]` is the target's distribution at verify row r after the
-/// sampling transforms (temperature, top-k, top-p, penalties).
-///
-/// # Errors
-/// [`SpecError::TargetCount`], [`SpecError::BadDistribution`] or
-/// [`SpecError::TokenOutOfVocab`] when the inputs are inconsistent; nothing
-/// is sampled then.
+/// Exact multi-draft speculative sampling over deterministic drafts: accept child x with p'(x)
+/// (rejected children removed, renormalised), else sample the residual; `target_probs[r]`: row r's
+/// distribution. Errors: [`SpecError::TargetCount`], `BadDistribution`, `TokenOutOfVocab`.
 pub fn accept_tree_sampled<R: Rng + ?Sized>(
     tree: &DraftTree,
     target_probs: &[Vec<f32>],
@@ -244,20 +163,9 @@ pub fn accept_tree_sampled<R: Rng + ?Sized>(
     accept_tree_sampled_with(tree, target_probs, &vec![None; tree.len()], rng)
 }
 
-/// [`accept_tree_sampled`] where some nodes were drawn from a drafter
-/// distribution instead of chosen (module docs): `proposals[n]` is the
-/// distribution node n's token was sampled from (after the same sampling
-/// transforms as the target's), `None` for a deterministic node. A sampled
-/// node is tried first among its siblings (it must be its parent's first
-/// child) and accepted with probability min(1, p'(x)/q(x)); on rejection
-/// the row's residual becomes max(0, p' − q). The rest is
-/// [`accept_tree_sampled`].
-///
-/// # Errors
-/// As [`accept_tree_sampled`]; also [`SpecError::Config`] when
-/// `proposals` has the wrong length or a sampled node is not its parent's
-/// first child, and [`SpecError::BadDistribution`] when a proposal is not a
-/// distribution or gives its own token no probability.
+/// [`accept_tree_sampled`] with drawn nodes (`proposals[n]`, first children only), accepted with
+/// min(1, p'(x)/q(x)), rejection leaving max(0, p' − q). Errors: as `accept_tree_sampled`;
+/// [`SpecError::Config`], `BadDistribution` for bad proposals.
 pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
     tree: &DraftTree,
     target_probs: &[Vec<f32>],
@@ -315,9 +223,7 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
         for &c in &children[row] {
             let x = tree.tokens[c] as usize;
             match proposals[c] {
-                // A sampled child: accept with min(1, p'(x) / q(x)); a
-                // rejection, even of a token p' gives nothing, leaves
-                // max(0, p' − q), whichever token was drawn.
+                // A drawn child: accept with min(1, p'(x)/q(x)); a rejection leaves max(0, p' − q).
                 Some(q) => {
                     if w[x] > 0.0 && rng.random::<f64>() * f64::from(q[x]) * mass < w[x] {
                         path.push(c);
@@ -347,8 +253,7 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
                 break;
             }
         }
-        // The rejected children cannot hold all the mass but by rounding;
-        // then the row itself is the fallback (as `pick_residual`).
+        // Only rounding leaves no mass outside rejected children; then sample the row itself.
         let token = if mass > 0.0 && w.iter().any(|&x| x > 0.0) {
             sample_weights(vocab, |t| w[t], rng)
         } else {
@@ -398,8 +303,7 @@ mod tests {
         // No child matches: only the root's token.
         let out = accept_tree_greedy(&t, &[4, 0, 0, 0, 0, 0], usize::MAX).unwrap();
         assert_eq!((out.path, out.tokens), (vec![], vec![4]));
-        // Two certified rows: the walk stops at node 0, whose argmax (8)
-        // is exact and becomes the last token.
+        // Two certified rows: the walk stops at node 0, whose argmax ends the round.
         let out = accept_tree_greedy(&t, &[5, 8, 0, 0, 1, 0], 2).unwrap();
         assert_eq!((out.path, out.tokens), (vec![0], vec![5, 8]));
     }
@@ -462,9 +366,7 @@ mod tests {
         ));
     }
 
-    /// A drawn node must be its parent's first child, come with a
-    /// distribution that gives its token mass, and every node needs an
-    /// entry: typed errors, nothing sampled.
+    /// Malformed proposals are typed errors and nothing is sampled.
     #[test]
     fn bad_proposals_are_typed_errors() {
         let t = tree(); // root -> {0, 1}, 0 -> {2, 3}, 1 -> {4: token 9}

@@ -1,48 +1,6 @@
-//! Growing a draft tree with the base drafter: a dynamic tree in the manner
-//! of EAGLE-2 (Li et al. 2024, "EAGLE-2: Faster Inference of Language Models
-//! with Dynamic Draft Trees", §4.1-4.2).
-//!
-//! Every candidate node carries the drafter's log probability of its whole
-//! path (the sum of its tokens' log-softmax values), an estimate of the
-//! chance that verification reaches it. Growth runs level by level: the
-//! children of the root are the drafter's top `branch` tokens after the
-//! context; each further level expands the `branch` best nodes of the
-//! level before (one batched forward pass of at most `branch` positions
-//! that extends the tree already in the drafter's cache:
-//! [`AttentionMask::tree_extension`]) into their top `branch` children. A
-//! path's score never grows with depth, so a level stops early once none of
-//! its nodes could still be among the `budget` best. Finally the `budget`
-//! best candidates are kept; that set is closed under taking parents (a
-//! parent scores at least as high as its child), so it is a tree.
-//!
-//! Calibration. A drafter's softmax is a poor estimate of the chance that
-//! the *adapted* model picks a token: a base model with 0.5 on its first
-//! choice and 0.3 on its second may be matched by the adapted argmax on the
-//! first 90 % of the time. Scores therefore use a calibrated acceptance
-//! estimate c(q) of a child whose drafter probability is q, learnt online
-//! from every verify pass ([`Calibration`]: each verified row tells, for
-//! each of its children, whether the target's choice was that child),
-//! starting from c(q) = q (EAGLE-2's choice). On text where the drafter is
-//! usually right the estimate pushes growth deep (a chain-like tree); where
-//! it is often wrong, it spends nodes on alternatives.
-//!
-//! The shape depends only on the drafter's probabilities and on earlier
-//! rounds, never on this round's target, so greedy verification stays
-//! exact and sampled verification ([`crate::tree::accept_tree_sampled_with`])
-//! stays unbiased whatever the shape.
-//!
-//! Sampling. When the target samples, the first child of every expanded
-//! node is drawn from the drafter's distribution after the same sampling
-//! transforms ([`SampledGrowth`]), as a sampled chain's drafts are, and its
-//! siblings are the drafter's next choices without it; growth scores the
-//! drawn child by its learnt acceptance rate and the siblings by its miss
-//! rate ([`Calibration::drawn_estimate`]). A deterministic first child is
-//! accepted with the target's probability of that one token (on general
-//! English at temperature 1 a tree of such children verified 1.63 tokens
-//! per round at T = 16 where a sampled chain verified 5.93), a drawn one
-//! with Σ min(p, q), the chain's rate (trees now match the chain: 6.31
-//! against 6.27 on 20 prose prompts; BENCHMARKS.md, "Trees under
-//! sampling").
+//! Growing a draft tree with the base drafter, level by level, after EAGLE-2 (Li et al. 2024,
+//! §4.1-4.2), scored by learnt acceptance ([`Calibration`]). Notes: docs/design/code-notes.md,
+//! "spec: tree_draft".
 
 use std::sync::Arc;
 
@@ -62,8 +20,7 @@ pub struct TreeParams {
 }
 
 impl Default for TreeParams {
-    /// Branch 4, depth 8 (measured with the acceptance example:
-    /// BENCHMARKS.md, "Tree drafts").
+    /// Branch 4, depth 8 (measured with the acceptance example: BENCHMARKS.md, "Tree drafts").
     fn default() -> Self {
         Self {
             branch: 4,
@@ -73,11 +30,7 @@ impl Default for TreeParams {
 }
 
 impl TreeParams {
-    /// The most positions growing a tree of `budget` nodes feeds to the
-    /// drafter's cache after the context ([`grow`]): at most `branch` per
-    /// level, and the levels below the root's, min(max_depth, budget) − 1.
-    /// What the drafter's cache needs beyond the context and a chain's
-    /// margin.
+    /// The most positions growing a `budget`-node tree feeds the drafter's cache after the context.
     #[must_use]
     pub fn max_fed(&self, budget: usize) -> usize {
         self.branch.max(1) * self.max_depth.min(budget).saturating_sub(1)
@@ -113,20 +66,8 @@ impl std::str::FromStr for TreeParams {
     }
 }
 
-/// Online estimate of c(rank, q): the probability that the target's choice
-/// at a row is a given child, as a function of the child's rank among its
-/// siblings (the drafter's first choice, second, or later) and of the
-/// drafter's probability q of it, in `BINS` equal bins of q; each cell is a
-/// hit rate with a prior of `PRIOR` pseudo-trials. The rank matters: with
-/// the base model drafting over the adapted prefix, a first choice is
-/// accepted far more often than its q says (measured on the general-English
-/// adapter: 53 % at q < 0.1, 76-100 % from q = 0.1 on), a second choice
-/// about as often as q or less (4-15 %). The prior is √q for a first
-/// choice (between those), q for the others (EAGLE-2's estimate).
-///
-/// Drawn first children (sampling, module docs) are accepted at a rate of
-/// their own, Σ min(p, q) on average, learnt apart: every row a sampled
-/// round reached tells whether its drawn child was kept.
+/// Online estimate of c(rank, q), the chance the target picks a child of sibling rank `rank` and
+/// drafter probability `q` (`BINS` bins, `PRIOR` pseudo-trials); drawn children learnt apart.
 #[derive(Debug, Clone)]
 pub struct Calibration {
     hits: [[f32; Self::BINS]; Self::RANKS],
@@ -154,8 +95,7 @@ impl Calibration {
         ((q.clamp(0.0, 1.0) * Self::BINS as f32) as usize).min(Self::BINS - 1)
     }
 
-    /// The estimated acceptance of a child of sibling rank `rank` (0: the
-    /// drafter's first choice) and drafter probability `q`.
+    /// The estimated acceptance of a child of rank `rank` and drafter probability `q`.
     #[must_use]
     pub fn estimate(&self, rank: usize, q: f32) -> f32 {
         let (r, b) = (rank.min(Self::RANKS - 1), Self::bin(q));
@@ -165,17 +105,14 @@ impl Calibration {
         c.clamp(1e-4, 1.0)
     }
 
-    /// The estimated acceptance of a drawn first child (prior 0.8, the
-    /// order of a guided drafter's per-token agreement).
+    /// The estimated acceptance of a drawn first child.
     #[must_use]
     pub fn drawn_estimate(&self) -> f32 {
         let (hits, trials) = self.drawn;
         ((hits + Self::PRIOR * 0.8) / (trials + Self::PRIOR)).clamp(1e-4, 1.0)
     }
 
-    /// Learns from a sampled tree round that kept `path`: at every row the
-    /// walk reached (the root and each kept node), whether the row's drawn
-    /// first child, if it had one, was the node kept next.
+    /// Learns from a sampled round that kept `path` whether each drawn first child was kept.
     pub(crate) fn observe_drawn(&mut self, grown: &GrownTree, path: &[usize]) {
         let children = grown.tree.children();
         for (depth, row) in crate::tree::path_rows(path).into_iter().enumerate() {
@@ -189,16 +126,14 @@ impl Calibration {
         }
     }
 
-    /// Records one child of sibling rank `rank` and drafter probability
-    /// `q`: whether the target chose it.
+    /// Records whether the target chose a child of rank `rank` and probability `q`.
     pub fn observe(&mut self, rank: usize, q: f32, hit: bool) {
         let (r, b) = (rank.min(Self::RANKS - 1), Self::bin(q));
         self.trials[r][b] += 1.0;
         self.hits[r][b] += f32::from(u8::from(hit));
     }
 
-    /// Learns from a verified tree: `argmax[r]` is the target's choice at
-    /// verify row r (root first); every child of every row is one trial.
+    /// Learns from a verified tree (`argmax[r]`: the target's choice at row r, root first).
     pub(crate) fn observe_tree(&mut self, grown: &GrownTree, argmax: &[u32]) {
         for (row, children) in grown.tree.children().iter().enumerate() {
             let Some(&want) = argmax.get(row) else {
@@ -211,10 +146,7 @@ impl Calibration {
     }
 }
 
-/// Tree drafting settings of a generation: the shape limits and the
-/// acceptance estimate to start from (a caller that generates repeatedly
-/// passes on [`crate::decode::SpecOutput::calibration`], so later
-/// generations start calibrated).
+/// Tree drafting settings: shape limits and the starting acceptance estimate.
 #[derive(Debug, Clone, Default)]
 pub struct TreeDrafts {
     /// Shape limits.
@@ -237,22 +169,17 @@ impl From<TreeParams> for TreeDrafts {
 pub(crate) struct GrownTree {
     /// The draft tree (level order).
     pub tree: DraftTree,
-    /// For each node, its index among the tree positions of the drafter's
-    /// cache (after the context), if the drafter fed it (expanded nodes
-    /// were fed; leaves were not).
+    /// Per node, its index among the drafter cache's tree positions if it was fed.
     pub fed: Vec<Option<usize>>,
     /// Each node's drafter probability given its parent (softmax).
     pub q: Vec<f32>,
     /// Each node's rank among the drafter's choices after its parent.
     pub rank: Vec<usize>,
-    /// For each node drawn from the drafter's distribution (sampling,
-    /// [`SampledGrowth`]), that distribution; `None` for a chosen node.
+    /// Per node drawn from the drafter (sampling), its distribution; `None` if chosen.
     pub proposals: Vec<Option<Arc<[f32]>>>,
 }
 
-/// What growth needs to draw first children when the target samples
-/// (module docs, "Sampling"): the sampler whose transforms the target
-/// applies, the context the tree continues, and the round's generator.
+/// What growth needs to draw first children when the target samples.
 pub(crate) struct SampledGrowth<'a> {
     /// The target's sampler (temperature, top-k, top-p, penalty).
     pub sampler: &'a Sampler,
@@ -263,8 +190,7 @@ pub(crate) struct SampledGrowth<'a> {
 }
 
 impl SampledGrowth<'_> {
-    /// The drafter's distribution after `history` (the context and a path)
-    /// from its logits `row`, and a token drawn from it.
+    /// The drafter's distribution after the context and `path`, and a token drawn from it.
     fn draw(&mut self, row: &[f32], path: &[u32]) -> (u32, Arc<[f32]>) {
         let mut history = self.context.to_vec();
         history.extend_from_slice(path);
@@ -275,16 +201,13 @@ impl SampledGrowth<'_> {
 }
 
 impl GrownTree {
-    /// The drafter-cache indices to keep after a round accepted `path`:
-    /// the fed prefix of the path (see [`KvCache::compact`]).
+    /// The drafter-cache indices to keep after a round accepted `path` ([`KvCache::compact`]).
     pub fn cached_path(&self, path: &[usize]) -> Vec<usize> {
         path.iter().map_while(|&n| self.fed[n]).collect()
     }
 }
 
-/// The least share of a node's acceptance estimate its chosen children
-/// keep after a drawn first child (sampling): they are tried only once the
-/// drawn child is rejected.
+/// The least share of a node's estimate its chosen children keep after a drawn first child.
 const MIN_AFTER_DRAWN: f32 = 0.05;
 
 /// A candidate during growth.
@@ -313,8 +236,7 @@ pub(crate) struct TreeGrowth {
     cands: Vec<Candidate>,
     /// Candidate ids of the newest level.
     level: Vec<usize>,
-    /// Parents (as fed indices) of the fed nodes, in feed order: the tree
-    /// the drafter's cache holds.
+    /// Parents (as fed indices) of the fed nodes, in feed order.
     fed_parents: Vec<Option<usize>>,
 }
 
@@ -329,11 +251,7 @@ impl TreeGrowth {
         }
     }
 
-    /// Adds the top `branch` tokens of the logits `row` as children of
-    /// `parent` (`None`: the root), scored by `calibration`; with `first`
-    /// (a token drawn from the distribution given with it) that token is
-    /// the first child and the top `branch − 1` others follow. Call once
-    /// per node of a level, then [`Self::next_level`].
+    /// Adds the top `branch` tokens of `row` under `parent` (`None`: root); a drawn `first` leads.
     pub fn expand(
         &mut self,
         parent: Option<usize>,
@@ -345,9 +263,7 @@ impl TreeGrowth {
             parent.map_or((0.0, 1), |p| (self.cands[p].score, self.cands[p].depth + 1));
         let log_z = log_sum_exp(row);
         let top = top_k(row, self.branch);
-        // A drawn first child is accepted about as often as a sampled
-        // chain's draft (its own learnt rate); its siblings are tried only
-        // once it is rejected.
+        // A drawn first child gets its learnt rate; its siblings only what it misses.
         let drawn_estimate = first.as_ref().map(|_| calibration.drawn_estimate());
         let after_drawn = drawn_estimate.map_or(1.0, |c| (1.0 - c).max(MIN_AFTER_DRAWN));
         let mut push = |token: u32, rank: usize, proposal: Option<Arc<[f32]>>| {
@@ -395,8 +311,7 @@ impl TreeGrowth {
         path
     }
 
-    /// Closes the level just expanded: its candidates form the next
-    /// frontier.
+    /// Closes the level just expanded: its candidates form the next frontier.
     pub fn next_level(&mut self, first_new: usize) {
         self.level = (first_new..self.cands.len()).collect();
     }
@@ -406,10 +321,7 @@ impl TreeGrowth {
         self.cands.len()
     }
 
-    /// The nodes of the newest level to expand next (at most `branch`, best
-    /// first), marked fed; with the attention mask that extends the cached
-    /// tree by them. Empty when no node of the level could still be among
-    /// the `budget` best.
+    /// The newest level's nodes to expand (≤ `branch`, best first) and the extending mask.
     pub fn take_frontier(&mut self) -> (Vec<usize>, Vec<u32>, AttentionMask) {
         let threshold = self.kth_best_score(self.budget);
         let mut level: Vec<usize> = self
@@ -435,8 +347,8 @@ impl TreeGrowth {
         (level, tokens, mask)
     }
 
-    /// The `budget` best candidates as a tree in level order, with each
-    /// node's fed index, drafter probability and rank, and the proposals.
+    /// The `budget` best candidates as a tree in level order, with fed indices, probabilities,
+    /// ranks.
     pub fn finish(self) -> GrownTree {
         let mut order: Vec<usize> = (0..self.cands.len()).collect();
         order.sort_by(|&a, &b| {
@@ -490,23 +402,8 @@ impl TreeGrowth {
     }
 }
 
-/// Grows a tree of at most `budget` nodes (module docs). `cache` holds a
-/// prefix of the context; `feed` is the rest of it (at least the last
-/// token), fed first to get the root's distribution. Afterwards `cache`
-/// holds the context followed by the fed tree nodes ([`GrownTree::fed`]).
-/// Scores use `calibration` (module docs). Every position the drafter runs
-/// gets `bias`'s deltas (`NoAdapter`: the base model; a
-/// [`crate::draft_bias::DraftBias`] for delta-guided drafting).
-/// `models` = (the single-position model, the batched one): the same
-/// architecture, e.g. f16 weights for single positions and f32 for the
-/// levels (candle's f16 GEMM on the CPU is ~5× slower than f32 for a few
-/// rows, while f16 halves a single position's weight traffic; measured for
-/// SmolLM2-135M, BENCHMARKS.md "Tree drafts"). With `sampled` (the target
-/// samples) every expanded node's first child is drawn (module docs,
-/// "Sampling").
-///
-/// # Errors
-/// Those of the forward pass (a full cache included).
+/// Grows a tree of at most `budget` nodes after feeding `feed`; `bias` guides the drafter,
+/// `models` = (single-position, batched). Errors: those of the forward pass (full cache included).
 pub(crate) fn grow(
     (model, batch_model): (&Model, &Model),
     cache: &mut KvCache,
@@ -560,8 +457,7 @@ fn log_sum_exp(row: &[f32]) -> f32 {
     max + sum.ln()
 }
 
-/// The `k` largest entries of `row` as (index, value), largest first (ties:
-/// lower index first).
+/// The `k` largest entries of `row` as (index, value), largest first (ties: lower index first).
 fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
     for (i, &v) in row.iter().enumerate() {
@@ -586,8 +482,7 @@ mod tests {
         assert_eq!(top_k(&row, 10).len(), 5);
     }
 
-    /// A row whose softmax puts `p` on each listed token (the rest spread
-    /// thinly over `vocab`).
+    /// A row whose softmax puts `p` on each listed token (the rest spread thinly over `vocab`).
     fn row(vocab: usize, probs: &[(u32, f32)]) -> Vec<f32> {
         let mut r = vec![-30.0f32; vocab];
         for &(t, p) in probs {
@@ -596,14 +491,7 @@ mod tests {
         r
     }
 
-    /// Regression: the acceptance example ran the drafter's cache full
-    /// (`cache full: 147 + 2 positions > capacity 148`, general-all-r8,
-    /// T = 16, trees of 15 nodes): the cache had room for a chain's K + 1
-    /// positions after the context, and a tree's growth may feed more. The
-    /// decoder now adds [`TreeParams::max_fed`]; this pins that bound:
-    /// growth feeds at most `branch` nodes per level below the root, with
-    /// any acceptance estimate (here one that has learnt that every rank is
-    /// accepted, which keeps the frontier full).
+    /// Growth feeds at most `branch` nodes per level ([`TreeParams::max_fed`]).
     #[test]
     fn a_tree_feeds_at_most_max_fed_positions() {
         let mut learnt = Calibration::default();
@@ -672,10 +560,7 @@ mod tests {
         assert_eq!(fed, vec![Some(0), Some(1), Some(2), Some(3)]);
     }
 
-    /// Sampling: a drawn first child (here the drafter's second choice)
-    /// comes first among its siblings with its proposal, the chosen
-    /// siblings skip its token, and growth expands the drawn child before
-    /// the chosen ones, which are tried only after it is rejected.
+    /// A drawn first child leads its siblings, which skip its token, and is grown first.
     #[test]
     fn a_drawn_first_child_leads_and_is_grown_first() {
         let c = Calibration::default();

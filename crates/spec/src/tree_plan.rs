@@ -1,51 +1,6 @@
-//! The planner's model of a draft: expected tokens per verify round of a
-//! chain or of the best tree of the same node budget, from the drafter's
-//! acceptance by rank.
-//!
-//! # The model
-//! Sequoia (Chen et al. 2024, "Sequoia: Scalable, Robust, and
-//! Hardware-aware Speculative Decoding", §3.1) assumes *positional
-//! acceptance*: at any node, the target's token is the drafter's i-th
-//! choice there with a probability `r_i` that depends on i alone
-//! ([`RankAcceptance`]). A node reached from the root through choices of
-//! ranks `i_1, …, i_d` is then on the accepted path with probability
-//! `r_{i_1} · … · r_{i_d}` (its *value*), and greedy verification of a tree
-//! yields, in expectation, one token per accepted node plus the bonus
-//! token: `1 + Σ_nodes value`. A chain uses first choices only, so a chain
-//! of K drafts yields `1 + Σ_{d=1..K} r_1^d`, Leviathan et al.'s `E(K)` with
-//! α = `r_1` ([`crate::adaptive::expected_tokens`]).
-//!
-//! A node's value is at most its parent's (every factor is ≤ 1), so the
-//! K most valuable nodes that the shape limits allow form a tree, and the
-//! best tree of K nodes is found best first: take the most valuable node
-//! of the frontier, put its children (up to `branch`, down to `max_depth`)
-//! on the frontier, K times ([`best_tree`]). Under positional acceptance
-//! this is the optimum Sequoia's dynamic program computes.
-//!
-//! # What it is for, and what it leaves out
-//! The width model (`cipherlora_private::width_plan`) weighs a tree's
-//! tokens per round against a chain's at each verify width T = K + 1: the
-//! server sees the same T positions either way (the tree lives in the
-//! client's attention mask), so the choice costs no privacy, only drafting
-//! time (a tree is drafted level by level in batched passes). The model
-//! is conservative about trees: EAGLE-2's growth ([`crate::tree_draft`])
-//! scores each node by the drafter's own, calibrated, probability there,
-//! so it puts siblings where the drafter is unsure, which one `r_i` per
-//! rank cannot. With `r_1` fitted to a measured chain, the model predicted
-//! trees at 1.00–1.02× chains at T = 9–17 where growth measured
-//! 0.98–1.13×, and 1.08× / 1.22× at T = 32 / 64 where it measured 1.17× /
-//! 1.23× (BENCHMARKS.md, "Chain or tree: the planner"). Acceptance that
-//! runs in streaks (code: a chain of the base drafter at K = 7 verifies
-//! 6.4 tokens per round where the α that fits K = 3 predicts 5.7) makes
-//! deep chains worth more than the model says, which favours chains.
-//!
-//! With the base model drafting over the adapted prefix the first choice
-//! dominates: teacher-forced on 1,280 tokens of the general-English
-//! adapter's trajectories, the adapted token was the base model's first
-//! choice 77.6 % of the time, its second 12.5 %, third 4.1 %, fourth 1.6 %
-//! (BENCHMARKS.md, "Tree drafts"): a second choice took 0.56 of the first
-//! choice's misses ([`SECOND_CHOICE_SHARE`]), each further rank about as
-//! large a share of what was left.
+//! The planner's model of a draft: expected tokens per round of a chain or the best tree of the
+//! same budget, under Sequoia's positional acceptance (Chen et al. 2024, §3.1). Rationale:
+//! docs/design/code-notes.md, "spec: tree_plan".
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -53,32 +8,20 @@ use std::collections::BinaryHeap;
 use crate::SpecError;
 use crate::tree_draft::TreeParams;
 
-/// The share of the first choice's misses that the second choice takes,
-/// and each later rank of what the ranks before it left: 0.125 / (1 −
-/// 0.776) on the general-English adapter (module docs). Used by
-/// [`RankAcceptance::from_first`] when only the first choice's rate is
-/// known (an adapter's published acceptance hint).
+/// The share of the first choice's misses the second choice takes, and so on per rank.
 pub const SECOND_CHOICE_SHARE: f64 = 0.56;
 
-/// Ranks [`RankAcceptance::from_first`] models (the fifth choice and lower
-/// together took 4.2 % of the measured tokens; no tree shape here expands
-/// more than four children per node by default).
+/// Ranks [`RankAcceptance::from_first`] models.
 const MODELLED_RANKS: usize = 8;
 
-/// Per drafter rank i (index 0: the first choice), the probability `r_i`
-/// that the target's token at a node is the drafter's i-th choice there:
-/// disjoint events, so the rates sum to at most 1 (module docs).
+/// Per rank i (0: first choice), the probability `r_i` that the target's token is that choice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RankAcceptance {
     rates: Vec<f64>,
 }
 
 impl RankAcceptance {
-    /// The rates `r_1, r_2, …`, first choice first.
-    ///
-    /// # Errors
-    /// [`SpecError::BadRankAcceptance`] when there is no rate, a rate is not
-    /// a finite number in [0, 1], or the rates sum to more than 1.
+    /// The rates, first choice first. Errors: [`SpecError::BadRankAcceptance`].
     pub fn new(rates: Vec<f64>) -> Result<Self, SpecError> {
         let bad = |reason: String| Err(SpecError::BadRankAcceptance { reason });
         if rates.is_empty() {
@@ -100,9 +43,7 @@ impl RankAcceptance {
         Ok(Self { rates })
     }
 
-    /// Rates from the first choice's `alpha` alone (clamped to [0, 1]):
-    /// every later rank takes [`SECOND_CHOICE_SHARE`] of what the ranks
-    /// before it left, `r_i = (1 − α) · s · (1 − s)^(i − 2)` for i ≥ 2.
+    /// Rates from the first choice's `alpha`: `r_i = (1 − α) · s · (1 − s)^(i − 2)` for i ≥ 2.
     #[must_use]
     pub fn from_first(alpha: f64) -> Self {
         let a = if alpha.is_finite() {
@@ -126,9 +67,7 @@ impl RankAcceptance {
         self.rates.get(rank).copied().unwrap_or(0.0)
     }
 
-    /// Expected tokens per round of a chain of `k` drafts (bonus token
-    /// included): `1 + Σ_{d=1..k} r_1^d`, Leviathan et al.'s `E(K)` at
-    /// α = `r_1` ([`crate::adaptive::expected_tokens`]).
+    /// Expected tokens per round of a `k`-draft chain: `1 + Σ_{d=1..k} r_1^d` (Leviathan et al.).
     #[must_use]
     pub fn chain_tokens(&self, k: usize) -> f64 {
         crate::adaptive::expected_tokens(self.rate(0), k)
@@ -142,8 +81,7 @@ pub struct TreeEstimate {
     pub tokens: f64,
     /// Depth of the deepest node (a chain of K has depth K).
     pub depth: usize,
-    /// Nodes at each depth, from depth 1: the batched drafting passes a
-    /// tree of this shape needs, one per level.
+    /// Nodes per depth from 1: one batched drafting pass each.
     pub widths: Vec<usize>,
 }
 
@@ -165,8 +103,7 @@ struct Candidate {
 impl Eq for Candidate {}
 
 impl Ord for Candidate {
-    /// By value, then the shallower first (a parent before its equally
-    /// valued child).
+    /// By value, then the shallower first (a parent before its equally valued child).
     fn cmp(&self, other: &Self) -> Ordering {
         self.value
             .total_cmp(&other.value)
@@ -180,10 +117,7 @@ impl PartialOrd for Candidate {
     }
 }
 
-/// The best tree of `budget` nodes within `params` (children per node ≤
-/// `branch`, depth ≤ `max_depth`) and its expected tokens per round (module
-/// docs: best first over the frontier). `budget` 0 gives the bonus token
-/// alone; a `branch` or `max_depth` of 0 allows no node.
+/// The best tree of `budget` nodes within `params` and its expected tokens per round.
 #[must_use]
 pub fn best_tree(acceptance: &RankAcceptance, budget: usize, params: &TreeParams) -> TreeEstimate {
     let mut frontier = BinaryHeap::new();
@@ -232,21 +166,15 @@ mod tests {
         TreeParams { branch, max_depth }
     }
 
-    /// The best expected tokens over *every* tree of at most `budget` nodes
-    /// within the limits, by exhaustive search: a tree is a root whose
-    /// children of ranks 0..branch each get a subtree, and the budget is
-    /// split among them in every way. Independent of the best-first rule.
+    /// The best expected tokens over every tree within the limits, by exhaustive search.
     fn exhaustive(acc: &RankAcceptance, budget: usize, branch: usize, depth: usize) -> f64 {
-        // Best Σ value of a forest hanging below a node of value 1 with
-        // `n` nodes, children of ranks ≥ `rank`, at most `d` levels.
+        // Best Σ value of a forest of `n` nodes of ranks ≥ `rank` within `d` levels.
         fn forest(acc: &RankAcceptance, n: usize, rank: usize, b: usize, d: usize) -> f64 {
             if n == 0 || rank >= b || d == 0 {
                 return 0.0;
             }
             let r = acc.rate(rank);
-            // Either no child of this rank (then none of later ranks
-            // either would be better placed, but allow it), or one child
-            // with m nodes in its subtree (itself included).
+            // No child of this rank, or one with an m-node subtree.
             let mut best = forest(acc, n, rank + 1, b, d);
             for m in 1..=n {
                 let sub = r * (1.0 + forest(acc, m - 1, 0, b, d - 1));
@@ -277,9 +205,7 @@ mod tests {
 
     #[test]
     fn measured_prose_ranks_at_t16_give_a_chain() {
-        // The general adapter's guided drafter: ≈ 0.88 per token in context
-        // (a chain at T = 16 verified 7.23 tokens per round, trees 1.02×
-        // that). The model agrees that 15 nodes are best spent on the chain.
+        // A drafter with α ≈ 0.88: the model spends 15 nodes on the chain.
         let acc = RankAcceptance::from_first(0.88);
         let tree = best_tree(&acc, 15, &shape(4, 64));
         assert!(tree.is_chain(), "{tree:?}");
@@ -291,12 +217,7 @@ mod tests {
 
     #[test]
     fn at_t16_every_tree_of_seven_tokens_per_round_is_a_chain() {
-        // Issue 14 asks for ≥ 7 tokens per round at T ≤ 16 and trees ≥ 1.4×
-        // chains. Under the positional model no ranked drafter (r_1 ≥ r_2 ≥
-        // …, any share of the misses per later rank) has both at T = 16:
-        // a tree of 15 nodes reaching 7 needs r_1 ≈ 0.87 or more, and then
-        // a sibling (value ≤ 1 − r_1) is worth less than the chain's
-        // 15th node (r_1^15). BENCHMARKS.md, "How wide a tree must be".
+        // No ranked drafter gets both ≥ 7 tokens per round at T = 16 and trees ≥ 1.4× chains.
         let mut best_ratio_below_seven: f64 = 0.0;
         for a in (1..100).map(|i| f64::from(i) / 100.0) {
             for s in (0..=20).map(|i| f64::from(i) / 20.0) {
@@ -325,8 +246,7 @@ mod tests {
 
     #[test]
     fn paper_style_rates_reproduce_the_papers_tree_gains() {
-        // Sequoia-like weak drafters (first choice ≈ 0.6–0.7, a strong
-        // second): trees of 15 nodes gain well over 1.4× a chain of 15.
+        // Weak drafters with a strong second choice: trees gain well over 1.4× a chain.
         let acc = RankAcceptance::new(vec![0.6, 0.2, 0.08, 0.04]).unwrap();
         let tree = best_tree(&acc, 15, &shape(4, 16));
         assert!(tree.tokens / acc.chain_tokens(15) > 1.2, "{tree:?}");

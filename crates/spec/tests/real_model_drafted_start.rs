@@ -1,7 +1,6 @@
-//! The drafter's share of a fixed-point round on the real default model
-//! with the committed code adapter, the plaintext LoRA hook standing in
-//! for the adapter server: the first trip sent from the inputs the drafter
-//! recorded ([`cipherlora_spec::schedule::FixedPoint::drafted_start`]) and
+//! The drafter's share of a fixed-point round on the real default model with the committed code
+//! adapter, the plaintext LoRA hook standing in for the adapter server: the first trip sent from
+//! the inputs the drafter recorded ([`cipherlora_spec::schedule::FixedPoint::drafted_start`]) and
 //! the estimate passes run on the drafter's quantized weights
 //! ([`cipherlora_spec::schedule::FixedPoint::drafter_estimates`]).
 
@@ -33,10 +32,9 @@ fn max_relative_difference(a: &[GroupInput], b: &[GroupInput]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// With the target as its own drafter, no guide and no guess, the inputs
-/// the drafter records for the first round are the ones pass 0 computes
-/// (up to the float error of one position at a time against eight): the
-/// recorded rows are the window's positions, in order, the last draft's
+/// With the target as its own drafter, no guide and no guess, the inputs the drafter records for
+/// the first round are the ones pass 0 computes (up to the float error of one position at a time
+/// against eight): the recorded rows are the window's positions, in order, the last draft's
 /// included.
 #[test]
 fn the_drafter_records_the_inputs_pass_zero_would_send() {
@@ -52,8 +50,8 @@ fn the_drafter_records_the_inputs_pass_zero_would_send() {
         let mut hook = Recording::new(&f.adapter);
         let got = drafted(f, &f.model, &prompt, &cfg, &mut hook);
         assert_eq!(got.tokens, reference(f, &prompt, 8), "{schedule}");
-        // Every verify pass (continuations are more trips of the same
-        // pass) starts from the drafter when asked to.
+        // Every verify pass (continuations are more trips of the same pass) starts from the drafter
+        // when asked to.
         let passes = got.stats.rounds - got.stats.continuations;
         assert_eq!(
             got.stats.drafted_starts,
@@ -68,10 +66,9 @@ fn the_drafter_records_the_inputs_pass_zero_would_send() {
     assert!(diff < 1e-4, "drafted and pass-0 inputs differ by {diff}");
 }
 
-/// Two shadowed trips and the default three, each round started from the
-/// quantized drafter's inputs and its estimate passes run on the quantized
-/// weights: greedy output equals sequential adapted decoding with f32
-/// weights, and every round is the schedule's trips.
+/// Two shadowed trips and the default three, each round started from the quantized drafter's inputs
+/// and its estimate passes run on the quantized weights: greedy output equals sequential adapted
+/// decoding with f32 weights, and every round is the schedule's trips.
 #[test]
 fn drafted_starts_and_drafter_estimates_keep_greedy_output() {
     let f = fixture();

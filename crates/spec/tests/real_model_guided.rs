@@ -1,10 +1,9 @@
-//! Delta-guided drafting ([`cipherlora_spec::draft_bias`]) on the real
-//! default model with the committed general-English adapter (q,k,v,o,
-//! r = 16), the plaintext LoRA hook standing in for the adapter server:
-//! greedy output equals sequential adapted decoding with and without the
-//! guidance, on the per-group and the fixed-point schedule (whose drafting
-//! ahead takes its guide from the pass before the last trip), and the
-//! guided drafter needs fewer verify rounds for the same tokens.
+//! Delta-guided drafting ([`cipherlora_spec::draft_bias`]) on the real default model with the
+//! committed general-English adapter (q,k,v,o, r = 16), the plaintext LoRA hook standing in for the
+//! adapter server: greedy output equals sequential adapted decoding with and without the guidance,
+//! on the per-group and the fixed-point schedule (whose drafting ahead takes its guide from the
+//! pass before the last trip), and the guided drafter needs fewer verify rounds for the same
+//! tokens.
 
 mod common;
 
@@ -13,8 +12,7 @@ use cipherlora_spec::decode::SpecConfig;
 use cipherlora_spec::schedule::{FixedPoint, Schedule};
 use common::{drafted, fixture, load_adapter, reference_with};
 
-/// Prose prompts (those of the `convergence` example), not from the
-/// adapter's training text.
+/// Prose prompts (those of the `convergence` example), not from the adapter's training text.
 const PROSE: [&str; 2] = [
     "The old lighthouse keeper climbed the stairs every evening, and",
     "Rivers shape the land around them in several ways. First,",
@@ -34,10 +32,9 @@ fn delta_guided_drafts_keep_greedy_output_and_need_fewer_rounds() {
     let adapter = load_adapter("general-lora-r16", &f.model);
     let (k, n) = (12, 32);
     let eos = f.tokenizer.eos_tokens().to_vec();
-    // The fixed point starts each pass from the base model here: a guessed
-    // start (the default) certifies more rows for both drafters, which on
-    // these two prompts evens out their round counts (11 and 11) and would
-    // hide what this test measures, the drafts.
+    // The fixed point starts each pass from the base model here: a guessed start (the default)
+    // certifies more rows for both drafters, which on these two prompts evens out their round
+    // counts (11 and 11) and would hide what this test measures, the drafts.
     let schedules = [
         Schedule::PerGroup,
         Schedule::FixedPoint(FixedPoint {

@@ -1,16 +1,14 @@
-//! Verify rounds certified against the residual the cached rows carry ([`cipherlora_spec::schedule::FixedPoint::shadow`]),
-//! on the real default model with the committed general-English adapter
-//! (q,k,v,o, r = 16), the plaintext LoRA hook standing in for the adapter
-//! server.
+//! Verify rounds certified against the residual the cached rows carry
+//! ([`cipherlora_spec::schedule::FixedPoint::shadow`]), on the real default model with the
+//! committed general-English adapter (q,k,v,o, r = 16), the plaintext LoRA hook standing in for the
+//! adapter server.
 //!
-//! The regression this pins: on the second held-out general prompt, the
-//! all-linear adapter (`general-all-r8`) and the default three trips per
-//! round changed the greedy output at token 9, a near-tie 4e-4 logits wide
-//! that the cached rows' residual flipped (`cargo run --release -p
-//! cipherlora-spec --example exactness -- --adapters general-all-r8
-//! --widths 8 --trips 3 --skip 1 --limit 1`). With the shadow the round
-//! stalls there, the cached rows (the prompt's too) are settled, and the
-//! output equals sequential adapted decoding.
+//! The regression this pins: on the second held-out general prompt, the all-linear adapter
+//! (`general-all-r8`) and the default three trips per round changed the greedy output at token 9, a
+//! near-tie 4e-4 logits wide that the cached rows' residual flipped (`cargo run --release -p
+//! cipherlora-spec --example exactness -- --adapters general-all-r8 --widths 8 --trips 3 --skip 1
+//! --limit 1`). With the shadow the round stalls there, the cached rows (the prompt's too) are
+//! settled, and the output equals sequential adapted decoding.
 
 mod common;
 
@@ -32,8 +30,7 @@ fn general_prompt(i: usize) -> String {
 fn a_shadow_cache_keeps_the_near_tie_three_trips_flipped_at_token_9() {
     let f = fixture();
     let adapter = load_adapter("general-all-r8", &f.model);
-    // The exactness example's setting: f16 drafter, T = 8, prefill in
-    // passes of 16 positions.
+    // The exactness example's setting: f16 drafter, T = 8, prefill in passes of 16 positions.
     let drafter = f.model.to_f16_weights().expect("f16 drafter");
     let prompt = f.tokenizer.encode(&general_prompt(1)).unwrap();
     let n = 12;

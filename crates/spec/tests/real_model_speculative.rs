@@ -1,6 +1,5 @@
-//! Speculative decoding on the real default model with the committed
-//! standard LoRA adapter (adapters/code-lora-r16), the plaintext LoRA hook
-//! standing in for the adapter server.
+//! Speculative decoding on the real default model with the committed standard LoRA adapter
+//! (adapters/code-lora-r16), the plaintext LoRA hook standing in for the adapter server.
 //!
 //! 1. Greedy: for every drafter, with and without constant-K padding and
 //!    adaptive K, the output equals sequential greedy decoding of the
@@ -123,14 +122,13 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
             }
         }
     }
-    // The adapter changes the output, so the base drafter must be rejected
-    // sometimes, yet speculation must still save rounds.
+    // The adapter changes the output, so the base drafter must be rejected sometimes, yet
+    // speculation must still save rounds.
     assert!(
         rounds_base < PROMPTS.len() * n,
         "base drafter never accepted anything"
     );
-    // Drafts made ahead must actually be used sometimes (and, above, never
-    // change the output).
+    // Drafts made ahead must actually be used sometimes (and, above, never change the output).
     assert!(optimistic_hits > 0, "optimistic drafting never hit");
     // Low-confidence drafts must actually end early sometimes.
     assert!(early_stop_saved > 0, "no draft ever stopped early");
@@ -184,8 +182,8 @@ fn speculative_sampling_follows_the_adapted_softmax_on_the_real_model() {
         let prompt = f.tokenizer.encode(text).unwrap();
         let p_full = last_probs(f, &prompt, &mut PlainLora::new(&f.adapter), &sampler);
         let q_full = last_probs(f, &prompt, &mut NoAdapter, &sampler);
-        // Restrict both to the union of their supports (top-k leaves ~80 of
-        // 49,152 tokens): the same distributions, 600× cheaper to sample.
+        // Restrict both to the union of their supports (top-k leaves ~80 of 49,152 tokens): the
+        // same distributions, 600× cheaper to sample.
         let support: Vec<usize> = (0..p_full.len())
             .filter(|&t| p_full[t] > 0.0 || q_full[t] > 0.0)
             .collect();
@@ -267,15 +265,13 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
     );
 }
 
-/// The fixed-point schedule (all groups per round trip, iterated over
-/// layers) with the plaintext hook: every round makes exactly N trips, the
-/// output equals sequential greedy decoding, and drafting ahead during the
-/// last trip (on by default) is used and changes nothing; with one trip per
-/// round the certification has to continue rounds and still never lets a
-/// wrong token through; a prompt prefilled group by group under a fixed-
-/// point decode gives the same output too.
-/// Greedy, base drafter, K = 8 padded, prefill passes of 16 positions,
-/// `n` new tokens, every pass under the fixed point `fp`.
+/// The fixed-point schedule (all groups per round trip, iterated over layers) with the plaintext
+/// hook: every round makes exactly N trips, the output equals sequential greedy decoding, and
+/// drafting ahead during the last trip (on by default) is used and changes nothing; with one trip
+/// per round the certification has to continue rounds and still never lets a wrong token through; a
+/// prompt prefilled group by group under a fixed- point decode gives the same output too. Greedy,
+/// base drafter, K = 8 padded, prefill passes of 16 positions, `n` new tokens, every pass under the
+/// fixed point `fp`.
 fn fixed_point_config(
     f: &Fixture,
     fp: cipherlora_spec::schedule::FixedPoint,
@@ -303,8 +299,7 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
             (2, false, Prefill::FixedPoint(5)),
             (1, false, Prefill::FixedPoint(5)),
             (3, true, Prefill::FixedPoint(5)),
-            // The prompt group by group (exact keys and values), the
-            // rounds by the fixed point.
+            // The prompt group by group (exact keys and values), the rounds by the fixed point.
             (2, true, Prefill::PerGroup),
         ] {
             let fp = FixedPoint {
@@ -342,13 +337,12 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
     );
 }
 
-/// Sampling under the fixed-point schedule: rows are certified only when
-/// their logits' remaining-error bound is below the sampling tolerance,
-/// which takes more than two trips, so rounds are continued; the
-/// generation completes, every round still makes exactly N trips, and with
-/// the same seed it samples what the per-group schedule samples (the
-/// certified logits are within 1e-4 of the exact ones, so an acceptance
-/// test could flip only for a uniform draw within ~2e-4 of its threshold).
+/// Sampling under the fixed-point schedule: rows are certified only when their logits'
+/// remaining-error bound is below the sampling tolerance, which takes more than two trips, so
+/// rounds are continued; the generation completes, every round still makes exactly N trips, and
+/// with the same seed it samples what the per-group schedule samples (the certified logits are
+/// within 1e-4 of the exact ones, so an acceptance test could flip only for a uniform draw within
+/// ~2e-4 of its threshold).
 #[test]
 fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
     use cipherlora_spec::schedule::Schedule;
@@ -364,11 +358,9 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             prefill_width: Some(16),
             optimistic: false,
             draft_stop_below: 0.0,
-            // Unguided: a guided drafter takes its guide from the deltas
-            // each schedule computed, which differ in the last bits, and
-            // its sampled drafts (same distribution) then take other
-            // paths through the seeded generator; this test compares the
-            // paths themselves.
+            // Unguided: a guided drafter takes its guide from the deltas each schedule computed,
+            // which differ in the last bits, and its sampled drafts (same distribution) then take
+            // other paths through the seeded generator; this test compares the paths themselves.
             delta_guided: false,
             max_tokens: 16,
             sampling: SamplingParams {
@@ -470,8 +462,8 @@ fn first_token_from_prefill_samples_the_adapted_softmax() {
     let prompt = f.tokenizer.encode(PROMPTS[2]).unwrap();
     let p = last_probs(f, &prompt, &mut PlainLora::new(&f.adapter), &sampler);
     let q = last_probs(f, &prompt, &mut NoAdapter, &sampler);
-    // Wrong rule for contrast (the χ² must be able to tell): the base
-    // model's softmax, what a prefill without the adapter's deltas samples.
+    // Wrong rule for contrast (the χ² must be able to tell): the base model's softmax, what a
+    // prefill without the adapter's deltas samples.
     let tv: f64 = p
         .iter()
         .zip(&q)
@@ -514,8 +506,8 @@ fn first_token_from_prefill_samples_the_adapted_softmax() {
     );
 }
 
-/// Records the width of every batch of deltas asked for, and where the
-/// decoder said its prefill was done.
+/// Records the width of every batch of deltas asked for, and where the decoder said its prefill was
+/// done.
 struct Marked<'a> {
     inner: PlainLora<'a>,
     /// `Some(T)`: a batch of T-position inputs; `None`: the prefill mark.
@@ -550,13 +542,11 @@ impl cipherlora_model::DeltaHook for Marked<'_> {
     }
 }
 
-/// Regression (`bench e2e` counted the prompt's last chunk as decode): under
-/// the fixed point the prompt's last chunk runs at the verify width, through
-/// the verify session, so a hook's decode counters taken from the start of
-/// a generation included one prefill pass. The decoder now marks the end of
-/// the prompt's passes ([`cipherlora_model::DeltaHook::prefill_done`]): once,
-/// after every prefill batch (the narrow chunk among them) and before the
-/// first verify batch.
+/// Regression (`bench e2e` counted the prompt's last chunk as decode): under the fixed point the
+/// prompt's last chunk runs at the verify width, through the verify session, so a hook's decode
+/// counters taken from the start of a generation included one prefill pass. The decoder now marks
+/// the end of the prompt's passes ([`cipherlora_model::DeltaHook::prefill_done`]): once, after
+/// every prefill batch (the narrow chunk among them) and before the first verify batch.
 #[test]
 fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chunk() {
     use cipherlora_spec::schedule::FixedPoint;

@@ -1,21 +1,17 @@
 //! Speculative sampling must follow the target distribution exactly.
 //!
-//! Target and drafter are two different Markov chains over a small
-//! vocabulary. Two tokens are generated from a fixed context by repeated
-//! speculative rounds (K = 3); over 20,000 seeded draws the empirical joint
-//! distribution of the two tokens must pass a χ² goodness-of-fit test
-//! against the target chain, and two deliberately wrong acceptance rules
-//! (resampling from p instead of norm(max(0, p − q)); accepting every draft)
-//! must fail it. The same holds for tree drafts: multi-draft speculative
-//! sampling over a tree of the drafter's top tokens passes, and a rule that
-//! forgets to renormalise after a rejected sibling fails; so does a tree
-//! whose first children are drawn from the drafter (recursive rejection
-//! sampling with a sampled proposal), and treating those drawn children
-//! as chosen ones fails. Certified draws (`cipherlora_spec::draw_bounds`:
-//! each round decided from logits known only to within a bound that
-//! shrinks trip by trip, undecided rounds running more trips with the
-//! same uniforms) pass; shortening an undecided round to a fresh draw of
-//! its first token fails. Seeds are fixed, so the test is deterministic.
+//! Target and drafter are two different Markov chains over a small vocabulary. Two tokens are
+//! generated from a fixed context by repeated speculative rounds (K = 3); over 20,000 seeded draws
+//! the empirical joint distribution of the two tokens must pass a χ² goodness-of-fit test against
+//! the target chain, and two deliberately wrong acceptance rules (resampling from p instead of
+//! norm(max(0, p − q)); accepting every draft) must fail it. The same holds for tree drafts:
+//! multi-draft speculative sampling over a tree of the drafter's top tokens passes, and a rule that
+//! forgets to renormalise after a rejected sibling fails; so does a tree whose first children are
+//! drawn from the drafter (recursive rejection sampling with a sampled proposal), and treating
+//! those drawn children as chosen ones fails. Certified draws (`cipherlora_spec::draw_bounds`: each
+//! round decided from logits known only to within a bound that shrinks trip by trip, undecided
+//! rounds running more trips with the same uniforms) pass; shortening an undecided round to a fresh
+//! draw of its first token fails. Seeds are fixed, so the test is deterministic.
 
 use cipherlora_spec::acceptance::{
     DraftProbs, RoundOutcome, RowUniforms, accept_sampled, accept_sampled_with, sample,
@@ -87,13 +83,12 @@ fn accept_all(d: &[u32], _q: &[Vec<f32>], p: &[Vec<f32>], rng: &mut ChaCha20Rng)
     }
 }
 
-/// The logit bound of a simulated fixed point's first trip, and its
-/// contraction per trip.
+/// The logit bound of a simulated fixed point's first trip, and its contraction per trip.
 const FIRST_BOUND: f64 = 0.3;
 const CONTRACTION: f64 = 0.2;
 
-/// A simulated fixed point's estimate of `p` after trip `k`: every
-/// log-probability moved by up to its bound, FIRST_BOUND × CONTRACTION^k.
+/// A simulated fixed point's estimate of `p` after trip `k`: every log-probability moved by up to
+/// its bound, FIRST_BOUND × CONTRACTION^k.
 fn estimate(p: &[Vec<f32>], k: i32, rng: &mut ChaCha20Rng) -> (Vec<Vec<f32>>, f64) {
     let bound = FIRST_BOUND * CONTRACTION.powi(k);
     let rows = p
@@ -111,8 +106,7 @@ fn estimate(p: &[Vec<f32>], k: i32, rng: &mut ChaCha20Rng) -> (Vec<Vec<f32>>, f6
     (rows, bound)
 }
 
-/// The round's outcome from the estimate after trip `k`, if that estimate
-/// decides its draws.
+/// The round's outcome from the estimate after trip `k`, if that estimate decides its draws.
 fn decided_after(
     k: i32,
     (d, q, p): (&[u32], &[Vec<f32>], &[Vec<f32>]),
@@ -131,8 +125,8 @@ fn decided_after(
         .then(|| accept_sampled_with(d, DraftProbs::Sampled(q), &rows, uniforms).unwrap())
 }
 
-/// Certified draws: the uniforms first, then trips until the estimate
-/// decides them; the outcome is the estimate's.
+/// Certified draws: the uniforms first, then trips until the estimate decides them; the outcome is
+/// the estimate's.
 fn certified_draws(
     d: &[u32],
     q: &[Vec<f32>],
@@ -145,9 +139,9 @@ fn certified_draws(
         .unwrap_or_else(|| accept_sampled_with(d, DraftProbs::Sampled(q), p, &uniforms).unwrap())
 }
 
-/// Wrong: a round undecided after its first trip is shortened to its
-/// first row, a fresh draw from the exact distribution (what ending the
-/// round at an undecided row does: the event depends on the uniforms).
+/// Wrong: a round undecided after its first trip is shortened to its first row, a fresh draw from
+/// the exact distribution (what ending the round at an undecided row does: the event depends on the
+/// uniforms).
 fn shortening_undecided_rounds(
     d: &[u32],
     q: &[Vec<f32>],
@@ -195,8 +189,8 @@ fn p_value(rule: Rule, seed: u64) -> f64 {
     joint_p_value(seed, |target, rng| two_tokens(target, &draft, rule, rng))
 }
 
-/// χ² p-value against the target chain of the first two tokens after
-/// `CONTEXT` that `generate(target, rng)` produces, over `DRAWS` draws.
+/// χ² p-value against the target chain of the first two tokens after `CONTEXT` that
+/// `generate(target, rng)` produces, over `DRAWS` draws.
 fn joint_p_value(
     seed: u64,
     generate: impl FnMut(&[Vec<f32>], &mut ChaCha20Rng) -> (u32, u32),
@@ -278,8 +272,8 @@ fn chi2_detects_accepting_every_draft() {
 
 #[test]
 fn point_mass_drafts_also_follow_the_target() {
-    // A deterministic drafter (n-gram lookup) proposes token 0 at every
-    // position; the first generated token must still be distributed as p.
+    // A deterministic drafter (n-gram lookup) proposes token 0 at every position; the first
+    // generated token must still be distributed as p.
     let target = chain(21, 2.0);
     let mut rng = ChaCha20Rng::seed_from_u64(5);
     let mut counts = [0usize; V];
@@ -312,8 +306,8 @@ fn top(draft: &[Vec<f32>], token: u32, n: usize) -> Vec<u32> {
     ids
 }
 
-/// A deterministic tree after `last`: the drafter's top 3 tokens, each
-/// with its own top 2 children (9 nodes, level order).
+/// A deterministic tree after `last`: the drafter's top 3 tokens, each with its own top 2 children
+/// (9 nodes, level order).
 fn draft_tree(draft: &[Vec<f32>], last: u32) -> DraftTree {
     let first = top(draft, last, 3);
     let mut tree = DraftTree {
@@ -337,8 +331,8 @@ fn tree_rows(target: &[Vec<f32>], tree: &DraftTree, last: u32) -> Vec<Vec<f32>> 
         .collect()
 }
 
-/// The first two tokens after `CONTEXT` from rounds that each continue
-/// the last token with what `round` returns.
+/// The first two tokens after `CONTEXT` from rounds that each continue the last token with what
+/// `round` returns.
 fn two_tokens_by_rounds(
     rng: &mut ChaCha20Rng,
     mut round: impl FnMut(u32, &mut ChaCha20Rng) -> Vec<u32>,
@@ -377,8 +371,8 @@ fn tree_speculative_sampling_follows_the_target_distribution() {
     assert!(p > 1e-3, "tree acceptance rejected by χ²: p = {p}");
 }
 
-/// Wrong: tries each child with its plain target probability p(x), never
-/// renormalising after a rejected sibling, then samples p without them.
+/// Wrong: tries each child with its plain target probability p(x), never renormalising after a
+/// rejected sibling, then samples p without them.
 fn tree_without_renormalising(
     tree: &DraftTree,
     rows: &[Vec<f32>],
@@ -422,10 +416,9 @@ fn chi2_detects_a_tree_rule_that_does_not_renormalise() {
     assert!(p < 1e-6, "wrong tree rule passed χ²: p = {p}");
 }
 
-/// A tree after `last` whose first children are drawn: the root's first
-/// child drawn from the drafter's row, then its next 2 choices without it;
-/// each of those 3 nodes with a drawn first child and one chosen sibling
-/// (9 nodes, level order). Returns the tree and, per node, the row its
+/// A tree after `last` whose first children are drawn: the root's first child drawn from the
+/// drafter's row, then its next 2 choices without it; each of those 3 nodes with a drawn first
+/// child and one chosen sibling (9 nodes, level order). Returns the tree and, per node, the row its
 /// token was drawn from (`None`: chosen).
 fn sampled_tree(
     draft: &[Vec<f32>],
@@ -461,11 +454,10 @@ fn sampled_tree(
     (tree, proposals)
 }
 
-/// Wrong: accepts a drawn child with min(1, p'(x)/q(x)) as it should, but
-/// on its rejection removes only x from the residual (the chosen child's
-/// update) instead of taking max(0, p' − q). (Accepting a drawn child with
-/// p'(x), as if chosen, is exact, only slower: the token is independent of
-/// the target's draws.)
+/// Wrong: accepts a drawn child with min(1, p'(x)/q(x)) as it should, but on its rejection removes
+/// only x from the residual (the chosen child's update) instead of taking max(0, p' − q).
+/// (Accepting a drawn child with p'(x), as if chosen, is exact, only slower: the token is
+/// independent of the target's draws.)
 fn drawn_child_with_a_chosen_residual(
     tree: &DraftTree,
     rows: &[Vec<f32>],
@@ -497,9 +489,8 @@ fn drawn_child_with_a_chosen_residual(
     }
 }
 
-/// Two tokens after `CONTEXT` from rounds of [`sampled_tree`]s, accepted
-/// with the drawn children's proposals by the library's rule when
-/// `honest`, else by [`drawn_child_with_a_chosen_residual`].
+/// Two tokens after `CONTEXT` from rounds of [`sampled_tree`]s, accepted with the drawn children's
+/// proposals by the library's rule when `honest`, else by [`drawn_child_with_a_chosen_residual`].
 fn two_tokens_by_sampled_tree(
     target: &[Vec<f32>],
     honest: bool,
@@ -539,11 +530,9 @@ fn chi2_detects_a_drawn_child_rejected_with_a_chosen_child_s_residual() {
     assert!(p < 1e-6, "wrong drawn-child rule passed χ²: p = {p}");
 }
 
-/// Regression: a drawn child whose token the target gives no probability
-/// (a top-k or top-p target) was skipped without the max(0, p' − q)
-/// update its rejection implies, which biased the residual. A target that
-/// gives each row's three least likely tokens nothing makes such draws
-/// common.
+/// Regression: a drawn child whose token the target gives no probability (a top-k or top-p target)
+/// was skipped without the max(0, p' − q) update its rejection implies, which biased the residual.
+/// A target that gives each row's three least likely tokens nothing makes such draws common.
 #[test]
 fn drawn_children_the_target_rules_out_still_update_the_residual() {
     let target: Vec<Vec<f32>> = chain(11, 2.0)

@@ -1,6 +1,6 @@
-//! The real default model, its tokenizer and the committed standard LoRA
-//! adapter, shared by the real-model tests of this crate; the plaintext
-//! reference they compare against; the χ² test of sampled first tokens.
+//! The real default model, its tokenizer and the committed standard LoRA adapter, shared by the
+//! real-model tests of this crate; the plaintext reference they compare against; the χ² test of
+//! sampled first tokens.
 #![allow(dead_code)] // each test binary uses its own part
 
 use std::path::PathBuf;
@@ -31,9 +31,8 @@ pub fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
         let path = fetch::ensure_default_model().expect("default model");
-        // f32, as a private client verifies by default
-        // (`WeightMode::for_private_verify`): the fixed-point tests' exactness
-        // assumes activations that move continuously.
+        // f32, as a private client verifies by default (`WeightMode::for_private_verify`): the
+        // fixed-point tests' exactness assumes activations that move continuously.
         let weights = cipherlora_model::WeightMode::F32;
         let model = Model::load_with(&path, &cipherlora_model::LoadOptions { weights })
             .expect("load model");
@@ -54,8 +53,8 @@ pub const PROMPTS: [&str; 3] = [
     "class Stack:\n    def __init__(self):\n",
 ];
 
-/// Sequential greedy decoding of the model with the fixture's adapter
-/// merged in plaintext: what speculative output must equal.
+/// Sequential greedy decoding of the model with the fixture's adapter merged in plaintext: what
+/// speculative output must equal.
 pub fn reference(f: &Fixture, prompt: &[u32], n: usize) -> Vec<u32> {
     reference_with(f, &f.adapter, prompt, n)
 }
@@ -93,8 +92,8 @@ pub fn last_probs(
     sampler.probs(&row, prompt)
 }
 
-/// χ² p-value of first-token draws against `p`: the 12 most likely tokens
-/// are cells of their own, everything else one rest bucket.
+/// χ² p-value of first-token draws against `p`: the 12 most likely tokens are cells of their own,
+/// everything else one rest bucket.
 pub fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
@@ -117,9 +116,8 @@ pub fn chi2_p_value(p: &[f32], counts: &[usize], draws: usize) -> f64 {
     1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
 }
 
-/// A speculative generation of `prompt` by the fixture's model under
-/// `cfg`, `drafter` drafting and `hook` adding the deltas, the tokens
-/// streamed nowhere.
+/// A speculative generation of `prompt` by the fixture's model under `cfg`, `drafter` drafting and
+/// `hook` adding the deltas, the tokens streamed nowhere.
 pub fn drafted(
     f: &Fixture,
     drafter: &Model,
@@ -130,9 +128,8 @@ pub fn drafted(
     decode::generate_drafted(&f.model, drafter, prompt, cfg, hook, &mut |_| Ok(())).unwrap()
 }
 
-/// The plaintext LoRA, keeping the inputs of every batched trip asked at
-/// full precision (`trips`) and counting those asked within a tolerance
-/// (`coarse`, answered exactly all the same).
+/// The plaintext LoRA, keeping the inputs of every batched trip asked at full precision (`trips`)
+/// and counting those asked within a tolerance (`coarse`, answered exactly all the same).
 pub struct Recording<'a> {
     pub lora: PlainLora<'a>,
     pub trips: Vec<Vec<GroupInput>>,
