@@ -1,16 +1,15 @@
-//! Uploaded and returned ciphertexts per layer when a session groups its
-//! requests by runs of n layers (`Grouping::ByLayers(n)` in
-//! `cipherlora-private`), next to one request per input group: the
-//! planner's plans for the default model (q,k,v,o at rank 16), default op
-//! costs and link, for a few verify widths T, FFA and standard LoRA.
+//! Uploaded and returned ciphertexts per layer when a session groups its requests by runs of n
+//! layers (`Grouping::ByLayers(n)` in `cipherlora-private`), next to one request per input group:
+//! the planner's plans for the default model (q,k,v,o at rank 16), default op costs and link, for a
+//! few verify widths T, FFA and standard LoRA.
 //!
-//! Sessions fuse layers for FFA only: a standard-LoRA client uploads the
-//! activations themselves, and the standard rows show why it would not pay
-//! (a fused stage A costs more server time than the groups it replaces).
+//! Sessions fuse layers for FFA only: a standard-LoRA client uploads the activations themselves,
+//! and the standard rows show why it would not pay (a fused stage A costs more server time than the
+//! groups it replaces).
 //!
-//! `cargo run --release -p cipherlora-helora --example layer_runs -- [COSTS.json]`:
-//! under the default cost model, or under measured op costs (the JSON of a
-//! server's op-cost cache, or of the `opcosts` example).
+//! `cargo run --release -p cipherlora-helora --example layer_runs -- [COSTS.json]`: under the
+//! default cost model, or under measured op costs (the JSON of a server's op-cost cache, or of the
+//! `opcosts` example).
 
 use cipherlora_helora::adapter::GroupShape;
 use cipherlora_helora::planner::choose;
@@ -43,8 +42,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             println!("| {mode:?} | {t} | by input | (one per group) | {up} / {down} | {ms:.2} |");
             for n in 1..=4usize {
-                // n layers' groups side by side: inputs concatenated,
-                // outputs and ranks listed in forward order.
+                // n layers' groups side by side: inputs concatenated, outputs and ranks listed in
+                // forward order.
                 let mut shape = GroupShape {
                     d_in: 0,
                     d_outs: Vec::new(),

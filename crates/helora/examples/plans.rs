@@ -1,10 +1,9 @@
-//! Prints what the planner picks for each benchmark shape, mode and T, with
-//! the op counts for one verify round.
+//! Prints what the planner picks for each benchmark shape, mode and T, with the op counts for one
+//! verify round.
 //!
-//! `cargo run --release -p cipherlora-helora --example plans -- [COSTS.json] [T…]`:
-//! under the default cost model, or under a server's cached op costs (the
-//! JSON files of `crates/private/src/server/cost_cache.rs`); T = 1, 5, 9, 17
-//! unless given.
+//! `cargo run --release -p cipherlora-helora --example plans -- [COSTS.json] [T…]`: under the
+//! default cost model, or under a server's cached op costs (the JSON files of
+//! `crates/private/src/server/cost_cache.rs`); T = 1, 5, 9, 17 unless given.
 
 use cipherlora_helora::planner::choose;
 use cipherlora_helora::shapes::ModelShape;

@@ -1,11 +1,10 @@
-//! Where the server's time goes in a real evaluation: wraps the CKKS server
-//! and sums thread CPU time per operation kind (default model, FFA and
-//! standard, planner's plan under the default cost model).
+//! Where the server's time goes in a real evaluation: wraps the CKKS server and sums thread CPU
+//! time per operation kind (default model, FFA and standard, planner's plan under the default cost
+//! model).
 //!
-//! `PROFILE_T` sets the positions T (default 9); `PROFILE_LAYERS` prepares
-//! that many distinct copies of each group's diagonals and cycles through
-//! them (default 1), so that with 30 the plaintexts come from memory as in
-//! a round of the default model rather than from the cache.
+//! `PROFILE_T` sets the positions T (default 9); `PROFILE_LAYERS` prepares that many distinct
+//! copies of each group's diagonals and cycles through them (default 1), so that with 30 the
+//! plaintexts come from memory as in a round of the default model rather than from the cache.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -150,9 +149,8 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                     })
                     .collect(),
             };
-            // PROFILE_LAYERS distinct copies of the group's diagonals, run
-            // one after the other as a round does (their plaintexts then
-            // come from memory, not from the cache).
+            // PROFILE_LAYERS distinct copies of the group's diagonals, run one after the other as a
+            // round does (their plaintexts then come from memory, not from the cache).
             let layers: usize = std::env::var("PROFILE_LAYERS")
                 .ok()
                 .and_then(|v| v.parse().ok())

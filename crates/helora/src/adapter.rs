@@ -1,10 +1,5 @@
-//! LoRA adapters of one layer group, fused into one block-diagonal LoRA.
-//!
-//! Projections that share an input (q,k,v; gate,up) form a *group*. The group
-//! is evaluated as one LoRA with the stacked `A_f = [A_1; A_2; …]`
-//! (R × d_in, R = Σ r_p) and the block-diagonal `B_f = diag(s_1·B_1, s_2·B_2, …)`
-//! (D × R, D = Σ d_out_p). The scaling `s_p = lora_alpha / r` is folded into
-//! `B` at load time and `A·B` is never materialised (it would be d_out × d_in).
+//! LoRA adapters of one layer group fused into one block-diagonal LoRA: `A_f` (R × d_in) stacked,
+//! `B_f = diag(s_p·B_p)` (D × R), `s_p = lora_alpha / r`; `A·B` is never formed.
 
 use crate::error::{HeloraError, Result};
 
@@ -25,8 +20,7 @@ pub struct ProjectionAdapter {
     pub scaling: f32,
 }
 
-/// The adapters of one group of projections sharing the input (plain f32
-/// matrices, as PEFT stores them).
+/// The adapters of one group sharing an input (f32 matrices, as PEFT stores them).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupAdapter {
     /// Shared input dimension d_in.
@@ -47,11 +41,7 @@ pub struct GroupShape {
 }
 
 impl GroupShape {
-    /// Builds and validates a shape.
-    ///
-    /// # Errors
-    /// [`HeloraError::InvalidShape`] when there is no projection, a zero
-    /// dimension or rank, or `d_outs` and `ranks` differ in length.
+    /// Builds and validates a shape. Errors: [`HeloraError::InvalidShape`].
     pub fn new(d_in: usize, d_outs: Vec<usize>, ranks: Vec<usize>) -> Result<Self> {
         let s = GroupShape {
             d_in,
@@ -62,10 +52,7 @@ impl GroupShape {
         Ok(s)
     }
 
-    /// Checks the invariants of [`GroupShape::new`].
-    ///
-    /// # Errors
-    /// As [`GroupShape::new`].
+    /// Checks the invariants of [`GroupShape::new`]; errors as there.
     pub fn validate(&self) -> Result<()> {
         if self.d_outs.is_empty() {
             return Err(HeloraError::InvalidShape {
@@ -116,10 +103,8 @@ impl GroupAdapter {
         }
     }
 
-    /// Checks every matrix against the declared shape.
-    ///
-    /// # Errors
-    /// [`HeloraError::ShapeMismatch`] or [`HeloraError::InvalidShape`].
+    /// Checks every matrix against the shape. Errors: [`HeloraError::ShapeMismatch`],
+    /// `InvalidShape`.
     pub fn validate(&self) -> Result<()> {
         self.shape().validate()?;
         for p in &self.projections {
@@ -146,12 +131,8 @@ impl GroupAdapter {
         Ok(())
     }
 
-    /// Plaintext reference: per projection, `Δ_p = s_p·B_p·A_p·x_t` for each
-    /// position; `x` is position-major (T × d_in). Returns per projection a
-    /// position-major T × d_out_p matrix (f64).
-    ///
-    /// # Errors
-    /// [`HeloraError::ShapeMismatch`] when `x.len()` is not a multiple of d_in.
+    /// Plaintext reference `Δ_p = s_p·B_p·A_p·x_t` for `x` (T × d_in): T × d_out_p per projection.
+    /// Errors: [`HeloraError::ShapeMismatch`].
     pub fn reference_delta(&self, x: &[f32]) -> Result<Vec<Vec<f64>>> {
         let fused = FusedGroup::new(self)?;
         let t = positions(x.len(), self.d_in)?;
@@ -179,16 +160,12 @@ pub struct FusedGroup {
     pub shape: GroupShape,
     /// Stacked `A_f`, R × d_in, row-major.
     pub a: Vec<f64>,
-    /// Per projection `s_p·B_p`, d_out_p × r_p, row-major (the diagonal
-    /// blocks of `B_f`; the zero blocks are never stored).
+    /// Per projection `s_p·B_p`, d_out_p × r_p, row-major.
     pub b_blocks: Vec<Vec<f64>>,
 }
 
 impl FusedGroup {
-    /// Fuses a group: stacks the A's, folds each scaling into its B.
-    ///
-    /// # Errors
-    /// As [`GroupAdapter::validate`].
+    /// Fuses a group (stacks the A's, folds scalings into B); errors as [`GroupAdapter::validate`].
     pub fn new(g: &GroupAdapter) -> Result<Self> {
         g.validate()?;
         let a = g
@@ -243,8 +220,7 @@ impl FusedGroup {
         u
     }
 
-    /// `Δ_p = (s_p B_p) · U_p` per projection, position-major T × d_out_p,
-    /// from U (R × T row-major).
+    /// `Δ_p = (s_p B_p) · U_p`, position-major T × d_out_p, from U (R × T).
     pub fn up(&self, u: &[f64], t: usize) -> Vec<Vec<f64>> {
         let mut out = Vec::with_capacity(self.b_blocks.len());
         for (p, blk) in self.b_blocks.iter().enumerate() {

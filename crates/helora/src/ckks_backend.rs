@@ -1,18 +1,6 @@
-//! The HE interface on the `cipherlora-ckks` engine.
-//!
-//! [`CkksClient`] holds the secret key (generated from the OS CSPRNG), makes
-//! the Galois keys for exactly the steps a plan uses and the public key for
-//! rerandomisation; [`CkksServer`] holds only public material. Weights are
-//! encoded with scale = the prime the following rescale divides by, so every
-//! rescale restores the input scale exactly and giant-step sums never need
-//! scale adjustments.
-//!
-//! Responses are compressed by default ([`ResponseCompression`]): every
-//! returned level-0 ciphertext is switched to a power-of-two modulus with
-//! the parameters [`CompressionParams::choose`] picks for the output bound
-//! the server computed at load time ([`crate::PreparedGroup::output_bounds`])
-//! and the configured precision; the client recognises the object kind and
-//! decrypts either form.
+//! The HE interface on the `cipherlora-ckks` engine: [`CkksClient`] holds the secret key,
+//! [`CkksServer`] public material only; weights are encoded at the next rescale's prime, so scales
+//! stay exact; responses are compressed ([`ResponseCompression`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,17 +28,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Circuit-privacy settings of [`CkksServer::rerandomize`](HeServer::rerandomize).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rerandomization {
-    /// Standard deviation of the flooding noise added in the slots, in
-    /// absolute slot units (it lowers the precision of every delta by this
-    /// much; `0` adds only the fresh public-key encryption of zero).
+    /// Flooding noise standard deviation, absolute slot units (`0`: the encryption of zero only).
     pub flood_sigma: f64,
 }
 
 impl Default for Rerandomization {
-    /// `2^-20` in slot units: ≈ 2^20 in coefficient units at scale 2^40,
-    /// N = 8192, i.e. ~2^14 above the noise of a fresh encryption. This
-    /// smudges the evaluation noise heuristically; statistical circuit
-    /// privacy (flooding 2^λ above the noise) does not fit these parameters.
+    /// `2^-20` slot units: heuristic smudging (statistical circuit privacy does not fit N = 8192).
     fn default() -> Self {
         Rerandomization {
             flood_sigma: 2f64.powi(-20),
@@ -58,20 +41,13 @@ impl Default for Rerandomization {
     }
 }
 
-/// How [`CkksServer`] serialises returned ciphertexts
-/// ([`HeServer::output_to_bytes_bounded`]).
+/// How [`CkksServer`] serialises returned ciphertexts ([`HeServer::output_to_bytes_bounded`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseCompression {
-    /// Full level-0 ciphertexts (`c0`, `c1` at `⌈log2 q_0⌉` bits per
-    /// coefficient: 102 400 bytes each for `N8192Depth2Fast`).
+    /// Full level-0 ciphertexts.
     Off,
-    /// Compressed ciphertexts ([`cipherlora_ckks::compress`]) whose added
-    /// error is at most `bound·2^-bits` per slot part with high probability
-    /// (failure 2^-40 per ciphertext), `bound` being the group's output
-    /// bound for inputs normalised to max |input| ≤ 1 per position
-    /// ([`crate::PreparedGroup::output_bounds`]). Falls back to the full
-    /// ciphertext when the bound is too large for `q_0` or the precision
-    /// cannot be met.
+    /// Compressed ciphertexts with error ≤ `bound·2^-bits` per slot part (failure 2^-40), `bound`
+    /// the group's output bound; full ciphertexts when infeasible.
     Precision {
         /// Target precision P in bits relative to the bound.
         bits: u32,
@@ -79,25 +55,15 @@ pub enum ResponseCompression {
 }
 
 impl ResponseCompression {
-    /// The default target precision: 25 bits relative to the output bound.
-    /// The bound is a worst case (`Σ_j |W_row,j|` for inputs at ±1), about
-    /// 2^2 (FFA) to 2^4 (standard, d_in = 2048) above the largest delta of
-    /// typical inputs, and the compression error adds to the evaluation
-    /// noise: 25 keeps ≥ 21.5 bits of max-abs precision relative to the
-    /// largest delta on both benchmark shapes, both modes, T ∈ {1, 5, 9,
-    /// 17} (`precision_table_all_shapes_all_t`; 24 gives 20.9 for standard
-    /// LoRA on Qwen2.5-3B). Each bit costs `2·N/8` bytes per ciphertext.
+    /// Default precision: 25 bits relative to the output bound (each bit: `2·N/8` bytes).
     pub const DEFAULT_BITS: u32 = 25;
 
-    /// The fewest bits a client may ask for per request
-    /// (`GroupRequest::response_bits`): below this the compressed size
-    /// hardly falls further (the two polynomials keep the noise's bits).
+    /// The fewest bits a client may ask per request (below, sizes hardly fall).
     pub const MIN_BITS: u32 = 8;
 }
 
 impl Default for ResponseCompression {
-    /// [`ResponseCompression::Precision`] with
-    /// [`ResponseCompression::DEFAULT_BITS`].
+    /// [`ResponseCompression::Precision`] with [`ResponseCompression::DEFAULT_BITS`].
     fn default() -> Self {
         ResponseCompression::Precision {
             bits: Self::DEFAULT_BITS,
@@ -105,13 +71,10 @@ impl Default for ResponseCompression {
     }
 }
 
-/// Absolute margin added to every output bound before compressing: covers
-/// the CKKS evaluation noise of a returned slot (≈ 2^-23 measured) with room
-/// to spare.
+/// Absolute margin added to output bounds before compressing, covering the CKKS evaluation noise.
 const NOISE_MARGIN: f64 = 1.0 / 65536.0;
 
-/// The server: evaluator, encoder, the Galois keys it was given, and
-/// optionally the client's public key (for rerandomisation).
+/// The server: evaluator, encoder, the client's Galois keys and optional public key.
 pub struct CkksServer {
     ctx: Arc<Context>,
     ev: Evaluator,
@@ -119,8 +82,7 @@ pub struct CkksServer {
     gks: GaloisKeys,
     pk: Option<(PublicKey, Rerandomization)>,
     compression: ResponseCompression,
-    /// Chosen parameters by `(scale, bound)` bits and precision: one choice per output
-    /// bound and scale, reused by every request.
+    /// Chosen compression parameters by `(scale, bound, bits)`.
     chosen: Mutex<HashMap<(u64, u64, u32), Option<CompressionParams>>>,
     rng: Mutex<ChaCha20Rng>,
 }
@@ -136,11 +98,8 @@ impl std::fmt::Debug for CkksServer {
 }
 
 impl CkksServer {
-    /// A server for `ctx` with the client's Galois keys and, for circuit
-    /// privacy, its public key.
-    ///
-    /// # Errors
-    /// [`HeloraError::Ckks`] when the OS random generator fails.
+    /// A server for `ctx` with the client's Galois keys and optional public key. Errors:
+    /// [`HeloraError::Ckks`] when the OS generator fails.
     pub fn new(
         ctx: &Arc<Context>,
         gks: GaloisKeys,
@@ -158,8 +117,7 @@ impl CkksServer {
         })
     }
 
-    /// The same server with another response compression (default:
-    /// [`ResponseCompression::default`], 25 bits relative to the bound).
+    /// The same server with another response compression.
     pub fn with_compression(mut self, compression: ResponseCompression) -> Self {
         self.compression = compression;
         lock(&self.chosen).clear();
@@ -176,20 +134,14 @@ impl CkksServer {
         &self.ctx
     }
 
-    /// The compression parameters for a level-0 ciphertext at `scale`
-    /// whose slot parts are bounded by `bound` (plus the CKKS noise margin
-    /// and, when rerandomising, 16 flooding standard deviations); `None`
-    /// when compression is off or cannot help (bound too large for `q_0`,
-    /// precision out of reach). Chosen once per `(scale, bound)` and kept.
+    /// Compression parameters for a level-0 ciphertext at `scale` with slot parts within `bound`
+    /// (plus margins); `None` when off or infeasible. Memoized.
     pub fn compression_params(&self, scale: f64, bound: f64) -> Option<CompressionParams> {
         self.compression_params_at(scale, bound, 0)
     }
 
-    /// [`CkksServer::compression_params`] at `asked` bits of precision
-    /// when that is fewer than the configured ones (a client may lower the
-    /// precision of its own responses, never raise it; 0 or more: the
-    /// configured precision), but never fewer than
-    /// [`ResponseCompression::MIN_BITS`].
+    /// As [`CkksServer::compression_params`] at `asked` bits (0: configured; never above it or
+    /// below [`ResponseCompression::MIN_BITS`]).
     pub fn compression_params_at(
         &self,
         scale: f64,
@@ -227,8 +179,7 @@ fn normal(rng: &mut ChaCha20Rng) -> f64 {
 }
 
 impl CkksServer {
-    /// Weights at `level` are encoded at scale `q_level`, the prime the
-    /// following rescale divides by.
+    /// Weights at `level` are encoded at scale `q_level`, the next rescale's prime.
     fn weight_scale(&self, level: usize) -> Result<f64> {
         self.ctx
             .params()
@@ -454,10 +405,7 @@ impl std::fmt::Debug for CkksClient {
 }
 
 impl CkksClient {
-    /// A client with a fresh secret key from the OS CSPRNG.
-    ///
-    /// # Errors
-    /// [`HeloraError::Ckks`] when the OS random generator fails.
+    /// A client with a fresh secret key (OS CSPRNG). Errors: [`HeloraError::Ckks`].
     pub fn new(ctx: &Arc<Context>) -> Result<Self> {
         let mut rng = os_rng().map_err(he)?;
         let sk = SecretKey::generate(ctx, &mut rng);

@@ -1,8 +1,5 @@
-//! Operation counts of a plan, computed exactly from its geometry.
-//!
-//! The simulator backend counts the same operations while it evaluates; a
-//! property test checks that both agree, so the planner's cost model prices
-//! exactly what the server and client will do.
+//! Operation counts of a plan, computed exactly from its geometry; a property test checks them
+//! against the simulator's counts.
 
 use std::ops::{Add, AddAssign, Mul};
 
@@ -23,11 +20,9 @@ pub struct OpCounts {
     pub hoists: [u64; LEVELS],
     /// Rotations done from a hoisted decomposition, by level.
     pub hoisted_rotations: [u64; LEVELS],
-    /// Ct×pt products over the extended basis `Q·P` (double hoisting), by
-    /// level.
+    /// Ct×pt products over the extended basis `Q·P` (double hoisting), by level.
     pub ext_ct_pt: [u64; LEVELS],
-    /// Rotations from a hoisted decomposition kept over `Q·P` (no ModDown),
-    /// by level.
+    /// Rotations from a hoisted decomposition kept over `Q·P` (no ModDown), by level.
     pub ext_hoisted_rotations: [u64; LEVELS],
     /// Unrotated inputs lifted to `Q·P` (multiplication by P), by level.
     pub extends: [u64; LEVELS],
@@ -124,22 +119,14 @@ impl Mul<u64> for OpCounts {
 }
 
 impl GroupPlan {
-    /// Whether a stage with these baby steps is evaluated with double
-    /// hoisting ([`BabySteps::ServerExtended`], at least one rotation;
-    /// with a single baby step it is evaluated as [`BabySteps::Server`]):
-    /// its baby-step
-    /// rotations stay over `Q·P`, are multiplied by extended plaintext
-    /// diagonals, and each giant-step sum takes one fused ModDown + rescale
-    /// (Bossuat et al., EUROCRYPT 2021, §4.2).
+    /// Whether a stage with these baby steps is double hoisted ([`BabySteps::ServerExtended`] with
+    /// at least two baby steps; Bossuat et al., EUROCRYPT 2021, §4.2).
     pub fn double_hoisted(baby: BabySteps, babies: usize) -> bool {
         baby == BabySteps::ServerExtended && babies > 1
     }
 
-    /// Exact operation counts of one evaluation of this plan (client and
-    /// server together).
-    ///
-    /// # Errors
-    /// As [`GroupPlan::layout`].
+    /// Exact operation counts of one evaluation (client and server). Errors as
+    /// [`GroupPlan::layout`].
     pub fn counts(&self) -> Result<OpCounts> {
         let l = self.layout()?;
         let mut c = OpCounts::default();
@@ -200,15 +187,8 @@ impl GroupPlan {
         Ok(c)
     }
 
-    /// Bytes of the plaintext diagonals a server holds for this plan (the
-    /// CKKS backend's layout: a diagonal at level l is `l + 1` limbs, `l + 2`
-    /// over `Q·P`, of N = 2·slots 8-byte words). Every diagonal is used once
-    /// per evaluation, so there are exactly as many as the plan's ct×pt
-    /// products at each level ([`crate::PreparedGroup::diagonal_counts`]
-    /// checks it). What a session's memory budget reserves.
-    ///
-    /// # Errors
-    /// As [`GroupPlan::layout`].
+    /// Bytes of plaintext diagonals a server holds for this plan (level l: `l + 1` limbs, `l + 2`
+    /// over `Q·P`, of N 8-byte words): what a session reserves. Errors as [`GroupPlan::layout`].
     pub fn diagonal_bytes(&self) -> Result<u64> {
         let c = self.counts()?;
         let limbs: u64 = (0..LEVELS)

@@ -2,10 +2,7 @@
 
 use thiserror::Error;
 
-/// Everything that can go wrong in `cipherlora-helora`.
-///
-/// Bad input (shapes, plans, bytes) always yields one of these variants, never
-/// a panic.
+/// Everything that can go wrong in `cipherlora-helora`; bad input never panics.
 #[non_exhaustive]
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum HeloraError {
@@ -75,14 +72,11 @@ pub enum HeloraError {
         /// Levels above 0 in the backend's chain.
         available: usize,
     },
-    /// The CKKS engine refused an operation (malformed or mismatched
-    /// ciphertext, scale or level out of range, …), with its typed error so
-    /// callers can tell client faults from their own.
+    /// The CKKS engine refused an operation (malformed or mismatched ciphertext, scale or level out
+    /// of range, …), with its typed error so callers can tell client faults from their own.
     #[error("CKKS: {0}")]
     Ckks(#[from] cipherlora_ckks::CkksError),
-    /// A backend's own consistency check failed (the slot simulator's, or
-    /// an operation called with inconsistent arguments by this crate): a
-    /// programming error, never a property of client input.
+    /// A backend's own consistency check failed: a programming error, never client input.
     #[error("HE backend: {0}")]
     Backend(String),
 }

@@ -1,23 +1,5 @@
-//! The client half: packs and encrypts a group's inputs, decrypts and unpacks
-//! the deltas. Holds no adapter secret (FFA: the public lora_A only).
-//!
-//! The client alone maps the round's T positions onto slot positions: with
-//! [`PositionPacking::ComplexPairs`] position `p < T'` goes to the real part
-//! and `p + T'` to the imaginary part of slot position `p` (`T' = ⌈T/2⌉`,
-//! see [`crate::plan`]); the packing functions and the server see the T'
-//! slot positions only.
-//!
-//! # Input normalisation
-//! Before packing, each position's input vector (FFA: `u_p = A·x_p`;
-//! standard: `x_p`) is divided by `c_p`, the smallest power of two with
-//! `c_p ≥ max_j |input_p,j|` (1 for an all-zero input), so that every
-//! packed value is at most 1 in absolute value: the server's output bounds
-//! ([`crate::PreparedGroup::output_bounds`]) assume it, and the response
-//! compression ([`crate::ResponseCompression`]) is only safe under it. The
-//! server's map is linear, so the deltas of position p are `c_p` times the
-//! returned values; a power of two keeps both scalings exact in floating
-//! point. [`GroupClient::request`] returns the factors ([`InputScales`]) and
-//! [`GroupClient::deltas`] takes them back.
+//! The client half: packs, normalises and encrypts a group's inputs, decrypts and unpacks the
+//! deltas; holds no adapter secret. Notes: docs/design/code-notes.md, "helora: group_client".
 
 use crate::adapter::positions;
 use crate::error::{HeloraError, Result};
@@ -26,8 +8,7 @@ use crate::packing::{DeltaIndex, check_mode, ffa_inputs, output_map, standard_in
 use crate::plan::{GroupPlan, Mode, PositionPacking};
 use crate::wire::{GroupRequest, GroupResponse};
 
-/// The slot values of one uploaded ciphertext: real parts and imaginary
-/// parts (the latter empty with [`PositionPacking::Real`]).
+/// The slot values of one upload: real parts and imaginary parts (empty if real packing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlotValues {
     /// Real parts, one per slot.
@@ -36,18 +17,14 @@ pub struct SlotValues {
     pub im: Vec<f64>,
 }
 
-/// The normalisation factors `c_p` of one request (module docs), one per
-/// position of the round: the client keeps them between
-/// [`GroupClient::request`] and [`GroupClient::deltas`]; they never leave
-/// the client.
+/// The normalisation factors `c_p` of one request, one per position; never sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InputScales {
     factors: Vec<f64>,
 }
 
 impl InputScales {
-    /// Factor `c_p` of round position `pos` (a power of two); `None` past
-    /// the round.
+    /// Factor `c_p` of round position `pos` (a power of two); `None` past the round.
     pub fn factor(&self, pos: usize) -> Option<f64> {
         self.factors.get(pos).copied()
     }
@@ -57,9 +34,7 @@ impl InputScales {
         &self.factors
     }
 
-    /// Divides each row of a position-major matrix (`rows.len()/width`
-    /// rows of `width`) by its smallest power of two `≥ max |row|` and
-    /// returns the factors.
+    /// Divides each row by its smallest power of two `≥ max |row|`; returns the factors.
     fn normalise(rows: &mut [f64], width: usize) -> Self {
         let factors = rows
             .chunks_exact_mut(width)
@@ -75,9 +50,7 @@ impl InputScales {
     }
 }
 
-/// The smallest power of two `≥ m`, for finite `m > 0`; 1 otherwise (a
-/// zero row needs no scaling; a non-finite one is left to the encoder's
-/// range check).
+/// The smallest power of two `≥ m` for finite `m > 0`; 1 otherwise.
 fn pow2_at_least(m: f64) -> f64 {
     if !(m.is_finite() && m > 0.0) {
         return 1.0;
@@ -96,13 +69,10 @@ fn pow2_at_least(m: f64) -> f64 {
     c
 }
 
-/// What a slot of a returned ciphertext must hold: the delta in its real
-/// part and the one in its imaginary part (`None`: must decrypt to zero).
+/// What a returned slot's real and imaginary parts must hold (`None`: zero).
 pub type SlotDeltas = [Option<DeltaIndex>; 2];
 
-/// `Σ a_k·b_k` with eight independent partial sums, so that the loop
-/// vectorizes (a single running sum is a latency-bound chain: f64 addition
-/// is not associative, so the compiler may not reorder it).
+/// `Σ a_k·b_k` with eight partial sums, so the loop vectorizes.
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     let mut acc = [0.0f64; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -125,18 +95,13 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 pub struct GroupClient {
     plan: GroupPlan,
     plan_id: u64,
-    /// Per output ciphertext and slot, the deltas of both parts (positions
-    /// of the round).
+    /// Per output ciphertext and slot, the deltas of both parts (positions of the round).
     map: Vec<Vec<SlotDeltas>>,
-    /// FFA: the rows of the stacked public `A_f` (R × d_in), each cut to
-    /// its non-zero columns.
+    /// FFA: the rows of the stacked public `A_f` (R × d_in), each cut to its non-zero columns.
     public_a: Option<Vec<SparseRow>>,
 }
 
-/// One row of a public lora_A, cut to the span of its non-zero columns: a
-/// group fused over several inputs ([`GroupPlan`] of a layer or of a run of
-/// layers) zero-pads each projection's lora_A to the concatenated input, and
-/// the zeros would cost the client memory and multiplications for nothing.
+/// One row of a public lora_A cut to its non-zero columns (fused groups zero-pad lora_A).
 #[derive(Debug, Clone, PartialEq)]
 struct SparseRow {
     /// First non-zero column.
@@ -162,11 +127,7 @@ impl SparseRow {
 }
 
 impl GroupClient {
-    /// An FFA client: `public_a[p]` is projection p's lora_A (r_p × d_in,
-    /// row-major), public by the FFA-LoRA construction.
-    ///
-    /// # Errors
-    /// Mode mismatch, shape mismatch, infeasible plan.
+    /// An FFA client with public lora_A `public_a[p]` (r_p × d_in). Errors: mode, shape, plan.
     pub fn ffa(plan: &GroupPlan, public_a: &[Vec<f32>]) -> Result<Self> {
         check_mode(plan, Mode::Ffa)?;
         if public_a.len() != plan.shape.ranks.len() {
@@ -191,10 +152,7 @@ impl GroupClient {
         Self::build(plan, Some(a))
     }
 
-    /// A standard-LoRA client (the adapter is entirely secret).
-    ///
-    /// # Errors
-    /// Mode mismatch, infeasible plan.
+    /// A standard-LoRA client. Errors: mode mismatch, infeasible plan.
     pub fn standard(plan: &GroupPlan) -> Result<Self> {
         check_mode(plan, Mode::Standard)?;
         Self::build(plan, None)
@@ -227,10 +185,7 @@ impl GroupClient {
         })
     }
 
-    /// Packs a position-major matrix of the round (`t` rows of `width`):
-    /// `pack` turns T' rows (slot positions) into slot vectors; it is
-    /// applied to the real-part rows and, with two positions per slot, to
-    /// the imaginary-part rows.
+    /// Packs a position-major matrix's real-part and imaginary-part rows with `pack`.
     fn pack_parts(
         &self,
         rows: &[f64],
@@ -250,10 +205,7 @@ impl GroupClient {
             .collect())
     }
 
-    /// Splits a position-major matrix of the round (`t` rows of `width`)
-    /// into the rows of the real parts and of the imaginary parts, each
-    /// with T' rows (the imaginary rows zero padded past T; none with
-    /// [`PositionPacking::Real`]).
+    /// Splits a position-major matrix into real-part and imaginary-part rows (T' each).
     fn split_positions<'a>(&self, m: &'a [f64], width: usize) -> (&'a [f64], Option<Vec<f64>>) {
         let ts = self.plan.slot_positions();
         match self.plan.packing {
@@ -271,12 +223,7 @@ impl GroupClient {
         &self.plan
     }
 
-    /// The unencrypted slot values the client would upload for activations
-    /// `x` (position-major T × d_in), each position normalised (module
-    /// docs), and the normalisation factors.
-    ///
-    /// # Errors
-    /// Shape mismatch (wrong T or d_in).
+    /// The normalised slot values for `x` (T × d_in) and the factors. Errors: shape mismatch.
     pub fn input_slots(&self, x: &[f32]) -> Result<(Vec<SlotValues>, InputScales)> {
         let d = self.plan.shape.d_in;
         let t = positions(x.len(), d)?;
@@ -289,8 +236,7 @@ impl GroupClient {
         }
         match &self.public_a {
             Some(a) => {
-                // U = A_f·X, position-major (T × R) for the split, then
-                // transposed to the R × T' the packing takes.
+                // U = A_f·X (T × R), transposed to the R × T' the packing takes.
                 let r = self.plan.shape.total_rank();
                 let mut u = vec![0.0; t * r];
                 let mut xp = vec![0.0; d];
@@ -324,13 +270,8 @@ impl GroupClient {
         }
     }
 
-    /// Packs and encrypts the activations `x` (position-major T × d_in) of
-    /// layer `layer`, group `group`, each position normalised (module
-    /// docs). Returns the request and the normalisation factors, which the
-    /// client keeps for [`GroupClient::deltas`] (they are not sent).
-    ///
-    /// # Errors
-    /// As [`GroupClient::input_slots`]; backend errors.
+    /// Packs and encrypts `x` (T × d_in) of `layer`, `group`; returns the request and the factors.
+    /// Errors as [`GroupClient::input_slots`]; backend errors.
     pub fn request<C: HeClient>(
         &self,
         client: &C,
@@ -341,15 +282,7 @@ impl GroupClient {
         self.request_within(client, layer, group, x, 0.0)
     }
 
-    /// As [`GroupClient::request`], the upload allowed to lose up to
-    /// `max_error` per normalised input value (|x| ≤ 1 after the
-    /// normalisation, so the error is relative to each position's largest
-    /// input; [`HeClient::encrypt_to_bytes_within`]). The delta of row `i`
-    /// then moves by at most `max_error · Σ_j |W_i,j|`: the group's output
-    /// bound times `max_error`.
-    ///
-    /// # Errors
-    /// As [`GroupClient::request`].
+    /// As [`GroupClient::request`], the upload allowed to lose `max_error` per normalised value.
     pub fn request_within<C: HeClient>(
         &self,
         client: &C,
@@ -375,12 +308,7 @@ impl GroupClient {
         Ok((req, scales))
     }
 
-    /// Decrypts every slot of every returned ciphertext (for the leak test
-    /// and diagnostics): the values of the normalised inputs (each position
-    /// still divided by its [`InputScales`] factor).
-    ///
-    /// # Errors
-    /// Header mismatch, wrong ciphertext count, backend errors.
+    /// Decrypts every returned slot (normalised values). Errors: header, count, backend.
     pub fn decrypt_all<C: HeClient>(
         &self,
         client: &C,
@@ -406,13 +334,7 @@ impl GroupClient {
             .collect()
     }
 
-    /// Decrypts and unpacks the deltas: per projection a position-major
-    /// T × d_out_p matrix, each position multiplied back by its factor from
-    /// the `scales` that [`GroupClient::request`] returned for this
-    /// request.
-    ///
-    /// # Errors
-    /// As [`GroupClient::decrypt_all`]; as [`GroupClient::unpack`].
+    /// Decrypts and unpacks the deltas, T × d_out_p per projection, rescaled by `scales`.
     pub fn deltas<C: HeClient>(
         &self,
         client: &C,
@@ -423,12 +345,7 @@ impl GroupClient {
         self.unpack(&slots, scales)
     }
 
-    /// Unpacks decrypted slot vectors into per-projection deltas (f32),
-    /// multiplying position p by `scales.factor(p)`.
-    ///
-    /// # Errors
-    /// [`HeloraError::ShapeMismatch`] when `scales` does not hold one
-    /// factor per position of the round.
+    /// Unpacks decrypted slots into f32 deltas, rescaled. Errors: [`HeloraError::ShapeMismatch`].
     pub fn unpack(&self, slots: &[Vec<Complex64>], scales: &InputScales) -> Result<Vec<Vec<f32>>> {
         let t = self.plan.t;
         if scales.factors.len() != t {
@@ -458,9 +375,7 @@ impl GroupClient {
         Ok(out)
     }
 
-    /// For every output ciphertext and slot, the deltas its real and
-    /// imaginary parts must hold (positions of the round; `None`: the part
-    /// must decrypt to zero).
+    /// Per output ciphertext and slot, what its parts must hold.
     pub fn output_map(&self) -> &[Vec<SlotDeltas>] {
         &self.map
     }

@@ -1,10 +1,5 @@
-//! The server half: holds the adapter as encoded plaintext diagonals and
-//! evaluates a group's delta on the client's ciphertexts.
-//!
-//! Only the final, fully summed deltas leave [`PreparedGroup::evaluate`]:
-//! every intermediate (rotated inputs, per-slot products, partial sums of
-//! stage A) stays inside it, and every returned slot outside the delta slots
-//! is multiplied by an exact zero weight (see [`crate::plan`]).
+//! The server half: the adapter as encoded diagonals, evaluated on the client's ciphertexts; only
+//! fully summed deltas leave, every other returned slot has an exact zero weight.
 
 use crate::adapter::{FusedGroup, GroupAdapter};
 use crate::counts::LEVELS;
@@ -14,9 +9,7 @@ use crate::packing::{output_map, stage_a_diag, stage_b_diag};
 use crate::plan::{BabySteps, GroupPlan, Layout};
 use crate::wire::{GroupRequest, GroupResponse};
 
-/// Diagonals of one stage, `[giant][term]`: ordinary plaintexts, or
-/// plaintexts over `Q·P` when the stage is double hoisted
-/// ([`GroupPlan::double_hoisted`]).
+/// Diagonals of one stage, `[giant][term]`, over `Q·P` when double hoisted.
 enum Diags<S: HeServer> {
     Plain(Vec<Vec<S::Pt>>),
     Extended(Vec<Vec<S::ExtPt>>),
@@ -61,15 +54,13 @@ impl<S: HeServer> Diags<S> {
     }
 }
 
-/// Baby-step rotations of a stage's input: ordinary ciphertexts, or kept
-/// over `Q·P`.
+/// Baby-step rotations of a stage's input: ordinary ciphertexts, or kept over `Q·P`.
 enum Babies<'a, S: HeServer> {
     Plain(Vec<&'a S::Ct>),
     Extended(Vec<&'a S::ExtCt>),
 }
 
-/// A group's adapter encoded for one plan (load time: all diagonals are
-/// encoded and pre-rotated once, never per request).
+/// A group's adapter encoded for one plan, all diagonals encoded once at load.
 pub struct PreparedGroup<S: HeServer> {
     plan: GroupPlan,
     layout: Layout,
@@ -78,15 +69,11 @@ pub struct PreparedGroup<S: HeServer> {
     b_diags: Vec<Diags<S>>,
     /// Stage-A diagonals `[q][c·babies + b]` (standard mode).
     a_diags: Option<Diags<S>>,
-    /// Per output ciphertext, the bound on |real part| and |imaginary part|
-    /// of every slot for inputs normalised to max |input| ≤ 1 per position.
+    /// Per output ciphertext, the bound on every slot part for normalised inputs.
     output_bounds: Vec<f64>,
 }
 
-/// Per projection and output row, `Σ_j |W_row,j|` of the linear map the
-/// server applies to one position's input (FFA: `W = s·B` on `u = A·x`;
-/// standard: `W = s·B·A` on x): the largest |output| for inputs with
-/// max |input| ≤ 1 (the ∞-norm of the row, attained at `sign(W_row)`).
+/// Per projection and row, `Σ_j |W_row,j|` of the server's map: the largest |output| for ±1 inputs.
 fn row_bounds(fused: &FusedGroup, ffa: bool) -> Vec<Vec<f64>> {
     let shape = &fused.shape;
     let d_in = shape.d_in;
@@ -127,11 +114,7 @@ impl<S: HeServer> std::fmt::Debug for PreparedGroup<S> {
 }
 
 impl<S: HeServer> PreparedGroup<S> {
-    /// Fuses the adapter (scaling folded into B) and encodes its diagonals.
-    ///
-    /// # Errors
-    /// Shape mismatch between adapter and plan, infeasible plan, too few
-    /// levels in the backend, backend encoding errors.
+    /// Fuses the adapter and encodes its diagonals. Errors: shape mismatch, plan, levels, encoding.
     pub fn new(server: &S, plan: &GroupPlan, adapter: &GroupAdapter) -> Result<Self> {
         let fused = FusedGroup::new(adapter)?;
         if fused.shape != plan.shape {
@@ -187,8 +170,7 @@ impl<S: HeServer> PreparedGroup<S> {
             let ext_a = GroupPlan::double_hoisted(sa.baby, layout.babies_a);
             a_diags = Some(Diags::encode(server, ext_a, per_q, 2)?);
         }
-        // Every returned slot holds one fully summed delta row (both parts:
-        // two positions, each normalised) or an exact zero.
+        // Every returned slot holds one summed delta row or an exact zero.
         let rows = row_bounds(&fused, plan.stage_a.is_none());
         let output_bounds = output_map(plan)?
             .iter()
@@ -209,20 +191,12 @@ impl<S: HeServer> PreparedGroup<S> {
         })
     }
 
-    /// Per returned ciphertext, the bound on the absolute value of the real
-    /// and imaginary part of every slot when each position's input is
-    /// normalised to max |input| ≤ 1 (FFA: `u = A·x`; standard: x; as
-    /// [`crate::GroupClient`] does): the maximum over the ciphertext's delta
-    /// rows of `Σ_j |W_row,j|`, `W` the linear map the server applies (FFA:
-    /// `s·B`; standard: `s·B·A`); computed at load time. Passed to
-    /// [`HeServer::output_to_bytes_bounded`] for the response compression.
+    /// Per returned ciphertext, the bound on every slot part for normalised inputs.
     pub fn output_bounds(&self) -> &[f64] {
         &self.output_bounds
     }
 
-    /// Encoded diagonals held, by level: `(ordinary, over Q·P)` (stage B
-    /// at level 1, stage A at level 2). Equal to the plan's ct×pt counts
-    /// ([`GroupPlan::diagonal_bytes`] relies on it).
+    /// Encoded diagonals held by level, `(ordinary, over Q·P)`: the plan's ct×pt counts.
     pub fn diagonal_counts(&self) -> ([u64; LEVELS], [u64; LEVELS]) {
         let mut counts = ([0; LEVELS], [0; LEVELS]);
         for d in &self.b_diags {
@@ -239,11 +213,7 @@ impl<S: HeServer> PreparedGroup<S> {
         &self.plan
     }
 
-    /// Evaluates the delta on the uploaded ciphertexts (in the order
-    /// [`crate::group_client`] produces them); returns `n_out` ciphertexts at level 0.
-    ///
-    /// # Errors
-    /// Wrong number or level of inputs, backend errors (missing Galois key, …).
+    /// Evaluates the delta: `n_out` ciphertexts at level 0. Errors: bad inputs, backend errors.
     pub fn evaluate(&self, server: &S, inputs: &[S::Ct]) -> Result<Vec<S::Ct>> {
         let expected = self.plan.input_cts()?;
         if inputs.len() != expected {
@@ -284,14 +254,8 @@ impl<S: HeServer> PreparedGroup<S> {
         self.stage_b(server, &babies)
     }
 
-    /// Handles one wire request: checks its header against the plan,
-    /// parses its ciphertexts, evaluates, and serialises the result
-    /// ciphertexts with their output bounds ([`Self::output_bounds`];
-    /// compressed by the CKKS backend, after rerandomisation).
-    ///
-    /// # Errors
-    /// [`HeloraError::PlanMismatch`] on a foreign plan id or T; the
-    /// backend's parse errors; as [`PreparedGroup::evaluate`].
+    /// Handles one wire request (header checked against the plan). Errors:
+    /// [`HeloraError::PlanMismatch`]; parse errors; as [`PreparedGroup::evaluate`].
     pub fn handle(&self, server: &S, req: &GroupRequest) -> Result<GroupResponse> {
         self.check_header(req)?;
         let inputs = req
@@ -302,13 +266,7 @@ impl<S: HeServer> PreparedGroup<S> {
         self.respond(server, req, &inputs)
     }
 
-    /// [`Self::handle`] for a request whose ciphertexts the caller has
-    /// parsed already (`inputs`, in plan order; e.g. while checking their
-    /// level and scale), so that they are not parsed twice:
-    /// `req.ciphertexts` is not read (it may be empty).
-    ///
-    /// # Errors
-    /// As [`Self::handle`].
+    /// [`Self::handle`] with ciphertexts parsed already (`inputs`, plan order).
     pub fn handle_parsed(
         &self,
         server: &S,
@@ -338,8 +296,7 @@ impl<S: HeServer> PreparedGroup<S> {
         Ok(())
     }
 
-    /// Evaluates `inputs` and serialises the outputs at the precision
-    /// `req` asks for.
+    /// Evaluates `inputs` and serialises the outputs at the precision `req` asks for.
     fn respond(&self, server: &S, req: &GroupRequest, inputs: &[S::Ct]) -> Result<GroupResponse> {
         let out = self.evaluate(server, inputs)?;
         let ciphertexts = out
@@ -373,12 +330,7 @@ impl<S: HeServer> PreparedGroup<S> {
         server.rotate_hoisted_extended(ct, &steps)
     }
 
-    /// The giant partial sums `rescale(Σ_b pdiag_{q,b} ⊙ v_b)` of every
-    /// `(diagonals, q, idx)` in `parts` (`idx`: the baby indices of giant
-    /// q), their products computed together since they all read the same
-    /// babies ([`HeServer::dot_plain_many`],
-    /// [`HeServer::dot_plain_extended_many`]), each then brought down by
-    /// one rescale (one fused ModDown + rescale when extended).
+    /// The rescaled giant partial sums of every entry of `parts`, products computed together.
     fn giant_parts(
         &self,
         server: &S,
@@ -424,13 +376,7 @@ impl<S: HeServer> PreparedGroup<S> {
         }
     }
 
-    /// `Σ_q rot(rescale(Σ_b pdiag_{q,b} ⊙ v_b), q·g·T)` for each diagonal
-    /// set of `diags` (one result each), `terms[q]` listing the baby
-    /// indices of giant q. Each giant partial sum is rescaled *before* its
-    /// rotation, so the giant-step key switches run one level lower (fewer
-    /// limbs: about 2.5× cheaper at N = 8192 from level 1 to 0, measured)
-    /// for the price of one rescale each. The products of every giant step
-    /// of every set are computed together ([`Self::giant_parts`]).
+    /// `Σ_q rot(rescale(Σ_b pdiag_{q,b} ⊙ v_b), q·g·T)` per set, rescaling before each rotation.
     fn bsgs_sums(
         &self,
         server: &S,

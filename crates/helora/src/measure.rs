@@ -1,5 +1,4 @@
-//! Measures the per-operation costs the planner prices plans with, on the
-//! real CKKS engine (single thread, medians of thread CPU time).
+//! Measures the per-operation costs the planner prices plans with (medians of thread CPU time).
 
 use std::sync::Arc;
 
@@ -17,17 +16,13 @@ fn he(e: cipherlora_ckks::CkksError) -> HeloraError {
     HeloraError::Ckks(e)
 }
 
-/// CPU time consumed by the calling thread, in ms
-/// (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`): unlike wall time it does not
-/// count the time other processes hold the (shared, 2-core) machine.
+/// CPU time of the calling thread, ms (unaffected by other processes).
 pub fn thread_cpu_ms() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 * 1e-6
 }
 
-/// Median thread CPU time of `f` over `reps` runs, in ms, after one
-/// untimed warm-up run (the previous measurement may have evicted this
-/// one's working set: a cold first run would bias short medians).
+/// Median thread CPU time of `f` over `reps` runs, ms, after one untimed warm-up.
 fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     f()?;
     let mut v = Vec::with_capacity(reps.max(1));
@@ -40,15 +35,10 @@ fn median_ms(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(v[v.len() / 2])
 }
 
-/// The output bound (per slot part) the cost model assumes for returned
-/// ciphertexts: about what standard LoRA has on the default model (17–18;
-/// FFA 5–6). The compressed size hardly depends on it (the headroom bits
-/// absorb the bound; ±1 bit of `b` from rounding).
+/// The output bound (per slot part) the cost model assumes for returned ciphertexts.
 pub const MODEL_OUTPUT_BOUND: f64 = 16.0;
 
-/// The compression a default [`crate::CkksServer`] applies to a response
-/// with output bound [`MODEL_OUTPUT_BOUND`] (`None` if it would not
-/// compress).
+/// The compression a default [`crate::CkksServer`] applies at [`MODEL_OUTPUT_BOUND`].
 pub fn model_compression(ctx: &Context) -> Option<CompressionParams> {
     CompressionParams::choose(
         ctx.degree(),
@@ -60,11 +50,7 @@ pub fn model_compression(ctx: &Context) -> Option<CompressionParams> {
     .ok()
 }
 
-/// The download bytes of a returned ciphertext compressed to `bits` of
-/// precision (what a client asking for `bits` per request gets, e.g. on
-/// the coarse trips of a fixed-point round), with the model's output bound
-/// [`MODEL_OUTPUT_BOUND`]: `28 + ⌈N·(2b − d)/8⌉`. `None` when it would not
-/// compress.
+/// Download bytes of a ciphertext compressed to `bits` (`None`: not compressed).
 pub fn compressed_download_bytes(ctx: &Context, bits: u32) -> Option<f64> {
     let p = CompressionParams::choose(
         ctx.degree(),
@@ -77,8 +63,7 @@ pub fn compressed_download_bytes(ctx: &Context, bits: u32) -> Option<f64> {
     Some((28 + p.poly_bytes(ctx.degree())) as f64)
 }
 
-/// The download bytes of a level-0 ciphertext under `p` (full size when
-/// `None`).
+/// The download bytes of a level-0 ciphertext under `p` (full size when `None`).
 fn download_bytes(ct: &Ciphertext, p: Option<CompressionParams>) -> Result<Vec<u8>> {
     Ok(match p {
         Some(p) => ct.compress(&p).map_err(he)?.to_bytes(),
@@ -86,13 +71,7 @@ fn download_bytes(ct: &Ciphertext, p: Option<CompressionParams>) -> Result<Vec<u
     })
 }
 
-/// Byte sizes of the engine's wire formats, from its serializer: `(upload
-/// of a seeded ciphertext at each level, download of a level-0 ciphertext
-/// as a default server returns it (compressed: [`model_compression`]), one
-/// Galois key)`.
-///
-/// # Errors
-/// Engine errors.
+/// Serialized sizes: (seeded upload per level, level-0 download, one Galois key). Errors: engine.
 pub fn wire_sizes(ctx: &Arc<Context>) -> Result<([f64; LEVELS], f64, f64)> {
     let mut rng = os_rng().map_err(he)?;
     let sk = SecretKey::generate(ctx, &mut rng);
@@ -115,9 +94,7 @@ pub fn wire_sizes(ctx: &Arc<Context>) -> Result<([f64; LEVELS], f64, f64)> {
     Ok((up, down, key))
 }
 
-/// Bytes of plaintexts a streamed ct×pt measurement cycles through: twice
-/// a large last-level cache, so each product fetches its plaintext from
-/// memory as in a round.
+/// Plaintext bytes a streamed ct×pt measurement cycles through (beyond the LLC).
 const STREAMED_BYTES: usize = 64 << 20;
 
 /// How many plaintexts of `limbs` limbs make [`STREAMED_BYTES`].
@@ -125,12 +102,10 @@ fn streamed_count(ctx: &Context, limbs: usize) -> usize {
     STREAMED_BYTES.div_ceil(limbs * ctx.degree() * 8)
 }
 
-/// Passes of [`measure_op_costs`]: each measures every operation in turn,
-/// and each cost is the median over the passes of the per-pass medians.
+/// Passes of [`measure_op_costs`], each over every operation.
 const PASSES: usize = 8;
 
-/// Every measured figure of `c`, in a fixed order (the destructuring makes
-/// a new field a compile error here until it is listed).
+/// Every measured figure of `c` in a fixed order (a new field fails to compile until listed).
 fn fields(c: &mut OpCosts) -> Vec<&mut f64> {
     let OpCosts {
         ct_pt_ms,
@@ -182,19 +157,8 @@ fn fields(c: &mut OpCosts) -> Vec<&mut f64> {
     v
 }
 
-/// Measures every cost of [`OpCosts`] on `ctx` (levels `0..=max_level`):
-/// 8 passes over all operations, `⌈reps / 8⌉` (at least 2)
-/// timed runs of each per pass; each cost is the median of its per-pass
-/// medians. The machine is shared: a burst of load lasting a fraction of
-/// the measurement skews the operations measured during it, and hence the
-/// *ratios* the planner and `bench helora` rely on; spreading every
-/// operation over short passes that each span all of them makes a burst
-/// hit a pass of every operation rather than every run of a few. The
-/// working sets (ciphertexts, keys, 64 MiB of streamed plaintexts per
-/// level) are built once and shared by the passes.
-///
-/// # Errors
-/// Engine errors (should not happen for valid contexts).
+/// Measures every cost of [`OpCosts`] on `ctx` in interleaved passes (medians of per-pass medians),
+/// so load bursts hit every operation alike. Errors: engine errors.
 pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
     let fixture = Fixture::new(ctx)?;
     let per_pass = reps.div_ceil(PASSES).max(2);
@@ -220,9 +184,7 @@ pub fn measure_op_costs(ctx: &Arc<Context>, reps: usize) -> Result<OpCosts> {
 
 /// Distinct ciphertexts in rotation per level.
 const DISTINCT: usize = 8;
-/// Distinct Galois keys in rotation, as a plan's baby and giant steps use
-/// them: a key at level 1 is ~0.75 MiB, so a batch of rotations streams its
-/// keys from memory; a single hot key would flatter key switching.
+/// Distinct Galois keys in rotation, as plans use them (one hot key would flatter key switching).
 const KEYS: usize = 16;
 /// Products per lazy accumulation (a typical g).
 const TERMS: usize = 8;
@@ -361,8 +323,7 @@ impl Fixture {
                 i += 1;
                 &cts[i % DISTINCT]
             };
-            // What the client does per upload (CkksClient::encrypt_to_bytes):
-            // fused encode + encrypt, serialise.
+            // The client's upload: fused encode + encrypt, serialise.
             c.encrypt_ms[level] = median_ms(reps, || {
                 let _ = self
                     .encryptor
@@ -426,8 +387,7 @@ impl Fixture {
                     let _ = download_bytes(next(), cp)?;
                     Ok(())
                 })?;
-                // The client's to_bytes above is not the client's cost: the
-                // server serialises, the client parses; keep only the parse.
+                // Keep only the client's parse (the server serialises).
                 c.decrypt_ms = (c.decrypt_ms - c.serialize_output_ms).max(0.0);
                 c.rerandomize_ms = median_ms(reps, || {
                     let noise: Vec<f64> = self.values.iter().map(|v| v * 1e-6).collect();
@@ -442,11 +402,7 @@ impl Fixture {
                 })?;
                 continue;
             }
-            // ct×pt inside one lazy sum of TERMS terms (`add_products`), each
-            // with its own plaintext, as plans use it: once over a working set larger
-            // than the last-level cache (a round streams every diagonal
-            // once; a session holds 10⁸–10⁹ bytes of them), once over a
-            // cache-resident one.
+            // ct×pt inside one lazy sum, streamed from beyond the LLC and cache-resident.
             let mut k = 0usize;
             let mut ct_pt = |n: usize| {
                 median_ms(reps, || {
@@ -470,8 +426,7 @@ impl Fixture {
                 m += 1;
                 ev.rescale(&set.prods[m % DISTINCT]).map(|_| ()).map_err(he)
             })?;
-            // The same over Q·P (double hoisting): extended rotations times
-            // extended diagonals, then the fused ModDown + rescale.
+            // The same over Q·P: extended rotations × extended diagonals, fused ModDown + rescale.
             c.ext_ct_pt_ms[level] = median_ms(reps, || {
                 let mut acc = ev.mul_accumulator_extended(level).map_err(he)?;
                 let (cs, ps): (Vec<_>, Vec<_>) = (0..TERMS)

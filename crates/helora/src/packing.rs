@@ -1,25 +1,18 @@
-//! Slot vectors of a plan: client inputs, server diagonals, output map.
-//!
-//! Pure functions of the plan (and the data); see [`crate::plan`] for the
-//! layout and the algorithms. `slot(j, p) = j·T + p` everywhere, with T the
-//! plan's [`GroupPlan::slot_positions`]: the functions here see slot
-//! positions only; [`crate::GroupClient`] maps the round's positions onto
-//! the real and imaginary parts.
+//! Slot vectors of a plan (client inputs, server diagonals, output map), `slot(j, p) = j·T + p`
+//! (layout: [`crate::plan`]).
 
 use crate::adapter::FusedGroup;
 use crate::error::{HeloraError, Result};
 use crate::plan::{BabySteps, GroupPlan, Layout, Mode, Reach, Segment};
 
-/// Where a delta value lives in the client's output: projection, output row,
-/// position.
+/// Where a delta value lives in the client's output: projection, output row, position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeltaIndex {
     /// Projection within the group.
     pub proj: usize,
     /// Output row within the projection.
     pub row: usize,
-    /// Position: a slot position (0..T') in [`output_map`], a position of
-    /// the round (0..T) in [`crate::GroupClient::output_map`].
+    /// A slot position (0..T') in [`output_map`], a round position (0..T) in the client's map.
     pub pos: usize,
 }
 
@@ -41,11 +34,7 @@ fn split_row(plan: &GroupPlan, fused: usize) -> (usize, usize) {
     (plan.shape.d_outs.len() - 1, fused - base)
 }
 
-/// For every output ciphertext, the delta each slot must hold (`None`: the
-/// slot must decrypt to zero).
-///
-/// # Errors
-/// As [`GroupPlan::layout`].
+/// Per output ciphertext, the delta each slot must hold. Errors as [`GroupPlan::layout`].
 pub fn output_map(plan: &GroupPlan) -> Result<Vec<Vec<Option<DeltaIndex>>>> {
     let l = plan.layout()?;
     let t = plan.slot_positions();
@@ -67,12 +56,7 @@ pub fn output_map(plan: &GroupPlan) -> Result<Vec<Vec<Option<DeltaIndex>>>> {
     Ok(out)
 }
 
-/// FFA client inputs from `U` (R × T' row-major, T' slot positions): the
-/// replicated `u'` (server baby steps) or its `g` pre-rotated copies
-/// (client baby steps).
-///
-/// # Errors
-/// [`HeloraError::ShapeMismatch`] when `u` is not R × T'; plan errors.
+/// FFA client inputs from `U` (R × T'). Errors: [`HeloraError::ShapeMismatch`]; plan errors.
 pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
     let l = plan.layout()?;
     let t = plan.slot_positions();
@@ -103,12 +87,7 @@ pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
         .collect())
 }
 
-/// Standard-mode client inputs from X (position-major T' × d_in, T' slot
-/// positions): per chunk the periodically replicated `x'_c` (server baby
-/// steps) or its pre-rotated copies `x'_c[j+b]`, chunk-major.
-///
-/// # Errors
-/// [`HeloraError::ShapeMismatch`] when `x` is not T' × d_in; plan errors.
+/// Standard client inputs from X (T' × d_in). Errors: [`HeloraError::ShapeMismatch`]; plan errors.
 pub fn standard_inputs(plan: &GroupPlan, x: &[f64]) -> Result<Vec<Vec<f64>>> {
     let l = plan.layout()?;
     let sa = plan.stage_a.ok_or(HeloraError::InfeasiblePlan {
@@ -142,8 +121,7 @@ pub fn standard_inputs(plan: &GroupPlan, x: &[f64]) -> Result<Vec<Vec<f64>>> {
     Ok(out)
 }
 
-/// Stage-B plaintext diagonal for output ciphertext `c`, giant step `q`,
-/// baby step `b`, pre-rotated by `−q·g·T` (slot vector).
+/// Stage-B diagonal for output `c`, giant `q`, baby `b`, pre-rotated by `−q·g·T`.
 pub fn stage_b_diag(
     plan: &GroupPlan,
     l: &Layout,
@@ -175,9 +153,7 @@ pub fn stage_b_diag(
     v
 }
 
-/// The column of the segment's `U` that output `x` reads through diagonal
-/// `k`, if it reads one there (plan module docs: "Stage B", "Dense
-/// outputs").
+/// The column of the segment's `U` output `x` reads through diagonal `k`, if any.
 fn stage_b_read(reach: Reach, s: &Segment, x: usize, k: usize) -> Option<usize> {
     match reach {
         Reach::Ahead => Some((x + k) % s.period),
@@ -191,10 +167,7 @@ fn stage_b_read(reach: Reach, s: &Segment, x: usize, k: usize) -> Option<usize> 
     }
 }
 
-/// Stage-A plaintext diagonal for chunk `c`, giant step `q`, baby step `b`,
-/// pre-rotated by `−q·g·T` (slot vector; standard mode): on each segment's
-/// region, `dA_k[j] = A_f[row(j), c·P + (j+k) mod P]` with
-/// `row(j) = u_off + (j − start) mod ρ`.
+/// Stage-A diagonal for chunk `c`, giant `q`, baby `b`, pre-rotated by `−q·g·T`.
 pub fn stage_a_diag(
     plan: &GroupPlan,
     l: &Layout,

@@ -1,92 +1,6 @@
-//! Evaluation plans for one layer group: packing geometry and BSGS parameters.
-//!
-//! # Slot layout
-//! Dimension-major, position-minor: dimension `j` of position `p` lives in slot
-//! `j·T + p`, so a rotation by `k·T` moves dimension `j+k` into `j` for all T
-//! positions at once. A ciphertext holds `w_in = ⌊slots/T⌋` dimensions; the
-//! last `slots − w_in·T` slots are never read with a non-zero weight. Because
-//! T is rarely a power of two, a cyclic rotation by `k·T` does **not** wrap
-//! consistently, so every layout below is sized such that no weighted read
-//! ever wraps around (this costs a few dimensions per ciphertext, the `ext`
-//! of each segment).
-//!
-//! # Two positions per complex slot ([`PositionPacking::ComplexPairs`])
-//! CKKS slots are complex (Cheon–Kim–Kim–Song, Asiacrypt 2017, §3.2) and
-//! every server operation here is linear with *real* plaintext weights
-//! (products by real diagonals, rotations, additions, rescales), so it acts
-//! on the real and imaginary parts of the slots independently. The client
-//! therefore packs position `p < T'` in the real part and position `p + T'`
-//! in the imaginary part of the same slot, `T' = ⌈T/2⌉`: the whole layout
-//! below is built for `T'` *slot positions* ([`GroupPlan::slot_positions`]),
-//! so a round of T positions costs what a round of ⌈T/2⌉ real positions
-//! costs (fewer output ciphertexts, products, giant steps and decryptions;
-//! the baby steps do not depend on T). Only the client knows or cares: the
-//! server's computation is unchanged. Leak-freedom is unchanged too: each
-//! returned slot holds the requested deltas of two positions (or zero in the
-//! imaginary part past T), never partial sums — the weights being real, no
-//! term crosses from one part to the other.
-//!
-//! # Stage B (`Δ = B_f · U`, both modes)
-//! Generalised diagonals of a tall matrix (Halevi–Shoup, "Algorithms in
-//! HElib", CRYPTO 2014, §4): with `u'` holding U replicated cyclically along
-//! the dimension axis, `Δ[o] = Σ_{k<K} diag_k[o] · u'[o+k]`. The baby-step /
-//! giant-step split `k = q·g + b` (Halevi–Shoup, "Faster homomorphic linear
-//! transformations in HElib", CRYPTO 2018, §3) computes the g baby rotations
-//! `rot(u', b·T)` once per group (hoisted: one key-switch decomposition
-//! shared by all of them, Bossuat et al., "Efficient Bootstrapping for
-//! Approximate HE with Non-Sparse Keys", EUROCRYPT 2021, §3.2 — the
-//! "pre-rotated plaintext diagonals" of `lora-structure-aware-he.md` §7 are the
-//! giant-step pre-rotation `rot^{-q·g·T}(diag)` done at load time) and one
-//! giant rotation by `q·g·T` per output ciphertext and `q ≥ 1`. Lattigo's
-//! `LinearTransformation` (he/linear_transformation.go) follows the same split.
-//! Each giant partial sum is rescaled before its giant rotation, so giant
-//! key switches run one level lower (one rescale each instead of one per
-//! output; measured ≈ 2.5–4× cheaper key switches at N = 8192).
-//!
-//! In FFA mode the input is *segmented*: projection p owns the dimension range
-//! `[start_p, start_p + W_p + ext_p)` in which `u'[start_p + x] = U_p[x mod r_p]`,
-//! so projection p needs only `r_p` diagonals instead of R (the fused `B_f` is
-//! block-diagonal: the other `R − r_p` generalised diagonals would be zero
-//! there). All segments share the same input ciphertext and rotations.
-//!
-//! # Dense outputs ([`Reach::TwoSided`], FFA)
-//! The `ext` dimensions above hold input only: every output ciphertext
-//! returns them as zeros, `Σ_p (r_p − 1)` of its `w_in` dimensions (with
-//! 16 projections of rank 16 in one group, 240 of 1024: a quarter of the
-//! download). Reading both ways removes them: projection p's input holds
-//! `U_p` replicated over exactly its `W_p` output dimensions, shifted by
-//! `lead = R − 1`, and output `x` reads the one period `x'' ∈ [lo, lo + r_p)`
-//! with `lo = min(x, W_p − r_p)` through diagonal `k = x'' − x + lead`,
-//! `0 ≤ k ≤ 2R − 2`. Each output still sums exactly its own row (leak-freedom
-//! as above), at `2R − 1` diagonals instead of R: more ct×pt products and
-//! giant steps on the server for fewer output ciphertexts, decryptions and
-//! bytes down, which the planner weighs. When T divides the slots a rotation
-//! by `k·T` wraps consistently over the dimensions (`w_in·T = slots`), so the
-//! shifted inputs may wrap and the lead costs nothing.
-//!
-//! With client baby steps ([`BabySteps::Client`]) the client encrypts the g
-//! pre-rotated copies `rot(u', b·T)` itself (exactly, no wrap-around): no
-//! server baby rotations, paid in g encryptions and g× upload.
-//!
-//! # Stage A (`U = A_f · X`, standard mode only)
-//! The wide `A_f` (R × d_in) uses the Halevi–Shoup hybrid: X is cut into
-//! `n_x` chunks of `P` columns (P a multiple of R); the client replicates each
-//! chunk periodically with period P along the dimension axis (`x'_c`), the
-//! server computes `y = Σ_c Σ_{k<R} dA_{c,k} ⊙ rot(x'_c, k·T)` (BSGS as above,
-//! the sum over chunks is taken before the giant rotations) with
-//! `dA_{c,k}[j] = A_f[j mod R, c·P + (j+k) mod P]`, and then the window sum
-//! `u'[j] = Σ_{m<P/R} y[j + m·R]` (rotate-and-add by `m·R·T`) leaves the
-//! **fully summed** `U[j mod R]` on the dimensions stage B reads. Each window
-//! reaches `P − 1` dimensions beyond its start, so the stage-A region of a
-//! row block is `W + P − 1` dimensions; dimensions past the fully summed part
-//! hold partial sums, which stage B multiplies by exact zero weights: they
-//! never reach the client.
-//!
-//! *Segmented* stage A ([`StageAPlan::segmented`], equal ranks r): one row
-//! block per projection, `row(j) = u_off_p + (j − start_p) mod r`, so both
-//! stages use r diagonals instead of R (the other R − r generalised diagonals
-//! of the block-diagonal `B_f` are zero) and the window stride is r; the
-//! price is one `P − 1` region gap per projection. The planner weighs both.
+//! Evaluation plans for one layer group: dimension-major slots (`j·T + p`), two positions per
+//! complex slot, BSGS over generalised diagonals (Halevi–Shoup, CRYPTO 2014, §4; CRYPTO 2018, §3)
+//! with hoisting. Derivation: docs/design/code-notes.md, "helora: plan".
 
 use std::collections::BTreeSet;
 
@@ -96,34 +10,25 @@ use crate::error::{HeloraError, Result};
 /// Which LoRA variant the group is evaluated as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
-    /// FFA-LoRA: lora_A public, the client computes `U = A·X` in plaintext;
-    /// depth 1.
+    /// FFA-LoRA: lora_A public, the client computes `U = A·X` in plaintext; depth 1.
     Ffa,
-    /// Standard LoRA: lora_A and lora_B secret; the server computes both
-    /// products on ciphertexts; depth 2.
+    /// Standard LoRA: both factors secret, both products on ciphertexts (depth 2).
     Standard,
 }
 
 /// Who produces the baby-step rotations of a stage's input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BabySteps {
-    /// The server rotates the input (hoisted rotations, each brought back
-    /// to `Q` by its own ModDown).
+    /// The server rotates the input (hoisted, one ModDown per rotation).
     Server,
     /// The client encrypts pre-rotated copies (no server baby rotation).
     Client,
-    /// The server rotates the input with double hoisting (Bossuat et al.,
-    /// "Efficient Bootstrapping for Approximate HE with Non-Sparse Keys",
-    /// EUROCRYPT 2021, §4.2): the rotations stay over `Q·P`, are multiplied
-    /// by diagonals encoded over `Q·P`, and each giant-step sum takes one
-    /// fused ModDown + rescale. Cheaper rotations, dearer products (one more
-    /// limb); the planner weighs both.
+    /// The server rotates with double hoisting (Bossuat et al., EUROCRYPT 2021, §4.2).
     ServerExtended,
 }
 
 impl BabySteps {
-    /// Whether the server makes the baby steps ([`BabySteps::Server`] or
-    /// [`BabySteps::ServerExtended`]).
+    /// Whether the server makes the baby steps.
     pub fn on_server(self) -> bool {
         matches!(self, BabySteps::Server | BabySteps::ServerExtended)
     }
@@ -134,8 +39,7 @@ impl BabySteps {
 pub enum PositionPacking {
     /// One position per slot, in the real part (imaginary parts zero).
     Real,
-    /// Two positions per slot: position `p < ⌈T/2⌉` in the real part,
-    /// position `p + ⌈T/2⌉` in the imaginary part.
+    /// Two positions per slot: `p < ⌈T/2⌉` in the real part, `p + ⌈T/2⌉` in the imaginary part.
     ComplexPairs,
 }
 
@@ -149,19 +53,12 @@ impl PositionPacking {
     }
 }
 
-/// Which input dimensions an FFA stage-B output reads (module docs,
-/// "Dense outputs").
+/// Which input dimensions an FFA stage-B output reads (module docs, "Dense outputs").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reach {
-    /// Output `x` of a segment reads inputs `x … x + r − 1`: r diagonals, and
-    /// `r − 1` input-only dimensions (`ext`) after every segment, which hold
-    /// no output. Standard mode always reads so.
+    /// Output `x` reads inputs `x … x + r − 1`: r diagonals, `r − 1` input-only dimensions.
     Ahead,
-    /// Output `x` reads one period of its segment's inputs: the r from `x`
-    /// on, or the segment's last r where fewer remain, all within
-    /// `x − (R − 1) … x + (R − 1)` (R the largest rank): `2R − 1` diagonals
-    /// and no `ext`, so every dimension of an output ciphertext holds a
-    /// delta (FFA with server baby steps only).
+    /// Output `x` reads one period within `x ± (R − 1)`: `2R − 1` diagonals, dense outputs.
     TwoSided,
 }
 
@@ -187,9 +84,7 @@ pub struct StageAPlan {
     pub g: usize,
     /// Who makes the baby steps.
     pub baby: BabySteps,
-    /// One row block per projection (stride r, block-diagonal B exploited
-    /// in both stages; needs equal ranks) instead of one fused block of R
-    /// rows.
+    /// One row block per projection (stride r; needs equal ranks) instead of one of R rows.
     pub segmented: bool,
 }
 
@@ -200,8 +95,7 @@ pub struct GroupPlan {
     pub slots: usize,
     /// Positions per verify round (K+1, or draft-tree nodes).
     pub t: usize,
-    /// How positions occupy the complex slots; the layout is built for
-    /// [`GroupPlan::slot_positions`] positions.
+    /// How positions occupy the complex slots.
     pub packing: PositionPacking,
     /// LoRA variant.
     pub mode: Mode,
@@ -211,13 +105,11 @@ pub struct GroupPlan {
     pub stage_a: Option<StageAPlan>,
     /// Stage B.
     pub stage_b: StageBPlan,
-    /// Add a fresh encryption of zero with flooding noise to every returned
-    /// ciphertext (circuit privacy).
+    /// Rerandomise every returned ciphertext with flooding noise (circuit privacy).
     pub rerandomize: bool,
 }
 
-/// A run of dimensions of every stage-B output ciphertext that holds one
-/// block of output rows.
+/// A run of dimensions of every stage-B output ciphertext that holds one block of output rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     /// First dimension.
@@ -226,13 +118,9 @@ pub struct Segment {
     pub width: usize,
     /// Extra input dimensions read beyond the outputs (no wrap-around).
     pub ext: usize,
-    /// Dimensions from the segment's first output to its first input
-    /// (`R − 1` under [`Reach::TwoSided`], else 0); input dimensions are
-    /// taken modulo [`Layout::w_in`].
+    /// Dimensions from the segment's first output to its first input, modulo [`Layout::w_in`].
     pub lead: usize,
-    /// Dimensions the segment owns in the input (FFA: `width + ext`) or in
-    /// the stage-A product y (standard: `width + P − 1`, the window sums'
-    /// reach); segments never overlap.
+    /// Dimensions the segment owns: FFA `width + ext`, standard `width + P − 1`.
     pub region: usize,
     /// Diagonals used by this segment (K_p).
     pub diags: usize,
@@ -261,8 +149,7 @@ pub struct Layout {
     pub babies_b: usize,
     /// Stage-A chunks `n_x` (0 in FFA).
     pub n_x: usize,
-    /// Stage-A row-block rank ρ: diagonals of stage A and stride of the
-    /// window sum (R fused, r segmented; 0 in FFA).
+    /// Stage-A row-block rank ρ (R fused, r segmented; 0 in FFA).
     pub stride_a: usize,
     /// Stage-A window length P/ρ (0 in FFA).
     pub window: usize,
@@ -289,9 +176,8 @@ impl GroupPlan {
         }
     }
 
-    /// Slot positions the layout is built for: T ([`PositionPacking::Real`])
-    /// or ⌈T/2⌉ ([`PositionPacking::ComplexPairs`]). In the docs of the
-    /// layout and packing, "T" means this number.
+    /// Slot positions the layout is built for: T, or ⌈T/2⌉ with complex pairs ("T" in the layout
+    /// docs).
     pub fn slot_positions(&self) -> usize {
         self.packing.slot_positions(self.t)
     }
@@ -301,12 +187,7 @@ impl GroupPlan {
         self.depth()
     }
 
-    /// Derives and checks the geometry.
-    ///
-    /// # Errors
-    /// [`HeloraError::InfeasiblePlan`] when a packing constraint fails
-    /// (reads would wrap around, g out of range, …), or
-    /// [`HeloraError::InvalidShape`].
+    /// Derives and checks the geometry. Errors: [`HeloraError::InfeasiblePlan`], `InvalidShape`.
     pub fn layout(&self) -> Result<Layout> {
         self.shape.validate()?;
         if self.t == 0 || self.slots == 0 {
@@ -359,9 +240,8 @@ impl GroupPlan {
                     });
                     start += width + ext;
                 }
-                // Rotations by multiples of T wrap consistently over the
-                // dimensions when T divides the slots: then the inputs may
-                // wrap too, and the lead costs no dimension.
+                // When T divides the slots, rotations by multiples of T wrap consistently: the lead
+                // is free.
                 let cyclic = w_in * self.slot_positions() == self.slots;
                 if start + if cyclic { 0 } else { lead } > w_in {
                     return Err(infeasible("segments do not fit the slots"));
@@ -386,8 +266,7 @@ impl GroupPlan {
                 if sb.reach != Reach::Ahead {
                     return Err(infeasible("standard stage B reads ahead only"));
                 }
-                // Row blocks of the stage-A output: one per projection
-                // (segmented; equal ranks) or one fused block of all R rows.
+                // Stage-A row blocks: one per projection (segmented) or one fused block of R rows.
                 let n_proj = self.shape.ranks.len();
                 let rho = if sa.segmented {
                     let r0 = self.shape.ranks[0];
@@ -457,10 +336,7 @@ impl GroupPlan {
         }
     }
 
-    /// Ciphertexts the client uploads for this group.
-    ///
-    /// # Errors
-    /// As [`GroupPlan::layout`].
+    /// Ciphertexts the client uploads for this group; errors as [`GroupPlan::layout`].
     pub fn input_cts(&self) -> Result<usize> {
         let l = self.layout()?;
         Ok(match self.mode {
@@ -478,10 +354,7 @@ impl GroupPlan {
         })
     }
 
-    /// The stage-A window sum `S_M = Σ_{m<M} rot(y, m·unit)` as a chain of
-    /// `(step, add_y)`: each entry computes `S ← (add_y ? y : S) + rot(S, step)`
-    /// (binary method, MSB first: ⌊log2 M⌋ doublings plus popcount(M) − 1
-    /// increments).
+    /// The window sum `Σ_{m<M} rot(y, m·unit)` as binary-method `(step, add_y)` steps.
     pub fn window_steps(window: usize, unit: usize) -> Vec<(i64, bool)> {
         let mut steps = Vec::new();
         if window <= 1 {
@@ -500,11 +373,7 @@ impl GroupPlan {
         steps
     }
 
-    /// The Galois steps (left rotations, in slots) the plan uses: the server
-    /// needs keys for exactly these.
-    ///
-    /// # Errors
-    /// As [`GroupPlan::layout`].
+    /// The Galois steps the server needs keys for; errors as [`GroupPlan::layout`].
     pub fn galois_steps(&self) -> Result<BTreeSet<i64>> {
         let l = self.layout()?;
         let t = self.slot_positions() as i64;

@@ -1,28 +1,17 @@
-//! The planner: enumerates plans for a group and picks the cheapest under
-//! measured operation costs and the link's bandwidth.
-//!
-//! Cost of a plan = Σ over operations (count × measured median cost) for the
-//! server and the client, plus (bytes up + bytes down) / bandwidth. Counts
-//! come from [`GroupPlan::counts`], which the simulator confirms.
+//! The planner: enumerates a group's plans and picks the cheapest by Σ (op count × measured cost)
+//! on both sides plus bytes / bandwidth ([`GroupPlan::counts`]).
 
 use crate::adapter::GroupShape;
 use crate::counts::{LEVELS, OpCounts};
 use crate::error::{HeloraError, Result};
 use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan, StageBPlan};
 
-/// Measured (or default) per-operation costs, in milliseconds, and
-/// ciphertext sizes, in bytes, indexed by level where they depend on it.
-/// Serialisable so that a server can measure them once per machine and
-/// plan with the same figures after a restart.
+/// Per-operation costs (ms) and ciphertext sizes (bytes) by level, measured once per machine.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct OpCosts {
-    /// One ct×pt product (inside a lazy dot product), its plaintext
-    /// streamed from memory as in a real round (every diagonal is used
-    /// once per round, and a session's diagonals are far larger than the
-    /// last-level cache).
+    /// One ct×pt product inside a lazy dot product, its plaintext streamed from memory.
     pub ct_pt_ms: [f64; LEVELS],
-    /// The same with a cache-resident working set (a few MiB of
-    /// plaintexts); reported next to the streamed figure, not planned with.
+    /// The same with a cache-resident working set (reported, not planned with).
     pub ct_pt_cached_ms: [f64; LEVELS],
     /// One plain rotation (key switch included).
     pub rotate_ms: [f64; LEVELS],
@@ -30,11 +19,9 @@ pub struct OpCosts {
     pub hoist_ms: [f64; LEVELS],
     /// Each rotation from a hoisted decomposition.
     pub hoisted_rotate_ms: [f64; LEVELS],
-    /// One ct×pt product over `Q·P` (inside a lazy dot product; double
-    /// hoisting), its plaintext streamed from memory.
+    /// One ct×pt product over `Q·P` inside a lazy dot product, plaintext streamed.
     pub ext_ct_pt_ms: [f64; LEVELS],
-    /// Each rotation from a hoisted decomposition kept over `Q·P` (key
-    /// inner product and automorphism, no ModDown).
+    /// Each rotation of a hoisted decomposition kept over `Q·P` (no ModDown).
     pub ext_hoisted_rotate_ms: [f64; LEVELS],
     /// Lifting an unrotated ciphertext to `Q·P` (multiplication by P).
     pub extend_ms: [f64; LEVELS],
@@ -50,8 +37,7 @@ pub struct OpCosts {
     pub decrypt_ms: f64,
     /// Server: one circuit-privacy rerandomisation.
     pub rerandomize_ms: f64,
-    /// Server: parse one uploaded seeded ciphertext at that level (unpack,
-    /// expand the seed).
+    /// Server: parse one uploaded seeded ciphertext at that level (unpack, expand the seed).
     pub parse_input_ms: [f64; LEVELS],
     /// Server: serialise one level-0 result ciphertext.
     pub serialize_output_ms: f64,
@@ -64,8 +50,7 @@ pub struct OpCosts {
 }
 
 impl Default for OpCosts {
-    /// Rough single-thread estimates for N = 8192, chain 60,40,40 + 60
-    /// special, used only until `cipherlora bench` measures the engine.
+    /// Rough single-thread estimates for N = 8192, used until the engine is measured.
     fn default() -> Self {
         let n = 8192.0;
         OpCosts {
@@ -137,8 +122,7 @@ fn dot(c: &[u64; LEVELS], m: &[f64; LEVELS]) -> f64 {
 }
 
 impl OpCosts {
-    /// Server CPU of `c`, ms (uploads parsed: one per client encryption;
-    /// results serialised: one per client decryption).
+    /// Server CPU of `c`, ms (parsing uploads and serialising results included).
     pub fn server_ms(&self, c: &OpCounts) -> f64 {
         dot(&c.ct_pt, &self.ct_pt_ms)
             + dot(&c.rotations, &self.rotate_ms)
@@ -170,10 +154,7 @@ impl OpCosts {
         c.decryptions as f64 * self.download_ct_bytes
     }
 
-    /// Models one plan.
-    ///
-    /// # Errors
-    /// As [`GroupPlan::layout`].
+    /// Models one plan. Errors as [`GroupPlan::layout`].
     pub fn estimate(&self, plan: &GroupPlan, link: &Link) -> Result<Estimate> {
         let counts = plan.counts()?;
         let client_ms = self.client_ms(&counts);
@@ -193,9 +174,7 @@ impl OpCosts {
     }
 }
 
-/// Baby-step sizes worth trying for `k` diagonals: for each giant count
-/// `G = ⌈k/g⌉`, the smallest g reaching it (larger g with the same G only
-/// add baby rotations).
+/// Baby-step sizes worth trying for `k` diagonals: per giant count, the smallest g.
 fn g_candidates(k: usize) -> Vec<usize> {
     let mut out: Vec<usize> = Vec::new();
     let mut last_giants = usize::MAX;
@@ -209,14 +188,7 @@ fn g_candidates(k: usize) -> Vec<usize> {
     out
 }
 
-/// All plans the planner considers for a group (feasible ones only).
-///
-/// Both position packings (one position per slot, and two per complex slot
-/// when T ≥ 2). FFA: every baby-step owner × both reaches where feasible
-/// ([`Reach::TwoSided`]: server baby steps) × every g × the two smallest
-/// feasible `n_out`. Standard: every stage-A period P (multiple of R) with
-/// its smallest feasible `n_out`; baby-step sizes: for each giant-step
-/// count, the smallest g reaching it.
+/// All feasible plans for a group: both packings, and the FFA or standard parameter ranges.
 pub fn candidates(
     shape: &GroupShape,
     mode: Mode,
@@ -378,10 +350,8 @@ fn candidates_packed(
     }
 }
 
-/// Picks the plan with the least modelled `client + server + transfer` time.
-///
-/// # Errors
-/// [`HeloraError::NoFeasiblePlan`] when nothing fits the slots.
+/// The plan with the least modelled `client + server + transfer` time. Errors:
+/// [`HeloraError::NoFeasiblePlan`].
 pub fn choose(
     shape: &GroupShape,
     mode: Mode,
@@ -401,11 +371,7 @@ pub fn choose(
     best.ok_or(HeloraError::NoFeasiblePlan { t, slots })
 }
 
-/// The best plan of each strategy family (see [`GroupPlan::strategy_family`])
-/// and position packing.
-///
-/// # Errors
-/// As [`OpCosts::estimate`].
+/// The best plan per strategy family and position packing. Errors as [`OpCosts::estimate`].
 pub fn best_per_family(
     shape: &GroupShape,
     mode: Mode,
@@ -432,14 +398,8 @@ pub fn best_per_family(
 }
 
 impl GroupPlan {
-    /// Strategy family: `hoisted-bsgs` (server baby steps, hoisted),
-    /// `double-hoisted-bsgs` (server baby steps kept over `Q·P`), each
-    /// with `-two-sided` for dense FFA outputs ([`Reach::TwoSided`]),
-    /// `client-prerotated` (client baby steps, some server giant rotations),
-    /// `client-replicated` (client supplies every diagonal's rotation: zero
-    /// server rotations); standard mode names the row blocks (`fused`: one
-    /// block of R rows; `segmented`: one per projection) and the stage-A
-    /// baby-step owner.
+    /// Strategy family: `hoisted-bsgs`, `double-hoisted-bsgs` (`-two-sided`), `client-prerotated`,
+    /// `client-replicated`; standard mode names its row blocks and stage-A baby-step owner.
     pub fn strategy_family(&self) -> &'static str {
         let diags = match self.layout() {
             Ok(l) => l.diags_b,
@@ -498,8 +458,7 @@ impl GroupPlan {
         }
     }
 
-    /// A human-readable label with the parameters; `pairs:` in front when
-    /// two positions share each complex slot.
+    /// A human-readable label with the parameters (`pairs:` for two positions per slot).
     pub fn strategy(&self) -> String {
         let b = self.stage_b;
         let pairs = match self.packing {

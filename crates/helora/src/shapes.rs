@@ -14,14 +14,13 @@ pub struct ModelShape {
 }
 
 impl ModelShape {
-    /// SmolLM2-135M (the default model): d = 576, 30 layers, 9 heads and 3 KV
-    /// heads of 64; LoRA r = 16 on q,k,v,o.
+    /// SmolLM2-135M (the default model): d = 576, 30 layers, 9 heads and 3 KV heads of 64; LoRA r =
+    /// 16 on q,k,v,o.
     pub fn smollm2_135m() -> Self {
         Self::llama_like("smollm2-135m", 30, 576, 9 * 64, 3 * 64, 16)
     }
 
-    /// Qwen2.5-3B: d = 2048, 36 layers, 16 heads and 2 KV heads of 128;
-    /// LoRA r = 32 on q,k,v,o.
+    /// Qwen2.5-3B: d = 2048, 36 layers, 16 heads and 2 KV heads of 128; LoRA r = 32 on q,k,v,o.
     pub fn qwen25_3b() -> Self {
         Self::llama_like("qwen2.5-3b", 36, 2048, 16 * 128, 2 * 128, 32)
     }

@@ -1,10 +1,6 @@
-//! A plaintext slot simulator: the HE interface on exact f64 slot vectors.
-//!
-//! It has the exact rotation semantics of CKKS slots (cyclic over N/2 slots),
-//! checks levels like the real engine, counts every operation (so the
-//! planner's formulas can be checked against it) and, having no noise, lets
-//! the leak test demand *exact* zeros outside the delta slots. It is not
-//! encryption: use it for algebra, layouts and counts only.
+//! A plaintext slot simulator: the HE interface on exact f64 slot vectors, with CKKS rotation
+//! semantics, level checks and operation counts; noise-free, so the leak test can demand exact
+//! zeros. Not encryption.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -22,8 +18,8 @@ pub struct SimCt {
     pub values: Vec<Complex64>,
 }
 
-/// A simulated ciphertext over the extended basis `Q·P` (a different type,
-/// so the packing cannot mix it with ordinary ciphertexts).
+/// A simulated ciphertext over the extended basis `Q·P` (a different type, so the packing cannot
+/// mix it with ordinary ciphertexts).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimExtCt {
     level: usize,
@@ -54,10 +50,8 @@ pub struct SlotSimulator {
 }
 
 impl SlotSimulator {
-    /// A simulator with `slots` slots and levels `0..=max_level`.
-    ///
-    /// # Errors
-    /// [`HeloraError::Backend`] when `slots` is zero or `max_level ≥ LEVELS`.
+    /// A simulator with `slots` slots and levels `0..=max_level`. Errors: [`HeloraError::Backend`]
+    /// when `slots` is zero or `max_level ≥ LEVELS`.
     pub fn new(slots: usize, max_level: usize) -> Result<Self> {
         if slots == 0 || max_level >= LEVELS {
             return Err(HeloraError::Backend(format!(
@@ -77,8 +71,8 @@ impl SlotSimulator {
         *self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Rotation steps used since creation or the last reset (the Galois keys
-    /// a real server would have needed).
+    /// Rotation steps used since creation or the last reset (the Galois keys a real server would
+    /// have needed).
     pub fn steps_used(&self) -> BTreeSet<i64> {
         self.steps.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }

@@ -1,9 +1,6 @@
-//! Compact binary encodings of plans, requests and responses.
-//!
-//! Little-endian, versioned, with a 4-byte magic per message. Ciphertexts are
-//! opaque byte strings from the backend's serializer: the transport only moves
-//! bytes. Every decoder validates lengths, counts and (for plans) the packing
-//! constraints, and returns [`HeloraError::Malformed`] instead of panicking.
+//! Compact binary encodings of plans, requests and responses: little-endian, versioned, a 4-byte
+//! magic per message, ciphertexts opaque. Decoders validate lengths, counts and plan constraints
+//! and return [`HeloraError::Malformed`], never panic.
 
 use crate::adapter::GroupShape;
 use crate::error::{HeloraError, Result};
@@ -12,8 +9,7 @@ use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan
 const PLAN_MAGIC: &[u8; 4] = b"HLPL";
 const REQ_MAGIC: &[u8; 4] = b"HLRQ";
 const RESP_MAGIC: &[u8; 4] = b"HLRS";
-/// Version 2: plans carry their [`PositionPacking`]; version 3: their
-/// stage-B [`Reach`].
+/// Version 2: plans carry their [`PositionPacking`]; version 3: their stage-B [`Reach`].
 const VERSION: u8 = 3;
 /// Upper bound on ciphertexts per message (a group never needs more).
 pub const MAX_CIPHERTEXTS: usize = 1 << 16;
@@ -33,9 +29,8 @@ pub struct GroupRequest {
     pub t: u32,
     /// Input ciphertexts, in plan order.
     pub ciphertexts: Vec<Vec<u8>>,
-    /// Precision asked for in the returned ciphertexts, bits relative to
-    /// their output bound (0: the server's default, which it never
-    /// exceeds; [`crate::ResponseCompression`]).
+    /// Precision asked for in the returned ciphertexts, bits relative to their output bound (0: the
+    /// server's default, never exceeded).
     pub response_bits: u32,
 }
 
@@ -162,10 +157,7 @@ pub fn encode_plan(p: &GroupPlan) -> Vec<u8> {
     o
 }
 
-/// Decodes and validates a plan.
-///
-/// # Errors
-/// [`HeloraError::Malformed`] on bad bytes; plan validation errors.
+/// Decodes and validates a plan. Errors: [`HeloraError::Malformed`]; plan validation errors.
 pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
     let mut r = Reader {
         buf: bytes,
@@ -272,8 +264,7 @@ fn encode_msg(
 
 type Msg = (u64, u32, u32, u32, Vec<Vec<u8>>);
 
-/// Encoded size of a group message: the 29-byte header plus a 4-byte length
-/// prefix per ciphertext.
+/// Encoded size of a group message: the 29-byte header plus a 4-byte length prefix per ciphertext.
 fn msg_len(ciphertexts: &[Vec<u8>]) -> usize {
     29 + ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
 }
@@ -302,8 +293,8 @@ fn decode_msg(bytes: &[u8], magic: &[u8; 4], what: &'static str) -> Result<Msg> 
 }
 
 impl GroupRequest {
-    /// Serialises the request: the message framing shared with
-    /// [`GroupResponse`], then `response_bits` (u32).
+    /// Serialises the request: the message framing shared with [`GroupResponse`], then
+    /// `response_bits` (u32).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut o = encode_msg(
             REQ_MAGIC,
@@ -317,10 +308,7 @@ impl GroupRequest {
         o
     }
 
-    /// Parses and validates a request (the ciphertexts themselves are
-    /// validated by the backend when parsed).
-    ///
-    /// # Errors
+    /// Parses and validates a request (ciphertexts are validated by the backend). Errors:
     /// [`HeloraError::Malformed`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let Some(split) = bytes.len().checked_sub(4) else {
@@ -360,10 +348,7 @@ impl GroupResponse {
         )
     }
 
-    /// Parses and validates a response.
-    ///
-    /// # Errors
-    /// [`HeloraError::Malformed`].
+    /// Parses and validates a response. Errors: [`HeloraError::Malformed`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let (plan_id, layer, group, t, ciphertexts) =
             decode_msg(bytes, RESP_MAGIC, "group response")?;
@@ -383,8 +368,8 @@ impl GroupResponse {
 }
 
 impl GroupPlan {
-    /// A stable identifier of the plan (FNV-1a over its canonical encoding),
-    /// carried by every request and response.
+    /// A stable identifier of the plan (FNV-1a over its canonical encoding), carried by every
+    /// request and response.
     pub fn id(&self) -> u64 {
         let bytes = encode_plan(self);
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -1,7 +1,6 @@
-//! End-to-end on the real CKKS engine (N = 8192, chain 60,40,40 + 60):
-//! correctness against the plaintext LoRA reference with bits of precision,
-//! and the leak test (every slot of every returned ciphertext decrypted:
-//! delta slots match, all other slots are at the noise level).
+//! End-to-end on the real CKKS engine (N = 8192, chain 60,40,40 + 60): correctness against the
+//! plaintext LoRA reference with bits of precision, and the leak test (every slot of every returned
+//! ciphertext decrypted: delta slots match, all other slots are at the noise level).
 
 mod common;
 
@@ -44,8 +43,8 @@ fn check(out: &Outcome, label: &str, min_bits: f64) {
         "{label}: only {:.1} bits",
         out.bits()
     );
-    // Leak-freedom: slots outside the deltas hold only noise, far below any
-    // weight product (a mis-weighted partial sum would be of order max|Δ|).
+    // Leak-freedom: slots outside the deltas hold only noise, far below any weight product (a
+    // mis-weighted partial sum would be of order max|Δ|).
     assert!(
         out.max_outside <= 1e-5 * out.max_ref,
         "{label}: {:.3e} outside the deltas",
@@ -238,11 +237,10 @@ fn precision_table_all_shapes_all_t() {
     }
 }
 
-/// The same request answered by two servers, one compressing (default) and
-/// one not: the compressed responses are smaller, decrypt to the
-/// uncompressed values within the compression's predicted error, and the
-/// unpacked deltas match the plaintext reference (also with large
-/// activations, which the client's normalisation brings back into range).
+/// The same request answered by two servers, one compressing (default) and one not: the compressed
+/// responses are smaller, decrypt to the uncompressed values within the compression's predicted
+/// error, and the unpacked deltas match the plaintext reference (also with large activations, which
+/// the client's normalisation brings back into range).
 #[test]
 fn compressed_responses_match_uncompressed_ones() {
     use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};
@@ -354,14 +352,11 @@ fn compressed_responses_match_uncompressed_ones() {
     );
 }
 
-/// A client may ask for fewer bits per request (the first trips of a
-/// fixed-point round): the responses shrink, stay within the asked
-/// precision relative to the output bound (against an uncompressed server),
-/// never get more precise than the server's default, and never fewer than
-/// `MIN_BITS`.
-/// The default model's first group (q,k,v) at T = 8 in `mode`: the
-/// planner's plan at default costs, a client, and the Galois keys the plan
-/// needs.
+/// A client may ask for fewer bits per request (the first trips of a fixed-point round): the
+/// responses shrink, stay within the asked precision relative to the output bound (against an
+/// uncompressed server), never get more precise than the server's default, and never fewer than
+/// `MIN_BITS`. The default model's first group (q,k,v) at T = 8 in `mode`: the planner's plan at
+/// default costs, a client, and the Galois keys the plan needs.
 fn first_group_at_t8(
     ctx: &std::sync::Arc<Context>,
     mode: Mode,
@@ -435,8 +430,8 @@ fn coarse_responses_are_smaller_and_within_the_asked_precision() {
     assert_eq!(size(3), size(ResponseCompression::MIN_BITS));
 }
 
-/// The cost model's download size is the compressed size a default server
-/// sends (what `cipherlora bench helora` reports as down MB).
+/// The cost model's download size is the compressed size a default server sends (what `cipherlora
+/// bench helora` reports as down MB).
 #[test]
 fn modelled_download_size_is_the_compressed_size() {
     let ctx = Context::new(CkksParameters::preset(Preset::N8192Depth2Fast).unwrap()).unwrap();
@@ -447,10 +442,9 @@ fn modelled_download_size_is_the_compressed_size() {
     assert!(down < 0.8 * 102_424.0, "{down}");
 }
 
-/// A lossy upload (`GroupClient::request_within`) is smaller by the bits
-/// it drops, and moves each returned delta by at most the group's output
-/// bound times the error it allowed (plus the evaluation's own noise), in
-/// both modes: what `upload_error` in the private client relies on.
+/// A lossy upload (`GroupClient::request_within`) is smaller by the bits it drops, and moves each
+/// returned delta by at most the group's output bound times the error it allowed (plus the
+/// evaluation's own noise), in both modes: what `upload_error` in the private client relies on.
 #[test]
 fn lossy_uploads_are_smaller_and_move_deltas_within_the_bound() {
     use cipherlora_helora::{GroupClient, PreparedGroup, ResponseCompression};

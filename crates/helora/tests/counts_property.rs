@@ -1,6 +1,6 @@
-//! Property: for random small shapes, T, slot counts and every candidate plan,
-//! the counts the plan predicts equal what the simulator counted, the Galois
-//! steps equal the rotations used, and the result is exact and leak-free.
+//! Property: for random small shapes, T, slot counts and every candidate plan, the counts the plan
+//! predicts equal what the simulator counted, the Galois steps equal the rotations used, and the
+//! result is exact and leak-free.
 
 mod common;
 
@@ -52,8 +52,8 @@ proptest! {
         prop_assert!(out.max_err <= 1e-9 * out.max_ref.max(1.0));
         prop_assert_eq!(sim.counts(), plan.counts().unwrap());
         prop_assert_eq!(sim.steps_used(), plan.galois_steps().unwrap());
-        // The server holds one diagonal per product: what a session's
-        // memory budget reserves (GroupPlan::diagonal_bytes) is exact.
+        // The server holds one diagonal per product: what a session's memory budget reserves
+        // (GroupPlan::diagonal_bytes) is exact.
         let prepared = PreparedGroup::new(&sim, plan, &adapter).unwrap();
         let counts = plan.counts().unwrap();
         prop_assert_eq!(prepared.diagonal_counts(), (counts.ct_pt, counts.ext_ct_pt));
@@ -63,10 +63,9 @@ proptest! {
         prop_assert_eq!(plan.diagonal_bytes().unwrap(), limbs * 16 * slots as u64);
     }
 
-    /// Two positions per complex slot are invisible to the server: a pairs
-    /// plan for T has the layout, operation counts and Galois steps of the
-    /// one-position-per-slot plan for ⌈T/2⌉ (only the client's mapping of
-    /// positions differs).
+    /// Two positions per complex slot are invisible to the server: a pairs plan for T has the
+    /// layout, operation counts and Galois steps of the one-position-per-slot plan for ⌈T/2⌉ (only
+    /// the client's mapping of positions differs).
     #[test]
     fn pairs_plan_is_the_real_plan_at_half_t(
         shape in shape_strategy(),

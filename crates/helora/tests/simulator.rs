@@ -1,7 +1,6 @@
-//! Simulator-based checks at all required shapes, T and modes: correctness
-//! against the plaintext LoRA reference, exact leak-freedom (every slot of
-//! every returned ciphertext), and agreement of plan counts with what the
-//! simulator counted.
+//! Simulator-based checks at all required shapes, T and modes: correctness against the plaintext
+//! LoRA reference, exact leak-freedom (every slot of every returned ciphertext), and agreement of
+//! plan counts with what the simulator counted.
 
 mod common;
 
@@ -80,11 +79,10 @@ fn qwen25_3b_standard_all_t() {
     );
 }
 
-/// The server's output bounds hold for every returned slot part (exact
-/// simulator, inputs normalised by the client, activations of very
-/// different magnitudes), and in standard mode they are attained: with
-/// `x_p = sign(W_row)` for a row of the map `W = s·B·A`, the returned value
-/// of that row is exactly `Σ_j |W_row,j|`.
+/// The server's output bounds hold for every returned slot part (exact simulator, inputs normalised
+/// by the client, activations of very different magnitudes), and in standard mode they are
+/// attained: with `x_p = sign(W_row)` for a row of the map `W = s·B·A`, the returned value of that
+/// row is exactly `Σ_j |W_row,j|`.
 #[test]
 fn output_bounds_hold_and_are_attained() {
     use cipherlora_helora::{FusedGroup, GroupClient, PreparedGroup};
@@ -185,13 +183,11 @@ fn output_bounds_hold_and_are_attained() {
     }
 }
 
-/// Dense FFA outputs ([`Reach::TwoSided`]) on the shape a session fuses
-/// when it groups four layers (16 projections of rank 16, the default
-/// model's q,k,v,o): exact against the plaintext reference, zero outside
-/// the deltas, counts as planned, and as few output ciphertexts as the
-/// deltas need, where reading ahead leaves a quarter of every output
-/// ciphertext empty. T = 8 lays the dimensions out cyclically (T' = 4
-/// divides the slots), T = 9 does not (the lead costs dimensions).
+/// Dense FFA outputs ([`Reach::TwoSided`]) on the shape a session fuses when it groups four layers
+/// (16 projections of rank 16, the default model's q,k,v,o): exact against the plaintext reference,
+/// zero outside the deltas, counts as planned, and as few output ciphertexts as the deltas need,
+/// where reading ahead leaves a quarter of every output ciphertext empty. T = 8 lays the dimensions
+/// out cyclically (T' = 4 divides the slots), T = 9 does not (the lead costs dimensions).
 #[test]
 fn two_sided_reach_fills_every_output_dimension_of_a_four_layer_group() {
     use cipherlora_helora::planner::candidates;

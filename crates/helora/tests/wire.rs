@@ -1,5 +1,4 @@
-//! Wire formats: round trips, and typed errors (never panics) on malformed
-//! or foreign messages.
+//! Wire formats: round trips, and typed errors (never panics) on malformed or foreign messages.
 
 mod common;
 
@@ -18,8 +17,8 @@ fn plans_round_trip_and_ids_differ() {
     let mut ids = std::collections::BTreeSet::new();
     for mode in [Mode::Ffa, Mode::Standard] {
         let all = candidates(shape, mode, 9, 4096, false);
-        // The first 50, and every plan with dense FFA outputs (which differ
-        // from a plan reading ahead only in their reach).
+        // The first 50, and every plan with dense FFA outputs (which differ from a plan reading
+        // ahead only in their reach).
         let two_sided = all
             .iter()
             .skip(50)

@@ -1,5 +1,5 @@
-//! Shared test helpers: deterministic random adapters and activations, and
-//! the accuracy / leak checks.
+//! Shared test helpers: deterministic random adapters and activations, and the accuracy / leak
+//! checks.
 #![allow(dead_code)]
 
 use cipherlora_helora::he_traits::Complex64;
@@ -61,8 +61,7 @@ pub fn random_x(t: usize, d_in: usize, seed: u64) -> Vec<f32> {
 
 /// Result of one end-to-end evaluation.
 pub struct Outcome {
-    /// Every slot of every returned ciphertext, decrypted (both parts;
-    /// normalised inputs).
+    /// Every slot of every returned ciphertext, decrypted (both parts; normalised inputs).
     pub slots: Vec<Vec<Complex64>>,
     /// Max |Δ_he − Δ_ref| over the delta slots.
     pub max_err: f64,
