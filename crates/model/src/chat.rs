@@ -1,12 +1,6 @@
-//! Chat prompts: a model's own Jinja chat template, rendered with
-//! [minijinja](https://docs.rs/minijinja) the way Hugging Face transformers
-//! renders it (`apply_chat_template`: `trim_blocks` and `lstrip_blocks` on,
-//! `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and a
-//! `raise_exception` function), so multi-turn conversations get exactly the
-//! prompt the model was trained on.
-//!
-//! The template comes from `tokenizer.chat_template` (GGUF metadata) or
-//! `chat_template` in `tokenizer_config.json` (HF folders).
+//! Chat prompts: a model's own Jinja chat template (`tokenizer.chat_template` or
+//! `tokenizer_config.json`), rendered with minijinja as transformers' `apply_chat_template` does,
+//! so conversations get the prompt the model was trained on.
 
 use minijinja::{Environment, ErrorKind, context};
 use serde::{Deserialize, Serialize};
@@ -45,10 +39,7 @@ fn template_error(e: impl std::fmt::Display) -> ModelError {
 }
 
 impl ChatTemplate {
-    /// Checks that `jinja` compiles and keeps it.
-    ///
-    /// # Errors
-    /// [`ModelError::ChatTemplate`] when it does not compile.
+    /// Checks that `jinja` compiles and keeps it. Errors: [`ModelError::ChatTemplate`].
     pub fn new(jinja: impl Into<String>) -> Result<Self, ModelError> {
         let source = jinja.into();
         environment()
@@ -62,19 +53,15 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Whether turns are delimited ChatML-style (`<|im_start|>` …
-    /// `<|im_end|>`), so that `<|im_end|>` also ends generation.
+    /// Whether turns are delimited ChatML-style (`<|im_start|>` … `<|im_end|>`), so that
+    /// `<|im_end|>` also ends generation.
     pub fn is_chatml(&self) -> bool {
         self.source.contains("<|im_start|>")
     }
 
-    /// The prompt for `messages`, ending with the assistant's header when
-    /// `add_generation_prompt` is set. `bos` and `eos` are the special
-    /// tokens' strings, for templates that write them.
-    ///
-    /// # Errors
-    /// [`ModelError::ChatTemplate`] when rendering fails or the template
-    /// raises (e.g. a role order it does not accept).
+    /// The prompt for `messages` (assistant header when `add_generation_prompt`); `bos`/`eos` are
+    /// the special tokens' strings. Errors: [`ModelError::ChatTemplate`] when rendering fails or
+    /// the template raises.
     pub fn render(
         &self,
         messages: &[ChatMessage],

@@ -18,11 +18,11 @@ pub enum Arch {
 /// How rotary position embedding pairs the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
-    /// Pairs (2i, 2i+1): llama.cpp's "normal" RoPE, used with llama-family GGUF
-    /// files whose q/k rows the converter permuted (see the `lora` module).
+    /// Pairs (2i, 2i+1): llama.cpp's "normal" RoPE, used with llama-family GGUF files whose q/k
+    /// rows the converter permuted (see the `lora` module).
     Interleaved,
-    /// Pairs (i, i + head_dim/2): HF "rotate_half" (GPT-NeoX style); HF checkpoints
-    /// and Qwen2 GGUF files.
+    /// Pairs (i, i + head_dim/2): HF "rotate_half" (GPT-NeoX style); HF checkpoints and Qwen2 GGUF
+    /// files.
     Half,
 }
 
@@ -122,11 +122,9 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Parses an HF `config.json` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM).
-    ///
-    /// # Errors
-    /// [`ModelError::Io`], [`ModelError::Format`] for bad JSON,
-    /// [`ModelError::UnsupportedArch`] for other model types.
+    /// Parses an HF `config.json` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM). Errors:
+    /// [`ModelError::Io`], [`ModelError::Format`] for bad JSON, [`ModelError::UnsupportedArch`] for
+    /// other model types.
     pub fn from_hf_config(path: &Path) -> Result<Self, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
         let c: HfConfig = serde_json::from_str(&text).map_err(|e| ModelError::Format {

@@ -2,10 +2,8 @@
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong while loading or running a model.
-///
-/// Variants name the file and, where there is one, the tensor involved, so
-/// that a bad input can be diagnosed from the message alone.
+/// Everything that can go wrong while loading or running a model; variants name the file and tensor
+/// involved.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
@@ -98,8 +96,8 @@ pub enum ModelError {
         /// What went wrong.
         reason: String,
     },
-    /// The model has no chat template, or its template failed to render
-    /// these messages (a template may refuse some role orders).
+    /// The model has no chat template, or its template failed to render these messages (a template
+    /// may refuse some role orders).
     #[error("chat template: {reason}")]
     ChatTemplate {
         /// What went wrong.

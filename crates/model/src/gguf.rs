@@ -1,11 +1,6 @@
-//! Loading llama.cpp GGUF files (format: ggml's `docs/gguf.md`): configuration
-//! from `{arch}.*` metadata, weights kept quantized (Q4_0/Q4_1/Q8_0/K-quants)
-//! or dense (F16/F32).
-//!
-//! llama.cpp's converter permutes the rows of `attn_q`/`attn_k` of llama-family
-//! models per head so that llama.cpp's interleaved RoPE can be used; we keep the
-//! stored layout and use [`RopeStyle::Interleaved`] (adapters are permuted to
-//! match, see [`crate::lora`]). Qwen2 files are not permuted (NeoX RoPE).
+//! Loading llama.cpp GGUF files (ggml's `docs/gguf.md`): configuration from `{arch}.*` metadata,
+//! weights quantized or dense. Llama-family q/k rows stay in llama.cpp's permuted layout, used with
+//! [`RopeStyle::Interleaved`] (adapters are permuted to match, [`crate::lora`]).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -21,13 +16,12 @@ use crate::progress::progress_bar;
 use crate::weights::{Layer, LoadOptions, WeightMode, WeightsFormat};
 use crate::{Arch, Model, ModelConfig, ModelError, RopeStyle};
 
-/// [`WeightMode::Auto`] dequantizes a file with quantized tensors outside our
-/// kernels' formats when the f32 weights fit in this many bytes.
+/// [`WeightMode::Auto`] dequantizes a file with quantized tensors outside our kernels' formats when
+/// the f32 weights fit in this many bytes.
 pub(crate) const AUTO_F32_LIMIT: u64 = 2 << 30;
 
-/// Whether every quantized tensor of a file goes through our kernels
-/// (Q4_0, Q4_1, Q8_0; `crate::qmatmul`): dense (F32/F16/BF16) tensors count as
-/// covered.
+/// Whether every quantized tensor of a file goes through our kernels (Q4_0, Q4_1, Q8_0;
+/// `crate::qmatmul`): dense (F32/F16/BF16) tensors count as covered.
 fn own_kernels_cover(content: &Content) -> bool {
     use candle_core::quantized::GgmlDType as T;
     content.tensor_infos.values().all(|i| {

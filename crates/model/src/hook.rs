@@ -1,16 +1,5 @@
-//! The delta-hook contract between the plaintext forward pass and whatever
-//! computes the adapter's contribution (plaintext LoRA, encrypted LoRA, nothing).
-//!
-//! At every adapted projection `y = W x (+ b)`, the forward pass hands the
-//! projection's input `x` (T × d_in, f32, one row per position of the pass) to
-//! the hook and adds what it returns: `y = W x (+ b) + delta`. Projections that
-//! read the same input form a [`ProjGroup`], so a hook serving several of them
-//! (q, k and v; gate and up) sees the input once, which is one round trip for a
-//! remote hook.
-//!
-//! Layout: deltas are in the *loaded model's* row layout. For llama-family GGUF
-//! files, whose q/k rows llama.cpp's converter permuted, [`crate::LoraAdapter`]
-//! permutes lora_B rows at load time, so hooks built on it need not care.
+//! The delta-hook contract: at each adapted projection the forward pass hands the input `x` (T ×
+//! d_in, f32) to the hook and adds its result, `y = W x (+ b) + delta`.
 
 use std::collections::HashMap;
 
@@ -111,8 +100,7 @@ impl ProjGroup {
     }
 }
 
-/// What a hook returns for one group: at most one delta per projection of the
-/// group, each of shape (T, d_out) f32, to be added to the projection output.
+/// What a hook returns for one group: at most one (T, d_out) f32 delta per projection.
 #[derive(Debug, Clone, Default)]
 pub struct GroupDeltas {
     deltas: Vec<(Proj, Tensor)>,
@@ -165,12 +153,8 @@ pub struct GroupInput {
 
 /// Computes adapter deltas for the forward pass; see the module docs.
 pub trait DeltaHook {
-    /// `x`: the group's input for decoder layer `layer`, shape (T, d_in), f32, row
-    /// t being position t of the pass. Returns one (T, d_out) delta per projection
-    /// of `group` that the adapter targets (or none).
-    ///
-    /// # Errors
-    /// Whatever the hook's computation raises; the forward pass stops with it.
+    /// `x`: the group's input at `layer`, (T, d_in) f32; returns one (T, d_out) delta per targeted
+    /// projection. Errors: whatever the hook raises; the forward pass stops with it.
     fn deltas(
         &mut self,
         layer: usize,
@@ -178,20 +162,12 @@ pub trait DeltaHook {
         x: &Tensor,
     ) -> Result<GroupDeltas, ModelError>;
 
-    /// Whether the hook may return deltas for `group` at all. The forward pass
-    /// skips the call (and any copy of `x`) when this is false.
+    /// Whether the hook may return deltas for `group` (false: the call is skipped).
     fn wants(&self, _layer: usize, _group: ProjGroup) -> bool {
         true
     }
 
-    /// The deltas of many groups whose inputs are all known (one round trip
-    /// for a remote hook: the fixed-point schedule of
-    /// [`crate::FixedPointPass`]). Returns one [`GroupDeltas`] per input, in
-    /// order. The default answers them one by one with
-    /// [`DeltaHook::deltas`], which is exact for any hook.
-    ///
-    /// # Errors
-    /// As [`DeltaHook::deltas`].
+    /// The deltas of many groups with known inputs, in order (one round trip remotely).
     fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
         inputs
             .iter()
@@ -199,14 +175,7 @@ pub trait DeltaHook {
             .collect()
     }
 
-    /// [`DeltaHook::deltas_many`] for inputs that are still estimates (the
-    /// first trips of a [`crate::FixedPointPass`]): a delta may be off by
-    /// `tolerance` relative to the largest delta its group can return, and
-    /// a remote hook may ask for that much less precision (fewer bytes).
-    /// The default answers exactly, with [`DeltaHook::deltas_many`].
-    ///
-    /// # Errors
-    /// As [`DeltaHook::deltas`].
+    /// [`DeltaHook::deltas_many`] allowing error `tolerance` relative to the group's largest delta.
     fn deltas_many_within(
         &mut self,
         inputs: &[GroupInput],
@@ -216,22 +185,13 @@ pub trait DeltaHook {
         self.deltas_many(inputs)
     }
 
-    /// The hook's streaming side for passes of `t` positions, if it has
-    /// one ([`DeltaStream`]): a [`crate::FixedPointPass`] then sends each
-    /// group's input of the next trip as soon as its pass produces it, and
-    /// takes each delta only when the next pass reaches its group. `None`
-    /// (the default): every trip is one [`DeltaHook::deltas_many`] batch.
+    /// The hook's streaming side for `t`-position passes, if any.
     fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
         let _ = t;
         None
     }
 
-    /// Called once per generation by a decoder when the prompt's passes are
-    /// done and the first verify round is about to start. A hook that
-    /// counts its work (bytes, round trips) marks the point, so that its
-    /// decode figures leave out the prompt's passes even when one of them
-    /// ran at the verify width (a prompt's last chunk may). The default
-    /// does nothing.
+    /// Called when the prompt's passes are done (counting hooks leave them out).
     fn prefill_done(&mut self) {}
 }
 
@@ -239,42 +199,16 @@ pub trait DeltaHook {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TripId(pub u64);
 
-/// The streaming side of a remote [`DeltaHook`]: the trips of a
-/// [`crate::FixedPointPass`] as a wavefront over layers.
-///
-/// Trip i's input of layer l is known once pass i−1 has run layer l, and
-/// pass i needs trip i's delta of layer l only when it reaches layer l; so
-/// instead of a batch per trip (pass, then round trip, then pass), each
-/// group's request leaves as soon as its input exists and its answer is
-/// taken when needed. Transfers, server compute and the client's passes
-/// then overlap: a round of N trips costs about N latencies plus the
-/// slowest of its bytes up, bytes down and server compute, instead of N
-/// times each (BENCHMARKS.md, "Streamed trips"). What the server sees per
-/// trip — which groups, how many positions, how many trips per round — is
-/// unchanged; only the timing of requests is finer.
+/// The streaming side of a remote [`DeltaHook`]: a fixed point's trips as a wavefront.
 pub trait DeltaStream {
-    /// Starts a trip whose deltas may be off by `tolerance` (relative, as
-    /// [`DeltaHook::deltas_many_within`]; `None`: as exact as the hook can).
-    ///
-    /// # Errors
-    /// Whatever the hook raises.
+    /// Starts a trip with deltas within relative `tolerance` (`None`: exact).
     fn open_trip(&mut self, tolerance: Option<f64>) -> Result<TripId, ModelError>;
 
-    /// Sends one group's input of `trip` and returns without waiting for
-    /// its deltas. Groups are sent in forward order; a hook that serves
-    /// several model groups with one request (a layer's q,k,v and o) sends
-    /// it once all of them arrived.
-    ///
-    /// # Errors
-    /// Whatever the hook raises (an unknown group, a transport failure).
+    /// Sends one group's input of `trip` (forward order) without waiting.
     fn send(&mut self, trip: TripId, input: &GroupInput) -> Result<(), ModelError>;
 
-    /// The deltas of (`layer`, `group`) in `trip`, waiting for them if they
-    /// have not arrived. Each group sent is received once.
-    ///
-    /// # Errors
-    /// [`ModelError::Hook`] when the group was not sent in `trip`; whatever
-    /// the hook raises.
+    /// The deltas of (`layer`, `group`) in `trip`, waiting if needed. Errors: [`ModelError::Hook`]
+    /// when not sent; whatever the hook raises.
     fn receive(
         &mut self,
         trip: TripId,
@@ -332,15 +266,10 @@ impl DeltaHook for NoAdapter {
     }
 }
 
-/// The deltas one pass added, by (layer, group): (T, d_out) per adapted
-/// projection of the group.
+/// The deltas one pass added, by (layer, group): (T, d_out) per adapted projection of the group.
 pub type PassDeltas = HashMap<(usize, ProjGroup), GroupDeltas>;
 
-/// A hook that answers with `inner` and keeps what it added, by (layer,
-/// group) (the latest call per group wins): the client's copy of a pass's
-/// decrypted deltas, e.g. for delta-guided drafting. Only
-/// [`DeltaHook::deltas`] and [`DeltaHook::wants`] are forwarded, which is
-/// all a [`crate::Model::forward`] pass calls.
+/// A hook answering with `inner` that keeps the latest delta per (layer, group).
 #[derive(Debug)]
 pub struct KeepDeltas<H> {
     /// The hook that computes the deltas.

@@ -1,7 +1,5 @@
-//! A projection `y = x Wᵀ (+ b)`: quantized (GGUF Q4_0, Q4_1 and Q8_0 via our
-//! kernels in [`crate::qmatmul`]; Q4_0/K-quants via candle's `QMatMul`; both
-//! quantize x to 8 bits per block and dot blocks), dense f32, or dense f16
-//! (x is rounded to f16 for the product; the output is f32).
+//! A projection `y = x Wᵀ (+ b)`: quantized (Q4_0/Q4_1/Q8_0 via [`crate::qmatmul`], K-quants via
+//! candle's `QMatMul`), dense f32, or dense f16 (x rounded to f16, output f32).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
@@ -33,8 +31,7 @@ enum Weight {
 }
 
 impl Linear {
-    /// From a GGUF tensor: kept quantized unless it is F16/F32/BF16 or
-    /// `dequantize` asks for f32.
+    /// From a GGUF tensor: kept quantized unless it is F16/F32/BF16 or `dequantize` asks for f32.
     pub(crate) fn from_qtensor(
         q: std::sync::Arc<QTensor>,
         b: Option<Tensor>,
@@ -74,8 +71,8 @@ impl Linear {
         }
     }
 
-    /// The same projection with a dense f32 weight held as f16 (half the
-    /// bytes); quantized and f16 weights are kept as they are.
+    /// The same projection with a dense f32 weight held as f16 (half the bytes); quantized and f16
+    /// weights are kept as they are.
     pub(crate) fn to_f16(&self) -> Result<Self, ModelError> {
         let w = match &self.w {
             Weight::Candle(QMatMul::Tensor(w)) => {
@@ -101,13 +98,8 @@ impl Linear {
         }
     }
 
-    /// x: (T, d_in) f32 → (T, d_out) f32.
-    ///
-    /// A dense f32 weight with several positions is applied as `(W·xᵀ)ᵀ`:
-    /// candle's GEMM then runs d_out (hundreds) rather than T (a handful)
-    /// along its microkernel's rows. Measured on the SmolLM2-135M
-    /// projections, one thread: T = 9 and 17 run 1.2–1.6× faster, T = 1 is
-    /// faster the usual way (see BENCHMARKS.md, "Plaintext model").
+    /// x: (T, d_in) f32 → (T, d_out) f32; dense f32 with T > 1 runs as `(W·xᵀ)ᵀ`, which suits
+    /// candle's GEMM microkernel better.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let y = match &self.w {
             Weight::Candle(QMatMul::Tensor(w)) if x.dim(0)? >= TRANSPOSED_MIN_ROWS => {

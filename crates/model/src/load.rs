@@ -6,19 +6,14 @@ use crate::weights::{LoadOptions, WeightMode};
 use crate::{Model, ModelError};
 
 impl Model {
-    /// Loads a GGUF file or an HF folder (config.json + *.safetensors).
-    ///
-    /// # Errors
-    /// See [`ModelError`]: I/O, malformed or truncated files, missing tensors,
-    /// shape mismatches, unsupported architectures.
+    /// Loads a GGUF file or an HF folder (config.json + *.safetensors). Errors: see [`ModelError`]:
+    /// I/O, malformed or truncated files, missing tensors, shape mismatches, unsupported
+    /// architectures.
     pub fn load(path: &Path) -> Result<Self, ModelError> {
         Self::load_with(path, &LoadOptions::default())
     }
 
-    /// [`Model::load`] with options.
-    ///
-    /// # Errors
-    /// As [`Model::load`].
+    /// [`Model::load`] with options; errors as there.
     pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<Self, ModelError> {
         let model = if path.is_dir() {
             crate::hf::load(path)?
@@ -32,16 +27,9 @@ impl Model {
         }
     }
 
-    /// The fastest copy of this model for drafting: itself when its weights
-    /// are already quantized, its GGUF file loaded again with quantized
-    /// weights ([`WeightMode::Quantized`]: a decode step 4.7× faster than
-    /// f32 on the default model, BENCHMARKS.md "Plaintext model"), or, for an
-    /// HF folder, an f16 copy ([`Model::to_f16_weights`]). Drafts are
-    /// verified by the target model, so the output never depends on this.
-    ///
-    /// # Errors
-    /// As [`Model::load`] (the file is read again), or a failed f16
-    /// conversion.
+    /// The fastest copy for drafting: itself when quantized, its GGUF reloaded with
+    /// [`WeightMode::Quantized`], or an f16 copy of an HF folder. The output never depends on it.
+    /// Errors: as [`Model::load`], or a failed f16 conversion.
     pub fn fast_drafter(&self) -> Result<std::borrow::Cow<'_, Model>, ModelError> {
         use std::borrow::Cow;
         if self.weights_held() == "quantized" {

@@ -1,18 +1,7 @@
-//! PEFT LoRA adapters (Hu et al., "LoRA", 2021, eq. 3: `h = W x + (α/r)·B A x`;
-//! rsLoRA, Kalajdzievski 2023: scaling α/√r) and the plaintext LoRA hook.
-//!
-//! An adapter folder holds `adapter_config.json` (r, lora_alpha, target_modules,
-//! use_rslora, fan_in_fan_out, rank_pattern, alpha_pattern) and
-//! `adapter_model.safetensors` with, per adapted module,
-//! `base_model.model.model.layers.{i}.{self_attn|mlp}.{proj}.lora_A.weight`
-//! (r × d_in) and `….lora_B.weight` (d_out × r).
-//!
-//! **Row layout.** Adapters are trained against HF layout. llama.cpp's converter
-//! permutes q_proj/k_proj rows per head for llama-family GGUF files: HF row
-//! `h·hd + s·hd/2 + i` becomes row `h·hd + 2i + s` (s ∈ {0,1}, i < hd/2). When
-//! the target model uses [`RopeStyle::Interleaved`], [`LoraAdapter::load`]
-//! applies that permutation to the rows of lora_B of q and k (lora_A is
-//! untouched), so `B·A·x` lands in the model's own row order. A·B is never formed.
+//! PEFT LoRA adapters (Hu et al. 2021, eq. 3: `h = W x + (α/r)·B A x`; rsLoRA, Kalajdzievski 2023:
+//! α/√r) and the plaintext LoRA hook. For llama-family GGUF models ([`RopeStyle::Interleaved`])
+//! lora_B's q/k rows get llama.cpp's per-head permutation (HF row `h·hd + s·hd/2 + i` → `h·hd +
+//! 2i + s`) at load, so `B·A·x` lands in the model's row order; A·B is never formed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -40,9 +29,7 @@ impl LoraWeights {
         self.a.dims()[0]
     }
 
-    /// `scaling · (x Aᵀ) Bᵀ` for x (T × d_in): the delta (T × d_out).
-    ///
-    /// # Errors
+    /// `scaling · (x Aᵀ) Bᵀ` for x (T × d_in): the delta (T × d_out). Errors:
     /// [`ModelError::Candle`] on a shape mismatch.
     pub fn delta(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let xa = x.matmul(&self.a.t()?)?;
@@ -88,8 +75,8 @@ enum TargetModules {
     List(Vec<String>),
 }
 
-/// Looks `module` ("model.layers.3.self_attn.q_proj") up in a PEFT pattern map,
-/// whose keys match as the module's full name or a dotted suffix of it.
+/// Looks `module` ("model.layers.3.self_attn.q_proj") up in a PEFT pattern map, whose keys match as
+/// the module's full name or a dotted suffix of it.
 fn pattern<T: Copy>(map: &HashMap<String, T>, module: &str) -> Option<T> {
     map.iter()
         .filter(|(k, _)| module == k.as_str() || module.ends_with(&format!(".{k}")))
@@ -114,8 +101,8 @@ fn parse_key(key: &str) -> Option<(usize, &str, char)> {
     Some((layer, module, ab))
 }
 
-/// Row permutation llama.cpp's converter applies to q/k weights of llama-family
-/// models: new row `h·hd + 2i + s` = old row `h·hd + s·hd/2 + i`.
+/// Row permutation llama.cpp's converter applies to q/k weights of llama-family models: new row
+/// `h·hd + 2i + s` = old row `h·hd + s·hd/2 + i`.
 pub fn gguf_qk_row_permutation(n_heads: usize, head_dim: usize) -> Vec<u32> {
     let half = head_dim / 2;
     let mut idx = Vec::with_capacity(n_heads * head_dim);
@@ -130,14 +117,9 @@ pub fn gguf_qk_row_permutation(n_heads: usize, head_dim: usize) -> Vec<u32> {
 }
 
 impl LoraAdapter {
-    /// Loads a PEFT adapter folder for a model with configuration `config`
-    /// (lora_B rows of q/k are permuted when `config.rope_style` is
-    /// [`RopeStyle::Interleaved`]; see the module docs).
-    ///
-    /// # Errors
-    /// [`ModelError::Adapter`] naming the file and tensor when a target module is
-    /// not a projection of the base model, a layer index is out of range, a
-    /// rank or width does not match, or lora_A/lora_B comes without its partner;
+    /// Loads a PEFT adapter folder for a model of configuration `config`. Errors:
+    /// [`ModelError::Adapter`] naming file and tensor for an unknown target module, an out-of-range
+    /// layer, a rank or width mismatch, or an unpaired lora_A/lora_B;
     /// [`ModelError::Io`]/[`ModelError::Format`] for unreadable files.
     pub fn load(dir: &Path, config: &ModelConfig) -> Result<Self, ModelError> {
         let cfg_path = dir.join("adapter_config.json");

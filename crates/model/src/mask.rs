@@ -1,30 +1,20 @@
-//! Attention masks for a forward pass over T new positions: causal (a chain)
-//! or an arbitrary token tree (speculative decoding's draft and verify
-//! passes), possibly extending tree nodes an earlier pass cached.
+//! Attention masks for a forward pass over T new positions: causal (a chain) or an arbitrary token
+//! tree (speculative decoding's draft and verify passes), possibly extending tree nodes an earlier
+//! pass cached.
 
 use candle_core::{Device, Tensor};
 
 use crate::ModelError;
 
-/// Which earlier positions each of the T new positions may attend to.
-///
-/// Every new position always sees the cache prefix before the tree and
-/// itself. Positions (for RoPE) are `cache_len + i` for `Causal` and
-/// `cache_len − cached + depth(node)` for `Tree`.
+/// Which earlier positions each of the T new positions may attend to (always the cache prefix and
+/// itself); RoPE positions `cache_len + i` (causal) or `cache_len − cached + depth(node)` (tree).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttentionMask {
     /// New position i sees new positions 0..=i.
     Causal,
-    /// A token tree (speculative decoding's draft or verify tree).
-    /// `parents[i]` is the index (< i) of node i's parent, or `None` for a
-    /// root hanging off the cache prefix; node i sees itself and its
-    /// ancestors. The first `cached` nodes are already the cache's last
-    /// `cached` positions (written by earlier passes of the same tree, in
-    /// node order); the pass computes nodes `cached..parents.len()`, so a
-    /// drafter can grow a tree level by level, each level one batched pass
-    /// that reuses the keys and values of the levels before it (as EAGLE-2's
-    /// drafter does: Li et al. 2024, "EAGLE-2", §4). With `cached` = 0 and a
-    /// chain (`[None, Some(0), Some(1), …]`) it is the causal mask.
+    /// A token tree: `parents[i]` is node i's parent (< i) or `None` (a root off the prefix); node
+    /// i sees its ancestors. The first `cached` nodes are the cache's last positions, so trees grow
+    /// level by level (EAGLE-2, Li et al. 2024, §4).
     Tree {
         /// Parent of each node, in node order (cached nodes first).
         parents: Vec<Option<usize>>,
@@ -39,8 +29,8 @@ impl AttentionMask {
         AttentionMask::Tree { parents, cached: 0 }
     }
 
-    /// A tree mask whose first `cached` nodes are the cache's last `cached`
-    /// positions; the pass computes the rest.
+    /// A tree mask whose first `cached` nodes are the cache's last `cached` positions; the pass
+    /// computes the rest.
     pub fn tree_extension(parents: Vec<Option<usize>>, cached: usize) -> Self {
         AttentionMask::Tree { parents, cached }
     }
@@ -53,11 +43,8 @@ impl AttentionMask {
         }
     }
 
-    /// Depth of each of the `t` new positions (0 for roots / the first causal one).
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if a tree's length differs from `cached + t` or a
-    /// parent index is not smaller than its child's.
+    /// Depth of each of the `t` new positions. Errors: [`ModelError::Input`] for a tree of the
+    /// wrong length or a parent not before its child.
     pub fn depths(&self, t: usize) -> Result<Vec<usize>, ModelError> {
         match self {
             AttentionMask::Causal => Ok((0..t).collect()),
@@ -105,9 +92,8 @@ impl AttentionMask {
         }
     }
 
-    /// Additive attention bias of shape (t, cache_len + t): 0 where allowed,
-    /// -inf where masked. Call [`AttentionMask::depths`] first to validate,
-    /// and check `cached_nodes() <= cache_len`.
+    /// Additive bias (t, cache_len + t): 0 allowed, -inf masked (validate with
+    /// [`AttentionMask::depths`] first).
     pub(crate) fn bias(
         &self,
         cache_len: usize,
@@ -165,8 +151,7 @@ mod tests {
         let dev = Device::Cpu;
         let w = whole.bias(2, 5, &dev).unwrap().to_vec2::<f32>().unwrap();
         let e = ext.bias(5, 2, &dev).unwrap().to_vec2::<f32>().unwrap();
-        // Same keys (2 prefix + 5 nodes), the extension's rows are the
-        // whole tree's last two.
+        // Same keys (2 prefix + 5 nodes), the extension's rows are the whole tree's last two.
         assert_eq!(e, w[3..].to_vec());
         assert_eq!(ext.depths(2).unwrap(), vec![2, 2]);
         assert!(ext.depths(3).is_err());
@@ -180,9 +165,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// In any tree, node i sees exactly depth(i) + 1 new positions (its
-        /// ancestors and itself), the cache prefix entirely, and a chain tree's
-        /// bias equals the causal one.
+        /// Node i sees depth(i) + 1 new positions and the whole prefix; a chain tree is causal.
         #[test]
         fn tree_visibility_counts_ancestors(raw in proptest::collection::vec(0usize..64, 1..12), cache_len in 0usize..4) {
             let parents: Vec<Option<usize>> = raw

@@ -1,11 +1,5 @@
-//! The decoder forward pass over T positions at once, with explicit positions,
-//! a causal or tree attention mask, logits for every position and a
-//! [`DeltaHook`] at every projection group.
-//!
-//! Per layer (pre-norm Llama/Qwen2 block, Touvron et al. 2023, §2.2):
-//! `h = x + Wo·attn(rope(Wq·n), rope(Wk·n), Wv·n)` with `n = rmsnorm(x)`, then
-//! `out = h + Wdown·(silu(Wgate·m) ⊙ Wup·m)` with `m = rmsnorm(h)`; every
-//! projection output gets the hook's delta added.
+//! The decoder forward pass over T positions at once (pre-norm Llama/Qwen2 block, Touvron et al.
+//! 2023, §2.2), causal or tree-masked, with a [`DeltaHook`] at every projection group.
 
 use std::path::{Path, PathBuf};
 
@@ -16,8 +10,7 @@ use crate::linear::Linear;
 use crate::weights::{Layer, WeightsFormat};
 use crate::{AttentionMask, KvCache, ModelConfig, ModelError, rope};
 
-/// What every layer of one pass shares: the first new position, the RoPE
-/// tables of the new positions and the attention bias.
+/// What every layer of one pass shares: first position, RoPE tables, attention bias.
 struct Pass {
     start: usize,
     cos: Tensor,
@@ -38,18 +31,8 @@ pub struct Model {
 }
 
 impl Model {
-    /// A copy whose dense projection and output (lm_head) weights are held as
-    /// f16; quantized weights, norms and the embedding table are shared
-    /// unchanged. Logits differ from the f32 model's by f16 rounding (about
-    /// 10⁻³ relative), so this is a *drafter*: speculative decoding verifies
-    /// every drafted token with the f32 model, and output never depends on
-    /// the drafter. On CPU a single-position step streams half the bytes
-    /// (measured: 30 layers of SmolLM2-135M projections 8.1 ms f16 vs
-    /// 16.5 ms f32 on one thread), while multi-position passes are slower
-    /// than f32 (candle's f16 GEMM), hence drafting only.
-    ///
-    /// # Errors
-    /// [`ModelError::Candle`] if a conversion fails.
+    /// A copy with f16 projection and lm_head weights, for drafting. Errors:
+    /// [`ModelError::Candle`].
     pub fn to_f16_weights(&self) -> Result<Self, ModelError> {
         let _span = tracing::info_span!("to_f16_weights").entered();
         let layers = self
@@ -95,36 +78,20 @@ impl Model {
         &self.format
     }
 
-    /// How the projection weights are held: "quantized", "f16" or "f32" (of
-    /// the first layer's q projection; [`crate::WeightMode`] holds all
-    /// projections alike).
+    /// How the projection weights are held: "quantized", "f16" or "f32".
     #[must_use]
     pub fn weights_held(&self) -> &'static str {
         self.layers.first().map_or("f32", |l| l.q.holding())
     }
 
-    /// An empty KV cache able to hold `capacity` positions.
-    ///
-    /// # Errors
-    /// [`ModelError::Candle`] if the allocation fails.
+    /// An empty KV cache for `capacity` positions. Errors: [`ModelError::Candle`].
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache, ModelError> {
         KvCache::new(&self.config, capacity)
     }
 
-    /// Runs `tokens` (T ≥ 1) after the `cache.len()` cached positions and returns
-    /// logits (T, vocab_size) f32, row t for input position t.
-    ///
-    /// Positions are `cache.len() + i` (causal) or `cache.len() − cached + depth(i)`
-    /// (tree; [`AttentionMask::Tree`]);
-    /// the T new keys/values are appended, so `cache.len()` grows by T (roll back
-    /// with [`KvCache::truncate`], keep a tree path with [`KvCache::compact`]).
-    /// At each projection group of each layer, `hook` sees the group's input and
-    /// its deltas are added to the projection outputs.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] for empty input, token ids ≥ vocab_size, a bad tree
-    /// or a full cache; [`ModelError::Hook`] for a delta of the wrong shape or
-    /// projection; whatever the hook returns. On error the cache length is unchanged.
+    /// Runs `tokens` (T ≥ 1) after the cached positions, returning logits (T, vocab_size) f32; the
+    /// cache grows by T, `hook`'s deltas are added. Errors: [`ModelError::Input`] (empty input, bad
+    /// ids or tree, full cache), [`ModelError::Hook`], the hook's. On error the cache is unchanged.
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -138,20 +105,8 @@ impl Model {
         self.head(&x)
     }
 
-    /// The residual stream after the first `layers` decoder layers, (T, hidden)
-    /// f32, row t for input position t: what a split-inference server whose
-    /// client runs layers `[0, layers)` locally would receive. `layers = 0`
-    /// gives the embedding rows; `layers = num_layers` the input of the final
-    /// norm ([`Model::head`] of it equals [`Model::forward`]'s logits).
-    ///
-    /// Positions, `mask` and the cache behave as in [`Model::forward`] (no
-    /// adapter), except that only layers `[0, layers)` write keys and values:
-    /// a cache filled by this call can be continued (for example
-    /// position by position, or with a tree of candidate tokens) only by calls
-    /// with at most the same `layers`.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `layers > num_layers`, and as [`Model::forward`].
+    /// The residual stream (T, hidden) f32 after the first `layers` layers, as a split server
+    /// receives it. Errors: [`ModelError::Input`] if `layers > num_layers`; as [`Model::forward`].
     pub fn hidden_states(
         &self,
         tokens: &[u32],
@@ -163,14 +118,7 @@ impl Model {
         Ok(states.pop().expect("one depth requested"))
     }
 
-    /// [`Model::hidden_states`] at several depths in one pass: entry i is the
-    /// residual stream (T, hidden) f32 after the first `depths[i]` layers
-    /// (depths in any order, repeats allowed). The pass runs
-    /// `max(depths)` layers.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `depths` is empty or a depth exceeds
-    /// `num_layers`, and as [`Model::forward`].
+    /// [`Model::hidden_states`] at several `depths` in one pass. Errors: [`ModelError::Input`].
     pub fn hidden_states_at(
         &self,
         tokens: &[u32],
@@ -190,35 +138,16 @@ impl Model {
         self.run_layers(tokens, cache, mask, &mut crate::NoAdapter, depths)
     }
 
-    /// The output head on hidden states `x` (T, hidden) f32: final RMSNorm then
-    /// the output projection, giving logits (T, vocab_size).
-    ///
-    /// # Errors
-    /// [`ModelError::Candle`] if `x` is not (T, hidden).
+    /// Final RMSNorm and output projection on `x` (T, hidden): logits (T, vocab_size).
     pub fn head(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let x = candle_nn::ops::rms_norm(x, &self.norm, self.config.rms_norm_eps as f32)?;
         let _span = tracing::trace_span!("lm_head").entered();
         self.lm_head.forward(&x)
     }
 
-    /// Runs decoder layers `layers = [lo, hi)` on hidden states `x`
-    /// (T, hidden) f32 — the residual stream after layer `lo` — and returns
-    /// the residual stream after layer `hi`, (T, hidden) f32. The pieces of
-    /// a split-inference pass: `hidden_states(…, a)` on the client, then
-    /// `forward_layers(…, a..L−b)` on the server, then
-    /// `forward_layers(…, L−b..L)` and [`Model::head`] on the client give
-    /// [`Model::forward`]'s logits (same T, same positions: bit for bit).
-    ///
-    /// Positions, `mask` and the cache behave as in [`Model::forward`]; only
-    /// layers `[lo, hi)` read and write the cache, which may hold those
-    /// layers only ([`KvCache::for_layers`]). An empty range returns `x`
-    /// and still appends T positions.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `hi > num_layers`, `lo > hi`, `x` is not
-    /// (T ≥ 1, hidden) f32, the cache lacks a layer of the range, is full,
-    /// or the tree mask does not fit; [`ModelError::Candle`] if an operation
-    /// fails. On error the cache length is unchanged.
+    /// Runs layers `[lo, hi)` on the residual stream `x` (T, hidden) f32; with `hidden_states` and
+    /// `head` it reproduces [`Model::forward`] bit for bit. Errors: [`ModelError::Input`],
+    /// [`ModelError::Candle`]. On error the cache is unchanged.
     pub fn forward_layers(
         &self,
         x: &Tensor,
@@ -268,8 +197,7 @@ impl Model {
         Ok(x)
     }
 
-    /// Checks that T new positions fit the cache and the mask, and builds
-    /// the positions' RoPE tables and attention bias.
+    /// Checks that T positions fit the cache and mask; builds RoPE tables and attention bias.
     fn prepare(&self, t: usize, cache: &KvCache, mask: &AttentionMask) -> Result<Pass, ModelError> {
         let start = cache.len();
         if start + t > cache.capacity() {
@@ -307,9 +235,7 @@ impl Model {
         &self.embed
     }
 
-    /// Validates the input, embeds `tokens` and runs layers `[0, max(depths))`,
-    /// returning the residual stream after each of `depths` (all ≤ num_layers,
-    /// non-empty); the cache grows by T on success.
+    /// Validates, embeds and runs layers `[0, max(depths))`, returning the stream at each depth.
     fn run_layers(
         &self,
         tokens: &[u32],
@@ -427,8 +353,7 @@ impl Model {
         let total = start + t;
         let (keys, values) = cache.read(li, total)?;
 
-        // Grouped-query attention without repeating keys: query head h uses
-        // kv head h / n_rep, so fold the n_rep query heads of a group into rows.
+        // Grouped-query attention: fold each kv head's n_rep query heads into rows.
         let n_rep = nh / nkv;
         let q = q.reshape((nkv, n_rep * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
@@ -452,10 +377,7 @@ impl Model {
         Ok((h + &down[0])?)
     }
 
-    /// Index of the largest logit of each row of `logits` (T, vocab).
-    ///
-    /// # Errors
-    /// [`ModelError::Candle`] if `logits` is not 2-D.
+    /// Argmax of each row of `logits` (T, vocab). Errors: [`ModelError::Candle`] if not 2-D.
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>, ModelError> {
         Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
     }

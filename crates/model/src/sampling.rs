@@ -1,8 +1,6 @@
-//! Token sampling: greedy, temperature, top-k, top-p (nucleus; Holtzman et al.
-//! 2020), repetition penalty (CTRL; Keskar et al. 2019, §4.1: positive logits
-//! divided, negative ones multiplied), seeded ChaCha20 RNG. The full
-//! probability vector is available for speculative sampling
-//! (Leviathan et al. 2023, Alg. 1 needs p and q over the whole vocabulary).
+//! Token sampling: greedy, temperature, top-k, top-p (Holtzman et al. 2020), repetition penalty
+//! (CTRL, Keskar et al. 2019, §4.1), seeded ChaCha20; full probability vectors for speculative
+//! sampling (Leviathan et al. 2023, Alg. 1).
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -57,11 +55,8 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler with `params`.
-    ///
-    /// # Errors
-    /// [`ModelError::Sampling`] for a negative or non-finite temperature, top_k = 0,
-    /// top_p outside (0, 1], or a repetition penalty that is not positive.
+    /// A sampler with `params`. Errors: [`ModelError::Sampling`] for a negative or non-finite
+    /// temperature, top_k = 0, top_p outside (0, 1], or a non-positive penalty.
     pub fn new(params: SamplingParams) -> Result<Self, ModelError> {
         if !(params.temperature >= 0.0 && params.temperature.is_finite()) {
             return Err(ModelError::Sampling(format!(
@@ -97,9 +92,8 @@ impl Sampler {
         self.params.is_greedy()
     }
 
-    /// The distribution the sampler draws from, over the whole vocabulary:
-    /// penalty, then temperature, softmax, top-k and top-p (renormalised).
-    /// Greedy: one-hot at the argmax. `logits`: one row (vocab) of the forward output.
+    /// The distribution drawn from, over the vocabulary (penalty, temperature, softmax, top-k,
+    /// top-p); greedy: one-hot. `logits`: one row (vocab).
     pub fn probs(&self, logits: &[f32], history: &[u32]) -> Vec<f32> {
         let mut l = logits.to_vec();
         let theta = self.params.repetition_penalty;
@@ -161,8 +155,8 @@ impl Sampler {
         p
     }
 
-    /// Draws a token from a probability vector (e.g. speculative decoding's
-    /// residual distribution). Falls back to the argmax if `probs` sums to ~0.
+    /// Draws a token from a probability vector (e.g. speculative decoding's residual distribution).
+    /// Falls back to the argmax if `probs` sums to ~0.
     pub fn sample_from(&mut self, probs: &[f32]) -> u32 {
         let total: f64 = probs.iter().map(|&x| x as f64).sum();
         if total.is_nan() || total <= 0.0 {
@@ -201,10 +195,8 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value of `xs`: the lowest index on ties, and NaN never
-/// wins. Greedy decoding everywhere (plain generation, speculative drafting
-/// and verification) uses this one rule, so their outputs can be compared
-/// token for token.
+/// Index of the largest value (lowest on ties, NaN never wins): the one greedy rule everywhere, so
+/// outputs compare token for token.
 pub fn argmax(xs: &[f32]) -> usize {
     let mut best = 0;
     for (i, &x) in xs.iter().enumerate() {

@@ -1,11 +1,6 @@
-//! Seeded random PEFT adapters: fixtures for tests and experiments that
-//! need an adapter shape no committed adapter has (PEFT `all-linear`, other
-//! ranks, stronger adapters).
-//!
-//! lora_A is drawn as PEFT's FFA-LoRA initialisation does,
-//! `U(−1/√d_in, 1/√d_in)`; lora_B from `N(0, b_std²)`, so `b_std` sets the
-//! adapter's strength (trained adapters have nonzero lora_B; match `b_std`
-//! to a trained adapter's to get realistic delta magnitudes).
+//! Seeded random PEFT adapters for tests that need shapes no committed adapter has: lora_A from
+//! `U(−1/√d_in, 1/√d_in)` (FFA-LoRA's initialisation), lora_B from `N(0, b_std²)` (`b_std` sets the
+//! strength).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -34,13 +29,8 @@ pub struct RandomAdapterSpec {
     pub seed: u64,
 }
 
-/// Writes a PEFT adapter folder (`adapter_config.json`,
-/// `adapter_model.safetensors` in HF row layout, `cipherlora.json`) for
-/// every layer of a model shaped like `config`.
-///
-/// # Errors
-/// [`ModelError::Io`] when the folder cannot be written;
-/// [`ModelError::Candle`] when the tensors cannot be saved.
+/// Writes a PEFT adapter folder (HF row layout, with `cipherlora.json`) for every layer of a model
+/// shaped like `config`. Errors: [`ModelError::Io`], [`ModelError::Candle`].
 pub fn write_random_adapter(
     dir: &Path,
     config: &ModelConfig,

@@ -1,18 +1,5 @@
-//! GGUF files of random quantized weights in the shape of a real model: the
-//! cost of the plaintext engine at the sizes users run (issue 18), without
-//! downloading gigabytes of weights.
-//!
-//! The file follows llama.cpp's layout (ggml's `docs/gguf.md`: `{arch}.*`
-//! metadata, `blk.{i}.attn_q.weight`, …), so both our loader and llama.cpp
-//! read it. It holds no vocabulary: `tokenizer.ggml.model = "none"` with
-//! `{arch}.vocab_size` (llama.cpp then makes dummy tokens; our [`crate::Tokenizer`]
-//! refuses it), so it is for benchmarks that feed token ids, such as
-//! `cipherlora bench model`. The key `cipherlora.synthetic_seed` marks it.
-//!
-//! Weights are drawn from `U(−1/√d_in, 1/√d_in)` (ChaCha8, seeded) and
-//! quantized with candle's quantizers; norms are 1, Qwen2's q/k/v biases are
-//! small uniform values. The values mean nothing; only the shapes and the
-//! block format matter for speed.
+//! GGUF files of random quantized weights shaped like a real model (llama.cpp layout, no
+//! vocabulary, marked by `cipherlora.synthetic_seed`), for benchmarks without downloads.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -32,17 +19,8 @@ pub const SYNTHETIC_SEED_KEY: &str = "cipherlora.synthetic_seed";
 /// Names accepted by [`synthetic_shape`].
 pub const SYNTHETIC_SHAPES: [&str; 2] = ["qwen2.5-1.5b", "llama-3.2-1b"];
 
-/// The configuration of a real model by name (from its `config.json`):
-///
-/// - `qwen2.5-1.5b`: Qwen2.5-1.5B(-Instruct): d = 1536, 28 layers, 12 query
-///   and 2 key/value heads of 128, SwiGLU width 8960, vocabulary 151936,
-///   tied embeddings, q/k/v biases (1.54 B parameters);
-/// - `llama-3.2-1b`: Llama-3.2-1B(-Instruct): d = 2048, 16 layers, 32 query
-///   and 8 key/value heads of 64, SwiGLU width 8192, vocabulary 128256, tied
-///   embeddings (1.24 B parameters; its llama3 RoPE frequency scaling is not
-///   written, which changes no cost).
-///
-/// `None` for other names.
+/// A real model's configuration by name: `qwen2.5-1.5b` or `llama-3.2-1b` (from their
+/// `config.json`, RoPE scaling omitted); `None` otherwise.
 pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
     let cfg = match name {
         "qwen2.5-1.5b" => ModelConfig {
@@ -80,8 +58,7 @@ pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
     Some(cfg)
 }
 
-/// Block formats a synthetic file can hold (every matrix, the embedding
-/// included, in the same format; norms and biases in F32).
+/// Block formats a synthetic file can hold (every matrix in one format; norms, biases F32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SyntheticQuant {
@@ -91,8 +68,7 @@ pub enum SyntheticQuant {
     Q4_1,
     /// ggml Q8_0 (32 weights, 8 bits + f16 scale): our kernels.
     Q8_0,
-    /// ggml Q4_K (256 weights in 8 sub-blocks): candle's kernels; every input
-    /// width must be a multiple of 256.
+    /// ggml Q4_K (candle's kernels); input widths must be multiples of 256.
     Q4K,
 }
 
@@ -128,26 +104,14 @@ impl SyntheticQuant {
     }
 }
 
-/// Whether `path` is a GGUF file written by [`write_synthetic_gguf`].
-///
-/// # Errors
-/// [`ModelError::Io`] / [`ModelError::Format`] /
-/// [`ModelError::Truncated`] when the file is not a readable GGUF file.
+/// Whether `path` is a GGUF written by [`write_synthetic_gguf`]. Errors: [`ModelError::Io`],
+/// `Format`, `Truncated`.
 pub fn is_synthetic_gguf(path: &Path) -> Result<bool, ModelError> {
     Ok(GgufHeader::read(path)?.meta(SYNTHETIC_SEED_KEY).is_some())
 }
 
-/// Writes a GGUF file of random `quant` weights shaped like `config` (see
-/// the module docs). It is written to `path` with a `.part` suffix first and
-/// renamed when complete, so an interrupted run leaves no truncated file at
-/// `path`. A 1.5 B-parameter shape takes about 1 GB (Q4_1/Q4_K) or 1.7 GB
-/// (Q8_0) on disk and in memory while writing.
-///
-/// # Errors
-/// [`ModelError::Config`] when an input width of `config` is not a multiple
-/// of `quant`'s block (32, or 256 for Q4_K) or the heads do not divide;
-/// [`ModelError::Io`] when the file cannot be written;
-/// [`ModelError::Candle`] when quantization or serialization fails.
+/// Writes a GGUF of random `quant` weights shaped like `config` (via a `.part` file). Errors:
+/// [`ModelError::Config`] for bad widths or heads; [`ModelError::Io`]; [`ModelError::Candle`].
 pub fn write_synthetic_gguf(
     path: &Path,
     config: &ModelConfig,

@@ -1,8 +1,5 @@
-//! Tokenizer: HF `tokenizer.json` through the `tokenizers` crate, or rebuilt
-//! from GGUF metadata (byte-level BPE: `tokenizer.ggml.tokens`, `.merges`,
-//! `.token_type`, `.pre`) as an equivalent tokenizer.json, following llama.cpp's
-//! pre-tokenizer table (`llama-vocab.cpp`, `LLAMA_VOCAB_PRE_TYPE_*`).
-//! Chat prompts: the model's own Jinja chat template ([`crate::chat`]).
+//! Tokenizer: HF `tokenizer.json`, or rebuilt from GGUF BPE metadata as llama.cpp does; chat
+//! prompts from the model's Jinja template ([`crate::chat`]).
 
 use std::path::Path;
 
@@ -67,11 +64,7 @@ fn pre_tokenizer(pre: &str) -> Value {
 }
 
 impl Tokenizer {
-    /// The tokenizer for a model path: `tokenizer.json` inside an HF folder, or
-    /// the GGUF file's tokenizer metadata.
-    ///
-    /// # Errors
-    /// [`ModelError::Tokenizer`] when the tokenizer cannot be built; I/O errors.
+    /// The tokenizer of an HF folder or GGUF file. Errors: [`ModelError::Tokenizer`]; I/O errors.
     pub fn for_model(path: &Path) -> Result<Self, ModelError> {
         if path.is_dir() {
             Self::from_hf_folder(path)
@@ -80,10 +73,7 @@ impl Tokenizer {
         }
     }
 
-    /// From an HF folder: `tokenizer.json`, with BOS/EOS and the chat template
-    /// from `tokenizer_config.json` and `config.json` when present.
-    ///
-    /// # Errors
+    /// From an HF folder (`tokenizer.json`, `tokenizer_config.json`, `config.json`). Errors:
     /// [`ModelError::Tokenizer`], [`ModelError::Io`].
     pub fn from_hf_folder(dir: &Path) -> Result<Self, ModelError> {
         let file = dir.join("tokenizer.json");
@@ -137,11 +127,7 @@ impl Tokenizer {
         Ok(t)
     }
 
-    /// Rebuilds the tokenizer from GGUF metadata (byte-level BPE, `tokenizer.ggml.model = gpt2`).
-    ///
-    /// # Errors
-    /// [`ModelError::Tokenizer`] for other vocab types (SentencePiece: pass a tokenizer.json);
-    /// GGUF read errors.
+    /// From GGUF metadata (`gpt2` BPE only). Errors: [`ModelError::Tokenizer`]; GGUF read errors.
     pub fn from_gguf(path: &Path) -> Result<Self, ModelError> {
         let header = GgufHeader::read(path)?;
         let src = format!("{} (GGUF metadata)", path.display());
@@ -219,11 +205,7 @@ impl Tokenizer {
         }
     }
 
-    /// Token ids of `text` (special tokens written in the text, e.g.
-    /// `<|im_start|>`, become their ids), with BOS first when the model wants it.
-    ///
-    /// # Errors
-    /// [`ModelError::Tokenizer`].
+    /// Token ids of `text`, BOS first when wanted. Errors: [`ModelError::Tokenizer`].
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         let enc = self
             .inner
@@ -239,10 +221,7 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Text of `ids`, special tokens skipped.
-    ///
-    /// # Errors
-    /// [`ModelError::Tokenizer`].
+    /// Text of `ids`, special tokens skipped. Errors: [`ModelError::Tokenizer`].
     pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         self.inner
             .decode(ids, true)
@@ -259,22 +238,13 @@ impl Tokenizer {
         self.chat.as_ref()
     }
 
-    /// The chat prompt for one user message (the template's default system
-    /// prompt included), ending with the assistant's header.
-    ///
-    /// # Errors
-    /// As [`Tokenizer::render_chat`].
+    /// The chat prompt for one user message. Errors as [`Tokenizer::render_chat`].
     pub fn chat_prompt(&self, user: &str) -> Result<String, ModelError> {
         self.render_chat(&[ChatMessage::new("user", user)], true)
     }
 
-    /// The prompt for a conversation, rendered by the model's own chat
-    /// template ([`ChatTemplate::render`]), with the assistant's header at
-    /// the end when `add_generation_prompt` is set.
-    ///
-    /// # Errors
-    /// [`ModelError::ChatTemplate`] when the model has no chat template or
-    /// the template refuses the messages.
+    /// A conversation through the chat template (assistant header if `add_generation_prompt`).
+    /// Errors: [`ModelError::ChatTemplate`].
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
@@ -306,8 +276,7 @@ impl Tokenizer {
     }
 }
 
-/// A template that does not compile is logged and ignored (the model can
-/// still complete raw prompts).
+/// A template that does not compile is logged and ignored.
 fn parse_template(jinja: &str) -> Option<ChatTemplate> {
     ChatTemplate::new(jinja)
         .inspect_err(|e| tracing::warn!(error = %e, "ignoring the model's chat template"))

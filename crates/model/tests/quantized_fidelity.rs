@@ -1,12 +1,11 @@
-//! Fidelity of the quantized weight path (GGUF weights kept quantized, 8-bit
-//! activations; `WeightMode::Quantized`) against the f32 path
-//! (`WeightMode::F32`, the exact reference) on the real default model:
-//! teacher-forced over held-out prompts, the greedy next token (argmax of the
+//! Fidelity of the quantized weight path (GGUF weights kept quantized, 8-bit activations;
+//! `WeightMode::Quantized`) against the f32 path (`WeightMode::F32`, the exact reference) on the
+//! real default model: teacher-forced over held-out prompts, the greedy next token (argmax of the
 //! logits) must agree at ≥ 99 % of positions.
 //!
-//! Prompts: `adapters/eval/general_prompts.jsonl` (English prose from
-//! Gutenberg works held out of the adapters' corpus) and
-//! `adapters/eval/humaneval_0_19.jsonl` (code); see `adapters/eval/README.md`.
+//! Prompts: `adapters/eval/general_prompts.jsonl` (English prose from Gutenberg works held out of
+//! the adapters' corpus) and `adapters/eval/humaneval_0_19.jsonl` (code); see
+//! `adapters/eval/README.md`.
 
 use std::path::Path;
 use std::sync::OnceLock;

@@ -1,5 +1,5 @@
-//! Tests on the real default model (SmolLM2-135M-Instruct Q4_1), fetched and
-//! sha256-checked by `cipherlora_model::fetch::ensure_default_model`.
+//! Tests on the real default model (SmolLM2-135M-Instruct Q4_1), fetched and sha256-checked by
+//! `cipherlora_model::fetch::ensure_default_model`.
 
 use std::sync::OnceLock;
 
@@ -8,8 +8,8 @@ use cipherlora_model::{
     Tokenizer, WeightMode, fetch, generate,
 };
 
-/// The default model as loaded by default (its Q4_1/Q8_0 weights kept
-/// quantized, through our kernels).
+/// The default model as loaded by default (its Q4_1/Q8_0 weights kept quantized, through our
+/// kernels).
 fn model() -> &'static (Model, Tokenizer) {
     static M: OnceLock<(Model, Tokenizer)> = OnceLock::new();
     M.get_or_init(|| {
@@ -21,8 +21,7 @@ fn model() -> &'static (Model, Tokenizer) {
     })
 }
 
-/// The default model with its weights dequantized to f32 (the exact
-/// reference).
+/// The default model with its weights dequantized to f32 (the exact reference).
 fn f32_model() -> Model {
     let path = fetch::ensure_default_model().unwrap();
     let weights = WeightMode::F32;
@@ -41,8 +40,8 @@ fn greedy(m: &Model, prompt: &[u32], n: usize, eos: Vec<u32>) -> Vec<u32> {
 }
 
 const GOLDEN_PROMPT: &str = "Once upon a time, there was a little";
-/// Greedy continuation (32 tokens) from an independent NumPy implementation on
-/// the same GGUF (weights dequantized to f32).
+/// Greedy continuation (32 tokens) from an independent NumPy implementation on the same GGUF
+/// (weights dequantized to f32).
 const GOLDEN: &str = " girl named Emma who loved to play in the sun. She would often go to the beach and play with her friends. One day, she decided to go to";
 
 /// The f32 path (weights dequantized at load: the exact reference).
@@ -57,11 +56,10 @@ fn golden_greedy_continuation_matches_numpy_reference() {
     assert_eq!(tok.decode(&out).unwrap(), GOLDEN);
 }
 
-/// With weights kept quantized, activations are quantized to 16 bits per
-/// block of 32 before the integer dot products (`crates/model/src/qmatmul.rs`):
-/// the greedy continuation is still the NumPy reference's. (Candle's and
-/// llama.cpp's 8-bit activations flipped the argmax at token 13.) These are
-/// the default weights (`WeightMode::Auto`).
+/// With weights kept quantized, activations are quantized to 16 bits per block of 32 before the
+/// integer dot products (`crates/model/src/qmatmul.rs`): the greedy continuation is still the NumPy
+/// reference's. (Candle's and llama.cpp's 8-bit activations flipped the argmax at token 13.) These
+/// are the default weights (`WeightMode::Auto`).
 #[test]
 fn golden_greedy_continuation_with_quantized_weights() {
     let (q, tok) = model();
@@ -99,8 +97,8 @@ fn argmax(v: &[f32]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }
 
-/// One causal pass over a sentence against one step per token: logits within
-/// `tol` (relative to the row's largest) and the same greedy token.
+/// One causal pass over a sentence against one step per token: logits within `tol` (relative to the
+/// row's largest) and the same greedy token.
 fn check_batched_against_steps(m: &Model, tok: &Tokenizer, tol: f32) {
     let ids = tok
         .encode("The quick brown fox jumps over the lazy dog")
@@ -118,18 +116,16 @@ fn check_batched_against_steps(m: &Model, tok: &Tokenizer, tol: f32) {
     assert_eq!(c2.len(), ids.len());
 }
 
-/// f32 weights: the pass and the steps differ only by the attention GEMMs'
-/// summation order.
+/// f32 weights: the pass and the steps differ only by the attention GEMMs' summation order.
 #[test]
 fn batched_forward_matches_sequential_steps() {
     let (_, tok) = model();
     check_batched_against_steps(&f32_model(), tok, 1e-4);
 }
 
-/// The default quantized weights: every position's projections use the same
-/// kernel arithmetic in a pass as in a step, but an activation that differs
-/// in its last f32 bits (the attention GEMMs) can round to the neighbouring
-/// 16-bit level, so the logits drift further (measured: 1.1e-4 relative).
+/// The default quantized weights: every position's projections use the same kernel arithmetic in a
+/// pass as in a step, but an activation that differs in its last f32 bits (the attention GEMMs) can
+/// round to the neighbouring 16-bit level, so the logits drift further (measured: 1.1e-4 relative).
 #[test]
 fn batched_forward_matches_sequential_steps_with_quantized_weights() {
     let (m, tok) = model();
@@ -165,8 +161,8 @@ fn chain_tree_mask_equals_causal_mask() {
     assert_eq!(causal, tree);
 }
 
-/// Each tree node's logits equal a causal run of its root-to-node path, and
-/// compacting the cache to an accepted path continues like that path.
+/// Each tree node's logits equal a causal run of its root-to-node path, and compacting the cache to
+/// an accepted path continues like that path.
 #[test]
 fn tree_nodes_match_their_paths_and_compact_keeps_a_path() {
     let (m, tok) = model();
@@ -210,9 +206,8 @@ fn tree_nodes_match_their_paths_and_compact_keeps_a_path() {
     assert_eq!(f.len(), tc.len() + 1);
 }
 
-/// A tree grown level by level (each level one pass that extends the cached
-/// nodes, as the tree drafter does) gives the same logits as the whole tree
-/// in one pass.
+/// A tree grown level by level (each level one pass that extends the cached nodes, as the tree
+/// drafter does) gives the same logits as the whole tree in one pass.
 #[test]
 fn tree_grown_level_by_level_equals_the_whole_tree() {
     let (m, tok) = model();
@@ -288,9 +283,9 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     assert_ne!(run(1), run(2));
 }
 
-/// The hidden states after all layers, through [`Model::head`], are
-/// `forward`'s logits; after 0 layers they are the embedding rows (checked
-/// against the raw table, an independent path: `index_select` vs row reads).
+/// The hidden states after all layers, through [`Model::head`], are `forward`'s logits; after 0
+/// layers they are the embedding rows (checked against the raw table, an independent path:
+/// `index_select` vs row reads).
 #[test]
 fn hidden_states_compose_to_forward_and_start_at_the_embedding() {
     let (m, tok) = model();
@@ -324,8 +319,8 @@ fn hidden_states_compose_to_forward_and_start_at_the_embedding() {
         let want = table.get(id as usize).unwrap().to_vec1::<f32>().unwrap();
         assert_eq!(row, &want);
     }
-    // Several depths in one pass equal separate passes; a continuation from
-    // a depth-2 cache equals the full pass's last row.
+    // Several depths in one pass equal separate passes; a continuation from a depth-2 cache equals
+    // the full pass's last row.
     let mut c4 = m.new_cache(32).unwrap();
     let both = m
         .hidden_states_at(&ids, &mut c4, &AttentionMask::Causal, &[2, 1])
@@ -377,10 +372,9 @@ fn hidden_states_reject_a_depth_beyond_the_model() {
     );
 }
 
-/// Split inference's three pieces — layers `[0, a)` from tokens, `[a, L−b)`
-/// and `[L−b, L)` on hidden states, each with a cache of its layers only —
-/// give `forward`'s logits bit for bit, over a prefill and a continuation;
-/// a cache lacking a layer of the range is refused without growing.
+/// Split inference's three pieces — layers `[0, a)` from tokens, `[a, L−b)` and `[L−b, L)` on
+/// hidden states, each with a cache of its layers only — give `forward`'s logits bit for bit, over
+/// a prefill and a continuation; a cache lacking a layer of the range is refused without growing.
 #[test]
 fn layer_ranges_compose_to_forward_bit_for_bit() {
     let (m, tok) = model();

@@ -1,6 +1,5 @@
-//! The streamed fixed point (`FixedPointPass::start_sending` /
-//! `iterate_sending`) against batched trips and the sequential pass, on a
-//! tiny fixture with an adapter on all seven projections.
+//! The streamed fixed point (`FixedPointPass::start_sending` / `iterate_sending`) against batched
+//! trips and the sequential pass, on a tiny fixture with an adapter on all seven projections.
 
 mod common;
 
@@ -23,8 +22,8 @@ enum Event {
     Receive(u64, usize, ProjGroup),
 }
 
-/// A plaintext LoRA hook that streams: a sent group is answered at once and
-/// kept until received; every call is logged.
+/// A plaintext LoRA hook that streams: a sent group is answered at once and kept until received;
+/// every call is logged.
 struct Streaming<'a> {
     lora: PlainLora<'a>,
     next: u64,
@@ -114,8 +113,7 @@ fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Logits of the sequential pass of `TOKENS` with the adapter: where the
-/// fixed point must end.
+/// Logits of the sequential pass of `TOKENS` with the adapter: where the fixed point must end.
 fn sequential(f: &Fixture) -> Vec<Vec<f32>> {
     let mut cache = f.model.new_cache(32).unwrap();
     rows(
@@ -152,9 +150,8 @@ fn fixture() -> Fixture {
     }
 }
 
-/// Three trips, streamed and batched, give the same logits and steps; the
-/// streamed run sends trip i+1's groups while pass i runs, interleaved
-/// with receiving trip i's, and never batches.
+/// Three trips, streamed and batched, give the same logits and steps; the streamed run sends trip
+/// i+1's groups while pass i runs, interleaved with receiving trip i's, and never batches.
 #[test]
 fn streamed_trips_equal_batched_trips_and_interleave_by_layer() {
     let f = fixture();
@@ -209,8 +206,8 @@ fn streamed_trips_equal_batched_trips_and_interleave_by_layer() {
     // The cache holds the last pass's positions, as after batched trips.
     assert_eq!(cache2.len(), TOKENS.len());
 
-    // The wavefront: trip 2's group (l, g) leaves before trip 1's next
-    // group is taken, and after trip 1's (l, g) was.
+    // The wavefront: trip 2's group (l, g) leaves before trip 1's next group is taken, and after
+    // trip 1's (l, g) was.
     let pos = |e: Event| hook.log.iter().position(|x| *x == e).unwrap();
     let groups = streamed.inputs().len();
     assert_eq!(
@@ -238,8 +235,8 @@ fn streamed_trips_equal_batched_trips_and_interleave_by_layer() {
     }
 }
 
-/// After as many trips as groups the streamed pass equals the sequential
-/// pass with the adapter (the fixed point is exact), within float32 noise.
+/// After as many trips as groups the streamed pass equals the sequential pass with the adapter (the
+/// fixed point is exact), within float32 noise.
 #[test]
 fn streamed_trips_reach_the_sequential_pass() {
     let f = fixture();
@@ -283,11 +280,10 @@ fn streamed_trips_reach_the_sequential_pass() {
     assert!(err < 1e-4, "{err}");
 }
 
-/// A pass started from the inputs pass 0 would record
-/// (`start_from_inputs`) is the pass started by pass 0: the same trips
-/// sent, the same inputs, logits and steps after every trip, but for the
-/// first trip's logit change, unknown without pass 0 (+∞). The first trip
-/// leaves on the stream before anything is received.
+/// A pass started from the inputs pass 0 would record (`start_from_inputs`) is the pass started by
+/// pass 0: the same trips sent, the same inputs, logits and steps after every trip, but for the
+/// first trip's logit change, unknown without pass 0 (+∞). The first trip leaves on the stream
+/// before anything is received.
 #[test]
 fn a_pass_started_from_given_inputs_equals_one_started_by_pass_zero() {
     let f = fixture();
@@ -357,10 +353,9 @@ fn a_pass_started_from_given_inputs_equals_one_started_by_pass_zero() {
     assert_eq!(cache2.len(), TOKENS.len());
 }
 
-/// The fixed point does not depend on the start: from inputs far off
-/// (every group's input scaled by 1.5), batched trips still reach the
-/// sequential pass, after one trip more than groups (the first group's
-/// input, exact after any pass 0, is given too).
+/// The fixed point does not depend on the start: from inputs far off (every group's input scaled by
+/// 1.5), batched trips still reach the sequential pass, after one trip more than groups (the first
+/// group's input, exact after any pass 0, is given too).
 #[test]
 fn a_pass_from_bad_inputs_still_reaches_the_sequential_pass() {
     let f = fixture();
@@ -397,8 +392,8 @@ fn a_pass_from_bad_inputs_still_reaches_the_sequential_pass() {
     assert!(err < 1e-4, "{err}");
 }
 
-/// Given inputs that are not the wanted groups, or not T rows, are a typed
-/// error before anything is sent.
+/// Given inputs that are not the wanted groups, or not T rows, are a typed error before anything is
+/// sent.
 #[test]
 fn given_inputs_of_the_wrong_groups_or_shape_are_refused() {
     let f = fixture();
@@ -434,11 +429,10 @@ fn given_inputs_of_the_wrong_groups_or_shape_are_refused() {
     }
 }
 
-/// Passes on another model of the same configuration (other weights: the
-/// drafter's, for the passes that only estimate the next trip's inputs)
-/// leave a pass that, once it runs on the target again, ends on the
-/// target's fixed point; passes that stay on the other model do not. A
-/// model of another configuration is refused.
+/// Passes on another model of the same configuration (other weights: the drafter's, for the passes
+/// that only estimate the next trip's inputs) leave a pass that, once it runs on the target again,
+/// ends on the target's fixed point; passes that stay on the other model do not. A model of another
+/// configuration is refused.
 #[test]
 fn estimates_on_another_model_end_on_the_target_s_fixed_point() {
     let f = fixture();
