@@ -1,16 +1,6 @@
-//! The server side: what the adapter server runs, with no secret key and no
-//! plaintext activation in reach.
-//!
-//! - [`HeAdapter`]: a PEFT adapter split into fused layer groups, the plans
-//!   it offers for a verify width, and the [`ServerSession`]s answering one
-//!   [`crate::GroupRequest`] per layer group per round;
-//! - [`AdapterGroups`]: the adapter's fused groups and LoRA kind;
-//! - [`SessionMemory`]: the budget the shared plaintext diagonals reserve
-//!   from;
-//! - [`cost_cache`]: op costs measured once per machine, so a restarted
-//!   server offers the same plans.
-//!
-//! The gRPC face of this side is [`crate::remote::HeBackend`].
+//! The server side, with no secret key or plaintext activation in reach: [`HeAdapter`] (an
+//! adapter's groups, offers and [`ServerSession`]s), [`AdapterGroups`], the [`SessionMemory`]
+//! budget and the op-cost [`cost_cache`]. Its gRPC face is [`crate::remote::HeBackend`].
 
 mod adapter_groups;
 pub mod cost_cache;

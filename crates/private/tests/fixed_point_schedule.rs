@@ -1,10 +1,9 @@
-//! The fixed-point verify schedule end to end over gRPC (TLS + token on
-//! loopback, the embedded adapter server): every layer group's deltas of a
-//! pass travel in one batched round trip, a constant number of round trips
-//! per round, and the private greedy output must still equal the plaintext
-//! adapted model token for token — for the committed FFA and standard
-//! adapters (5 held-out prompts × 32 tokens) and for an adapter on all
-//! seven linear projections (PEFT `all-linear`).
+//! The fixed-point verify schedule end to end over gRPC (TLS + token on loopback, the embedded
+//! adapter server): every layer group's deltas of a pass travel in one batched round trip, a
+//! constant number of round trips per round, and the private greedy output must still equal the
+//! plaintext adapted model token for token — for the committed FFA and standard adapters (5
+//! held-out prompts × 32 tokens) and for an adapter on all seven linear projections (PEFT
+//! `all-linear`).
 
 mod common;
 
@@ -37,13 +36,11 @@ fn model() -> &'static (Model, Tokenizer) {
     })
 }
 
-/// Private generation of `prompts` under `schedule` through an embedded
-/// server holding the adapter in `dir`; asserts token equality with the
-/// plaintext reference and that every round made exactly the schedule's
-/// round trips. The verify session's requests are grouped as `grouping`
-/// asks (by layers: one request per run of layers, FFA only); prefill
-/// passes have `prefill` positions (a width equal to the verify width
-/// shares the verify session). Returns the number of rounds.
+/// Private generation of `prompts` under `schedule` through an embedded server holding the adapter
+/// in `dir`; asserts token equality with the plaintext reference and that every round made exactly
+/// the schedule's round trips. The verify session's requests are grouped as `grouping` asks (by
+/// layers: one request per run of layers, FFA only); prefill passes have `prefill` positions (a
+/// width equal to the verify width shares the verify session). Returns the number of rounds.
 fn private_matches_plaintext(
     id: &str,
     dir: &Path,
@@ -87,13 +84,13 @@ fn private_matches_plaintext(
         let mut he = hook.session(K + 1).unwrap().timings().clone();
         he.subtract(&before);
         if let Schedule::FixedPoint(fp) = schedule {
-            // Constant work per round: the server sees exactly N round trips
-            // of the verify width per round, continuations included, plus
-            // the prefill's last chunk when it fits the verify width.
+            // Constant work per round: the server sees exactly N round trips of the verify width
+            // per round, continuations included, plus the prefill's last chunk when it fits the
+            // verify width.
             let prefilled = prompt.len() - 1;
             let last_chunk = (prefilled - 1) % prefill + 1;
-            // A group-by-group prefill keeps its last chunk in the wide
-            // session (the verify session may be grouped by layer).
+            // A group-by-group prefill keeps its last chunk in the wide session (the verify session
+            // may be grouped by layer).
             let prefill_trips = match fp.prefill {
                 Prefill::FixedPoint(n) => n,
                 Prefill::PerGroup => 0,
@@ -127,11 +124,10 @@ fn private_matches_plaintext(
     rounds
 }
 
-/// Requests grouped by runs of four layers (30 layers: seven runs of four
-/// and a last run of two), streamed: each request leaves when the pass has
-/// produced its fourth layer's inputs. Each round's first trip is the
-/// drafter's recorded inputs (`/drafted-start`), all sent when the round
-/// starts; the other tests start from pass 0.
+/// Requests grouped by runs of four layers (30 layers: seven runs of four and a last run of two),
+/// streamed: each request leaves when the pass has produced its fourth layer's inputs. Each round's
+/// first trip is the drafter's recorded inputs (`/drafted-start`), all sent when the round starts;
+/// the other tests start from pass 0.
 #[test]
 fn fixed_point_schedule_equals_plaintext_ffa() {
     let dir = adapter_dir("code-ffa-r16");
@@ -144,18 +140,16 @@ fn fixed_point_schedule_equals_plaintext_ffa() {
     );
 }
 
-/// Two trips per round certified against the cached rows' residual
-/// (`/shadow`, its settlings included in the trip count), with one batch
-/// per trip: the other tests stream their trips. Three of the five prompts
-/// (standard LoRA is the slowest adapter to serve); the ignored test below
-/// runs all five.
+/// Two trips per round certified against the cached rows' residual (`/shadow`, its settlings
+/// included in the trip count), with one batch per trip: the other tests stream their trips. Three
+/// of the five prompts (standard LoRA is the slowest adapter to serve); the ignored test below runs
+/// all five.
 #[test]
 fn fixed_point_schedule_equals_plaintext_standard() {
     standard_two_shadowed_trips(&PROMPTS[..3]);
 }
 
-/// The test above on all five prompts (12 minutes in release with the
-/// machine shared, session 19: too long for CI).
+/// The test above on all five prompts (too long for CI).
 #[test]
 #[ignore = "long run: standard LoRA on five prompts; run with --ignored"]
 fn fixed_point_schedule_equals_plaintext_standard_on_every_prompt() {
@@ -173,8 +167,8 @@ fn standard_two_shadowed_trips(prompts: &[&str]) {
     );
 }
 
-/// An adapter on all seven linear projections (four groups per layer: the
-/// per-group schedule's 4 round trips per layer become N per round).
+/// An adapter on all seven linear projections (four groups per layer: the per-group schedule's 4
+/// round trips per layer become N per round).
 #[test]
 fn fixed_point_schedule_equals_plaintext_all_linear_adapter() {
     let (model, tok) = model();
@@ -225,12 +219,8 @@ fn fixed_point_schedule_equals_plaintext_all_linear_adapter() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Regression (session 14's note): at equal verify and prefill widths
-/// `connect_widths` shared one session grouped by input whatever grouping
-/// the verify passes asked for, so a forced fixed point at K + 1 = the
-/// prefill width uploaded two ciphertexts per layer instead of one per run
-/// of layers. The shared session is now grouped as asked and also serves
-/// the prompt's (fixed-point) prefill passes.
+/// At equal verify and prefill widths the one shared session is grouped as the verify passes ask
+/// (one upload per run of layers) and also serves the prompt's fixed-point prefill passes.
 #[test]
 fn equal_verify_and_prefill_widths_keep_the_grouping_asked_for() {
     let dir = adapter_dir("code-ffa-r16");

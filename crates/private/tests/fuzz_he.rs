@@ -1,17 +1,15 @@
-//! Fuzz run against the real HE backend (ignored: minutes): malformed group
-//! requests made from real CKKS ciphertexts — truncated, extended, doubled,
-//! bytes flipped (header and body), replaced by noise, at the wrong level,
-//! too few or too many, unknown layers and groups — sent on a keyed FFA
+//! Fuzz run against the real HE backend (ignored: minutes): malformed group requests made from real
+//! CKKS ciphertexts — truncated, extended, doubled, bytes flipped (header and body), replaced by
+//! noise, at the wrong level, too few or too many, unknown layers and groups — sent on a keyed FFA
 //! session over gRPC + TLS, while an honest client generates privately.
 //!
 //! ```sh
 //! CIPHERLORA_FUZZ_N=100000 cargo test -p cipherlora-private --test fuzz_he -- --ignored --nocapture
 //! ```
 //!
-//! Passes when every refusal is a typed status (`INTERNAL`, `UNKNOWN` and
-//! transport failures fail it), no request panics the server, the honest
-//! output equals the plaintext reference, and the process RSS grows by less
-//! than 256 MiB from a tenth of the run to its end. Prints the count per
+//! Passes when every refusal is a typed status (`INTERNAL`, `UNKNOWN` and transport failures fail
+//! it), no request panics the server, the honest output equals the plaintext reference, and the
+//! process RSS grows by less than 256 MiB from a tenth of the run to its end. Prints the count per
 //! outcome and the RSS at both points.
 
 mod common;
@@ -147,8 +145,8 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
     config.tls = Some(cert.client_tls("localhost"));
     config.token = Some(TOKEN.into());
 
-    // The attacker: a keyed session of its own, and valid ciphertexts of
-    // the right level (found by trying each level) to mutate.
+    // The attacker: a keyed session of its own, and valid ciphertexts of the right level (found by
+    // trying each level) to mutate.
     let mut raw_config = config.clone();
     raw_config.max_retries = 0;
     let mut raw = AdapterClient::connect(raw_config).unwrap();
@@ -230,8 +228,8 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
         })
     };
 
-    // RSS is compared from a tenth of the run on: by then the honest
-    // client has loaded its model and opened its sessions.
+    // RSS is compared from a tenth of the run on: by then the honest client has loaded its model
+    // and opened its sessions.
     let mut rss_before = 0;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut outcomes: BTreeMap<(&str, String), usize> = BTreeMap::new();

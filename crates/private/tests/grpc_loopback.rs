@@ -1,9 +1,8 @@
-//! End to end over the network: the HE backend behind the gRPC service (TLS
-//! with a development certificate, a bearer token) on loopback, the client's
-//! HE hook over it, speculative decoding on the real default model. The
-//! private greedy output must equal the plaintext adapted output; a malformed
-//! request from another session is refused with a typed status and does not
-//! disturb the honest session.
+//! End to end over the network: the HE backend behind the gRPC service (TLS with a development
+//! certificate, a bearer token) on loopback, the client's HE hook over it, speculative decoding on
+//! the real default model. The private greedy output must equal the plaintext adapted output; a
+//! malformed request from another session is refused with a typed status and does not disturb the
+//! honest session.
 
 mod common;
 
@@ -77,8 +76,8 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     let (server, cert) = start(&model);
     let config = client_config(&server, &cert);
 
-    // Verify passes of K+1 positions, prefill passes of PREFILL through a
-    // second session: both must give the plaintext result.
+    // Verify passes of K+1 positions, prefill passes of PREFILL through a second session: both must
+    // give the plaintext result.
     let mut hook = connect_widths(
         config.clone(),
         ADAPTER,
@@ -98,8 +97,8 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
         other => panic!("a wrong token must be refused, got {other:?}"),
     }
 
-    // A second session sends bad requests; each is refused before any
-    // arithmetic with its typed status.
+    // A second session sends bad requests; each is refused before any arithmetic with its typed
+    // status.
     let mut raw = AdapterClient::connect(config.clone()).unwrap();
     let offer = fetch_offer(&mut raw, ADAPTER, K + 1, Grouping::ByInput).unwrap();
     let public_a =

@@ -1,9 +1,7 @@
-//! A server restart during a private generation (issue 15): the HE backend
-//! behind gRPC + TLS on loopback is stopped after a few rounds and started
-//! again on the same address two seconds later. The client retries with
-//! backoff, reopens its session (the restarted server plans from the same
-//! cached op costs, so the plan is the same) and the output equals the
-//! plaintext reference.
+//! A server restart during a private generation: the HE backend behind gRPC + TLS on loopback is
+//! stopped after a few rounds and started again on the same address two seconds later. The client
+//! retries with backoff, reopens its session (the restarted server plans from the same cached op
+//! costs, so the plan is the same) and the output equals the plaintext reference.
 
 mod common;
 
@@ -51,8 +49,8 @@ fn server_restart_during_generation_resumes_with_the_plaintext_output() {
     let prompt = tok.encode(common::PROMPTS[1]).unwrap();
     let want = common::plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
 
-    // Kill the server once it has answered a few verify rounds' groups;
-    // restart it 2 s later on the same address.
+    // Kill the server once it has answered a few verify rounds' groups; restart it 2 s later on the
+    // same address.
     let model = Arc::new(model);
     let restarter = {
         let (model, cert) = (model.clone(), cert.clone());

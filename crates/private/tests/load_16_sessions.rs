@@ -1,18 +1,15 @@
-//! Load test (ignored: minutes on two cores): 16 concurrent private
-//! generations over gRPC + TLS on loopback, 8 on the FFA adapter and 8 on
-//! the standard one, each its own session of T = 9 positions (K = 8) and
-//! its own bearer token, against one server holding both adapters. Every
-//! output must equal its plaintext reference; the server's diagonal memory
-//! must be one copy per adapter, not one per session.
+//! Load test (ignored: minutes on two cores): 16 concurrent private generations over gRPC + TLS on
+//! loopback, 8 on the FFA adapter and 8 on the standard one, each its own session of T = 9
+//! positions (K = 8) and its own bearer token, against one server holding both adapters. Every
+//! output must equal its plaintext reference; the server's diagonal memory must be one copy per
+//! adapter, not one per session.
 //!
 //! ```sh
 //! cargo test --release -p cipherlora-private --test load_16_sessions -- --ignored --nocapture
 //! ```
 //!
-//! Prints the diagonal bytes reserved (peak) next to what per-session
-//! copies (the code before issue 15) would have reserved, and the process
-//! RSS (server and the 16 clients share the process) before, at peak and
-//! after.
+//! Prints the diagonal bytes reserved (peak) next to what per-session copies would have reserved,
+//! and the process RSS (server and the 16 clients share the process) before, at peak and after.
 
 mod common;
 

@@ -1,6 +1,6 @@
-//! End to end, in one process: the real default model, the committed
-//! adapters, CKKS under the HE-LoRA plans, speculative decoding. The private
-//! greedy output must equal the plaintext adapted output token for token.
+//! End to end, in one process: the real default model, the committed adapters, CKKS under the
+//! HE-LoRA plans, speculative decoding. The private greedy output must equal the plaintext adapted
+//! output token for token.
 
 mod common;
 
@@ -10,9 +10,8 @@ use cipherlora_model::{LoadOptions, LoraAdapter, Model, Tokenizer, WeightMode, f
 use cipherlora_private::{HeAdapter, HeHook, InProcess};
 use cipherlora_spec::decode::{self};
 
-/// The default model twice: with f32 weights (what a private client
-/// verifies with by default) and with its weights kept quantized (the
-/// default drafter, and `--weights quantized`).
+/// The default model twice: with f32 weights (what a private client verifies with by default) and
+/// with its weights kept quantized (the default drafter, and `--weights quantized`).
 struct Models {
     f32: Model,
     quantized: Model,
@@ -36,8 +35,8 @@ use common::{PROMPTS, adapter_dir, assert_matches, plaintext_reference};
 
 const TOKENS: usize = 32;
 
-/// The private output of `model` (drafts by `drafter_model`) against the
-/// plaintext adapted output of `model`, on `prompts`.
+/// The private output of `model` (drafts by `drafter_model`) against the plaintext adapted output
+/// of `model`, on `prompts`.
 fn private_matches_plaintext(
     adapter: &str,
     k: usize,
@@ -70,23 +69,20 @@ fn private_matches_plaintext(
     assert!(t.rounds > 0 && t.bytes_up > 0 && t.bytes_down > 0);
 }
 
-/// The CLI's default: an f32 target, a quantized drafter. Three of the
-/// five prompts (CI time; `fixed_point_schedule` runs all five over the
-/// fixed point, and the per-group schedule run here is exact by
-/// construction).
+/// The CLI's default: an f32 target, a quantized drafter. Three of the five prompts (CI time;
+/// `fixed_point_schedule` runs all five over the fixed point, and the per-group schedule run here
+/// is exact by construction).
 #[test]
 fn private_greedy_speculative_equals_plaintext_ffa() {
     let m = models();
     private_matches_plaintext("code-ffa-r16", 4, (&m.f32, &m.quantized), &PROMPTS[..3]);
 }
 
-/// K = 8 here (T = 9 positions, the other verify width the demo and the
-/// benchmarks use): with drafts over the adapted prefix it takes fewer
-/// rounds than K = 4, which keeps the slowest test of the suite shorter.
-/// Quantized target weights (`--weights quantized`), drafting on the same
-/// weights: equal to the plaintext reference computed with them. Two of
-/// the five prompts: standard LoRA in one process is the suite's slowest
-/// test (CI time).
+/// K = 8 here (T = 9 positions, the other verify width the demo and the benchmarks use): with
+/// drafts over the adapted prefix it takes fewer rounds than K = 4, which keeps the slowest test of
+/// the suite shorter. Quantized target weights (`--weights quantized`), drafting on the same
+/// weights: equal to the plaintext reference computed with them. Two of the five prompts: standard
+/// LoRA in one process is the suite's slowest test (CI time).
 #[test]
 fn private_greedy_speculative_equals_plaintext_standard() {
     let m = models();

@@ -1,5 +1,5 @@
-//! The client side over gRPC: fetching the offer, opening the session, and a
-//! [`Transport`] on the blocking [`AdapterClient`].
+//! The client over gRPC: fetching the offer, opening the session, a [`Transport`] on
+//! [`AdapterClient`].
 
 use std::collections::HashMap;
 
@@ -33,17 +33,8 @@ fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
     PrivateError::Service(e)
 }
 
-/// Step one of opening a session: looks `adapter_id` up with `ListAdapters`
-/// and asks for its offer for verify width `t` with an offer-only
-/// `OpenSession` (no key is sent; the server answers the plans, whose Galois
-/// steps the client needs to make its keys). The offer-only session is
-/// closed by the next `open_session` of the same client.
-///
-/// # Errors
-/// [`PrivateError::Service`] for connection failures and refusals,
-/// [`PrivateError::Transport`] for an
-/// unknown adapter; [`PrivateError::Helora`] for a malformed offer or one
-/// for another T.
+/// Step one of opening a session: an offer-only `OpenSession` for width `t` (no key sent). Errors:
+/// [`PrivateError::Service`], `Transport` (unknown adapter), `Helora` (bad offer).
 pub fn fetch_offer(
     client: &mut AdapterClient,
     adapter_id: &str,
@@ -100,19 +91,12 @@ pub fn fetch_offer(
     })
 }
 
-/// [`Transport`] over a gRPC session of the adapter service.
-///
-/// Each verify pass is one service round: the round number goes up when a
-/// request's (layer, group) does not come after the previous one's, so all
-/// groups of one forward pass share it. The [`AdapterClient`] replays a round
-/// after a dropped connection under the same number (the backend is
-/// deterministic, so the replay returns the same deltas).
+/// [`Transport`] over a gRPC adapter session, one service round per verify pass.
 pub struct GrpcTransport {
     client: AdapterClient,
     round: u64,
     last: Option<(u32, u32)>,
-    /// Plan id and T of each streamed request in flight, by (round, layer,
-    /// group), echoed into its reply as [`Transport::rounds`] echoes them.
+    /// Plan id and T of each streamed request in flight, echoed into its reply.
     streamed: HashMap<(u64, u32, u32), (u64, u32)>,
 }
 
@@ -126,14 +110,9 @@ impl std::fmt::Debug for GrpcTransport {
 }
 
 impl GrpcTransport {
-    /// Step two: opens the real session for `offer` with the client's
-    /// serialised Galois keys and, for an offer with circuit privacy, its
-    /// public key.
-    ///
-    /// # Errors
-    /// [`PrivateError::Service`] when the server refuses the keys,
-    /// [`PrivateError::Transport`] when it
-    /// answers another offer than [`fetch_offer`] got.
+    /// Step two: the real session for `offer` with the client's keys. Errors:
+    /// [`PrivateError::Service`]; [`PrivateError::Transport`] for another offer than
+    /// [`fetch_offer`] got.
     pub fn open(
         mut client: AdapterClient,
         offer: &RemoteOffer,
@@ -169,11 +148,7 @@ impl GrpcTransport {
         })
     }
 
-    /// Closes the session on the server (`CloseSession`): its keys and
-    /// buffers are freed now instead of at its idle timeout.
-    ///
-    /// # Errors
-    /// [`PrivateError::Service`] when the call fails.
+    /// Closes the session on the server (`CloseSession`). Errors: [`PrivateError::Service`].
     pub fn close(mut self) -> Result<(), PrivateError> {
         self.client.close().map_err(transport_error)
     }
@@ -219,10 +194,7 @@ impl Transport for GrpcTransport {
         })
     }
 
-    /// One service round carrying every request, pipelined on the session's
-    /// stream: the requests leave back to back, the server computes each as
-    /// it arrives and answers as it finishes, so upload, compute and
-    /// download overlap and the latency is paid once.
+    /// One service round, its requests pipelined on the session's stream.
     fn rounds(&mut self, requests: &[GroupRequest]) -> Result<Vec<Reply>, PrivateError> {
         if requests.is_empty() {
             return Ok(Vec::new());
@@ -254,16 +226,14 @@ impl Transport for GrpcTransport {
             .collect())
     }
 
-    /// A fresh service round number: a streamed trip is a round of its own
-    /// whose requests interleave on the stream with the neighbouring trips'.
+    /// A fresh service round number (a streamed trip is a round of its own).
     fn open_round(&mut self) -> u64 {
         self.round += 1;
         self.last = None;
         self.round
     }
 
-    /// Sends the request on the session's stream without waiting
-    /// ([`AdapterClient::send_call`]).
+    /// Sends the request on the session's stream without waiting ([`AdapterClient::send_call`]).
     fn send(&mut self, round: u64, request: &GroupRequest) -> Result<Option<Reply>, PrivateError> {
         self.client
             .send_call(round, group_call(request))
@@ -275,8 +245,7 @@ impl Transport for GrpcTransport {
         Ok(None)
     }
 
-    /// Waits for the answer ([`AdapterClient::receive_call`]); a dropped
-    /// connection or lost session is replayed there.
+    /// Waits for the answer ([`AdapterClient::receive_call`] replays losses).
     fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
         let Some((plan_id, t)) = self.streamed.remove(&(round, layer, group)) else {
             return Err(PrivateError::Transport(format!(
@@ -314,19 +283,8 @@ fn group_call(r: &GroupRequest) -> GroupCall {
     }
 }
 
-/// Connects to an adapter server and returns a ready [`HeHook`] for verify
-/// width `t` (K drafts + 1):
-/// 1. `ListAdapters` + an offer-only `OpenSession` ([`fetch_offer`]): the
-///    plans, and for FFA adapters the public lora_A;
-/// 2. a fresh secret key and the Galois keys for exactly the plans' steps
-///    ([`HeHook::connect`]);
-/// 3. the real `OpenSession` with those keys ([`GrpcTransport::open`]).
-///
-/// `model_config` is the client model's shape (for the q/k row layout).
-///
-/// # Errors
-/// [`PrivateError::Service`] for connection failures and refusals; those
-/// of [`fetch_offer`] and [`HeHook::connect`].
+/// A ready [`HeHook`] for verify width `t` from an adapter server: offer, fresh keys, session.
+/// Errors: [`PrivateError::Service`]; those of [`fetch_offer`] and [`HeHook::connect`].
 pub fn connect_remote(
     config: ClientConfig,
     adapter_id: &str,
@@ -341,19 +299,8 @@ pub fn connect_remote(
     })
 }
 
-/// [`connect_remote`] for speculative decoding: a session of width
-/// `verify_width` (K + 1) for the verify passes, its groups as
-/// `verify_grouping` asks ([`Grouping::ByLayers`] only for the fixed-point
-/// schedule), and, when `prefill_width` differs, a second one of that width
-/// grouped by input for the prompt's prefill passes, behind one [`ByWidth`]
-/// hook (pair with `SpecConfig::prefill_width`). When the widths are equal
-/// the one session serves both, grouped as `verify_grouping` asks: a
-/// session grouped by layers takes fixed-point prefill passes (every input
-/// of a pass known at once) but not a group-by-group prefill, which then
-/// fails with [`PrivateError::GroupedByLayer`].
-///
-/// # Errors
-/// Those of [`connect_remote`], for either session.
+/// [`connect_remote`] for speculative decoding: a verify session and, for another width, a prefill
+/// session grouped by input, behind one [`ByWidth`]. Errors: [`connect_remote`]'s.
 pub fn connect_widths(
     config: ClientConfig,
     adapter_id: &str,
@@ -382,16 +329,8 @@ pub fn connect_widths(
     Ok(hook)
 }
 
-/// [`connect_widths`] with a verify width the client chooses from the
-/// server's plans: opens the prefill session of `prefill_width` first
-/// (grouped by input), passes its [`PlanSpace`] (the adapter's public group
-/// shapes) to `choose`, which returns K and the verify session's grouping,
-/// then opens the verify session of width K + 1 (the prefill session
-/// serves it when the widths are equal). Returns the hook and the verify
-/// width. See [`crate::width_plan`].
-///
-/// # Errors
-/// Those of [`connect_remote`] and of `choose`.
+/// [`connect_widths`] with the verify width `choose` picks from the prefill session's
+/// [`PlanSpace`]; returns the hook and the width. Errors: [`connect_remote`]'s and `choose`'s.
 pub fn connect_chosen_width(
     config: ClientConfig,
     adapter_id: &str,

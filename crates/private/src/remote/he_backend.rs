@@ -23,33 +23,9 @@ use crate::server::{HeAdapter, ServerSession, SessionOffer};
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 const COST_REPS: usize = 15;
 
-/// An [`HeAdapter`] behind the gRPC service.
-///
-/// `open_session` reads a [`PlanRequest`] from the plan request bytes:
-/// - `offer_only`: answers the encoded [`SessionOffer`] for T
-///   ([`super::wire::encode_offer`]) without reading any key; the session it
-///   opens computes nothing (every round is `NOT_FOUND`). This is the first
-///   step of the client's two-step opening: it needs the plans' Galois steps
-///   to make the keys.
-/// - otherwise: the same offer (deterministic in T and the server's planner
-///   costs), the Galois keys parsed and checked to be exactly the plans'
-///   rotations, then the offer's plaintext diagonals, shared with every
-///   other session of the offer ([`HeAdapter::open_session`]).
-///
-/// The public key is used only with circuit privacy
-/// ([`HeBackend::with_circuit_privacy`]): outputs are rerandomised under it.
-///
-/// Prepared offers share a memory budget ([`HeBackend::with_session_memory`];
-/// default: 60 % of physical memory, for this backend alone): the first
-/// session of an offer reserves its diagonals' bytes
-/// ([`SessionOffer::diagonal_bytes`]) before encoding them and is refused
-/// with [`BackendError::LimitExceeded`] if they do not fit; later sessions
-/// of the offer reserve nothing.
-///
-/// Every group request's ciphertexts are checked against the plan before
-/// any arithmetic: framing and coefficients, level, and a scale equal to
-/// the parameters' (a finite, huge scale is `ParameterMismatch`, never
-/// `INTERNAL`).
+/// An [`HeAdapter`] behind the gRPC service: offer-only sessions, key checks, shared diagonals
+/// within a memory budget ([`HeBackend::with_session_memory`]), and ciphertexts checked against the
+/// plan before any arithmetic.
 #[derive(Debug)]
 pub struct HeBackend {
     server: HeAdapter,
@@ -58,34 +34,21 @@ pub struct HeBackend {
 }
 
 impl HeBackend {
-    /// Loads the PEFT adapter in `dir` for a base model of shape `config`
-    /// and describes it from `adapter_config.json` and `cipherlora.json`;
-    /// plans with this machine's CKKS op costs
-    /// ([`HeAdapter::cached_costs`]: measured once per machine, about a
-    /// second, then read from the cache).
-    ///
-    /// # Errors
-    /// As [`HeAdapter::load`] and [`HeAdapter::measure_costs`];
-    /// [`PrivateError::Sidecar`] for an
-    /// unreadable or malformed `adapter_config.json`.
+    /// Loads the PEFT adapter in `dir` for a model of shape `config`, planned with cached op costs.
+    /// Errors: as [`HeAdapter::load`] and `measure_costs`; [`PrivateError::Sidecar`].
     pub fn load(
         adapter_id: impl Into<String>,
         dir: &Path,
         config: &ModelConfig,
     ) -> Result<Self, PrivateError> {
         let mut server = HeAdapter::load(dir, config)?;
-        // Plan with this machine's measured op costs, not the defaults,
-        // measured once per machine so that a restart offers the same plans.
+        // Plan with measured op costs, cached so a restart offers the same plans.
         server.cached_costs(COST_REPS)?;
         let info = describe(adapter_id.into(), dir, &server)?;
         Self::new(server, info)
     }
 
-    /// Serves `server`, announced as `info` (whose `ckks_presets` and, for
-    /// FFA adapters, `ffa_lora_a` are filled in from the server).
-    ///
-    /// # Errors
-    /// [`PrivateError::Ckks`] if the preset's context cannot be built.
+    /// Serves `server` announced as `info`. Errors: [`PrivateError::Ckks`].
     pub fn new(server: HeAdapter, mut info: AdapterInfo) -> Result<Self, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(server.preset())?)?;
         info.ckks_presets = vec![preset_name(server.preset()).to_string()];
@@ -94,17 +57,14 @@ impl HeBackend {
         Ok(Self { server, info, ctx })
     }
 
-    /// Makes this backend's prepared offers reserve from `memory`, which
-    /// other backends may share (the bytes of plaintext diagonals all their
-    /// offers with open sessions may hold together).
+    /// Makes prepared offers reserve from `memory`, possibly shared with other backends.
     #[must_use]
     pub fn with_session_memory(mut self, memory: SessionMemory) -> Self {
         self.server.set_session_memory(memory);
         self
     }
 
-    /// Turns circuit privacy on: offers plan rerandomised outputs and
-    /// sessions need the client's public key (`serve --circuit-privacy`).
+    /// Turns circuit privacy on (`serve --circuit-privacy`).
     #[must_use]
     pub fn with_circuit_privacy(mut self, r: crate::Rerandomization) -> Self {
         self.server.set_circuit_privacy(Some(r));
@@ -304,9 +264,7 @@ impl SessionCompute for OfferOnly {
 struct GroupMeta {
     plan_id: u64,
     t: u32,
-    /// Delta evaluations one request makes, for the extraction budget:
-    /// T per input group it answers (two for a layer of q,k,v,o grouped by
-    /// layer, so that grouping does not halve what a client is charged).
+    /// Delta evaluations per request for the extraction budget: T per input group answered.
     evaluations: u32,
     inputs: usize,
     level: usize,
@@ -314,9 +272,7 @@ struct GroupMeta {
     scale: f64,
 }
 
-/// A live HE session: validates each request's ciphertexts (framing,
-/// parameters, level, coefficients) before [`ServerSession::handle`] does any
-/// arithmetic, so that bad input maps to a precise [`BackendError`].
+/// A live HE session validating ciphertexts before [`ServerSession::handle`].
 struct HeCompute {
     ctx: Arc<Context>,
     session: ServerSession,
@@ -390,9 +346,7 @@ impl SessionCompute for HeCompute {
                 got: ciphertexts.len(),
             });
         }
-        // Parsed once: the checks below and the evaluation share the
-        // expanded ciphertexts (a rounded upload rebuilds limb 0 with a
-        // forward NTT, which a second parse would repeat).
+        // Parsed once, shared by the checks and the evaluation.
         let mut inputs = Vec::with_capacity(ciphertexts.len());
         for (index, bytes) in ciphertexts.iter().enumerate() {
             let ct = SeededCiphertext::from_upload_bytes(&self.ctx, bytes)
@@ -427,9 +381,7 @@ impl SessionCompute for HeCompute {
     }
 }
 
-/// Whether an input ciphertext's `scale` is finite and the plan's
-/// `expected` one, to 1024 ulps (the scale travels as exact f64 bits; the
-/// margin only absorbs a client computing the same scale another way).
+/// Whether `scale` is finite and within 1024 ulps of the plan's `expected` scale.
 fn scale_matches(scale: f64, expected: f64) -> bool {
     scale.is_finite() && (scale - expected).abs() <= expected * f64::EPSILON * 1024.0
 }
@@ -575,9 +527,7 @@ mod tests {
         HeBackend::new(HeAdapter::new(groups), AdapterInfo::default()).unwrap()
     }
 
-    /// A request grouping a layer's q and o inputs is charged to the
-    /// extraction budget as two groups' evaluations (T each), as the same
-    /// deltas grouped by input would be.
+    /// A request grouping a layer's q and o inputs is charged two groups' evaluations.
     #[test]
     fn a_layer_request_is_charged_for_every_input_it_answers() {
         use crate::server::LayerGroup;
@@ -681,11 +631,7 @@ mod tests {
         b.open_session(payload(&preset, request, keys.to_vec()))
     }
 
-    /// Regression (issue 15: every session encoded its own copy of the
-    /// adapter's diagonals; N clients paid N copies): sessions of one offer
-    /// share its diagonals, charged to the budget once; they are freed when
-    /// the last session closes; another width that does not fit beside
-    /// them is refused with `LimitExceeded` until they are freed.
+    /// Sessions of one offer share its diagonals, charged once and freed with the last.
     #[test]
     fn sessions_of_one_offer_share_its_diagonals_charged_once() {
         let probe = backend();
@@ -740,9 +686,7 @@ mod tests {
         ));
     }
 
-    /// Regression (issue 15: a session opened with an empty key set, or keys
-    /// for another width, was accepted, reserved its diagonals' memory and
-    /// failed every round with INTERNAL "no Galois key for rotation step").
+    /// A session whose Galois keys miss plan steps is refused, nothing reserved.
     #[test]
     fn open_session_rejects_galois_keys_missing_plan_steps() {
         use cipherlora_helora::CkksClient;
@@ -769,9 +713,7 @@ mod tests {
         }
     }
 
-    /// Regression (issue 15: a seeded ciphertext whose scale field is 1e300
-    /// passed validation and failed later with INTERNAL "scale mismatch:
-    /// inf vs inf").
+    /// A seeded ciphertext with scale 1e300 is `ParameterMismatch`, not INTERNAL.
     #[test]
     fn ciphertext_with_scale_1e300_is_parameter_mismatch_not_internal() {
         use cipherlora_helora::{CkksClient, HeClient};
@@ -902,11 +844,7 @@ mod tests {
         );
     }
 
-    /// `serve --circuit-privacy` (issue 15: rerandomised outputs existed but
-    /// could not be switched on over the network): the offer's plans
-    /// rerandomise, a session without the client's public key is refused
-    /// (`InvalidKey`, nothing reserved), and with it the deltas decrypt to
-    /// those of a session without circuit privacy, in fresh ciphertexts.
+    /// Circuit privacy needs the public key and keeps the deltas.
     #[test]
     fn circuit_privacy_needs_the_public_key_and_keeps_the_deltas() {
         use cipherlora_helora::{CkksClient, HeClient};

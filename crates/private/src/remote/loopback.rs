@@ -1,8 +1,6 @@
-//! An adapter server embedded in the client's process, on loopback, with the
-//! same protocol stack as a remote one: gRPC over TLS (a fresh development
-//! certificate) with a fresh bearer token. `cipherlora demo` and
-//! `cipherlora bench e2e` use it so that what they measure and show is the
-//! real protocol, not an in-process shortcut.
+//! An adapter server embedded in the client's process on loopback, with the real stack (gRPC, TLS
+//! with a fresh dev certificate, a fresh token): used by `cipherlora demo` and `cipherlora bench
+//! e2e`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,9 +16,7 @@ use cipherlora_service::{
 use super::HeBackend;
 use crate::{LoraKind, PrivateError};
 
-/// A running loopback adapter server holding one adapter.
-///
-/// Dropping it shuts the server down.
+/// A running loopback adapter server holding one adapter; dropping it shuts it down.
 pub struct EmbeddedServer {
     thread: ServerThread,
     cert: DevCert,
@@ -39,15 +35,10 @@ impl std::fmt::Debug for EmbeddedServer {
 }
 
 impl EmbeddedServer {
-    /// Loads the PEFT adapter in `dir` (served as `adapter_id`) for a base
-    /// model of shape `config` and starts serving it on `127.0.0.1`
-    /// (ephemeral port) with TLS and a random 32-byte token, its threads
-    /// placed as `placement` says (e.g. pinned to a core of their own).
-    ///
-    /// # Errors
-    /// Those of [`HeBackend::load`]; [`PrivateError::Service`] if the
-    /// certificate or the listener cannot be made, [`PrivateError::Ckks`] if
-    /// the OS generator fails.
+    /// Loads the PEFT adapter in `dir` (as `adapter_id`) for a base model of shape `config` and
+    /// serves it on `127.0.0.1` (ephemeral port) with TLS and a random 32-byte token, threads
+    /// placed per `placement`. Errors: those of [`HeBackend::load`]; [`PrivateError::Service`] for
+    /// the certificate or listener; [`PrivateError::Ckks`] if the OS generator fails.
     pub fn start(
         adapter_id: &str,
         dir: &Path,
@@ -87,8 +78,7 @@ impl EmbeddedServer {
         self.thread.addr()
     }
 
-    /// A client configuration for this server (TLS trust, token) over the
-    /// simulated `link`.
+    /// A client configuration for this server (TLS trust, token) over the simulated `link`.
     pub fn client_config(&self, link: LinkProfile) -> ClientConfig {
         let mut c = ClientConfig::new(format!("https://localhost:{}", self.addr().port()));
         c.tls = Some(self.cert.client_tls("localhost"));

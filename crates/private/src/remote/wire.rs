@@ -1,15 +1,6 @@
-//! Byte encodings carried inside the service's opaque fields: the plan
-//! request (`OpenSessionRequest.plan_request`), the session offer
-//! (`OpenSessionResponse.plan`) and the public FFA lora_A
-//! (`AdapterInfo.ffa_lora_a`).
-//!
-//! Little-endian, a 4-byte magic and a version byte per message, like
-//! `cipherlora_helora::wire`. Every decoder checks counts against the bytes
-//! left before allocating, validates each embedded plan with
-//! [`decode_plan`], checks that the public lora_A matches the plan's shape,
-//! and reports bad bytes as
-//! [`HeloraError::Malformed`](cipherlora_helora::HeloraError::Malformed)
-//! wrapped in [`PrivateError::Helora`]; it never panics.
+//! Byte encodings inside the service's opaque fields: plan request, session offer and public FFA
+//! lora_A. Decoders check counts before allocating and report bad bytes as
+//! [`HeloraError::Malformed`](cipherlora_helora::HeloraError::Malformed); never panic.
 
 use cipherlora_ckks::{CkksParameters, Preset};
 use cipherlora_helora::wire::{MAX_PROJECTIONS, decode_plan, encode_plan};
@@ -25,11 +16,7 @@ use crate::server::{
 const REQUEST_MAGIC: &[u8; 4] = b"CLPR";
 const OFFER_MAGIC: &[u8; 4] = b"CLOF";
 const PUBLIC_A_MAGIC: &[u8; 4] = b"CLPA";
-/// 2: the offer carries the server's cost ratio
-/// ([`SessionOffer::server_cost_ratio`]); 3: layers per group
-/// ([`Grouping::ByLayers`]) in the request and the offer, and each offered
-/// projection's layer; 4: the adapter's acceptance hint in the offer
-/// ([`SessionOffer::acceptance`]).
+/// Offer format version.
 const VERSION: u8 = 4;
 
 /// Largest verify width T a plan request may ask for.
@@ -42,12 +29,9 @@ pub const MAX_GROUPS: usize = 1 << 14;
 pub struct PlanRequest {
     /// Positions per verify pass (K drafts + 1), `1..=MAX_T`.
     pub t: usize,
-    /// `true`: only return the offer for `t` (no keys are read, the session
-    /// computes nothing); the client needs the offer's Galois steps before it
-    /// can make the keys of the real session.
+    /// `true`: only return the offer for `t` (no keys read).
     pub offer_only: bool,
-    /// The grouping asked for; the offer says which one the server made
-    /// ([`Grouping::ByLayers`] only for FFA adapters).
+    /// The grouping asked for (by layers only for FFA adapters).
     pub grouping: Grouping,
 }
 
@@ -57,8 +41,7 @@ fn grouping_code(g: Grouping) -> u8 {
 }
 
 impl PlanRequest {
-    /// 10 bytes: magic, version, T (u32), flags (bit 0: offer only,
-    /// bits 1–7: layers per group, 0 for by input).
+    /// 10 bytes: magic, version, T (u32), flags (bit 0 offer only, bits 1–7 layers per group).
     #[must_use]
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut o = Vec::with_capacity(10);
@@ -69,11 +52,8 @@ impl PlanRequest {
         o
     }
 
-    /// Parses and validates a plan request.
-    ///
-    /// # Errors
-    /// [`PrivateError::Helora`] (`Malformed`) for bad bytes, T = 0 or
-    /// T > [`MAX_T`].
+    /// Parses a plan request. Errors: [`PrivateError::Helora`] for bad bytes or T outside
+    /// 1..=[`MAX_T`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, PrivateError> {
         let mut r = Reader::new(bytes, "plan request");
         r.header(REQUEST_MAGIC)?;
@@ -96,8 +76,7 @@ impl PlanRequest {
     }
 }
 
-/// Stable wire name of a CKKS preset (`AdapterInfo.ckks_presets`,
-/// `OpenSessionRequest.ckks_preset`).
+/// Stable wire name of a CKKS preset.
 #[must_use]
 pub fn preset_name(p: Preset) -> &'static str {
     match p {
@@ -126,14 +105,7 @@ pub fn preset_from_name(name: &str) -> Option<Preset> {
     PRESETS.into_iter().find(|&p| preset_name(p) == name)
 }
 
-/// Serialises an offer: preset, T, kind, grouping, cost ratio, acceptance
-/// hint (a flag byte, then the f64 when present), then per
-/// group the layer, group index, projections (each its layer and code) and
-/// the plan ([`encode_plan`]). The public lora_A of
-/// an FFA adapter is *not* in the offer bytes: it travels once, in
-/// `AdapterInfo.ffa_lora_a` ([`encode_public_a`]), and the client puts it
-/// back with [`attach_public_a`] (an offer is fetched twice per session and
-/// once per verify width; the lora_A of the default model is 4.4 MB).
+/// Serialises an offer; FFA lora_A travels separately ([`encode_public_a`]).
 #[must_use]
 pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     let mut o = Vec::new();
@@ -169,17 +141,8 @@ pub fn encode_offer(offer: &SessionOffer) -> Vec<u8> {
     o
 }
 
-/// Parses and validates an offer from [`encode_offer`].
-///
-/// Checks, besides the framing: a known preset and kind; T in `1..=MAX_T`;
-/// at most [`MAX_GROUPS`] groups without a repeated (layer, group); each
-/// group's projections distinct and belonging to the group; each plan valid,
-/// with the offer's T, the preset's slots, the kind's mode and one shape
-/// entry per projection; public lora_A present exactly for FFA, of the
-/// plan's r × d_in, all finite.
-///
-/// # Errors
-/// [`PrivateError::Helora`] (`Malformed` or a plan validation error).
+/// Parses and validates an offer from [`encode_offer`] (plans, groups ≤ [`MAX_GROUPS`], lora_A).
+/// Errors: [`PrivateError::Helora`].
 pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
     let mut r = Reader::new(bytes, "session offer");
     r.header(OFFER_MAGIC)?;
@@ -244,8 +207,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
                 Grouping::ByInput => {
                     l == layer && group.projs().contains(&p) && !projections.contains(&(l, p))
                 }
-                // Forward order, starting in the group the fused group is
-                // keyed by, over at most n layers.
+                // Forward order from the keyed group, over at most n layers.
                 Grouping::ByLayers(n) => match projections.last() {
                     None => l == layer && p.group() == group,
                     Some(&(last_l, last_p)) => {
@@ -304,9 +266,7 @@ pub fn decode_offer(bytes: &[u8]) -> Result<SessionOffer, PrivateError> {
     })
 }
 
-/// Serialises the public lora_A of an FFA adapter (`AdapterInfo.ffa_lora_a`):
-/// per adapted group its layer, group index and per projection the code,
-/// rank, d_in and the r × d_in f32 values.
+/// Serialises an FFA adapter's public lora_A, per group and projection.
 #[must_use]
 pub fn encode_public_a(groups: &AdapterGroups) -> Vec<u8> {
     let mut o = Vec::new();
@@ -327,14 +287,8 @@ pub fn encode_public_a(groups: &AdapterGroups) -> Vec<u8> {
     o
 }
 
-/// Puts the public lora_A of an FFA adapter (from [`decode_public_a`] of
-/// its `AdapterInfo.ffa_lora_a`) into a decoded offer: each offered group
-/// gets its projections' matrices, in the plan's order. Standard offers are
-/// left as they are.
-///
-/// # Errors
-/// [`PrivateError::Helora`] (`Malformed`) when a projection of the offer
-/// has no lora_A, or one whose rank or d_in differs from the plan's shape.
+/// Puts an FFA adapter's public lora_A into a decoded offer. Errors: [`PrivateError::Helora`] for a
+/// missing or misshapen lora_A.
 pub fn attach_public_a(offer: &mut SessionOffer, a: &[PublicA]) -> Result<(), PrivateError> {
     if offer.kind != LoraKind::Ffa {
         return Ok(());
@@ -355,8 +309,7 @@ pub fn attach_public_a(offer: &mut SessionOffer, a: &[PublicA]) -> Result<(), Pr
                     .ok_or_else(|| bad("no lora_A for an offered projection"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // Each projection's columns start after the inputs of the groups
-        // before its own (one group's input only, unless grouped by layers).
+        // Each projection's columns start after the inputs of the groups before it.
         let mut offsets = Vec::with_capacity(mine.len());
         let mut d_in = 0;
         for (i, m) in mine.iter().enumerate() {
@@ -400,11 +353,7 @@ pub struct PublicA {
     pub a: Vec<f32>,
 }
 
-/// Parses [`encode_public_a`] bytes.
-///
-/// # Errors
-/// [`PrivateError::Helora`] (`Malformed`) for bad bytes, unknown groups or
-/// projections, non-finite values.
+/// Parses [`encode_public_a`] bytes. Errors: [`PrivateError::Helora`] (`Malformed`).
 pub fn decode_public_a(bytes: &[u8]) -> Result<Vec<PublicA>, PrivateError> {
     let mut r = Reader::new(bytes, "public lora_A");
     r.header(PUBLIC_A_MAGIC)?;
@@ -638,8 +587,7 @@ mod tests {
         }
     }
 
-    /// The offer bytes carry no lora_A (it travels once, in the adapter's
-    /// info); attaching it from the info restores the server's offer.
+    /// The offer carries no lora_A; attaching it from the info restores the server's offer.
     #[test]
     fn offer_round_trips_ffa_and_standard_with_lora_a_attached() {
         for kind in [LoraKind::Ffa, LoraKind::Standard] {
@@ -654,8 +602,7 @@ mod tests {
         }
     }
 
-    /// The server's cost ratio travels with the offer; a non-finite or
-    /// absurd one is a malformed offer, not a planning input.
+    /// The cost ratio round-trips; a non-finite or absurd one is malformed.
     #[test]
     fn offer_cost_ratio_round_trips_and_bad_ones_are_rejected() {
         let mut o = offer(LoraKind::Standard);
@@ -671,8 +618,7 @@ mod tests {
         }
     }
 
-    /// The adapter's acceptance hint travels with the offer (or its
-    /// absence does); a hint outside (0, 1) is a malformed offer.
+    /// The acceptance hint round-trips; one outside (0, 1) is malformed.
     #[test]
     fn offer_acceptance_hint_round_trips_and_bad_ones_are_rejected() {
         let mut g = groups(LoraKind::Ffa);
@@ -692,11 +638,7 @@ mod tests {
         }
     }
 
-    /// Grouped by layer, an FFA offer has one group per layer holding
-    /// q, v and o; the client rebuilds the zero-padded lora_A (each
-    /// projection in its own input's columns) from the unfused public
-    /// lora_A exactly as the server padded it. A standard adapter's offer
-    /// stays grouped by input.
+    /// Grouped by layer, the client rebuilds the server's zero-padded lora_A.
     #[test]
     fn offer_grouped_by_layer_round_trips_with_padded_lora_a() {
         let server = HeAdapter::new(groups(LoraKind::Ffa));
@@ -721,10 +663,7 @@ mod tests {
         assert_eq!((o.grouping, o.groups.len()), (Grouping::ByInput, 4));
     }
 
-    /// Two layers per group (layers 0 and 3, the adapted ones): one group
-    /// keyed by layer 0's q,k,v, its six projections tagged with their
-    /// layers, layer 3's lora_A in the columns after layer 0's inputs; the
-    /// round trip restores it.
+    /// Two layers per group: layer 3's lora_A lands after layer 0's inputs.
     #[test]
     fn offer_grouped_by_two_layers_round_trips_with_padded_lora_a() {
         let server = HeAdapter::new(groups(LoraKind::Ffa));

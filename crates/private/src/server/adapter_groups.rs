@@ -12,13 +12,11 @@ use crate::PrivateError;
 pub enum LoraKind {
     /// lora_A and lora_B secret: the server computes both products (depth 2).
     Standard,
-    /// FFA-LoRA (Sun et al., ICLR 2024): lora_A frozen at a public random
-    /// init, so the server may publish it and the client computes A·x.
+    /// FFA-LoRA (Sun et al., ICLR 2024): lora_A frozen and public; the client computes A·x.
     Ffa,
 }
 
-/// One adapted group: the projections of one shared input of one layer,
-/// or, fused ([`AdapterGroups::fuse_layers`]), those of a run of layers.
+/// One adapted group: one layer's projections of a shared input, or a fused run of layers.
 #[derive(Debug, Clone)]
 pub struct LayerGroup {
     /// Decoder layer (the first of a fused run).
@@ -44,8 +42,7 @@ impl LayerGroup {
         }
     }
 
-    /// Each projection with its layer, in the group's order (projections
-    /// whose PEFT name is not a known [`Proj`] are left out).
+    /// Each known projection with its layer, in the group's order.
     #[must_use]
     pub fn layer_projections(&self) -> Vec<(usize, Proj)> {
         self.projection_layers
@@ -63,23 +60,13 @@ pub struct AdapterGroups {
     pub kind: LoraKind,
     /// The groups.
     pub groups: Vec<LayerGroup>,
-    /// The adapter owner's measured per-token acceptance of a base-model
-    /// drafter, from `cipherlora.json` (`"acceptance"`, in (0, 1)), when
-    /// given: published in every offer ([`crate::SessionOffer::acceptance`])
-    /// for clients' verify-width model.
+    /// The owner's per-token acceptance of a base drafter (`cipherlora.json`), published in offers.
     pub acceptance: Option<f64>,
 }
 
 impl AdapterGroups {
-    /// Loads a PEFT folder for a base model of shape `config`, keeping lora_B
-    /// in the PEFT row layout (no GGUF q/k permutation). FFA is read from
-    /// `cipherlora.json` (`{"ffa": true}`); without the file the adapter is
-    /// standard. The same file's optional `"acceptance"` (a number in
-    /// (0, 1)) becomes [`AdapterGroups::acceptance`].
-    ///
-    /// # Errors
-    /// [`PrivateError::Model`] for unreadable or mismatched adapter files,
-    /// [`PrivateError::Sidecar`] for a malformed `cipherlora.json`.
+    /// Loads a PEFT folder for a model of shape `config`; `cipherlora.json` may set `{"ffa": true}`
+    /// and `"acceptance"`. Errors: [`PrivateError::Model`], `Sidecar`.
     pub fn load(dir: &Path, config: &ModelConfig) -> Result<Self, PrivateError> {
         let mut hf_layout = config.clone();
         hf_layout.rope_style = RopeStyle::Half;
@@ -91,11 +78,7 @@ impl AdapterGroups {
         })
     }
 
-    /// Splits a loaded adapter (in whatever row layout it was loaded) into
-    /// fused groups.
-    ///
-    /// # Errors
-    /// [`PrivateError::Model`] if a weight tensor cannot be read as f32.
+    /// Splits a loaded adapter into fused groups. Errors: [`PrivateError::Model`].
     pub fn from_adapter(adapter: &LoraAdapter, kind: LoraKind) -> Result<Self, PrivateError> {
         let mut groups = Vec::new();
         for layer in 0..adapter.num_layers() {
@@ -141,23 +124,8 @@ impl AdapterGroups {
         }
     }
 
-    /// One group per run of `layers` consecutive adapted layers, holding
-    /// every adapted projection of the run (FFA sessions under the
-    /// fixed-point schedule, [`crate::Grouping::ByLayers`]: one upload per
-    /// run instead of one per input, and outputs that share ciphertexts
-    /// across layers; BENCHMARKS.md, "One upload per layer" and "Several
-    /// layers per request").
-    ///
-    /// A fused group is keyed by its first layer's first adapted
-    /// [`ProjGroup`]; its input is the concatenation, in forward order, of
-    /// the inputs of the run's adapted groups (`d_in` = their sum), and
-    /// each projection's lora_A is placed in the columns of its own group's
-    /// input, zero elsewhere. `B·A·x` is then the unfused delta for every
-    /// projection: FFA sends `u = A·x`, so the zeros cost the server
-    /// nothing. Standard LoRA is returned unfused (its uploads are the
-    /// inputs themselves, which do not fit one ciphertext per layer), as
-    /// is any adapter for `layers` = 0. The last run of the adapter may be
-    /// shorter.
+    /// One group per run of `layers` adapted layers (FFA), inputs concatenated and lora_A
+    /// zero-padded; standard LoRA stays unfused.
     #[must_use]
     pub fn fuse_layers(&self, layers: usize) -> AdapterGroups {
         if self.kind != LoraKind::Ffa || layers == 0 {
@@ -206,12 +174,8 @@ impl AdapterGroups {
     }
 }
 
-/// The runs of `n` consecutive adapted layers over groups listed in
-/// forward order with their decoder layers (`layers[i]`: group i's layer,
-/// non-decreasing): index ranges into the list, each holding every group
-/// of at most `n` distinct layers, the last run possibly fewer. The one
-/// rule for [`AdapterGroups::fuse_layers`] and the client's model of it
-/// (`PlanSpace::by_layers`), so that both fuse the same groups.
+/// Index ranges of runs of `n` adapted layers over groups in forward order (shared with the
+/// client).
 pub(crate) fn layer_runs(layers: &[usize], n: usize) -> Vec<std::ops::Range<usize>> {
     let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
     let mut distinct = 0;
@@ -236,8 +200,7 @@ fn flat(t: &cipherlora_model::Tensor) -> Result<Vec<f32>, PrivateError> {
     v.map_err(|e| PrivateError::Model(e.into()))
 }
 
-/// The LoRA variant and the acceptance hint of `dir`'s `cipherlora.json`
-/// (standard and none without the file).
+/// The LoRA variant and acceptance hint from `cipherlora.json` (standard, none without it).
 fn read_sidecar(dir: &Path) -> Result<(LoraKind, Option<f64>), PrivateError> {
     let path = dir.join("cipherlora.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
@@ -271,9 +234,7 @@ fn read_sidecar(dir: &Path) -> Result<(LoraKind, Option<f64>), PrivateError> {
 mod tests {
     use super::*;
 
-    /// A layer with q,k,v (d_in 3) and o (d_in 2) at ranks 2 and 1, plus a
-    /// layer with only o: small enough to check by hand, with distinct
-    /// weights everywhere.
+    /// A q,k,v (d_in 3) and o (d_in 2) layer at ranks 2 and 1, plus an o-only layer.
     fn groups(kind: LoraKind) -> AdapterGroups {
         let proj =
             |name: &str, d_out: usize, rank: usize, d_in: usize, seed: f32| ProjectionAdapter {
@@ -303,8 +264,7 @@ mod tests {
         }
     }
 
-    /// The sidecar's acceptance hint is read when it is a probability and
-    /// refused with a typed error otherwise; no file means standard, none.
+    /// The sidecar's acceptance hint: a probability, or a typed error.
     #[test]
     fn the_sidecar_acceptance_hint_is_a_probability_or_an_error() {
         let dir = std::env::temp_dir().join(format!("cl-sidecar-{}", std::process::id()));
@@ -323,9 +283,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The fused group's delta on the concatenated input equals each
-    /// unfused group's delta on its own input (the reference is the
-    /// unfused adapter, computed independently by `reference_delta`).
+    /// The fused group's delta equals each unfused group's delta on its own input.
     #[test]
     fn a_layer_group_gives_every_projection_its_unfused_delta() {
         let unfused = groups(LoraKind::Ffa);
@@ -356,9 +314,7 @@ mod tests {
         assert_eq!(fused.groups[1].adapter, unfused.groups[2].adapter);
     }
 
-    /// Two layers in one group: the run's inputs side by side, each
-    /// projection's delta the unfused one, each projection tagged with its
-    /// own layer; runs of 3 on 2 layers give the same one group.
+    /// Two layers in one group give each projection its unfused delta and own layer.
     #[test]
     fn a_run_of_layers_gives_every_projection_its_unfused_delta_and_layer() {
         let unfused = groups(LoraKind::Ffa);

@@ -1,21 +1,8 @@
-//! Planner op costs measured once per machine and kept in a file.
-//!
-//! A server plans every session from its [`OpCosts`]; re-measured at each
-//! start they differ a little, and so may the plans: a server restarted
-//! during a generation would offer the reopening client another plan than
-//! the one its ciphertexts are laid out for. So the costs of a preset are
-//! measured once per machine and stored as JSON in
-//! `<cache dir>/opcosts-v<N>-<preset>-<machine>.json` ([`COSTS_VERSION`]), where the cache dir is
-//! the default model's ([`cache_dir`]) and `<machine>` is a hash of the CPU
-//! model name and the number of CPUs. An unreadable or malformed file is
-//! measured again and rewritten; a failed write only costs the next start a
-//! measurement.
-//!
-//! Builds with debug assertions (`cargo test`, the dev profile) keep their
-//! own file, `…-<machine>-debug.json`: the test suite measures while other
-//! tests load every core, and a release server planning from those costs
-//! (5× the quiet machine's) picked other plans than its own measurement
-//! does, with 1.4–1.5× their diagonals (`debug_builds_keep_their_op_costs_apart`).
+//! Planner op costs measured once per machine and kept in `<cache
+//! dir>/opcosts-v<N>-<preset>-<machine>.json`, so a restarted server offers the same plans;
+//! `<machine>` hashes the CPU model and count. Debug builds keep a file of their own
+//! (`…-debug.json`: tests measure under load). Bad files are re-measured; failed writes are
+//! ignored.
 
 use std::path::{Path, PathBuf};
 
@@ -23,16 +10,14 @@ use cipherlora_helora::planner::OpCosts;
 
 use crate::PrivateError;
 
-/// The cache directory: the one the default model is fetched into
-/// ([`cipherlora_model::fetch::cache_dir`]: `$CIPHERLORA_CACHE`, else
-/// `$XDG_CACHE_HOME/cipherlora`, else `~/.cache/cipherlora`).
+/// The cache directory: the default model's ([`cipherlora_model::fetch::cache_dir`]).
 #[must_use]
 pub fn cache_dir() -> PathBuf {
     cipherlora_model::fetch::cache_dir()
 }
 
-/// A stable name for this machine's CPU: FNV-1a 64 of the first `model
-/// name` of `/proc/cpuinfo` (empty where unreadable) and the CPU count.
+/// A stable name for this machine's CPU: FNV-1a 64 of the first `model name` of `/proc/cpuinfo`
+/// (empty where unreadable) and the CPU count.
 #[must_use]
 pub fn machine_key() -> String {
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -48,10 +33,7 @@ pub fn machine_key() -> String {
     format!("{id:016x}")
 }
 
-/// Version of the measured costs in the cache file's name: raised when a
-/// kernel the costs price changes speed, so that no server plans from
-/// costs of the old kernel. 2: ct×pt sums run as one lazy many-term pass
-/// (`add_products`), about 1.5× the old per-product speed.
+/// Version of the measured costs in the file name, raised when a priced kernel changes speed.
 pub const COSTS_VERSION: u32 = 2;
 
 /// The cache file's name for `preset` on `machine` (module docs).
@@ -60,11 +42,8 @@ fn cache_file_name(preset: &str, machine: &str, debug_build: bool) -> String {
     format!("opcosts-v{COSTS_VERSION}-{preset}-{machine}{build}.json")
 }
 
-/// The costs for `preset` from `dir`'s cache file, or `measure()`d and
-/// stored there.
-///
-/// # Errors
-/// Those of `measure`; never a cache read or write failure.
+/// The costs for `preset` from `dir`'s cache, or `measure()`d and stored. Errors: those of
+/// `measure`; never a cache read or write failure.
 pub fn cached_costs(
     dir: &Path,
     preset: &str,
@@ -86,8 +65,8 @@ pub fn cached_costs(
             }
         }
     }
-    // Plan with what a later start will read back (JSON text → f64 may
-    // differ from the measured f64 in the last bit): the same plans.
+    // Plan with what a later start will read back (JSON text → f64 may differ from the measured f64
+    // in the last bit): the same plans.
     let measured = measure()?;
     let json = serde_json::to_string_pretty(&measured).unwrap_or_default();
     let costs = serde_json::from_str::<OpCosts>(&json).unwrap_or(measured);
@@ -109,8 +88,8 @@ pub fn cached_costs(
 mod tests {
     use super::*;
 
-    /// Regression: a test run (dev profile, every core busy) wrote the
-    /// release server's cache, and `serve` planned from costs 5× too high.
+    /// Regression: a test run (dev profile, every core busy) wrote the release server's cache, and
+    /// `serve` planned from costs 5× too high.
     #[test]
     fn debug_builds_keep_their_op_costs_apart() {
         let release = cache_file_name("N8192Depth2Fast", "651f", false);
@@ -120,8 +99,7 @@ mod tests {
         assert!(debug.ends_with(".json") && debug.contains("651f"));
     }
 
-    /// Regression (issue 15: op costs were re-measured at every server
-    /// start, so a restarted server could pick other plans).
+    /// Op costs are measured once per machine, so a restarted server picks the same plans.
     #[test]
     fn op_costs_are_measured_once_per_machine_and_read_back_identical() {
         let dir = std::env::temp_dir().join(format!("cl-costs-{}", std::process::id()));

@@ -1,6 +1,4 @@
-//! The adapter server's side: plans on offer, the adapter's plaintext
-//! diagonals encoded once per offer and shared, sessions holding only the
-//! client's keys.
+//! The adapter server: plans on offer, diagonals encoded once per offer, sessions of client keys.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -16,12 +14,7 @@ use cipherlora_model::{ModelConfig, Proj, ProjGroup};
 use crate::PrivateError;
 use crate::server::{Reservation, SessionMemory};
 
-/// The id an adapter folder is served under: its folder name (the one rule
-/// `serve`, `demo` and `bench e2e` share, so a client can name it).
-///
-/// # Errors
-/// [`PrivateError::AdapterId`] when the path has no final component or it
-/// is not UTF-8.
+/// The id an adapter folder is served under: its folder name. Errors: [`PrivateError::AdapterId`].
 pub fn adapter_id(dir: &Path) -> Result<String, PrivateError> {
     dir.file_name()
         .and_then(|n| n.to_str())
@@ -32,9 +25,7 @@ pub fn adapter_id(dir: &Path) -> Result<String, PrivateError> {
 }
 use crate::server::{AdapterGroups, LoraKind};
 
-/// What a client needs to open a session for verify width `t`: the CKKS
-/// preset, one plan per adapted (layer, group), and for FFA adapters the
-/// public lora_A of each projection.
+/// What a client needs for a session of width `t`: preset, plans per (layer, group), FFA lora_A.
 #[derive(Debug, Clone)]
 pub struct SessionOffer {
     /// CKKS parameter preset both sides use.
@@ -45,23 +36,11 @@ pub struct SessionOffer {
     pub kind: LoraKind,
     /// How the offer groups the adapted projections.
     pub grouping: Grouping,
-    /// Per adapted group: layer, group, plan, and (FFA) the public lora_A of
-    /// each projection of the group (r × d_in, row-major).
+    /// Per adapted group: layer, group, plan, and (FFA) each projection's lora_A (r × d_in).
     pub groups: Vec<OfferedGroup>,
-    /// The server's compute time for one pass of these plans at its
-    /// measured op costs, over the same at [`OpCosts::default`]: what a
-    /// client multiplies its default-priced model of the server's time by
-    /// (`schedule_plan`, `width_plan`). 1 when unknown; the wire format
-    /// accepts [`MIN_COST_RATIO`, `MAX_COST_RATIO`]. It tells the client how
-    /// fast the server's machine is, nothing about other sessions.
+    /// Server time per pass at its measured costs over [`OpCosts::default`]'s (1: unknown).
     pub server_cost_ratio: f64,
-    /// The adapter owner's measured per-token acceptance of a base-model
-    /// drafter ([`crate::server::AdapterGroups::acceptance`]), when the
-    /// adapter's sidecar gives one: a client without its own prior models
-    /// its verify width with it (`width_plan::acceptance_prior`). A
-    /// property of the adapter, which a client learns anyway from the
-    /// outputs it verifies; the width chosen from it depends on nothing
-    /// the client sees, so it tells the server nothing about the text.
+    /// The owner's per-token acceptance of a base drafter (sidecar), a verify-width prior.
     pub acceptance: Option<f64>,
 }
 
@@ -70,9 +49,7 @@ pub const MIN_COST_RATIO: f64 = 1.0 / 64.0;
 /// Largest [`SessionOffer::server_cost_ratio`] a client accepts.
 pub const MAX_COST_RATIO: f64 = 64.0;
 
-/// Whether `a` can be an acceptance hint ([`SessionOffer::acceptance`]):
-/// a probability strictly between 0 and 1 (NaN is not). The one rule for
-/// the adapter's `cipherlora.json` and the offer's wire format.
+/// Whether `a` can be an acceptance hint: a probability strictly in (0, 1).
 #[must_use]
 pub fn is_acceptance_hint(a: f64) -> bool {
     a > 0.0 && a < 1.0
@@ -81,19 +58,10 @@ pub fn is_acceptance_hint(a: f64) -> bool {
 /// How a [`SessionOffer`] groups the adapted projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Grouping {
-    /// One group per shared input ([`ProjGroup`]: q,k,v; o; gate,up; down):
-    /// each group's input is known as soon as the forward pass reaches it,
-    /// so any schedule can run (one round trip per group, or the fixed
-    /// point).
+    /// One group per shared input ([`ProjGroup`]); works with any schedule.
     #[default]
     ByInput,
-    /// One group per run of `n` consecutive adapted layers
-    /// ([`AdapterGroups::fuse_layers`], FFA only; `1 ≤ n ≤`
-    /// [`Grouping::MAX_LAYERS`]): keyed by its first layer's first adapted
-    /// [`ProjGroup`], its input the concatenation of the run's group inputs
-    /// in forward order. Only a schedule that knows every input of a pass
-    /// at once (the fixed point) can use it; it uploads one ciphertext per
-    /// `n` layers, and its outputs share ciphertexts across layers.
+    /// One group per run of `n` adapted layers (FFA, fixed point only; ≤ [`Grouping::MAX_LAYERS`]).
     ByLayers(usize),
 }
 
@@ -104,8 +72,7 @@ impl Grouping {
     /// One group per layer.
     pub const BY_LAYER: Grouping = Grouping::ByLayers(1);
 
-    /// Layers per group of a [`Grouping::ByLayers`] grouping (`None` by
-    /// input).
+    /// Layers per group of a [`Grouping::ByLayers`] grouping (`None` by input).
     #[must_use]
     pub fn layers(self) -> Option<usize> {
         match self {
@@ -132,9 +99,7 @@ pub struct OfferedGroup {
     pub layer: usize,
     /// Which projections.
     pub group: ProjGroup,
-    /// The adapted projections of the group with their decoder layers, in
-    /// plan order (all of `layer` unless the offer is
-    /// [`Grouping::ByLayers`]).
+    /// The group's adapted projections with their decoder layers, in plan order.
     pub projections: Vec<(usize, Proj)>,
     /// The evaluation plan.
     pub plan: GroupPlan,
@@ -142,37 +107,26 @@ pub struct OfferedGroup {
     pub public_a: Option<Vec<Vec<f32>>>,
 }
 
-/// A PEFT adapter served under HE; see the crate docs.
-///
-/// The plaintext diagonals of an offer ([`PreparedOffer`]) depend only on
-/// the adapter, the offer's plans and the CKKS parameters, not on the
-/// client: they are encoded when the first session of that offer opens,
-/// charged once to the [`SessionMemory`] budget, shared by every session of
-/// the offer, and freed (with their reservation) when the last one closes.
+/// A PEFT adapter served under HE; an offer's diagonals ([`PreparedOffer`]) are encoded once,
+/// charged to [`SessionMemory`], shared and freed with the last session.
 #[derive(Debug)]
 pub struct HeAdapter {
     groups: Arc<AdapterGroups>,
-    /// [`AdapterGroups::fuse_layers`] of `groups` by layers per group, for
-    /// [`Grouping::ByLayers`] offers (made at the first offer that asks).
+    /// Layer-fused groups for [`Grouping::ByLayers`] offers, made on first use.
     fused: Mutex<HashMap<usize, Arc<AdapterGroups>>>,
     costs: OpCosts,
     link: Link,
     memory: SessionMemory,
-    /// Circuit privacy: every returned ciphertext rerandomised under the
-    /// client's public key, with flooding noise.
+    /// Circuit privacy: returned ciphertexts rerandomised with flooding noise.
     circuit_privacy: Option<Rerandomization>,
-    /// The prepared offers alive now, by [`OfferKey`]. Each entry has its own
-    /// lock so that two widths encode at once while two sessions of one
-    /// width encode once.
+    /// Live prepared offers by [`OfferKey`], each behind its own lock (one encoding per width).
     prepared: Mutex<HashMap<OfferKey, Arc<Mutex<Weak<PreparedOffer>>>>>,
 }
 
-/// What identifies an offer's diagonals: T, the grouping and each group's
-/// plan id.
+/// What identifies an offer's diagonals: T, the grouping and each group's plan id.
 type OfferKey = (usize, Grouping, Vec<(usize, u32, u64)>);
 
-/// An adapter's plaintext diagonals encoded for one offer: every group's
-/// [`PreparedGroup`], with the offer's share of the memory budget.
+/// An adapter's diagonals encoded for one offer, with its share of the memory budget.
 pub struct PreparedOffer {
     groups: HashMap<(u32, u32), PreparedGroup<CkksServer>>,
     _memory: Reservation,
@@ -187,10 +141,7 @@ impl std::fmt::Debug for PreparedOffer {
 }
 
 impl HeAdapter {
-    /// Loads the adapter in `dir` for a base model of shape `config`.
-    ///
-    /// # Errors
-    /// As [`AdapterGroups::load`].
+    /// Loads the adapter in `dir` for a model of shape `config`; errors as [`AdapterGroups::load`].
     pub fn load(dir: &Path, config: &ModelConfig) -> Result<Self, PrivateError> {
         Ok(Self::new(AdapterGroups::load(dir, config)?))
     }
@@ -209,9 +160,7 @@ impl HeAdapter {
         }
     }
 
-    /// Turns circuit privacy on (`Some`) or off: offers made from now on
-    /// plan rerandomised outputs ([`GroupPlan::rerandomize`]), and their
-    /// sessions need the client's public key.
+    /// Turns circuit privacy on or off for later offers (which then need the public key).
     pub fn set_circuit_privacy(&mut self, r: Option<Rerandomization>) {
         self.circuit_privacy = r;
     }
@@ -222,8 +171,7 @@ impl HeAdapter {
         self.circuit_privacy
     }
 
-    /// Makes this server's prepared offers reserve from `memory`, which
-    /// other servers may share.
+    /// Makes this server's prepared offers reserve from `memory`, which other servers may share.
     pub fn set_session_memory(&mut self, memory: SessionMemory) {
         self.memory = memory;
     }
@@ -240,26 +188,15 @@ impl HeAdapter {
         self.link = link;
     }
 
-    /// Measures the CKKS op costs of this adapter's preset on this machine
-    /// (medians of `reps` repetitions, [`cipherlora_helora::measure::measure_op_costs`],
-    /// about a second) and plans with them from now on. Offers stay
-    /// deterministic in T for the life of this server.
-    ///
-    /// # Errors
-    /// [`PrivateError::Ckks`] for a bad preset, [`PrivateError::Helora`] if
-    /// a measurement fails.
+    /// Measures this preset's op costs here (medians of `reps`) and plans with them. Errors:
+    /// [`PrivateError::Ckks`], [`PrivateError::Helora`].
     pub fn measure_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(self.preset())?)?;
         self.costs = cipherlora_helora::measure::measure_op_costs(&ctx, reps.max(1))?;
         Ok(&self.costs)
     }
 
-    /// As [`HeAdapter::measure_costs`], but measured once per machine:
-    /// read from the op-cost cache ([`crate::server::cost_cache`]) when present, so
-    /// that a restarted server offers the same plans.
-    ///
-    /// # Errors
-    /// As [`HeAdapter::measure_costs`].
+    /// As [`HeAdapter::measure_costs`], through the op-cost cache ([`crate::server::cost_cache`]).
     pub fn cached_costs(&mut self, reps: usize) -> Result<&OpCosts, PrivateError> {
         let preset = format!("{:?}", self.preset());
         let dir = crate::server::cost_cache::cache_dir();
@@ -276,33 +213,19 @@ impl HeAdapter {
         &self.groups
     }
 
-    /// The CKKS preset for this adapter: N = 8192, chain 50,40,40 + special
-    /// 50 (`N8192Depth2Fast`, 128-bit). Its primes are below 2^50, where the
-    /// NTT runs on AVX-512 IFMA; `cipherlora bench ckks`/`helora` measured it
-    /// faster than the 60-bit chains at every op. Standard LoRA uses both
-    /// levels (A·X, then B·U); FFA only the lower one (B·U), so its uploads
-    /// are two-prime ciphertexts.
+    /// The CKKS preset: `N8192Depth2Fast` (N = 8192, chain 50,40,40 + special 50, 128-bit).
     #[must_use]
     pub fn preset(&self) -> Preset {
         Preset::N8192Depth2Fast
     }
 
-    /// The plans (chosen by the planner from the op costs) for verify width
-    /// `t`, one per shared input ([`Grouping::ByInput`]).
-    ///
-    /// # Errors
-    /// [`PrivateError::Helora`] when no plan fits, [`PrivateError::Ckks`] for
-    /// a bad preset.
+    /// The plans for verify width `t`, one per shared input. Errors: [`PrivateError::Helora`],
+    /// `Ckks`.
     pub fn offer(&self, t: usize) -> Result<SessionOffer, PrivateError> {
         self.offer_grouped(t, Grouping::ByInput)
     }
 
-    /// The groups an offer of `grouping` is made of: [`Grouping::ByLayers`]
-    /// only for FFA adapters (a standard adapter's offer stays by input).
-    ///
-    /// # Errors
-    /// [`PrivateError::LayersPerGroup`] for `ByLayers(n)` with `n` outside
-    /// `1..=`[`Grouping::MAX_LAYERS`].
+    /// The groups of a `grouping` offer. Errors: [`PrivateError::LayersPerGroup`] for a bad `n`.
     fn grouped(&self, grouping: Grouping) -> Result<(Arc<AdapterGroups>, Grouping), PrivateError> {
         match (grouping, self.groups.kind) {
             (Grouping::ByLayers(n), _) if n == 0 || n > Grouping::MAX_LAYERS => {
@@ -323,12 +246,7 @@ impl HeAdapter {
         }
     }
 
-    /// [`HeAdapter::offer`] with the projections grouped as `grouping` asks
-    /// where the adapter allows it (the offer's
-    /// [`SessionOffer::grouping`] says what it is).
-    ///
-    /// # Errors
-    /// As [`HeAdapter::offer`].
+    /// [`HeAdapter::offer`] grouped as `grouping` where the adapter allows. Errors as `offer`.
     pub fn offer_grouped(
         &self,
         t: usize,
@@ -390,18 +308,9 @@ impl HeAdapter {
         })
     }
 
-    /// Opens a session for `offer` with the client's serialised Galois keys:
-    /// parses the keys and checks they are exactly the rotations the
-    /// offer's plans use, *then* takes the offer's shared diagonals,
-    /// encoding them (and reserving their bytes) only if no open session
-    /// holds them already.
-    ///
-    /// # Errors
-    /// [`PrivateError::Ckks`] for malformed keys or parameters,
-    /// [`PrivateError::GaloisKeysMismatch`] for keys that are not the
-    /// plans' rotations (nothing reserved, nothing encoded),
-    /// [`PrivateError::MemoryBudget`] when the diagonals do not fit the
-    /// budget, [`PrivateError::Helora`] when a plan does not fit the adapter.
+    /// Opens a session for `offer` with the client's Galois keys (exactly the plans' rotations),
+    /// sharing or encoding the offer's diagonals. Errors: [`PrivateError::Ckks`],
+    /// `GaloisKeysMismatch` (nothing reserved), `MemoryBudget`, `Helora`.
     pub fn open_session(
         &self,
         offer: &SessionOffer,
@@ -410,13 +319,8 @@ impl HeAdapter {
         self.open_session_with_public_key(offer, galois_keys, None)
     }
 
-    /// [`HeAdapter::open_session`] with the client's serialised public
-    /// key, which circuit privacy needs (ignored without).
-    ///
-    /// # Errors
-    /// Those of [`HeAdapter::open_session`];
-    /// [`PrivateError::PublicKeyRequired`] when the offer rerandomises and
-    /// `public_key` is `None`; [`PrivateError::Ckks`] for a malformed one.
+    /// [`HeAdapter::open_session`] with the client's public key (circuit privacy). Errors: as
+    /// `open_session`; [`PrivateError::PublicKeyRequired`]; `Ckks` for a malformed key.
     pub fn open_session_with_public_key(
         &self,
         offer: &SessionOffer,
@@ -455,8 +359,7 @@ impl HeAdapter {
         Ok(ServerSession { ctx, he, prepared })
     }
 
-    /// The shared diagonals of `offer`, encoded with `he`'s encoder if no
-    /// open session holds them.
+    /// The shared diagonals of `offer`, encoded with `he`'s encoder if no open session holds them.
     fn prepared_offer(
         &self,
         offer: &SessionOffer,
@@ -512,11 +415,7 @@ impl HeAdapter {
 }
 
 impl SessionOffer {
-    /// Bytes of plaintext diagonals a session for this offer holds: the sum
-    /// over its groups of [`cipherlora_helora::GroupPlan::diagonal_bytes`].
-    ///
-    /// # Errors
-    /// [`cipherlora_helora::HeloraError`] for an infeasible plan.
+    /// Plaintext diagonal bytes a session of this offer holds. Errors: infeasible plan.
     pub fn diagonal_bytes(&self) -> Result<u64, cipherlora_helora::HeloraError> {
         self.groups
             .iter()
@@ -525,8 +424,7 @@ impl SessionOffer {
     }
 }
 
-/// One client's session: its Galois keys, and a handle on the offer's
-/// shared diagonals.
+/// One client's session: its Galois keys, and a handle on the offer's shared diagonals.
 pub struct ServerSession {
     ctx: Arc<Context>,
     he: CkksServer,
@@ -543,12 +441,8 @@ impl std::fmt::Debug for ServerSession {
 }
 
 impl ServerSession {
-    /// Evaluates one group request on ciphertexts.
-    ///
-    /// # Errors
-    /// [`PrivateError::UnknownGroup`] for a (layer, group) outside the
-    /// adapter; [`PrivateError::Helora`] for a plan mismatch, a wrong number
-    /// of ciphertexts or malformed ciphertext bytes (checked before any
+    /// Evaluates one group request. Errors: [`PrivateError::UnknownGroup`];
+    /// [`PrivateError::Helora`] for a plan mismatch or bad ciphertexts (checked before any
     /// arithmetic).
     pub fn handle(&self, request: &GroupRequest) -> Result<GroupResponse, PrivateError> {
         Ok(self
@@ -556,12 +450,7 @@ impl ServerSession {
             .handle(&self.he, request)?)
     }
 
-    /// [`Self::handle`] for a request whose ciphertexts the caller has
-    /// parsed already (`inputs`, in plan order): `request.ciphertexts` is
-    /// not read ([`cipherlora_helora::PreparedGroup::handle_parsed`]).
-    ///
-    /// # Errors
-    /// As [`Self::handle`].
+    /// [`Self::handle`] with the ciphertexts parsed already (`inputs`, plan order).
     pub fn handle_parsed(
         &self,
         request: &GroupRequest,

@@ -1,18 +1,7 @@
-//! The adapter server's memory budget for sessions.
-//!
-//! The server's memory is dominated by the pre-encoded plaintext
-//! diagonals: every group's adapter encoded for an offer's plans, 0.2 GB
-//! (FFA) to 1.5 GB (standard LoRA) for the default model at T = 9, and
-//! several times more at a wide prefill width. They are encoded once per
-//! offer (adapter, width, plans) and shared by every session of that offer
-//! ([`crate::HeAdapter`]); the service limits how many sessions are open
-//! and how many key bytes they hold, this limits the diagonals' bytes. The
-//! first session of an offer reserves [`crate::SessionOffer::diagonal_bytes`]
-//! *before* encoding anything; the reservation is given back when the last
-//! session of the offer is dropped (closed, evicted for idleness, or its
-//! stream ends). A session whose offer would exceed the budget is refused
-//! with `RESOURCE_EXHAUSTED` (`limit_exceeded`) while every open session
-//! goes on.
+//! The adapter server's memory budget for the pre-encoded plaintext diagonals, which dominate its
+//! memory: an offer's first session reserves [`crate::SessionOffer::diagonal_bytes`] before
+//! encoding anything, the last one to drop gives it back, and a session that would exceed the
+//! budget is refused with `RESOURCE_EXHAUSTED` while open sessions go on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,8 +18,8 @@ struct MemoryBudget {
     reserved: AtomicU64,
 }
 
-/// A session memory budget, shared by every [`crate::HeBackend`] given a
-/// clone of it (one per served adapter: the budget is the process's).
+/// A session memory budget, shared by every [`crate::HeBackend`] given a clone of it (one per
+/// served adapter: the budget is the process's).
 #[derive(Debug, Clone)]
 pub struct SessionMemory(Arc<MemoryBudget>);
 
@@ -95,8 +84,8 @@ impl SessionMemory {
 }
 
 impl Default for SessionMemory {
-    /// 60 % of the physical memory (`MemTotal` of `/proc/meminfo`), or
-    /// 8 GiB where that cannot be read.
+    /// 60 % of the physical memory (`MemTotal` of `/proc/meminfo`), or 8 GiB where that cannot be
+    /// read.
     fn default() -> Self {
         Self::new(default_limit())
     }

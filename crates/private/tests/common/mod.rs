@@ -1,5 +1,5 @@
-//! Shared by the end-to-end tests: the committed adapters and the plaintext
-//! reference every private generation is compared with.
+//! Shared by the end-to-end tests: the committed adapters and the plaintext reference every private
+//! generation is compared with.
 
 use std::path::PathBuf;
 
@@ -24,8 +24,8 @@ pub fn adapter_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Greedy decoding of `tokens` new tokens with the adapter merged in
-/// plaintext (the reference of every private run).
+/// Greedy decoding of `tokens` new tokens with the adapter merged in plaintext (the reference of
+/// every private run).
 pub fn plaintext_reference(
     model: &Model,
     tok: &Tokenizer,
@@ -49,8 +49,7 @@ pub fn plaintext_reference(
     .tokens
 }
 
-/// Asserts that a private generation reproduced the reference, naming both
-/// texts when it did not.
+/// Asserts that a private generation reproduced the reference, naming both texts when it did not.
 pub fn assert_matches(got: &SpecOutput, want: &[u32], tok: &Tokenizer, what: &str) {
     assert_eq!(
         got.tokens,
@@ -61,9 +60,9 @@ pub fn assert_matches(got: &SpecOutput, want: &[u32], tok: &Tokenizer, what: &st
     );
 }
 
-/// The private tests' decoding: greedy, the base drafter with K drafts,
-/// constant-K padding, prefill through the verify session, the per-group
-/// schedule; tests change what they exercise with struct-update syntax.
+/// The private tests' decoding: greedy, the base drafter with K drafts, constant-K padding, prefill
+/// through the verify session, the per-group schedule; tests change what they exercise with
+/// struct-update syntax.
 pub fn greedy_spec(k: usize, tokens: usize, tok: &Tokenizer) -> SpecConfig {
     SpecConfig::greedy(k, tokens, tok.eos_tokens().to_vec())
 }
