@@ -1,6 +1,5 @@
-//! Hidden states on the wire of `cipherlora.split.v1`: row-major
-//! T × d f32 little-endian ([`ActivationEncoding::F32Le`]), checked before any
-//! arithmetic.
+//! Hidden states on the wire of `cipherlora.split.v1`: row-major T × d f32 little-endian
+//! ([`ActivationEncoding::F32Le`]), checked before any arithmetic.
 
 use crate::ProtoError;
 use crate::split::v1::ActivationEncoding;
@@ -18,13 +17,10 @@ pub fn encode_f32(values: &[f32]) -> bytes::Bytes {
     out.into()
 }
 
-/// Decodes `positions` × `width` hidden-state values sent with `encoding`.
-///
-/// # Errors
+/// Decodes `positions` × `width` hidden-state values sent with `encoding`. Errors:
 /// [`ProtoError::UnsupportedEncoding`] for an encoding other than f32 LE;
-/// [`ProtoError::NoPositions`] for T = 0; [`ProtoError::ActivationLength`]
-/// unless `bytes` has exactly T·d·4 bytes; [`ProtoError::NonFiniteActivation`]
-/// for a NaN or ±∞.
+/// [`ProtoError::NoPositions`] for T = 0; [`ProtoError::ActivationLength`] unless `bytes` has
+/// exactly T·d·4 bytes; [`ProtoError::NonFiniteActivation`] for a NaN or ±∞.
 pub fn decode(
     encoding: i32,
     bytes: &[u8],

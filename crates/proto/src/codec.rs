@@ -1,7 +1,5 @@
-//! The gRPC codec of the generated stubs: prost encoding, with undecodable
-//! messages answered `INVALID_ARGUMENT` (reason `malformed_request`) instead
-//! of tonic-prost's `INTERNAL` — a malformed message is the sender's fault,
-//! and the status names no byte of it.
+//! The gRPC codec of the generated stubs: prost, with undecodable messages answered
+//! `INVALID_ARGUMENT` (`malformed_request`) instead of `INTERNAL`.
 
 use std::marker::PhantomData;
 

@@ -1,19 +1,8 @@
-//! The cipherlora adapter protocol: protobuf messages, tonic client/server
-//! stubs and the wire-level checks both sides share.
-//!
-//! `proto/cipherlora/adapter/v1/adapter.proto` is compiled at build time by
-//! [`protox`](https://docs.rs/protox) (pure Rust, no `protoc`) and
-//! `tonic-prost-build`; every `bytes` field is a [`bytes::Bytes`], so
-//! ciphertexts are sliced out of the received frame without copying.
-//!
-//! HE payloads (keys, ciphertexts, plans) are opaque here: their format and
-//! validation belong to the HE crates. This crate checks only the envelope:
-//! session-id length, ciphertext counts and sizes ([`validate`]).
-//!
-//! `proto/cipherlora/split/v1/split.proto` ([`split::v1`]) is the split
-//! inference protocol (issue 17): plaintext hidden states of the middle
-//! layers, checked by [`activations`], with the tree attention mask and
-//! the compaction list of lookahead passes checked by [`tree`].
+//! The cipherlora wire protocols: protobuf messages, tonic stubs and the checks both sides share.
+//! `adapter.proto` (`cipherlora.adapter.v1`) carries opaque HE payloads, checked here only as
+//! envelopes ([`validate`]); `split.proto` ([`split::v1`]) carries plaintext hidden states
+//! ([`activations`]) and lookahead trees ([`tree`]). Compiled at build time with protox; `bytes`
+//! fields are [`bytes::Bytes`].
 
 pub mod activations;
 pub mod codec;

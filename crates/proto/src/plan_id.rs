@@ -1,9 +1,7 @@
 //! The id that binds every group request to its session's plan.
 
-/// The id of a serialised plan (the `plan` bytes of `OpenSessionResponse`):
-/// FNV-1a, 64 bits, over the bytes. Not a MAC: it only has to tell two
-/// honest plans apart, so that a client never gets deltas computed for a
-/// layout other than the one it encrypted for.
+/// The id of a serialised plan: FNV-1a (64 bits) over its bytes. Not a MAC: it only tells honest
+/// plans apart.
 #[must_use]
 pub fn plan_id(plan: &[u8]) -> u64 {
     plan.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {

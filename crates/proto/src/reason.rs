@@ -1,9 +1,5 @@
-//! Machine-readable error reasons carried next to gRPC status codes.
-//!
-//! A gRPC code alone is too coarse for a client to act on (`NOT_FOUND` may mean
-//! "your session was evicted, reopen it" or "that layer does not exist, give
-//! up"), so every error status the server sends carries the metadata entry
-//! [`ERROR_REASON_KEY`] with one of these reasons.
+//! Machine-readable error reasons: every error status carries [`ERROR_REASON_KEY`] with one of
+//! these, since a gRPC code alone is too coarse to act on.
 
 /// gRPC metadata key of the error reason.
 pub const ERROR_REASON_KEY: &str = "cipherlora-error";
@@ -42,11 +38,10 @@ reasons! {
     UnknownLayer => "unknown_layer",
     /// The message envelope is malformed (session id, counts, sizes).
     MalformedRequest => "malformed_request",
-    /// A ciphertext failed validation (truncated, bad header, coefficient not
-    /// below its modulus, ...).
+    /// A ciphertext failed validation (truncated, bad header, coefficient not below its modulus,
+    /// ...).
     InvalidCiphertext => "invalid_ciphertext",
-    /// A ciphertext or key was made under other parameters (N, level, scale,
-    /// preset).
+    /// A ciphertext or key was made under other parameters (N, level, scale, preset).
     ParameterMismatch => "parameter_mismatch",
     /// A public or Galois key failed validation.
     InvalidKey => "invalid_key",
@@ -56,17 +51,13 @@ reasons! {
     LimitExceeded => "limit_exceeded",
     /// The stream mixes sessions or goes back in rounds.
     ProtocolViolation => "protocol_violation",
-    /// A group request names another plan than its session's (the client
-    /// laid its ciphertexts out for a plan the server does not run).
+    /// A group request names another plan than its session's (the client laid its ciphertexts out
+    /// for a plan the server does not run).
     PlanMismatch => "plan_mismatch",
-    /// Hidden states of a split-inference call are malformed: wrong byte
-    /// length or width, a NaN or infinity, a position that does not follow
-    /// the session's cache.
+    /// Hidden states of a split-inference call are malformed: wrong byte length or width, a NaN or
+    /// infinity, a position that does not follow the session's cache.
     InvalidActivations => "invalid_activations",
-    /// The tree attention mask or the compaction list of a split-inference
-    /// call is malformed: not one parent per row, a parent that is not an
-    /// earlier row, keep entries that do not increase or name a row the
-    /// session does not hold from `start` on.
+    /// A split call's tree mask or compaction list is malformed.
     InvalidTree => "invalid_tree",
     /// The server is shutting down.
     ShuttingDown => "shutting_down",

@@ -2,19 +2,14 @@
 
 use crate::ProtoError;
 
-/// A 128-bit session id drawn by the server from the OS CSPRNG.
-///
-/// It is a capability (together with the bearer token it lets its holder use
-/// the session's keys), so its `Debug` and [`SessionId::tag`] show only a short
-/// prefix, safe for logs.
+/// A 128-bit session id from the OS CSPRNG; a capability, so `Debug` and [`SessionId::tag`] show
+/// only a short prefix.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SessionId(pub [u8; 16]);
 
 impl SessionId {
-    /// Parses a session id from the wire.
-    ///
-    /// # Errors
-    /// [`ProtoError::SessionIdLength`] unless `bytes` has exactly 16 bytes.
+    /// Parses a session id from the wire. Errors: [`ProtoError::SessionIdLength`] unless `bytes`
+    /// has exactly 16 bytes.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, ProtoError> {
         let arr: [u8; 16] = bytes
             .try_into()

@@ -1,13 +1,6 @@
-//! Token trees on the wire of `cipherlora.split.v1`: the tree attention
-//! mask of a `Forward` call (`tree_parents`) and the compaction of the
-//! previous call's rows (`keep`), both checked before any arithmetic.
-//!
-//! Lookahead decoding (Fu et al., ICML 2024, "Break the Sequential
-//! Dependency of LLM Inference Using Lookahead Decoding", §3) runs its
-//! lookahead branch and its verification branch in one pass whose rows form
-//! a token tree; the client then keeps the accepted root-to-node path. Wire
-//! form of a parent: 0 for a row hanging off the cached prefix, `p + 1` for
-//! row `p` (which must be an earlier row).
+//! Token trees on the wire of `cipherlora.split.v1` (lookahead decoding, Fu et al., ICML 2024, §3):
+//! a `Forward` call's `tree_parents` (0: off the cached prefix, `p + 1`: earlier row `p`) and the
+//! `keep` compaction, checked before any arithmetic.
 
 use crate::ProtoError;
 
@@ -20,13 +13,9 @@ pub fn encode_parents(parents: &[Option<usize>]) -> Vec<u32> {
         .collect()
 }
 
-/// Decodes the `tree_parents` of a call of `positions` rows: empty is the
-/// causal mask (`None` returned), else one parent per row.
-///
-/// # Errors
-/// [`ProtoError::TreeLength`] unless `raw` is empty or has `positions`
-/// entries; [`ProtoError::TreeParent`] for an entry naming the row itself
-/// or a later one.
+/// Decodes the `tree_parents` of a call of `positions` rows (empty: causal, `None`). Errors:
+/// [`ProtoError::TreeLength`] unless empty or `positions` long; [`ProtoError::TreeParent`] for an
+/// entry naming the row itself or a later one.
 pub fn decode_parents(
     raw: &[u32],
     positions: usize,
@@ -51,12 +40,9 @@ pub fn decode_parents(
         .map(Some)
 }
 
-/// Checks a `keep` list against the `held` rows cached from `start` on and
-/// returns it as indices (relative to `start`).
-///
-/// # Errors
-/// [`ProtoError::KeepOrder`] for an entry not above the previous one;
-/// [`ProtoError::KeepRange`] for an entry ≥ `held`.
+/// Checks a `keep` list against the `held` rows from `start` and returns it as indices. Errors:
+/// [`ProtoError::KeepOrder`] for a non-increasing entry, [`ProtoError::KeepRange`] for one ≥
+/// `held`.
 pub fn check_keep(raw: &[u32], held: usize) -> Result<Vec<usize>, ProtoError> {
     let mut out = Vec::with_capacity(raw.len().min(held));
     for (index, &value) in raw.iter().enumerate() {

@@ -24,9 +24,7 @@ impl Default for RequestLimits {
     }
 }
 
-/// Checks a decoded request's envelope and returns its session id.
-///
-/// # Errors
+/// Checks a decoded request's envelope and returns its session id. Errors:
 /// [`ProtoError::SessionIdLength`], [`ProtoError::NoCiphertexts`],
 /// [`ProtoError::TooManyCiphertexts`], [`ProtoError::EmptyCiphertext`],
 /// [`ProtoError::CiphertextTooLarge`].
@@ -59,14 +57,8 @@ pub fn validate_group_request(
     Ok(id)
 }
 
-/// Decodes a [`GroupRequest`] from untrusted bytes and checks its envelope.
-///
-/// This is the request decoder the fuzz/property tests target: any input
-/// yields a request or an error, never a panic.
-///
-/// # Errors
-/// [`ProtoError::Decode`] for bytes that are not a `GroupRequest`, then the
-/// errors of [`validate_group_request`].
+/// Decodes a [`GroupRequest`] from untrusted bytes (never panics) and checks its envelope. Errors:
+/// [`ProtoError::Decode`], then those of [`validate_group_request`].
 pub fn decode_group_request(
     buf: bytes::Bytes,
     limits: &RequestLimits,
@@ -146,8 +138,8 @@ mod tests {
     }
 
     proptest! {
-        // Fuzzing the request decoder: random bytes give an error or a
-        // request whose envelope passed the checks, never a panic.
+        // Fuzzing the request decoder: random bytes give an error or a request whose envelope
+        // passed the checks, never a panic.
         #[test]
         fn random_bytes_never_panic_the_decoder(buf in proptest::collection::vec(any::<u8>(), 0..512)) {
             let limits = RequestLimits { max_ciphertexts: 4, max_ciphertext_bytes: 64 };
