@@ -1,9 +1,6 @@
-//! Bearer-token authentication.
-//!
-//! The token file holds one token per line (blank lines and `#` comments
-//! ignored). Every call must carry `authorization: Bearer <token>`. Tokens are
-//! compared in constant time against every accepted token (no early exit);
-//! only a token's length can leak through timing.
+//! Bearer-token authentication: one token per line in the token file (blank lines and `#` comments
+//! ignored); calls carry `authorization: Bearer <token>`, compared in constant time against every
+//! accepted token.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -32,12 +29,8 @@ impl std::fmt::Debug for TokenSet {
 pub const MIN_TOKEN_LEN: usize = 16;
 
 impl TokenSet {
-    /// Tokens from a list.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] when the list is empty, a token is shorter than
-    /// [`MIN_TOKEN_LEN`] bytes or contains characters not allowed in an HTTP
-    /// header value.
+    /// Tokens from a list. Errors: [`ServiceError::Config`] for an empty list, a token shorter than
+    /// [`MIN_TOKEN_LEN`] bytes or with characters not allowed in a header.
     pub fn new<S: AsRef<str>>(tokens: &[S]) -> Result<Self> {
         let mut out = Vec::new();
         for (i, t) in tokens.iter().enumerate() {
@@ -62,11 +55,7 @@ impl TokenSet {
         Ok(Self { tokens: out })
     }
 
-    /// Reads a token file (one token per line; blank lines and `#` comments
-    /// ignored).
-    ///
-    /// # Errors
-    /// [`ServiceError::Io`], then the errors of [`TokenSet::new`].
+    /// Reads a token file. Errors: [`ServiceError::Io`], then those of [`TokenSet::new`].
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ServiceError::io(format!("reading token file {}", path.display()), e))?;
@@ -78,14 +67,14 @@ impl TokenSet {
         Self::new(&lines)
     }
 
-    /// Whether `presented` is one of the tokens (constant time in the token
-    /// contents; all tokens are compared).
+    /// Whether `presented` is one of the tokens (constant time in the token contents; all tokens
+    /// are compared).
     pub fn accepts(&self, presented: &[u8]) -> bool {
         self.find(presented).is_some()
     }
 
-    /// The index of `presented` in the set (its [`Principal`]), compared in
-    /// constant time against every token.
+    /// The index of `presented` in the set (its [`Principal`]), compared in constant time against
+    /// every token.
     pub fn find(&self, presented: &[u8]) -> Option<Principal> {
         use subtle::ConditionallySelectable;
         let mut index = u32::MAX;
@@ -97,12 +86,8 @@ impl TokenSet {
     }
 }
 
-/// Server-side interceptor: rejects calls without a valid bearer token with
-/// `UNAUTHENTICATED`. With no token set, every call passes.
-/// Who made a call: the index of its bearer token in the server's
-/// [`TokenSet`] ([`Principal::ANONYMOUS`] when authentication is off). The
-/// interceptor puts it in the request's extensions; per-token limits and the
-/// extraction budget are kept per principal.
+/// Who made a call: its bearer token's index in the [`TokenSet`] ([`Principal::ANONYMOUS`] without
+/// authentication); limits are kept per principal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Principal(pub u32);
 
@@ -119,21 +104,19 @@ impl Principal {
     }
 }
 
-/// Rejected calls are logged at WARN at most once per this interval (with
-/// the count since the last WARN line); the others at DEBUG, so a client
-/// with a wrong token cannot flood the log.
+/// Rejected calls are logged at WARN at most once per interval, others at DEBUG.
 const REJECTION_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// When the last WARN line about a rejected token was written, and how many
-/// rejections were logged at DEBUG since.
+/// When the last WARN line about a rejected token was written, and how many rejections were logged
+/// at DEBUG since.
 #[derive(Debug, Default)]
 pub(crate) struct RejectionLog {
     state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
 }
 
 impl RejectionLog {
-    /// Logs one rejection: WARN if none was logged at WARN within
-    /// [`REJECTION_WARN_INTERVAL`], else DEBUG.
+    /// Logs one rejection: WARN if none was logged at WARN within [`REJECTION_WARN_INTERVAL`], else
+    /// DEBUG.
     pub(crate) fn rejected(&self, remote: Option<std::net::SocketAddr>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();

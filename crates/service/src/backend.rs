@@ -1,19 +1,6 @@
-//! The seam between the transport and the HE code.
-//!
-//! The service never looks inside keys, ciphertexts or plans: an
-//! [`AdapterBackend`] (one per served adapter) parses and validates them and
-//! does the arithmetic. The real backend wraps `cipherlora-helora`'s server
-//! half; [`crate::testing::TestBackend`] is a plaintext stand-in with the same
-//! error behaviour.
-//!
-//! Contract for implementations:
-//! - `open_session` and `compute` validate every byte they are given (headers,
-//!   lengths, parameters, coefficients below their moduli) *before* any
-//!   arithmetic, and report bad input as a [`BackendError`], never a panic.
-//! - `compute` is deterministic in its inputs or, with circuit-privacy
-//!   rerandomisation, decrypts to the same deltas: a replayed round must give
-//!   the client the same result.
-//! - Neither keys nor ciphertext bytes go into errors or logs.
+//! The seam between transport and HE code: an [`AdapterBackend`] per adapter parses, validates
+//! (before any arithmetic, never panicking) and computes deterministically; keys and ciphertexts
+//! never reach errors or logs.
 
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -48,9 +35,7 @@ pub struct AdapterInfo {
     pub ckks_presets: Vec<String>,
 }
 
-/// What the client uploads to open a session.
-///
-/// `Debug` prints sizes only: key bytes never reach logs.
+/// What the client uploads to open a session (`Debug` prints sizes only).
 #[derive(Clone, PartialEq)]
 pub struct OpenSessionPayload {
     /// CKKS preset the keys were made under.
@@ -87,10 +72,7 @@ pub struct OpenedSession {
 pub struct GroupRequestShape {
     /// Ciphertexts in each request for this group.
     pub input_ciphertexts: usize,
-    /// Delta evaluations one request of this group makes — positions
-    /// (token rows) times the inputs it answers for (one per shared input;
-    /// a request grouping a layer's inputs counts each): what the
-    /// extraction budget counts.
+    /// Delta evaluations one request makes: what the extraction budget counts.
     pub positions: u32,
 }
 
@@ -99,40 +81,24 @@ pub trait AdapterBackend: Send + Sync + 'static {
     /// The adapter's public description.
     fn info(&self) -> AdapterInfo;
 
-    /// Validates the client's keys and plan request and prepares a session.
-    ///
-    /// # Errors
-    /// [`BackendError::UnknownPreset`], [`BackendError::InvalidKey`],
-    /// [`BackendError::InvalidPlan`], [`BackendError::LimitExceeded`].
+    /// Validates the client's keys and plan request and prepares a session. Errors:
+    /// [`BackendError::UnknownPreset`], `InvalidKey`, `InvalidPlan`, `LimitExceeded`.
     fn open_session(&self, payload: OpenSessionPayload) -> Result<OpenedSession, BackendError>;
 }
 
 /// The per-session half: computes LoRA deltas on ciphertexts.
 pub trait SessionCompute: Send + Sync {
-    /// True for a session that computes nothing (opened only to learn the
-    /// plan): it expires after `Limits::offer_timeout` and counts against
-    /// `Limits::max_offers_per_token`.
+    /// True for an offer-only session (short timeout, own per-token limit).
     fn offer_only(&self) -> bool {
         false
     }
 
-    /// The request shape of `(layer, group)`.
-    ///
-    /// # Errors
-    /// [`BackendError::UnknownLayer`] when the layer or group does not exist.
+    /// The request shape of `(layer, group)`. Errors: [`BackendError::UnknownLayer`].
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError>;
 
-    /// Ciphertexts of the deltas of `(layer, group)` for one verify round.
-    ///
-    /// `ciphertexts` has exactly `group_shape(layer, group).input_ciphertexts`
-    /// entries (the service checks this first). `response_bits` is the
-    /// precision the client asks for in the returned ciphertexts (bits
-    /// relative to their output bound; 0: the backend's default, which a
-    /// backend never exceeds). Runs on a blocking thread.
-    ///
-    /// # Errors
-    /// [`BackendError::InvalidCiphertext`], [`BackendError::ParameterMismatch`],
-    /// [`BackendError::UnknownLayer`], [`BackendError::Internal`].
+    /// Delta ciphertexts of `(layer, group)` for one round; `response_bits`: the asked precision
+    /// (0: default). Runs on a blocking thread. Errors: [`BackendError::InvalidCiphertext`],
+    /// `ParameterMismatch`, `UnknownLayer`, `Internal`.
     fn compute(
         &self,
         layer: u32,
@@ -143,8 +109,7 @@ pub trait SessionCompute: Send + Sync {
     ) -> Result<Vec<Bytes>, BackendError>;
 }
 
-/// What is wrong inside one serialised ciphertext (mirrors the
-/// deserialisation errors of `cipherlora-ckks`).
+/// What is wrong inside one serialised ciphertext.
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CiphertextFault {
@@ -207,8 +172,7 @@ impl std::fmt::Display for CiphertextFault {
     }
 }
 
-/// Everything a backend can refuse. Each variant maps to one gRPC status code
-/// and [`cipherlora_proto::ErrorReason`] (see [`crate::status`]).
+/// Everything a backend can refuse; each maps to one gRPC code and reason ([`crate::status`]).
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Error)]
 pub enum BackendError {
@@ -220,8 +184,7 @@ pub enum BackendError {
         /// What is wrong with it.
         fault: CiphertextFault,
     },
-    /// A ciphertext was made under other parameters (ring degree N, level,
-    /// scale, moduli). → `INVALID_ARGUMENT`, `parameter_mismatch`.
+    /// A ciphertext was made under other parameters. → `INVALID_ARGUMENT`, `parameter_mismatch`.
     #[error("ciphertext {index}: parameter mismatch: {what}")]
     ParameterMismatch {
         /// Index of the ciphertext in the request.
@@ -229,8 +192,7 @@ pub enum BackendError {
         /// Which parameter and how it differs, in words (no payload bytes).
         what: String,
     },
-    /// The request carries the wrong number of ciphertexts for its group.
-    /// → `INVALID_ARGUMENT`, `malformed_request`.
+    /// Wrong number of ciphertexts for the group. → `INVALID_ARGUMENT`, `malformed_request`.
     #[error("group needs {expected} ciphertexts, got {got}")]
     CiphertextCount {
         /// Count the plan needs.
@@ -244,8 +206,7 @@ pub enum BackendError {
         /// What is wrong, in words.
         what: String,
     },
-    /// The CKKS preset is not served. → `INVALID_ARGUMENT`, `parameter_mismatch`.
-    /// The message does not echo the (client-supplied) name.
+    /// The CKKS preset is not served (not echoed). → `INVALID_ARGUMENT`, `parameter_mismatch`.
     #[error("CKKS preset not served (ListAdapters names the served ones)")]
     UnknownPreset {
         /// The preset asked for.

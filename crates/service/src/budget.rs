@@ -1,18 +1,7 @@
-//! The extraction budget: delta evaluations per bearer token and adapter in
-//! a sliding window.
-//!
-//! A client that sees `s·B·A·x` for enough chosen inputs `x` can solve for
-//! the adapter (README, security section, gives the arithmetic). Every
-//! admitted group request charges `positions` evaluations (one per token
-//! row of the request, replays included) to its (token, adapter) pair;
-//! once the evaluations of the last `window` would pass the budget, group
-//! requests are refused with `RESOURCE_EXHAUSTED` until old ones leave the
-//! window. Opening new sessions does not reset it.
-//!
-//! The window is kept as [`BUCKETS`] buckets of `window / BUCKETS` each, so
-//! the memory per (token, adapter) pair is bounded and an evaluation leaves
-//! the count between `window` and `window · (1 + 1/BUCKETS)` after it was
-//! made.
+//! The extraction budget: delta evaluations per bearer token and adapter in a sliding window
+//! (enough chosen inputs reveal `s·B·A`; see docs/security.md). Each admitted group request charges
+//! its `positions`, replays included; beyond the budget requests get `RESOURCE_EXHAUSTED`. The
+//! window is [`BUCKETS`] buckets, so memory per pair is bounded.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -67,8 +56,8 @@ impl ExtractionBudget {
         u64::try_from(nanos).unwrap_or(u64::MAX)
     }
 
-    /// Charges `evaluations` to `(who, adapter)`; refused (nothing charged)
-    /// when the window's total would pass the limit.
+    /// Charges `evaluations` to `(who, adapter)`; refused (nothing charged) when the window's total
+    /// would pass the limit.
     pub(crate) fn charge(
         &self,
         who: Principal,

@@ -1,17 +1,5 @@
-//! Client transport: connect, open a session, send layer-group requests,
-//! return the delta ciphertexts to the model hook.
-//!
-//! [`AdapterClient`] is the blocking API for the (synchronous) model hook: it
-//! owns a tokio runtime with one worker thread. [`AsyncAdapterClient`] is the same
-//! client for async callers.
-//!
-//! Retries: a round that fails because the connection dropped (or the server
-//! went away, or the session was evicted) is replayed: reconnect, reuse the
-//! session if the server still has it, otherwise reopen it with the same keys,
-//! and send the same requests again. The backend is deterministic in its
-//! inputs, so the replayed round returns the same result and no generated
-//! text is lost. Server refusals (bad input, unknown layer, limits) are not
-//! retried.
+//! Adapter-service client: sessions, layer-group requests and their delta ciphertexts, blocking
+//! ([`AdapterClient`]) or async ([`AsyncAdapterClient`]); transient failures replay the round.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -53,18 +41,13 @@ pub struct ClientConfig {
     pub max_message_bytes: usize,
     /// TCP + TLS + HTTP/2 connect timeout.
     pub connect_timeout: Duration,
-    /// Longest wait for the next answer while one is awaited (a round's
-    /// groups are answered one after another, so this bounds the gap).
+    /// Longest wait for the next answer while one is awaited.
     pub round_timeout: Duration,
-    /// Replays of a round after transient failures, at least: the client
-    /// keeps replaying past this count until `retry_for` has passed since
-    /// the round's first failure.
+    /// Replays of a round after transient failures, at least (until `retry_for` has passed).
     pub max_retries: u32,
-    /// How long a round keeps being retried after its first transient
-    /// failure (a server restarting: 2 s warm, 18 s cold, measured).
+    /// How long a round keeps being retried after its first transient failure.
     pub retry_for: Duration,
-    /// Wait before retry `i` is `retry_backoff · 2^(i−1)`, at most
-    /// [`MAX_BACKOFF`].
+    /// Wait before retry `i` is `retry_backoff · 2^(i−1)`, at most [`MAX_BACKOFF`].
     pub retry_backoff: Duration,
 }
 
@@ -72,9 +55,8 @@ pub struct ClientConfig {
 pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 impl ClientConfig {
-    /// Defaults: no TLS, no token, loopback link, 128 MiB messages, 10 s
-    /// connect timeout, 120 s round timeout, retries for 30 s (at least 3),
-    /// 100 ms first backoff.
+    /// Defaults: no TLS or token, loopback link, 128 MiB messages, timeouts 10 s / 120 s, 30 s
+    /// retries.
     pub fn new(endpoint: impl Into<String>) -> Self {
         Self {
             endpoint: endpoint.into(),
@@ -140,8 +122,7 @@ pub struct ClientStats {
     pub sessions_opened: u64,
     /// Rounds replayed after a transient failure.
     pub replays: u64,
-    /// Server compute time reported in the responses received, microseconds
-    /// (so callers can split a round trip into compute and transport).
+    /// Server compute time reported in the received responses, µs.
     pub server_micros: u64,
 }
 
@@ -162,24 +143,13 @@ impl Drop for RoundStream {
     }
 }
 
-/// Where the client's session stands: one variant per state, so that no
-/// combination of optional fields can stand for a state that does not
-/// exist (an open session with nothing to reopen it from, a plan pinned
-/// without a session). Transitions: `Closed` → `Open` ([`open_session`]),
-/// `Open` → `Lost` (the server no longer knows the session: eviction or
-/// restart), `Lost` → `Open` (the next round reopens it with the same keys
-/// and must get the same plan), any → `Closed` ([`close`], a refused
-/// opening).
-///
-/// [`open_session`]: AsyncAdapterClient::open_session
-/// [`close`]: AsyncAdapterClient::close
+/// Session state: `Closed` → `Open` → `Lost` → `Open` (same keys and plan); any → `Closed`.
 enum Session {
     /// No session.
     Closed,
     /// Opened with `params`, running plan `plan`, but gone from the server.
     Lost { params: SessionParams, plan: Bytes },
-    /// Open on the server (its plan is `info.plan`), with its `Rounds`
-    /// stream once one runs.
+    /// Open on the server (its plan is `info.plan`), with its `Rounds` stream once one runs.
     Open {
         params: SessionParams,
         id: SessionId,
@@ -223,11 +193,8 @@ pub struct AsyncAdapterClient {
 }
 
 impl AsyncAdapterClient {
-    /// Checks the configuration and connects.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] for a bad endpoint or token;
-    /// [`ServiceError::Transport`] when connecting fails.
+    /// Checks the configuration and connects. Errors: [`ServiceError::Config`],
+    /// [`ServiceError::Transport`].
     pub async fn connect(config: ClientConfig) -> Result<Self> {
         let bearer = BearerToken::new(config.token.as_deref())?;
         let mut c = Self {
@@ -279,10 +246,7 @@ impl AsyncAdapterClient {
         }
     }
 
-    /// Every adapter the server serves.
-    ///
-    /// # Errors
-    /// [`ServiceError::Rpc`], [`ServiceError::Transport`].
+    /// Every adapter the server serves. Errors: [`ServiceError::Rpc`], [`ServiceError::Transport`].
     pub async fn list_adapters(&mut self) -> Result<Vec<AdapterInfo>> {
         let mut rpc = self.rpc().await?;
         let req = v1::ListAdaptersRequest {};
@@ -292,13 +256,8 @@ impl AsyncAdapterClient {
         Ok(resp.adapters.into_iter().map(Into::into).collect())
     }
 
-    /// Opens a session (uploading the keys) and remembers `params` so the
-    /// session can be reopened after a loss. Closes a previous session first.
-    ///
-    /// # Errors
-    /// [`ServiceError::Rpc`] (e.g. `INVALID_ARGUMENT`/`invalid_key`,
-    /// `RESOURCE_EXHAUSTED`/`limit_exceeded`), [`ServiceError::Transport`],
-    /// [`ServiceError::Protocol`] for a malformed answer.
+    /// Opens a session (uploading the keys; closing a previous one), kept to reopen after a loss.
+    /// Errors: [`ServiceError::Rpc`], [`ServiceError::Transport`], [`ServiceError::Protocol`].
     pub async fn open_session(&mut self, params: SessionParams) -> Result<SessionInfo> {
         if matches!(self.session, Session::Open { .. }) {
             let _ = self.close().await;
@@ -316,9 +275,7 @@ impl AsyncAdapterClient {
         Ok(info)
     }
 
-    /// Reopens a lost session with the same keys; the server must offer the
-    /// same plan ([`ServiceError::PlanChanged`] otherwise, the session
-    /// staying lost).
+    /// Reopens a lost session with the same keys ([`ServiceError::PlanChanged`] for another plan).
     async fn reopen(&mut self) -> Result<()> {
         let Session::Lost { params, plan } = &self.session else {
             return Err(ServiceError::NoSession);
@@ -326,8 +283,7 @@ impl AsyncAdapterClient {
         let (params, plan) = (params.clone(), plan.clone());
         let (id, info) = self.send_open(&params).await?;
         if info.plan != plan {
-            // Leave the new session to the server's timeout: nothing will
-            // be computed against a layout the client did not make.
+            // Leave the new session to the server's timeout.
             if let Ok(mut rpc) = self.rpc().await {
                 let _ = rpc
                     .close_session(v1::CloseSessionRequest {
@@ -373,11 +329,7 @@ impl AsyncAdapterClient {
         Ok((id, info))
     }
 
-    /// Closes the session (the server forgets its keys). Idempotent.
-    ///
-    /// # Errors
-    /// [`ServiceError::Rpc`], [`ServiceError::Transport`]; the local session
-    /// is forgotten either way.
+    /// Closes the session (idempotent). Errors: [`ServiceError::Rpc`], [`ServiceError::Transport`].
     pub async fn close(&mut self) -> Result<()> {
         self.in_flight.clear();
         let Session::Open { id, .. } = std::mem::replace(&mut self.session, Session::Closed) else {
@@ -393,11 +345,8 @@ impl AsyncAdapterClient {
         Ok(())
     }
 
-    /// Sends one layer group's ciphertexts for verify round `round` and
-    /// returns the delta ciphertexts.
-    ///
-    /// # Errors
-    /// As [`AsyncAdapterClient::round_pipelined`].
+    /// One layer group's round trip for round `round`. Errors as
+    /// [`AsyncAdapterClient::round_pipelined`].
     pub async fn round(
         &mut self,
         layer: u32,
@@ -419,16 +368,9 @@ impl AsyncAdapterClient {
         Ok(out.pop().unwrap_or_default())
     }
 
-    /// Sends several layer groups' requests of one round back to back
-    /// (pipelined) and returns their deltas in the order of `calls`:
-    /// [`AsyncAdapterClient::send_call`] for each, then
-    /// [`AsyncAdapterClient::receive_call`] for each. Transient failures
-    /// are retried by replaying the unanswered calls.
-    ///
-    /// # Errors
-    /// [`ServiceError::NoSession`]; [`ServiceError::Config`] when two calls
-    /// name the same (layer, group); [`ServiceError::Rpc`] for server
-    /// refusals; transient errors once `max_retries` replays failed.
+    /// Sends several groups' requests of one round pipelined; returns their deltas in `calls`
+    /// order. Errors: [`ServiceError::NoSession`]; [`ServiceError::Config`] for a repeated (layer,
+    /// group); [`ServiceError::Rpc`]; transient errors once `max_retries` replays failed.
     pub async fn round_pipelined(
         &mut self,
         round: u64,
@@ -450,16 +392,8 @@ impl AsyncAdapterClient {
         Ok(out)
     }
 
-    /// Sends one group request of round `round` on the session's `Rounds`
-    /// stream and returns without waiting for its answer (take it with
-    /// [`AsyncAdapterClient::receive_call`]). Requests of several rounds may
-    /// be in flight at once: a streamed fixed point sends the next trip's
-    /// group as soon as its input is known. If the stream is down, the
-    /// request is sent when the next receive restores it.
-    ///
-    /// # Errors
-    /// [`ServiceError::NoSession`]; [`ServiceError::Config`] when the same
-    /// (round, layer, group) is already in flight.
+    /// Sends one group request of `round` without waiting ([`AsyncAdapterClient::receive_call`]).
+    /// Errors: [`ServiceError::NoSession`]; [`ServiceError::Config`] when already in flight.
     pub async fn send_call(&mut self, round: u64, call: GroupCall) -> Result<()> {
         if matches!(self.session, Session::Closed) {
             return Err(ServiceError::NoSession);
@@ -474,18 +408,15 @@ impl AsyncAdapterClient {
             } => {
                 let req = group_request(*id, &info.plan, round, &call);
                 if stream.tx.send(req).await.is_err() {
-                    // The stream died: the next receive sends every
-                    // unanswered call again on a fresh stream. That is a
-                    // replay, counted here as a failed receive counts its
-                    // own (a dropped connection is found here or there,
-                    // whichever touches the stream first).
+                    // The stream died: the next receive replays every unanswered call on a fresh
+                    // stream.
                     self.stats.replays += 1;
                     self.session.drop_stream();
                 }
             }
             _ => {
-                // Opening the stream sends every unanswered call, this one
-                // included; a failure is left to the next receive's retries.
+                // Opening the stream resends every unanswered call; failures are left to the next
+                // receive.
                 if let Err(e) = self.ensure_stream().await {
                     tracing::debug!(error = %e, "stream not restored at send");
                     self.session.drop_stream();
@@ -495,18 +426,9 @@ impl AsyncAdapterClient {
         Ok(())
     }
 
-    /// Waits for the answer to the call (round, layer, group) sent with
-    /// [`AsyncAdapterClient::send_call`] and returns its delta ciphertexts
-    /// and the server's compute time (µs). Answers to other calls that
-    /// arrive first are kept for their own receive. A transient failure
-    /// (dropped connection, server restart, lost session) is retried with
-    /// backoff by replaying every unanswered call on a fresh stream.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] when the call was never sent;
-    /// [`ServiceError::Rpc`] for server refusals; [`ServiceError::Timeout`]
-    /// when nothing arrives within `round_timeout`; transient errors once
-    /// `max_retries` replays failed and `retry_for` has passed.
+    /// Waits for (round, layer, group)'s delta ciphertexts and server time (µs), replaying on
+    /// transient failures. Errors: [`ServiceError::Config`] for a call never sent;
+    /// [`ServiceError::Rpc`]; [`ServiceError::Timeout`]; transient errors once retries ran out.
     pub async fn receive_call(
         &mut self,
         round: u64,
@@ -535,9 +457,7 @@ impl AsyncAdapterClient {
             let since = *first_failure.get_or_insert_with(std::time::Instant::now);
             let out_of_time = since.elapsed() >= self.config.retry_for;
             if !e.is_transient() || (attempt >= self.config.max_retries && out_of_time) {
-                // A refusal ends the stream with one status for all of its
-                // requests: none of the unanswered ones will be answered, and
-                // none is replayed later.
+                // A refusal ends the stream for all its requests: none is answered or replayed.
                 self.in_flight.clear();
                 return Err(e);
             }
@@ -589,9 +509,7 @@ impl AsyncAdapterClient {
         }
     }
 
-    /// Reopens a lost session and opens the `Rounds` stream if there is
-    /// none, then (re)sends every unanswered call on it in the order they
-    /// were first sent.
+    /// Reopens a lost session and stream if needed, then resends every unanswered call in order.
     async fn ensure_stream(&mut self) -> Result<()> {
         if matches!(self.session, Session::Lost { .. }) {
             self.reopen().await?;
@@ -620,10 +538,7 @@ impl AsyncAdapterClient {
         Ok(())
     }
 
-    /// Opens the `Rounds` stream with its link shaping: each message is
-    /// booked on its direction when it enters it and delivered in order at
-    /// its booked time ([`crate::link::deliver_in_order`]), so a pipelined
-    /// batch of requests pays the latency once, as on a real link.
+    /// Opens the `Rounds` stream with link shaping ([`crate::link::deliver_in_order`]).
     async fn open_stream(&mut self) -> Result<RoundStream> {
         let mut rpc = self.rpc().await?;
         let (tx, mut user_rx) = mpsc::channel::<GroupRequest>(256);
@@ -675,15 +590,8 @@ impl AsyncAdapterClient {
     }
 }
 
-/// Blocking client for the synchronous model hook: an [`AsyncAdapterClient`]
-/// driven by its own tokio runtime (one worker thread). Do not call it from
-/// inside a tokio runtime.
-///
-/// Dropping it closes its session (best effort, at most
-/// [`CLOSE_ON_DROP_TIMEOUT`]), so the server frees the session's keys and
-/// pre-encoded adapter diagonals at once instead of at idle eviction — a
-/// benchmark or client that opens many sessions would otherwise pile them
-/// up on the server (a standard-LoRA session holds hundreds of MB).
+/// Blocking client for the model hook on its own one-thread runtime (not from inside a runtime);
+/// dropping it closes its session.
 pub struct AdapterClient {
     rt: tokio::runtime::Runtime,
     inner: AsyncAdapterClient,
@@ -704,14 +612,10 @@ impl Drop for AdapterClient {
 }
 
 impl AdapterClient {
-    /// Builds the runtime and connects.
-    ///
-    /// # Errors
-    /// [`ServiceError::Io`] if the runtime cannot start; those of
+    /// Builds the runtime and connects. Errors: [`ServiceError::Io`]; as
     /// [`AsyncAdapterClient::connect`].
     pub fn connect(config: ClientConfig) -> Result<Self> {
-        // One worker thread keeps the HTTP/2 connection polled between calls
-        // (keep-alive pings, GOAWAY, stream cleanup) while the model runs.
+        // One worker thread keeps the HTTP/2 connection polled while the model runs.
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("cipherlora-client")
@@ -722,26 +626,17 @@ impl AdapterClient {
         Ok(Self { rt, inner })
     }
 
-    /// See [`AsyncAdapterClient::list_adapters`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::list_adapters`]. Errors: as there.
     pub fn list_adapters(&mut self) -> Result<Vec<AdapterInfo>> {
         self.rt.block_on(self.inner.list_adapters())
     }
 
-    /// See [`AsyncAdapterClient::open_session`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::open_session`]. Errors: as there.
     pub fn open_session(&mut self, params: SessionParams) -> Result<SessionInfo> {
         self.rt.block_on(self.inner.open_session(params))
     }
 
-    /// See [`AsyncAdapterClient::round`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::round`]. Errors: as there.
     pub fn round(
         &mut self,
         layer: u32,
@@ -753,26 +648,17 @@ impl AdapterClient {
             .block_on(self.inner.round(layer, group, round, ciphertexts))
     }
 
-    /// See [`AsyncAdapterClient::round_pipelined`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::round_pipelined`]. Errors: as there.
     pub fn round_pipelined(&mut self, round: u64, calls: &[GroupCall]) -> Result<Vec<Vec<Bytes>>> {
         self.rt.block_on(self.inner.round_pipelined(round, calls))
     }
 
-    /// See [`AsyncAdapterClient::send_call`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::send_call`]. Errors: as there.
     pub fn send_call(&mut self, round: u64, call: GroupCall) -> Result<()> {
         self.rt.block_on(self.inner.send_call(round, call))
     }
 
-    /// See [`AsyncAdapterClient::receive_call`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::receive_call`]. Errors: as there.
     pub fn receive_call(
         &mut self,
         round: u64,
@@ -783,10 +669,7 @@ impl AdapterClient {
             .block_on(self.inner.receive_call(round, layer, group))
     }
 
-    /// See [`AsyncAdapterClient::close`].
-    ///
-    /// # Errors
-    /// As there.
+    /// See [`AsyncAdapterClient::close`]. Errors: as there.
     pub fn close(&mut self) -> Result<()> {
         self.rt.block_on(self.inner.close())
     }
@@ -820,13 +703,7 @@ fn group_request(id: SessionId, plan: &Bytes, round: u64, call: &GroupCall) -> G
     }
 }
 
-/// A channel to `cfg.endpoint` with the service's HTTP/2 windows, TCP and
-/// keep-alive settings and, when `cfg.tls` is set, TLS (shared by the
-/// adapter and split-inference clients).
-///
-/// # Errors
-/// [`ServiceError::Config`] for a bad endpoint; [`ServiceError::Transport`]
-/// when connecting fails.
+/// A channel to `cfg.endpoint` with the service's transport settings and optional TLS.
 pub(crate) async fn connect_channel(cfg: &ClientConfig) -> Result<Channel> {
     let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
         .map_err(|e| ServiceError::Config {

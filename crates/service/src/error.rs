@@ -5,8 +5,8 @@ use std::time::Duration;
 use cipherlora_proto::ErrorReason;
 use thiserror::Error;
 
-/// Everything that can go wrong in `cipherlora-service` (server setup and
-/// client calls). Server-side refusals reach the client as [`ServiceError::Rpc`].
+/// Everything that can go wrong in `cipherlora-service` (server setup and client calls).
+/// Server-side refusals reach the client as [`ServiceError::Rpc`].
 #[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum ServiceError {
@@ -56,16 +56,14 @@ pub enum ServiceError {
     /// A round was requested before a session was opened.
     #[error("no open session: call open_session first")]
     NoSession,
-    /// A session reopened after a loss (eviction, server restart) runs
-    /// another plan than the one the client laid its ciphertexts out for:
-    /// the server's planner changed. Not transient: the caller must start
-    /// over with the new plan.
+    /// A reopened session runs another plan than the lost one (the server's planner changed); not
+    /// transient.
     #[error(
         "the reopened session runs another plan than the lost one (the server's planner changed)"
     )]
     PlanChanged,
-    /// The server's answer does not match the request (unknown group,
-    /// duplicate response, malformed open-session response).
+    /// The server's answer does not match the request (unknown group, duplicate response, malformed
+    /// open-session response).
     #[error("protocol violation by the server: {what}")]
     Protocol {
         /// What is wrong, in words.
@@ -81,11 +79,8 @@ impl ServiceError {
         }
     }
 
-    /// True when the failure looks like a dropped connection or a server going
-    /// away, so that reconnecting and replaying the round may succeed.
-    ///
-    /// Server refusals always carry an [`ErrorReason`]; a status without one
-    /// comes from the transport (connection reset, h2 error).
+    /// True when the failure looks like a dropped connection or a vanished server (a status without
+    /// [`ErrorReason`]), so a replay may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Transport(_) | Self::StreamClosed { .. } | Self::Timeout { .. } => true,

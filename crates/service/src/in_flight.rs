@@ -1,14 +1,6 @@
-//! The client's book of group requests on a `Rounds` stream: what was sent
-//! and not yet answered (kept for replay), and answers that arrived before
-//! the caller asked for them.
-//!
-//! A streamed round sends each group's request as soon as the client has its
-//! input and asks for each answer only when it needs it, so requests of
-//! several rounds are in flight at once and answers arrive in whatever order
-//! the server finishes them. After a dropped stream every unanswered request
-//! is sent again, in the order it was first sent (the backend is
-//! deterministic in its inputs, so a replayed request returns the same
-//! deltas).
+//! The client's book of group requests on a `Rounds` stream: unanswered requests (kept for replay,
+//! in send order) and answers that arrived before they were asked for (streamed rounds overlap and
+//! answers come in any order).
 
 use std::collections::HashMap;
 
@@ -39,11 +31,8 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// Books `call` of `round` as sent.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] when the same (round, layer, group) is
-    /// already in flight or answered and not yet taken.
+    /// Books `call` of `round` as sent. Errors: [`ServiceError::Config`] when it is already in
+    /// flight or answered and not taken.
     pub fn send(&mut self, round: u64, call: GroupCall) -> Result<()> {
         let key = (round, call.layer, call.group);
         if self.arrived.contains_key(&key)
@@ -60,11 +49,8 @@ impl InFlight {
         Ok(())
     }
 
-    /// Files an answer from the server.
-    ///
-    /// # Errors
-    /// [`ServiceError::Protocol`] when no unanswered request has its key
-    /// (an answer to nothing, or a second answer).
+    /// Files an answer from the server. Errors: [`ServiceError::Protocol`] for an answer to nothing
+    /// or a second answer.
     pub fn answer(&mut self, key: CallKey, answer: Answer) -> Result<()> {
         let Some(i) = self
             .unanswered

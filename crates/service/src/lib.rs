@@ -1,23 +1,8 @@
-//! The cipherlora adapter service: a two-party gRPC protocol between a client
-//! that holds the CKKS secret key and an untrusted server that holds a LoRA
-//! adapter and computes deltas on ciphertexts only (see
-//! `shared/threat-model.md`).
-//!
-//! - [`server`]: `cipherlora serve` as a library ([`server::serve`]): TLS
-//!   (rustls/ring), bearer tokens ([`auth`]), explicit [`limits`], sessions
-//!   with idle eviction, per-request validation before any arithmetic, typed
-//!   statuses ([`status`]), tracing logs without key or ciphertext bytes,
-//!   Prometheus [`metrics`], graceful shutdown.
-//! - [`client`]: the transport under the model hook, with idempotent round
-//!   replay after a dropped connection and a [`link`] simulator.
-//! - [`backend`]: the trait the HE code implements; [`testing`] holds a
-//!   plaintext stand-in with exact answers.
-//! - [`split_server`], [`split_backend`], [`split_client`]: split inference
-//!   (issue 17) over the same stack: the server runs the middle decoder
-//!   layers on a client's plaintext hidden states.
-//! - [`tls`]: certificate loading and a development PKI ([`tls::dev_cert`]).
-//!
-//! Wire protocol: `cipherlora-proto` (`cipherlora.adapter.v1`).
+//! The cipherlora gRPC services: the adapter service (a client holding the CKKS secret key, an
+//! untrusted server computing LoRA deltas on ciphertexts) and split inference, with TLS, bearer
+//! tokens, limits, sessions, metrics and the link simulator. Start at [`server::serve`] and
+//! [`client::AdapterClient`]; the HE side plugs in through [`backend::AdapterBackend`]. Wire
+//! protocol: `cipherlora-proto`; security model: docs/security.md.
 
 pub mod auth;
 pub mod backend;

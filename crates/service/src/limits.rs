@@ -2,34 +2,21 @@
 
 use std::time::Duration;
 
-/// Limits the server enforces before any HE work. Every limit answers
-/// `RESOURCE_EXHAUSTED` (reason `limit_exceeded`) when hit, except the message
-/// size, which tonic enforces while decoding: `OUT_OF_RANGE` (with reason
-/// `limit_exceeded` on `Rounds` streams; without a reason on unary calls,
-/// which tonic refuses before the handler runs). A client whose own
-/// `max_message_bytes` is smaller gets `OUT_OF_RANGE` locally.
+/// Limits enforced before any HE work: `RESOURCE_EXHAUSTED` (`limit_exceeded`), or `OUT_OF_RANGE`
+/// for the message size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
-    /// Largest gRPC message in either direction, bytes: tonic's
-    /// `max_decoding_message_size` and `max_encoding_message_size`. Must hold
-    /// the largest key upload.
+    /// Largest gRPC message in either direction, bytes (must hold the largest key upload).
     pub max_message_bytes: usize,
     /// Open sessions at once, over all adapters and clients.
     pub max_sessions: usize,
-    /// Open sessions at once per bearer token (all callers of a server
-    /// without authentication share one token's limits).
+    /// Open sessions per bearer token (without authentication, all callers share one).
     pub max_sessions_per_token: usize,
-    /// Offer-only sessions (opened without keys, to learn the plan) at once
-    /// per bearer token.
+    /// Offer-only sessions (opened without keys, to learn the plan) at once per bearer token.
     pub max_offers_per_token: usize,
-    /// Key bytes (public plus Galois keys) the open sessions of one bearer
-    /// token may hold together: a session's own memory is its keys and
-    /// buffers (the adapter's encoded diagonals are shared). Split-inference
-    /// sessions count their KV cache's bytes here instead (in a table of
-    /// their own: adapter and split sessions are limited separately).
+    /// Key bytes one token's open sessions may hold together (split: KV caches, separately).
     pub max_key_bytes_per_token: usize,
-    /// Public key plus Galois keys bytes per session (split-inference
-    /// sessions: KV cache bytes).
+    /// Public key plus Galois keys bytes per session (split-inference sessions: KV cache bytes).
     pub max_key_bytes_per_session: usize,
     /// Ciphertexts in one layer-group request.
     pub max_ciphertexts_per_request: usize,
@@ -37,31 +24,20 @@ pub struct Limits {
     pub max_ciphertext_bytes: usize,
     /// Requests of one stream computed at once (pipelining depth).
     pub max_in_flight_per_stream: usize,
-    /// Layer-group requests one session may make in its lifetime (a rate
-    /// limit against a client that collects deltas to solve for B·A; see the
-    /// threat model's known limits). Replays count.
+    /// Layer-group requests one session may make, replays included (against delta collection).
     pub max_requests_per_session: u64,
     /// A session without a request for this long is dropped with its keys.
     pub idle_timeout: Duration,
-    /// An offer-only session is dropped this long after it was opened (a
-    /// round on it never refreshes its timer: it computes nothing).
+    /// An offer-only session is dropped this long after opening.
     pub offer_timeout: Duration,
-    /// A keyed session that has not yet started a round is dropped after
-    /// this long (a killed client's half-opened sessions go fast).
+    /// A keyed session that has not started a round is dropped after this long.
     pub unstarted_timeout: Duration,
-    /// Concurrent HTTP/2 streams per connection (one `Rounds` stream per
-    /// session, plus unary calls).
+    /// Concurrent HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
-    /// Group requests computed at once by the whole server, over all
-    /// connections and sessions (the compute pool; requests beyond it wait
-    /// their turn without holding a thread). Default: the cores this
-    /// process may run on.
+    /// Group requests computed at once by the whole server (default: available cores).
     pub max_concurrent_computations: usize,
-    /// Delta evaluations (positions × layer groups, replays included) one
-    /// bearer token may have computed on one adapter within
-    /// `extraction_window`; beyond it group requests are refused with
-    /// `RESOURCE_EXHAUSTED` (`limit_exceeded`) until old evaluations leave
-    /// the window. See README's security section for what it buys.
+    /// Delta evaluations (positions × groups, replays included) one token may have computed on one
+    /// adapter within `extraction_window`.
     pub extraction_budget: u64,
     /// The sliding window of `extraction_budget`.
     pub extraction_window: Duration,
@@ -70,14 +46,10 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 128 MiB messages, 32 sessions (16 per token, at most 4 of them offer-only),
-    /// as many group computations at once as the process has cores,
-    /// 96 MiB of keys per session and 1 GiB per token, 64 ciphertexts of
-    /// at most 8 MiB per request, 4 requests in flight per stream, 64
-    /// HTTP/2 streams per connection, 10 million requests per session, 10
-    /// min idle timeout (60 s before the first round, 30 s for offer-only
-    /// sessions), 20 million delta evaluations per token and adapter per
-    /// hour, 10 s shutdown grace.
+    /// 128 MiB messages, 32 sessions (16 per token, ≤ 4 offer-only), one computation per core, key
+    /// bytes 96 MiB per session and 1 GiB per token, 64 ciphertexts of ≤ 8 MiB per request, 4 in
+    /// flight per stream, 64 streams per connection, 10⁷ requests per session, 10 min idle (60 s
+    /// unstarted, 30 s offer-only), 2·10⁷ evaluations per token and adapter per hour, 10 s grace.
     fn default() -> Self {
         Self {
             max_message_bytes: 128 << 20,

@@ -1,19 +1,5 @@
-//! Link simulator: WAN figures measured on one machine.
-//!
-//! Model (per direction, applied inside the client transport): a message of
-//! `b` bytes starts transmitting when the link is free, occupies it for
-//! `b·8 / bandwidth` seconds, and is delivered `one_way_latency` after its
-//! last bit left. So pipelined messages share bandwidth (serialisation delays
-//! add up) but not latency (they overlap), as on a real link. Upload delay is
-//! applied before a request is written to the socket, download delay after a
-//! response was read; a message is booked on its direction the moment it
-//! enters it, so messages queued behind one another pay their serialisation
-//! one after the other but the latency once (`deliver_in_order`). The two directions
-//! may have different bandwidths (`home80`: a home line's slow uplink). `b`
-//! is the protobuf size of the message; TLS, HTTP/2 and TCP overheads (a few
-//! %) are not modelled. The added delays come on top of the real loopback's
-//! own cost; the last millisecond of each delay is busy-waited for
-//! sub-millisecond accuracy.
+//! Link simulator: per direction, a message occupies the link for `bytes·8 / bandwidth` and arrives
+//! `one_way_latency` after its last bit (pipelined messages pay latency once).
 
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -28,11 +14,9 @@ use crate::error::ServiceError;
 pub struct LinkProfile {
     /// Added one-way latency (half the round-trip time).
     pub one_way_latency: Duration,
-    /// Bandwidth cap of the download (server → client) in bits per second;
-    /// `None` = unlimited.
+    /// Bandwidth cap of the download (server → client) in bits per second; `None` = unlimited.
     pub bandwidth_bps: Option<u64>,
-    /// Bandwidth cap of the upload (client → server) in bits per second when
-    /// it differs from the download's; `None` = the same as `bandwidth_bps`.
+    /// Upload bandwidth cap (bits/s) when it differs from the download's.
     pub upload_bps: Option<u64>,
 }
 
@@ -61,8 +45,7 @@ impl LinkProfile {
         bandwidth_bps: Some(100_000_000),
         upload_bps: None,
     };
-    /// A home line to a distant region: 80 ms RTT, 20 Mbit/s up, 100 Mbit/s
-    /// down.
+    /// A home line to a distant region: 80 ms RTT, 20 Mbit/s up, 100 Mbit/s down.
     pub const HOME80: Self = Self {
         one_way_latency: Duration::from_millis(40),
         bandwidth_bps: Some(100_000_000),
@@ -117,13 +100,8 @@ impl LinkProfile {
         }
     }
 
-    /// A profile for planning against a real server: the round trip of a
-    /// TCP handshake with `endpoint` (`scheme://host:port[/…]`, median of
-    /// three connects, each given 5 s), and 100 Mbit/s assumed both ways.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] for an endpoint that does not resolve;
-    /// [`ServiceError::Transport`] when connecting fails.
+    /// A planning profile: the median TCP-handshake round trip to `endpoint`, 100 Mbit/s assumed.
+    /// Errors: [`ServiceError::Config`], [`ServiceError::Transport`].
     pub fn measure_tcp(endpoint: &str) -> Result<Self, ServiceError> {
         let host_port = endpoint.split("://").last().unwrap_or(endpoint);
         let host_port = host_port.split('/').next().unwrap_or(host_port);
@@ -144,20 +122,14 @@ impl LinkProfile {
         Self::from_rtt_mbps(rtts[1], 100.0)
     }
 
-    /// A link with round-trip time `rtt_ms` and bandwidth `mbps` (Mbit/s;
-    /// 0 = unlimited) both ways, as given by `--rtt-ms/--mbps`.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] for a negative or non-finite value.
+    /// A link with round trip `rtt_ms` and `mbps` (0 = unlimited). Errors:
+    /// [`ServiceError::Config`].
     pub fn from_rtt_mbps(rtt_ms: f64, mbps: f64) -> Result<Self, ServiceError> {
         Self::from_rtt_up_down(rtt_ms, mbps, mbps)
     }
 
-    /// A link with round-trip time `rtt_ms`, upload `up_mbps` and download
-    /// `down_mbps` (Mbit/s; 0 = unlimited).
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] for a negative or non-finite value.
+    /// A link with round trip `rtt_ms` and separate up/down Mbit/s. Errors:
+    /// [`ServiceError::Config`].
     pub fn from_rtt_up_down(
         rtt_ms: f64,
         up_mbps: f64,
@@ -184,8 +156,7 @@ impl LinkProfile {
         self.one_way_latency.is_zero() && self.bandwidth_bps.is_none() && self.upload_bps.is_none()
     }
 
-    /// Time to put `bytes` on the wire at the (download) bandwidth cap; use
-    /// [`LinkProfile::upload`] for the other direction.
+    /// Time to put `bytes` on the wire at the download bandwidth cap.
     pub fn serialisation_delay(&self, bytes: usize) -> Duration {
         match self.bandwidth_bps {
             Some(bps) if bps > 0 => Duration::from_secs_f64(bytes as f64 * 8.0 / bps as f64),
@@ -197,8 +168,7 @@ impl LinkProfile {
 impl FromStr for LinkProfile {
     type Err = ServiceError;
 
-    /// `loopback`, `lan`, `wan20`, `wan80`, `home80`, or
-    /// `rtt=<ms>[,mbps=<Mbit/s>][,up=<Mbit/s>][,down=<Mbit/s>]`.
+    /// `loopback`, `lan`, `wan20`, `wan80`, `home80`, or `rtt=<ms>[,mbps=…][,up=…][,down=…]`.
     fn from_str(s: &str) -> Result<Self, ServiceError> {
         if let Some((_, p)) = Self::NAMED.iter().find(|(n, _)| *n == s) {
             return Ok(*p);
@@ -244,8 +214,7 @@ impl LinkDirection {
         }
     }
 
-    /// Books a message of `bytes` entering the link now; returns when it is
-    /// delivered at the other end.
+    /// Books a message of `bytes` entering the link now; returns its delivery time.
     pub(crate) fn deliver_at(&self, bytes: usize) -> Instant {
         let now = Instant::now();
         let mut free = self.free_at.lock().unwrap_or_else(|p| p.into_inner());
@@ -260,8 +229,7 @@ impl LinkDirection {
         self.profile.is_loopback()
     }
 
-    /// Waits until `deadline` (see [`LinkDirection::transit`] for the
-    /// timer's granularity).
+    /// Waits until `deadline` (see [`LinkDirection::transit`] for the timer's granularity).
     pub(crate) async fn wait_until(deadline: Instant) {
         let coarse = deadline.checked_sub(Duration::from_millis(1));
         if let Some(c) = coarse.filter(|c| *c > Instant::now()) {
@@ -272,12 +240,7 @@ impl LinkDirection {
         }
     }
 
-    /// Waits until a message of `bytes` entering now has been delivered.
-    ///
-    /// Tokio timers tick in whole milliseconds, so the timer sleeps until
-    /// about 1 ms before the deadline and the rest is spent yielding in a
-    /// loop: sub-millisecond delays (`lan`) stay accurate at the cost of one
-    /// busy core for up to 1 ms per message.
+    /// Waits until a message of `bytes` entering now is delivered.
     pub(crate) async fn transit(&self, bytes: usize) {
         if self.profile.is_loopback() {
             return;
@@ -286,11 +249,7 @@ impl LinkDirection {
     }
 }
 
-/// The delivery half of a shaped stream: messages were booked on their
-/// direction when they entered it ([`LinkDirection::deliver_at`]), so a
-/// message queued behind others pays their serialisation but not their
-/// latency; this forwards each one at its delivery time, in order (booked
-/// times never decrease). Ends when either side closes.
+/// Forwards each booked message at its delivery time, in order.
 pub(crate) async fn deliver_in_order<T>(
     mut booked: tokio::sync::mpsc::Receiver<(Option<Instant>, T)>,
     out: tokio::sync::mpsc::Sender<T>,

@@ -1,17 +1,6 @@
-//! Prometheus-style metrics (text exposition format 0.0.4).
-//!
-//! | metric | type | labels |
-//! | --- | --- | --- |
-//! | `cipherlora_requests_total` | counter | `rpc`, `code` (gRPC code name) |
-//! | `cipherlora_received_bytes_total` | counter | `rpc` (key + ciphertext payload bytes) |
-//! | `cipherlora_sent_bytes_total` | counter | `rpc` (ciphertext payload bytes) |
-//! | `cipherlora_auth_failures_total` | counter | |
-//! | `cipherlora_sessions_active` | gauge | |
-//! | `cipherlora_sessions_total` | counter | `event` (`opened`, `closed`, `evicted`) |
-//! | `cipherlora_group_compute_seconds` | histogram | `group` |
-//!
-//! Served over plain HTTP at `GET /metrics` by [`serve_metrics`] when
-//! `ServeConfig::metrics_listen` is set.
+//! Prometheus-style metrics (text format 0.0.4), served at `GET /metrics` by [`serve_metrics`] when
+//! `ServeConfig::metrics_listen` is set: request, byte and auth-failure counters, session gauges
+//! and counters, and a per-group compute-time histogram.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -191,8 +180,8 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` (plain HTTP/1.1, one response per connection) on an
-/// already-bound listener until the task is dropped.
+/// Serves `GET /metrics` (plain HTTP/1.1, one response per connection) on an already-bound listener
+/// until the task is dropped.
 pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {

@@ -1,22 +1,5 @@
-//! The adapter server: `cipherlora serve` is [`serve`] with a real HE backend.
-//!
-//! Order of checks for every layer-group request, all before any arithmetic:
-//! bearer token (interceptor) → message size and protobuf decoding (tonic
-//! decoder; undecodable: `INVALID_ARGUMENT`) → envelope (session-id length,
-//! ciphertext count and sizes) → stream bound to one session → session
-//! exists and belongs to the caller's token → plan id matches the session's
-//! (`FAILED_PRECONDITION`) → session request budget → layer/group exists →
-//! ciphertext count matches the plan → the token's extraction budget for
-//! the adapter → the backend parses and validates every ciphertext.
-//!
-//! `OpenSession` checks the global and per-token session limits and the key
-//! bytes before the backend parses anything; the backend validates keys and
-//! plan before it reserves memory. Status messages are at most
-//! [`crate::status::MAX_STATUS_MESSAGE`] bytes and never echo a
-//! client-supplied string.
-//!
-//! Logs carry session tags (first 4 bytes of the id), sizes and timings,
-//! never key or ciphertext bytes.
+//! The adapter server: `cipherlora serve` is [`serve`] with the HE backend. Requests are fully
+//! checked before any arithmetic; statuses never echo client strings, logs never hold keys.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -49,8 +32,7 @@ use crate::status::{from_backend, from_proto, internal, status, unknown_session}
 use crate::tls::TlsConfig;
 use cipherlora_proto::split::v1::split_inference_server::SplitInferenceServer;
 
-/// HTTP/2 flow-control windows: large enough that a 1 MB ciphertext batch is
-/// not throttled by the 64 KiB default window on high-latency links.
+/// HTTP/2 flow-control windows, large enough for ciphertext batches on slow links.
 pub(crate) const STREAM_WINDOW: u32 = 16 << 20;
 pub(crate) const CONNECTION_WINDOW: u32 = 64 << 20;
 
@@ -59,11 +41,9 @@ pub(crate) const CONNECTION_WINDOW: u32 = 64 << 20;
 pub struct ServeConfig {
     /// Address to listen on (`--listen`); port 0 picks a free port.
     pub listen: SocketAddr,
-    /// Server identity (`--tls-cert`/`--tls-key`); `None` serves plaintext
-    /// HTTP/2 (logged as a warning: tokens and ciphertexts travel in clear).
+    /// Server identity; `None` serves plaintext HTTP/2 (warned).
     pub tls: Option<TlsConfig>,
-    /// Accepted bearer tokens (`TokenSet::from_file(--token-file)`); `None`
-    /// disables authentication (logged as a warning).
+    /// Accepted bearer tokens; `None` disables authentication (warned).
     pub tokens: Option<TokenSet>,
     /// Resource limits.
     pub limits: Limits,
@@ -86,8 +66,7 @@ impl ServeConfig {
 
 pub(crate) struct State {
     adapters: BTreeMap<String, Arc<dyn AdapterBackend>>,
-    /// The `ListAdapters` answer, built once at bind (its size checked
-    /// against the message limit there).
+    /// The `ListAdapters` answer, built and size-checked at bind.
     list: v1::ListAdaptersResponse,
     sessions: SessionTable,
     budget: ExtractionBudget,
@@ -111,22 +90,13 @@ pub struct AdapterServer {
 }
 
 impl AdapterServer {
-    /// Binds the listen (and metrics) address and checks the configuration.
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] for no adapter, duplicate adapter ids or zero
-    /// limits; [`ServiceError::Io`] when binding fails.
+    /// Binds the listen (and metrics) address and checks the configuration. Errors:
+    /// [`ServiceError::Config`]; [`ServiceError::Io`] when binding fails.
     pub async fn bind(config: ServeConfig, backends: Vec<Arc<dyn AdapterBackend>>) -> Result<Self> {
         Self::bind_with_split(config, backends, None).await
     }
 
-    /// [`AdapterServer::bind`], also serving `split` (the
-    /// `cipherlora.split.v1.SplitInference` service, see
-    /// [`crate::split_server`]) when given; `backends` may then be empty.
-    ///
-    /// # Errors
-    /// As [`AdapterServer::bind`]; [`ServiceError::Config`] for neither an
-    /// adapter nor a split model.
+    /// [`AdapterServer::bind`], also serving `split` when given. Errors: as `bind`.
     pub async fn bind_with_split(
         config: ServeConfig,
         backends: Vec<Arc<dyn AdapterBackend>>,
@@ -235,13 +205,7 @@ impl AdapterServer {
         self.state.metrics.clone()
     }
 
-    /// Serves until `shutdown` completes, then shuts down gracefully: streams
-    /// stop taking requests, finish the ones in flight, end with
-    /// `UNAVAILABLE`/`shutting_down`; connections get an HTTP/2 GOAWAY; after
-    /// `limits.shutdown_grace` the rest is dropped.
-    ///
-    /// # Errors
-    /// [`ServiceError::Transport`] for a bad TLS identity or a serving failure.
+    /// Serves until `shutdown`, then shuts down gracefully. Errors: [`ServiceError::Transport`].
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         let Self {
             state,
@@ -314,8 +278,7 @@ impl AdapterServer {
             .add_service(svc)
             .add_optional_service(split_svc)
             .serve_with_incoming_shutdown(
-                // The builder's TCP options apply only to incomings it binds
-                // itself: set them here (Nagle + delayed ACK cost ~40 ms).
+                // TCP options must be set here (Nagle + delayed ACK would add latency).
                 TcpIncoming::from(listener)
                     .with_nodelay(Some(true))
                     .with_keepalive(Some(Duration::from_secs(60))),
@@ -345,11 +308,7 @@ impl AdapterServer {
     }
 }
 
-/// Binds `config.listen` and serves `backends` until `shutdown` completes.
-/// The library entry point of `cipherlora serve`.
-///
-/// # Errors
-/// Those of [`AdapterServer::bind`] and [`AdapterServer::run`].
+/// Binds `config.listen` and serves `backends` until `shutdown`. Errors: `bind`'s and `run`'s.
 pub async fn serve(
     config: ServeConfig,
     backends: Vec<Arc<dyn AdapterBackend>>,
@@ -592,10 +551,7 @@ impl State {
 
 type Tx = mpsc::Sender<std::result::Result<GroupResponse, Status>>;
 
-/// Reads one `Rounds` stream: admits each request, computes up to
-/// `max_in_flight_per_stream` of them at once on blocking threads, and sends
-/// each response as soon as it is ready. The first refusal ends the stream
-/// with its status; the session stays open.
+/// Reads one `Rounds` stream, computing several requests at once; a refusal ends the stream.
 async fn run_stream(
     state: Arc<State>,
     who: Principal,
@@ -613,8 +569,7 @@ async fn run_stream(
             _ = async { let _ = shutdown.wait_for(|v| *v).await; } => None,
         };
         let Some(msg) = msg else {
-            // Shutting down: let in-flight requests finish, then say why the
-            // stream ends.
+            // Shutting down: let in-flight requests finish, then say why the stream ends.
             let _ = permits
                 .acquire_many(u32::try_from(depth).unwrap_or(u32::MAX))
                 .await;
@@ -631,8 +586,7 @@ async fn run_stream(
             Ok(Some(req)) => req,
             Ok(None) => break,
             Err(s) => {
-                // Decoding failed (e.g. over the message-size limit) or the
-                // client went away. Forward the status; no-op if gone.
+                // Decoding failed or the client went away: forward the status.
                 tracing::debug!(code = ?s.code(), "rounds stream ended by transport: {}", s.message());
                 state.metrics.request("rounds", s.code());
                 let s = if s.code() == Code::OutOfRange {
@@ -690,8 +644,7 @@ async fn compute_group(
     let bits = req.response_bits;
     let tag = session.id.tag();
     let cts = req.ciphertexts;
-    // A turn in the server-wide pool before a blocking thread: however many
-    // connections and streams, at most this many groups compute at once.
+    // A turn in the server-wide compute pool before a blocking thread.
     let turn = state
         .compute
         .clone()

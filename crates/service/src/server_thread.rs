@@ -1,5 +1,4 @@
-//! Running a server on its own thread and runtime (tests, benches, and
-//! blocking callers).
+//! Running a server on its own thread and runtime (tests, benches, and blocking callers).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,32 +11,22 @@ use crate::metrics::Metrics;
 use crate::server::{AdapterServer, ServeConfig};
 use crate::split_backend::SplitBackend;
 
-/// Code run at the start of every server thread (see
-/// [`ServerThread::start_with`]).
+/// Code run at the start of every server thread (see [`ServerThread::start_with`]).
 pub type ThreadHook = Arc<dyn Fn() + Send + Sync>;
 
-/// Where a [`ServerThread`]'s threads run. Benchmarks pin the server to
-/// cores of its own so that client and server are measured like two
-/// machines.
+/// Where a [`ServerThread`]'s threads run (benchmarks pin the server to its own cores).
 #[derive(Clone)]
 pub struct Placement {
-    /// Run first on every thread the server uses (the serving thread, the
-    /// runtime's workers and its blocking pool, where backends compute),
-    /// e.g. to pin it to a core.
+    /// Run first on every server thread (serving, runtime workers, blocking pool), e.g. to pin it.
     pub on_thread_start: ThreadHook,
-    /// How many cores those threads share. The compute pool
-    /// ([`crate::Limits::max_concurrent_computations`], by default the
-    /// machine's core count) is capped at it: groups computed at once on
-    /// fewer cores only take turns, share the caches and delay every
-    /// answer. Regression: a one-core benchmark server ran two groups at
-    /// once, and standard LoRA's server compute per token was 584 ms
-    /// instead of 516 (1.72 instead of 1.90 tok/s at wan80).
+    /// Cores those threads share; the compute pool is capped at it (more groups than cores only
+    /// take turns and share caches).
     pub cores: usize,
 }
 
 impl Placement {
-    /// The compute pool a server configured for `configured` concurrent
-    /// computations gets here: at most one per core it runs on.
+    /// The compute pool a server configured for `configured` concurrent computations gets here: at
+    /// most one per core it runs on.
     #[must_use]
     pub fn compute_pool(&self, configured: usize) -> usize {
         configured.min(self.cores.max(1))
@@ -52,8 +41,8 @@ impl std::fmt::Debug for Placement {
     }
 }
 
-/// A server running on a background thread with a `workers`-thread tokio
-/// runtime. Dropping it shuts the server down gracefully and joins the thread.
+/// A server running on a background thread with a `workers`-thread tokio runtime. Dropping it shuts
+/// the server down gracefully and joins the thread.
 pub struct ServerThread {
     addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -63,11 +52,8 @@ pub struct ServerThread {
 }
 
 impl ServerThread {
-    /// Binds and starts serving; returns once the listener is bound.
-    ///
-    /// # Errors
-    /// Those of [`AdapterServer::bind`]; [`ServiceError::Io`] if the runtime
-    /// or thread cannot start.
+    /// Binds and starts serving; returns once bound. Errors: those of [`AdapterServer::bind`];
+    /// [`ServiceError::Io`] if the runtime or thread cannot start.
     pub fn start(
         config: ServeConfig,
         backends: Vec<Arc<dyn AdapterBackend>>,
@@ -76,11 +62,8 @@ impl ServerThread {
         Self::start_with(config, backends, workers, None)
     }
 
-    /// [`Self::start`] with its threads placed as `placement` says (and
-    /// its compute pool no larger than the placement's cores).
-    ///
-    /// # Errors
-    /// Those of [`Self::start`].
+    /// [`Self::start`] with threads placed per `placement` (pool ≤ its cores). Errors as
+    /// [`Self::start`].
     pub fn start_with(
         config: ServeConfig,
         backends: Vec<Arc<dyn AdapterBackend>>,
@@ -90,12 +73,8 @@ impl ServerThread {
         Self::start_serving(config, backends, None, workers, placement)
     }
 
-    /// [`Self::start_with`] for a split-inference server
-    /// ([`AdapterServer::bind_with_split`]) serving `split` and `backends`
-    /// (possibly none).
-    ///
-    /// # Errors
-    /// Those of [`AdapterServer::bind_with_split`]; as [`Self::start`].
+    /// [`Self::start_with`] for a split-inference server also serving `split`. Errors: those of
+    /// [`AdapterServer::bind_with_split`]; as [`Self::start`].
     pub fn start_serving(
         config: ServeConfig,
         backends: Vec<Arc<dyn AdapterBackend>>,
@@ -157,10 +136,8 @@ impl ServerThread {
         self.metrics.clone()
     }
 
-    /// Shuts down gracefully and returns the server's result.
-    ///
-    /// # Errors
-    /// The serving error, or [`ServiceError::Transport`] if the thread panicked.
+    /// Shuts down gracefully and returns the server's result. Errors: the serving error, or
+    /// [`ServiceError::Transport`] if the thread panicked.
     pub fn stop(mut self) -> Result<()> {
         self.stop_inner()
     }
@@ -188,9 +165,7 @@ impl Drop for ServerThread {
 mod tests {
     use super::*;
 
-    /// Regression: a benchmark server pinned to one core kept the default
-    /// pool of one computation per machine core and ran two groups at once
-    /// on it (each answer later, the caches shared).
+    /// A server pinned to one core computes one group at a time.
     #[test]
     fn one_core_placement_computes_one_group_at_a_time() {
         let one = Placement {

@@ -1,23 +1,8 @@
-//! The session table: ids, per-session compute state, per-token limits and
-//! idle eviction.
-//!
-//! Generic over the per-session state `C`: HE adapter sessions hold a
-//! [`SessionCompute`] (the default), split-inference sessions their KV
-//! cache ([`crate::split_server`]); for those, `key_bytes` counts the
-//! cache's bytes, so the same per-session and per-token memory limits apply.
-//!
-//! A session is dropped after `offer_timeout` if it is offer-only (a round
-//! on it never refreshes its timer), after `unstarted_timeout` if it has
-//! not yet had a round admitted, else after `idle_timeout` without one.
-//!
-//! A round admitted on any session of a token also refreshes that token's
-//! unstarted (keyed) sessions: a client opens its verify session and its
-//! prefill session together and may spend minutes prefilling a long prompt
-//! on a WAN before the verify session's first round, which the short
-//! timeout used to cut off (a replay and a reopen, seconds of the user's
-//! time). A killed client makes no rounds, so its sessions still go after
-//! `unstarted_timeout`; a live one could keep its sessions just as well by
-//! starting them, and the per-token session and memory limits bound both.
+//! The session table: ids, per-session state `C` (HE [`SessionCompute`] or a split KV cache, whose
+//! bytes count as `key_bytes`), per-token limits and idle eviction: offer-only sessions after
+//! `offer_timeout`, unstarted ones after `unstarted_timeout`, others after `idle_timeout`. A round
+//! on any of a token's sessions also refreshes its unstarted keyed sessions (a long prefill must
+//! not evict the waiting verify session).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,12 +25,10 @@ pub(crate) struct Session<C: ?Sized = dyn SessionCompute> {
     pub(crate) compute: Box<C>,
     /// `cipherlora_proto::plan_id` of the plan returned at opening.
     pub(crate) plan_id: u64,
-    /// Public plus Galois key bytes the session holds (split sessions: KV
-    /// cache bytes).
+    /// Public plus Galois key bytes the session holds (split sessions: KV cache bytes).
     key_bytes: usize,
     offer_only: bool,
-    /// Milliseconds since the table's epoch at the last admitted request
-    /// (at opening before that).
+    /// Milliseconds since the table's epoch at the last admitted request (at opening before that).
     last_used_ms: AtomicU64,
     /// Whether a round was admitted.
     started: AtomicBool,
@@ -108,9 +91,8 @@ impl<C: ?Sized> SessionTable<C> {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Whether `owner` may open another session holding `key_bytes`
-    /// (offer-only or not), checked before the backend parses any key;
-    /// [`SessionTable::insert`] checks again, offers included.
+    /// Whether `owner` may open another session of `key_bytes`, checked before any key is parsed
+    /// ([`SessionTable::insert`] checks again).
     pub(crate) fn check_room(
         &self,
         owner: Principal,
@@ -157,16 +139,13 @@ impl<C: ?Sized> SessionTable<C> {
         Ok(id)
     }
 
-    /// The session `id`. Its idle timer is not refreshed: see
-    /// [`SessionTable::touch`].
+    /// The session `id`. Its idle timer is not refreshed: see [`SessionTable::touch`].
     pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<Session<C>>> {
         self.lock().get(id).cloned()
     }
 
-    /// Marks `s` as used now and started: called once a round request passed
-    /// every check (a refused request, e.g. any round on an offer-only
-    /// session, keeps a session no longer).
-    /// Also refreshes the owner's unstarted keyed sessions (module docs).
+    /// Marks `s` used and started once a round passed every check; refreshes the owner's unstarted
+    /// keyed sessions.
     pub(crate) fn touch(&self, s: &Session<C>) {
         let now = self.now_ms();
         s.last_used_ms.store(now, Ordering::Relaxed);
@@ -184,8 +163,8 @@ impl<C: ?Sized> SessionTable<C> {
         self.lock().remove(id).is_some()
     }
 
-    /// Removes sessions past their timeout (see the module docs); returns
-    /// them. A request already running keeps its own handle and completes.
+    /// Removes sessions past their timeout (see the module docs); returns them. A request already
+    /// running keeps its own handle and completes.
     pub(crate) fn evict_idle(&self) -> Vec<Arc<Session<C>>> {
         let now = self.now_ms();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -225,8 +204,8 @@ impl<C: ?Sized> SessionTable<C> {
     }
 }
 
-/// The limits check of [`SessionTable::check_room`] on a locked map;
-/// `offer_only: None` skips the offer count (not known yet).
+/// The limits check of [`SessionTable::check_room`] on a locked map; `offer_only: None` skips the
+/// offer count (not known yet).
 fn check<C: ?Sized>(
     map: &HashMap<SessionId, Arc<Session<C>>>,
     l: &Limits,
@@ -263,8 +242,8 @@ fn check<C: ?Sized>(
     Ok(())
 }
 
-/// A refused session-table insert: `RESOURCE_EXHAUSTED` /
-/// `limit_exceeded` naming the limit, or internal (the OS generator).
+/// A refused session-table insert: `RESOURCE_EXHAUSTED` / `limit_exceeded` naming the limit, or
+/// internal (the OS generator).
 pub(crate) fn insert_error(e: InsertError) -> Status {
     match e {
         InsertError::Full { what, limit } => status(

@@ -1,11 +1,5 @@
-//! The seam between the split-inference transport and the model.
-//!
-//! The service checks every request's envelope (session, positions, byte
-//! length, finite values, cache capacity) before a [`SplitCompute`] sees
-//! it; the model crate's backend (`cipherlora-split`) only runs layers.
-//! Hidden states are plaintext here by design: split inference's privacy
-//! is empirical only (BENCHMARKS.md, "Inversion attacks on split
-//! activations").
+//! The seam between split-inference transport and model: the service checks every envelope, the
+//! backend only runs layers on (plaintext) hidden states.
 
 use std::ops::Range;
 
@@ -29,18 +23,11 @@ pub trait SplitBackend: Send + Sync + 'static {
     /// The model's shape.
     fn info(&self) -> SplitModelInfo;
 
-    /// Bytes of KV cache a session of `layers` and `capacity` positions
-    /// holds (what the per-session and per-token memory limits count).
+    /// KV-cache bytes of a session of `layers` and `capacity` positions (what the limits count).
     fn session_bytes(&self, layers: Range<u32>, capacity: u32) -> usize;
 
-    /// A session running decoder layers `layers` with an empty KV cache of
-    /// `capacity` positions. The service has checked `layers` (non-empty,
-    /// within `info().num_layers`, leaving the client at least one layer on
-    /// each side) and `capacity` (1 ..= `info().max_capacity`).
-    ///
-    /// # Errors
-    /// [`BackendError::LimitExceeded`] if the cache cannot be allocated,
-    /// [`BackendError::Internal`] otherwise.
+    /// A session running `layers` with an empty `capacity`-position KV cache. Errors:
+    /// [`BackendError::LimitExceeded`], [`BackendError::Internal`].
     fn open(
         &self,
         layers: Range<u32>,
@@ -64,32 +51,13 @@ pub trait SplitCompute: Send {
     /// Drops cached positions from `len` on (no-op if `len >= self.len()`).
     fn truncate(&mut self, len: usize);
 
-    /// Keeps the cached rows `start + keep[k]` at `start + k` and drops
-    /// the others from `start` on (the accepted path of a tree pass; the
-    /// kept keys and values move as they are). The service has checked
-    /// `start <= len()` and that `keep` increases strictly below
-    /// `len() − start`; an empty `keep` is [`SplitCompute::truncate`] to
-    /// `start`.
-    ///
-    /// # Errors
-    /// [`BackendError::Internal`] if moving the rows fails.
+    /// Keeps cached rows `start + keep[k]` at `start + k`, dropping the rest from `start` (empty:
+    /// truncate). Errors: [`BackendError::Internal`].
     fn compact(&mut self, start: usize, keep: &[usize]) -> Result<(), BackendError>;
 
-    /// Runs the session's layers on `hidden` (row-major `positions` × d
-    /// finite f32, the residual stream entering the first layer) at
-    /// positions `len()..len()+positions`; returns the residual stream
-    /// leaving the last layer (same shape). `parents` is empty for the
-    /// causal mask, else a token tree over the rows (`parents[i]`: row i's
-    /// parent, an earlier row, or `None` off the cached prefix; row i sees
-    /// the prefix, itself and its ancestors at RoPE position
-    /// `len() + depth(i)`; Fu et al. 2024, "Break the Sequential Dependency
-    /// of LLM Inference Using Lookahead Decoding", §3). The cache grows by
-    /// `positions` (the service has checked that it fits and that the
-    /// tree is well formed). Runs on a blocking thread.
-    ///
-    /// # Errors
-    /// [`BackendError::Internal`] if the model fails; the cache length is
-    /// then unchanged.
+    /// Runs the layers on `hidden` (row-major `positions` × d) at `len()..`, causal or as the token
+    /// tree `parents` (Fu et al. 2024, §3), on a blocking thread. Errors:
+    /// [`BackendError::Internal`]; the cache is then unchanged.
     fn forward(
         &mut self,
         hidden: Vec<f32>,

@@ -1,12 +1,5 @@
-//! The blocking client of `cipherlora.split.v1.SplitInference`: one unary
-//! call per forward pass of the server's layers, through the same channel
-//! settings, TLS, bearer token and [`crate::link`] simulator as the adapter
-//! client ([`ClientConfig`]).
-//!
-//! This client does not replay: a lost session (server restart, idle
-//! eviction) fails its calls with the server's `NOT_FOUND`
-//! (`unknown_session`) or a transport error. `cipherlora_split`'s
-//! `ReplayingClient` wraps it to reopen the session and replay the prefix.
+//! The blocking client of `cipherlora.split.v1.SplitInference`, one unary call per forward pass,
+//! with [`ClientConfig`]'s transport settings; no replay (`cipherlora_split`'s `ReplayingClient`).
 
 use std::time::Duration;
 
@@ -38,14 +31,11 @@ pub struct SplitSessionInfo {
     pub idle_timeout: Duration,
     /// Largest message the server accepts, bytes.
     pub max_message_bytes: u64,
-    /// Whether the server honours tree masks and compaction
-    /// ([`SplitClient::forward_tree`]); a server that predates them would
-    /// ignore both.
+    /// Whether the server honours tree masks and compaction ([`SplitClient::forward_tree`]).
     pub tree_passes: bool,
 }
 
-/// What the client sent and received (protobuf message sizes, the link
-/// simulator's unit).
+/// What the client sent and received (protobuf message sizes, the link simulator's unit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SplitClientStats {
     /// Calls made (every RPC is one round trip).
@@ -75,13 +65,8 @@ pub struct SplitClient {
 }
 
 impl SplitClient {
-    /// Starts a one-worker runtime and connects (`config.round_timeout`
-    /// bounds every call, `config.link` delays it).
-    ///
-    /// # Errors
-    /// [`ServiceError::Config`] for a bad endpoint or token;
-    /// [`ServiceError::Transport`] when connecting fails;
-    /// [`ServiceError::Io`] if the runtime cannot start.
+    /// Starts a one-worker runtime and connects. Errors: [`ServiceError::Config`], `Transport`,
+    /// `Io`.
     pub fn connect(config: &ClientConfig) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -131,10 +116,7 @@ impl SplitClient {
         Ok(resp)
     }
 
-    /// The served model's shape.
-    ///
-    /// # Errors
-    /// The server's status as [`ServiceError::Rpc`]; transport errors.
+    /// The served model's shape. Errors: [`ServiceError::Rpc`]; transport errors.
     pub fn describe(&mut self) -> Result<SplitModelInfo> {
         let r = self.call(sv1::DescribeRequest {}, |mut c, q| async move {
             c.describe(q).await
@@ -147,14 +129,8 @@ impl SplitClient {
         })
     }
 
-    /// Opens a session whose server runs layers `[a, L − b)` with a KV
-    /// cache of `capacity` positions (closing any session already open).
-    ///
-    /// # Errors
-    /// `INVALID_ARGUMENT` for a bad split or capacity 0,
-    /// `RESOURCE_EXHAUSTED` over a session or memory limit (as
-    /// [`ServiceError::Rpc`]); [`ServiceError::Protocol`] for an answer
-    /// that is not the asked split.
+    /// Opens a session running layers `[a, L − b)` with a `capacity`-position cache. Errors:
+    /// [`ServiceError::Rpc`]; [`ServiceError::Protocol`] for another split.
     pub fn open(&mut self, a: u32, b: u32, capacity: u32) -> Result<SplitSessionInfo> {
         if self.session.is_some() {
             self.close()?;
@@ -190,37 +166,14 @@ impl SplitClient {
         self.session.as_ref()
     }
 
-    /// Runs the server's layers on `hidden` (row-major `positions` × d f32,
-    /// the residual stream after layer a) at positions
-    /// `start..start+positions`, dropping any server-cached position from
-    /// `start` on first; returns the residual stream after layer L − b
-    /// (same shape).
-    ///
-    /// # Errors
-    /// [`ServiceError::NoSession`]; the server's status (`NOT_FOUND`,
-    /// `INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, …) as [`ServiceError::Rpc`];
-    /// [`ServiceError::Protocol`] for an answer of the wrong shape or with a
-    /// non-finite value.
+    /// Runs the server's layers on `hidden` (row-major `positions` × d f32) at `start..`, dropping
+    /// cached positions from `start` first. Errors: [`ServiceError::NoSession`], `Rpc`, `Protocol`.
     pub fn forward(&mut self, start: usize, positions: usize, hidden: &[f32]) -> Result<Vec<f32>> {
         self.forward_tree(start, &[], &[], positions, hidden)
     }
 
-    /// A pass of lookahead decoding (Fu et al. 2024, "Break the Sequential
-    /// Dependency of LLM Inference Using Lookahead Decoding", §3) in one
-    /// round trip: the server first keeps its cached rows `start + keep[k]`
-    /// at `start + k` and drops the rest from `start` on (an empty `keep`:
-    /// drops everything from `start` on, as [`SplitClient::forward`]), then
-    /// runs its layers on `hidden` (row-major `positions` × d f32) at rows
-    /// `start + keep.len()..` under the tree mask `parents` (empty: causal;
-    /// else one entry per row, `None` for a row off the cached prefix,
-    /// `Some(p)` for an earlier row p; RoPE position `start + keep.len() +
-    /// depth`). Returns the residual stream after layer L − b (same shape).
-    ///
-    /// # Errors
-    /// As [`SplitClient::forward`]; `INVALID_ARGUMENT` (`invalid_tree`) for
-    /// a malformed tree or keep list; [`ServiceError::Protocol`] when the
-    /// server did not announce tree passes and `keep` or `parents` is not
-    /// empty.
+    /// A lookahead pass (Fu et al. 2024, §3) in one round trip: compaction by `keep`, then `hidden`
+    /// under tree mask `parents` (empty: causal). Errors: as [`SplitClient::forward`].
     pub fn forward_tree(
         &mut self,
         start: usize,
@@ -271,10 +224,7 @@ impl SplitClient {
         )
     }
 
-    /// Sends `req` as it is (tests send malformed ones).
-    ///
-    /// # Errors
-    /// As [`SplitClient::forward`], without the shape checks.
+    /// Sends `req` as is (tests send malformed ones). Errors as `forward`, unchecked.
     pub fn forward_raw(&mut self, req: sv1::ForwardRequest) -> Result<sv1::ForwardResponse> {
         let r = self.call(req, |mut c, q| async move { c.forward(q).await })?;
         self.stats.forwards += 1;
@@ -282,11 +232,7 @@ impl SplitClient {
         Ok(r)
     }
 
-    /// Drops the server's cached positions from `length` on; returns the
-    /// cached length after the call.
-    ///
-    /// # Errors
-    /// [`ServiceError::NoSession`]; the server's status.
+    /// Drops cached positions from `length` on; returns the cached length. Errors: the server's.
     pub fn truncate(&mut self, length: usize) -> Result<usize> {
         let (id, _) = self.session.clone().ok_or(ServiceError::NoSession)?;
         let req = sv1::TruncateRequest {
@@ -297,10 +243,7 @@ impl SplitClient {
         Ok(usize::try_from(r.length).unwrap_or(usize::MAX))
     }
 
-    /// Closes the open session, if any.
-    ///
-    /// # Errors
-    /// The server's status (`NOT_FOUND` if it was already evicted).
+    /// Closes the open session, if any. Errors: the server's status (`NOT_FOUND` if evicted).
     pub fn close(&mut self) -> Result<()> {
         let Some((id, _)) = self.session.take() else {
             return Ok(());

@@ -1,26 +1,8 @@
-//! The `SplitInference` gRPC service (`cipherlora.split.v1`): runs the
-//! middle decoder layers of a split-inference client on its hidden states.
-//! It is served by [`crate::AdapterServer`] next to (or instead of) the
-//! adapter service, with the same TLS, bearer tokens, limits, session
-//! table, compute pool, metrics and graceful shutdown.
-//!
-//! Checks, all before any arithmetic: bearer token (interceptor) → message
-//! size (tonic: `OUT_OF_RANGE`) and decoding (`INVALID_ARGUMENT`) →
-//! session-id length (`INVALID_ARGUMENT`) → session exists and belongs to
-//! the caller's token (`NOT_FOUND`, `unknown_session`) → request budget
-//! (`RESOURCE_EXHAUSTED`) → encoding, T ≥ 1, byte length T·d·4, finite
-//! values (`INVALID_ARGUMENT`, `invalid_activations`) → `tree_parents`
-//! empty or one earlier row (+1) or 0 per row (`INVALID_ARGUMENT`,
-//! `invalid_tree`) → `start` ≤ cached length (`INVALID_ARGUMENT`,
-//! `invalid_activations`) → `keep` strictly increasing below the cached
-//! rows from `start` (`INVALID_ARGUMENT`, `invalid_tree`) →
-//! `start + len(keep) + T` ≤ the session's capacity (`RESOURCE_EXHAUSTED`,
-//! `limit_exceeded`). Only then is the cache compacted (or truncated) and
-//! the pass run: a refused call leaves the session as it was.
-//! `OpenSplitSession` checks the layer split (`INVALID_ARGUMENT`,
-//! `invalid_plan`), the capacity against `DescribeResponse.max_capacity`
-//! and the cache's bytes against `max_key_bytes_per_session` and the
-//! token's `max_key_bytes_per_token` (`RESOURCE_EXHAUSTED`).
+//! The `SplitInference` gRPC service (`cipherlora.split.v1`): runs a split client's middle layers
+//! on its hidden states, served next to the adapter service with the same TLS, tokens, limits,
+//! sessions and shutdown. Every request is checked (token, size, session, budget, activations,
+//! tree, `keep`, capacity) before the cache is touched, so a refused call leaves the session as it
+//! was.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -49,12 +31,11 @@ pub(crate) struct SplitState {
     pub(crate) sessions: SessionTable<SplitHeld>,
 }
 
-/// The session-table label of split sessions (where adapter sessions keep
-/// their adapter id).
+/// The session-table label of split sessions (where adapter sessions keep their adapter id).
 const SPLIT_LABEL: &str = "split";
 
-/// The tonic service, served only beside a split model: the server's
-/// limits, metrics and compute pool, and the split half of its state.
+/// The tonic service, served only beside a split model: the server's limits, metrics and compute
+/// pool, and the split half of its state.
 pub(crate) struct SplitSvc {
     pub(crate) split: Arc<SplitState>,
     pub(crate) limits: Limits,
@@ -93,8 +74,8 @@ impl SplitSvc {
     }
 }
 
-/// The server's layers for a client running `a` layers before and `b`
-/// after them, if the split is valid for `num_layers` layers.
+/// The server's layers for a client running `a` layers before and `b` after them, if the split is
+/// valid for `num_layers` layers.
 fn server_layers(a: u32, b: u32, num_layers: u32) -> Result<Range<u32>, Status> {
     match a.checked_add(b) {
         Some(ab) if a >= 1 && b >= 1 && ab < num_layers => Ok(a..num_layers - b),

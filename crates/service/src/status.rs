@@ -1,17 +1,17 @@
-//! Typed gRPC statuses: every refusal carries a code and an
-//! [`ErrorReason`] in the `cipherlora-error` metadata entry.
+//! Typed gRPC statuses: every refusal carries a code and an [`ErrorReason`] in the
+//! `cipherlora-error` metadata entry.
 
 use cipherlora_proto::{ERROR_REASON_KEY, ErrorReason, ProtoError};
 use tonic::{Code, Status};
 
 use crate::backend::BackendError;
 
-/// Longest status message the server sends, bytes; longer ones are cut at
-/// a character boundary and end with `…`.
+/// Longest status message the server sends, bytes; longer ones are cut at a character boundary and
+/// end with `…`.
 pub const MAX_STATUS_MESSAGE: usize = 256;
 
-/// A status with `code`, `message` (cut to [`MAX_STATUS_MESSAGE`] bytes) and
-/// the machine-readable `reason`.
+/// A status with `code`, `message` (cut to [`MAX_STATUS_MESSAGE`] bytes) and the machine-readable
+/// `reason`.
 pub fn status(code: Code, reason: ErrorReason, message: impl Into<String>) -> Status {
     let mut s = Status::new(code, bounded(message.into()));
     s.metadata_mut().insert(
@@ -86,8 +86,8 @@ pub fn from_proto(e: &ProtoError) -> Status {
     status(code, reason, e.to_string())
 }
 
-/// `NOT_FOUND` / `unknown_session`: the id names no session of the
-/// caller's (never opened, closed, evicted, or another token's).
+/// `NOT_FOUND` / `unknown_session`: the id names no session of the caller's (never opened, closed,
+/// evicted, or another token's).
 pub(crate) fn unknown_session() -> Status {
     status(
         Code::NotFound,
@@ -96,8 +96,7 @@ pub(crate) fn unknown_session() -> Status {
     )
 }
 
-/// `INTERNAL` with a fixed message; the cause goes to the log only (never
-/// echoed to the caller).
+/// `INTERNAL` with a fixed message; the cause goes to the log only (never echoed to the caller).
 pub(crate) fn internal(e: &dyn std::fmt::Display) -> Status {
     tracing::error!(error = %e, "internal error");
     status(

@@ -1,25 +1,7 @@
-//! A plaintext test backend: real, checkable work on the bytes, no HE.
-//!
-//! **Not private.** It exists so that the transport (sessions, limits,
-//! errors, retries, concurrency) can be tested with exact answers while the HE
-//! backend is being written; it rejects malformed input with the same
-//! [`BackendError`] variants the HE backend uses.
-//!
-//! Formats (all integers little-endian):
-//! - ciphertext: `"TCT"`, version `1`, `log2 N` (u8), level (u8), two zero
-//!   bytes, value count (u32), then `N/2` f64 values ("slots"). A value must
-//!   be finite with `|v| <` [`MODULUS`], the stand-in for "coefficient below
-//!   its modulus".
-//! - public key: `"TPK"`, version `1`, `log2 N` (u8), 32 bytes of key material.
-//! - Galois keys: `"TGK"`, version `1`, count (u32), `count` rotation steps (i64).
-//! - plan request: positions per round `T` (u32, 1..=64), or 0 for an
-//!   offer-only session (the plan is returned, every round is refused with
-//!   `UnknownLayer`, like the HE backend's first opening step).
-//!
-//! Arithmetic: for input slots `x` of `(layer, group)` in a session whose
-//! public key is `pk`, the output ciphertext holds
-//! `y_j = group_factor(layer, group) · x_j + session_tag(pk)` at level
-//! `level − 1`. The session tag makes cross-talk between sessions visible.
+//! A plaintext test backend (**not private**): exact, checkable answers for testing the transport,
+//! rejecting malformed input with the HE backend's [`BackendError`] variants. Outputs are `y_j =
+//! group_factor(layer, group) · x_j
+//! + session_tag(pk)` at `level − 1`; byte formats are documented on the decoders.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -48,8 +30,7 @@ pub struct TestCiphertext {
     pub values: Vec<f64>,
 }
 
-/// Serialises a test ciphertext (no validation: tests use it to build bad
-/// input too).
+/// Serialises a test ciphertext (no validation: tests use it to build bad input too).
 pub fn encode_ct(log2_n: u8, level: u8, values: &[f64]) -> Bytes {
     let mut b = BytesMut::with_capacity(CT_HEADER + 8 * values.len());
     b.put_slice(b"TCT");
@@ -64,11 +45,8 @@ pub fn encode_ct(log2_n: u8, level: u8, values: &[f64]) -> Bytes {
     b.freeze()
 }
 
-/// Parses and validates a test ciphertext: header, exact length, slot count
-/// N/2, every value finite and below [`MODULUS`].
-///
-/// # Errors
-/// The [`CiphertextFault`] found first.
+/// Parses and validates a test ciphertext (`"TCT"`, v1, log2 N, level, count, N/2 finite f64 below
+/// [`MODULUS`]). Errors: the first [`CiphertextFault`].
 pub fn decode_ct(b: &[u8]) -> Result<TestCiphertext, CiphertextFault> {
     if b.len() < CT_HEADER {
         return Err(CiphertextFault::Truncated {
@@ -149,8 +127,8 @@ pub fn test_galois_keys(steps: &[i64]) -> Bytes {
     b.freeze()
 }
 
-/// The per-session constant added to every output slot: key material bytes
-/// 0..4 (u32) modulo 1024. Zero for a malformed key.
+/// The per-session constant added to every output slot: key material bytes 0..4 (u32) modulo 1024.
+/// Zero for a malformed key.
 pub fn session_tag(public_key: &[u8]) -> f64 {
     match public_key.get(5..9) {
         Some(s) => f64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]]) % 1024),
@@ -171,14 +149,13 @@ pub struct TestBackend {
 }
 
 impl TestBackend {
-    /// An adapter `adapter_id` with `num_layers` layers and groups
-    /// `[q,k,v]` and `[o]`, one ciphertext per group request.
+    /// An adapter `adapter_id` with `num_layers` layers and groups `[q,k,v]` and `[o]`, one
+    /// ciphertext per group request.
     pub fn new(adapter_id: &str, num_layers: u32) -> Self {
         Self::with_groups(adapter_id, num_layers, &[1, 1])
     }
 
-    /// As [`TestBackend::new`] with `cts_per_group[g]` ciphertexts per
-    /// request of group `g`.
+    /// As [`TestBackend::new`] with `cts_per_group[g]` ciphertexts per request of group `g`.
     pub fn with_groups(adapter_id: &str, num_layers: u32, cts_per_group: &[usize]) -> Self {
         let names = [vec!["q_proj", "k_proj", "v_proj"], vec!["o_proj"]];
         let groups: Vec<Vec<String>> = (0..cts_per_group.len())

@@ -1,6 +1,4 @@
-//! TLS material: server identity, client trust, and development certificates.
-//!
-//! TLS is rustls with the `ring` provider (through tonic's `tls-ring`).
+//! TLS material (rustls with `ring`): server identity, client trust, and development certificates.
 
 use std::path::{Path, PathBuf};
 
@@ -26,10 +24,7 @@ impl std::fmt::Debug for TlsConfig {
 }
 
 impl TlsConfig {
-    /// Reads `--tls-cert` and `--tls-key` files.
-    ///
-    /// # Errors
-    /// [`ServiceError::Io`] when a file cannot be read.
+    /// Reads `--tls-cert` and `--tls-key` files. Errors: [`ServiceError::Io`].
     pub fn from_files(cert: &Path, key: &Path) -> Result<Self> {
         Ok(Self {
             cert_pem: read(cert)?,
@@ -48,10 +43,7 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
-    /// Reads the CA certificate from a file.
-    ///
-    /// # Errors
-    /// [`ServiceError::Io`] when the file cannot be read.
+    /// Reads the CA certificate from a file. Errors: [`ServiceError::Io`].
     pub fn from_file(ca: &Path, domain: impl Into<String>) -> Result<Self> {
         Ok(Self {
             ca_pem: read(ca)?,
@@ -93,12 +85,8 @@ impl DevCert {
     }
 }
 
-/// Makes a fresh CA (ECDSA P-256, keys from the OS CSPRNG via ring) and a
-/// server certificate for `names` (DNS names or IP addresses, e.g.
-/// `["localhost", "127.0.0.1"]`). For development and tests only.
-///
-/// # Errors
-/// [`ServiceError::Certificate`] when rcgen fails (e.g. an invalid name).
+/// A fresh CA (ECDSA P-256, OS CSPRNG) and a server certificate for `names` (DNS names or IPs), for
+/// development and tests only. Errors: [`ServiceError::Certificate`] when rcgen fails.
 pub fn dev_cert(names: &[&str]) -> Result<DevCert> {
     let err = |e: rcgen::Error| ServiceError::Certificate(e.to_string());
     let ca_key = KeyPair::generate().map_err(err)?;
@@ -136,9 +124,7 @@ pub struct DevCertPaths {
     pub key: PathBuf,
 }
 
-/// Makes a [`dev_cert`] and writes `ca.pem`, `cert.pem` and `key.pem` into `dir`.
-///
-/// # Errors
+/// Makes a [`dev_cert`] and writes `ca.pem`, `cert.pem` and `key.pem` into `dir`. Errors:
 /// [`ServiceError::Certificate`], [`ServiceError::Io`].
 pub fn write_dev_cert(dir: &Path, names: &[&str]) -> Result<DevCertPaths> {
     let c = dev_cert(names)?;

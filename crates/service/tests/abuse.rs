@@ -1,5 +1,5 @@
-//! The session table, the plan binding, the extraction budget and the wire
-//! under abuse: each test pins one finding of issue 15.
+//! The session table, the plan binding, the extraction budget and the wire under abuse: each test
+//! pins one abuse case.
 
 mod common;
 
@@ -46,8 +46,8 @@ fn wait_sessions(fx: &Fixture, n: i64) -> bool {
     false
 }
 
-/// Finding: 32 offer-only opens from one token filled the global session
-/// table and locked every other client out.
+/// Finding: 32 offer-only opens from one token filled the global session table and locked every
+/// other client out.
 #[test]
 fn one_token_cannot_fill_the_session_table_with_offer_only_sessions() {
     let fx = start(Limits {
@@ -82,8 +82,8 @@ fn one_token_cannot_fill_the_session_table_with_offer_only_sessions() {
     check(5, 0, 0, &other.round_pipelined(0, &calls(5, 0, 0)).unwrap());
 }
 
-/// Findings: offer-only sessions stayed for the full idle timeout, and a
-/// round on one refreshed its idle timer.
+/// Findings: offer-only sessions stayed for the full idle timeout, and a round on one refreshed its
+/// idle timer.
 #[test]
 fn offer_only_session_expires_fast_and_rounds_on_it_do_not_refresh_its_timer() {
     let fx = start(Limits {
@@ -120,9 +120,9 @@ fn offer_only_session_expires_fast_and_rounds_on_it_do_not_refresh_its_timer() {
     assert_eq!(*codes.last().unwrap(), Code::NotFound);
 }
 
-/// Finding: a killed client's sessions stayed for the full 600 s idle
-/// timeout. A keyed session that never starts a round now goes after
-/// `unstarted_timeout`; a started one stays until `idle_timeout`.
+/// Finding: a killed client's sessions stayed for the full 600 s idle timeout. A keyed session that
+/// never starts a round now goes after `unstarted_timeout`; a started one stays until
+/// `idle_timeout`.
 #[test]
 fn session_that_never_started_a_round_expires_after_the_short_timeout() {
     let fx = start(Limits {
@@ -154,11 +154,10 @@ fn session_that_never_started_a_round_expires_after_the_short_timeout() {
     assert_eq!(started.stats().sessions_opened, 1);
 }
 
-/// Bug: a client's verify session, opened before a prefill that took more
-/// than `unstarted_timeout` on a WAN (standard LoRA, 80 ms), was evicted
-/// while the client was busy on its prefill session, and the first verify
-/// round failed with NOT_FOUND and a reopen. Rounds on one session of a
-/// token now keep the token's unstarted sessions; another token's still go.
+/// Bug: a client's verify session, opened before a prefill that took more than `unstarted_timeout`
+/// on a WAN (standard LoRA, 80 ms), was evicted while the client was busy on its prefill session,
+/// and the first verify round failed with NOT_FOUND and a reopen. Rounds on one session of a token
+/// now keep the token's unstarted sessions; another token's still go.
 #[test]
 fn unstarted_session_survives_a_long_prefill_on_its_sibling() {
     let fx = start(Limits {
@@ -203,8 +202,8 @@ fn unstarted_session_survives_a_long_prefill_on_its_sibling() {
     );
 }
 
-/// Finding: group requests carried no plan id, so a request laid out for
-/// one plan could be computed against another.
+/// Finding: group requests carried no plan id, so a request laid out for one plan could be computed
+/// against another.
 #[test]
 fn group_request_with_another_plan_id_is_refused_with_failed_precondition() {
     let fx = start(Limits::default());
@@ -233,8 +232,8 @@ fn group_request_with_another_plan_id_is_refused_with_failed_precondition() {
     check(1, 0, 0, &c.round_pipelined(0, &calls(1, 0, 0)).unwrap());
 }
 
-/// Finding: the only limit on collecting deltas was 10 million requests
-/// per session, reset by opening a new session.
+/// Finding: the only limit on collecting deltas was 10 million requests per session, reset by
+/// opening a new session.
 #[test]
 fn extraction_budget_refuses_past_its_limit_and_resets_after_its_window() {
     // T = 8 positions × 2 groups per layer call: 16 evaluations each.
@@ -273,8 +272,7 @@ fn extraction_budget_refuses_past_its_limit_and_resets_after_its_window() {
     check(1, 0, 2, &c.round_pipelined(0, &calls(1, 0, 2)).unwrap());
 }
 
-/// Finding: user-supplied strings (a 64 MiB adapter id) were echoed into
-/// status messages.
+/// Finding: user-supplied strings (a 64 MiB adapter id) were echoed into status messages.
 #[test]
 fn status_messages_are_bounded_and_never_echo_the_adapter_id_or_preset() {
     let fx = start(Limits::default());

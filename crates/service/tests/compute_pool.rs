@@ -1,8 +1,7 @@
-//! Regression test for "connections unbounded": group requests from any
-//! number of clients and streams share one server-wide compute pool
-//! (`Limits::max_concurrent_computations`), so a crowd of sessions cannot
-//! start more HE evaluations at once than the pool allows; and the pool,
-//! not something else, is what bounds them (a larger pool lets more run).
+//! Regression test for "connections unbounded": group requests from any number of clients and
+//! streams share one server-wide compute pool (`Limits::max_concurrent_computations`), so a crowd
+//! of sessions cannot start more HE evaluations at once than the pool allows; and the pool, not
+//! something else, is what bounds them (a larger pool lets more run).
 
 mod common;
 
@@ -77,8 +76,8 @@ impl SessionCompute for CountingSession {
     }
 }
 
-/// Peak concurrent computations while 4 clients each pipeline all their
-/// layer groups at once, with a pool of `pool`.
+/// Peak concurrent computations while 4 clients each pipeline all their layer groups at once, with
+/// a pool of `pool`.
 fn peak_with_pool(pool: usize) -> usize {
     let cert = dev_cert(&["localhost"]).unwrap();
     let peak = Arc::new(AtomicUsize::new(0));

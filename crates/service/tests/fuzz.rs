@@ -1,17 +1,15 @@
-//! Fuzz run (ignored: about a minute): malformed requests across every RPC
-//! — undecodable protobuf, wrong and missing tokens, bad presets, keys and
-//! plan requests, oversized ids, unknown sessions, wrong plan ids, empty,
-//! truncated, oversized and surplus ciphertexts, unknown layers — while an
+//! Fuzz run (ignored: about a minute): malformed requests across every RPC — undecodable protobuf,
+//! wrong and missing tokens, bad presets, keys and plan requests, oversized ids, unknown sessions,
+//! wrong plan ids, empty, truncated, oversized and surplus ciphertexts, unknown layers — while an
 //! honest session keeps computing rounds whose every delta is checked.
 //!
 //! ```sh
 //! CIPHERLORA_FUZZ_N=100000 cargo test -p cipherlora-service --test fuzz -- --ignored --nocapture
 //! ```
 //!
-//! Passes when no request gets a status outside the typed refusals
-//! (`INTERNAL`, `UNKNOWN`, `UNAVAILABLE` fail it), every honest round is
-//! exact, and the server is still serving at the end. Prints the request
-//! count per RPC and status code, and the process RSS before and after.
+//! Passes when no request gets a status outside the typed refusals (`INTERNAL`, `UNKNOWN`,
+//! `UNAVAILABLE` fail it), every honest round is exact, and the server is still serving at the end.
+//! Prints the request count per RPC and status code, and the process RSS before and after.
 
 mod common;
 
@@ -71,8 +69,7 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-/// One fuzz request: which RPC, its path, the encoded message(s) and the
-/// token to send.
+/// One fuzz request: which RPC, its path, the encoded message(s) and the token to send.
 struct Case {
     rpc: &'static str,
     streaming: bool,
@@ -80,8 +77,8 @@ struct Case {
     token: Option<&'static str>,
 }
 
-/// A malformed request of kind `k`. `sid`/`plan` are those of a real session
-/// of the fuzzer (opened with TOKEN2).
+/// A malformed request of kind `k`. `sid`/`plan` are those of a real session of the fuzzer (opened
+/// with TOKEN2).
 fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
     let good_ct = || encode_ct(12, 2, &vec![0.5; SLOTS]);
     let group = |rng: &mut Rng, session_id: Bytes, plan_id: u64, cts: Vec<Bytes>| {
@@ -178,8 +175,8 @@ fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
             )
         }
         9 => {
-            // Trailing bytes, a ciphertext over the server's size limit
-            // (32 KiB in this run), or surplus ciphertexts.
+            // Trailing bytes, a ciphertext over the server's size limit (32 KiB in this run), or
+            // surplus ciphertexts.
             let sidb = Bytes::copy_from_slice(&sid);
             let cts = match rng.below(3) {
                 0 => {

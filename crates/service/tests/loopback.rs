@@ -1,5 +1,5 @@
-//! Client and server in one process on 127.0.0.1 with TLS and token auth,
-//! using the plaintext test backend (exact expected deltas).
+//! Client and server in one process on 127.0.0.1 with TLS and token auth, using the plaintext test
+//! backend (exact expected deltas).
 
 mod common;
 
@@ -119,8 +119,8 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
         "{e}"
     );
 
-    // A client with a valid session sends bad requests; each is refused with
-    // a typed status and the session stays usable.
+    // A client with a valid session sends bad requests; each is refused with a typed status and the
+    // session stays usable.
     let mut bad = AdapterClient::connect(fx.client_config()).unwrap();
     bad.open_session(params(3)).unwrap();
     let good_ct = encode_ct(12, 2, &inputs(3, 0, 0, 0));
@@ -431,10 +431,9 @@ fn session_request_budget_is_enforced() {
     check(2, 0, 1, &d.round_pipelined(0, &calls(2, 0, 1)).unwrap());
 }
 
-/// Regression: `bench e2e` opened two sessions per configuration and never
-/// closed them; the server kept every session's keys (and, with the HE
-/// backend, its pre-encoded diagonals) until idle eviction and was killed
-/// for running out of memory. Dropping a client now closes its session.
+/// Regression: `bench e2e` opened two sessions per configuration and never closed them; the server
+/// kept every session's keys (and, with the HE backend, its pre-encoded diagonals) until idle
+/// eviction and was killed for running out of memory. Dropping a client now closes its session.
 #[test]
 fn dropping_a_client_closes_its_session_on_the_server() {
     let fx = start(Limits::default());

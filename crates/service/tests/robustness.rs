@@ -1,5 +1,5 @@
-//! Dropped connections, evicted sessions and shutdown: rounds are replayed and
-//! give exactly the result of an uninterrupted run.
+//! Dropped connections, evicted sessions and shutdown: rounds are replayed and give exactly the
+//! result of an uninterrupted run.
 
 mod common;
 
@@ -25,8 +25,7 @@ fn run(c: &mut AdapterClient, before_round: impl Fn(u64)) -> Vec<Vec<Vec<Bytes>>
     all
 }
 
-/// A client with an open session reaching the server through a proxy that
-/// can cut the connection.
+/// A client with an open session reaching the server through a proxy that can cut the connection.
 fn through_proxy(fx: &Fixture) -> (Proxy, AdapterClient) {
     let proxy = Proxy::start(fx.server.addr());
     let mut cfg = fx.client_config();
@@ -46,8 +45,8 @@ fn round_replayed_after_dropped_connection_gives_identical_responses() {
     let reference = run(&mut direct, |_| {});
     assert_eq!(direct.stats().replays, 0);
 
-    // Through a proxy that cuts the TCP connection in the middle of the
-    // upload of round 2 (about 20 KB into a ~33 KB pipelined request pair).
+    // Through a proxy that cuts the TCP connection in the middle of the upload of round 2 (about 20
+    // KB into a ~33 KB pipelined request pair).
     let (proxy, mut c) = through_proxy(&fx);
     let cut = run(&mut c, |round| {
         if round == 2 {
@@ -114,11 +113,10 @@ fn graceful_shutdown_stops_the_server_and_clients_see_a_transient_error() {
     assert_ne!(e.code(), Some(Code::InvalidArgument));
 }
 
-/// Finding: the client gave up about 0.6 s after the server went away, while
-/// a restarted server needs 2.2 s warm and 17.6 s cold, so a restart always
-/// failed the generation. The client now retries for `retry_for` (30 s),
-/// reopens its session on the restarted server (same plan) and the rounds
-/// go on with exactly the reference results.
+/// Finding: the client gave up about 0.6 s after the server went away, while a restarted server
+/// needs 2.2 s warm and 17.6 s cold, so a restart always failed the generation. The client now
+/// retries for `retry_for` (30 s), reopens its session on the restarted server (same plan) and the
+/// rounds go on with exactly the reference results.
 #[test]
 fn server_restart_mid_generation_is_retried_and_resumes_with_identical_output() {
     let cert = dev_cert(&["localhost"]).unwrap();
@@ -159,9 +157,9 @@ fn server_restart_mid_generation_is_retried_and_resumes_with_identical_output() 
     assert!(s.replays >= 1, "{s:?}");
 }
 
-/// Finding: on reconnect the reopened session's plan was thrown away, so a
-/// restarted server could run another plan against the client's layout.
-/// The client now compares plans and fails with a typed error.
+/// Finding: on reconnect the reopened session's plan was thrown away, so a restarted server could
+/// run another plan against the client's layout. The client now compares plans and fails with a
+/// typed error.
 #[test]
 fn reopened_session_with_another_plan_is_a_typed_error_not_wrong_deltas() {
     let cert = dev_cert(&["localhost"]).unwrap();
@@ -189,10 +187,9 @@ fn reopened_session_with_another_plan_is_a_typed_error_not_wrong_deltas() {
     }
 }
 
-/// Streamed rounds as a fixed point sends them: round r + 1's group of a
-/// layer leaves before round r's later layers are taken. Answers equal the
-/// one-round-at-a-time run, also when the connection is cut mid-stream
-/// (every unanswered request is replayed on the fresh stream).
+/// Streamed rounds as a fixed point sends them: round r + 1's group of a layer leaves before round
+/// r's later layers are taken. Answers equal the one-round-at-a-time run, also when the connection
+/// is cut mid-stream (every unanswered request is replayed on the fresh stream).
 #[test]
 fn streamed_rounds_interleave_and_survive_a_dropped_connection() {
     let fx = start(Limits::default());
@@ -200,9 +197,8 @@ fn streamed_rounds_interleave_and_survive_a_dropped_connection() {
     direct.open_session(params(5)).unwrap();
     let reference = run(&mut direct, |_| {});
 
-    /// Wavefront over rounds 0..4: send round 0 entirely, then for each
-    /// later round send layer l's calls right after taking the previous
-    /// round's layer l; take the last round at the end.
+    /// Wavefront over rounds 0..4: send round 0 entirely, then for each later round send layer l's
+    /// calls right after taking the previous round's layer l; take the last round at the end.
     fn wavefront(c: &mut AdapterClient, cut: impl Fn(u64)) -> Vec<Vec<Vec<Bytes>>> {
         let mut out = vec![Vec::new(); 4 * LAYERS as usize];
         for call in calls(5, 0, 0)

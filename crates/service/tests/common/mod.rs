@@ -1,7 +1,6 @@
-//! Shared fixtures of the service integration tests: a TLS + token server on
-//! 127.0.0.1 with the plaintext test backend, clients, an independent
-//! reference for the expected deltas, a raw gRPC client for forged requests,
-//! and a TCP proxy that can cut a connection mid-message.
+//! Shared fixtures of the service integration tests: a TLS + token server on 127.0.0.1 with the
+//! plaintext test backend, clients, an independent reference for the expected deltas, a raw gRPC
+//! client for forged requests, and a TCP proxy that can cut a connection mid-message.
 
 #![allow(dead_code)]
 
@@ -103,8 +102,8 @@ pub fn inputs(client: u8, round: u64, layer: u32, group: u32) -> Vec<f64> {
         .collect()
 }
 
-/// The test backend's documented function, written out independently:
-/// y = ((layer + 1)/2 + group/4) · x + (key bytes 0..4 as u32 mod 1024).
+/// The test backend's documented function, written out independently: y = ((layer + 1)/2 + group/4)
+/// · x + (key bytes 0..4 as u32 mod 1024).
 pub fn expected(client: u8, layer: u32, group: u32, x: &[f64]) -> Vec<f64> {
     let s = key_seed(client);
     let tag = (u32::from_le_bytes([s[0], s[1], s[2], s[3]]) % 1024) as f64;
@@ -139,8 +138,8 @@ pub fn check(client: u8, round: u64, layer: u32, out: &[Vec<Bytes>]) {
     }
 }
 
-/// Sends `reqs` on one raw `Rounds` stream (bypassing the client library) and
-/// returns the responses, or the status that ended the stream.
+/// Sends `reqs` on one raw `Rounds` stream (bypassing the client library) and returns the
+/// responses, or the status that ended the stream.
 pub fn raw_rounds(
     addr: SocketAddr,
     cert: &DevCert,
@@ -176,8 +175,8 @@ pub fn raw_rounds(
     })
 }
 
-/// A TCP proxy on 127.0.0.1 that can cut its connections after a budget of
-/// client-to-server bytes (once).
+/// A TCP proxy on 127.0.0.1 that can cut its connections after a budget of client-to-server bytes
+/// (once).
 pub struct Proxy {
     pub addr: SocketAddr,
     budget: Arc<AtomicI64>,
