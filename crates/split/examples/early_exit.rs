@@ -1,15 +1,13 @@
-//! Does an early-exit drafter pay in split mode? The split client holds
-//! the embedding, the first `a` and the last `b` decoder layers and the
-//! head, so it could draft without the server by skipping the middle:
-//! `head(layers[L−b..L](layers[0..a](x)))`. This measures how often that
-//! drafter's next-token argmax equals the whole model's, teacher-forced on
-//! held-out text (the first 10 general prose prompts and the first 10
-//! HumanEval prompts), for several splits — the per-token acceptance a
-//! greedy chain drafted that way would see (Leviathan et al., ICML 2023:
-//! a chain of K accepted with per-token rate α yields (1 − α^(K+1)) /
-//! (1 − α) tokens per step).
+//! Does an early-exit drafter pay in split mode? The split client holds the embedding, the first
+//! `a` and the last `b` decoder layers and the head, so it could draft without the server by
+//! skipping the middle: `head(layers[L−b..L](layers[0..a](x)))`. This measures how often that
+//! drafter's next-token argmax equals the whole model's, teacher-forced on held-out text (the first
+//! 10 general prose prompts and the first 10 HumanEval prompts), for several splits — the per-token
+//! acceptance a greedy chain drafted that way would see (Leviathan et al., ICML 2023: a chain of K
+//! accepted with per-token rate α yields (1 − α^(K+1)) / (1 − α) tokens per step).
 //!
-//! `cargo run --release -p cipherlora-split --example early_exit -- [--splits 1,1;2,2;4,4] [--limit 10]`
+//! `cargo run --release -p cipherlora-split --example early_exit -- [--splits 1,1;2,2;4,4] [--limit
+//! 10]`
 
 use std::path::PathBuf;
 

@@ -1,32 +1,15 @@
-//! Which tokens a verify pass keeps: greedy acceptance, or exact
-//! speculative sampling for deterministic drafts.
-//!
-//! Every split drafter (prompt lookup, the lookahead pool, none) proposes
-//! tokens deterministically from the context: its draft distribution is a
-//! point mass. Speculative sampling (Leviathan et al. 2023, "Fast Inference
-//! from Transformers via Speculative Decoding", Algorithm 1; Chen et al.
-//! 2023, "Accelerating Large Language Model Decoding with Speculative
-//! Sampling", Algorithm 2) with q = δ_x accepts a draft x with probability
-//! p(x) and on rejection draws from p with x removed and renormalised,
-//! norm(max(0, p − δ_x)); after K accepted drafts the bonus token comes
-//! from p. The tokens are then distributed exactly as sampling the model one
-//! token at a time (`cipherlora_spec::acceptance::accept_sampled`, shared
-//! with private generation).
+//! Which tokens a verify pass keeps: greedy acceptance, or exact speculative sampling (Leviathan et
+//! al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2) of point-mass drafts: accept x with p(x),
+//! else draw from norm(max(0, p − δ_x)).
 
 use cipherlora_spec::acceptance::{DraftProbs, RoundOutcome, accept_sampled};
 use rand_chacha::ChaCha20Rng;
 
 use crate::SplitError;
 
-/// Exact speculative sampling of point-mass drafts (see the module docs).
-///
-/// `drafts`: K tokens; `probs`: the K+1 target distributions (row i
-/// predicts the token after the i-th input of the pass, from the last
-/// pending token on), each summing to 1 over the vocabulary.
-///
-/// # Errors
-/// [`SplitError::Spec`] for inconsistent inputs (row count, a row that is
-/// not a distribution, a draft outside the vocabulary).
+/// Exact speculative sampling of point-mass `drafts` (K) against `probs`, the K+1 target
+/// distributions from the last pending token on. Errors: [`SplitError::Spec`] for inconsistent
+/// inputs (row count, a row that is no distribution, a draft outside the vocabulary).
 pub(crate) fn exact(
     drafts: &[u32],
     probs: &[Vec<f32>],

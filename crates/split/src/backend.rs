@@ -1,6 +1,5 @@
-//! The server side: a [`SplitBackend`] over a loaded base model; each
-//! session holds a KV cache of its own layers only
-//! ([`KvCache::for_layers`]).
+//! The server side: a [`SplitBackend`] over a loaded base model; each session holds a KV cache of
+//! its own layers only ([`KvCache::for_layers`]).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -18,8 +17,8 @@ pub struct ModelBackend {
 }
 
 impl ModelBackend {
-    /// Sessions may ask for at most `max_capacity` positions (the model's
-    /// own `max_position_embeddings` caps it too).
+    /// Sessions may ask for at most `max_capacity` positions (the model's own
+    /// `max_position_embeddings` caps it too).
     pub fn new(model: Arc<Model>, max_capacity: u32) -> Self {
         let cap = u32::try_from(model.config().max_position_embeddings).unwrap_or(u32::MAX);
         Self {
@@ -78,9 +77,8 @@ pub(crate) struct ModelSession {
 }
 
 impl ModelSession {
-    /// Runs the session's layers on `hidden` (T × d) under the causal mask
-    /// (`parents` empty) or the token tree `parents`; see
-    /// [`SplitCompute::forward`].
+    /// Runs the session's layers on `hidden` (T × d) under the causal mask (`parents` empty) or the
+    /// token tree `parents`; see [`SplitCompute::forward`].
     pub(crate) fn run(
         &mut self,
         hidden: Vec<f32>,
@@ -106,8 +104,8 @@ impl ModelSession {
         Ok(y.flatten_all()?.to_vec1::<f32>()?)
     }
 
-    /// Keeps the cached rows `start + keep[k]` at `start + k` (an empty
-    /// `keep` truncates to `start`); see [`SplitCompute::compact`].
+    /// Keeps the cached rows `start + keep[k]` at `start + k` (an empty `keep` truncates to
+    /// `start`); see [`SplitCompute::compact`].
     pub(crate) fn compact(
         &mut self,
         start: usize,

@@ -1,49 +1,6 @@
-//! Split generation with speculative verification, greedy or sampled.
-//!
-//! Each step drafts ([`Drafter`]), runs the embedding and layers `[0, a)`
-//! locally on the pending tokens and the drafts (the whole prompt on the
-//! first step), sends the hidden states to the middle layers (one round
-//! trip), runs layers `[L − b, L)` and the head locally and keeps what the
-//! model agrees with.
-//!
-//! Chain drafters (prompt lookup, adaptive prompt lookup, none) verify K
-//! drafts as a chain under the causal mask: the longest draft prefix equal
-//! to the argmax plus the bonus token
-//! (`cipherlora_spec::acceptance::accept_greedy`; Leviathan et al. 2023,
-//! §2.3 with a deterministic target). The local caches are truncated to
-//! the accepted prefix at once; the server's at the next step, whose
-//! `start` is the accepted length (no extra round trip).
-//!
-//! Lookahead decoding (Fu et al., ICML 2024, "Break the Sequential
-//! Dependency of LLM Inference Using Lookahead Decoding", §3;
-//! [`crate::draft`]) sends one token tree per step: the pending tokens as
-//! a chain (the prompt on the first step: the tree hangs off its last
-//! token), then the verification trie and the lookahead window, under a
-//! tree attention mask (`AttentionMask::Tree` locally,
-//! `ForwardRequest.tree_parents` on the wire; each row at RoPE position
-//! prefix + depth). The verification trie is accepted as a tree
-//! (`cipherlora_spec::tree::accept_tree_greedy`; with a temperature,
-//! `accept_tree_sampled`, exact multi-draft speculative sampling); the
-//! lookahead rows give the next Jacobi level. Only the pending rows and
-//! the accepted path stay cached: the local caches are compacted at once
-//! (`KvCache::compact`), the server's by the next call's `keep` list, in
-//! the same round trip.
-//!
-//! Every accepted token is the whole model's argmax after the same prefix,
-//! so the greedy output is the local model's greedy output (up to
-//! floating-point ties: T > 1 passes sum in another order than T = 1
-//! steps).
-//!
-//! With a temperature above 0 the kept tokens come from exact speculative
-//! sampling of the point-mass drafts ([`crate::accept`]; Leviathan et al.
-//! 2023, Chen et al. 2023): each draft x is kept with probability p(x), a
-//! rejected one replaced by a draw from p without x, the bonus drawn from
-//! p, so the output follows the model's sampling distribution (penalty,
-//! temperature, top-k, top-p of [`SplitConfig::sampling`]) as
-//! `cipherlora_model::generate` samples it; a tree tries each node's
-//! children in turn, removing the rejected ones. The RNG is ChaCha20
-//! seeded with [`SamplingParams::seed`], as in `cipherlora_model::generate`
-//! and private generation: one seed, one output.
+//! Split generation with speculative verification: each step drafts, runs layers `[0, a)` locally,
+//! the middle remotely (one round trip), then `[L − b, L)` and the head, keeping what the model
+//! agrees with. Notes: docs/design/code-notes.md, "split: decode".
 
 use std::time::{Duration, Instant};
 
@@ -65,9 +22,7 @@ pub struct SplitConfig {
     pub head_layers: usize,
     /// Decoder layers run locally after the server's, b ≥ 1.
     pub tail_layers: usize,
-    /// Drafted tokens per step, K (each step verifies up to K+1 positions;
-    /// adaptive prompt lookup up to 2K+1; lookahead verifies a
-    /// prompt-lookup chain of K beside its pool's n-grams).
+    /// Drafted tokens per step, K.
     pub k: usize,
     /// Most new tokens.
     pub max_tokens: usize,
@@ -75,15 +30,12 @@ pub struct SplitConfig {
     pub eos: Vec<u32>,
     /// How drafts are made.
     pub drafter: Drafter,
-    /// Greedy ([`SamplingParams::greedy`]: the whole model's greedy output)
-    /// or sampled (temperature, top-k, top-p, repetition penalty, seed).
+    /// Greedy ([`SamplingParams::greedy`]) or sampled.
     pub sampling: SamplingParams,
 }
 
 impl SplitConfig {
-    /// KV positions a generation from a `prompt_len`-token prompt needs,
-    /// locally and on the server: prompt, output and one step's drafts
-    /// (with lookahead, its whole tree: [`Drafter::max_draft`]).
+    /// KV positions a generation needs on each side: prompt, output and one step's drafts.
     pub fn capacity(&self, prompt_len: usize) -> usize {
         prompt_len + self.max_tokens + self.drafter.max_draft(self.k) + 1
     }
@@ -92,18 +44,15 @@ impl SplitConfig {
 /// One step: one round trip to the middle layers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitStep {
-    /// Positions sent (pending tokens plus drafts; with lookahead, plus
-    /// its lookahead branch).
+    /// Positions sent (pending tokens plus drafts; with lookahead, plus its lookahead branch).
     pub positions: usize,
     /// Tokens drafted (with lookahead: nodes of the verification trie).
     pub drafted: usize,
     /// Drafts accepted.
     pub accepted: usize,
-    /// Tokens emitted (accepted drafts plus the bonus, cut at the limit
-    /// or an end token).
+    /// Tokens emitted (accepted drafts plus the bonus, cut at the limit or an end token).
     pub emitted: usize,
-    /// Local compute: drafting, embedding and head layers, tail layers,
-    /// head, acceptance and cache rollback.
+    /// Local compute: drafting, first and last layers, head, acceptance and rollback.
     pub local: Duration,
     /// Wall time of the middle-layer call (transport plus server compute).
     pub remote: Duration,
@@ -150,19 +99,9 @@ impl SplitOutput {
     }
 }
 
-/// Generation of up to `config.max_tokens` tokens after `prompt` (greedy
-/// or sampled, [`SplitConfig::sampling`]) with `model`'s embedding, layers
-/// `[0, a)` and `[L − b, L)` and head, and `middle` for layers `[a, L − b)`
-/// (which must hold a fresh session of that split with at least
-/// [`SplitConfig::capacity`] positions). `on_token` sees each token as it
-/// is accepted.
-///
-/// # Errors
-/// [`SplitError::Config`] for an empty prompt or a split leaving the
-/// server no layer; [`SplitError::Model`] for invalid sampling parameters
-/// (a negative temperature, top-k 0, top-p outside (0, 1]);
-/// [`SplitError::MiddleShape`] for an answer of the wrong size; the middle
-/// layers' and the model's errors.
+/// Generates up to `config.max_tokens` tokens after `prompt`, `middle` running `[a, L − b)` (a
+/// fresh session of at least [`SplitConfig::capacity`]); `on_token` sees each accepted token.
+/// Errors: [`SplitError::Config`], `Model` (bad sampling), `MiddleShape`; the middle's errors.
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -197,8 +136,7 @@ pub fn generate(
     let mut drafter = config.drafter.start();
     let mut context = prompt.to_vec();
     let mut pending = prompt.to_vec();
-    // What the server keeps of the last pass, sent with the next one:
-    // cached rows from `start` on (all dropped when `keep` is empty).
+    // What the server keeps of the last pass, sent with the next one.
     let mut compaction = (0usize, Vec::<usize>::new());
     let mut out = SplitOutput {
         tokens: Vec::new(),
@@ -259,9 +197,7 @@ pub fn generate(
         let t_after = Instant::now();
         let y = Tensor::from_vec(fwd.hidden, (t, d), &Device::Cpu)?;
         let z = model.forward_layers(&y, n - b..n, &mut tail, &mask)?;
-        // Rows from the last pending token on predict the drafts and the
-        // bonus (a tree: the verification nodes, then the lookahead rows
-        // whose argmax is the next Jacobi level).
+        // Rows from the last pending token on predict the drafts and the bonus.
         let first = q - 1;
         let accepted_tokens;
         let accepted;
@@ -345,10 +281,7 @@ pub fn generate(
     Ok(out)
 }
 
-/// A compaction `(start, keep)` with its leading run of rows that stay in
-/// place (`keep[i] == i`) folded into `start`: the same cache after it,
-/// fewer entries on the wire (a chain round's whole compaction is a plain
-/// `start`).
+/// `(start, keep)` with its leading in-place run (`keep[i] == i`) folded into `start`.
 fn shortest_compaction((start, keep): &(usize, Vec<usize>)) -> (usize, Vec<usize>) {
     let same = keep
         .iter()

@@ -1,35 +1,6 @@
-//! Drafters for split generation: proposals verified in one round trip.
-//! None costs a model pass of its own (the client holds only a few
-//! layers):
-//!
-//! - prompt lookup copies the continuation of an earlier occurrence of the
-//!   context's last n-gram (`cipherlora_spec::ngram`; Saxena 2023);
-//! - adaptive prompt lookup drafts as many tokens as the match suggests:
-//!   a match of the full `max_ngram` tokens up to 2K, a shorter one of n
-//!   tokens ⌈K·n / max_ngram⌉ (over the 5 prompts of `tests/grpc_split.rs`
-//!   and the first 6 HumanEval prompts, 32 greedy tokens each, K = 4: the
-//!   drafts after a one-token match kept 0.44 tokens per step, after a
-//!   two-token match 1.1, after a three-token match 2.7);
-//! - lookahead decoding (Fu et al., ICML 2024, "Break the Sequential
-//!   Dependency of LLM Inference Using Lookahead Decoding", §3), in full:
-//!   every pass carries, beside the pending token I, a *lookahead branch*,
-//!   a 2-D window of W columns and N − 1 levels of Jacobi guesses (§3.1),
-//!   and a *verification branch*, the pool's n-grams that start with I
-//!   (at most G) and the prompt-lookup chain, merged into a trie (§3.2).
-//!   The batch is one token tree ([`Batch`]; `AttentionMask::Tree`):
-//!   level 0 is the chain I, l0[1], …, l0[W−1]; token (j, i) of level
-//!   j ≥ 1 hangs off (j − 1, i), so it sees l0[0..=i] and its column's
-//!   levels 1..j, and sits at depth i + j (its RoPE position after I). The
-//!   verify rows are accepted as a tree (`cipherlora_spec::tree`: greedy,
-//!   or exact multi-draft speculative sampling); the argmax of the rows of
-//!   level N − 2 is the next Jacobi iterate, a new last level; each column
-//!   f then gives the n-gram (l0[f], l1[f], …, l_{N−2}[f], new[f]) of
-//!   consecutive positions, pooled under its first token (duplicates
-//!   dropped, the G newest kept); the levels shift up, and when m drafts
-//!   were accepted the window moves m columns forward (its guesses stay
-//!   aligned with their positions; the vacated columns are filled with
-//!   context tokens). The window starts from context tokens drawn by a
-//!   fixed generator: one prompt, one output.
+//! Drafters for split generation, none running a model: prompt lookup (Saxena 2023), adaptive
+//! prompt lookup, and lookahead decoding (Fu et al., ICML 2024, §3). Notes:
+//! docs/design/code-notes.md, "split: draft".
 
 use std::collections::{HashMap, VecDeque};
 
@@ -43,39 +14,27 @@ pub enum Drafter {
     None,
     /// Prompt lookup over the prompt and the output so far (Saxena 2023).
     PromptLookup(PromptLookup),
-    /// Prompt lookup with the draft length chosen per step from the match
-    /// length ([`Drafter::draft_len`]; up to 2K).
+    /// Prompt lookup drafting up to 2K, by the match length ([`Drafter::draft_len`]).
     AdaptivePromptLookup(PromptLookup),
-    /// Lookahead decoding (Fu et al. 2024; module docs): a Jacobi window
-    /// and an n-gram pool verified as a token tree, the prompt-lookup chain
-    /// among the candidates.
+    /// Lookahead decoding (Fu et al. 2024): Jacobi window and n-gram pool as one token tree.
     Lookahead(Lookahead),
 }
 
 /// Parameters of lookahead decoding (Fu et al. 2024, §3; their W, N, G).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lookahead {
-    /// Window W ≥ 1: columns of the lookahead branch (n-grams gathered
-    /// per step).
+    /// Window W ≥ 1: columns of the lookahead branch (n-grams gathered per step).
     pub window: usize,
-    /// N-gram size N ≥ 2: the branch holds N − 1 levels; a pool n-gram
-    /// drafts N − 1 tokens.
+    /// N-gram size N ≥ 2: the branch holds N − 1 levels; a pool n-gram drafts N − 1 tokens.
     pub n: usize,
-    /// G: pool n-grams kept per first token, all verified when that token
-    /// is pending (0: the pool is never used).
+    /// G: pool n-grams kept per first token (0: pool unused).
     pub max_ngrams: usize,
-    /// The prompt-lookup chain (K tokens) verified beside the pool's
-    /// n-grams, so lookahead never drafts less than prompt lookup.
+    /// The prompt-lookup chain (K tokens) verified beside the pool's n-grams.
     pub fallback: PromptLookup,
 }
 
 impl Default for Lookahead {
-    /// W = 3, N = 3, G = 3 with prompt lookup of n-grams 3 down to 1: a
-    /// pass of at most 1 + (6 + K) + 5 rows. Of the two settings measured
-    /// over gRPC (BENCHMARKS.md, "Lookahead decoding in split mode"),
-    /// W, N, G = 5, 4, 5 kept 1.48 tokens per step and this one 1.45 at
-    /// half the rows; neither beat prompt lookup's tok/s on a CPU server,
-    /// where a pass costs about its row count.
+    /// W = 3, N = 3, G = 3, prompt lookup of n-grams 3 down to 1.
     fn default() -> Self {
         Self {
             window: 3,
@@ -87,24 +46,19 @@ impl Default for Lookahead {
 }
 
 impl Lookahead {
-    /// Nodes of the lookahead branch: W − 1 on level 0, W on each of the
-    /// N − 2 others.
+    /// Nodes of the lookahead branch: W − 1 on level 0, W on each of the N − 2 others.
     #[must_use]
     pub fn branch_nodes(&self) -> usize {
         self.window.saturating_sub(1) + self.n.saturating_sub(2) * self.window
     }
 
-    /// Most verification nodes with prompt-lookup chains of `k`: G·(N − 1)
-    /// + K (fewer when candidates share a prefix).
+    /// Most verification nodes with prompt-lookup chains of `k`: G·(N − 1) + K.
     #[must_use]
     pub fn max_verify_nodes(&self, k: usize) -> usize {
         self.max_ngrams * self.n.saturating_sub(1) + k
     }
 
-    /// Checks W ≥ 1 and N ≥ 2.
-    ///
-    /// # Errors
-    /// A description of the first bad parameter.
+    /// Checks W ≥ 1 and N ≥ 2. Errors: a description of the first bad parameter.
     pub fn validate(&self) -> Result<(), String> {
         if self.window == 0 {
             return Err("lookahead window W must be at least 1".into());
@@ -129,8 +83,7 @@ impl std::fmt::Display for Lookahead {
 impl std::str::FromStr for Lookahead {
     type Err = String;
 
-    /// `W,N,G` (window, n-gram size, pool n-grams per token), with the
-    /// default prompt-lookup fallback; checked by [`Lookahead::validate`].
+    /// `W,N,G` (window, n-gram size, pool n-grams per token), checked by [`Lookahead::validate`].
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(',').map(str::trim).collect();
         let [w, n, g] = parts.as_slice() else {
@@ -156,9 +109,8 @@ impl Default for Drafter {
 }
 
 impl Drafter {
-    /// The most positions one step adds after the pending tokens with `k`:
-    /// 2K for [`Drafter::AdaptivePromptLookup`], the verification and
-    /// lookahead branches for [`Drafter::Lookahead`], K otherwise.
+    /// The most positions one step adds with `k` (2K adaptive, both branches for lookahead, else
+    /// K).
     #[must_use]
     pub fn max_draft(&self, k: usize) -> usize {
         match self {
@@ -168,9 +120,8 @@ impl Drafter {
         }
     }
 
-    /// How many tokens adaptive prompt lookup drafts after a match of `n`
-    /// tokens (of at most `max_ngram`) with `k`: none without a match, 2K
-    /// for a full-length match, ⌈K·n / max_ngram⌉ for a shorter one.
+    /// Tokens adaptive lookup drafts after an `n`-token match: 0, 2K if full, else ⌈K·n /
+    /// max_ngram⌉.
     #[must_use]
     pub fn draft_len(k: usize, n: usize, max_ngram: usize) -> usize {
         match n {
@@ -192,14 +143,11 @@ impl Drafter {
 /// What one pass carries after the pending tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Batch {
-    /// Every node (verification nodes first, then the lookahead branch);
-    /// a `None` parent is the last pending token, I.
+    /// Every node (verification first, then lookahead); a `None` parent is the pending token I.
     pub(crate) tree: DraftTree,
-    /// The first `verify` nodes are the verification tree (their parents
-    /// are among them).
+    /// The first `verify` nodes are the verification tree (their parents are among them).
     pub(crate) verify: usize,
-    /// Rows whose argmax is the next Jacobi level, column 0 first (row 0:
-    /// I, row r: node r − 1); empty without a lookahead branch.
+    /// Rows whose argmax is the next Jacobi level (row 0: I, row r: node r − 1).
     pub(crate) level_rows: Vec<usize>,
 }
 
@@ -215,30 +163,25 @@ impl Batch {
 
 /// A drafter with what it learned during one generation.
 pub(crate) enum DraftState {
-    /// Chain drafters (none, prompt lookup, adaptive prompt lookup): they
-    /// learn nothing.
+    /// Chain drafters (none, prompt lookup, adaptive prompt lookup): they learn nothing.
     Chain(Drafter),
     /// Lookahead decoding's window and pool.
     Lookahead(Window),
 }
 
 impl DraftState {
-    /// Whether passes are token trees (lookahead), verified and compacted
-    /// as such.
+    /// Whether passes are token trees (lookahead), verified and compacted as such.
     pub(crate) fn is_tree(&self) -> bool {
         matches!(self, Self::Lookahead(_))
     }
 
-    /// Tokens to follow `context` (possibly none) as a chain: up to `k`,
-    /// up to 2K by the match length for adaptive prompt lookup; never more
-    /// than `room`. Lookahead: the nodes of its batch.
+    /// Tokens to follow `context` as a chain (≤ `room`); lookahead: its batch's nodes.
     #[cfg(test)]
     pub(crate) fn draft(&mut self, context: &[u32], k: usize, room: usize) -> Vec<u32> {
         self.batch(context, k, room).tree.tokens
     }
 
-    /// The nodes of the next pass after `context` (whose last token is the
-    /// pending one), with `k` and at most `room` tokens accepted.
+    /// The next pass's nodes after `context` (last token pending), at most `room` accepted.
     pub(crate) fn batch(&mut self, context: &[u32], k: usize, room: usize) -> Batch {
         match self {
             Self::Chain(d) => {
@@ -262,9 +205,7 @@ impl DraftState {
         }
     }
 
-    /// Learns from a pass of [`DraftState::batch`]'s batch: `new_level`
-    /// is the argmax of its `level_rows`, `accepted` the drafts kept,
-    /// `context` the context after the emitted tokens.
+    /// Learns from a lookahead pass: the next level, drafts `accepted`, and the new `context`.
     pub(crate) fn observe(&mut self, new_level: &[u32], accepted: usize, context: &[u32]) {
         if let Self::Lookahead(w) = self {
             w.observe(new_level, accepted, context);
@@ -272,12 +213,10 @@ impl DraftState {
     }
 }
 
-/// Lookahead decoding's state (Fu et al. 2024, §3): the 2-D window of
-/// Jacobi guesses and the n-gram pool.
+/// Lookahead decoding's state (Fu et al. 2024, §3): the Jacobi window and n-gram pool.
 pub(crate) struct Window {
     params: Lookahead,
-    /// N − 1 levels of W guesses; `levels[j][i]` guesses the token at
-    /// depth i + j after I (`levels[0][0]` is I itself during a pass).
+    /// N − 1 levels of W guesses; `levels[j][i]` guesses depth i + j after I.
     levels: Vec<Vec<u32>>,
     /// First token → continuations of N − 1 tokens, newest last, at most G.
     pool: HashMap<u32, VecDeque<Vec<u32>>>,
@@ -332,8 +271,8 @@ impl Window {
             self.levels = levels;
         }
         self.levels[0][0] = current;
-        // Verification branch (§3.2): the prompt-lookup chain, then the
-        // pool's n-grams for I, newest first, merged into a trie.
+        // Verification branch (§3.2): the prompt-lookup chain, then the pool's n-grams for I, as a
+        // trie.
         let mut tree = DraftTree::chain(&[]);
         let mut candidates = vec![self.params.fallback.draft(context, k)];
         if let Some(grams) = self.pool.get(&current) {
@@ -360,8 +299,7 @@ impl Window {
                 level_rows: Vec::new(),
             };
         }
-        // Lookahead branch (§3.1): level 0 a chain off I, (j, i) off
-        // (j − 1, i).
+        // Lookahead branch (§3.1): level 0 a chain off I, (j, i) off (j − 1, i).
         for i in 1..w {
             tree.tokens.push(self.levels[0][i]);
             tree.parents.push((i > 1).then(|| Self::l0(verify, i - 1)));
@@ -396,8 +334,7 @@ impl Window {
         if new_level.len() != w || self.levels.is_empty() {
             return;
         }
-        // Each column's n-gram of consecutive positions (§3.1), pooled
-        // under its first token.
+        // Each column's n-gram of consecutive positions (§3.1), pooled under its first token.
         if g > 0 {
             for f in 0..w {
                 let key = self.levels[0][f];
@@ -417,8 +354,7 @@ impl Window {
         // One Jacobi step: every level moves up, the iterate is the last.
         self.levels.remove(0);
         self.levels.push(new_level.to_vec());
-        // I moved accepted + 1 positions: the window moves `accepted`
-        // columns with it, so each guess keeps its position.
+        // The window moves `accepted` columns with I, so each guess keeps its position.
         let shift = accepted.min(w);
         if shift > 0 {
             let fills: Vec<u32> = (0..self.levels.len() * shift)
@@ -461,8 +397,7 @@ mod tests {
         let mut w = window(3, 3, 2);
         w.levels = vec![vec![0, 11, 12], vec![20, 21, 22]];
         w.pool.insert(7, VecDeque::from([vec![8, 9], vec![8, 5]]));
-        // Prompt lookup drafts 8, 9 after the last 7: merged with the
-        // pool's 8, 9 (a duplicate) and 8, 5 (a shared prefix).
+        // Prompt lookup's 8, 9 merges with the pool's 8, 9 (duplicate) and 8, 5 (shared prefix).
         let context = [7, 8, 9, 4, 7];
         let b = w.batch(&context, 2, 9);
         assert_eq!(b.verify, 3);
@@ -480,16 +415,14 @@ mod tests {
                 Some(4)
             ]
         );
-        // (j, i) sits at depth i + j after I; the verification nodes at
-        // their n-gram offset.
+        // (j, i) sits at depth i + j after I; the verification nodes at their n-gram offset.
         assert_eq!(depths(&b.tree), vec![1, 2, 2, 1, 2, 1, 2, 3]);
         // The new level comes from level N − 2 = 1's rows (node + 1).
         assert_eq!(b.level_rows, vec![6, 7, 8]);
         assert_eq!(w.levels[0][0], 7, "l0[0] is I");
         assert_eq!(b.verify_tree().tokens, vec![8, 9, 5]);
 
-        // N = 2: the branch is level 0 alone; its rows (I's first) give
-        // the iterate. Candidates are cut at the room left.
+        // N = 2: the branch is level 0 alone; candidates are cut at the room left.
         let mut w2 = window(3, 2, 2);
         w2.levels = vec![vec![0, 11, 12]];
         let b = w2.batch(&context, 4, 1);
@@ -500,8 +433,7 @@ mod tests {
         let b = w2.batch(&context, 4, 0);
         assert!(b.tree.is_empty() && b.level_rows.is_empty());
 
-        // W = 4, N = 4, no pool hit, no prompt match: the branch alone,
-        // 3 + 2·4 nodes, depths i + j.
+        // W = 4, N = 4, no pool hit or prompt match: the branch alone, depths i + j.
         let mut w3 = window(4, 4, 5);
         let b = w3.batch(&[1, 2, 3], 4, 9);
         assert_eq!((b.verify, b.tree.len()), (0, 11));
@@ -542,8 +474,7 @@ mod tests {
             d.observe(&[t], 0, &context);
         }
         assert_eq!(d.pool[&7], VecDeque::from([vec![9], vec![8]]));
-        // Two drafts accepted: I moved three positions, the window two
-        // columns more; vacated columns come from the context.
+        // Two drafts accepted: the window shifts; vacated columns come from the context.
         w.levels = vec![vec![1, 2, 3], vec![4, 5, 6]];
         w.observe(&[60, 61, 62], 2, &context);
         assert_eq!((w.levels[0][0], w.levels[1][0]), (6, 62));

@@ -6,8 +6,7 @@ use thiserror::Error;
 #[non_exhaustive]
 #[derive(Debug, Error)]
 pub enum SplitError {
-    /// The model refused an input or failed (local layers, head, server
-    /// layers in process).
+    /// The model refused an input or failed (local layers, head, server layers in process).
     #[error(transparent)]
     Model(#[from] cipherlora_model::ModelError),
     /// The split server refused a call or the transport failed.
@@ -22,9 +21,9 @@ pub enum SplitError {
         /// What is wrong, in words.
         reason: String,
     },
-    /// The split session was lost (server restart, idle eviction, a
-    /// dropped connection) and reopening it or re-running the positions
-    /// the server held failed ([`crate::ReplayingClient`]).
+    /// The split session was lost (server restart, idle eviction, a dropped connection) and
+    /// reopening it or re-running the positions the server held failed
+    /// ([`crate::ReplayingClient`]).
     #[error("split session lost; replaying its {positions} positions failed: {source}")]
     Replay {
         /// Positions the lost session held (the accepted prefix).
@@ -54,8 +53,7 @@ pub enum SplitError {
 }
 
 impl From<candle_core::Error> for SplitError {
-    /// A tensor operation of the client's own passes failed: reported as
-    /// the model's error.
+    /// A tensor operation of the client's own passes failed: reported as the model's error.
     fn from(e: candle_core::Error) -> Self {
         Self::Model(e.into())
     }

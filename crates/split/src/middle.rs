@@ -1,6 +1,5 @@
-//! Where the middle layers `[a, L − b)` run, as the client sees them: the
-//! split server over gRPC ([`SplitClient`]) or, for references and tests,
-//! the same model in process ([`InProcess`]).
+//! Where the middle layers `[a, L − b)` run: over gRPC ([`SplitClient`]) or in process
+//! ([`InProcess`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,21 +23,14 @@ pub struct Forwarded {
     pub bytes_down: u64,
 }
 
-/// One call of the middle layers: what to keep of the previous pass's rows
-/// and the rows of this pass, with their attention mask.
+/// One call of the middle layers: the compaction of the previous rows and this pass's rows.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MiddlePass<'a> {
     /// Where the cached rows to keep begin: rows before `start` stay.
     pub start: usize,
-    /// Cached rows (relative to `start`, strictly increasing) moved to
-    /// `start..start+keep.len()`; the rest from `start` on is dropped.
-    /// Empty: drop everything from `start` on (a rollback by truncation).
+    /// Cached rows (relative to `start`) moved to `start..`; the rest dropped (empty: truncate).
     pub keep: &'a [usize],
-    /// Empty: the causal mask. Otherwise the token tree over this pass's
-    /// rows: `parents[i]` is row i's parent (an earlier row) or `None` for
-    /// a row off the cached prefix; row i sees the prefix, itself and its
-    /// ancestors at RoPE position `start + keep.len() + depth(i)`
-    /// (lookahead decoding's batch: Fu et al. 2024, §3).
+    /// Empty: causal; else the token tree over the pass's rows (Fu et al. 2024, §3).
     pub parents: &'a [Option<usize>],
     /// Rows T of this pass.
     pub positions: usize,
@@ -66,23 +58,11 @@ impl<'a> MiddlePass<'a> {
 
 /// The middle layers of one split session.
 pub trait MiddleLayers {
-    /// Runs the middle layers on `pass.hidden` after keeping the cached
-    /// rows `pass.keep` from `pass.start` on (see [`MiddlePass`]); returns
-    /// the residual stream after layer L − b, row-major T × d.
-    ///
-    /// # Errors
-    /// The server's refusal or a transport failure
-    /// ([`SplitError::Service`]); [`SplitError::Model`] in process (a keep
-    /// list or tree that does not fit the cache included).
+    /// Runs the middle layers on `pass.hidden` after compacting by `pass.keep`; returns row-major T
+    /// × d. Errors: [`SplitError::Service`]; [`SplitError::Model`] in process.
     fn forward_pass(&mut self, pass: &MiddlePass<'_>) -> Result<Forwarded, SplitError>;
 
-    /// Runs the middle layers on `hidden` (row-major `positions` × d, the
-    /// residual stream after layer a) at positions
-    /// `start..start+positions` under the causal mask, first dropping
-    /// cached positions from `start` on (the rollback of rejected drafts).
-    ///
-    /// # Errors
-    /// As [`MiddleLayers::forward_pass`].
+    /// Runs the middle layers causally on `hidden` at `start..`, dropping cached rows from `start`.
     fn forward(
         &mut self,
         start: usize,
@@ -113,15 +93,12 @@ impl MiddleLayers for SplitClient {
     }
 }
 
-/// The middle layers run in this process, with their own KV cache (what
-/// the server computes, without a network).
+/// The middle layers in this process, with their own KV cache.
 pub struct InProcess(ModelSession);
 
 impl InProcess {
-    /// Layers `[a, L − b)` of `model` with a cache of `capacity` positions.
-    ///
-    /// # Errors
-    /// [`SplitError::Model`] for a range outside the model.
+    /// Layers `[a, L − b)` of `model` with a `capacity`-position cache. Errors:
+    /// [`SplitError::Model`].
     pub fn new(model: Arc<Model>, a: usize, b: usize, capacity: usize) -> Result<Self, SplitError> {
         let n = model.config().num_layers;
         let end = n.checked_sub(b).ok_or_else(|| SplitError::Config {

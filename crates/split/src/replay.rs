@@ -1,33 +1,6 @@
-//! A split client that survives a lost session.
-//!
-//! The server keeps the KV cache of its layers per session; a restart or an
-//! idle eviction loses it, and [`SplitClient`] alone then fails the
-//! generation (`NOT_FOUND`, `unknown_session`, or a transport error).
-//! [`ReplayingClient`] keeps the hidden states it sent for the positions
-//! the server still holds (the accepted prefix: d f32 per position, 2.3 kB
-//! for SmolLM2-135M's d = 576) and, when a call fails in a way that
-//! reopening may cure ([`cipherlora_service::ServiceError::is_transient`]),
-//! opens a new session of the same split and capacity (on a fresh
-//! connection if the old one is gone), re-runs those positions through the
-//! server in calls of at most the server's message size, and repeats the
-//! failed call, all inside one [`MiddleLayers::forward_pass`]. The server's
-//! cache is rebuilt from the same inputs, so the generation goes on with
-//! the same tokens (up to floating-point summation order: the replay runs
-//! the prefix in fewer, longer passes).
-//!
-//! Tree passes (lookahead decoding, [`MiddlePass::parents`]) leave the
-//! server holding a whole token tree until the next call keeps the accepted
-//! path ([`MiddlePass::keep`]). The client compacts its record the same
-//! way before each call, so the record is always what the server holds
-//! once that call's compaction is done: a causal chain (the kept rows form
-//! a root-to-node path whose depths are their positions), which a replay
-//! re-runs as causal passes before repeating the call without its `keep`.
-//! A call whose compaction would keep rows that are not such a chain (a
-//! row whose parent is not the row before it) cannot be replayed and is
-//! refused ([`SplitError::Config`]) before it is sent. At most
-//! [`ReplayingClient::with_max_replays`] replays per session (default 1);
-//! a failed replay is [`SplitError::Replay`], a loss beyond the limit
-//! [`SplitError::SessionLost`].
+//! A split client that survives a lost session: [`ReplayingClient`] keeps the hidden states of the
+//! rows the server holds and, on a transient failure, opens a new session, replays them and repeats
+//! the call ([`ReplayingClient::with_max_replays`], default 1).
 
 use std::time::Duration;
 
@@ -35,35 +8,26 @@ use cipherlora_service::{ClientConfig, ServiceError, SplitClient, SplitSessionIn
 
 use crate::{Forwarded, MiddleLayers, MiddlePass, SplitError};
 
-/// Bytes of a `Forward` request besides its hidden states, an upper bound
-/// (session id, start, positions, encoding, framing).
+/// Upper bound on a `Forward` request's bytes besides its hidden states.
 const REQUEST_OVERHEAD: u64 = 1024;
 
-/// A split session that is reopened and replayed when it is lost (see the
-/// module docs).
+/// A split session that is reopened and replayed when it is lost (see the module docs).
 pub struct ReplayingClient {
     config: ClientConfig,
     client: SplitClient,
     split: (u32, u32),
     capacity: u32,
     info: SplitSessionInfo,
-    /// The residual stream after layer a of every position the server
-    /// holds, row-major.
+    /// The residual stream after layer a of every position the server holds, row-major.
     sent: Vec<f32>,
-    /// Parent row of every held row (`None` for row 0): `r − 1` along a
-    /// chain, anything else inside a tree pass not compacted yet.
+    /// Parent row of every held row (`None` for row 0).
     parents: Vec<Option<usize>>,
     max_replays: usize,
     replays: usize,
 }
 
 impl ReplayingClient {
-    /// Opens a session of split `(a, b)` and `capacity` positions on
-    /// `client`, connected with `config` (kept to reconnect).
-    ///
-    /// # Errors
-    /// [`SplitError::Service`]: the server's refusal of the split or the
-    /// capacity, transport failures.
+    /// Opens a session of split `(a, b)` and `capacity` positions. Errors: [`SplitError::Service`].
     pub fn open(
         config: ClientConfig,
         mut client: SplitClient,
@@ -84,16 +48,14 @@ impl ReplayingClient {
         })
     }
 
-    /// Allows `n` replays per session instead of 1 (0: none, a lost
-    /// session ends the generation).
+    /// Allows `n` replays per session instead of 1 (0: none, a lost session ends the generation).
     #[must_use]
     pub fn with_max_replays(mut self, n: usize) -> Self {
         self.max_replays = n;
         self
     }
 
-    /// The open session as the server described it (after a replay: the
-    /// reopened one).
+    /// The open session as the server described it (after a replay: the reopened one).
     pub fn session(&self) -> &SplitSessionInfo {
         &self.info
     }
@@ -108,25 +70,19 @@ impl ReplayingClient {
         self.replays
     }
 
-    /// Closes the session.
-    ///
-    /// # Errors
-    /// The server's status (`NOT_FOUND` if it was evicted meanwhile).
+    /// Closes the session. Errors: the server's status (`NOT_FOUND` if evicted).
     pub fn close(mut self) -> Result<(), SplitError> {
         Ok(self.client.close()?)
     }
 
-    /// Positions per replay call: as many rows as the server's message
-    /// limit allows (at least one).
+    /// Positions per replay call: as many rows as the server's message limit allows (at least one).
     fn rows_per_call(&self) -> usize {
         let row = 4 * u64::from(self.info.hidden_size).max(1);
         let rows = self.info.max_message_bytes.saturating_sub(REQUEST_OVERHEAD) / row;
         usize::try_from(rows).unwrap_or(usize::MAX).max(1)
     }
 
-    /// Opens a new session (reconnecting when the connection is gone) and
-    /// runs the first `positions` sent rows through it; returns what the
-    /// replay cost.
+    /// Opens a new session and runs the first `positions` sent rows through it; returns the cost.
     fn replay(&mut self, positions: usize) -> Result<Forwarded, SplitError> {
         // The lost session's id is void; closing it is best effort.
         let _ = self.client.close();
@@ -158,8 +114,7 @@ impl ReplayingClient {
 }
 
 impl ReplayingClient {
-    /// Compacts the record as `pass` will compact the server's cache and
-    /// checks that what remains is a causal chain (module docs).
+    /// Compacts the record as `pass` compacts the server's cache; checks it stays a causal chain.
     fn compact_record(&mut self, pass: &MiddlePass<'_>) -> Result<(), SplitError> {
         let d = self.info.hidden_size as usize;
         let held = self.parents.len();
@@ -224,9 +179,7 @@ impl MiddleLayers for ReplayingClient {
 }
 
 impl ReplayingClient {
-    /// After `lost`: replays the positions the server held once `pass`'s
-    /// compaction is done (the record, a causal chain) and repeats the call
-    /// without its compaction; the returned cost includes the replay's.
+    /// After `lost`: replays the record and repeats the call without its compaction.
     fn recover(
         &mut self,
         lost: ServiceError,

@@ -1,9 +1,8 @@
-//! Split inference over gRPC on loopback with the real default model
-//! (SmolLM2-135M-Instruct Q4_1): the output equals the whole model's greedy
-//! output run locally (an independent path: `cipherlora_model::generate`,
-//! one position per pass, one KV cache of all layers), also across a
-//! server restart (the session replayed), with lookahead decoding's token
-//! trees too, and every malformed call gets its typed status.
+//! Split inference over gRPC on loopback with the real default model (SmolLM2-135M-Instruct Q4_1):
+//! the output equals the whole model's greedy output run locally (an independent path:
+//! `cipherlora_model::generate`, one position per pass, one KV cache of all layers), also across a
+//! server restart (the session replayed), with lookahead decoding's token trees too, and every
+//! malformed call gets its typed status.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -104,8 +103,8 @@ fn split_generation_over_grpc_equals_local_greedy() {
             assert!(out.steps.len() <= TOKENS);
             accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
             if let Drafter::Lookahead(l) = drafter {
-                // Every step sent a tree: pending rows, the trie, the
-                // window (but on the last token).
+                // Every step sent a tree: pending rows, the trie, the window (but on the last
+                // token).
                 let last = out.steps.len() - 1;
                 for s in &out.steps[1..last] {
                     assert_eq!(s.positions, 1 + s.drafted + l.branch_nodes());
@@ -115,14 +114,14 @@ fn split_generation_over_grpc_equals_local_greedy() {
             c.close().unwrap();
         }
     }
-    // Drafts must have been accepted somewhere, by lookahead too (else
-    // rollback, compaction and multi-token steps went untested).
+    // Drafts must have been accepted somewhere, by lookahead too (else rollback, compaction and
+    // multi-token steps went untested).
     assert!(accepted > 0 && tree_accepted > 0);
 }
 
-/// Lookahead with the middle layers in process (no transport) and across
-/// a server restart (the record compacted like the server's cache, then
-/// replayed as a chain) still gives the local model's greedy output.
+/// Lookahead with the middle layers in process (no transport) and across a server restart (the
+/// record compacted like the server's cache, then replayed as a chain) still gives the local
+/// model's greedy output.
 #[test]
 fn lookahead_in_process_and_replayed_equals_local_greedy() {
     let (m, tok) = model();
@@ -168,9 +167,8 @@ fn no_draft_and_in_process_middle_give_the_same_tokens() {
     assert_eq!(out.steps.len(), TOKENS);
 }
 
-/// An end token stops generation before it is emitted, and the token
-/// limit cuts a step whose accepted drafts would pass it, both exactly
-/// where the local model's greedy output stops.
+/// An end token stops generation before it is emitted, and the token limit cuts a step whose
+/// accepted drafts would pass it, both exactly where the local model's greedy output stops.
 #[test]
 fn end_tokens_and_the_token_limit_cut_where_the_local_model_does() {
     let (m, tok) = model();
@@ -337,8 +335,8 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
         assert_eq!(refused(e), want, "{what}");
     }
 
-    // The session still computes what the same layers compute in process,
-    // including after a rollback by `start`.
+    // The session still computes what the same layers compute in process, including after a
+    // rollback by `start`.
     let mut reference = InProcess::new(m.clone(), 1, 1, 64).unwrap();
     let want = reference.forward(0, 3, &x).unwrap().hidden;
     assert_eq!(c.forward(0, 3, &x).unwrap(), want);
@@ -361,11 +359,10 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
     other.open(1, 1, 64).unwrap();
 }
 
-/// Malformed tree masks and keep lists get `invalid_tree` (a start beyond
-/// the cache `invalid_activations`, a pass over the capacity
-/// `limit_exceeded`) and change nothing: honest tree passes afterwards
-/// compute what the same layers compute in process, and the rows a keep
-/// list retains behave as the causal chain they form.
+/// Malformed tree masks and keep lists get `invalid_tree` (a start beyond the cache
+/// `invalid_activations`, a pass over the capacity `limit_exceeded`) and change nothing: honest
+/// tree passes afterwards compute what the same layers compute in process, and the rows a keep list
+/// retains behave as the causal chain they form.
 #[test]
 fn malformed_trees_and_keep_lists_get_typed_statuses() {
     let (m, _) = model();
@@ -426,8 +423,8 @@ fn malformed_trees_and_keep_lists_get_typed_statuses() {
         assert_eq!(refused(e), want, "{what}");
     }
 
-    // Nothing changed: a tree pass (rows 0 -> 1, and 2 off the prefix) at
-    // position 3, then a pass that keeps rows 0 and 1 of it.
+    // Nothing changed: a tree pass (rows 0 -> 1, and 2 off the prefix) at position 3, then a pass
+    // that keeps rows 0 and 1 of it.
     let tree_pass = MiddlePass {
         start: 3,
         keep: &[],
@@ -450,8 +447,8 @@ fn malformed_trees_and_keep_lists_get_typed_statuses() {
         c.forward_tree(3, &[0, 1], &[], 1, &x[2 * d..]).unwrap(),
         want
     );
-    // The kept rows are the chain x[0], x[1] at positions 3, 4: a session
-    // that ran them causally computes the same (up to summation order).
+    // The kept rows are the chain x[0], x[1] at positions 3, 4: a session that ran them causally
+    // computes the same (up to summation order).
     let mut chain = InProcess::new(m.clone(), 1, 1, 64).unwrap();
     chain.forward(0, 3, &x).unwrap();
     chain.forward(3, 2, &x[..2 * d]).unwrap();
@@ -470,10 +467,9 @@ fn malformed_trees_and_keep_lists_get_typed_statuses() {
     c.close().unwrap();
 }
 
-/// Stops `server` once `at` tokens have been generated (between two
-/// steps: `on_token` runs inside the loop) and, with `restart`, starts it
-/// again on the same address (a fresh process: no session, a new
-/// connection).
+/// Stops `server` once `at` tokens have been generated (between two steps: `on_token` runs inside
+/// the loop) and, with `restart`, starts it again on the same address (a fresh process: no session,
+/// a new connection).
 fn stop_server_after(
     at: usize,
     server: &mut Option<ServerThread>,
@@ -514,9 +510,8 @@ fn split_2_2() -> SplitConfig {
     }
 }
 
-/// A server restart mid-generation: the client reopens a session, replays
-/// the accepted prefix, and the output is still the local model's greedy
-/// output.
+/// A server restart mid-generation: the client reopens a session, replays the accepted prefix, and
+/// the output is still the local model's greedy output.
 #[test]
 fn a_server_restart_mid_generation_is_replayed_transparently() {
     let (m, tok) = model();
@@ -529,8 +524,7 @@ fn a_server_restart_mid_generation_is_replayed_transparently() {
     let out = generate(m, &prompt, &config, &mut mid, &mut on_token).unwrap();
     assert_eq!(out.tokens, want);
     assert_eq!(mid.replays(), 1);
-    // The replay's calls (the prompt and more) are counted in the step
-    // that needed them.
+    // The replay's calls (the prompt and more) are counted in the step that needed them.
     let replayed = out
         .steps
         .iter()
@@ -538,8 +532,8 @@ fn a_server_restart_mid_generation_is_replayed_transparently() {
     assert_eq!(replayed.count(), 1);
 }
 
-/// A server that stays down: the replay fails with its typed error; with
-/// no replay allowed, the loss itself is the error.
+/// A server that stays down: the replay fails with its typed error; with no replay allowed, the
+/// loss itself is the error.
 #[test]
 fn a_lost_server_ends_the_generation_with_a_typed_error() {
     let (m, tok) = model();

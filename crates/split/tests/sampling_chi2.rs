@@ -1,16 +1,14 @@
 //! Sampled split generation must follow the model's sampling distribution.
 //!
-//! At a fixed context that ends with a recurring n-gram, prompt lookup
-//! drafts a token x for the first position, so the first generated token is
-//! decided by speculative acceptance (kept with probability p(x), else drawn
-//! from p without x). Over many seeds the first tokens of the split loop
-//! (real default model, middle layers in process) must pass a χ²
-//! goodness-of-fit test against the softmax of the whole model run locally
-//! (an independent path: one forward pass over the prompt, all layers, one
-//! cache). The test can fail: the same χ² rejects the first tokens of a
-//! rule that does not remove x before renormalising, drawn at the same
-//! context. Seeds are fixed: the test is deterministic. Lookahead's
-//! sampled path is checked where its answer is known (top-k 1).
+//! At a fixed context that ends with a recurring n-gram, prompt lookup drafts a token x for the
+//! first position, so the first generated token is decided by speculative acceptance (kept with
+//! probability p(x), else drawn from p without x). Over many seeds the first tokens of the split
+//! loop (real default model, middle layers in process) must pass a χ² goodness-of-fit test against
+//! the softmax of the whole model run locally (an independent path: one forward pass over the
+//! prompt, all layers, one cache). The test can fail: the same χ² rejects the first tokens of a
+//! rule that does not remove x before renormalising, drawn at the same context. Seeds are fixed:
+//! the test is deterministic. Lookahead's sampled path is checked where its answer is known (top-k
+//! 1).
 
 mod common;
 
@@ -23,8 +21,8 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
-/// Prompt lookup drafts " C"; the model gives it p ≈ 0.25 at temperature
-/// 1 (a short prompt: each draw is a prefill).
+/// Prompt lookup drafts " C"; the model gives it p ≈ 0.25 at temperature 1 (a short prompt: each
+/// draw is a prefill).
 const PROMPT: &str = "A B C A B";
 const DRAWS: u64 = 300;
 
@@ -47,8 +45,8 @@ fn local_probs(m: &Model, prompt: &[u32]) -> Vec<f32> {
         .probs(&last.unwrap(), prompt)
 }
 
-/// χ² p-value of `counts` against `p`: tokens expected 5 times or more are
-/// cells of their own, the rest one pooled cell.
+/// χ² p-value of `counts` against `p`: tokens expected 5 times or more are cells of their own, the
+/// rest one pooled cell.
 fn chi2_p_value(p: &[f32], counts: &[usize]) -> f64 {
     let n = DRAWS as f64;
     let (mut chi2, mut cells, mut rest_o, mut rest_e) = (0.0, 0usize, 0.0, 0.0);
@@ -69,8 +67,8 @@ fn chi2_p_value(p: &[f32], counts: &[usize]) -> f64 {
     1.0 - ChiSquared::new((cells - 1) as f64).unwrap().cdf(chi2)
 }
 
-/// The first generated token of `DRAWS` seeded split generations (middle
-/// layers in process), counted per token.
+/// The first generated token of `DRAWS` seeded split generations (middle layers in process),
+/// counted per token.
 fn first_tokens(drafter: Drafter, vocab: usize) -> Vec<usize> {
     let (m, tok) = model();
     let prompt = tok.encode(PROMPT).unwrap();
@@ -93,12 +91,11 @@ fn first_tokens(drafter: Drafter, vocab: usize) -> Vec<usize> {
     counts
 }
 
-/// Lookahead's sampled path (tree rows' distributions, multi-draft
-/// acceptance, compaction) where its answer is known: with top-k 1 every
-/// row's distribution is one-hot at its argmax, so sampled lookahead must
-/// give the whole model's greedy output (the χ² test above costs 300
-/// passes; a lookahead pass carries a window of 5 to 14 extra rows, too
-/// slow for the test suite). And one seed gives one output.
+/// Lookahead's sampled path (tree rows' distributions, multi-draft acceptance, compaction) where
+/// its answer is known: with top-k 1 every row's distribution is one-hot at its argmax, so sampled
+/// lookahead must give the whole model's greedy output (the χ² test above costs 300 passes; a
+/// lookahead pass carries a window of 5 to 14 extra rows, too slow for the test suite). And one
+/// seed gives one output.
 #[test]
 fn sampled_lookahead_is_seeded_and_top_k_1_is_greedy() {
     let (m, tok) = model();
@@ -146,8 +143,8 @@ fn sampled_split_tokens_follow_the_whole_models_softmax() {
     let pv = chi2_p_value(&p, &split);
     assert!(pv > 1e-3, "split sampling rejected by χ²: p = {pv}");
 
-    // Wrong rule at the same context: a rejected draft is not removed
-    // before renormalising (the replacement is drawn from p itself).
+    // Wrong rule at the same context: a rejected draft is not removed before renormalising (the
+    // replacement is drawn from p itself).
     let mut rng = ChaCha20Rng::seed_from_u64(9);
     let mut wrong = vec![0usize; p.len()];
     for _ in 0..DRAWS {
