@@ -1,19 +1,5 @@
-//! What the HE-LoRA server receives, as attacker features.
-//!
-//! The adapter server sees each projection input only as a fresh CKKS
-//! ciphertext under the client's secret key (RLWE: Lyubashevsky–Peikert–
-//! Regev 2010; CKKS: Cheon–Kim–Kim–Song 2017). [`ciphertext_features`]
-//! encrypts every hidden state (the residual stream after `a` layers, one
-//! state per ciphertext, its values in the first `hidden` slots) under a
-//! fresh secret key per window (one "session"), serialises the seeded
-//! ciphertext as it travels (`SeededCiphertext::to_bytes`: header, scale,
-//! the 32-byte seed of the uniform part, then `c0 = m + e − a·s` bit-packed)
-//! and takes `dim` little-endian 32-bit words of the packed `c0` after the
-//! header, scale and seed, scaled to [0, 1), as the feature vector. Under
-//! RLWE these words are indistinguishable from uniform without the key, so
-//! the learned inverters trained on them must score at the frequency
-//! baseline ([`crate::learned::frequency_baseline`]): the same attackers,
-//! the same training and evaluation text, only the view differs.
+//! What the HE-LoRA server receives, as attacker features: `dim` words of each state's packed `c0`
+//! under a fresh per-window key (RLWE; CKKS 2017), which must score at the baseline.
 
 use cipherlora_ckks::{CkksParameters, Context, Encoder, Encryptor, Preset, SecretKey};
 use rand::SeedableRng;
@@ -21,23 +7,14 @@ use rand_chacha::ChaCha20Rng;
 
 use crate::{AttackError, Result};
 
-/// Bytes before the packed `c0` in a serialised seeded ciphertext: the
-/// 16-byte header, the 8-byte scale and the 32-byte seed.
+/// Bytes before the packed `c0` of a seeded ciphertext: header, scale, seed.
 pub const SEEDED_PREFIX: usize = 16 + 8 + 32;
 
-/// The CKKS parameters used: N = 8192, moduli 60 + 40 bits, Δ = 2^40
-/// (the engine's smallest 128-bit preset).
+/// The CKKS parameters: N = 8192, moduli 60 + 40 bits, Δ = 2^40.
 pub const PRESET: Preset = Preset::N8192Depth1;
 
-/// Ciphertext features (row-major (positions, `dim`) in [0, 1)) of states
-/// `states` (row-major (positions, `hidden`)), a fresh secret key per window
-/// of `window_lens` positions; keys and encryption randomness from ChaCha20
-/// seeded with `seed` (reproducible; the keys are never used for anything
-/// else).
-///
-/// # Errors
-/// [`AttackError::Input`] if the sizes do not add up, `hidden` exceeds the
-/// slots, or `dim` exceeds the packed `c0`'s 32-bit words; CKKS errors.
+/// Ciphertext features ((positions, `dim`) in [0, 1)) of `states` ((positions, `hidden`)), a key
+/// per window, seeded. Errors: [`AttackError::Input`] for bad sizes; CKKS errors.
 pub fn ciphertext_features(
     states: &[f32],
     hidden: usize,
@@ -91,8 +68,7 @@ pub fn ciphertext_features(
     Ok(out)
 }
 
-/// A 32-bit word mapped into [0, 1): its top 24 bits over 2^24, exact in
-/// f32. (`w as f32 / 2^32` rounds words above 2^32 − 2^7 up to 1.0.)
+/// A word's top 24 bits over 2^24: exact in f32 and below 1.
 fn unit_interval(w: u32) -> f32 {
     (w >> 8) as f32 / 16_777_216.0
 }
@@ -101,8 +77,7 @@ fn unit_interval(w: u32) -> f32 {
 mod tests {
     use super::unit_interval;
 
-    /// CI failure (stop 27): a ciphertext word near 2^32 became the feature
-    /// 1.0, outside [0, 1), because `u32 as f32` rounds to 24 bits.
+    /// A word near 2^32 maps below 1.0 (`u32 as f32` would round to 1.0).
     #[test]
     fn largest_words_stay_below_one() {
         for w in [

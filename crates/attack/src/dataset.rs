@@ -1,17 +1,5 @@
-//! Text for the attacks and the hidden states a split server would see.
-//!
-//! * [`Corpus`]: the general corpus's Project Gutenberg books
-//!   (`tools/train_adapter/general_corpus.json`: path, work and sha256 of
-//!   each file), split *by work* exactly as `tools/train_adapter/common.py`
-//!   does (held out iff the first 8 bytes of `sha256("20241121:<work>")`,
-//!   big-endian, are < 10 mod 100), so the attackers train on books whose
-//!   works never appear in evaluation; plus held-out code
-//!   ([`load_code_prompts`], HumanEval prompts).
-//! * [`sample_windows`]: token windows cut at random places (seeded
-//!   ChaCha8), the first token of each cut dropped (it may be a word's tail).
-//! * [`Activations`]: the residual stream after `a` decoder layers for every
-//!   window position, at several depths from one forward pass per window
-//!   ([`cipherlora_model::Model::hidden_states_at`]).
+//! Text for the attacks and the hidden states a split server would see: [`Corpus`],
+//! [`sample_windows`] and [`Activations`].
 
 use std::path::Path;
 
@@ -21,14 +9,12 @@ use sha2::{Digest, Sha256};
 
 use crate::{AttackError, Result};
 
-/// Seed of the corpus's document-level split (`SPLIT_SEED` in
-/// `tools/train_adapter/common.py`).
+/// Seed of the corpus's document-level split (`SPLIT_SEED` in `tools/train_adapter/common.py`).
 pub const SPLIT_SEED: u64 = 20241121;
 /// Percentage of works held out.
 pub const HELDOUT_PERCENT: u64 = 10;
 
-/// Whether the work `key` is held out: `sha256("{SPLIT_SEED}:{key}")`'s first
-/// 8 bytes, big-endian, mod 100 < [`HELDOUT_PERCENT`].
+/// Whether work `key` is held out (its seeded sha256 mod 100 < [`HELDOUT_PERCENT`]).
 pub fn is_heldout(key: &str) -> bool {
     let h = Sha256::digest(format!("{SPLIT_SEED}:{key}").as_bytes());
     let mut b = [0u8; 8];
@@ -55,15 +41,8 @@ pub struct Corpus {
 }
 
 impl Corpus {
-    /// Loads the general corpus: every file the manifest lists, read under
-    /// `root`, checked against its sha256, reduced to the text between
-    /// Project Gutenberg's START and END markers ([`gutenberg_body`]) and
-    /// put in `train` or `heldout` by its work ([`is_heldout`]).
-    ///
-    /// # Errors
-    /// [`AttackError::Corpus`] for an unreadable or malformed manifest, a
-    /// missing file, a sha256 mismatch, a file without a START marker, or an
-    /// empty split.
+    /// Loads the general corpus in `manifest` under `root`, sha256-checked, split by work. Errors:
+    /// [`AttackError::Corpus`].
     pub fn load_general(manifest: &Path, root: &Path) -> Result<Self> {
         let raw = std::fs::read_to_string(manifest)
             .map_err(|e| AttackError::Corpus(format!("{}: {e}", manifest.display())))?;
@@ -117,12 +96,7 @@ impl Corpus {
     }
 }
 
-/// The text between a Project Gutenberg START marker line and the END
-/// marker (or the older "End of the Project Gutenberg" / "The Project
-/// Gutenberg Etext of" lines), each paragraph's hard-wrapped lines joined by
-/// single spaces, paragraphs separated by a blank line. A simplified port of
-/// `gutenberg_body` in `tools/train_adapter/common.py` (the leading
-/// "Produced by" credit is kept). `None` without a START marker.
+/// The text between Project Gutenberg's START and END markers, paragraphs unwrapped.
 pub fn gutenberg_body(raw: &str) -> Option<String> {
     let lines: Vec<&str> = raw.lines().collect();
     let start = lines.iter().position(|l| {
@@ -169,11 +143,7 @@ pub fn gutenberg_body(raw: &str) -> Option<String> {
     Some(paras.join("\n\n"))
 }
 
-/// The `"prompt"` field of each line of a JSON-lines file (HumanEval).
-///
-/// # Errors
-/// [`AttackError::Corpus`] if the file is unreadable, a line is not JSON or
-/// lacks a string `"prompt"`, or there is no line.
+/// The `"prompt"` of each line of a JSON-lines file. Errors: [`AttackError::Corpus`].
 pub fn load_code_prompts(path: &Path) -> Result<Vec<Document>> {
     let raw = std::fs::read_to_string(path)
         .map_err(|e| AttackError::Corpus(format!("{}: {e}", path.display())))?;
@@ -205,15 +175,8 @@ pub fn load_code_prompts(path: &Path) -> Result<Vec<Document>> {
 /// Shortest window [`sample_windows`] keeps (tokens).
 pub const MIN_WINDOW: usize = 8;
 
-/// `count` token windows of at most `len` tokens (at least [`MIN_WINDOW`]):
-/// a document chosen with probability proportional to its length, a cut at
-/// a uniformly random byte (moved to a character boundary), about `8·len`
-/// bytes tokenized, the first token dropped, the next `len` kept.
-///
-/// # Errors
-/// [`AttackError::Input`] if `docs` is empty or has no text, `len <
-/// MIN_WINDOW`, or no window of [`MIN_WINDOW`] tokens can be cut after many
-/// tries; tokenizer errors.
+/// `count` windows of [`MIN_WINDOW`]..=`len` tokens cut at random. Errors: [`AttackError::Input`];
+/// tokenizer errors.
 pub fn sample_windows<R: Rng + ?Sized>(
     docs: &[Document],
     tok: &Tokenizer,
@@ -281,8 +244,7 @@ pub struct Activations {
     pub states: Vec<Vec<f32>>,
     /// The token at each position (the label to recover).
     pub tokens: Vec<u32>,
-    /// Number of positions of each window, in order (positions of window w
-    /// follow those of windows < w).
+    /// Positions of each window, in order.
     pub window_lens: Vec<usize>,
 }
 
@@ -297,10 +259,7 @@ impl Activations {
         self.tokens.is_empty()
     }
 
-    /// The states at `depth`, row-major (positions, dim).
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] if `depth` was not computed.
+    /// The states at `depth`, (positions, dim). Errors: [`AttackError::Input`].
     pub fn at(&self, depth: usize) -> Result<&[f32]> {
         self.depths
             .iter()
@@ -309,13 +268,8 @@ impl Activations {
             .ok_or_else(|| AttackError::Input(format!("depth {depth} not computed")))
     }
 
-    /// The residual stream after `depths` layers for every position of every
-    /// window, each window one causal pass from an empty cache (position 0
-    /// at its first token).
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] if `windows` is empty, a window is empty or
-    /// `depths` is empty or exceeds the model's layers; model errors.
+    /// The residual stream after `depths` layers for every window position (one causal pass per
+    /// window). Errors: [`AttackError::Input`]; model errors.
     pub fn compute(model: &Model, windows: &[Vec<u32>], depths: &[usize]) -> Result<Self> {
         let layers = model.config().num_layers;
         if windows.is_empty() || windows.iter().any(|w| w.is_empty()) {

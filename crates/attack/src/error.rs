@@ -5,8 +5,7 @@ use thiserror::Error;
 /// Everything an attack can fail with; no input makes the crate panic.
 #[derive(Debug, Error)]
 pub enum AttackError {
-    /// The corpus manifest or a corpus file is missing, unreadable or
-    /// does not match its sha256.
+    /// The corpus manifest or a corpus file is missing, unreadable or does not match its sha256.
     #[error("corpus: {0}")]
     Corpus(String),
     /// A bad argument: depth beyond the model, empty data, zero sizes, …

@@ -1,27 +1,6 @@
-//! The attack that uses the public weights: position by position, find the
-//! token whose hidden state matches the observed one.
-//!
-//! Nikolaou et al. ("Language Models are Injective and Hence Invertible",
-//! arXiv 2510.15511, SipIt) show that decoder-only transformers map distinct
-//! prompts to distinct hidden states almost surely, and invert states
-//! exactly by a sequential search: the state at position t depends only on
-//! tokens `0..=t`, so with tokens `0..t` already recovered, the token at t
-//! is the candidate `v` whose state `h_a(prefix ‖ v)` equals the observed
-//! one. Here candidates are tried in the order of a [`Ranker`] (a learned
-//! inverter's logits, or similarity to the embedding table), `batch` at a
-//! time as a tree of sibling roots over the prefix's KV cache (one forward
-//! pass of `a` layers per batch), until one matches within a relative L2
-//! distance of `tolerance`, or `budget` candidates were tried, in which case
-//! the closest candidate is taken.
-//!
-//! Tolerance: the observed state and the candidate's are the same
-//! computation in f32 with a different batching (one causal pass of the
-//! window against cached keys plus a tree pass), which differ by float
-//! summation order: relative distance ~1e-6. Distinct tokens give states
-//! that differ at order 1 (the embedding rows differ and every layer adds to
-//! the residual stream); [`ExactResult::closest_wrong`] reports the smallest
-//! relative distance of a non-matching candidate seen, so a run shows its
-//! margin against the default 1e-3.
+//! The attack with the public weights (SipIt: Nikolaou et al., arXiv 2510.15511): position by
+//! position, the candidate token whose state matches the observed one within relative L2
+//! `tolerance`. Notes: docs/design/code-notes.md, "attack: exact".
 
 use cipherlora_model::{AttentionMask, Model, Tensor};
 
@@ -30,10 +9,7 @@ use crate::{AttackError, Result};
 
 /// Orders candidate tokens for the state at one position.
 pub trait Ranker {
-    /// Up to `k` token ids, most likely first.
-    ///
-    /// # Errors
-    /// Implementation-specific.
+    /// Up to `k` token ids, most likely first. Errors: implementation-specific.
     fn rank(&self, state: &[f32], k: usize) -> Result<Vec<u32>>;
 }
 
@@ -43,9 +19,7 @@ impl Ranker for Inverter {
     }
 }
 
-/// Ranks tokens by the cosine similarity of the state to their embedding
-/// rows (at small depths the residual stream is still close to the token's
-/// embedding); needs no training.
+/// Ranks tokens by cosine similarity of the state to their embedding rows (no training).
 #[derive(Debug)]
 pub struct EmbeddingRanker {
     /// (vocab, hidden), rows scaled to unit norm.
@@ -57,10 +31,7 @@ pub struct EmbeddingRanker {
 }
 
 impl EmbeddingRanker {
-    /// From the model's embedding table.
-    ///
-    /// # Errors
-    /// Candle errors.
+    /// From the model's embedding table. Errors: candle errors.
     pub fn new(model: &Model) -> Result<Self> {
         let e = model.embedding();
         let sq = e.sqr()?.sum_keepdim(1)?;
@@ -105,11 +76,7 @@ impl Ranker for EmbeddingRanker {
     }
 }
 
-/// The state of every vocabulary token at position 0 (no prefix) after
-/// `depth` layers: position 0 attends only to itself, so its state is a
-/// function of the token alone and one table lookup inverts it. Built in
-/// batches of independent roots (a tree mask of siblings): `vocab · depth`
-/// token-layers, about 2.7 TFLOP at depth 8 for SmolLM2-135M.
+/// Every token's state at position 0 after `depth` layers: one lookup inverts position 0.
 #[derive(Debug)]
 pub struct FirstPositionTable {
     depth: usize,
@@ -118,11 +85,7 @@ pub struct FirstPositionTable {
 }
 
 impl FirstPositionTable {
-    /// Computes the table, `batch` tokens per pass.
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] for depth beyond the model or a zero batch;
-    /// model errors.
+    /// Computes the table, `batch` tokens per pass. Errors: [`AttackError::Input`]; model errors.
     pub fn new(model: &Model, depth: usize, batch: usize) -> Result<Self> {
         if depth > model.config().num_layers || batch == 0 {
             return Err(AttackError::Input(format!(
@@ -155,8 +118,7 @@ impl FirstPositionTable {
     }
 }
 
-/// Row indices of `table` (rows, dim) by increasing L2 distance to `r`,
-/// `sq` the rows' squared norms; the first `k`.
+/// The first `k` rows of `table` by L2 distance to `r` (`sq`: squared row norms).
 fn nearest_rows(table: &Tensor, sq: &[f32], r: &[f32], k: usize) -> Result<Vec<u32>> {
     let dim = r.len();
     let t = Tensor::from_slice(r, (dim, 1), &candle_core::Device::Cpu)?;
@@ -187,11 +149,7 @@ pub struct ExactConfig {
     pub batch: usize,
     /// Relative L2 distance under which a candidate matches.
     pub tolerance: f64,
-    /// After `budget` candidates without a match, go on through the whole
-    /// vocabulary (nearest embeddings to the refinement first, 1024 per
-    /// pass) until one matches: by injectivity one does, so every position
-    /// is verified, at up to `vocab · depth` token-layers per miss. Needs
-    /// the embedding ranker.
+    /// After `budget` misses, search the whole vocabulary (needs the embedding ranker).
     #[serde(default)]
     pub full_search: bool,
 }
@@ -218,9 +176,7 @@ pub struct ExactResult {
     pub matched_at: Vec<bool>,
     /// Candidates whose state was computed, all positions.
     pub candidates_tried: usize,
-    /// Smallest relative distance of a candidate other than the accepted
-    /// one, over positions whose prefix was verified (∞ if none was
-    /// compared): the margin the tolerance relies on.
+    /// Smallest relative distance of a wrong candidate (∞ if none): the tolerance's margin.
     pub closest_wrong: f64,
     /// Largest relative distance of an accepted match (0 if none).
     pub farthest_match: f64,
@@ -246,13 +202,8 @@ fn rel_dist(a: &[f32], b: &[f32]) -> f64 {
     (d / n.max(1e-30)).sqrt()
 }
 
-/// Recovers the tokens of one window from its states `observed` (row-major
-/// (T, hidden)) after `depth` layers, each position started from an empty
-/// cache (as [`crate::dataset::Activations::compute`] produced them).
-///
-/// # Errors
-/// [`AttackError::Input`] if `depth` exceeds the model, `observed` is
-/// empty or not (T, hidden), or the budget or batch is 0; model errors.
+/// Recovers one window's tokens from `observed` ((T, hidden), row-major) after `depth` layers.
+/// Errors: [`AttackError::Input`]; model errors.
 pub fn invert_window(
     model: &Model,
     observed: &[f32],
@@ -305,8 +256,7 @@ pub fn invert_window(
         let mut best_row: Vec<f32> = Vec::new();
         let mut found = None;
         while tried.len() < cfg.budget {
-            // Half the batch from the ranker, half from the refinement (all
-            // from whichever has candidates left).
+            // Half the batch from the ranker, half from the refinement.
             let want = cfg.batch.min(cfg.budget - tried.len());
             let mut group: Vec<u32> = Vec::with_capacity(want);
             let mut turn = 0usize;
@@ -360,11 +310,8 @@ pub fn invert_window(
             if matched_so_far {
                 res.closest_wrong = res.closest_wrong.min(dists[0].1);
             }
-            // Refinement: the state is the token's embedding plus what the
-            // layers add, which depends on the token only weakly at small
-            // depth; so `target − (h(best) − e(best))` estimates the unknown
-            // token's embedding, and the nearest embeddings are tried next
-            // (a fixed-point step in the spirit of SipIt's local search).
+            // Refinement: `target − (h(best) − e(best))` estimates the embedding; try its
+            // neighbours.
             if let (Some(er), Some((bc, _)), true) = (refine, best, improved) {
                 let e = er.row(bc)?;
                 let r: Vec<f32> = target
@@ -422,8 +369,7 @@ pub fn invert_window(
                 c
             }
             None => {
-                // The true prefix is now uncertain: later states cannot be
-                // matched exactly, and their misses say nothing of the margin.
+                // The prefix is now uncertain: later misses say nothing of the margin.
                 matched_so_far = false;
                 res.matched_at.push(false);
                 best.map(|(c, _)| c).unwrap_or(0)
@@ -446,12 +392,7 @@ fn check_table_depth(first: Option<&FirstPositionTable>, depth: usize) -> Result
     }
 }
 
-/// [`invert_window`] over consecutive windows of `states` (row-major, the
-/// windows' positions in order), `window_lens` positions each.
-///
-/// # Errors
-/// [`AttackError::Input`] if the lengths do not add up; as
-/// [`invert_window`].
+/// [`invert_window`] over consecutive windows. Errors: [`AttackError::Input`]; as `invert_window`.
 #[allow(clippy::too_many_arguments)]
 pub fn invert_windows(
     model: &Model,
@@ -485,9 +426,7 @@ pub fn invert_windows(
     Ok(res)
 }
 
-/// `first`'s ranking, then `second`'s tokens not already listed, up to `k`
-/// (a learned inverter knows only its classes; the embedding ranking covers
-/// the rest of the vocabulary).
+/// `first`'s ranking, then `second`'s new tokens, up to `k`.
 pub struct ChainRanker<'a> {
     /// Consulted first.
     pub first: &'a dyn Ranker,

@@ -1,24 +1,6 @@
-//! Learned inverters: a classifier from one hidden state to the token at its
-//! position, trained on public text and evaluated on held-out text — the
-//! "learned inversion" attacks of the split-inference literature (an MLP
-//! inverter on Mistral-7B's states recovers 59 % of tokens at split depth 2
-//! and 35 % at depth 8: arXiv 2602.16760, "Privacy-Aware Split Inference
-//! with Speculative Decoding over WANs").
-//!
-//! * Linear: softmax regression `W·z + b` on the standardised state `z`
-//!   (features centred and scaled by the training set's mean and standard
-//!   deviation).
-//! * MLP: `W₂·GELU(W₁·z + b₁) + b₂` (one hidden layer).
-//!
-//! The output classes are the `classes` most frequent tokens of the
-//! training set (a full 49 152-way output layer would not train in minutes
-//! on two CPU threads); training uses only states whose token is a class,
-//! and evaluation counts every held-out position, so a token outside the
-//! classes is always a miss: [`Inverter::coverage`] bounds the recovery
-//! rate. Trained with AdamW (Loshchilov & Hutter, ICLR 2019) on the
-//! cross-entropy, mini-batches shuffled by a seeded ChaCha8; weights
-//! initialised from the same generator (uniform ±1/√fan_in, as PyTorch's
-//! `nn.Linear`), so a run is a function of its seed.
+//! Learned inverters (arXiv 2602.16760): linear or one-hidden-layer MLP classifiers from a hidden
+//! state to its token, over the `classes` most frequent training tokens, trained with AdamW
+//! (Loshchilov & Hutter, ICLR 2019) from a seed.
 
 use std::collections::HashMap;
 
@@ -42,10 +24,7 @@ pub struct Features {
 }
 
 impl Features {
-    /// Rows from row-major `x` and their labels.
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] if `dim` is 0 or `x.len() != dim · labels.len()`.
+    /// Rows from row-major `x` and their labels. Errors: [`AttackError::Input`] for bad sizes.
     pub fn new(dim: usize, x: Vec<f32>, labels: Vec<u32>) -> Result<Self> {
         if dim == 0 || x.len() != dim * labels.len() {
             return Err(AttackError::Input(format!(
@@ -139,11 +118,7 @@ fn init_linear<R: Rng + ?Sized>(rng: &mut R, fan_in: usize, fan_out: usize) -> R
 }
 
 impl Inverter {
-    /// Trains an inverter of `kind` on `train`.
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] for empty data, zero classes, batch or epochs,
-    /// or an MLP of width 0; candle errors.
+    /// Trains an inverter of `kind` on `train`. Errors: [`AttackError::Input`]; candle errors.
     pub fn train(kind: InverterKind, train: &Features, cfg: &TrainConfig) -> Result<Self> {
         if train.is_empty() || cfg.classes == 0 || cfg.batch == 0 || cfg.epochs == 0 {
             return Err(AttackError::Input(
@@ -311,10 +286,7 @@ impl Inverter {
         Ok(x.len() / self.dim)
     }
 
-    /// The most likely token for each row of row-major `x` (rows, dim).
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] if `x` is not a positive multiple of `dim`.
+    /// The most likely token per row of `x` (rows, dim). Errors: [`AttackError::Input`].
     pub fn predict(&self, x: &[f32]) -> Result<Vec<u32>> {
         let rows = self.check(x)?;
         let mut out = Vec::with_capacity(rows);
@@ -326,10 +298,7 @@ impl Inverter {
         Ok(out)
     }
 
-    /// The `k` most likely tokens for one row `x` (dim), best first.
-    ///
-    /// # Errors
-    /// [`AttackError::Input`] if `x.len() != dim`.
+    /// The `k` most likely tokens for one row `x` (dim). Errors: [`AttackError::Input`].
     pub fn rank(&self, x: &[f32], k: usize) -> Result<Vec<u32>> {
         if x.len() != self.dim {
             return Err(AttackError::Input(format!(
@@ -350,10 +319,7 @@ impl Inverter {
     }
 }
 
-/// Fraction of positions where `predicted` equals `truth`.
-///
-/// # Errors
-/// [`AttackError::Input`] if the lengths differ or are 0.
+/// Fraction of positions where `predicted` equals `truth`. Errors: [`AttackError::Input`].
 pub fn recovery_rate(predicted: &[u32], truth: &[u32]) -> Result<f64> {
     if predicted.len() != truth.len() || truth.is_empty() {
         return Err(AttackError::Input(format!(
@@ -366,12 +332,7 @@ pub fn recovery_rate(predicted: &[u32], truth: &[u32]) -> Result<f64> {
     Ok(hits as f64 / truth.len() as f64)
 }
 
-/// The frequency (majority-class) baseline: the recovery rate on `eval` of
-/// always answering the most frequent token of `train` — what an attacker
-/// that learned nothing from the states scores.
-///
-/// # Errors
-/// [`AttackError::Input`] if either is empty.
+/// Recovery on `eval` of always answering `train`'s most frequent token. Errors: empty input.
 pub fn frequency_baseline(train: &[u32], eval: &[u32]) -> Result<(u32, f64)> {
     if train.is_empty() || eval.is_empty() {
         return Err(AttackError::Input("empty token list".into()));

@@ -1,5 +1,5 @@
-//! The study's report: JSON (serde) and a Markdown table, depth × attacker
-//! → held-out token recovery rate.
+//! The study's report: JSON (serde) and a Markdown table, depth × attacker → held-out token
+//! recovery rate.
 
 use serde::{Deserialize, Serialize};
 
@@ -58,9 +58,8 @@ pub struct AttackReport {
     pub window: usize,
     /// Where training and evaluation text came from.
     pub data: String,
-    /// Most frequent training token and the held-out rate of always
-    /// answering it (the frequency baseline; chance for an attacker that
-    /// learns nothing from its input).
+    /// Most frequent training token and the held-out rate of always answering it (the frequency
+    /// baseline; chance for an attacker that learns nothing from its input).
     pub baseline_token: u32,
     /// Its decoded text.
     pub baseline_text: String,
@@ -88,8 +87,8 @@ impl AttackReport {
         a
     }
 
-    /// The Markdown table (depth rows, attacker columns, the paper's MLP
-    /// figure and the baseline alongside) and a details list.
+    /// The Markdown table (depth rows, attacker columns, the paper's MLP figure and the baseline
+    /// alongside) and a details list.
     pub fn markdown(&self) -> String {
         let attackers = self.attackers();
         let mut depths: Vec<usize> = self.rows.iter().map(|r| r.depth).collect();

@@ -1,5 +1,5 @@
-//! The whole study: sample text, compute states at every depth, train and
-//! evaluate every attacker, and collect an [`AttackReport`].
+//! The whole study: sample text, compute states at every depth, train and evaluate every attacker,
+//! and collect an [`AttackReport`].
 
 use std::time::Instant;
 
@@ -58,8 +58,7 @@ pub struct StudyConfig {
     pub train_states: usize,
     /// Held-out positions for the learned attackers (half prose, half code).
     pub eval_tokens: usize,
-    /// Held-out positions for the exact attack (the first windows of the
-    /// evaluation set).
+    /// Held-out positions for the exact attack (the first windows of the evaluation set).
     pub exact_tokens: usize,
     /// Training states for the ciphertext attackers.
     pub ciphertext_train_states: usize,
@@ -112,11 +111,8 @@ pub struct StudyData<'a> {
     pub description: String,
 }
 
-/// Runs the study; `progress` receives one line per step.
-///
-/// # Errors
-/// [`AttackError::Input`] for no depth or attacker, a depth beyond the
-/// model, zero sizes, or empty text; errors of every step.
+/// Runs the study; `progress` receives one line per step. Errors: [`AttackError::Input`] for no
+/// depth or attacker, a depth beyond the model, zero sizes, or empty text; errors of every step.
 pub fn run_study(
     model: &Model,
     tok: &Tokenizer,

@@ -1,10 +1,8 @@
-//! The attacks on the real default model (SmolLM2-135M-Instruct Q4_1,
-//! fetched and sha256-checked by `cipherlora_model::fetch`), with text
-//! committed to this repository so the tests need no corpus download:
-//! training text is the repository's own Markdown (README, BENCHMARKS),
-//! held-out text the general-prose evaluation prompts (held-out Gutenberg
-//! works) and the HumanEval prompts. Ground truth is the tokenizer's ids of
-//! that text, independent of every attack.
+//! The attacks on the real default model (SmolLM2-135M-Instruct Q4_1, fetched and sha256-checked by
+//! `cipherlora_model::fetch`), with text committed to this repository so the tests need no corpus
+//! download: training text is the repository's own Markdown (README, BENCHMARKS), held-out text the
+//! general-prose evaluation prompts (held-out Gutenberg works) and the HumanEval prompts. Ground
+//! truth is the tokenizer's ids of that text, independent of every attack.
 
 use std::cell::Cell;
 use std::path::PathBuf;
@@ -49,8 +47,8 @@ fn doc(p: &str) -> Document {
     }
 }
 
-/// Train: the repository's README and BENCHMARKS; held out: the general
-/// evaluation prompts (prose of held-out Gutenberg works).
+/// Train: the repository's README and BENCHMARKS; held out: the general evaluation prompts (prose
+/// of held-out Gutenberg works).
 fn corpus() -> Corpus {
     Corpus {
         train: vec![doc("README.md"), doc("BENCHMARKS.md")],
@@ -85,9 +83,9 @@ fn small_training() -> TrainConfig {
     }
 }
 
-/// Lists the true token of each successive position among 63 seeded random
-/// decoys (one `rank` call per position, in order): the search's soundness
-/// without depending on a ranker's quality, which the benchmark measures.
+/// Lists the true token of each successive position among 63 seeded random decoys (one `rank` call
+/// per position, in order): the search's soundness without depending on a ranker's quality, which
+/// the benchmark measures.
 struct DecoyRanker {
     truth: Vec<u32>,
     next: Cell<usize>,
@@ -106,11 +104,10 @@ impl Ranker for DecoyRanker {
     }
 }
 
-/// SipIt-style search with the public weights: given candidates that include
-/// the true token, it recovers every token of a held-out prose prompt from
-/// its states at depths 1 and 2, each verified within the tolerance, with
-/// orders of magnitude between the matches and the nearest wrong candidate;
-/// position 0 is also found by the table lookup alone (checked at depth 1).
+/// SipIt-style search with the public weights: given candidates that include the true token, it
+/// recovers every token of a held-out prose prompt from its states at depths 1 and 2, each verified
+/// within the tolerance, with orders of magnitude between the matches and the nearest wrong
+/// candidate; position 0 is also found by the table lookup alone (checked at depth 1).
 #[test]
 fn exact_attack_recovers_a_heldout_prompt_at_depths_1_and_2() {
     let (m, tok) = model();
@@ -148,9 +145,8 @@ fn exact_attack_recovers_a_heldout_prompt_at_depths_1_and_2() {
     assert_eq!(r.matched, 1);
 }
 
-/// A linear inverter trained on a few thousand depth-1 states of unrelated
-/// text (the repository's Markdown) recovers held-out prose well above the
-/// frequency baseline.
+/// A linear inverter trained on a few thousand depth-1 states of unrelated text (the repository's
+/// Markdown) recovers held-out prose well above the frequency baseline.
 #[test]
 fn linear_inverter_beats_the_frequency_baseline_at_depth_1() {
     let (tr, ev) = states();
@@ -162,8 +158,8 @@ fn linear_inverter_beats_the_frequency_baseline_at_depth_1() {
     assert!(rate > base + 0.2, "linear {rate} vs baseline {base}");
 }
 
-/// The same inverter on CKKS ciphertexts of the same states scores no better
-/// than the frequency baseline beyond a binomial margin (4σ).
+/// The same inverter on CKKS ciphertexts of the same states scores no better than the frequency
+/// baseline beyond a binomial margin (4σ).
 #[test]
 fn ciphertext_attacker_stays_at_the_frequency_baseline() {
     let (tr, ev) = states();
@@ -184,8 +180,8 @@ fn ciphertext_attacker_stays_at_the_frequency_baseline() {
     );
 }
 
-/// The work-level split agrees with tools/train_adapter/common.py
-/// (values computed there with Python's hashlib).
+/// The work-level split agrees with tools/train_adapter/common.py (values computed there with
+/// Python's hashlib).
 #[test]
 fn split_matches_the_python_tools() {
     for w in [
