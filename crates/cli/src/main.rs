@@ -1,20 +1,10 @@
-//! `cipherlora`: the one binary. A thin layer of argument parsing over the
-//! library crates; each subcommand lives in its own module under `cmd/`.
+//! `cipherlora`: the one binary. A thin layer of argument parsing over the library crates; each
+//! subcommand lives in its own module under `cmd/`.
 
 mod cmd;
 
-// Allocator: the system's (glibc). Sessions 2–3 used jemalloc (its thread
-// cache raised to 1 MiB); the CKKS engine now recycles its 64 kB–1 MB
-// polynomial buffers through its own pool (`cipherlora_ckks`'s BufferPool),
-// and measured in session 4 on the same machine, jemalloc slowed the HE
-// path down as a process aged: `bench helora --runs 4`, measured ÷
-// modelled server time of the planner's FFA plans, repeats 1–4, T = 9:
-// 0.97, 1.26, 1.33, 1.42 (T = 17: 1.01 → 1.65) with session 3's jemalloc
-// settings (similar with three other `malloc_conf` variants; two more looked
-// stable in one run each), against 0.97–1.02 (1.02–1.05) with glibc, while `bench e2e` loopback tok/s did not differ beyond this
-// machine's noise (FFA K = 8: 12.2–15.2 glibc, 12.2–13.0 jemalloc; standard
-// 4.9–5.8 and 5.3–6.4). A long-running adapter server matters more than a
-// difference within noise. See BENCHMARKS.md, "HE-LoRA".
+// Allocator: the system's (glibc); jemalloc slowed a long-running HE server
+// (docs/design/code-notes.md, "cli").
 
 use clap::{Parser, Subcommand};
 
@@ -33,33 +23,31 @@ enum Command {
     Bench(cmd::bench::BenchCommand),
     /// Download (if needed) and verify the default model; print its path.
     Fetch(cmd::fetch::FetchArgs),
-    /// Private speculative generation with the default model and a committed
-    /// adapter, printed next to the plaintext reference.
+    /// Private speculative generation with the default model and a committed adapter, printed next
+    /// to the plaintext reference.
     Demo(cmd::demo::DemoArgs),
     /// Plaintext generation with the base model (optionally a PEFT adapter).
     Generate(cmd::generate::GenerateArgs),
-    /// A local OpenAI-compatible endpoint (`/v1/chat/completions`, …) for
-    /// private generation, with warm sessions on an adapter server.
+    /// A local OpenAI-compatible endpoint (`/v1/chat/completions`, …) for private generation, with
+    /// warm sessions on an adapter server.
     Api(cmd::api::ApiArgs),
     /// Serve PEFT adapters under HE over gRPC (TLS, bearer tokens).
     Serve(cmd::serve::ServeArgs),
-    /// Serve the middle decoder layers of a base model for split inference
-    /// (issue 17) over gRPC (TLS, bearer tokens).
+    /// Serve the middle decoder layers of a base model for split inference over gRPC (TLS, bearer
+    /// tokens).
     ServeSplit(cmd::serve_split::ServeSplitArgs),
-    /// Greedy generation with a split server running the middle layers;
-    /// tokens and logits stay local, hidden states travel (issue 17).
+    /// Greedy generation with a split server running the middle layers; tokens and logits stay
+    /// local, hidden states travel.
     GenerateSplit(cmd::generate_split::GenerateSplitArgs),
     /// Write a development CA and a localhost server certificate.
     DevCert(cmd::devcert::DevCertArgs),
-    /// Inversion attacks on split-inference activations and on HE-LoRA
-    /// ciphertexts (issue 17); writes JSON + Markdown reports.
+    /// Inversion attacks on split-inference activations and on HE-LoRA ciphertexts; writes JSON +
+    /// Markdown reports.
     Attack(cmd::attack::AttackArgs),
 }
 
-/// Gives candle no more threads than the CPUs this process may run on
-/// ([`cipherlora_model::threads_for_allowed_cpus`]: under `taskset` or a
-/// one-CPU container its spinning pools otherwise share one CPU). Must run
-/// before any thread starts.
+/// Gives candle no more threads than the CPUs this process may run on; must run before any thread
+/// starts.
 #[allow(unsafe_code)]
 fn cap_threads_to_allowed_cpus() {
     if let Some(n) = cipherlora_model::threads_for_allowed_cpus() {

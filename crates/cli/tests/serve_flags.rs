@@ -21,8 +21,8 @@ fn serve(args: &[&str]) -> (bool, String) {
     )
 }
 
-/// Finding (issue 15): `serve` ran without TLS or authentication after a
-/// warning. It now refuses unless `--insecure`, before loading anything.
+/// `serve` refuses to run without TLS or authentication unless `--insecure`, before loading
+/// anything.
 #[test]
 fn serve_refuses_to_start_without_tls_and_tokens_unless_insecure() {
     let (ok, err) = serve(&[]);
@@ -57,8 +57,7 @@ fn serve_refuses_to_start_without_tls_and_tokens_unless_insecure() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `serve-split` refuses to start insecure just as `serve` does, before it
-/// loads a model.
+/// `serve-split` refuses to start insecure just as `serve` does, before it loads a model.
 #[test]
 fn serve_split_refuses_to_start_without_tls_and_tokens_unless_insecure() {
     let run = |args: &[&str]| {

@@ -1,14 +1,8 @@
-//! `--acceptance-prior`: the per-token acceptance rate the client's width
-//! model assumes, checked as the adapter's published hint is.
+//! `--acceptance-prior`: the per-token acceptance rate the client's width model assumes, checked as
+//! the adapter's published hint is.
 
-/// Parses `--acceptance-prior`: a probability strictly between 0 and 1
-/// (the rule of [`cipherlora_private::server::is_acceptance_hint`], which
-/// the adapter's hint obeys too). It weighs the verify widths against each
-/// other and picks the fixed point `--schedule auto` runs
-/// ([`cipherlora_private::width_plan::default_fixed_point`]).
-///
-/// # Errors
-/// Not a number, or not in (0, 1).
+/// Parses `--acceptance-prior`: a probability strictly in (0, 1) (as
+/// [`cipherlora_private::server::is_acceptance_hint`]). Errors: not a number, or outside (0, 1).
 pub fn parse_acceptance_prior(s: &str) -> Result<f64, String> {
     let a: f64 = s
         .parse()
@@ -26,8 +20,8 @@ pub fn parse_acceptance_prior(s: &str) -> Result<f64, String> {
 mod tests {
     use super::parse_acceptance_prior;
 
-    /// Regression: `--acceptance-prior 5` was taken (the width model
-    /// clamped it silently); now only a probability in (0, 1) is.
+    /// Regression: `--acceptance-prior 5` was taken (the width model clamped it silently); now only
+    /// a probability in (0, 1) is.
     #[test]
     fn an_acceptance_prior_outside_0_1_is_refused() {
         assert_eq!(parse_acceptance_prior("0.9"), Ok(0.9));

@@ -1,6 +1,5 @@
-//! `cipherlora attack`: the inversion-attack study of issue 17 (learned,
-//! exact and ciphertext attackers on split activations), written as JSON and
-//! Markdown. The work is in `cipherlora_attack`.
+//! `cipherlora attack`: the inversion-attack study (learned, exact and ciphertext attackers on
+//! split activations), written as JSON and Markdown. The work is in `cipherlora_attack`.
 
 use std::path::PathBuf;
 
@@ -47,8 +46,8 @@ pub struct AttackArgs {
     /// Exact attack: candidates per position at most.
     #[arg(long, default_value_t = 256)]
     budget: usize,
-    /// Exact attack: after the budget, search the whole vocabulary until a
-    /// candidate matches (every position verified; slow at depth).
+    /// Exact attack: after the budget, search the whole vocabulary until a candidate matches (every
+    /// position verified; slow at depth).
     #[arg(long)]
     full_search: bool,
     /// Seed of sampling, training and encryption.

@@ -1,11 +1,6 @@
-//! `cipherlora demo`: a private speculative generation with the default
-//! model and a committed adapter, next to the plaintext reference.
-//!
-//! The adapter server is embedded in this process but reached the way a
-//! remote one is: gRPC over TLS (a throw-away certificate) with a bearer
-//! token on a loopback socket ([`EmbeddedServer`]), so the demo exercises
-//! the real protocol, including the two-step session opening and the
-//! separate prefill session.
+//! `cipherlora demo`: a private speculative generation with the default model and a committed
+//! adapter, next to the plaintext reference. The adapter server is embedded but reached over gRPC
+//! with TLS and a token ([`EmbeddedServer`]), so the demo exercises the real protocol.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,24 +38,16 @@ pub const DEFAULT_DRAFT_STOP: f32 = 0.0;
 pub enum DraftWeightsArg {
     /// The target model itself (same weights).
     Same,
-    /// A copy with f16 projection and output weights: a single-position
-    /// step streams half the bytes. Drafts are still verified by the
-    /// target model, so the output is unchanged.
+    /// An f16 copy of the projection and output weights (drafts are still verified).
     F16,
-    /// Quantized weights (`Model::fast_drafter`: the target's own when
-    /// quantized, else its GGUF file loaded again with Q4_0/Q4_1/Q8_0
-    /// through our SIMD kernels; an f16 copy for HF folders): the fastest
-    /// single-position step (BENCHMARKS.md, "Plaintext model"). Drafts are
-    /// still verified by the target model.
+    /// Quantized weights (`Model::fast_drafter`; an f16 copy for HF folders): the fastest
+    /// single-position step. Drafts are still verified.
     Quantized,
 }
 
 impl DraftWeightsArg {
-    /// The drafter's model: `model` itself, its f16 copy, or its file
-    /// loaded with quantized weights.
-    ///
-    /// # Errors
-    /// A failed weight conversion or load.
+    /// The drafter's model: `model`, its f16 copy, or its quantized file. Errors: a failed weight
+    /// conversion or load.
     pub fn drafter(self, model: &Model) -> anyhow::Result<std::borrow::Cow<'_, Model>> {
         Ok(match self {
             DraftWeightsArg::Same => std::borrow::Cow::Borrowed(model),
@@ -108,33 +95,23 @@ pub struct DemoArgs {
     /// How the base drafter holds its weights.
     #[arg(long, value_enum, default_value = "quantized")]
     draft_weights: DraftWeightsArg,
-    /// Greedy base drafts stop after a token the drafter gives less than
-    /// this probability (0 = always draft K); the server still sees K+1
-    /// positions, and the output is unchanged.
+    /// Greedy base drafts stop after a token below this drafter probability (0: always K).
     #[arg(long, default_value_t = DEFAULT_DRAFT_STOP)]
     draft_stop_below: f32,
-    /// Draft with the plain base model: no delta-guided drafting (by
-    /// default the drafter adds the adapter deltas of the latest verified
-    /// position, decrypted on this machine, to what it drafts; the output
-    /// is the same either way).
+    /// Draft with the plain base model, without the latest decrypted adapter deltas.
     #[arg(long)]
     plain_drafter: bool,
-    /// Simulated link between the client and the embedded server
-    /// (`loopback`, `wan20`, `wan80`, `home80`, `rtt=MS,mbps=N`).
+    /// Simulated link between the client and the embedded server (`loopback`, `wan20`, `wan80`,
+    /// `home80`, `rtt=MS,mbps=N`).
     #[arg(long, default_value = "loopback")]
     link: LinkProfile,
-    /// Verify schedule: `auto` (modelled on --link), `per-group`,
-    /// `fixed-point[:N]`.
+    /// Verify schedule: `auto` (modelled on --link), `per-group`, `fixed-point[:N]`.
     #[arg(long, default_value = "auto")]
     schedule: String,
 }
 
-/// `Ok` if the private greedy output equals the plaintext reference;
-/// otherwise an error naming the first differing position.
-///
-/// # Errors
-/// The mismatch, with the first differing generated-token index and the two
-/// tokens there (`None` where one output ended).
+/// `Ok` if the private greedy output equals the plaintext reference. Errors: the mismatch: the
+/// first differing generated-token index and both tokens there (`None` where one output ended).
 pub fn check_equal(private: &[u32], reference: &[u32]) -> anyhow::Result<()> {
     if private == reference {
         return Ok(());
@@ -151,8 +128,8 @@ pub fn check_equal(private: &[u32], reference: &[u32]) -> anyhow::Result<()> {
     )
 }
 
-/// The committed adapter: `adapters/NAME` under the working directory, or
-/// under the source tree this binary was built from.
+/// The committed adapter: `adapters/NAME` under the working directory, or under the source tree
+/// this binary was built from.
 pub fn committed_adapter(name: &str) -> PathBuf {
     let local = PathBuf::from("adapters").join(name);
     if local.is_dir() {

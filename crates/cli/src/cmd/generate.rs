@@ -24,19 +24,13 @@ use crate::cmd::schedule_arg::resolve_schedule;
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum WeightsArg {
-    /// Private mode (`--server`): f32, the target that verifies drafts.
-    /// Otherwise quantized for Q4_0/Q4_1/Q8_0 files (our kernels: the fastest, argmax equal
-    /// to f32's at every held-out position measured); other formats f32 when
-    /// ≤ 2 GiB dequantized, quantized otherwise.
+    /// Private mode: f32. Otherwise quantized for Q4_0/Q4_1/Q8_0, else f32 up to 2 GiB.
     Auto,
-    /// Keep quantized tensors quantized (Q4_1/Q8_0 through our SIMD kernels
-    /// with 16-bit activations: the fastest; logits close to f32's, not
-    /// identical).
+    /// Keep quantized tensors quantized (16-bit activations; logits close to f32's).
     Quantized,
     /// Dequantize to f32.
     F32,
-    /// Dequantize, then hold projection and output weights as f16 (faster
-    /// single-token steps, slightly different logits).
+    /// Dequantize, then hold projection and output weights as f16.
     F16,
 }
 
@@ -66,8 +60,8 @@ pub struct GenerateArgs {
     /// Maximum number of new tokens.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// PEFT LoRA adapter folder, applied in plaintext. With --server, only
-    /// the reference of --check-plaintext (the private run never reads it).
+    /// PEFT LoRA adapter folder, applied in plaintext (with --server: the --check-plaintext
+    /// reference).
     #[arg(long)]
     adapter: Option<PathBuf>,
     #[command(flatten)]
@@ -78,8 +72,7 @@ pub struct GenerateArgs {
     /// How to hold GGUF weights.
     #[arg(long, value_enum, default_value = "auto")]
     weights: WeightsArg,
-    /// Private mode: adapter server URL (`https://host:port`). The adapter
-    /// stays on the server; its deltas come back under CKKS.
+    /// Private mode: adapter server URL (`https://host:port`); deltas come back under CKKS.
     #[arg(long, requires = "adapter_id")]
     server: Option<String>,
     /// Private mode: adapter id on --server.
@@ -91,75 +84,45 @@ pub struct GenerateArgs {
     /// Private mode: CA certificate (PEM) that signed --server's certificate.
     #[arg(long, requires = "server")]
     ca_cert: Option<PathBuf>,
-    /// Private mode: simulated link (`loopback`, `lan`, `wan20`, `wan80`,
-    /// `home80`, `rtt=MS,mbps=N[,up=N,down=N]`).
+    /// Private mode: simulated link (`loopback`, `lan`, `wan20`, `wan80`, `home80`,
+    /// `rtt=MS,mbps=N[,up=N,down=N]`).
     #[arg(long, requires = "server")]
     link: Option<LinkProfile>,
     /// Private mode: drafter.
     #[arg(long, value_enum, default_value = "base")]
     draft: DraftArg,
-    /// Private mode: drafted tokens per verify round (K), or `auto` (K ≤ 16)
-    /// / `autoN` (K ≤ N): chosen from the link, the server's plans and
-    /// --acceptance-prior before the first token (never from the text).
+    /// Private mode: drafted tokens per round (K), or `auto` (K ≤ 16) / `autoN` (K ≤ N), chosen
+    /// from the link, plans and --acceptance-prior (never from the text).
     #[arg(long, default_value = "auto")]
     k: KArg,
-    /// Private mode: the per-token acceptance rate `--k auto` assumes
-    /// (default: the adapter's published hint, else 0.83); from 0.85 on,
-    /// `--schedule auto` runs two shadowed fixed-point trips per round.
+    /// Private mode: the acceptance rate `--k auto` assumes (default: the adapter's hint, else
+    /// 0.83).
     #[arg(long, requires = "server", value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
-    /// Private mode: draft trees of K nodes instead of chains of K tokens
-    /// (base drafter; `BxD`: branch B, depth D, e.g. `3x8`; `default`: 4x8),
-    /// or `auto` / `auto:BxD` with `--k auto`: the width model chooses a
-    /// chain or a tree of that shape with K (`cipherlora_spec::tree_plan`).
-    /// The verify pass still carries K+1 positions; the output is the same.
+    /// Private mode: draft trees of K nodes (`BxD`, `default`: 4x8), or `auto[:BxD]` with `--k
+    /// auto`.
     #[arg(long, requires = "server", value_parser = parse_tree_arg)]
     tree: Option<TreeArg>,
-    /// Private mode: how the base drafter holds its weights (its drafts are
-    /// verified by the --weights model either way).
+    /// Private mode: how the base drafter holds its weights.
     #[arg(long, value_enum, default_value = "quantized", requires = "server")]
     draft_weights: DraftWeightsArg,
-    /// Greedy base drafts stop after a token the drafter gives less than
-    /// this probability (0 = always draft K); the server still sees K+1
-    /// positions, and the output is unchanged.
+    /// Greedy base drafts stop after a token below this drafter probability (0: always K).
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP, requires = "server")]
     draft_stop_below: f32,
-    /// Draft with the plain base model: no delta-guided drafting (by
-    /// default the drafter adds the adapter deltas of the latest verified
-    /// position, decrypted on this machine, to what it drafts; the output
-    /// is the same either way).
+    /// Draft with the plain base model, without the latest decrypted adapter deltas.
     #[arg(long, requires = "server")]
     plain_drafter: bool,
-    /// Private mode: positions per prefill pass (a second session of this
-    /// width; the prompt then costs ⌈len / width⌉ round trips per group).
+    /// Private mode: positions per prefill pass (a second session of this width).
     #[arg(long, default_value_t = 16, requires = "server")]
     prefill_width: usize,
-    /// Private mode: optimistic drafting: draft the next round during the
-    /// verify pass's waits for the server (greedy, base drafter; see
-    /// BENCHMARKS.md for when it pays).
+    /// Private mode: draft the next round while waiting for the server (greedy, base drafter).
     #[arg(long, requires = "server")]
     optimistic: bool,
-    /// Private mode: how a verify pass gets its deltas: `auto` (the cheaper
-    /// of the two on the link, modelled: `--link`'s profile when given, else
-    /// the measured TCP round trip and 100 Mbit/s; the fixed point is
-    /// `fixed-point:2/shadow/drafter-estimates` for an acceptance prior
-    /// ≥ 0.85, else `fixed-point:3`), `per-group` (one round
-    /// trip per adapted layer group), `fixed-point[:N]` (N round trips per
-    /// round, streamed layer by layer; suffixes `/prefill:per-group`,
-    /// `/prefill:M`, `/shadow` — certify against the cached rows' residual
-    /// too —, `/base-start` — pass 0 without the last rows' deltas —,
-    /// `/drafted-start` — the drafter's inputs instead of pass 0 —,
-    /// `/drafter-estimates` — a round's passes but its last on the
-    /// quantized drafter's weights —,
-    /// `/exact-trips`, `/batched` — one batch per trip — and
-    /// `/no-ahead` — no drafting during a round's last trip — as
-    /// `cipherlora_spec::schedule::Schedule` parses them). The output is the
-    /// same.
+    /// Private mode: how a verify pass gets its deltas: `auto`, `per-group` or `fixed-point[:N]`
+    /// with suffixes as `cipherlora_spec::schedule::Schedule` parses them. Same output.
     #[arg(long, default_value = "auto", requires = "server")]
     schedule: String,
-    /// Private mode: also run the plaintext adapted model (adapter folder
-    /// from --adapter) and exit non-zero, naming the first differing
-    /// position, if the private greedy output differs.
+    /// Private mode: also run the plaintext adapted model; fail at the first differing position.
     #[arg(long, requires_all = ["server", "adapter"])]
     check_plaintext: bool,
 }
@@ -182,8 +145,7 @@ impl GenerateArgs {
             Some(p) => p.clone(),
             None => cipherlora_model::fetch::ensure_default_model()?,
         };
-        // A private client's target verifies drafts: f32 unless asked
-        // otherwise (`WeightMode::for_private_verify`).
+        // A private client's target verifies drafts: f32 unless asked otherwise.
         let weights = match &self.server {
             Some(_) => WeightMode::from(self.weights).for_private_verify(),
             None => WeightMode::from(self.weights),
@@ -254,9 +216,7 @@ impl GenerateArgs {
 }
 
 impl GenerateArgs {
-    /// Private mode: speculative generation with the HE hook over gRPC;
-    /// with `reference`, the plaintext adapted model's greedy output must
-    /// equal it.
+    /// Private mode: speculative generation over gRPC, checked against `reference` if given.
     #[allow(clippy::too_many_arguments)]
     fn run_private(
         &self,
@@ -296,8 +256,7 @@ impl GenerateArgs {
         // The draft shape `--tree auto` leaves to the width model.
         let mut chosen_tree = None;
         let (mut hook, width) = match (drafter, self.k) {
-            // No drafts: one position per round; a forced fixed point
-            // groups FFA requests by layer, anything else by input.
+            // No drafts: one position per round.
             (DrafterKind::None, _) | (_, KArg::Fixed(0)) => {
                 let grouping = match forced {
                     Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
@@ -314,9 +273,7 @@ impl GenerateArgs {
                 (hook, 1)
             }
             (_, KArg::Fixed(k)) => {
-                // A given K groups its requests as the width model prefers
-                // at that width (runs of layers under a fixed point where
-                // the adapter allows it: FFA).
+                // A given K groups requests as the width model prefers at that width.
                 connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
                     let grouping = cipherlora_private::width_plan::grouping_for_given_k(
                         space,
@@ -436,12 +393,8 @@ impl GenerateArgs {
     }
 }
 
-// `--threads N`: candle sizes its thread pools once per process from
-// `RAYON_NUM_THREADS`/`CANDLE_NUM_THREADS`, so a different count means
-// re-executing this binary with those variables set.
-
-/// If `threads` differs from what this process was started with, re-runs the
-/// same command line with the environment set and returns its exit code.
+/// Re-runs this command line with `threads` set (candle sizes its pools once per process); returns
+/// its exit code (`None`: nothing to re-run).
 pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>> {
     let Some(n) = threads else { return Ok(None) };
     anyhow::ensure!(n >= 1, "--threads must be at least 1");
@@ -460,8 +413,7 @@ pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>
     Ok(Some(status.code().unwrap_or(1)))
 }
 
-/// `--k`: a fixed K, or `auto` / `autoN` (the verify-width model picks
-/// K ≤ 16 / ≤ N).
+/// `--k`: a fixed K, or `auto` / `autoN` (the verify-width model picks K ≤ 16 / ≤ N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KArg {
     /// Draft exactly this many tokens per round.
@@ -491,13 +443,11 @@ impl std::str::FromStr for KArg {
 pub enum TreeArg {
     /// Trees of this shape every round.
     Fixed(TreeParams),
-    /// A chain or a tree within these limits, as the width model prefers
-    /// (`auto`, `auto:BxD`).
+    /// A chain or a tree within these limits, as the width model prefers (`auto`, `auto:BxD`).
     Auto(TreeParams),
 }
 
-/// `default`, `BxD` (branch, depth), `auto` or `auto:BxD`, as `--tree`
-/// takes them.
+/// `default`, `BxD` (branch, depth), `auto` or `auto:BxD`, as `--tree` takes them.
 fn parse_tree_arg(s: &str) -> Result<TreeArg, String> {
     let shape = |s: &str| -> Result<TreeParams, String> {
         if s == "default" {

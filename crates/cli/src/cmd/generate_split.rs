@@ -1,8 +1,5 @@
-//! `cipherlora generate-split`: generation (greedy, or sampled by exact
-//! speculative sampling) with a split-inference server running the middle
-//! layers. The embedding, the first a and last b
-//! layers, the final norm and the head stay here: raw tokens and logits
-//! never leave this process; the hidden states do (in plaintext under TLS).
+//! `cipherlora generate-split`: generation (greedy or exactly sampled) with a split server running
+//! the middle layers; tokens and logits stay here, hidden states travel in plaintext under TLS.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,12 +20,11 @@ use super::sampling_arg::SamplingArgs;
 pub enum SplitDraftArg {
     /// Prompt lookup: copy the continuation of an earlier n-gram.
     PromptLookup,
-    /// Prompt lookup drafting by the match length: up to 2K after a
-    /// 3-token match, fewer after a shorter one.
+    /// Prompt lookup drafting by the match length: up to 2K after a 3-token match, fewer after a
+    /// shorter one.
     AdaptivePromptLookup,
-    /// Lookahead decoding (Fu et al. 2024): a Jacobi window and an n-gram
-    /// pool verified as a token tree, prompt lookup among the candidates
-    /// (settings: --lookahead).
+    /// Lookahead decoding (Fu et al. 2024): a Jacobi window and an n-gram pool verified as a token
+    /// tree, prompt lookup among the candidates (settings: --lookahead).
     Lookahead,
     /// No draft: one token per round trip.
     None,
@@ -37,8 +33,8 @@ pub enum SplitDraftArg {
 /// Arguments of `cipherlora generate-split`.
 #[derive(Debug, Args)]
 pub struct GenerateSplitArgs {
-    /// GGUF file or HF folder: the same weights the server runs (default:
-    /// the fetched SmolLM2-135M-Instruct Q4_1).
+    /// GGUF file or HF folder: the same weights the server runs (default: the fetched
+    /// SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Raw prompt to continue.
@@ -52,22 +48,20 @@ pub struct GenerateSplitArgs {
     max_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Split server URL (`https://host:port`; `http://` only against
-    /// `serve-split --insecure`).
+    /// Split server URL (`https://host:port`; `http://` only against `serve-split --insecure`).
     #[arg(long)]
     split_server: String,
     /// Decoder layers kept locally before and after the server's: `a,b`.
     #[arg(long, default_value = "2,2", value_parser = parse_pair)]
     local_layers: (u32, u32),
-    /// Drafted tokens verified per round trip (K; adaptive prompt lookup
-    /// drafts up to 2K).
+    /// Drafted tokens verified per round trip (K; adaptive prompt lookup drafts up to 2K).
     #[arg(long, default_value_t = 4)]
     k: usize,
     /// Drafter.
     #[arg(long, value_enum, default_value = "prompt-lookup")]
     draft: SplitDraftArg,
-    /// Lookahead decoding's `W,N,G` with `--draft lookahead`: window
-    /// (Jacobi columns), n-gram size, pool n-grams verified per step.
+    /// Lookahead decoding's `W,N,G` with `--draft lookahead`: window (Jacobi columns), n-gram size,
+    /// pool n-grams verified per step.
     #[arg(long, default_value = "3,3,3")]
     lookahead: Lookahead,
     /// Bearer token file (first non-empty line).
@@ -76,12 +70,11 @@ pub struct GenerateSplitArgs {
     /// CA certificate (PEM) that signed the server's certificate.
     #[arg(long)]
     ca_cert: Option<PathBuf>,
-    /// Simulated link (`loopback`, `lan`, `wan20`, `wan80`, `home80`,
-    /// `rtt=MS,mbps=N`).
+    /// Simulated link (`loopback`, `lan`, `wan20`, `wan80`, `home80`, `rtt=MS,mbps=N`).
     #[arg(long)]
     link: Option<LinkProfile>,
-    /// Also run the whole model locally and fail unless the outputs are
-    /// token-identical (greedy only).
+    /// Also run the whole model locally and fail unless the outputs are token-identical (greedy
+    /// only).
     #[arg(long)]
     check_local: bool,
 }
@@ -95,8 +88,8 @@ fn parse_pair(s: &str) -> Result<(u32, u32), String> {
 }
 
 impl GenerateSplitArgs {
-    /// Connects, opens a session, generates and streams the text to stdout;
-    /// a summary goes to stderr.
+    /// Connects, opens a session, generates and streams the text to stdout; a summary goes to
+    /// stderr.
     pub fn run(self) -> anyhow::Result<()> {
         let path = match &self.model {
             Some(p) => p.clone(),
@@ -149,8 +142,8 @@ impl GenerateSplitArgs {
             info.hidden_size
         );
         let capacity = u32::try_from(config.capacity(prompt.len()))?;
-        // A session lost mid-generation (server restart, eviction) is
-        // reopened and its prefix replayed once.
+        // A session lost mid-generation (server restart, eviction) is reopened and its prefix
+        // replayed once.
         let mut middle = ReplayingClient::open(cc, client, (a, b), capacity)?;
         let session = middle.session().clone();
         let mut stream = TextStream::new(&tokenizer);

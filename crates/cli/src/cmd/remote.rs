@@ -1,17 +1,13 @@
-//! What the private commands (`generate --server`, `api`) share: the
-//! adapter server's client configuration from command-line files.
+//! What the private commands (`generate --server`, `api`) share: the adapter server's client
+//! configuration from command-line files.
 
 use std::path::Path;
 
 use anyhow::Context;
 use cipherlora_service::{ClientConfig, ClientTls, LinkProfile};
 
-/// The client configuration for `url`: TLS trusting `ca_cert` (PEM), the
-/// bearer token from the first non-empty line of `token_file`, and the
-/// simulated `link` (loopback when `None`).
-///
-/// # Errors
-/// Unreadable files, a certificate that does not parse.
+/// The client configuration for `url`: TLS trusting `ca_cert` (PEM), the token from `token_file`'s
+/// first non-empty line, and the simulated `link`. Errors: unreadable files, a bad certificate.
 pub fn client_config(
     url: &str,
     ca_cert: Option<&Path>,

@@ -1,21 +1,14 @@
-//! `--schedule`: the verify schedule named on the command line, or chosen
-//! by the planner for `auto` (used by `generate` and `demo`).
+//! `--schedule`: the verify schedule named on the command line, or chosen by the planner for `auto`
+//! (used by `generate` and `demo`).
 
 use cipherlora_model::Model;
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::schedule::Schedule;
 
-/// The verify schedule for `arg` (`auto`, `per-group`, `fixed-point[:N]`):
-/// `auto` models one round of each on `link` with the verify session's
-/// plans, a timed plaintext pass of `width` positions and the `drafter`'s
-/// steps ([`cipherlora_private::choose_for_session`], with the fixed point
-/// of the acceptance prior `alpha` or the adapter's hint), for greedy
-/// decoding or, with `greedy` false, for sampling (whose rows need more
-/// trips: [`cipherlora_private::schedule_plan::ScheduleChoice::sampled`]),
-/// and logs the choice.
-///
-/// # Errors
-/// An unknown schedule; a failed forward pass; no session of `width`.
+/// The verify schedule for `arg`; `auto` models one round of each schedule on `link` with the
+/// session's plans and timed client passes ([`cipherlora_private::choose_for_session`]), greedy or
+/// sampled, and logs the choice. Errors: an unknown schedule, a failed forward pass, no session of
+/// `width`.
 pub fn resolve_schedule<T: cipherlora_private::Transport>(
     arg: &str,
     (model, drafter): (&Model, Option<&Model>),

@@ -1,6 +1,5 @@
-//! `cipherlora serve`: the adapter server. Holds PEFT adapters and computes
-//! their LoRA deltas on the clients' ciphertexts (never a secret key or a
-//! plaintext activation); see `shared/threat-model.md`.
+//! `cipherlora serve`: the adapter server. Holds PEFT adapters and computes their LoRA deltas on
+//! the clients' ciphertexts (never a secret key or a plaintext activation); see docs/security.md.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -26,23 +25,19 @@ pub struct ServeArgs {
     listen: SocketAddr,
     #[command(flatten)]
     security: ServerSecurity,
-    /// Base model file whose shapes the adapters fit (default: the fetched
-    /// default model).
+    /// Base model file whose shapes the adapters fit (default: the fetched default model).
     #[arg(long)]
     base_model: Option<PathBuf>,
-    /// MiB of pre-encoded adapter diagonals all open sessions may hold
-    /// together (default: 60 % of physical memory); a session that would
-    /// exceed it is refused with RESOURCE_EXHAUSTED.
+    /// MiB of pre-encoded adapter diagonals all open sessions may hold together (default: 60 % of
+    /// physical memory); beyond it sessions are refused.
     #[arg(long)]
     max_session_memory_mib: Option<u64>,
-    /// Circuit privacy: rerandomise every returned ciphertext under the
-    /// client's public key with flooding noise (2^-20 in slot units), so the
-    /// noise does not carry the adapter's weights; costs one encryption of
-    /// zero per returned ciphertext.
+    /// Circuit privacy: rerandomise every returned ciphertext under the client's public key with
+    /// flooding noise (2^-20 slot units); one encryption of zero each.
     #[arg(long)]
     circuit_privacy: bool,
-    /// TOML file with a `[limits]` table (any limit flag's name, with `_`)
-    /// and `max_session_memory_mib`; flags win over it.
+    /// TOML file with a `[limits]` table (any limit flag's name, with `_`) and
+    /// `max_session_memory_mib`; flags win over it.
     #[arg(long)]
     config: Option<PathBuf>,
     #[command(flatten)]
@@ -50,8 +45,7 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// Loads the adapters and serves until Ctrl-C or SIGTERM, then shuts
-    /// down gracefully.
+    /// Loads the adapters and serves until Ctrl-C or SIGTERM, then shuts down gracefully.
     pub fn run(self) -> anyhow::Result<()> {
         self.check_security()?;
         let (file, limits) = ServeFile::with_limits(self.config.as_deref(), &self.limits)?;
@@ -102,47 +96,38 @@ impl ServeArgs {
 }
 
 impl ServeArgs {
-    /// Refuses to serve without TLS or without tokens unless `--insecure`:
-    /// checked before anything is loaded.
-    ///
-    /// # Errors
-    /// What is missing, and the flag that allows it.
+    /// Refuses to serve without TLS or tokens unless `--insecure`, before loading anything. Errors:
+    /// what is missing, and the flag that allows it.
     pub fn check_security(&self) -> anyhow::Result<()> {
         self.security.check()
     }
 }
 
-/// The flags `serve` and `serve-split` share: TLS, bearer tokens, metrics,
-/// and the explicit opt-out of the first two.
+/// The flags `serve` and `serve-split` share: TLS, bearer tokens, metrics, and the explicit opt-out
+/// of the first two.
 #[derive(Debug, Args)]
 pub struct ServerSecurity {
-    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2
-    /// (refused unless --insecure).
+    /// PEM server certificate (with --tls-key); without, plaintext HTTP/2 (refused unless
+    /// --insecure).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// File of accepted bearer tokens, one per line; without, no auth
-    /// (refused unless --insecure).
+    /// File of accepted bearer tokens, one per line; without, no auth (refused unless --insecure).
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Where to serve Prometheus `GET /metrics`, if anywhere.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
-    /// Serve without TLS or without bearer tokens (tokens and payloads in
-    /// clear, or anyone may use the server): for tests on a trusted host
-    /// only.
+    /// Serve without TLS or without bearer tokens: for tests on a trusted host only.
     #[arg(long)]
     insecure: bool,
 }
 
 impl ServerSecurity {
-    /// Refuses to serve without TLS or without bearer tokens unless
-    /// `--insecure`.
-    ///
-    /// # Errors
-    /// What is missing, and the flag that allows it.
+    /// Refuses to serve without TLS or bearer tokens unless `--insecure`. Errors: what is missing,
+    /// and the flag that allows it.
     pub fn check(&self) -> anyhow::Result<()> {
         if self.insecure {
             return Ok(());
@@ -163,11 +148,8 @@ impl ServerSecurity {
         )
     }
 
-    /// A server configuration listening on `listen` with this TLS, these
-    /// tokens and this metrics address (default limits).
-    ///
-    /// # Errors
-    /// Unreadable certificate, key or token files.
+    /// A server configuration on `listen` with this TLS, tokens and metrics address (default
+    /// limits). Errors: unreadable certificate, key or token files.
     pub fn config(&self, listen: SocketAddr) -> anyhow::Result<ServeConfig> {
         let mut config = ServeConfig::new(listen);
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {

@@ -1,6 +1,5 @@
-//! `serve`'s resource limits: every [`Limits`] field, settable by a flag or
-//! in the `[limits]` table of a TOML file (`--config`); a flag wins over the
-//! file, the file over the default.
+//! `serve`'s resource limits: every [`Limits`] field, settable by a flag or in the `[limits]` table
+//! of a TOML file (`--config`); a flag wins over the file, the file over the default.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,8 +9,8 @@ use cipherlora_service::Limits;
 use clap::Args;
 use serde::Deserialize;
 
-/// One optional override per [`Limits`] field (durations in seconds or
-/// milliseconds, as the name says).
+/// One optional override per [`Limits`] field (durations in seconds or milliseconds, as the name
+/// says).
 #[derive(Debug, Default, Clone, PartialEq, Args, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LimitArgs {
@@ -60,8 +59,7 @@ pub struct LimitArgs {
     /// Group requests the whole server computes at once (default: cores).
     #[arg(long)]
     pub max_concurrent_computations: Option<usize>,
-    /// Delta evaluations (positions × groups) per token and adapter per
-    /// extraction window.
+    /// Delta evaluations (positions × groups) per token and adapter per extraction window.
     #[arg(long)]
     pub extraction_budget: Option<u64>,
     /// Seconds of the extraction budget's sliding window.
@@ -147,22 +145,15 @@ pub struct ServeFile {
 }
 
 impl ServeFile {
-    /// Reads and parses `path`.
-    ///
-    /// # Errors
-    /// An unreadable file, malformed TOML or an unknown key.
+    /// Reads and parses `path`. Errors: an unreadable file, malformed TOML or an unknown key.
     pub fn read(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
-    /// The file at `path` (defaults when `None`) and the limits a server
-    /// runs with: `flags` over the file's `[limits]` over
-    /// [`Limits::default`].
-    ///
-    /// # Errors
-    /// As [`ServeFile::read`].
+    /// The file at `path` (defaults when `None`) and the limits a server runs with: `flags` over
+    /// the file's `[limits]` over [`Limits::default`]. Errors: as [`ServeFile::read`].
     pub fn with_limits(path: Option<&Path>, flags: &LimitArgs) -> anyhow::Result<(Self, Limits)> {
         let file = match path {
             Some(p) => ServeFile::read(p)?,
@@ -205,8 +196,8 @@ mod tests {
             Limits::default().max_sessions_per_token
         );
         assert!(toml::from_str::<ServeFile>("[limits]\nmax_sesions = 1\n").is_err());
-        // Every Limits field has its setting: a Limits whose every field
-        // differs from the default is reachable.
+        // Every Limits field has its setting: a Limits whose every field differs from the default
+        // is reachable.
         let all = LimitArgs {
             max_message_bytes: Some(1),
             max_sessions: Some(1),

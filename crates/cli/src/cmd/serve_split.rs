@@ -1,10 +1,6 @@
-//! `cipherlora serve-split`: the split-inference server (issue 17). Holds
-//! the public base model and runs the middle decoder layers `[a, L − b)`
-//! on clients' hidden states, which it sees in plaintext (privacy only
-//! empirical: BENCHMARKS.md, "Inversion attacks on split activations").
-//! Same TLS, bearer tokens, limits and metrics as `serve`; a session's KV
-//! cache counts against the key-byte limits (`--max-key-bytes-per-session`,
-//! `--max-key-bytes-per-token`).
+//! `cipherlora serve-split`: the split-inference server. Runs the public base model's middle layers
+//! `[a, L − b)` on clients' plaintext hidden states (privacy only empirical), with `serve`'s TLS,
+//! tokens, limits and metrics; KV caches count against the key-byte limits.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
