@@ -51,15 +51,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-# A watchdog: the block waits for the servers in loops, so bound the run.
-(
-    trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
-    sleep "$LIMIT_S" </dev/null >/dev/null 2>&1 &
-    sleeper=$!
-    wait "$sleeper"
-    echo "quickstart: no result after $LIMIT_S s" >&2
-    if command -v pkill >/dev/null; then pkill -TERM -P $$; else kill -TERM $$; fi
-) &
+# The block waits for the servers in `until …; do sleep 1; done` loops:
+# bound them, and every command that could hang, by one deadline.
+deadline=$((SECONDS + LIMIT_S))
+left() { local l=$((deadline - SECONDS)); [ "$l" -gt 0 ] || { echo "quickstart: no result after $LIMIT_S s" >&2; return 1; }; echo "$l"; }
+sleep() { left >/dev/null || exit 1; command sleep "$@"; }
 
 # The block calls `$B ...` and `curl`: run the binary with the servers'
 # stderr kept for failures, and keep what the answers printed.
@@ -68,7 +64,7 @@ quickstart_cipherlora() {
     case "$1" in
         serve | api) exec "$BIN" "$@" 2>"$D/$1.log" ;;
         generate)
-            "$BIN" "$@" >"$D/generate.out" || rc=$?
+            timeout "$(left)" "$BIN" "$@" >"$D/generate.out" || rc=$?
             cat "$D/generate.out"
             return "$rc" ;;
         *) "$BIN" "$@" ;;
@@ -77,11 +73,11 @@ quickstart_cipherlora() {
 curl() {
     local rc=0
     if [[ "$*" == */v1/chat/completions* ]]; then
-        command curl "$@" >"$D/chat.json" || rc=$?
+        command curl --max-time "$(left)" "$@" >"$D/chat.json" || rc=$?
         cat "$D/chat.json"
         return "$rc"
     fi
-    command curl "$@"
+    command curl --max-time 10 "$@"
 }
 B=quickstart_cipherlora
 
