@@ -29,7 +29,7 @@ use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecOutput};
 use cipherlora_spec::schedule::Schedule;
 
 use crate::ApiError;
-use crate::openai::{PrivateCost, Usage};
+use crate::openai::{PrivateCost, PromptTokensDetails, Usage};
 use crate::queue::Queue;
 use crate::sessions::{SessionSettings, Warm, WarmAdapter};
 use crate::stop::StopMatcher;
@@ -135,8 +135,8 @@ impl Engine {
         let adapters = match &config.sessions {
             Some(s) => list_adapters(&s.client)?
                 .into_iter()
-                .map(|id| Arc::new(WarmAdapter::new(id, s.clone())))
-                .collect(),
+                .map(|id| WarmAdapter::new(id, s.clone()).map(Arc::new))
+                .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
         let created = std::time::SystemTime::now()
@@ -206,6 +206,7 @@ impl Engine {
                 tracing::warn!(adapter = a.id(), error = %e, "warm-up failed");
                 eprintln!("adapter {}: warm-up failed: {e}", a.id());
             }
+            a.clear_contexts();
         }
     }
 
@@ -330,19 +331,24 @@ impl Engine {
                     (open.verify_width - 1, adapter.settings().prefill_width),
                 );
                 let before = open.hook.timings();
-                let result = decode::generate_drafted(
+                let cached = adapter
+                    .take_context(&job.prompt, &cfg.effective_schedule())
+                    .map(|hit| hit.context);
+                let result = decode::generate_cached(
                     &self.model,
                     &self.drafter,
                     &job.prompt,
                     &cfg,
                     &mut open.hook,
                     &mut |t| text.push(t),
+                    cached,
                 );
                 let mut he = open.hook.timings();
                 he.subtract(&before);
                 let schedule = cfg.schedule.to_string();
                 match result {
-                    Ok(out) => {
+                    Ok((out, context)) => {
+                        adapter.keep_context(context);
                         let cost = private_cost(&out, &he, schedule);
                         (out, cost)
                     }
@@ -420,6 +426,8 @@ fn private_cost(out: &SpecOutput, he: &HeTimings, schedule: String) -> PrivateCo
         network_ms: he.network_ms,
         ttft_ms: 0.0,
         total_ms: 0.0,
+        cached_tokens: out.stats.cached_tokens as u64,
+        prefilled_tokens: out.stats.prefilled_tokens as u64,
     }
 }
 
@@ -488,6 +496,9 @@ impl<'a> TextOut<'a> {
                 prompt_tokens,
                 completion_tokens,
                 total_tokens: prompt_tokens + completion_tokens,
+                prompt_tokens_details: Some(PromptTokensDetails {
+                    cached_tokens: cost.cached_tokens as u32,
+                }),
             },
             cost,
         }

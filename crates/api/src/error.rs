@@ -49,6 +49,15 @@ pub enum ApiError {
     /// A failure of this process (500).
     #[error("internal error: {0}")]
     Internal(String),
+    /// The endpoint was started with a setting it cannot run with (at
+    /// start-up; 500 if it ever reached a request).
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The setting (its command-line flag).
+        setting: &'static str,
+        /// Why it is refused.
+        reason: String,
+    },
 }
 
 impl ApiError {
@@ -75,7 +84,9 @@ impl ApiError {
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Internal(_) | ApiError::InvalidSetting { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -91,7 +102,7 @@ impl ApiError {
             ApiError::QueueFull { .. } => ("rate_limit_error", None, Some("rate_limit_exceeded")),
             ApiError::Unavailable(_) => ("api_error", None, Some("service_unavailable")),
             ApiError::Upstream(_) => ("api_error", None, Some("adapter_server_error")),
-            ApiError::Internal(_) => ("api_error", None, None),
+            ApiError::Internal(_) | ApiError::InvalidSetting { .. } => ("api_error", None, None),
         };
         ErrorBody {
             error: ErrorDetail {

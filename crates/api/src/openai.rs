@@ -202,6 +202,17 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Their sum.
     pub total_tokens: u32,
+    /// Of the prompt's tokens, those served from the prefix cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// OpenAI's breakdown of the prompt's tokens.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose adapted keys and values came from the prefix
+    /// cache (not prefilled again).
+    pub cached_tokens: u32,
 }
 
 /// What the private path cost (a response extension, under the key
@@ -234,6 +245,10 @@ pub struct PrivateCost {
     pub ttft_ms: f64,
     /// Request arrival to the last token, ms.
     pub total_ms: f64,
+    /// Prompt tokens whose rows came from the prefix cache.
+    pub cached_tokens: u64,
+    /// Prompt tokens prefilled through the adapter server.
+    pub prefilled_tokens: u64,
 }
 
 /// The assistant's message in a non-streamed chat response.

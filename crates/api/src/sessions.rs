@@ -25,6 +25,7 @@ use cipherlora_model::Model;
 use cipherlora_private::width_plan::{choose_width_for_client, grouping_for_given_k};
 use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_chosen_width, connect_widths};
 use cipherlora_service::{ClientConfig, LinkProfile};
+use cipherlora_spec::prefix_cache::{CachedContext, PrefixCache, PrefixHit};
 use cipherlora_spec::schedule::Schedule;
 
 use crate::ApiError;
@@ -99,6 +100,10 @@ pub struct SessionSettings {
     pub planning_link: Option<LinkProfile>,
     /// Requests that may wait for one adapter (beyond it: 429).
     pub max_queue: usize,
+    /// Memory budget of the adapter's prefix cache in bytes (the adapted
+    /// keys and values of recent conversations, reused by the next
+    /// request that repeats their tokens); `None`: no prefix caching.
+    pub prefix_cache_bytes: Option<usize>,
 }
 
 /// One adapter of the adapter server, with its warm sessions.
@@ -107,17 +112,81 @@ pub struct WarmAdapter {
     settings: SessionSettings,
     state: Mutex<Warm>,
     queue: Queue,
+    prefix: Option<Mutex<PrefixCache>>,
 }
 
 impl WarmAdapter {
     /// An adapter whose sessions are not open yet.
-    pub fn new(id: String, settings: SessionSettings) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// [`ApiError::InvalidSetting`] for a prefix cache budget of 0 bytes.
+    pub fn new(id: String, settings: SessionSettings) -> Result<Self, ApiError> {
+        let prefix = settings
+            .prefix_cache_bytes
+            .map(|b| PrefixCache::new(b).map(Mutex::new))
+            .transpose()
+            .map_err(|e| ApiError::InvalidSetting {
+                setting: "--prompt-cache-mib",
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
             queue: Queue::new(id.clone(), settings.max_queue),
             id,
             settings,
             state: Mutex::new(Warm::Closed(None)),
+            prefix,
+        })
+    }
+
+    /// The cached context sharing the longest token prefix with `prompt`
+    /// under `schedule`, removed from the prefix cache until
+    /// [`WarmAdapter::keep_context`] puts the generation's context back.
+    /// `None` without prefix caching, or when no context shares a token.
+    pub fn take_context(&self, prompt: &[u32], schedule: &Schedule) -> Option<PrefixHit> {
+        let cache = self.prefix.as_ref()?;
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        match cache.take(prompt, schedule) {
+            Ok(hit) => hit,
+            Err(e) => {
+                tracing::warn!(adapter = %self.id, error = %e, "prefix cache lookup failed");
+                None
+            }
         }
+    }
+
+    /// Keeps a generation's context for the next request (evicting the
+    /// least recently used contexts beyond the budget).
+    pub fn keep_context(&self, context: CachedContext) {
+        let Some(cache) = self.prefix.as_ref() else {
+            return;
+        };
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        match cache.put(context) {
+            Ok(evicted) if evicted > 0 => {
+                tracing::debug!(adapter = %self.id, evicted, "prefix cache evicted contexts");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(adapter = %self.id, error = %e, "prefix cache insert failed"),
+        }
+    }
+
+    /// Drops every cached context.
+    pub fn clear_contexts(&self) {
+        if let Some(cache) = self.prefix.as_ref() {
+            let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+            let budget = cache.budget();
+            if let Ok(empty) = PrefixCache::new(budget) {
+                *cache = empty;
+            }
+        }
+    }
+
+    /// `(contexts, bytes)` held by the prefix cache.
+    pub fn cached_contexts(&self) -> (usize, usize) {
+        self.prefix.as_ref().map_or((0, 0), |c| {
+            let c = c.lock().unwrap_or_else(|p| p.into_inner());
+            (c.len(), c.bytes())
+        })
     }
 
     /// The adapter id (the `model` of requests).

@@ -50,6 +50,7 @@ fn auto_k_on_a_wan_opens_a_wider_by_layer_session_and_answers_as_the_merged_mode
             schedule: "auto".into(),
             planning_link: Some(LinkProfile::WAN80),
             max_queue: 4,
+            prefix_cache_bytes: None,
         }),
         max_tokens_cap: 64,
         max_queue: 4,

@@ -129,6 +129,8 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                     schedule: opts.schedule.clone(),
                     planning_link: Some(LinkProfile::LOOPBACK),
                     max_queue: 4,
+                    // Every prompt is prefilled: the report measures prefill.
+                    prefix_cache_bytes: None,
                 }),
                 max_tokens_cap: opts.max_tokens,
                 max_queue: 4,

@@ -5,6 +5,7 @@
 //! side by side in one run because the machines are small and noisy.
 
 pub mod api;
+pub mod chat;
 pub mod ckks;
 pub mod e2e;
 pub mod helora;

@@ -126,6 +126,50 @@ impl KvCache {
         self.capacity
     }
 
+    /// Bytes the cache holds (f32 keys and values at full capacity).
+    pub fn bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|t| t.elem_count() * 4)
+            .sum()
+    }
+
+    /// A copy of the committed positions `0..len()` in a cache of
+    /// `capacity` positions: shrinks a cache kept between requests to what
+    /// it holds, or grows one for a longer request (prefix caching).
+    ///
+    /// # Errors
+    /// [`ModelError::Input`] if `capacity < len()`; [`ModelError::Candle`]
+    /// if the allocation or a copy fails.
+    pub fn resized(&self, capacity: usize) -> Result<Self, ModelError> {
+        if capacity < self.len {
+            return Err(ModelError::Input(format!(
+                "a cache of {capacity} positions cannot hold {} rows",
+                self.len
+            )));
+        }
+        let copy = |v: &Vec<Tensor>| -> Result<Vec<Tensor>, ModelError> {
+            v.iter()
+                .map(|t| {
+                    let (heads, _, dim) = t.dims3()?;
+                    let out = Tensor::zeros((heads, capacity, dim), DType::F32, &Device::Cpu)?;
+                    if self.len > 0 {
+                        out.slice_set(&t.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+                    }
+                    Ok(out)
+                })
+                .collect()
+        };
+        Ok(KvCache {
+            keys: copy(&self.keys)?,
+            values: copy(&self.values)?,
+            len: self.len,
+            capacity,
+            first_layer: self.first_layer,
+        })
+    }
+
     /// Rolls back to the first `len` positions (no-op if `len >= self.len()`).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -414,6 +458,19 @@ mod tests {
         let mut dst = filled(&c, 8, 2, 0.0);
         assert!(dst.sync_from(&src, 3).is_err(), "from beyond this cache");
         assert!(dst.sync_from(&src, 6).is_err(), "from beyond the source");
+    }
+
+    #[test]
+    fn resizing_keeps_the_committed_rows() {
+        let c = config();
+        let src = filled(&c, 8, 5, 0.0);
+        for cap in [5, 6, 20] {
+            let r = src.resized(cap).unwrap();
+            assert_eq!((r.len(), r.capacity()), (5, cap));
+            assert_eq!(prefix(&r, 5), prefix(&src, 5));
+            assert_eq!(r.bytes(), KvCache::bytes_for(&c, c.num_layers, cap));
+        }
+        assert!(src.resized(4).is_err(), "fewer positions than rows");
     }
 
     /// Keys and values of every layer at position `pos`, all heads.

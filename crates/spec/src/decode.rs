@@ -41,6 +41,7 @@ use crate::draft_bias::DraftBias;
 use crate::drafted_inputs::{DraftedInputs, Recording};
 use crate::draw_bounds::{BoundedRow, DrawCut, decided, log_weight_bound};
 use crate::ngram::PromptLookup;
+use crate::prefix_cache::CachedContext;
 use crate::row_deltas::RowDeltas;
 use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
@@ -166,6 +167,28 @@ impl SpecConfig {
         }
     }
 
+    /// The schedule a generation under this configuration runs: `schedule`
+    /// when greedy; sampled rows need a fixed point of their own
+    /// ([`FixedPoint::for_sampling`]), and chains whose draws are certified
+    /// ([`crate::draw_bounds`]) also settle their kept rows.
+    #[must_use]
+    pub fn effective_schedule(&self) -> Schedule {
+        if self.sampling.is_greedy() {
+            return self.schedule;
+        }
+        match self.schedule.for_decoding(false) {
+            Schedule::FixedPoint(fp) if self.certified_draws() => {
+                Schedule::FixedPoint(fp.for_certified_draws())
+            }
+            other => other,
+        }
+    }
+
+    /// Whether sampled chain rounds certify their draws.
+    fn certified_draws(&self) -> bool {
+        self.tree.is_none() && log_weight_bound(1.0, &self.sampling).is_some()
+    }
+
     /// Whether chain drafts record their LoRA inputs as the verify pass's
     /// first estimate: [`FixedPoint::drafted_start`] with at least two
     /// trips per round, chains, a base drafter.
@@ -206,6 +229,11 @@ pub struct SpecStats {
     /// Rounds that continued an earlier round's pass because none of its
     /// rows was certified yet (counted in `rounds` too).
     pub continuations: usize,
+    /// Prompt tokens whose rows came from a cached context (prefix
+    /// caching): not prefilled.
+    pub cached_tokens: usize,
+    /// Prompt tokens prefilled through the hook.
+    pub prefilled_tokens: usize,
     /// Verified rows the rounds could not use because they were not
     /// certified (fixed-point schedule; 0 on the per-group schedule).
     pub uncertified_rows: usize,
@@ -286,6 +314,30 @@ pub fn generate_drafted(
     verifier: &mut dyn DeltaHook,
     on_tokens: &mut dyn FnMut(&[u32]) -> Result<(), SpecError>,
 ) -> Result<SpecOutput, SpecError> {
+    let (out, _) = generate_cached(model, draft_model, prompt, cfg, verifier, on_tokens, None)?;
+    Ok(out)
+}
+
+/// [`generate_drafted`] starting from the rows of an earlier context
+/// (prefix caching, [`crate::prefix_cache`]): the prompt's tokens that
+/// `cached` holds rows of are not prefilled again; at least the prompt's
+/// last token is. Returns the output and the rows of the new context
+/// (prompt and generated tokens, the last one excepted) for the next
+/// request. A `cached` context of another schedule or model is not used.
+/// The output is the same as without the cache: every reused row is a row
+/// of the adapted model, as a fresh prefill would compute it.
+///
+/// # Errors
+/// As [`generate_drafted`].
+pub fn generate_cached(
+    model: &Model,
+    draft_model: &Model,
+    prompt: &[u32],
+    cfg: &SpecConfig,
+    verifier: &mut dyn DeltaHook,
+    on_tokens: &mut dyn FnMut(&[u32]) -> Result<(), SpecError>,
+    cached: Option<CachedContext>,
+) -> Result<(SpecOutput, CachedContext), SpecError> {
     let (t, d) = (model.config(), draft_model.config());
     if (t.num_layers, t.num_kv_heads, t.head_dim, t.vocab_size)
         != (d.num_layers, d.num_kv_heads, d.head_dim, d.vocab_size)
@@ -311,21 +363,13 @@ pub fn generate_drafted(
     let capacity = prompt.len() + cfg.max_tokens + width.max(prefill_width) + 1;
     let sampler = Sampler::new(cfg.sampling.clone())?;
     let greedy = sampler.is_greedy();
-    // Sampled rows need a fixed point of their own
-    // (`FixedPoint::for_sampling`); chains whose draws are certified
-    // (`crate::draw_bounds`) also settle their kept rows.
-    let certified_draws = cfg.tree.is_none() && log_weight_bound(1.0, &cfg.sampling).is_some();
+    let certified_draws = cfg.certified_draws();
     let sampled_cfg;
     let cfg = if greedy {
         cfg
     } else {
         sampled_cfg = SpecConfig {
-            schedule: match cfg.schedule.for_decoding(false) {
-                Schedule::FixedPoint(fp) if certified_draws => {
-                    Schedule::FixedPoint(fp.for_certified_draws())
-                }
-                other => other,
-            },
+            schedule: cfg.effective_schedule(),
             ..cfg.clone()
         };
         &sampled_cfg
@@ -334,7 +378,6 @@ pub fn generate_drafted(
     let mut stats = SpecStats::default();
     let mut context = prompt.to_vec();
 
-    let mut target = model.new_cache(capacity)?;
     let t0 = Instant::now();
     // With the first token taken from the prefill, the prefill covers the
     // whole prompt; otherwise its last token opens the first verify round.
@@ -356,40 +399,47 @@ pub fn generate_drafted(
         }) => 0,
         _ => width,
     };
-    // The shadow cache (`FixedPoint::shadow`): every row one trip less
-    // converged than the target's, the prompt's included.
-    let mut shadow = match cfg.schedule {
-        Schedule::FixedPoint(fp) if fp.shadow => Some(model.new_cache(capacity)?),
-        _ => None,
-    };
-    // With the shadow, the deltas every target row was computed with: where
-    // a settling starts (`crate::row_deltas`).
-    let mut log = shadow.as_ref().map(|_| RowDeltas::new());
+    // The target cache, with the shadow cache (`FixedPoint::shadow`: every
+    // row one trip less converged than the target's, the prompt's
+    // included) and the deltas every target row was computed with (where a
+    // settling starts, `crate::row_deltas`); from `cached` when it holds a
+    // prefix of the prompt.
+    let Rows {
+        mut target,
+        mut shadow,
+        mut log,
+        settled: cached_settled,
+        prompt_settled: cached_prompt_settled,
+    } = Rows::start(model, cfg, capacity, prefilled, cached)?;
+    let reused = target.len();
     let done = prefill(
         model,
         (&mut target, shadow.as_mut(), log.as_mut()),
-        prefilled,
+        &prefilled[reused..],
         (prefill_width, narrow),
         cfg.pad_to_k,
         verifier,
         &cfg.schedule,
     )?;
     (stats.prefill_passes, stats.prefill_round_trips) = (done.passes, done.round_trips);
+    (stats.cached_tokens, stats.prefilled_tokens) = (reused, prefilled.len() - reused);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     verifier.prefill_done();
     // Settling after a stall (`schedule::settle`) first reruns the rows
     // kept since the prompt or the latest settling; when the round stalls
     // again, the prompt's rows too (their prefill trips, unless group by
     // group, leave a residual of their own).
+    // Reused rows keep the settling state their generation left them in.
     let prompt_rows = target.len();
-    let mut settled = prompt_rows;
-    let mut prompt_settled = matches!(
-        cfg.schedule,
-        Schedule::FixedPoint(FixedPoint {
-            prefill: Prefill::PerGroup,
-            ..
-        })
-    );
+    let mut settled = cached_settled.unwrap_or(prompt_rows);
+    let mut prompt_settled = cached_prompt_settled
+        && matches!(
+            cfg.schedule,
+            Schedule::FixedPoint(FixedPoint {
+                prefill: Prefill::PerGroup,
+                ..
+            })
+        );
     // A draft to verify again after its round stalled and the cached rows
     // were settled, and how many settlings this round has had.
     let mut retry: Option<Draft> = None;
@@ -807,13 +857,95 @@ pub fn generate_drafted(
             break;
         }
     }
-    Ok(SpecOutput {
+    // Row i of the caches holds context[i]'s keys and values (rows past
+    // the context, e.g. of a drafted EOS, are dropped).
+    let n = target.len().min(context.len());
+    target.truncate(n);
+    if let Some(sh) = shadow.as_mut() {
+        sh.truncate(n);
+    }
+    if let Some(log) = log.as_mut() {
+        log.truncate(n);
+    }
+    context.truncate(n);
+    let kept = CachedContext {
+        tokens: context,
+        target,
+        shadow,
+        log,
+        schedule: cfg.schedule,
+        settled: settled.min(n),
+        prompt_settled,
+    };
+    let out = SpecOutput {
         tokens: out,
         stopped_at_eos,
         stopped_by_caller,
         stats,
         calibration: cfg.tree.is_some().then_some(drafter.calibration),
-    })
+    };
+    Ok((out, kept))
+}
+
+/// The caches a generation starts from.
+struct Rows {
+    target: KvCache,
+    shadow: Option<KvCache>,
+    log: Option<RowDeltas>,
+    /// The reused rows' settling state (`None`: fresh caches).
+    settled: Option<usize>,
+    prompt_settled: bool,
+}
+
+impl Rows {
+    /// Fresh caches of `capacity` positions, or `cached`'s rows of the
+    /// longest prefix of `prefilled` it holds (at most all but one of its
+    /// tokens, so that a prefill pass starts the first round), grown to
+    /// `capacity`.
+    fn start(
+        model: &Model,
+        cfg: &SpecConfig,
+        capacity: usize,
+        prefilled: &[u32],
+        cached: Option<CachedContext>,
+    ) -> Result<Self, SpecError> {
+        let config = model.config();
+        let row_bytes = KvCache::bytes_for(config, config.num_layers, 1);
+        let usable = cached.filter(|c| {
+            c.schedule == cfg.schedule
+                && c.target.layers() == (0..config.num_layers)
+                && c.target.bytes() == row_bytes * c.target.capacity()
+        });
+        let reuse = usable.as_ref().map_or(0, |c| {
+            c.common_prefix(prefilled)
+                .min(prefilled.len().saturating_sub(1))
+        });
+        match usable.filter(|_| reuse > 0) {
+            Some(c) => {
+                let c = c.truncated(reuse)?;
+                Ok(Self {
+                    target: c.target.resized(capacity)?,
+                    shadow: c.shadow.map(|s| s.resized(capacity)).transpose()?,
+                    log: c.log,
+                    settled: Some(c.settled.min(reuse)),
+                    prompt_settled: c.prompt_settled,
+                })
+            }
+            None => {
+                let shadow = match cfg.schedule {
+                    Schedule::FixedPoint(fp) if fp.shadow => Some(model.new_cache(capacity)?),
+                    _ => None,
+                };
+                Ok(Self {
+                    target: model.new_cache(capacity)?,
+                    log: shadow.as_ref().map(|_| RowDeltas::new()),
+                    shadow,
+                    settled: None,
+                    prompt_settled: true,
+                })
+            }
+        }
+    }
 }
 
 /// One drafter forward of `feed` after `cache`, adding `bias` and, with a

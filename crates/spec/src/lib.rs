@@ -22,6 +22,8 @@
 //! - [`tree_plan`]: expected tokens per round of a chain or of the best
 //!   tree of the same node budget (Sequoia's positional acceptance), the
 //!   width model's reason to pick one or the other.
+//! - [`prefix_cache`]: the adapted keys and values of recent contexts, so
+//!   that a chat's next request prefills only its new tokens.
 //! - [`adaptive`]: choosing K per round from the observed acceptance rate
 //!   and the measured cost of a round.
 //!
@@ -38,6 +40,7 @@ mod drafted_inputs;
 pub mod draw_bounds;
 mod error;
 pub mod ngram;
+pub mod prefix_cache;
 pub mod race;
 mod row_deltas;
 pub mod schedule;

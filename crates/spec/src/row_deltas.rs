@@ -58,6 +58,16 @@ impl RowDeltas {
         self.len
     }
 
+    /// Bytes of the logged deltas (f16).
+    pub(crate) fn bytes(&self) -> usize {
+        self.chunks
+            .iter()
+            .flat_map(|(_, d)| d.values())
+            .flat_map(|g| g.iter())
+            .map(|(_, t)| t.elem_count() * 2)
+            .sum()
+    }
+
     /// Appends rows `rows` of a pass's deltas ((T, d_out) per projection). Errors:
     /// [`SpecError::Model`] when a row is past a delta's rows.
     pub(crate) fn push(&mut self, deltas: &PassDeltas, rows: &[usize]) -> Result<(), SpecError> {

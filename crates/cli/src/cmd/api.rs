@@ -65,6 +65,15 @@ pub struct ApiArgs {
     /// Requests that may wait or run per adapter; more get 429.
     #[arg(long, default_value_t = 4)]
     max_queue: usize,
+    /// Memory for each adapter's prefix cache, MiB: the adapted keys and
+    /// values of recent conversations, so that a request repeating an
+    /// earlier one's tokens (a chat's next turn) prefills only the new
+    /// ones; least recently used contexts are evicted first.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    prompt_cache_mib: u64,
+    /// Prefill every request's whole prompt (no prefix cache).
+    #[arg(long)]
+    no_prompt_cache: bool,
     /// Largest max_tokens (also the default of chat requests).
     #[arg(long, default_value_t = 1024)]
     max_tokens: usize,
@@ -112,6 +121,8 @@ impl ApiArgs {
                 schedule: self.schedule.clone(),
                 planning_link: self.link,
                 max_queue: self.max_queue,
+                prefix_cache_bytes: (!self.no_prompt_cache)
+                    .then(|| usize::try_from(self.prompt_cache_mib << 20).unwrap_or(usize::MAX)),
             }),
             None => None,
         };

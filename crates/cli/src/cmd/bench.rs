@@ -52,10 +52,12 @@ pub enum BenchCommand {
     },
     /// Private generation end to end over gRPC on loopback and a simulated WAN, vs the plaintext reference.
     E2e(E2eBenchArgs),
-    /// Split inference (issue 17) end to end over gRPC on loopback and simulated WANs, vs the local whole model, with an RTT decomposition model.
+    /// Split inference end to end over gRPC on loopback and simulated WANs, vs the local whole model, with an RTT decomposition model.
     Split(SplitBenchArgs),
     /// The OpenAI endpoint's engine: time to first token on warm sessions, loopback.
     Api(ApiBenchArgs),
+    /// A multi-turn chat through the OpenAI endpoint over simulated links: time to first token, tok/s and bytes per turn, with and without the prefix cache.
+    Chat(ChatBenchArgs),
     /// Plaintext model: decode tok/s and 9-/17-position verify passes vs one decode step, per weight mode, 1 and 2 threads.
     Model(ModelBenchArgs),
     /// Write a GGUF file of random quantized weights in a real model's shape (for `bench model --model FILE` and llama.cpp; no vocabulary).
@@ -266,6 +268,73 @@ impl ApiBenchArgs {
             schedule: self.schedule,
             max_tokens: self.max_tokens,
             repeats: self.repeats,
+            pin: !self.no_pin,
+        })?;
+        println!("{md}");
+        Ok(())
+    }
+}
+
+/// Options of `cipherlora bench chat`.
+#[derive(Debug, clap::Args)]
+pub struct ChatBenchArgs {
+    /// Where to write the JSON report (Markdown beside it).
+    #[arg(long, default_value = "reports/bench-chat.json")]
+    json: PathBuf,
+    /// GGUF file or HF folder (default: the fetched default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// PEFT adapter folders (default: the committed FFA and standard ones).
+    #[arg(long = "adapter")]
+    adapters: Vec<PathBuf>,
+    /// Links between the endpoint and the adapter server, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "loopback,wan20,wan80")]
+    links: Vec<String>,
+    /// New tokens per answer.
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    /// Prefix-cache budgets to compare, MiB, comma-separated; `off`
+    /// prefills every request's whole prompt.
+    #[arg(long, value_delimiter = ',', default_value = "off,1024")]
+    caches: Vec<String>,
+    /// After the chat, time one cold prompt of about this many tokens (0: none).
+    #[arg(long, default_value_t = 0)]
+    cold_tokens: usize,
+    /// Do not pin the endpoint and the adapter server to different cores.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+impl ChatBenchArgs {
+    fn run(self) -> anyhow::Result<()> {
+        if let Some(code) = crate::cmd::generate::reexec_with_threads(Some(1))? {
+            std::process::exit(code);
+        }
+        let (model, adapters) = model_and_adapters(self.model, self.adapters)?;
+        let links = self
+            .links
+            .iter()
+            .map(|l| Ok((l.clone(), l.parse()?)))
+            .collect::<anyhow::Result<_>>()?;
+        let caches = self
+            .caches
+            .iter()
+            .map(|c| match c.as_str() {
+                "off" => Ok(None),
+                mib => match mib.parse::<usize>() {
+                    Ok(m) if m > 0 => Ok(Some(m)),
+                    _ => anyhow::bail!("--caches {mib}: a number of MiB above 0, or off"),
+                },
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let md = cipherlora_bench::chat::run(&cipherlora_bench::chat::ChatBenchOptions {
+            json: self.json,
+            model,
+            adapters,
+            links,
+            max_tokens: self.max_tokens,
+            caches,
+            cold_tokens: self.cold_tokens,
             pin: !self.no_pin,
         })?;
         println!("{md}");
@@ -543,6 +612,7 @@ impl BenchCommand {
             BenchCommand::E2e(a) => a.run(),
             BenchCommand::Split(a) => a.run(),
             BenchCommand::Api(a) => a.run(),
+            BenchCommand::Chat(a) => a.run(),
             BenchCommand::Model(a) => {
                 cipherlora_bench::model::run(&cipherlora_bench::model::ModelBenchOptions {
                     json: a.json,

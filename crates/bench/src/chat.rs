@@ -1,0 +1,500 @@
+//! `cipherlora bench chat`: a multi-turn chat through the OpenAI-compatible
+//! endpoint, as a person using it would see it.
+//!
+//! For each adapter: an embedded adapter server (gRPC, TLS, token; pinned
+//! to its own core), then for each link and each prefix-cache mode an
+//! endpoint (`cipherlora_api::serve` on a loopback port, the link simulated
+//! between it and the adapter server) whose sessions are opened first
+//! (timed), then the chat: a system prompt and [`TURNS`], each user turn
+//! appended to the history with the answer the endpoint gave, sent as a
+//! streamed, greedy `/v1/chat/completions` request over HTTP. Per turn: time
+//! to first token (request to the first streamed text), decode tokens/s
+//! after it, bytes up and down, prompt tokens served from the prefix cache
+//! and prefilled. Every answer is compared with the plaintext adapted
+//! model's greedy answer to the same conversation. Both modes run in the
+//! same process, one after the other, so their ratio is measured side by
+//! side.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use bytes::Bytes;
+use cipherlora_api::{DraftLength, Engine, EngineConfig, SessionSettings};
+use cipherlora_model::{
+    ChatMessage, GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
+    WeightMode, generate,
+};
+use cipherlora_private::EmbeddedServer;
+use cipherlora_service::LinkProfile;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The system prompt of the chat.
+pub const SYSTEM: &str = "You are a helpful assistant. Answer clearly and briefly.";
+
+/// A paragraph of about 250 tokens that the third turn pastes (original
+/// text, not from any adapter's training data).
+pub const DOCUMENT: &str = "The town of Alderbrook sits where two rivers meet, and for most of its history the rivers decided everything. Farmers on the eastern bank grew barley in the flood plain, trusting the spring floods to renew the soil, while millers on the western bank built weirs to drive their wheels. In the dry summer of 1911 the eastern river fell so low that the mills stopped for six weeks, and the two banks quarrelled over a new channel that would have sent more water west. A council of twelve, six from each bank, met every evening in the grain hall. They measured the flow with floats and a stopwatch, argued over the figures, and finally agreed on a sluice gate that could be opened one hand's width for every inch the eastern river stood above its summer mark. The gate still stands. Its keeper is chosen each year by lot from both banks, and the record book, now more than a century old, lists every opening, every flood and every dry week since that first summer. Historians read it as a record of weather; the townspeople read it as a record of a promise that both sides have kept.";
+
+/// The user's turns: a question, a follow-up, a pasted document with a
+/// request, and a question about it.
+pub const TURNS: [&str; 4] = [
+    "What is a good way to start learning to cook at home?",
+    "Which three dishes would you suggest for the first week, and why?",
+    "Here is a short history of a town. Summarise it in three sentences.",
+    "Who keeps the sluice gate today, and how are they chosen?",
+];
+
+/// The turn that pastes [`DOCUMENT`] after its text.
+pub const DOCUMENT_TURN: usize = 2;
+
+/// Options of the benchmark.
+#[derive(Debug, Clone)]
+pub struct ChatBenchOptions {
+    /// Where the JSON report goes (Markdown beside it).
+    pub json: PathBuf,
+    /// The base model.
+    pub model: PathBuf,
+    /// PEFT adapter folders.
+    pub adapters: Vec<PathBuf>,
+    /// Links between the endpoint and the adapter server.
+    pub links: Vec<(String, LinkProfile)>,
+    /// New tokens per answer.
+    pub max_tokens: usize,
+    /// Prefix-cache budgets to compare, MiB (`None`: every request
+    /// prefills its whole prompt).
+    pub caches: Vec<Option<usize>>,
+    /// Also time one cold prompt of about this many tokens (the document
+    /// repeated) after the chat; 0: none.
+    pub cold_tokens: usize,
+    /// Pin the endpoint and the adapter server to different cores.
+    pub pin: bool,
+}
+
+/// One answered turn.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatTurn {
+    /// Adapter id.
+    pub adapter: String,
+    /// Link name.
+    pub link: String,
+    /// Prefix-cache budget, MiB (`None`: off).
+    pub cache_mib: Option<usize>,
+    /// Turn index (`TURNS.len()` for the cold prompt).
+    pub turn: usize,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Prompt tokens from the prefix cache.
+    pub cached_tokens: u64,
+    /// Prompt tokens prefilled through the adapter server.
+    pub prefilled_tokens: u64,
+    /// Request to the first streamed text, ms.
+    pub ttft_ms: f64,
+    /// Request to the end of the stream, ms.
+    pub total_ms: f64,
+    /// Generated tokens.
+    pub tokens: u64,
+    /// Bytes sent to the adapter server.
+    pub bytes_up: u64,
+    /// Bytes received from it.
+    pub bytes_down: u64,
+    /// Whether the answer equals the plaintext adapted model's.
+    pub matches_plaintext: bool,
+}
+
+impl ChatTurn {
+    /// Tokens per second after the first.
+    pub fn decode_tok_s(&self) -> f64 {
+        self.tokens.saturating_sub(1) as f64 / ((self.total_ms - self.ttft_ms) / 1e3).max(1e-9)
+    }
+}
+
+/// Session opening of one endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionsOpened {
+    /// Adapter id.
+    pub adapter: String,
+    /// Link name.
+    pub link: String,
+    /// Prefix-cache budget, MiB.
+    pub cache_mib: Option<usize>,
+    /// Seconds to open the sessions and run the warm-up request.
+    pub secs: f64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatReport {
+    /// The command's options, in words.
+    pub settings: String,
+    /// How the endpoint and the server were placed.
+    pub pinning: String,
+    /// Session opening per endpoint.
+    pub sessions: Vec<SessionsOpened>,
+    /// Every turn.
+    pub turns: Vec<ChatTurn>,
+}
+
+/// Runs the benchmark and writes JSON + Markdown; returns the Markdown.
+///
+/// # Errors
+/// Model, adapter, server or HTTP failures; an answer that differs from
+/// the plaintext reference is reported, not an error.
+pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
+    let (server_placement, pinning) = crate::e2e::place(opts.pin);
+    let model = Model::load(&opts.model)?;
+    let tokenizer = Tokenizer::for_model(&opts.model)?;
+    let mut report = ChatReport {
+        settings: format!(
+            "{} turns, {} new tokens per answer, greedy, streamed, K auto, schedule auto, prefill width 32",
+            TURNS.len(),
+            opts.max_tokens
+        ),
+        pinning,
+        sessions: Vec::new(),
+        turns: Vec::new(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    for dir in &opts.adapters {
+        let id = cipherlora_private::adapter_id(dir)?;
+        let adapter = LoraAdapter::load(dir, model.config())?;
+        let server = EmbeddedServer::start(&id, dir, model.config(), server_placement.clone())
+            .with_context(|| format!("serving {}", dir.display()))?;
+        let reference = Reference {
+            model: &model,
+            tokenizer: &tokenizer,
+            adapter: &adapter,
+            max_tokens: opts.max_tokens,
+        };
+        for (link_name, link) in &opts.links {
+            for &cache_mib in &opts.caches {
+                let engine = Arc::new(Engine::new(EngineConfig {
+                    model_path: opts.model.clone(),
+                    weights: WeightMode::Auto,
+                    base_id: None,
+                    sessions: Some(SessionSettings {
+                        client: server.client_config(*link),
+                        k: DraftLength::Auto {
+                            k_max: 16,
+                            acceptance_prior: None,
+                        },
+                        prefill_width: 32,
+                        schedule: "auto".into(),
+                        planning_link: Some(*link),
+                        max_queue: 4,
+                        prefix_cache_bytes: cache_mib.map(|m| m << 20),
+                    }),
+                    max_tokens_cap: opts.max_tokens.max(64),
+                    max_queue: 4,
+                })?);
+                let t0 = Instant::now();
+                engine.warm_up();
+                report.sessions.push(SessionsOpened {
+                    adapter: id.clone(),
+                    link: link_name.clone(),
+                    cache_mib,
+                    secs: t0.elapsed().as_secs_f64(),
+                });
+                let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+                let addr = listener.local_addr()?;
+                let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+                let serving = rt.spawn(cipherlora_api::serve(listener, engine.clone(), async {
+                    let _ = stopped.await;
+                }));
+                let label = Label {
+                    adapter: &id,
+                    link: link_name,
+                    cache_mib,
+                };
+                let turns = rt.block_on(chat(addr, &label, &reference, opts));
+                let _ = stop.send(());
+                rt.block_on(serving)??;
+                report.turns.extend(turns?);
+            }
+        }
+    }
+    let md = markdown(&report);
+    crate::write_report(&opts.json, None, &report, &md)?;
+    Ok(md)
+}
+
+/// Which endpoint a turn ran on.
+struct Label<'a> {
+    adapter: &'a str,
+    link: &'a str,
+    cache_mib: Option<usize>,
+}
+
+/// The plaintext adapted model, for the answers to compare with.
+struct Reference<'a> {
+    model: &'a Model,
+    tokenizer: &'a Tokenizer,
+    adapter: &'a LoraAdapter,
+    max_tokens: usize,
+}
+
+impl Reference<'_> {
+    /// The greedy answer to `messages` and its prompt's token count.
+    fn answer(&self, messages: &[ChatMessage]) -> anyhow::Result<(String, usize)> {
+        let text = self.tokenizer.render_chat(messages, true)?;
+        let ids = self.tokenizer.encode(&text)?;
+        let opts = GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams::greedy(),
+            eos: self.tokenizer.eos_tokens().to_vec(),
+        };
+        let out = generate(
+            self.model,
+            &ids,
+            &opts,
+            &mut PlainLora::new(self.adapter),
+            &mut |_| Ok(()),
+        )?;
+        Ok((self.tokenizer.decode(&out.tokens)?, ids.len()))
+    }
+}
+
+/// The user turn `i`'s text.
+fn user_turn(i: usize) -> String {
+    if i == DOCUMENT_TURN {
+        format!("{}\n\n{DOCUMENT}", TURNS[i])
+    } else {
+        TURNS[i].to_string()
+    }
+}
+
+/// The chat's turns on the endpoint at `addr`, then the cold prompt.
+async fn chat(
+    addr: SocketAddr,
+    label: &Label<'_>,
+    reference: &Reference<'_>,
+    opts: &ChatBenchOptions,
+) -> anyhow::Result<Vec<ChatTurn>> {
+    let mut messages = vec![ChatMessage::new("system", SYSTEM)];
+    let mut out = Vec::new();
+    let cold = (opts.cold_tokens > 0).then(|| {
+        let per = reference
+            .tokenizer
+            .encode(DOCUMENT)
+            .map_or(250, |t| t.len().max(1));
+        let copies = opts.cold_tokens.div_ceil(per);
+        vec![ChatMessage::new(
+            "user",
+            format!(
+                "{}\n\nSummarise the text above in one sentence.",
+                vec![DOCUMENT; copies].join("\n\n")
+            ),
+        )]
+    });
+    for turn in 0..TURNS.len() + usize::from(cold.is_some()) {
+        let conversation = if turn < TURNS.len() {
+            messages.push(ChatMessage::new("user", user_turn(turn)));
+            messages.clone()
+        } else {
+            cold.clone().unwrap_or_default()
+        };
+        let (want, _) = reference.answer(&conversation)?;
+        let answer = request(addr, label.adapter, &conversation, opts.max_tokens).await?;
+        eprintln!(
+            "{} {} cache {:?} turn {turn}: {} prompt tokens ({} cached), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
+            label.adapter,
+            label.link,
+            label.cache_mib,
+            answer.prompt_tokens,
+            answer.cached_tokens,
+            answer.ttft_ms,
+            answer.turn(label, turn, false).decode_tok_s(),
+            answer.bytes_up as f64 / 1e6,
+            answer.bytes_down as f64 / 1e6,
+            if answer.text == want {
+                "= plaintext"
+            } else {
+                "DIFFERS from plaintext"
+            }
+        );
+        out.push(answer.turn(label, turn, answer.text == want));
+        if turn < TURNS.len() {
+            messages.push(ChatMessage::new("assistant", answer.text));
+        }
+    }
+    Ok(out)
+}
+
+/// What one streamed request returned.
+#[derive(Default)]
+struct Answer {
+    text: String,
+    ttft_ms: f64,
+    total_ms: f64,
+    prompt_tokens: u64,
+    tokens: u64,
+    cached_tokens: u64,
+    prefilled_tokens: u64,
+    bytes_up: u64,
+    bytes_down: u64,
+}
+
+impl Answer {
+    fn turn(&self, label: &Label<'_>, turn: usize, matches: bool) -> ChatTurn {
+        ChatTurn {
+            adapter: label.adapter.to_string(),
+            link: label.link.to_string(),
+            cache_mib: label.cache_mib,
+            turn,
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            prefilled_tokens: self.prefilled_tokens,
+            ttft_ms: self.ttft_ms,
+            total_ms: self.total_ms,
+            tokens: self.tokens,
+            bytes_up: self.bytes_up,
+            bytes_down: self.bytes_down,
+            matches_plaintext: matches,
+        }
+    }
+
+    /// Takes one server-sent event's JSON.
+    fn event(&mut self, v: &Value, start: Instant) {
+        let delta = &v["choices"][0]["delta"]["content"];
+        if let Some(piece) = delta.as_str().filter(|p| !p.is_empty()) {
+            if self.text.is_empty() {
+                self.ttft_ms = start.elapsed().as_secs_f64() * 1e3;
+            }
+            self.text.push_str(piece);
+        }
+        let usage = &v["usage"];
+        if let Some(p) = usage["prompt_tokens"].as_u64() {
+            self.prompt_tokens = p;
+            self.tokens = usage["completion_tokens"].as_u64().unwrap_or(0);
+        }
+        let cost = &v["cipherlora"];
+        if cost.is_object() {
+            let n = |k: &str| cost[k].as_u64().unwrap_or(0);
+            self.bytes_up = n("bytes_up");
+            self.bytes_down = n("bytes_down");
+            self.cached_tokens = n("cached_tokens");
+            self.prefilled_tokens = n("prefilled_tokens");
+        }
+    }
+}
+
+/// One streamed, greedy chat completion over HTTP.
+async fn request(
+    addr: SocketAddr,
+    model: &str,
+    messages: &[ChatMessage],
+    max_tokens: usize,
+) -> anyhow::Result<Answer> {
+    let client: Client<_, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let body = json!({
+        "model": model,
+        "messages": messages.iter().map(|m| json!({"role": m.role, "content": m.content})).collect::<Vec<_>>(),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let req = hyper::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))?;
+    let start = Instant::now();
+    let resp = client.request(req).await?;
+    anyhow::ensure!(
+        resp.status().is_success(),
+        "the endpoint answered {}",
+        resp.status()
+    );
+    let mut body = resp.into_body();
+    let mut answer = Answer::default();
+    let mut pending = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        pending.extend_from_slice(data);
+        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = pending.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&event);
+            for line in event.lines() {
+                let Some(payload) = line.strip_prefix("data: ") else {
+                    continue;
+                };
+                if payload.trim() == "[DONE]" {
+                    continue;
+                }
+                answer.event(&serde_json::from_str(payload)?, start);
+            }
+        }
+    }
+    answer.total_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(answer)
+}
+
+fn mode(cache_mib: Option<usize>) -> String {
+    cache_mib.map_or("no prefix cache".into(), |m| {
+        format!("prefix cache {m} MiB")
+    })
+}
+
+/// One table per adapter and link: every turn under each mode.
+fn markdown(r: &ChatReport) -> String {
+    let mut md = format!(
+        "Chat through the OpenAI endpoint ({}; {}).\n",
+        r.settings, r.pinning
+    );
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    for t in &r.turns {
+        if !keys.contains(&(t.adapter.as_str(), t.link.as_str())) {
+            keys.push((&t.adapter, &t.link));
+        }
+    }
+    for (adapter, link) in keys {
+        md.push_str(&format!(
+            "\n**{adapter}, {link}**\n\n\
+             | mode | sessions open | turn | prompt tokens | cached / prefilled | time to first token | decode tok/s | MB up / down | = plaintext |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        ));
+        for s in r
+            .sessions
+            .iter()
+            .filter(|s| s.adapter == adapter && s.link == link)
+        {
+            for t in r
+                .turns
+                .iter()
+                .filter(|t| t.adapter == adapter && t.link == link && t.cache_mib == s.cache_mib)
+            {
+                let turn = if t.turn < TURNS.len() {
+                    format!("{}", t.turn + 1)
+                } else {
+                    "cold".into()
+                };
+                md.push_str(&format!(
+                    "| {} | {:.1} s | {turn} | {} | {} / {} | {:.1} s | {:.1} | {:.0} / {:.0} | {} |\n",
+                    mode(s.cache_mib),
+                    s.secs,
+                    t.prompt_tokens,
+                    t.cached_tokens,
+                    t.prefilled_tokens,
+                    t.ttft_ms / 1e3,
+                    t.decode_tok_s(),
+                    t.bytes_up as f64 / 1e6,
+                    t.bytes_down as f64 / 1e6,
+                    if t.matches_plaintext { "yes" } else { "**no**" }
+                ));
+            }
+        }
+    }
+    md
+}
