@@ -1,27 +1,7 @@
 //! The speculative generation loop: draft, verify K+1 positions in one pass,
-//! accept, roll back.
-//!
-//! Invariants between rounds (L = prompt + generated tokens so far):
-//! - the target cache holds the adapted model's keys/values of `context[..L-1]`;
-//!   the last token is the first input of the next verify pass, whose row 0
-//!   then predicts the next token (so prefill and decode are the same step);
-//! - the base drafter's cache agrees with the target cache on its first
-//!   `synced` positions; before each base draft it copies the target's newer
-//!   positions (the adapted model's keys/values of the verified prefix) and
-//!   feeds the last token. The drafter therefore never prefills the prompt,
-//!   and the base weights draft over the *adapted* prefix, which the target
-//!   accepts far more often than drafts over the base model's own prefix
-//!   (measured: 3.76 vs 2.91 tokens per round at K = 4, 5.82 vs 3.76 at
-//!   K = 8, BENCHMARKS.md). Correctness never depends on the drafter.
-//!
-//! A round drafts k ≤ K tokens, pads them to K with filler tokens when
-//! constant-K padding is on (the server then always sees T = K+1 positions,
-//! threat model guarantee 4; fillers are ordinary drafts and are accepted
-//! only if they are right, so padding never changes the output), verifies
-//! `[last, d_0, …, d_{K-1}]` through the delta hook (the adapter server in
-//! private mode), accepts greedily or by exact speculative sampling, and
-//! truncates the target cache to the accepted prefix. Prefill is chunked to
-//! the same width when padding is on.
+//! accept, roll back. The base drafter syncs its cache from the target's, so
+//! it drafts over the adapted prefix; with constant-K padding the server
+//! always sees K+1 positions. Invariants: code-notes.md, "spec: decode".
 
 use std::time::Instant;
 
@@ -56,8 +36,7 @@ use crate::tree_draft::{Calibration, GrownTree, SampledGrowth, TreeDrafts, TreeP
 pub enum DrafterKind {
     /// No speculation: one position per round (the private baseline).
     None,
-    /// The plaintext base model without the adapter (greedy drafts in greedy
-    /// mode, sampled drafts when sampling).
+    /// The plaintext base model without the adapter (greedy or sampled drafts).
     Base,
     /// Prompt lookup: free, deterministic drafts copied from the context.
     Ngram,
@@ -76,33 +55,15 @@ pub struct SpecConfig {
     pub adaptive: bool,
     /// Constant-K padding: every verify pass carries exactly K+1 positions.
     pub pad_to_k: bool,
-    /// Positions per prefill pass (`None`: the verify width). With padding
-    /// on, every prefill pass carries exactly this many. A private client
-    /// may verify through a narrow session and prefill through a wide one:
-    /// prefill is then ⌈prompt / width⌉ round trips instead of
-    /// ⌈prompt / (K+1)⌉ (see `cipherlora_private::ByWidth`).
+    /// Positions per prefill pass (`None`: the verify width; `cipherlora_private::ByWidth`).
     pub prefill_width: Option<usize>,
-    /// Optimistic drafting (greedy, base drafter, fixed K): while the verify
-    /// pass waits for the adapter server, a second thread drafts the next
-    /// round as if every draft were accepted and the bonus token were the
-    /// base model's own next token. When the round proves exactly that, the
-    /// next round starts with its draft ready; otherwise the guess is
-    /// dropped. Output is unchanged either way.
+    /// Optimistic drafting (greedy, base drafter, fixed K): draft the next round
+    /// during the verify pass, guessing every draft accepted. Output unchanged.
     pub optimistic: bool,
-    /// Confidence-based draft length (greedy, base drafter): a draft stops
-    /// after a token whose drafter probability (softmax of the drafter's
-    /// logits) is below this, instead of always drafting k tokens; 0 turns
-    /// it off. With constant-K padding the server still sees K+1 positions
-    /// (the rest are fillers), so this only saves drafter steps that would
-    /// most likely have been rejected (the same idea as the dynamic draft
-    /// lengths of Li et al. 2024, EAGLE-2, and Huang et al. 2024,
-    /// SpecDec++). Output is unchanged whatever the value.
+    /// Stop a greedy base draft below this drafter probability (0: off; EAGLE-2,
+    /// Li et al. 2024; SpecDec++, Huang et al. 2024). Output unchanged.
     pub draft_stop_below: f32,
-    /// Delta-guided drafting (base drafter, chains and trees): the drafter
-    /// adds the adapter deltas of the latest verified position to every
-    /// position it drafts ([`crate::draft_bias`]). It changes only what is
-    /// drafted: the output is the same either way (greedy) or follows the
-    /// same distribution (sampling).
+    /// Delta-guided drafting ([`crate::draft_bias`]). Output unchanged.
     pub delta_guided: bool,
     /// Stop after this many generated tokens.
     pub max_tokens: usize,
@@ -110,33 +71,18 @@ pub struct SpecConfig {
     pub sampling: SamplingParams,
     /// End-of-sequence tokens: generation stops before emitting one.
     pub eos: Vec<u32>,
-    /// Prefill the whole prompt and take the first new token from its last
-    /// row (per-group schedule only; ignored under the fixed point, whose
-    /// prefill rows are not certified). The first token then arrives one
-    /// verify pass sooner (time to first token); the output is the same
-    /// (greedy) or follows the same distribution (sampling; a given seed
-    /// samples other tokens than with this off).
+    /// Take the first new token from the prefill's last row (per-group only).
     pub first_token_from_prefill: bool,
-    /// Draft a tree of K nodes instead of a chain of K tokens (base
-    /// drafter only; [`crate::tree`], [`crate::tree_draft`]): the verify
-    /// pass still carries K+1 positions, spread over the drafter's most
-    /// likely continuations. Adaptive K, optimistic drafting and
-    /// `draft_stop_below` do not apply to trees.
+    /// Draft a tree of K nodes instead of a chain ([`crate::tree_draft`]; base
+    /// drafter, no adaptive K, optimistic drafting or `draft_stop_below`).
     pub tree: Option<TreeDrafts>,
-    /// How each verify and prefill pass gets its deltas
-    /// ([`Schedule::PerGroup`]: one round trip per layer group;
-    /// [`Schedule::FixedPoint`]: a constant number of batched round trips).
-    /// The output is the same either way (see [`crate::schedule`]). A
-    /// sampled generation runs a fixed point as
-    /// [`crate::schedule::FixedPoint::for_sampling`] whatever this says.
+    /// How each pass gets its deltas; same output either way (sampling runs
+    /// [`crate::schedule::FixedPoint::for_sampling`]).
     pub schedule: Schedule,
 }
 
 impl SpecConfig {
-    /// Greedy chains of `k` drafts from the delta-guided base drafter,
-    /// padded to the verify width K + 1, up to `max_tokens` new tokens or
-    /// one of `eos`, verified group by group ([`Schedule::PerGroup`]): the
-    /// common case, to adjust with struct update syntax.
+    /// Greedy delta-guided base chains of `k`, padded, per group ([`Schedule::PerGroup`]).
     #[must_use]
     pub fn greedy(k: usize, max_tokens: usize, eos: Vec<u32>) -> Self {
         Self {
@@ -167,10 +113,7 @@ impl SpecConfig {
         }
     }
 
-    /// The schedule a generation under this configuration runs: `schedule`
-    /// when greedy; sampled rows need a fixed point of their own
-    /// ([`FixedPoint::for_sampling`]), and chains whose draws are certified
-    /// ([`crate::draw_bounds`]) also settle their kept rows.
+    /// `schedule` when greedy, else a sampling fixed point ([`FixedPoint::for_sampling`]).
     #[must_use]
     pub fn effective_schedule(&self) -> Schedule {
         if self.sampling.is_greedy() {
@@ -189,9 +132,7 @@ impl SpecConfig {
         self.tree.is_none() && log_weight_bound(1.0, &self.sampling).is_some()
     }
 
-    /// Whether chain drafts record their LoRA inputs as the verify pass's
-    /// first estimate: [`FixedPoint::drafted_start`] with at least two
-    /// trips per round, chains, a base drafter.
+    /// Whether chain drafts record their inputs ([`FixedPoint::drafted_start`]).
     fn drafted_start(&self) -> bool {
         matches!(self.schedule, Schedule::FixedPoint(fp) if fp.drafted_start && fp.round_trips >= 2)
             && self.tree.is_none()
@@ -216,33 +157,25 @@ pub struct SpecStats {
     pub verify_secs: f64,
     /// Seconds in prefill passes.
     pub prefill_secs: f64,
-    /// Rounds whose draft was made ahead, during the previous verify pass
-    /// (optimistic drafting), and used.
+    /// Rounds whose draft was made ahead (optimistic drafting) and used.
     pub ahead_hits: usize,
-    /// Seconds the draft-ahead thread ran (overlapped with verify passes,
-    /// so not part of the wall time unless the verify pass waited for it).
+    /// Seconds the draft-ahead thread ran (overlapped with verify passes).
     pub ahead_secs: f64,
     /// Batched round trips of the verify passes ([`Schedule::FixedPoint`]).
     pub round_trips: usize,
     /// Batched round trips of the prefill passes.
     pub prefill_round_trips: usize,
-    /// Rounds that continued an earlier round's pass because none of its
-    /// rows was certified yet (counted in `rounds` too).
+    /// Rounds that continued an earlier pass (none of its rows certified).
     pub continuations: usize,
-    /// Prompt tokens whose rows came from a cached context (prefix
-    /// caching): not prefilled.
+    /// Prompt tokens reused from a cached context (not prefilled).
     pub cached_tokens: usize,
     /// Prompt tokens prefilled through the hook.
     pub prefilled_tokens: usize,
-    /// Verified rows the rounds could not use because they were not
-    /// certified (fixed-point schedule; 0 on the per-group schedule).
+    /// Verified rows left unused for want of certification (fixed point).
     pub uncertified_rows: usize,
-    /// Times the cached rows were settled because a round stalled on their
-    /// residual ([`crate::schedule::FixedPoint::shadow`]); their passes'
-    /// trips are in `round_trips`, their rounds in `rounds`.
+    /// Settlings of cached rows after a stall ([`crate::schedule::FixedPoint::shadow`]).
     pub settles: usize,
-    /// Verify passes whose first trip sent the drafter's inputs instead of
-    /// pass 0's ([`crate::schedule::FixedPoint::drafted_start`]).
+    /// Passes that started from the drafter's inputs ([`crate::schedule::FixedPoint::drafted_start`]).
     pub drafted_starts: usize,
 }
 
@@ -267,24 +200,19 @@ pub struct SpecOutput {
     pub stopped_at_eos: bool,
     /// Whether `on_tokens` ended the generation ([`SpecError::Stopped`]).
     pub stopped_by_caller: bool,
-    /// Tree drafts: the acceptance estimate after this generation (start
-    /// the next one from it: [`TreeDrafts::calibration`]).
+    /// Tree drafts: the acceptance estimate to start the next generation from.
     pub calibration: Option<Calibration>,
     /// Counters and timings.
     pub stats: SpecStats,
 }
 
-/// Runs speculative generation after `prompt`, with `verifier` supplying the
-/// adapter deltas of every verify pass (plaintext LoRA as the reference, the
-/// HE client in private mode). `on_tokens` sees each round's new tokens.
+/// Speculative generation after `prompt`; `verifier` supplies each verify
+/// pass's adapter deltas, `on_tokens` sees each round's new tokens. Greedy
+/// output equals sequential greedy decoding of the adapted model; sampled
+/// output follows its distribution ([`crate::acceptance`]).
 ///
-/// Greedy output equals sequential greedy decoding of the adapted model;
-/// sampled output follows its distribution exactly (see [`crate::acceptance`]).
-///
-/// # Errors
-/// [`SpecError::Config`] for an empty prompt or K = 0 with a drafter;
-/// [`SpecError::Model`] for errors of the forward pass or the hook (the
-/// generation stops; nothing is retried here — retries belong to the transport).
+/// Errors: [`SpecError::Config`] (empty prompt, K = 0 with a drafter),
+/// [`SpecError::Model`] (forward pass or hook; not retried here).
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -295,17 +223,9 @@ pub fn generate(
     generate_drafted(model, model, prompt, cfg, verifier, on_tokens)
 }
 
-/// [`generate`] with a separate model for the base drafter: the same
-/// architecture and shapes as `model`, typically its weights held in a
-/// cheaper form ([`Model::to_f16_weights`]: a single-position step streams
-/// half the bytes). The drafter's KV cache is still synced from the target's
-/// (the adapted f32 model's keys and values), and every draft is verified by
-/// `model`, so the output is exactly [`generate`]'s; only acceptance and
-/// speed change.
-///
-/// # Errors
-/// As [`generate`]; [`SpecError::Config`] when `draft_model`'s layer count,
-/// KV heads, head size or vocabulary differ from `model`'s.
+/// [`generate`] with a separate drafter model of the same shapes (e.g.
+/// [`Model::to_f16_weights`]); same output. Errors: as [`generate`];
+/// [`SpecError::Config`] when the shapes differ.
 pub fn generate_drafted(
     model: &Model,
     draft_model: &Model,
@@ -318,17 +238,9 @@ pub fn generate_drafted(
     Ok(out)
 }
 
-/// [`generate_drafted`] starting from the rows of an earlier context
-/// (prefix caching, [`crate::prefix_cache`]): the prompt's tokens that
-/// `cached` holds rows of are not prefilled again; at least the prompt's
-/// last token is. Returns the output and the rows of the new context
-/// (prompt and generated tokens, the last one excepted) for the next
-/// request. A `cached` context of another schedule or model is not used.
-/// The output is the same as without the cache: every reused row is a row
-/// of the adapted model, as a fresh prefill would compute it.
-///
-/// # Errors
-/// As [`generate_drafted`].
+/// [`generate_drafted`] reusing the rows of an earlier context
+/// ([`crate::prefix_cache`]); returns the output and the new context's rows.
+/// Same output as without the cache. Errors: as [`generate_drafted`].
 pub fn generate_cached(
     model: &Model,
     draft_model: &Model,
@@ -379,19 +291,14 @@ pub fn generate_cached(
     let mut context = prompt.to_vec();
 
     let t0 = Instant::now();
-    // With the first token taken from the prefill, the prefill covers the
-    // whole prompt; otherwise its last token opens the first verify round.
+    // With the first token from the prefill, the prefill covers the whole prompt.
     let first_from_prefill = cfg.first_token_from_prefill && cfg.schedule == Schedule::PerGroup;
     let prefilled = if first_from_prefill {
         prompt
     } else {
         &prompt[..prompt.len() - 1]
     };
-    // A group-by-group prefill under the fixed point keeps its last chunk
-    // in the wide session too: the verify session may group its requests
-    // by layer (one request per layer needs the whole layer's inputs, which
-    // a group-by-group pass does not have), and the wide session's deltas
-    // are exact all the same.
+    // A per-group prefill under the fixed point keeps its last chunk wide too.
     let narrow = match cfg.schedule {
         Schedule::FixedPoint(FixedPoint {
             prefill: Prefill::PerGroup,
@@ -399,11 +306,7 @@ pub fn generate_cached(
         }) => 0,
         _ => width,
     };
-    // The target cache, with the shadow cache (`FixedPoint::shadow`: every
-    // row one trip less converged than the target's, the prompt's
-    // included) and the deltas every target row was computed with (where a
-    // settling starts, `crate::row_deltas`); from `cached` when it holds a
-    // prefix of the prompt.
+    // Target, shadow (`FixedPoint::shadow`) and per-row deltas, maybe from `cached`.
     let Rows {
         mut target,
         mut shadow,
@@ -425,11 +328,7 @@ pub fn generate_cached(
     (stats.cached_tokens, stats.prefilled_tokens) = (reused, prefilled.len() - reused);
     stats.prefill_secs = t0.elapsed().as_secs_f64();
     verifier.prefill_done();
-    // Settling after a stall (`schedule::settle`) first reruns the rows
-    // kept since the prompt or the latest settling; when the round stalls
-    // again, the prompt's rows too (their prefill trips, unless group by
-    // group, leave a residual of their own).
-    // Reused rows keep the settling state their generation left them in.
+    // Settling reruns the rows since the last settling, then the prompt's.
     let prompt_rows = target.len();
     let mut settled = cached_settled.unwrap_or(prompt_rows);
     let mut prompt_settled = cached_prompt_settled
@@ -440,24 +339,17 @@ pub fn generate_cached(
                 ..
             })
         );
-    // A draft to verify again after its round stalled and the cached rows
-    // were settled, and how many settlings this round has had.
+    // A draft to verify again after settling, and this round's settlings.
     let mut retry: Option<Draft> = None;
     let mut round_settles = 0;
 
     let adapted = wanted_groups(model, &*verifier);
-    // The estimate passes' model (`FixedPoint::drafter_estimates`): the
-    // drafter's when its weights are quantized (our kernels: 2.2× an f32
-    // pass at 9 positions); an f16 drafter is slower than the target at
-    // several positions (candle's f16 GEMM on the CPU), an f32 one no
-    // faster.
+    // Estimate passes run on a quantized drafter, else on the target.
     let estimator = if draft_model.weights_held() == "quantized" {
         draft_model
     } else {
         model
     };
-    // Drafting ahead runs K + 1 positions past a full draft; a tree's
-    // growth feeds up to `branch` nodes per level.
     let tree_margin = cfg.tree.as_ref().map_or(0, |t| t.shape.max_fed(cfg.k));
     let mut drafter = Drafter::new(
         (draft_model, model),
@@ -471,9 +363,7 @@ pub fn generate_cached(
     let optimistic = cfg.optimistic && greedy && cfg.drafter == DrafterKind::Base && !cfg.adaptive;
     // The next round's draft, made during this round's verify pass.
     let mut ahead: Option<Draft> = None;
-    // Rows a greedy chain round verified but could not certify, with the
-    // deltas its last pass added (`schedule::Window::carried`): the old
-    // window's tokens from the new row 0 on, and the row they start at.
+    // Verified but uncertified rows of a greedy chain (`schedule::Window::carried`).
     let mut carry: Option<(Vec<u32>, PassDeltas, usize)> = None;
     let mut out = Vec::new();
     let mut stopped_at_eos = false;
@@ -482,9 +372,7 @@ pub fn generate_cached(
         .last_row
         .filter(|_| first_from_prefill && cfg.max_tokens > 0)
     {
-        // The prefill's last row is the adapted model's exact distribution
-        // of the first new token (per-group schedule): take it as the
-        // sequential decoder would.
+        // The prefill's last row is exact (per-group): sample it as usual.
         let first = if greedy {
             greedy_token(&row)
         } else {
@@ -509,8 +397,6 @@ pub fn generate_cached(
             round_settles = 0;
         }
         let may_stall = round_settles == 0 || (round_settles == 1 && !prompt_settled);
-        // A retried draft (after settling) drafts nothing ahead: the
-        // drafter's cache was reset to the context.
         let retrying = retry.is_some();
         let ahead_hit = !retrying && ahead.is_some();
         let draft = match retry.take().or_else(|| ahead.take()) {
@@ -549,11 +435,8 @@ pub fn generate_cached(
             && draft.tokens.len() == k
             && draft.tree.is_none();
         let drafts = &inputs[1..real];
-        // A sampled chain round draws its rows' uniforms before it is
-        // verified; where the sampler allows, the fixed point then
-        // certifies the rows' draws, within a cut of rows fixed before any
-        // uniform is looked at (`crate::draw_bounds`). Trees draw as they
-        // walk and keep the tolerance rule.
+        // Sampled chains draw their uniforms first, so the fixed point can certify
+        // draws within a fixed cut (`crate::draw_bounds`).
         let uniforms = (!greedy && tree.is_none()).then(|| RowUniforms::draw(&mut rng, real));
         let draws = uniforms.as_deref().filter(|_| certified_draws);
         let cut = DrawCut::new();
@@ -613,9 +496,7 @@ pub fn generate_cached(
                 (Schedule::PerGroup, _, _) => real,
             })
         };
-        // Fixed point: while the round's last trip is on the network, draft
-        // the next round (a chain, or a tree grown from the predicted path)
-        // from the outcome the pass before it predicts.
+        // Fixed point: draft the next round while the last trip is on the network.
         let predict = matches!(cfg.schedule, Schedule::FixedPoint(fp) if fp.draft_ahead)
             && greedy
             && cfg.drafter == DrafterKind::Base
@@ -631,8 +512,7 @@ pub fn generate_cached(
             certify: &certify,
             estimate: &estimate,
             may_stall,
-            // (A draft shorter than the window, e.g. under adaptive K, runs
-            // pass 0.)
+            // A draft shorter than the window runs pass 0.
             drafted: draft.inputs.as_deref().filter(|d| {
                 d.first()
                     .is_some_and(|g| g.x.dims().first() == Some(&inputs.len()))
@@ -707,8 +587,7 @@ pub fn generate_cached(
         stats.round_trips += verified.round_trips;
         stats.drafted_starts += usize::from(verified.drafted_start);
         if verified.stalled {
-            // The cached rows' residual blocks even row 0: settle the rows
-            // since the last settling, then verify the same draft again.
+            // The cached rows' residual blocks row 0: settle, then retry the draft.
             if let (Schedule::FixedPoint(fp), Some(sh), Some(log)) =
                 (&cfg.schedule, shadow.as_mut(), log.as_mut())
             {
@@ -737,17 +616,12 @@ pub fn generate_cached(
                 settled = before;
                 round_settles += 1;
             }
-            // The drafter's cache may hold rows drafted ahead from this
-            // pass's prediction: back to the context (the next draft
-            // copies what it needs from the target cache).
+            // Back to the context: the drafter may hold rows drafted ahead.
             drafter.truncate(context.len());
             retry = Some(draft);
             continue;
         }
-        // Only the certified rows decide (all of them on the per-group
-        // schedule): a shorter draft, verified exactly. Certified draws
-        // keep their cut also when the pass ran on until its inputs were
-        // exact without asking.
+        // Only certified rows decide; certified draws keep their cut.
         let usable = cut
             .fixed()
             .map_or(verified.usable, |m| m.min(verified.usable));
@@ -776,14 +650,11 @@ pub fn generate_cached(
                 log.push(&verified.deltas, &keep)?;
             }
             match guess {
-                // The next tree was grown from this very outcome: the
-                // drafter's cache already holds it.
+                // Grown from this very outcome: the drafter's cache holds it.
                 Some(g) if g.path == outcome.path && outcome.tokens.last() == Some(&g.bonus) => {
                     ahead = Some(g.next);
                 }
-                // Grown from a wrong guess: back to the round's context (the
-                // next draft copies the accepted path's rows from the
-                // target cache).
+                // Grown from a wrong guess: back to the round's context.
                 Some(_) => drafter.truncate(context.len()),
                 None if retrying => drafter.truncate(context.len()),
                 None => drafter.keep_tree_path(context.len(), grown, &outcome.path)?,
@@ -815,9 +686,7 @@ pub fn generate_cached(
         stats.accepted += outcome.accepted;
         drafter.guide(&verified.deltas, outcome.accepted)?;
         estimate = DraftBias::from_rows(&verified.deltas, kept_tail(outcome.accepted))?;
-        // A greedy round cut short by an uncertified row whose token came
-        // out as drafted: the rows from there on are the next window's
-        // first rows if the next draft repeats them.
+        // Uncertified rows whose token came out as drafted may open the next window.
         let next_row = 1 + outcome.accepted;
         carry = (greedy
             && usable < real
@@ -834,8 +703,7 @@ pub fn generate_cached(
             outcome.accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus)
         });
         if let Some(g) = guess.as_ref().filter(|_| !hit) {
-            // A wrong guess: the drafter's cache is valid only up to the
-            // drafts both the guess and the outcome accepted.
+            // Wrong guess: the drafter's cache is valid up to the common drafts.
             drafter.truncate(context.len() + outcome.accepted.min(g.accepted));
         }
         drafter.observe(&draft, &outcome, context.len(), guess.is_some(), hit);
@@ -857,8 +725,7 @@ pub fn generate_cached(
             break;
         }
     }
-    // Row i of the caches holds context[i]'s keys and values (rows past
-    // the context, e.g. of a drafted EOS, are dropped).
+    // Row i of the caches holds context[i] (rows past it are dropped).
     let n = target.len().min(context.len());
     target.truncate(n);
     if let Some(sh) = shadow.as_mut() {
@@ -898,10 +765,7 @@ struct Rows {
 }
 
 impl Rows {
-    /// Fresh caches of `capacity` positions, or `cached`'s rows of the
-    /// longest prefix of `prefilled` it holds (at most all but one of its
-    /// tokens, so that a prefill pass starts the first round), grown to
-    /// `capacity`.
+    /// Fresh caches, or `cached`'s rows of the longest prefix of `prefilled`.
     fn start(
         model: &Model,
         cfg: &SpecConfig,
@@ -948,10 +812,7 @@ impl Rows {
     }
 }
 
-/// One drafter forward of `feed` after `cache`, adding `bias` and, with a
-/// `recorder`, keeping each adapted group's input of the last position
-/// ([`crate::schedule::FixedPoint::drafted_start`]); returns the last
-/// position's logits.
+/// One drafter forward of `feed` plus `bias` (recording inputs); last logits.
 fn step(
     model: &Model,
     feed: &[u32],
@@ -970,24 +831,18 @@ fn step(
 /// Rows of a pass whose mean is the next pass's first estimate.
 const ESTIMATE_ROWS: usize = 4;
 
-/// The last [`ESTIMATE_ROWS`] rows of a chain pass that keeps rows
-/// `..=last` (fewer at its start): their mean deltas are the next pass's
-/// first estimate ([`crate::schedule::FixedPoint::guessed_start`]); a tree
-/// round's only its last kept row, since the rows before it in the pass
-/// may be off its path.
+/// The last [`ESTIMATE_ROWS`] kept rows of a chain pass (the next first estimate).
 fn kept_tail(last: usize) -> std::ops::Range<usize> {
     (last + 1).saturating_sub(ESTIMATE_ROWS)..last + 1
 }
 
-/// The verify row of the last position a tree round keeps: the last node
-/// of the accepted `path` (node n is row n + 1), or row 0.
+/// The verify row of a tree round's last kept position (node n: row n + 1).
 fn last_kept_row(path: &[usize]) -> usize {
     path.last().map_or(0, |&n| n + 1)
 }
 
-/// Appends a round's tokens to `out` and `context` up to the first EOS
-/// token or `max_tokens`, and shows them to `on_tokens`. Returns
-/// (stopped at EOS, stopped by the caller).
+/// Appends a round's tokens up to EOS or `max_tokens` and shows them to
+/// `on_tokens`; returns (stopped at EOS, stopped by the caller).
 fn emit(
     outcome: &RoundOutcome,
     cfg: &SpecConfig,
@@ -1018,11 +873,7 @@ fn emit(
     Ok((eos, false))
 }
 
-/// Accepts a tree round from its verify rows (`rows[r]`: the logits of
-/// verify row r, root first; `usable`: rows of the path that may be used,
-/// see [`accept_tree_greedy`]). Sampling takes each row's distribution
-/// after its own history (the context and the row's path), and each
-/// sampled node's proposal from `grown`.
+/// Accepts a tree round from its verify rows (root first).
 fn accept_tree(
     grown: &GrownTree,
     rows: &[Vec<f32>],
@@ -1048,21 +899,15 @@ struct Prefilled {
     passes: usize,
     /// Batched round trips of those passes.
     round_trips: usize,
-    /// The logits row of the last prefilled token (per-group schedule; the
-    /// fixed-point schedule's rows are not certified, so `None`).
+    /// The last prefilled token's logits row (per-group schedule only).
     last_row: Option<Vec<f32>>,
-    /// The last pass's deltas and the row of its last prompt token: the
-    /// first round's drafting guide.
+    /// The last pass's deltas and its last prompt row (the first drafting guide).
     last_deltas: (PassDeltas, usize),
 }
 
-/// Runs `tokens` (a prompt, or all but its last token) through the adapted
-/// model, in chunks of `width` positions padded to `width` when `pad` is
-/// set, each pass under `schedule`. With padding, a last chunk that fits
-/// the verify width `narrow` is padded to that instead: a private client's
-/// verify session then runs it, a pass several times cheaper than a wide
-/// one (the server sees one more pass of the verify width, as it would
-/// for a round); `narrow` = 0 keeps every chunk at `width`.
+/// Runs `tokens` through the adapted model in chunks of `width` (padded when
+/// `pad`); with padding a last chunk that fits `narrow` (the verify width,
+/// 0: none) is padded to that instead, so the cheaper verify session runs it.
 fn prefill(
     model: &Model,
     (cache, mut shadow, mut log): (&mut KvCache, Option<&mut KvCache>, Option<&mut RowDeltas>),
@@ -1109,8 +954,7 @@ fn prefill(
     Ok(done)
 }
 
-/// How the first `n` drafts of a chain were chosen: drawn from the
-/// drafter's `probs` rows, or point masses.
+/// How the first `n` drafts were chosen: from `probs` rows, or point masses.
 fn draft_probs(probs: Option<&[Vec<f32>]>, n: usize) -> DraftProbs<'_> {
     match probs {
         Some(q) => DraftProbs::Sampled(&q[..n]),
@@ -1140,9 +984,7 @@ fn top_probability(row: &[f32]) -> f32 {
     }
 }
 
-/// What [`Drafter::draft_ahead`] or [`Drafter::draft_from`] guessed: the
-/// outcome of the round being verified (accepted drafts and bonus token) and
-/// the next round's draft after it.
+/// What drafting ahead guessed: the round's outcome and the next draft.
 struct Guess {
     accepted: usize,
     bonus: u32,
@@ -1161,8 +1003,7 @@ struct Draft {
     from_base: bool,
     /// A tree draft (`tokens` then lists its nodes).
     tree: Option<GrownTree>,
-    /// The LoRA inputs the drafter computed for the window's positions
-    /// ([`crate::schedule::FixedPoint::drafted_start`]; chains only).
+    /// The drafter's LoRA inputs for the window (chains only).
     inputs: Option<Vec<GroupInput>>,
 }
 
@@ -1178,8 +1019,7 @@ impl Draft {
         }
     }
 
-    /// A tree of at most k nodes grown by [`grow`] after feeding `feed`
-    /// to the drafter's `cache`.
+    /// A tree of at most k nodes grown by [`grow`] after feeding `feed`.
     fn grown(
         models: (&Model, &Model),
         cache: &mut KvCache,
@@ -1210,14 +1050,12 @@ impl Draft {
 /// Drafter state: the base model's own KV cache and the adaptive-K controller.
 struct Drafter<'m> {
     model: &'m Model,
-    /// The model for a tree level's batched pass (the target's weights:
-    /// f32 runs several positions faster than f16 does).
+    /// The model for a tree level's batched pass (the target's f32 weights).
     batch_model: &'m Model,
     kind: DrafterKind,
     k_max: usize,
     cache: Option<KvCache>,
-    /// Positions `..synced` of `cache` equal the target cache's (the
-    /// target only ever rolls back past positions it added in a round).
+    /// Positions `..synced` of `cache` equal the target cache's.
     synced: usize,
     lookup: PromptLookup,
     adaptive: Option<AdaptiveK>,
@@ -1229,15 +1067,12 @@ struct Drafter<'m> {
     guided: bool,
     /// What the drafter adds to the base model (empty unless guided).
     bias: DraftBias,
-    /// Records the LoRA inputs of the positions a chain draft feeds
-    /// ([`crate::schedule::FixedPoint::drafted_start`]; `None` when the
-    /// schedule does not use them).
+    /// Records the LoRA inputs of a chain draft's positions (drafted start).
     recorder: Option<DraftedInputs>,
 }
 
 impl<'m> Drafter<'m> {
-    /// `adapted`: the groups the verifier adapts, in forward order (what a
-    /// drafted start records).
+    /// `adapted`: the verifier's groups in forward order.
     fn new(
         (model, batch_model): (&'m Model, &'m Model),
         cfg: &SpecConfig,
@@ -1250,8 +1085,7 @@ impl<'m> Drafter<'m> {
         } else {
             None
         };
-        // Prior: the 72% per-token agreement measured on a real adapter; a
-        // padded round costs the same whatever k, drafting a token ~1/20 of it.
+        // Prior: 72 % per-token agreement; a drafted token costs ~1/20 of a round.
         let adaptive = (cfg.adaptive && cfg.drafter != DrafterKind::None).then(|| {
             let per_position = if cfg.pad_to_k { 0.0 } else { 0.05 };
             AdaptiveK::new(
@@ -1288,9 +1122,7 @@ impl<'m> Drafter<'m> {
         })
     }
 
-    /// Delta-guided drafting: from now on, adds row `row` of a verify
-    /// pass's `deltas` (the latest position the round keeps) to every
-    /// drafted position. Does nothing unless [`SpecConfig::delta_guided`].
+    /// Delta-guided drafting: adds row `row` of `deltas` to every drafted position.
     fn guide(&mut self, deltas: &PassDeltas, row: usize) -> Result<(), SpecError> {
         if self.guided && !deltas.is_empty() {
             self.bias = DraftBias::from_row(deltas, row)?;
@@ -1342,11 +1174,7 @@ impl<'m> Drafter<'m> {
         }
     }
 
-    /// k tokens from the base model. Its cache first takes the verified
-    /// prefix's keys and values from the target cache (the adapted model's:
-    /// only positions added since the last sync are copied), so the drafter
-    /// never prefills the prompt and drafts over the adapted prefix; then
-    /// it feeds what the target has not cached (the last token).
+    /// k tokens from the base model, its cache synced from the target's first.
     fn draft_base(
         &mut self,
         context: &[u32],
@@ -1377,7 +1205,6 @@ impl<'m> Drafter<'m> {
             )?;
             // Greedy drafts stop early after a low-confidence token.
             let (next, stop) = if greedy {
-                // (The softmax over the vocabulary only when the option is on.)
                 let stop = self.stop_below > 0.0 && top_probability(&row) < self.stop_below;
                 (greedy_token(&row), stop)
             } else {
@@ -1403,9 +1230,7 @@ impl<'m> Drafter<'m> {
         })
     }
 
-    /// With a recorder and a full draft of `k` tokens: feeds the last draft
-    /// once more, recording its inputs (its cache row is dropped again), and
-    /// returns the window's k + 1 positions' inputs. `None` otherwise.
+    /// With a recorder and a full draft: the window's k + 1 positions' inputs.
     fn drafted_inputs(
         &mut self,
         tokens: &[u32],
@@ -1431,10 +1256,7 @@ impl<'m> Drafter<'m> {
         recorder.take(k + 1)
     }
 
-    /// A tree of at most k nodes from the base model
-    /// ([`crate::tree_draft`]), synced from the target cache as
-    /// [`Self::draft_base`] is. Afterwards the cache holds the context and
-    /// the tree nodes growth fed.
+    /// A tree of at most k nodes ([`crate::tree_draft`]), synced as draft_base.
     fn draft_tree(
         &mut self,
         context: &[u32],
@@ -1465,8 +1287,7 @@ impl<'m> Drafter<'m> {
         )
     }
 
-    /// After a tree round that accepted `path`: keeps the context
-    /// (`context_len` tokens) and the accepted nodes growth had fed.
+    /// After a tree round: keeps the context and the accepted path's nodes.
     fn keep_tree_path(
         &mut self,
         context_len: usize,
@@ -1479,10 +1300,7 @@ impl<'m> Drafter<'m> {
         Ok(())
     }
 
-    /// Optimistic drafting: with the cache holding the context and the
-    /// round's first k−1 drafts, feeds the last draft, takes the base
-    /// model's next token as the guessed bonus token, and drafts k more
-    /// tokens after it (k + 1 single-token passes, greedy).
+    /// Optimistic drafting: guesses the bonus token and drafts k after it.
     fn draft_ahead(&mut self, drafts: &[u32], k: usize) -> Result<Guess, SpecError> {
         let cache = self.cache.as_mut().expect("base drafter has a cache");
         let mut feed = *drafts.last().expect("a non-empty draft");
@@ -1495,8 +1313,7 @@ impl<'m> Drafter<'m> {
             feed = greedy_token(&row);
             tokens.push(feed);
         }
-        // The last token was predicted but not fed: the cache holds the
-        // bonus guess and k − 1 of the next drafts, as after a normal draft.
+        // The cache now holds the bonus guess and k − 1 next drafts.
         Ok(Guess {
             accepted: drafts.len(),
             bonus: tokens[0],
@@ -1505,20 +1322,8 @@ impl<'m> Drafter<'m> {
         })
     }
 
-    /// Drafts the next round as if the round being verified ends with
-    /// `predicted` (its accepted drafts and bonus token): puts the window's
-    /// rows of the predicted accepted drafts (and of the context's last
-    /// token before them) into the cache, feeds the bonus token and drafts
-    /// k tokens greedily. Leaves the cache as after a normal draft of the
-    /// next round.
-    ///
-    /// `(start, window)`: the verify window's first position and its rows
-    /// as the pass before the last trip computed them ([`KvRows`]). They
-    /// are the adapted model's up to one trip's residual, so the next
-    /// drafts see the adapted prefix, as a round drafted after verification
-    /// does when it syncs from the target cache ("Drafting over the adapted
-    /// prefix" in BENCHMARKS.md); the drafter's own rows of its drafts are
-    /// the base model's.
+    /// Drafts the next round as if the verified round ends with `predicted`,
+    /// from the window's rows of the pass before the last trip (code-notes).
     fn draft_from(
         &mut self,
         (start, window): (usize, &KvRows),
@@ -1564,13 +1369,7 @@ impl<'m> Drafter<'m> {
         })
     }
 
-    /// [`Self::draft_from`] for a tree round: grows the next round's tree
-    /// (at most k nodes, `params`) as if the round being verified accepts
-    /// `predicted` (its path of nodes and bonus token). Puts the
-    /// window's rows of the context's last token and of the predicted
-    /// path's nodes (window row n + 1 holds node n, at its depth's
-    /// position) into the cache, feeds the bonus token, then grows; the
-    /// cache ends as after [`Self::draft_tree`] of the next round.
+    /// [`Self::draft_from`] for a tree round (window row n + 1 holds node n).
     fn tree_from(
         &mut self,
         (start, window): (usize, &KvRows),
@@ -1609,11 +1408,8 @@ impl<'m> Drafter<'m> {
         }
     }
 
-    /// Rolls the base cache back to what the round proved right and feeds the
-    /// acceptance statistics to adaptive K. `context_len` is L before the
-    /// round; `went_ahead`: [`Self::draft_ahead`] ran this round (the cache
-    /// then also holds the last draft and the guessed continuation); `hit`:
-    /// the guess was right, so the cache is exactly what the next round needs.
+    /// Rolls the cache back to what the round proved and feeds adaptive K
+    /// (`went_ahead`: draft_ahead ran; `hit`: its guess was right).
     fn observe(
         &mut self,
         draft: &Draft,
@@ -1625,8 +1421,7 @@ impl<'m> Drafter<'m> {
         if let Some(cache) = self.cache.as_mut()
             && !hit
         {
-            // The cache may hold context[..L] plus the first k−1 drafts (all
-            // k after a draft-ahead); only the accepted ones stay valid.
+            // Only the accepted drafts among the cached ones stay valid.
             let cached = draft.tokens.len() - usize::from(!went_ahead);
             let valid = if draft.from_base {
                 context_len + outcome.accepted.min(cached)
