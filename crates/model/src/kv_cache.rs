@@ -1,15 +1,10 @@
 //! Preallocated per-layer key/value cache with rollback.
 //!
-//! Layout per layer: keys and values of shape (num_kv_heads, capacity, head_dim),
-//! f32, written in place. Keys are stored after RoPE, so an entry is only valid
-//! at the position it was computed for: rollback is [`KvCache::truncate`], and
-//! after a tree verify pass [`KvCache::compact`] keeps one accepted root-to-node
-//! path, whose node at depth d then sits exactly at position `start + d`.
-//! Entries below `len()` are committed; a forward pass appends after them.
-//!
-//! A cache may hold a contiguous range of layers only
-//! ([`KvCache::for_layers`]): the server of split inference keeps the keys
-//! and values of its layers `[a, L − b)` and nothing else.
+//! Per layer, keys and values of shape (num_kv_heads, capacity, head_dim),
+//! f32, written in place after RoPE, so an entry is valid only at its
+//! position: rollback is [`KvCache::truncate`], and [`KvCache::compact`]
+//! keeps a tree pass's accepted path (depth d at `start + d`). A cache may
+//! hold a range of layers only ([`KvCache::for_layers`], split inference).
 
 use candle_core::{DType, Device, Tensor};
 
@@ -28,8 +23,7 @@ pub struct KvCache {
 
 /// Keys and values of consecutive positions copied out of a cache
 /// ([`KvCache::rows`]): per layer (num_kv_heads, len, head_dim), f32, after
-/// RoPE. [`KvCache::put_rows`] writes chosen rows back, into the same cache
-/// or another of the same model (a drafter's).
+/// RoPE; [`KvCache::put_rows`] writes them back into a cache of the model.
 #[derive(Debug, Clone)]
 pub struct KvRows {
     keys: Vec<Tensor>,
@@ -51,22 +45,15 @@ impl KvRows {
 }
 
 impl KvCache {
-    /// An empty cache for `capacity` positions (memory:
-    /// 2 · layers · kv_heads · capacity · head_dim · 4 bytes).
-    ///
-    /// # Errors
-    /// [`ModelError::Candle`] if the allocation fails.
+    /// An empty cache for `capacity` positions (2 · layers · kv_heads ·
+    /// capacity · head_dim · 4 bytes). Errors: [`ModelError::Candle`].
     pub fn new(config: &ModelConfig, capacity: usize) -> Result<Self, ModelError> {
         Self::for_layers(config, capacity, 0..config.num_layers)
     }
 
-    /// An empty cache for `capacity` positions of the decoder layers
-    /// `layers` only (memory: 2 · len(layers) · kv_heads · capacity ·
-    /// head_dim · 4 bytes, [`KvCache::bytes_for`]). A forward pass that runs
-    /// a layer outside the range fails with [`ModelError::Input`].
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `layers` is not within `0..num_layers`;
+    /// An empty cache for `capacity` positions of the decoder `layers` only
+    /// ([`KvCache::bytes_for`]); a pass over another layer fails.
+    /// Errors: [`ModelError::Input`] if `layers` is outside `0..num_layers`;
     /// [`ModelError::Candle`] if the allocation fails.
     pub fn for_layers(
         config: &ModelConfig,
@@ -95,8 +82,7 @@ impl KvCache {
         })
     }
 
-    /// Bytes a cache of `layers` decoder layers and `capacity` positions
-    /// holds (f32 keys and values).
+    /// Bytes of a cache of `layers` layers and `capacity` positions (f32).
     pub fn bytes_for(config: &ModelConfig, layers: usize, capacity: usize) -> usize {
         2usize
             .saturating_mul(layers)
@@ -135,13 +121,9 @@ impl KvCache {
             .sum()
     }
 
-    /// A copy of the committed positions `0..len()` in a cache of
-    /// `capacity` positions: shrinks a cache kept between requests to what
-    /// it holds, or grows one for a longer request (prefix caching).
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `capacity < len()`; [`ModelError::Candle`]
-    /// if the allocation or a copy fails.
+    /// A copy of positions `0..len()` in a cache of `capacity` positions
+    /// (prefix caching: shrink or grow). Errors: [`ModelError::Input`] if
+    /// `capacity < len()`; [`ModelError::Candle`].
     pub fn resized(&self, capacity: usize) -> Result<Self, ModelError> {
         if capacity < self.len {
             return Err(ModelError::Input(format!(
@@ -176,11 +158,9 @@ impl KvCache {
     }
 
     /// After a tree pass that appended nodes at `start..self.len()`, keeps the
-    /// nodes `keep` (indices relative to `start`, strictly increasing, forming a
-    /// root-to-node path so that `keep[d]` has depth d) at `start..start+keep.len()`.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `keep` is not increasing or points past `len()`.
+    /// root-to-node path `keep` (relative to `start`, increasing, `keep[d]` at
+    /// depth d) at `start..start+keep.len()`.
+    /// Errors: [`ModelError::Input`] if `keep` is not increasing or out of range.
     pub fn compact(&mut self, start: usize, keep: &[usize]) -> Result<(), ModelError> {
         if start > self.len {
             return Err(ModelError::Input(format!(
@@ -207,10 +187,7 @@ impl KvCache {
         Ok(())
     }
 
-    /// An independent deep copy (e.g. for a drafter that runs ahead).
-    ///
-    /// # Errors
-    /// [`ModelError::Candle`] if the copy fails.
+    /// An independent deep copy. Errors: [`ModelError::Candle`].
     pub fn fork(&self) -> Result<Self, ModelError> {
         let copy = |v: &Vec<Tensor>| -> Result<Vec<Tensor>, ModelError> {
             v.iter().map(|t| Ok(t.copy()?)).collect()
@@ -224,15 +201,10 @@ impl KvCache {
         })
     }
 
-    /// Copies positions `from..src.len()` of `src` (a cache of the same
-    /// model) into this cache and rolls this one to `src.len()` positions.
-    /// A drafter keeps its positions `..from` when they already equal
-    /// `src`'s, so syncing after each round copies only the new ones.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if the caches have different shapes, `from`
-    /// exceeds `src.len()` or this cache's length, or `src.len()` exceeds
-    /// this cache's capacity; [`ModelError::Candle`] if a copy fails.
+    /// Copies positions `from..src.len()` of `src` (same model) and rolls to
+    /// `src.len()`: a drafter syncs only the positions added since `from`.
+    /// Errors: [`ModelError::Input`] for other shapes, `from` past either
+    /// length or `src.len()` past capacity; [`ModelError::Candle`].
     pub fn sync_from(&mut self, src: &KvCache, from: usize) -> Result<(), ModelError> {
         let n = src.len;
         if from > n || from > self.len || n > self.capacity || src.layers() != self.layers() {
@@ -255,13 +227,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// A copy of positions `from..self.len()` of every layer, which stays
-    /// as it is when this cache moves on (e.g. a verify pass's window, kept
-    /// while the next pass overwrites it).
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `from` exceeds `len()`;
-    /// [`ModelError::Candle`] if a copy fails.
+    /// A copy of positions `from..self.len()` of every layer that stays as it
+    /// is when the cache moves on. Errors: [`ModelError::Input`] if `from`
+    /// exceeds `len()`; [`ModelError::Candle`].
     pub fn rows(&self, from: usize) -> Result<KvRows, ModelError> {
         if from > self.len {
             return Err(ModelError::Input(format!(
@@ -271,8 +239,7 @@ impl KvCache {
         }
         let idx: Vec<u32> = (from..self.len).map(|p| p as u32).collect();
         let idx = Tensor::new(idx.as_slice(), &Device::Cpu)?;
-        // `index_select` allocates: the copy shares no storage with the
-        // cache, which later passes write in place.
+        // `index_select` allocates: the copy shares no storage with the cache.
         let pick = |v: &Vec<Tensor>| -> Result<Vec<Tensor>, ModelError> {
             v.iter().map(|t| Ok(t.index_select(&idx, 1)?)).collect()
         };
@@ -284,18 +251,12 @@ impl KvCache {
         })
     }
 
-    /// Rolls back to `at` positions and appends the rows `pick` of `rows`
-    /// (indices into `rows`, any order) at `at..at + pick.len()`. The rows
-    /// must have been computed at those positions (keys are stored after
-    /// RoPE): a tree pass's row of a node at depth d belongs at
-    /// `start + d`, so a root-to-node path is put back as [`Self::compact`]
-    /// keeps it.
-    ///
-    /// # Errors
-    /// [`ModelError::Input`] if `at` exceeds `len()`, an index is not below
-    /// `rows.len()`, the rows come from a cache of other layers or shapes,
-    /// or `at + pick.len()` exceeds the capacity; [`ModelError::Candle`] if
-    /// a copy fails.
+    /// Rolls back to `at` and appends rows `pick` of `rows` (any order) at
+    /// `at..at + pick.len()`; rows must belong at those positions (keys after
+    /// RoPE), as [`Self::compact`] keeps a path.
+    /// Errors: [`ModelError::Input`] if `at` exceeds `len()`, an index is out of
+    /// range, the rows' layers or shapes differ, or capacity is exceeded;
+    /// [`ModelError::Candle`].
     pub fn put_rows(&mut self, at: usize, rows: &KvRows, pick: &[usize]) -> Result<(), ModelError> {
         if at > self.len || at + pick.len() > self.capacity {
             return Err(ModelError::Input(format!(
@@ -320,8 +281,7 @@ impl KvCache {
                 .zip(&rows.keys)
                 .chain(self.values.iter().zip(&rows.values))
         };
-        // Every shape is checked before anything is written: a refused put
-        // leaves the cache as it was.
+        // Every shape is checked first: a refused put leaves the cache unchanged.
         if pairs().any(|(d, s)| d.dims()[0] != s.dims()[0] || d.dims()[2] != s.dims()[2]) {
             return Err(ModelError::Input("rows of a different model".into()));
         }
@@ -363,8 +323,7 @@ impl KvCache {
             })
     }
 
-    /// Keys and values of `layer` for positions `0..upto`, each
-    /// (num_kv_heads, upto, head_dim).
+    /// Keys and values of `layer` for `0..upto`, each (num_kv_heads, upto, head_dim).
     pub(crate) fn read(&self, layer: usize, upto: usize) -> Result<(Tensor, Tensor), ModelError> {
         let i = self.slot(layer)?;
         Ok((
@@ -493,8 +452,7 @@ mod tests {
         let original = kv.fork().unwrap();
         let rows = kv.rows(2).unwrap();
         assert_eq!(rows.len(), 4);
-        // Overwrite every position in place, then put the rows back after
-        // the first two.
+        // Overwrite every position, then put the rows back after the first two.
         let other = filled(&c, 8, 6, 500.0);
         kv.sync_from(&other, 0).unwrap();
         assert_ne!(at(&kv, 3), at(&original, 3));
@@ -511,9 +469,8 @@ mod tests {
     #[test]
     fn putting_a_tree_path_back_equals_compacting_the_cache() {
         let c = config();
-        // A tree pass appended 6 nodes after 3 context positions; keep the
-        // window rows, then put the path [0, 2, 5] (window rows) back into a
-        // drafter that holds the context and rows of its own after it.
+        // A tree pass appended 6 nodes after 3 context positions; put the path
+        // [0, 2, 5] back into a drafter holding rows of its own.
         let target = filled(&c, 12, 9, 0.0);
         let window = target.rows(3).unwrap();
         let mut compacted = target.fork().unwrap();

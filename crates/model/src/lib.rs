@@ -1,22 +1,11 @@
-//! Plaintext inference for the client's public base model.
-//!
-//! A Llama/Qwen2 decoder written on candle's tensors and quantized matmul, with
-//! what off-the-shelf implementations lack for private LoRA inference and
-//! speculative decoding:
-//!
-//! - [`Model::forward`] runs T positions at once with explicit positions and a
-//!   causal or tree [`AttentionMask`], returning logits for every position;
-//! - a [`DeltaHook`] at every projection group receives the group's input and
-//!   returns deltas to add ([`PlainLora`] is the plaintext reference,
-//!   [`NoAdapter`] the drafter);
-//! - a preallocated [`KvCache`] with rollback ([`KvCache::truncate`]), tree-path
-//!   compaction and fork.
-//!
-//! Weights come from GGUF files (kept quantized) or HF safetensors folders;
-//! adapters from PEFT folders ([`LoraAdapter`]). [`Tokenizer`] wraps the
-//! `tokenizers` crate (tokenizer.json, or rebuilt from GGUF metadata);
-//! [`Sampler`] does greedy/temperature/top-k/top-p/repetition-penalty sampling;
-//! [`fetch`] downloads the default model (SmolLM2-135M-Instruct Q4_1).
+//! Plaintext inference for the client's public base model: a Llama/Qwen2
+//! decoder on candle with what private LoRA inference and speculative
+//! decoding need. [`Model::forward`] runs T positions at once under a causal
+//! or tree [`AttentionMask`]; a [`DeltaHook`] at every projection group adds
+//! adapter deltas ([`PlainLora`]: the plaintext reference); a [`KvCache`]
+//! rolls back. Weights come from GGUF or HF folders, adapters from PEFT
+//! folders ([`LoraAdapter`]); [`fetch`] downloads the default model. Start
+//! with [`Model`] and [`DeltaHook`].
 
 mod chat;
 mod config;
@@ -67,27 +56,16 @@ pub use weights::{LoadOptions, WeightMode, WeightsFormat};
 /// Re-export of candle's tensor type used throughout the API.
 pub use candle_core::Tensor;
 
-/// The number of CPU threads candle uses. Candle reads it once, from the
-/// `RAYON_NUM_THREADS` (and `CANDLE_NUM_THREADS`) environment variables, when
-/// its pools first start; changing it takes a fresh process (the CLI's
-/// `--threads` re-executes the binary with the variables set).
+/// The number of CPU threads candle uses, read once from `RAYON_NUM_THREADS`
+/// / `CANDLE_NUM_THREADS` (changing it takes a fresh process).
 pub fn num_threads() -> usize {
     candle_core::utils::get_num_threads()
 }
 
-/// The thread count a process should give candle when it may run on fewer
-/// CPUs than candle would start threads for: `Some(allowed)` when neither
-/// `RAYON_NUM_THREADS` nor `CANDLE_NUM_THREADS` is set and the CPUs the
-/// process may use ([`std::thread::available_parallelism`]: its affinity
-/// mask and CPU quota) are fewer than candle's default (the machine's
-/// physical cores); `None` otherwise. A binary sets both variables to it
-/// before any thread starts.
-///
-/// Why: candle's pools spin while they wait for each other. Two of them on
-/// one CPU (a client under `taskset -c 0`, or a container with one CPU)
-/// made a one-position pass of the quantized default model take 290 ms
-/// instead of 9–14 ms (21×), and an f32 pass of 8 positions 137–192 ms
-/// instead of 114 (session 23, measured with `taskset -c 1`).
+/// The thread count to give candle when the process may use fewer CPUs
+/// ([`std::thread::available_parallelism`]) than candle would start threads
+/// for, and neither variable is set; `None` otherwise. Candle's pools spin
+/// while they wait, so two on one CPU slow a pass by an order of magnitude.
 #[must_use]
 pub fn threads_for_allowed_cpus() -> Option<usize> {
     let set = |v: &str| std::env::var_os(v).is_some();
@@ -109,13 +87,11 @@ fn capped_threads(chosen: bool, allowed: usize, default: usize) -> Option<usize>
 mod thread_tests {
     use super::capped_threads;
 
-    /// Regression (session 23): a process pinned to one CPU of a two-core
-    /// machine started two spinning pool threads on it.
+    /// Regression: a process pinned to one CPU of two started two spinning threads.
     #[test]
     fn a_process_allowed_one_cpu_of_two_asks_for_one_thread() {
         assert_eq!(capped_threads(false, 1, 2), Some(1));
-        // The user's own count is kept, and a process allowed every core
-        // keeps candle's default.
+        // The user's count is kept; a process allowed every core keeps the default.
         assert_eq!(capped_threads(true, 1, 2), None);
         assert_eq!(capped_threads(false, 2, 2), None);
         assert_eq!(capped_threads(false, 16, 8), None);
