@@ -1,16 +1,6 @@
-//! The client side: what runs beside the plaintext model and holds the
-//! only secret key.
-//!
-//! - [`HeHook`]: the model's delta hook that encrypts each group's input,
-//!   sends it through a [`Transport`] and decrypts the deltas;
-//! - [`ByWidth`]: one hook per pass width (a narrow verify session and a
-//!   wide prefill session);
-//! - [`Transport`] and [`InProcess`]: how a group request reaches a server
-//!   (the gRPC transport is [`crate::remote::GrpcTransport`]);
-//! - [`schedule_plan`]: choosing the per-group or fixed-point schedule from
-//!   the link and the session's costs;
-//! - [`width_plan`]: choosing the verify width K + 1 from the link, the
-//!   plans' step-wise costs and an acceptance prior.
+//! The client side, which holds the only secret key: [`HeHook`] (the
+//! model's delta hook), [`ByWidth`] (one hook per pass width), [`Transport`]
+//! and [`InProcess`], and the planners [`schedule_plan`] and [`width_plan`].
 
 mod by_width;
 mod hook;

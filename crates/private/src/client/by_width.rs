@@ -1,17 +1,9 @@
 //! One client, several sessions of different verify widths.
 //!
-//! A session's plans are fixed for one T (the server sees exactly T
-//! positions per pass). Speculative decoding verifies K+1 positions per
-//! round, but the prompt is better prefilled in wider passes: on a WAN every
-//! pass costs one round trip per layer group, so a 100-token prompt through
-//! a T = 1 session (decoding without speculation) would take 100 passes.
-//! [`ByWidth`] holds one [`HeHook`] per width and sends each forward pass to
-//! the session whose T equals the pass's number of positions; pair it with
-//! `SpecConfig::prefill_width` of the speculative decoder.
-//!
-//! What the server learns is unchanged: each session sees passes of its own
-//! constant width, and the number of prefill passes (⌈prompt / width⌉)
-//! tells it no more than the number of verify-width prefill passes would.
+//! A session's plans are fixed for one T; [`ByWidth`] sends each pass to the
+//! session whose T equals its positions, so the prompt is prefilled in wide
+//! passes (pair with `SpecConfig::prefill_width`). Each session still sees
+//! passes of its own constant width, so the server learns nothing more.
 
 use candle_core::Tensor;
 use cipherlora_model::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup};
@@ -34,8 +26,7 @@ impl<T: Transport> std::fmt::Debug for ByWidth<T> {
 }
 
 impl<T: Transport> ByWidth<T> {
-    /// Routes passes of `t` positions to `hook` (a session opened for T = `t`).
-    /// A later hook for the same `t` replaces the earlier one.
+    /// Routes passes of `t` positions to `hook` (replacing an earlier one).
     #[must_use]
     pub fn with(mut self, t: usize, hook: HeHook<T>) -> Self {
         self.hooks.retain(|(w, _)| *w != t);
@@ -79,9 +70,8 @@ impl<T: Transport> Default for ByWidth<T> {
 }
 
 impl<T: Transport> DeltaHook for ByWidth<T> {
-    /// # Errors
-    /// [`ModelError::Hook`] when no session has the pass's width (a plan is
-    /// only valid for its own T), and the errors of the chosen session.
+    /// Errors: [`ModelError::Hook`] when no session has the pass's width; the
+    /// chosen session's errors.
     fn deltas(
         &mut self,
         layer: usize,
@@ -103,14 +93,12 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
         self.hooks.iter().any(|(_, h)| h.wants(layer, group))
     }
 
-    /// # Errors
-    /// As [`ByWidth::deltas`]; all inputs of a batch must have one width.
+    /// Errors: as [`ByWidth::deltas`]; a batch's inputs share one width.
     fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
         self.batch(inputs, None)
     }
 
-    /// # Errors
-    /// As [`ByWidth::deltas_many`].
+    /// Errors: as [`ByWidth::deltas_many`].
     fn deltas_many_within(
         &mut self,
         inputs: &[GroupInput],

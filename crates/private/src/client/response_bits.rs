@@ -1,12 +1,9 @@
-//! How much precision a request keeps for a given relative tolerance (the
-//! coarse trips of the fixed-point schedule ask for less than the
-//! default): the bits it asks of the server's response compression, and
-//! the error its upload may lose.
+//! The precision a request keeps for a relative tolerance (coarse trips
+//! ask for less): response bits asked of the server, upload error allowed.
 
 use cipherlora_helora::ResponseCompression;
 
-/// The response precision for a relative `tolerance` (see
-/// [`crate::HeHook::deltas_many_within`]); 0 (the server's default) for none.
+/// The response bits for a relative `tolerance` (0: the server's default).
 pub(crate) fn response_bits(tolerance: f64) -> u32 {
     if !(tolerance > 0.0 && tolerance < 1.0) {
         return 0;
@@ -18,23 +15,9 @@ pub(crate) fn response_bits(tolerance: f64) -> u32 {
     )
 }
 
-/// The largest error the upload of a request with relative `tolerance`
-/// may add to each normalised input value (|x| ≤ 1;
-/// [`cipherlora_helora::GroupClient::request_within`]): `2^-(bits + 1)`
-/// with `bits` = [`response_bits`], so at most a quarter of the
-/// tolerance. An input error ε moves a delta by at most ε times the
-/// group's output bound, the unit of the tolerance and of the response
-/// compression's error (`bound·2^-bits`, at most half the tolerance): the
-/// two together stay within three quarters of it.
-///
-/// A tolerance asking for full precision (0, a round's last trip) gets the
-/// same rule at the server's default response precision
-/// ([`ResponseCompression::DEFAULT_BITS`], 25 bits: `2^-26`, about 5 of
-/// the 130 bits a standard-LoRA upload carries per coefficient): the
-/// response is compressed to that precision anyway, and the upload's
-/// error, at half the response's, adds at most half again to what the
-/// response already loses (both far below the fixed point's residual,
-/// ≥ 1e-3 relative after a round's trips; `crate::HeHook`).
+/// The largest error a request's upload may add per normalised input:
+/// `2^-(bits + 1)`, a quarter of the tolerance, so with the response's
+/// `bound·2^-bits` both stay within three quarters (0: default precision).
 pub(crate) fn upload_error(tolerance: f64) -> f64 {
     let bits = match response_bits(tolerance) {
         0 => ResponseCompression::DEFAULT_BITS,
@@ -49,8 +32,7 @@ mod tests {
 
     #[test]
     fn the_upload_keeps_a_quarter_of_the_tolerance() {
-        // Full precision: a quarter of the default response precision's
-        // tolerance, never exact (the response is compressed to it).
+        // Full precision: a quarter of the default precision, never exact.
         let full = 2f64.powi(-(ResponseCompression::DEFAULT_BITS as i32) - 1);
         for tolerance in [0.0, 1.0, f64::NAN, 1e-12] {
             assert_eq!(upload_error(tolerance), full, "{tolerance}");

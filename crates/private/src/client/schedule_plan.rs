@@ -1,71 +1,9 @@
-//! Choosing the verify schedule from the link and the pass's costs.
-//!
-//! Two schedules (`cipherlora_spec::schedule`):
-//! - **per group**: one round trip per adapted layer group, in forward
-//!   order; each group's upload, server compute and download wait for the
-//!   previous group, so a pass costs
-//!   `G·RTT + server + up_bytes/up_bw + down_bytes/down_bw + client`;
-//! - **fixed point** with N round trips: every group of the pass in each
-//!   trip, pipelined on the stream (upload, server compute and download
-//!   overlap), and a plaintext pass on the client after each trip:
-//!   `N·(RTT + max(server, up_bytes/up_bw, down_bytes/down_bw) + client) + (N+1)·forward`;
-//!   with **streamed trips** (the default, [`FixedPoint::streamed`]) each
-//!   group's request of the next trip leaves as the client's pass produces
-//!   it, so the trips share the link and the server as one wavefront: the
-//!   round is bound by the busiest resource over all N trips (bytes up,
-//!   bytes down, server compute) or by the chain of N latencies, each with
-//!   one group's share of the work, whichever is longer, plus one latency
-//!   and one group's share to fill and drain it (the passes stream too:
-//!   after the last group's reply only that group's layers remain), or by
-//!   the client's own work when that is longer:
-//!   `max(max(N·up, Σdown, N·server, N·(RTT + g)) + RTT + g, N·client + (N+1)·forward + RTT + g)`,
-//!   g = one group's `up + server + down + client + forward`. (Until
-//!   session 23 the client's work sat inside the first maximum and a whole
-//!   `forward` drained every round: a client-bound round paid one pass
-//!   twice, a download-bound one a pass where a group's share remains;
-//!   BENCHMARKS.md, "The width model against measured rounds".)
-//!
-//! # Drafting
-//! A round also drafts its K tokens (`draft_ms` below, K drafter steps).
-//! The per-group schedule drafts before the pass. The fixed point with
-//! [`FixedPoint::draft_ahead`] drafts the next round while the last trip
-//! is on the network, so drafting costs only what exceeds that wait
-//! (`RTT` plus one trip's share of the busiest resource) — unless the
-//! client is the busiest resource, where it adds to the client's work.
-//!
-//! With [`FixedPoint::drafter_estimates`] the passes before a round's last
-//! run on a quantized drafter; `forward` is priced as the target's pass all
-//! the same (an overestimate of the client's work).
-//!
-//! With a drafted start ([`FixedPoint::drafted_start`], two trips or more)
-//! the drafter's inputs replace pass 0: one `forward` less of client work
-//! per round, streamed or batched.
-//!
-//! With a shadow cache ([`FixedPoint::shadow`]) each round also replays one
-//! plaintext pass while its last trip is on the network: one more
-//! `forward` of client work when streamed, and with batched trips the last
-//! trip costs `max(trip, forward)`. Its settlings are not modelled (their
-//! number depends on the text: BENCHMARKS.md, "Settling from the rows' own
-//! deltas").
-//!
-//! # Sampling
-//! A sampled round is decided only once its rows' draws are
-//! ([`cipherlora_spec::draw_bounds`]; for trees, top-k and top-p, once
-//! every logit is within [`FixedPoint::sampling_tolerance`]), which takes
-//! more trips than a greedy row's margin: a sampled round is priced at
-//! [`SAMPLED_TRIPS_PER_ROUND`] exact trips (continuations included), with
-//! nothing drafted ahead, and [`ScheduleChoice::sampled`] is chosen
-//! against the same per-group round. Where round trips are cheap against
-//! server work (standard LoRA) sampled generations then run group by
-//! group while greedy ones take the fixed point.
-//!
-//! The fixed point pays N passes of bytes and compute to save `G − N`
-//! latencies: it wins on a WAN (G = 60 for q,k,v,o on 30 layers, 120 for
-//! all seven projections) and loses on loopback. The server time is the
-//! plan's operation counts priced with [`OpCosts::default`] times the
-//! ratio the server publishes in its offer (its measured op costs over the
-//! defaults: [`SessionOffer::server_cost_ratio`]), the bytes are exact (the engine's own
-//! wire sizes, returned ciphertexts compressed as a default server does).
+//! Choosing the verify schedule from the link and the pass's costs: a round
+//! priced per group and as a (streamed) fixed point of N trips, drafting
+//! included; the server's time is the plans' op counts at
+//! [`OpCosts::default`] × [`SessionOffer::server_cost_ratio`], the bytes the
+//! engine's wire sizes. Formulas: docs/design/planners.md, code-notes.md
+//! ("private: schedule_plan").
 
 use std::sync::Arc;
 
@@ -84,14 +22,11 @@ pub struct PassModel {
     pub groups: usize,
     /// Bytes uploaded per pass.
     pub bytes_up: f64,
-    /// Bytes uploaded per pass on a coarse trip (every fixed-point trip but
-    /// a round's last, [`FixedPoint::coarse_trips`]): its ciphertexts drop
-    /// low bits of `c0` (`cipherlora_ckks::rounded`).
+    /// Bytes uploaded per pass on a coarse trip ([`FixedPoint::coarse_trips`]).
     pub bytes_up_coarse: f64,
     /// Bytes downloaded per pass.
     pub bytes_down: f64,
-    /// Bytes downloaded per pass on a coarse trip (every fixed-point trip
-    /// but a round's last, [`FixedPoint::coarse_trips`]).
+    /// Bytes downloaded per pass on a coarse trip.
     pub bytes_down_coarse: f64,
     /// Server compute per pass, ms.
     pub server_ms: f64,
@@ -100,12 +35,8 @@ pub struct PassModel {
 }
 
 impl PassModel {
-    /// Models one pass of `offer`'s plans; `ctx` is the context of the
-    /// offer's preset.
-    ///
-    /// # Errors
-    /// [`PrivateError::Helora`] for a plan without a layout or an engine
-    /// error while sizing the wire formats.
+    /// Models one pass of `offer`'s plans (`ctx`: its preset's context).
+    /// Errors: [`PrivateError::Helora`] (no layout, or sizing the wire formats).
     pub fn of(offer: &SessionOffer, ctx: &Arc<Context>) -> Result<Self, PrivateError> {
         Self::of_plans(
             offer.groups.iter().map(|g| &g.plan),
@@ -114,13 +45,8 @@ impl PassModel {
         )
     }
 
-    /// Models one pass of `plans` (one per adapted group), with the wire
-    /// sizes `sizes` of [`cipherlora_helora::measure::wire_sizes`], the
-    /// server's time priced at [`OpCosts::default`] times
-    /// `server_cost_ratio` ([`SessionOffer::server_cost_ratio`]).
-    ///
-    /// # Errors
-    /// [`PrivateError::Helora`] for a plan without a layout.
+    /// Models one pass of `plans` with `sizes` and the server at [`OpCosts::default`]
+    /// × `server_cost_ratio`. Errors: [`PrivateError::Helora`] for a plan without a layout.
     pub fn of_plans<'a>(
         plans: impl IntoIterator<Item = &'a GroupPlan>,
         sizes: &WireSizes,
@@ -160,11 +86,9 @@ impl PassModel {
 /// The engine's wire sizes, bytes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WireSizes {
-    /// A seeded upload at each level
-    /// ([`cipherlora_helora::measure::wire_sizes`]).
+    /// A seeded upload at each level.
     pub up: [f64; cipherlora_helora::counts::LEVELS],
-    /// An upload at each level at the precision of a coarse trip
-    /// ([`wire_sizes`]).
+    /// An upload at each level at a coarse trip's precision ([`wire_sizes`]).
     pub up_coarse: [f64; cipherlora_helora::counts::LEVELS],
     /// A level-0 download as a default server returns it.
     pub down: f64,
@@ -174,20 +98,14 @@ pub struct WireSizes {
     pub key: f64,
 }
 
-/// The [`WireSizes`] of `ctx`'s engine; a coarse trip's download and
-/// upload are modelled at the later trips' precision (16 response bits,
-/// the larger of the two; the upload dropping the bits
-/// [`crate::client::response_bits::upload_error`] allows there).
-///
-/// # Errors
-/// Engine errors.
+/// The [`WireSizes`] of `ctx`'s engine (coarse trips at 16 response bits).
+/// Errors: engine errors.
 pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
     let (up, down, key) = cipherlora_helora::measure::wire_sizes(ctx)?;
     let tolerance = cipherlora_spec::schedule::LATER_TRIP_TOLERANCE;
     let bits = crate::client::response_bits::response_bits(tolerance);
     let coarse = cipherlora_helora::measure::compressed_download_bytes(ctx, bits).unwrap_or(down);
-    // Every level's upload keeps `c0`'s limbs but limb 0 whole: the rounded
-    // upload is N·d/8 bytes smaller, plus its 4-byte field.
+    // The rounded upload keeps limb 0 of `c0` whole: N·d/8 bytes smaller.
     let dropped = cipherlora_ckks::rounded::max_dropped_bits(
         ctx,
         ctx.params().scale(),
@@ -210,39 +128,22 @@ pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
 /// A schedule and the modelled time per verify round of both candidates.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScheduleChoice {
-    /// The cheaper schedule for greedy decoding (with, for the fixed
-    /// point, how prefill passes run: [`choose_for_session`] decides that
-    /// too).
+    /// The cheaper schedule for greedy decoding (prefill too, [`choose_for_session`]).
     pub schedule: Schedule,
-    /// The cheaper schedule for sampled decoding (module docs,
-    /// "Sampling"): the per-group round against a fixed point priced at
-    /// [`SAMPLED_TRIPS_PER_ROUND`] exact trips per decided round; a fixed
-    /// point here asks every trip exactly
-    /// ([`Schedule::for_decoding`]).
+    /// The cheaper schedule for sampled decoding ([`Schedule::for_decoding`]).
     pub sampled: Schedule,
-    /// Modelled per-group round, ms (drafting included where priced:
-    /// [`choose_schedule_grouped`]).
+    /// Modelled per-group round, ms (drafting included where priced).
     pub per_group_ms: f64,
     /// Modelled fixed-point round, ms (drafting included likewise).
     pub fixed_point_ms: f64,
     /// Modelled fixed-point round of a sampled generation, ms.
     pub sampled_fixed_point_ms: f64,
-    /// For a fixed-point schedule with a prefill session: one prefill pass
-    /// modelled group by group and as batched trips, ms.
+    /// One prefill pass per group and as batched trips, ms.
     pub prefill: Option<PrefillChoice>,
 }
 
-/// Batched round trips a sampled verify round takes on average under the
-/// fixed point, continuations and the settling trip included. A chain
-/// sampled with temperature (and repetition penalty) alone has its draws
-/// certified ([`cipherlora_spec::draw_bounds`]): its rows decide once
-/// their logits are within [`FixedPoint::draw_tolerance`], then one exact
-/// trip settles the rows it keeps. Measured in plaintext with exact trips,
-/// temperature 1, `code-lora-r16`, T = 12, 6 prompts × 64 tokens: 5.1
-/// trips per decided round, with batches of two trips or of four; rounds
-/// certified whole ([`FixedPoint::sampling_tolerance`], 10⁻⁴: trees, top-k
-/// and top-p) took 7.0 (BENCHMARKS.md, "Sampling under the fixed point",
-/// "Certifying draws").
+/// Mean batched trips of a sampled round under the fixed point (all included;
+/// certified draws, [`cipherlora_spec::draw_bounds`]).
 pub const SAMPLED_TRIPS_PER_ROUND: usize = 5;
 
 /// The modelled cost of one prefill pass both ways.
@@ -258,9 +159,7 @@ fn transfer_ms(bytes: f64, bps: Option<u64>) -> f64 {
     bps.map_or(0.0, |b| bytes * 8.0 / b as f64 * 1e3)
 }
 
-/// Picks the schedule with the smaller modelled round time on `link` (see
-/// the module docs); `forward_ms` is one plaintext pass of the verify width
-/// on the client.
+/// Picks the cheaper schedule on `link`; `forward_ms`: one client pass.
 #[must_use]
 pub fn choose_schedule(
     pass: &PassModel,
@@ -271,12 +170,8 @@ pub fn choose_schedule(
     choose_schedule_grouped(pass, pass, link, forward_ms, 0.0, fixed)
 }
 
-/// [`choose_schedule`] with the per-group schedule modelled on `per_group`
-/// (plans grouped by input) and the fixed point on `fixed_point` (e.g. the
-/// same adapter grouped by layers, [`crate::Grouping::ByLayers`], which only
-/// the fixed point can use), and the round's drafting, `draft_ms` (K
-/// drafter steps; 0 to compare the verify passes alone), priced into both
-/// rounds as the module docs' "Drafting" says.
+/// [`choose_schedule`] with per-group on `per_group`, the fixed point on
+/// `fixed_point` (e.g. by layers) and `draft_ms` of drafting (0: none).
 #[must_use]
 pub fn choose_schedule_grouped(
     per_group: &PassModel,
@@ -299,9 +194,7 @@ pub fn choose_schedule_grouped(
         + forward_ms
         + draft_ms;
     let fixed_point_ms = fixed_point_round_ms(fixed_point, link, forward_ms, draft_ms, fixed);
-    // Sampled rounds: more trips, all exact, no shadow nor drafter
-    // estimates (`FixedPoint::for_sampling`), nothing drafted ahead
-    // (greedy only).
+    // Sampled: more trips, all exact, nothing drafted ahead.
     let sampled_fixed = fixed.for_sampling();
     let sampled_fixed_point_ms = fixed_point_round_ms(
         fixed_point,
@@ -331,8 +224,7 @@ pub fn choose_schedule_grouped(
     }
 }
 
-/// One fixed-point round of `fixed.round_trips` trips over `pass` on
-/// `link`, its drafting included (module docs), ms.
+/// One fixed-point round over `pass` on `link`, drafting included, ms.
 fn fixed_point_round_ms(
     pass: &PassModel,
     link: &LinkProfile,
@@ -357,9 +249,7 @@ fn fixed_point_round_ms(
     };
     // The shadow's replay of the pass before the last trip.
     let replay_ms = if fixed.shadow { forward_ms } else { 0.0 };
-    // Plaintext passes per round: one per trip and pass 0, unless the
-    // drafter's inputs replace pass 0 (one single-position drafter step
-    // instead, not modelled: drafting is not).
+    // One client pass per trip plus pass 0, unless drafted inputs replace it.
     let passes = if fixed.drafted_start && n >= 2.0 {
         n
     } else {
@@ -396,26 +286,14 @@ fn fixed_point_round_ms(
     }
 }
 
-/// [`choose_schedule`] for the verify session of width `width` behind
-/// `hook`, with the fixed point the client would run
-/// ([`crate::width_plan::default_fixed_point`] of the
-/// [`crate::width_plan::acceptance_prior`] of `alpha`, the client's own
-/// prior if any, and the session's published hint): its plans'
-/// [`PassModel`], one plaintext pass of `width` positions of `model` and
-/// (with a `drafter`) `width − 1` of its
-/// single-position steps, timed here: the round's drafting, priced as
-/// [`choose_schedule_grouped`] does so that this agrees with the width
-/// model's choice at the same width. When that picks the fixed point and
-/// `hook` has a session of `prefill_width`, the prefill passes are modelled
-/// the same way (one pass of that session group by group against the fixed
-/// point's prefill trips) and run group by group when that is cheaper: the
-/// prompt's keys and values are then exact as well (no residual for later
-/// rows to inherit), and a wide pass's bytes cross the link once instead
-/// of once per trip.
+/// [`choose_schedule`] for the verify session of `width` behind `hook` with
+/// the fixed point the client would run, timing one pass of `model` and
+/// `width − 1` steps of `drafter` here. When the fixed point wins and `hook`
+/// has a session of `prefill_width`, prefill passes are priced both ways and
+/// run group by group when cheaper (exact prompt rows, bytes sent once).
 ///
-/// # Errors
-/// [`PrivateError::Transport`] when `hook` has no session of that width;
-/// [`PrivateError::Model`] when the pass fails.
+/// Errors: [`PrivateError::Transport`] when `hook` has no session of that
+/// width; [`PrivateError::Model`] when the pass fails.
 pub fn choose_for_session<T: crate::Transport>(
     (model, drafter): (&cipherlora_model::Model, Option<&cipherlora_model::Model>),
     hook: &crate::ByWidth<T>,
@@ -493,7 +371,7 @@ mod tests {
     use super::*;
 
     fn pass() -> PassModel {
-        // The default model's FFA verify pass at T = 9 (BENCHMARKS.md).
+        // The default model's FFA verify pass at T = 9.
         PassModel {
             groups: 60,
             bytes_up: 5.5e6,
@@ -507,8 +385,7 @@ mod tests {
 
     #[test]
     fn sampled_rounds_are_priced_at_more_exact_trips() {
-        // Standard LoRA at T = 12 (BENCHMARKS.md, wan20 rows of session
-        // 24): the server's pass dominates a trip.
+        // Standard LoRA at T = 12: the server's pass dominates a trip.
         let standard = PassModel {
             groups: 60,
             bytes_up: 16e6,
@@ -528,8 +405,7 @@ mod tests {
         assert_eq!(c.sampled, Schedule::PerGroup, "{c:?}");
         // Five exact trips against two coarse ones, nothing drafted ahead.
         assert!(c.sampled_fixed_point_ms > 2.0 * c.fixed_point_ms, "{c:?}");
-        // FFA at wan80: latency dominates, sampled rounds keep the fixed
-        // point, every trip exact.
+        // FFA at wan80: latency dominates; sampled rounds keep the fixed point.
         let c = choose_schedule(&pass(), &LinkProfile::WAN80, 40.0, FixedPoint::default());
         let exact = FixedPoint {
             coarse_trips: false,
@@ -561,9 +437,7 @@ mod tests {
         assert!(c.per_group_ms > 4800.0);
     }
 
-    /// Streamed trips overlap the trips' transfers, the server and the
-    /// client: a bandwidth-bound round costs about its bytes once, not N
-    /// latencies plus N client passes on top.
+    /// Streamed trips overlap: a bandwidth-bound round costs its bytes about once.
     #[test]
     fn streamed_trips_cost_the_busiest_resource_not_the_sum() {
         let batched = FixedPoint {
@@ -574,16 +448,13 @@ mod tests {
         let s = choose_schedule(&pass(), &link, 40.0, FixedPoint::default());
         let b = choose_schedule(&pass(), &link, 40.0, batched);
         assert!(s.fixed_point_ms < b.fixed_point_ms, "{s:?} {b:?}");
-        // Bound below by the download of three trips (two coarse) at
-        // 100 Mbit/s plus one latency.
+        // Bound below by three trips' download plus one latency.
         let down_ms = (2.0 * 5.5e6 + 7.2e6) * 8.0 / 1e8 * 1e3;
         assert!(s.fixed_point_ms >= down_ms + 80.0, "{s:?}");
         assert!(s.fixed_point_ms < down_ms + 80.0 + 41.0 + 1.0, "{s:?}");
     }
 
-    /// The shadow's replay is client work: it lengthens a round whose
-    /// client is its busiest resource by one pass, and costs nothing when
-    /// the last trip outlasts it.
+    /// The shadow's replay lengthens only a client-bound round.
     #[test]
     fn a_shadow_costs_one_pass_where_the_client_is_busiest() {
         let shadow = |fp: FixedPoint| FixedPoint { shadow: true, ..fp };
@@ -631,8 +502,7 @@ mod tests {
                 "{fp:?}: {plain:?} {started:?}"
             );
         }
-        // One trip per round runs pass 0 (a lone trip's change would be
-        // unknown).
+        // One trip per round runs pass 0.
         let one = FixedPoint {
             round_trips: 1,
             ..FixedPoint::default()
@@ -643,10 +513,7 @@ mod tests {
         );
     }
 
-    /// A fixed point drafts the next round during its last trip: drafting
-    /// shorter than that wait costs nothing there, while the per-group
-    /// schedule (and a fixed point without draft-ahead) pays all of it,
-    /// and a client-bound round pays it in full too.
+    /// Drafting shorter than the last trip is free on the fixed point only.
     #[test]
     fn drafting_hides_under_the_last_trip_only_where_the_client_idles() {
         let link = LinkProfile::WAN80;
@@ -669,12 +536,7 @@ mod tests {
         assert!((added - 100.0).abs() < 1e-6, "{added}");
     }
 
-    /// Pinned by session 22's measured FFA rounds at wan20 (BENCHMARKS.md,
-    /// "The width model against measured rounds"): K = 7 by two layers,
-    /// download-bound, 801 ms per round measured; the model used to drain
-    /// every round with a whole pass and charge all of its drafting (962
-    /// ms with the drafting). The plans' bytes and server time are this
-    /// model's own; the client's passes as `bench e2e` timed them.
+    /// Pinned by a measured download-bound FFA round at wan20: drains one group's share.
     #[test]
     fn a_download_bound_round_drains_one_group_s_share_not_a_pass() {
         let pass = PassModel {
@@ -705,8 +567,7 @@ mod tests {
         p.groups = 120;
         let many = choose_schedule(&p, &link, 40.0, FixedPoint::default());
         assert!(many.per_group_ms - few.per_group_ms > 599.0);
-        // The fixed point's round changes only by the fill and drain, one
-        // group's share of a pass (smaller with more groups).
+        // The fixed point's round changes only by one group's fill and drain.
         assert!(many.fixed_point_ms <= few.fixed_point_ms);
         assert!(few.fixed_point_ms - many.fixed_point_ms < 20.0);
     }

@@ -12,60 +12,37 @@ use crate::{PrivateError, ServerSession};
 pub struct Reply {
     /// The encrypted deltas.
     pub response: GroupResponse,
-    /// Server compute time in ms, when the transport can tell (the rest of
-    /// the round trip is network and serialisation).
+    /// Server compute time in ms, when the transport can tell.
     pub server_ms: Option<f64>,
 }
 
-/// Carries group requests to the adapter server and brings back responses.
-///
-/// A transport is opened for one session (its Galois keys are on the
-/// server); `round` must be idempotent for the same request so that a
-/// transport may replay it after a dropped connection.
+/// Carries group requests to the adapter server; `round` must be idempotent (replayed on reconnect).
 pub trait Transport {
-    /// Sends one group request and waits for its response.
-    ///
-    /// # Errors
-    /// [`PrivateError::Transport`] when the link fails; the server's typed
-    /// errors otherwise.
+    /// Sends one group request and waits for its response. Errors:
+    /// [`PrivateError::Transport`] when the link fails, else the server's.
     fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError>;
 
-    /// Sends many group requests of one verify pass together (one round
-    /// trip on a network transport: pipelined on the session's stream) and
-    /// returns their replies in order. The default sends them one by one.
-    ///
-    /// # Errors
-    /// As [`Transport::round`].
+    /// Sends one pass's requests together (pipelined on a network) and returns
+    /// the replies in order. Errors: as [`Transport::round`].
     fn rounds(&mut self, requests: &[GroupRequest]) -> Result<Vec<Reply>, PrivateError> {
         requests.iter().map(|r| self.round(r)).collect()
     }
 
-    /// Starts a streamed round (one trip of a streamed fixed point,
-    /// [`cipherlora_model::DeltaStream`]) and returns its number, which
-    /// [`Transport::send`] and [`Transport::receive`] take. The default
-    /// numbers nothing (0): its `send` answers at once.
+    /// Starts a streamed round ([`cipherlora_model::DeltaStream`]); returns its number.
     fn open_round(&mut self) -> u64 {
         0
     }
 
-    /// Sends one request of streamed round `round`. Returns its reply when
-    /// the transport answered at once (the default: [`Transport::round`]),
-    /// `None` when the reply is to be taken with [`Transport::receive`].
-    ///
-    /// # Errors
-    /// As [`Transport::round`].
+    /// Sends one request of streamed round `round`: its reply when answered at
+    /// once (default), `None` to take it with [`Transport::receive`].
+    /// Errors: as [`Transport::round`].
     fn send(&mut self, round: u64, request: &GroupRequest) -> Result<Option<Reply>, PrivateError> {
         let _ = round;
         self.round(request).map(Some)
     }
 
-    /// Waits for the reply to the request of (`round`, `layer`, `group`)
-    /// that [`Transport::send`] did not answer at once.
-    ///
-    /// # Errors
-    /// [`PrivateError::Transport`] when no such request is in flight (the
-    /// default: a transport that answers every send at once has none); as
-    /// [`Transport::round`] otherwise.
+    /// Waits for the reply to (`round`, `layer`, `group`). Errors:
+    /// [`PrivateError::Transport`] when none is in flight; as [`Transport::round`].
     fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
         Err(PrivateError::Transport(format!(
             "no request of round {round} layer {layer} group {group} in flight"
@@ -73,9 +50,7 @@ pub trait Transport {
     }
 }
 
-/// Calls a [`ServerSession`] in the same process, through the same byte
-/// encoding as the network (requests and responses are serialised and
-/// parsed, so sizes and validation are the real ones).
+/// Calls a [`ServerSession`] in process through the network's byte encoding.
 #[derive(Debug, Clone)]
 pub struct InProcess {
     session: Arc<ServerSession>,

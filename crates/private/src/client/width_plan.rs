@@ -1,67 +1,10 @@
 //! Choosing the verify width T = K + 1 from the link, the plans' costs and
-//! an acceptance prior.
-//!
-//! # The model
-//! A round that drafts K tokens, each accepted with probability α, yields
-//! `E(K) = (1 − α^(K+1)) / (1 − α)` tokens (Leviathan et al., "Fast
-//! Inference from Transformers via Speculative Decoding", ICML 2023, Eq. 1)
-//! and costs K draft steps and one verify round of T = K + 1 positions,
-//! modelled as in [`crate::schedule_plan`] (the cheaper of the per-group and
-//! the fixed-point schedule on the link, with the plans the server's planner
-//! picks for width T; a fixed point drafts the next round while its last
-//! trip is on the network, so only the drafting that outlasts that wait
-//! counts). K is the one that maximises `E(K) / round`.
-//!
-//! # Why it is worth choosing
-//! The cost of a verify round is a step function of T: a returned
-//! ciphertext holds `⌊slots / T'⌋` output dimensions of every position
-//! (T' = ⌈T/2⌉ slot positions with two positions per complex slot,
-//! [`cipherlora_helora::plan`]), so the number of ciphertexts per group —
-//! bytes, server products and decryptions — jumps at a few widths and stays
-//! flat between them. On the default model with a rank-16 q,k,v,o adapter,
-//! FFA needs 2 output ciphertexts per layer at T ≤ 8, 3 at T = 9–12 and 5 at
-//! T = 15–22 when each layer's groups travel alone: T = 8 moves a third
-//! fewer bytes than T = 9 for one position less. Runs of several layers
-//! with dense outputs ([`cipherlora_helora::Reach::TwoSided`]) need 1.5
-//! per layer at T = 8. Which step wins depends on the link (bytes against round trips),
-//! the client's speed (a pass of T positions) and α, so it is computed, not
-//! fixed.
-//!
-//! # Chain or tree
-//! With [`DraftLimits::trees`] set, each K is also modelled as a draft
-//! tree of K nodes ([`cipherlora_spec::tree_plan`]: the best tree under
-//! positional acceptance, the first choice's rate α and later ranks'
-//! from [`RankAcceptance::from_first`]), drafted level by level: the root's
-//! step and single-node levels at the drafter's step cost, a level of w > 1
-//! nodes as one pass of min(w, branch) positions of the verified model
-//! (`tree_draft::grow` batches levels on the target's weights). The server
-//! sees T = K + 1 positions either way, so the choice reveals nothing; it
-//! trades tokens per round against drafting time, which a fixed point
-//! hides behind its last trip only as far as that trip lasts. With the
-//! base drafter over the adapted prefix (α ≈ 0.85–0.9 in context) the
-//! model keeps chains up to T ≈ 17 and prices trees at 1.08× (T = 32) and
-//! 1.22× (T = 64) a chain, against 1.17× and 1.23× measured; at the
-//! widths the link and the server make worth verifying, a tree's batched
-//! levels cost more than its few extra tokens, so the model keeps chains
-//! for every committed adapter (BENCHMARKS.md, "Chain or tree: the
-//! planner").
-//!
-//! # The acceptance prior
-//! α is the client's `--acceptance-prior` when given, else the hint the
-//! adapter's owner publishes in the offer ([`SessionOffer::acceptance`],
-//! the base drafter's measured per-token agreement with the adapted model on
-//! the owner's text, from the adapter's `cipherlora.json`), else
-//! [`DEFAULT_ACCEPTANCE_PRIOR`] ([`acceptance_prior`]). The geometric
-//! model with one α undervalues long drafts where acceptance runs in
-//! streaks (code: 3.43 tokens per round at K = 3 and 6.40 at K = 7, where
-//! the α that fits K = 3, 0.90, predicts 5.7), so a hint near the measured
-//! agreement errs towards shorter drafts.
-//!
-//! # What it reveals
-//! K is fixed for the session before the first token, from the link, the
-//! adapter's public shapes and published hint, the client's own timings and
-//! a prior α — not from acceptance observed during generation — so the
-//! verify width tells the server nothing about the text (it already sees T).
+//! an acceptance prior α: K maximises `E(K) / round`, `E(K) = (1 − α^(K+1))
+//! / (1 − α)` (Leviathan et al., ICML 2023, Eq. 1), each round priced by
+//! [`crate::schedule_plan`] with the plans the server picks for T, as a chain
+//! or a tree ([`DraftLimits::trees`]). K is fixed before the first token from
+//! public inputs. Rationale: docs/design/planners.md, code-notes.md
+//! ("private: width_plan").
 
 use std::sync::Arc;
 
@@ -80,9 +23,7 @@ use crate::schedule_plan::{
 };
 use crate::server::{Grouping, LoraKind, SessionOffer, layer_runs};
 
-/// What the client knows of the server's plans at any width: the preset,
-/// the LoRA variant and the public shape of every adapted group (from any
-/// one offer).
+/// What the client knows of the server's plans at any width (from one offer).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanSpace {
     /// CKKS parameter preset.
@@ -99,54 +40,21 @@ pub struct PlanSpace {
     pub grouping: Grouping,
     /// The offer's [`SessionOffer::server_cost_ratio`].
     pub server_cost_ratio: f64,
-    /// Positions per pass of the session whose offer this is (`None` when
-    /// no session stands behind the space). A verify session of that
-    /// width *is* that session (`crate::connect_chosen_width` shares the
-    /// prefill session when the widths coincide), so it keeps the offer's
-    /// grouping: [`choose_width`] models it so.
+    /// Positions per pass of the offer's session (`None`: none); a verify session of that width shares it.
     pub width: Option<usize>,
     /// The offer's [`SessionOffer::acceptance`] hint.
     pub acceptance: Option<f64>,
 }
 
-/// The per-token acceptance rate the width model assumes when neither the
-/// client (`--acceptance-prior`) nor the adapter's offer gives one. Fitted
-/// to the measured tokens per round with the Leviathan et al. formula, the
-/// base drafter's acceptance is ≈ 0.9–0.93 on the committed code adapters
-/// (5.65–6.4 tokens per round at K = 7) but ≈ 0.6–0.72 on general English
-/// (`general-lora-r16`: 3.1 at K = 4 and 3.2 at K = 9; `general-all-r8`:
-/// 2.5 at K = 5; BENCHMARKS.md, "General English across a network"). The
-/// model's choice is flat between K = 5, 7 and 9 for standard LoRA, and
-/// measured side by side K = 7 was the best or near it on code (loopback:
-/// 1.24× K = 5; wan20: 1.03× K = 5, and 1.1× K = 9 in session 11) while
-/// prose at wan20 lost 11 % at K = 9: 0.83 puts standard LoRA at K = 7 on
-/// loopback, wan20 and wan80 (0.85 picked 9 on the WANs, 0.8 picked 5
-/// everywhere).
+/// The per-token acceptance prior when neither client nor offer gives one (code-notes).
 pub const DEFAULT_ACCEPTANCE_PRIOR: f64 = 0.83;
 
-/// The lowest acceptance prior α for which a client's default fixed point
-/// is two trips per round certified against the cached rows' residual
-/// ([`default_fixed_point`]). Two shadowed trips are exact where three
-/// unshadowed ones have one measured divergence, and move two thirds of
-/// the bytes and server work of three; what they cost is the shadow's
-/// settlings, whose number is a property of the text: in plaintext, 5
-/// prompts × 64 tokens at T = 8, the adapters whose base drafter agrees
-/// 0.885–0.906 of the time (code) settled 1–2 times and kept 0.80–0.84 of
-/// three trips' tokens per round, the two at 0.77 (prose) settled 13–16
-/// times and kept 0.35 (BENCHMARKS.md, "Settling from the rows' own
-/// deltas"). End to end on code, two shadowed trips were 1.2–1.3× three
-/// (FFA at wan20 and wan80, standard LoRA at wan20). 0.85 sits between the
-/// two measured groups; below it the client keeps three trips.
+/// The lowest prior α at which the default fixed point is two shadowed trips, not three (code-notes).
 pub const SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE: f64 = 0.85;
 
-/// The fixed point a client runs when the schedule is `auto` (and models
-/// when it chooses K), for acceptance prior `alpha` ([`acceptance_prior`]):
-/// two trips per round with the shadow cache and the drafter's estimate
-/// passes (`fixed-point:2/shadow/drafter-estimates`) from
-/// [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] on, else [`FixedPoint::default`]
-/// (three trips). The prior is public (the client's own or the adapter's
-/// published hint) and fixed before the first token, so the trips per
-/// round tell the server nothing about the text.
+/// The fixed point `auto` runs (and the width model prices) at prior
+/// `alpha`: `fixed-point:2/shadow/drafter-estimates` from
+/// [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] on, else [`FixedPoint::default`].
 #[must_use]
 pub fn default_fixed_point(alpha: f64) -> FixedPoint {
     if alpha >= SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE {
@@ -161,17 +69,13 @@ pub fn default_fixed_point(alpha: f64) -> FixedPoint {
     }
 }
 
-/// The fixed point `auto` runs for a client with its own prior `given`
-/// (if any) on `space`: [`default_fixed_point`] of the
-/// [`acceptance_prior`].
+/// [`default_fixed_point`] of the [`acceptance_prior`] (client's `given`, `space`).
 #[must_use]
 pub fn auto_fixed_point(space: &PlanSpace, given: Option<f64>) -> FixedPoint {
     default_fixed_point(acceptance_prior(space, given))
 }
 
-/// The α the width model uses (module docs, "The acceptance prior"): the
-/// client's own `given` prior, else `space`'s published hint, else
-/// [`DEFAULT_ACCEPTANCE_PRIOR`].
+/// The α of the width model: `given`, else `space`'s hint, else [`DEFAULT_ACCEPTANCE_PRIOR`].
 #[must_use]
 pub fn acceptance_prior(space: &PlanSpace, given: Option<f64>) -> f64 {
     given
@@ -180,8 +84,7 @@ pub fn acceptance_prior(space: &PlanSpace, given: Option<f64>) -> f64 {
 }
 
 impl PlanSpace {
-    /// The space of `offer` (its width matters only to a verify session of
-    /// the same width, [`PlanSpace::width`]).
+    /// The space of `offer`.
     #[must_use]
     pub fn of(offer: &SessionOffer) -> Self {
         PlanSpace {
@@ -200,20 +103,15 @@ impl PlanSpace {
         }
     }
 
-    /// Whether a verify session of `t` positions is the offer's own session
-    /// ([`PlanSpace::width`]), which keeps the offer's grouping.
+    /// Whether a verify session of `t` positions is the offer's own.
     #[must_use]
     pub fn is_own_width(&self, t: usize) -> bool {
         self.width == Some(t)
     }
 
     /// The same adapter grouped by runs of `n` layers, as a
-    /// [`Grouping::ByLayers`]`(n)` offer would be (the server's
-    /// `AdapterGroups::fuse_layers`): one shape per run of `n` adapted
-    /// layers, the inputs concatenated and the projections listed in
-    /// forward order. `None` for standard LoRA, whose offers stay by input,
-    /// for `n` outside `1..=`[`Grouping::MAX_LAYERS`], and for a space
-    /// already fused some other way.
+    /// [`Grouping::ByLayers`]`(n)` offer would be. `None` for standard LoRA,
+    /// `n` outside `1..=`[`Grouping::MAX_LAYERS`], or a space fused otherwise.
     #[must_use]
     pub fn by_layers(&self, n: usize) -> Option<PlanSpace> {
         if self.mode != Mode::Ffa || n == 0 || n > Grouping::MAX_LAYERS {
@@ -245,13 +143,8 @@ impl PlanSpace {
         })
     }
 
-    /// The plans a server with default op costs and link offers at width
-    /// `t`, one per group (the server's own may differ where its measured
-    /// costs tip a choice; the model needs only their order of magnitude).
-    ///
-    /// # Errors
-    /// [`PrivateError::Helora`] when no plan fits T; [`PrivateError::Ckks`]
-    /// for the preset.
+    /// The plans a server with default op costs offers at width `t`, one per group.
+    /// Errors: [`PrivateError::Helora`] when no plan fits T; [`PrivateError::Ckks`].
     pub fn plans(&self, t: usize) -> Result<Vec<GroupPlan>, PrivateError> {
         let slots = CkksParameters::preset(self.preset)?.slots();
         let (costs, link) = (OpCosts::default(), Link::default());
@@ -271,8 +164,7 @@ impl PlanSpace {
 /// The client-side costs the width model needs, ms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClientCosts {
-    /// `forward_ms[t − 1]`: one plaintext pass of t positions of the
-    /// verified model (t = 1 ..= the largest width considered).
+    /// `forward_ms[t − 1]`: one plaintext pass of t positions.
     pub forward_ms: Vec<f64>,
     /// One draft step of the drafter.
     pub draft_ms: f64,
@@ -283,9 +175,7 @@ pub struct ClientCosts {
 pub struct DraftLimits {
     /// The largest K considered (≥ 1).
     pub k_max: usize,
-    /// Draft trees of K nodes within these shape limits compete with
-    /// chains of K drafts (module docs, "Chain or tree"); `None`: chains
-    /// only.
+    /// Draft trees within these limits compete with chains (`None`: chains).
     pub trees: Option<TreeParams>,
 }
 
@@ -303,18 +193,13 @@ pub struct WidthCandidate {
     pub k: usize,
     /// The schedule the round would use, with both schedules' round times.
     pub schedule: ScheduleChoice,
-    /// How the verify session should group the projections:
-    /// [`Grouping::ByLayers`] when the fixed point wins and the adapter
-    /// allows it (FFA), with the layers per group whose plans give the
-    /// fastest fixed-point round (the time it is modelled on).
+    /// How the verify session groups the projections ([`Grouping::ByLayers`]: fixed point on FFA).
     pub grouping: Grouping,
     /// The cheaper schedule's round, its drafting included, ms.
     pub round_ms: f64,
     /// Expected tokens per round at the prior α (bonus token included).
     pub expected_tokens: f64,
-    /// A draft tree of K nodes within these limits where the model
-    /// prefers one to the chain of K drafts ([`DraftLimits::trees`]);
-    /// `None`: a chain.
+    /// The tree the model prefers to the chain of K drafts (`None`: a chain).
     pub tree: Option<TreeParams>,
     /// `expected_tokens / round_ms`, tokens/s.
     pub tok_per_s: f64,
@@ -333,13 +218,11 @@ pub struct WidthChoice {
     pub alpha: f64,
 }
 
-/// Models every K in `1..=drafts.k_max` (module docs), as a chain and,
-/// with [`DraftLimits::trees`], as a tree, and picks the fastest.
+/// Models every K in `1..=drafts.k_max` as a chain (and a tree with
+/// [`DraftLimits::trees`]) at prior `alpha` (clamped to [0, 1]) and picks
+/// the fastest.
 ///
-/// `alpha` is the prior per-token acceptance rate (clamped to [0, 1]).
-///
-/// # Errors
-/// [`PrivateError::Helora`] when no plan fits a width;
+/// Errors: [`PrivateError::Helora`] when no plan fits a width;
 /// [`PrivateError::WidthModel`] when `k_max` is 0 or `client.forward_ms`
 /// has fewer than `k_max + 1` entries.
 pub fn choose_width(
@@ -369,9 +252,7 @@ pub fn choose_width(
         let ratio = space.server_cost_ratio;
         let pass = PassModel::of_plans(&plans, sizes, ratio)?;
         let forward_ms = client.forward_ms[k];
-        // The offer's own session serves this width with the offer's
-        // grouping: no fused alternative for it. Otherwise the fixed point
-        // runs on whichever layers per group make its round fastest.
+        // The offer's own session keeps its grouping; else the fastest run length.
         let own = space.is_own_width(k + 1);
         let fused_passes = if own {
             Vec::new()
@@ -386,8 +267,6 @@ pub fn choose_width(
                 })
                 .collect::<Result<Vec<_>, PrivateError>>()?
         };
-        // The schedule and grouping of a round at this width whose drafting
-        // takes `draft_ms`.
         let round = |draft_ms: f64| -> (ScheduleChoice, Grouping) {
             let mut schedule =
                 choose_schedule_grouped(&pass, &pass, link, forward_ms, draft_ms, fixed);
@@ -427,8 +306,7 @@ pub fn choose_width(
             expected_tokens(alpha, k),
             None,
         );
-        // The same width as a tree where the model spends nodes off the
-        // chain: more tokens per round, its own drafting time.
+        // The same width as a tree: more tokens, its own drafting time.
         let tree = match drafts.trees {
             Some(limits) => {
                 let estimate = best_tree(&ranks, k, &limits);
@@ -458,13 +336,9 @@ pub fn choose_width(
     })
 }
 
-/// The drafting time of a tree of `estimate`'s shape, ms: the root's step
-/// and every single-node level at the drafter's step cost, every wider
-/// level as one pass of min(width, branch) positions of the verified model
-/// (module docs, "Chain or tree"). A chain's shape costs its K steps.
+/// A tree's drafting time, ms (levels wider than one as one batched pass).
 fn tree_draft_ms(estimate: &TreeEstimate, limits: &TreeParams, client: &ClientCosts) -> f64 {
-    // Levels fed to the drafter: the root, then every level whose nodes
-    // get children (all but the deepest).
+    // The root, then every level whose nodes get children.
     let fed = estimate
         .widths
         .iter()
@@ -484,11 +358,7 @@ fn tree_draft_ms(estimate: &TreeEstimate, limits: &TreeParams, client: &ClientCo
 }
 
 impl WidthCandidate {
-    /// The verify session's grouping when the schedule is `forced` (parsed
-    /// from `--schedule`; `None` for `auto`, which keeps the modelled
-    /// choice): for a forced fixed point the modelled layers per group, or
-    /// one layer per group where the model chose per-group and `space`
-    /// allows it; by input for a forced per-group schedule.
+    /// The verify session's grouping under `forced` (`--schedule`; `None`: modelled).
     #[must_use]
     pub fn grouping_for(&self, space: &PlanSpace, forced: Option<&Schedule>) -> Grouping {
         match forced {
@@ -504,12 +374,8 @@ impl WidthCandidate {
     }
 }
 
-/// Times the client side for [`choose_width`]: one plaintext pass of each
-/// width `1..=t_max` of `model` (the best of two) and one draft step of
-/// `drafter`.
-///
-/// # Errors
-/// [`PrivateError::Model`] when a pass fails.
+/// Times one plaintext pass of each width `1..=t_max` of `model` (best of
+/// two) and one draft step of `drafter`. Errors: [`PrivateError::Model`].
 pub fn time_client(
     model: &cipherlora_model::Model,
     drafter: &cipherlora_model::Model,
@@ -528,15 +394,11 @@ pub fn time_client(
     })
 }
 
-/// [`choose_width`] for a client about to open its verify session: the
-/// plan space of an offer it already holds (e.g. its prefill session's),
-/// its own timed passes ([`time_client`]), the engine's wire sizes, and the
-/// [`acceptance_prior`] of `alpha` (the client's own, if any) and the
-/// offer's hint, with that prior's [`default_fixed_point`].
+/// [`choose_width`] for a client about to open its verify session, from an
+/// offer it holds, its timed passes, the engine's wire sizes and the
+/// [`acceptance_prior`] with its [`default_fixed_point`].
 ///
-/// # Errors
-/// As [`choose_width`] and [`time_client`]; [`PrivateError::Ckks`] for the
-/// preset.
+/// Errors: as [`choose_width`] and [`time_client`]; [`PrivateError::Ckks`].
 pub fn choose_width_for_client(
     space: &PlanSpace,
     model: &cipherlora_model::Model,
@@ -557,8 +419,7 @@ pub fn choose_width_for_client(
     )
 }
 
-/// [`choose_width`] with the client's passes timed here and the engine's
-/// wire sizes.
+/// [`choose_width`] with the client's passes timed here.
 fn choose_width_timed(
     space: &PlanSpace,
     (model, drafter): (&cipherlora_model::Model, &cipherlora_model::Model),
@@ -573,22 +434,12 @@ fn choose_width_timed(
     choose_width(space, &sizes, link, &client, alpha, drafts, fixed)
 }
 
-/// How a client with a given K (`--k N`) groups its verify session's
-/// requests: as the width model prefers at that width (the model up to K,
-/// then [`WidthCandidate::grouping_for`] of its candidate for K, `forced`
-/// the schedule from `--schedule`). With dense FFA outputs
-/// ([`cipherlora_helora::Reach::TwoSided`]) runs of several layers return
-/// a quarter fewer ciphertexts per layer than one layer at T = 8. The
-/// fixed point modelled is the forced one, else the
-/// [`default_fixed_point`] of the [`acceptance_prior`] of `alpha` (the
-/// client's own, if any) and the offer's hint: the one `auto` runs.
+/// How a client with a fixed K (`--k N`) groups its verify session: as the
+/// width model prefers at K ([`WidthCandidate::grouping_for`], `forced`
+/// from `--schedule`), with the fixed point `auto` would run. The prior
+/// does not enter the choice at one width.
 ///
-/// The prior otherwise only weighs widths against each other (a
-/// candidate's expected tokens), never the schedule or the grouping at one
-/// width, so it does not enter the choice at K.
-///
-/// # Errors
-/// As [`choose_width_for_client`] (K = 0 included).
+/// Errors: as [`choose_width_for_client`] (K = 0 included).
 pub fn grouping_for_given_k(
     space: &PlanSpace,
     (model, drafter): (&cipherlora_model::Model, &cipherlora_model::Model),
@@ -631,8 +482,7 @@ mod tests {
     }
 
     fn sizes() -> WireSizes {
-        // Seeded uploads by level, a compressed download (measured sizes of
-        // the N = 8192 preset, BENCHMARKS.md), one Galois key.
+        // Seeded uploads by level, a compressed download, one Galois key.
         WireSizes {
             up: [51e3, 92e3, 133e3, 174e3],
             up_coarse: [51e3, 92e3, 133e3, 174e3],
@@ -650,8 +500,7 @@ mod tests {
         }
     }
 
-    /// [`choose_width`] of `space` on `link` at prior `alpha`, K ≤ 16, with
-    /// the sizes and client costs above and the default fixed point.
+    /// [`choose_width`] of `space` on `link` at `alpha`, K ≤ 16, costs above.
     fn model(space: &PlanSpace, link: &LinkProfile, alpha: f64) -> WidthChoice {
         choose_width(
             space,
@@ -667,8 +516,7 @@ mod tests {
 
     #[test]
     fn output_ciphertexts_jump_between_widths_8_and_9_for_ffa() {
-        // The step the module docs describe, read from the plans
-        // themselves: it is what makes K = 7 worth considering.
+        // The step of the plans is what makes K = 7 worth considering.
         let s = space(Mode::Ffa);
         let downs = |t| {
             s.plans(t)
@@ -684,9 +532,7 @@ mod tests {
     #[test]
     fn a_bandwidth_bound_link_picks_a_width_before_a_step() {
         let c = model(&space(Mode::Ffa), &LinkProfile::WAN80, 0.9);
-        // Every candidate is modelled; the best is at the end of a flat
-        // stretch of the step function (T = 8, 12 or 22 for FFA): one more
-        // position there would cost another ciphertext per group.
+        // The best is at the end of a flat stretch of the step function.
         assert_eq!(c.candidates.len(), 16);
         let t = c.best.k + 1;
         let next = c
@@ -701,11 +547,7 @@ mod tests {
         assert!(c.candidates.iter().all(|x| x.tok_per_s <= c.best.tok_per_s));
     }
 
-    /// Standard LoRA on wan20 (measured, session 12: the per-group schedule
-    /// at 1.34 tok/s where three fixed-point trips gave ≈ 2.1): priced at
-    /// the default op costs the server's work makes the fixed point look
-    /// dear; a server that publishes its costs as 0.6 of the defaults (this
-    /// project's machine measured ≈ 1 / 1.7) gets the fixed point chosen.
+    /// Standard LoRA on wan20: a server publishing cheaper op costs gets the fixed point.
     #[test]
     fn a_faster_server_s_published_costs_choose_the_fixed_point_on_wan20() {
         let choose = |ratio| {
@@ -742,9 +584,7 @@ mod tests {
         );
     }
 
-    /// The client's own prior wins, then the adapter's published hint,
-    /// then the default; a hint changes the modelled choice as a prior
-    /// does.
+    /// The client's prior wins, then the adapter's hint, then the default.
     #[test]
     fn the_adapter_s_published_hint_is_the_prior_unless_the_client_gives_one() {
         let hinted = PlanSpace {
@@ -764,10 +604,7 @@ mod tests {
         assert!(k(&hinted) < k(&space(Mode::Standard)));
     }
 
-    /// A prior at or above [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] makes the
-    /// default fixed point two shadowed trips, below it three plain ones;
-    /// on wan20 the two trips' round is modelled cheaper at every K, and
-    /// the width model, given that fixed point, picks it.
+    /// The prior picks two shadowed trips or three; on wan20 the model picks the two.
     #[test]
     fn a_high_agreement_prior_runs_two_shadowed_trips_and_prices_them() {
         let two = default_fixed_point(0.9);
@@ -823,8 +660,7 @@ mod tests {
         assert!(matches!(r, Err(PrivateError::WidthModel { .. })), "{r:?}");
     }
 
-    /// [`choose_width`] with trees of the default shape limits allowed, K ≤
-    /// `k_max`, on loopback (no link time to hide drafting behind).
+    /// [`choose_width`] with default tree limits, K ≤ `k_max`, on loopback.
     fn with_trees(
         space: &PlanSpace,
         client: &ClientCosts,
@@ -848,10 +684,7 @@ mod tests {
         .unwrap()
     }
 
-    /// The base drafter over the adapted prefix agrees ≈ 0.85–0.9 of the
-    /// time: the model keeps chains at every width up to 16 (measured on
-    /// prose at T = 16: trees 1.02× a chain), so allowing trees changes
-    /// nothing.
+    /// At the base drafter's acceptance the model keeps chains up to K = 16.
     #[test]
     fn a_strong_drafter_keeps_chains() {
         for mode in [Mode::Ffa, Mode::Standard] {
@@ -865,10 +698,7 @@ mod tests {
         }
     }
 
-    /// A weak drafter (first choice 0.6): at a wide T the model spends
-    /// nodes on second choices; where batched levels cost what a draft
-    /// step costs the tree wins at that width, where a level is dear (a
-    /// slow client's batched pass) the chain stays.
+    /// A weak drafter (0.6): trees win at wide T where batched levels are cheap.
     #[test]
     fn a_weak_drafter_gets_a_tree_unless_its_levels_are_dear() {
         let s = space(Mode::Ffa);
@@ -891,9 +721,7 @@ mod tests {
         assert!(c.candidates.iter().all(|c| c.tree.is_none()), "{c:?}");
     }
 
-    /// The drafting a tree costs: the root and single-node levels at a
-    /// draft step, wider levels as a batched pass of at most `branch`
-    /// positions, the deepest level not fed.
+    /// A tree's drafting: the deepest level is not fed.
     #[test]
     fn a_tree_s_drafting_is_priced_by_its_levels() {
         let client = ClientCosts {
@@ -909,8 +737,7 @@ mod tests {
             depth: 4,
             widths: vec![2, 5, 1, 1],
         };
-        // Root 10 + level 1 (2 nodes) 200 + level 2 (5, capped at 3) 300
-        // + level 3 (1) 10; level 4 is not fed.
+        // Root 10 + 200 + 300 (5 nodes capped at 3) + 10; level 4 is not fed.
         assert_eq!(tree_draft_ms(&estimate, &limits, &client), 520.0);
         let chain = TreeEstimate {
             tokens: 0.0,
@@ -920,12 +747,7 @@ mod tests {
         assert_eq!(tree_draft_ms(&chain, &limits, &client), 30.0);
     }
 
-    /// Regression (session 14, `bench e2e --links home80`): the model
-    /// priced K = 15 with one upload per layer (by layer), but a verify
-    /// width equal to the prefill width shares the prefill session, which
-    /// is grouped by input: two uploads per layer, and the run uploaded
-    /// twice what the model said. That width is now modelled with its
-    /// session's grouping.
+    /// Regression: a verify width equal to the prefill width is priced with that session's grouping.
     #[test]
     fn a_verify_width_equal_to_the_offer_s_keeps_the_offer_s_grouping() {
         let choose = |width| {
@@ -958,10 +780,7 @@ mod tests {
         assert_eq!(k14.grouping_for(&space, Some(&forced)), k14.grouping);
     }
 
-    /// Runs of n adapted layers: ⌈30/n⌉ shapes, each the sum of its
-    /// layers' inputs and the concatenation of their outputs, keyed by the
-    /// run's first layer; unadapted layers do not count towards a run (as
-    /// on the server, `layer_runs`).
+    /// Runs of n adapted layers: ⌈30/n⌉ shapes keyed by the run's first layer.
     #[test]
     fn by_layers_fuses_runs_of_n_adapted_layers() {
         let s = space(Mode::Ffa);
@@ -977,8 +796,7 @@ mod tests {
                 assert_eq!(shape.d_outs.len(), 4 * layers_in(i));
                 assert_eq!(&shape.d_outs[..4], &[576, 192, 192, 576]);
             }
-            // Fusing is idempotent, and a space fused one way is not
-            // re-fused another.
+            // Fusing is idempotent; a space fused one way is not re-fused.
             assert_eq!(f.by_layers(n).as_ref(), Some(&f));
             assert!(f.by_layers(n % Grouping::MAX_LAYERS + 1).is_none());
         }
@@ -995,9 +813,7 @@ mod tests {
         assert!(space(Mode::Standard).by_layers(2).is_none());
     }
 
-    /// More layers per request: one upload per run instead of per layer,
-    /// so a pass uploads about 1/n as much; and on an upload-bound home
-    /// link the model groups several layers per request.
+    /// More layers per request upload about 1/n as much; upload-bound links group several.
     #[test]
     fn an_upload_bound_link_groups_several_layers_per_request() {
         let s = space(Mode::Ffa);
