@@ -1,9 +1,6 @@
-//! The crate's one error type, and how each variant reaches an HTTP client:
-//! OpenAI's JSON error shape (`{"error": {"message", "type", "param",
-//! "code"}}`) with the status code OpenAI uses for the same situation.
-//!
-//! Messages never quote the prompt or the generated text; quoted request
-//! fields (a model id) are cut to 64 characters.
+//! The crate's one error type, sent as OpenAI's JSON error shape with the
+//! status OpenAI uses; messages never quote the prompt or the output, and
+//! quoted fields are cut to 64 characters.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -14,8 +11,7 @@ use crate::openai::{ErrorBody, ErrorDetail, truncate};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ApiError {
-    /// The request is malformed or asks for something not served (400,
-    /// `invalid_request_error`).
+    /// Malformed, or asks for something not served (400, `invalid_request_error`).
     #[error("{message}")]
     BadRequest {
         /// What is wrong.
@@ -23,8 +19,7 @@ pub enum ApiError {
         /// The field at fault.
         param: Option<&'static str>,
     },
-    /// `model` names neither the base model nor an adapter of the adapter
-    /// server (404, `model_not_found`).
+    /// `model` names neither the base model nor an adapter (404, `model_not_found`).
     #[error("the model {model:?} does not exist")]
     ModelNotFound {
         /// The requested id, cut to 64 characters.
@@ -38,19 +33,16 @@ pub enum ApiError {
         /// Requests waiting or running.
         queued: usize,
     },
-    /// The adapter's sessions are not open yet, or the adapter server
-    /// refused for lack of capacity (503).
+    /// The adapter's sessions are not open yet, or the server lacks capacity (503).
     #[error("{0}")]
     Unavailable(String),
-    /// The adapter server could not be reached or failed mid-generation
-    /// (502). The warm sessions are reopened for the next request.
+    /// The adapter server failed or is unreachable (502); sessions are reopened.
     #[error("adapter server: {0}")]
     Upstream(String),
     /// A failure of this process (500).
     #[error("internal error: {0}")]
     Internal(String),
-    /// The endpoint was started with a setting it cannot run with (at
-    /// start-up; 500 if it ever reached a request).
+    /// A setting the endpoint cannot run with (at start-up; 500 on a request).
     #[error("invalid setting {setting}: {reason}")]
     InvalidSetting {
         /// The setting (its command-line flag).

@@ -1,26 +1,10 @@
 //! A local OpenAI-compatible HTTP endpoint for private generation
-//! (`cipherlora api`).
-//!
-//! Tools that speak the OpenAI API (editors, chat UIs, the `openai` Python
-//! client) point their base URL at this endpoint on the user's own machine.
-//! The base model runs here in plaintext; each adapter of the remote
-//! adapter server is listed as a model of its own (`parent` = the base
-//! model, as vLLM lists LoRA adapters), and a request for it runs private
-//! speculative generation: the adapter's deltas come back under CKKS, and
-//! the prompt and the output never leave this process except as
-//! ciphertexts (`shared/threat-model.md`).
-//!
-//! - [`routes`]: `GET /v1/models`, `POST /v1/chat/completions`,
-//!   `POST /v1/completions` (streamed as server-sent events or not),
-//!   `GET /health`, on axum.
-//! - [`Engine`]: the model, the tokenizer (with the model's own chat
-//!   template) and the adapters; runs one request.
-//! - [`sessions`]: each adapter's warm HE sessions, opened once and kept
-//!   across requests, with a bounded queue.
-//! - [`openai`]: the request and response bodies.
-//! - [`Queue`]: the bounded queue of requests per model (429 beyond it).
-//! - [`StopMatcher`]: stop sequences over streamed text.
-//! - [`ApiError`]: every failure, as OpenAI's JSON error with its HTTP status.
+//! (`cipherlora api`). The base model runs here in plaintext; each adapter
+//! of the remote adapter server is listed as a model (`parent` = the base
+//! model, as vLLM lists LoRA adapters) and runs private speculative
+//! generation, so the prompt and output leave this process only as
+//! ciphertexts. Start with [`routes`] and [`Engine`]; [`sessions`] keeps each
+//! adapter's warm HE sessions, [`openai`] the bodies, [`ApiError`] the errors.
 
 mod engine;
 mod error;
@@ -40,11 +24,8 @@ pub use stop::StopMatcher;
 use std::future::Future;
 use std::sync::Arc;
 
-/// Serves the routes of `engine` on `listener` until `shutdown` resolves,
-/// then closes the adapters' sessions.
-///
-/// # Errors
-/// [`ApiError::Internal`] when serving fails.
+/// Serves `engine` on `listener` until `shutdown`, then closes the sessions.
+/// Errors: [`ApiError::Internal`] when serving fails.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     engine: Arc<Engine>,

@@ -1,11 +1,7 @@
-//! The OpenAI API's request and response bodies, as far as this endpoint
+//! The OpenAI API's request and response bodies as far as this endpoint
 //! serves them (<https://platform.openai.com/docs/api-reference/chat>,
-//! `/completions`, `/models`), with serde.
-//!
-//! Unknown request fields are ignored, as OpenAI-compatible servers
-//! (vLLM, llama.cpp's server) do, so tools that send more than we use still
-//! work; fields we use but do not support in full (`n > 1`, several
-//! prompts) are refused with a 400.
+//! `/completions`, `/models`). Unknown request fields are ignored, as vLLM
+//! and llama.cpp's server do; `n > 1` and several prompts are refused (400).
 
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +16,7 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
-/// One model of [`ModelList`] (vLLM's shape: an adapter names its base in
-/// `parent`).
+/// One model of [`ModelList`] (vLLM's shape: an adapter's base in `parent`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ModelCard {
     /// What requests put in `model`.
@@ -37,8 +32,7 @@ pub struct ModelCard {
     pub parent: Option<String>,
 }
 
-/// Text of a message: a string, or OpenAI's array of content parts (only
-/// `{"type": "text"}` parts are accepted).
+/// Text of a message: a string or an array of `{"type": "text"}` parts.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(untagged)]
 pub enum MessageContent {
@@ -69,10 +63,7 @@ pub struct RequestMessage {
 }
 
 impl RequestMessage {
-    /// The message as the chat template takes it.
-    ///
-    /// # Errors
-    /// A content part that is not text.
+    /// The message as the chat template takes it. Errors: a non-text part.
     pub fn to_chat(&self) -> Result<ChatMessage, String> {
         let content = match &self.content {
             MessageContent::Text(t) => t.clone(),
@@ -210,17 +201,14 @@ pub struct Usage {
 /// OpenAI's breakdown of the prompt's tokens.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct PromptTokensDetails {
-    /// Prompt tokens whose adapted keys and values came from the prefix
-    /// cache (not prefilled again).
+    /// Prompt tokens served from the prefix cache (not prefilled again).
     pub cached_tokens: u32,
 }
 
-/// What the private path cost (a response extension, under the key
-/// `cipherlora`; OpenAI clients ignore it, tools may read it).
+/// What the private path cost (extension key `cipherlora`; clients ignore it).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct PrivateCost {
-    /// Whether the adapter's deltas came from the adapter server under
-    /// CKKS (false for the bare base model).
+    /// Whether the deltas came from the adapter server under CKKS.
     pub private: bool,
     /// The verify schedule (`per-group`, `fixed-point:N`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -379,8 +367,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// What went wrong, in words (never the prompt).
     pub message: String,
-    /// `invalid_request_error`, `not_found_error`, `rate_limit_error`,
-    /// `api_error`, …
+    /// `invalid_request_error`, `not_found_error`, `rate_limit_error`, `api_error`, …
     #[serde(rename = "type")]
     pub kind: String,
     /// The request field at fault, if any.

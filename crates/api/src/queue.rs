@@ -1,6 +1,5 @@
-//! A bounded queue of requests for one model: a counter of the requests
-//! waiting or running, refused beyond a limit (HTTP 429) so that a burst
-//! cannot pile up unbounded work behind a slow private generation.
+//! A bounded queue of requests per model (429 beyond it), so a burst cannot
+//! pile up behind a slow private generation.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -37,9 +36,7 @@ impl Queue {
     }
 
     /// Takes a place.
-    ///
-    /// # Errors
-    /// [`ApiError::QueueFull`] when `max` requests already wait or run.
+    /// Errors: [`ApiError::QueueFull`] when `max` requests already wait or run.
     pub fn enter(&self) -> Result<Ticket<'_>, ApiError> {
         let before = self.count.fetch_add(1, Ordering::SeqCst);
         let ticket = Ticket { queue: self };

@@ -1,13 +1,7 @@
 //! The HTTP routes (axum): `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `GET /health`.
-//!
-//! Each generation runs on a thread of its own ([`Engine::run`] is
-//! blocking: CPU-bound model passes and the blocking gRPC client) and
-//! sends what it produces through a channel: text pieces as server-sent
-//! events in OpenAI's chunk shape (`stream: true`, ending with
-//! `data: [DONE]`), or all of it as one JSON object. When the HTTP client
-//! disconnects, the channel closes and the generation stops at the end of
-//! its current round.
+//! `POST /v1/completions`, `GET /health`. Each generation runs on its own
+//! thread ([`Engine::run`] blocks) and sends server-sent events or one JSON
+//! object through a channel; a client disconnect stops it after its round.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -89,8 +83,7 @@ async fn models(State(engine): State<Arc<Engine>>) -> Json<ModelList> {
     })
 }
 
-/// Parses a JSON body; the error names the place and kind of the fault,
-/// never the body's text.
+/// Parses a JSON body; errors name the fault, never the body's text.
 fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
         message: match e.classify() {
@@ -281,8 +274,7 @@ impl Envelope {
         }
     }
 
-    /// A streamed chunk with new text (or the chat's first, role-only one),
-    /// or the finishing chunk.
+    /// A streamed chunk with new text (or the first, role-only one), or the last.
     fn chunk(&self, text: Option<&str>, role: bool, finished: Option<&Finished>) -> Value {
         let finish_reason = finished.map(|f| f.finish_reason.to_string());
         let cipherlora = finished.map(|f| f.cost.clone());

@@ -1,10 +1,5 @@
-//! Stop sequences over streamed text.
-//!
-//! Text arrives in pieces; a stop sequence may straddle two of them. The
-//! matcher releases text as soon as it cannot be the start of a stop
-//! sequence and holds back the rest, so a streamed response never shows a
-//! stop sequence or part of one (OpenAI's behaviour: the stop sequence is
-//! not in the output).
+//! Stop sequences over streamed text: text is released as soon as it cannot
+//! start a stop sequence, so a stream never shows one or part of one.
 
 /// Finds the first stop sequence in a stream of text pieces.
 #[derive(Debug, Clone)]
@@ -29,8 +24,7 @@ impl StopMatcher {
         self.stopped
     }
 
-    /// Adds `piece`; returns the text that can be released now (everything
-    /// before a stop sequence once one is seen; nothing after it).
+    /// Adds `piece`; returns the text releasable now (none after a stop).
     pub fn push(&mut self, piece: &str) -> String {
         if self.stopped {
             return String::new();
@@ -62,8 +56,7 @@ impl StopMatcher {
         out
     }
 
-    /// The held-back text, at the end of the stream (no stop sequence
-    /// followed it).
+    /// The held-back text at the end of the stream.
     pub fn finish(&mut self) -> String {
         if self.stopped {
             return String::new();
@@ -107,8 +100,7 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the piece boundaries, the output is the text before the
-        /// first occurrence of the stop sequence (or all of it).
+        /// Whatever the piece boundaries, the output is the text before the first stop.
         #[test]
         fn output_is_the_prefix_before_the_first_stop(
             text in "[ab\\n]{0,40}",
