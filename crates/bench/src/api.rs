@@ -1,13 +1,6 @@
-//! `cipherlora bench api`: time to first token of the OpenAI-compatible
-//! endpoint's engine ([`cipherlora_api::Engine`]) on warm sessions.
-//!
-//! For each adapter: an embedded adapter server on loopback (gRPC, TLS,
-//! token; pinned to its own core as in `bench e2e`), an engine on it, its
-//! sessions opened once (timed: the cold cost a warm session saves), then
-//! each prompt as a greedy completion request: time from the request to
-//! its first generated token (the prompt's encrypted prefill and the first
-//! verify round included), and to its last. Every answer is compared with
-//! the plaintext adapted model's greedy output for the same prompt.
+//! `cipherlora bench api`: time to first and last token of the endpoint's
+//! engine ([`cipherlora_api::Engine`]) on warm sessions, answers checked
+//! against the plaintext adapted model.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,8 +14,7 @@ use cipherlora_private::EmbeddedServer;
 use cipherlora_service::LinkProfile;
 use serde::{Deserialize, Serialize};
 
-/// Prompts of 29–31 tokens (SmolLM2's tokenizer): general English and code
-/// (none from the adapters' training data).
+/// Prompts of 29–31 tokens, general English and code (not training data).
 pub const PROMPTS: [&str; 4] = [
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined movable metal type with an oil-based ink and a wooden press to",
     "def merge_sorted(a, b):\n    \"\"\"Merge two sorted lists.\"\"\"\n    result = []\n    i = j = 0\n",
@@ -83,18 +75,14 @@ pub struct ApiReport {
     pub settings: String,
     /// How client and server were placed.
     pub pinning: String,
-    /// Session opening (keys, upload, server encoding), seconds, per
-    /// adapter and prefill width.
+    /// Session opening, seconds, per adapter and prefill width.
     pub session_open_secs: Vec<(String, usize, f64)>,
     /// Every request.
     pub runs: Vec<ApiRun>,
 }
 
-/// Runs the benchmark and writes JSON + Markdown; returns the Markdown.
-///
-/// # Errors
-/// Model, adapter or server failures; an answer that differs from the
-/// plaintext reference is reported, not an error.
+/// Runs the benchmark and writes the reports; returns the Markdown.
+/// Errors: model, adapter or server failures.
 pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
     let (server_placement, pinning) = crate::e2e::place(opts.pin);
     let model = Model::load(&opts.model)?;
@@ -219,8 +207,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }
 
-/// One row per (adapter, prefill width): median TTFT over the warm requests
-/// (every request but each prompt's first), and the first request's.
+/// One row per (adapter, prefill width): median warm TTFT and the first's.
 fn markdown(r: &ApiReport) -> String {
     let mut md = format!(
         "Time to first token on warm sessions ({}; {}).\n\n\

@@ -1,14 +1,6 @@
-//! `cipherlora bench ckks`: per-operation medians of the CKKS engine.
-//!
-//! For N = 8192 and N = 16384, one thread, scale 2^40, it times encode,
-//! secret- and public-key encryption, decrypt+decode, ct+ct, ct×pt
-//! (pre-encoded plaintext), rescale, rotation and the marginal cost of one
-//! more hoisted rotation, and records the serialized sizes of a fresh seeded
-//! ciphertext and of one Galois key. The modulus chain is 50,40,40 + special
-//! 50 by default (every prime ≤ 50 bits, so tfhe-ntt takes its AVX-512 IFMA
-//! path; same depth and scale as 60,40,40 + 60, 180 bits in all); set
-//! `CIPHERLORA_CKKS_CHAIN=60` for 60,40,40 + 60.
-//!
+//! `cipherlora bench ckks`: per-operation medians of the CKKS engine (N =
+//! 8192, 16384; one thread; chain 50,40,40 + 50, or 60,… with
+//! `CIPHERLORA_CKKS_CHAIN=60`) and seeded ciphertext and Galois key sizes.
 //! JSON: `{"N": {"8192": {"ops_ms": {...}, "bytes": {"ct_seeded": .., "galois_key": ..}}, "16384": {...}}}`.
 
 use std::collections::BTreeMap;
@@ -193,10 +185,7 @@ pub fn markdown(report: &Value) -> String {
     s
 }
 
-/// Runs the benchmark and writes the reports.
-///
-/// # Errors
-/// Fails when the report files cannot be written.
+/// Runs the benchmark. Errors: unwritable report files.
 pub fn run(opts: &CkksBenchOptions) -> anyhow::Result<()> {
     let mut per_n = serde_json::Map::new();
     for n in [8192usize, 16384] {

@@ -1,27 +1,9 @@
 //! `cipherlora bench e2e`: private generation end to end over the real
-//! protocol (gRPC + TLS + token, an embedded adapter server on loopback,
-//! optionally behind a simulated WAN), against the plaintext reference.
-//!
-//! For each committed adapter (FFA and standard LoRA), each link profile and
-//! each decoding configuration — no speculation (one position per round),
-//! the base-model drafter at K = 4 and K = 8, prompt lookup, the hybrid — it
-//! generates greedily from held-out HumanEval prompts and reports tok/s,
-//! mean accepted length, bytes per token and where the time went
-//! ([`TimeSplit`]); the plaintext reference (adapter merged in plaintext,
-//! no privacy) is run on the same core with the same thread count.
-//!
-//! Measured like two machines: when the machine has two cores or more, the
-//! client (this process's main thread and everything it spawns: candle's
-//! pool, the gRPC client) is pinned to one core and every server thread to
-//! another ([`EmbeddedServer`]'s thread hook); the report says which.
-//! Candle runs one thread (set by the caller, `cipherlora bench e2e`
-//! re-executes itself with `RAYON_NUM_THREADS=1`).
-//!
-//! Prefill: the prompt goes through a second session of width
-//! `prefill_width` (default 16, [`ByWidth`]) so that decoding without
-//! speculation does not pay one round trip per prompt token; tok/s counts
-//! generated tokens over the decode time (prefill excluded, reported apart).
-//! Every private run's tokens are checked against the plaintext reference.
+//! protocol (gRPC + TLS + token, an embedded adapter server, optionally
+//! behind a simulated WAN) per adapter, link and decoding configuration,
+//! each checked against the plaintext reference; client and server pinned to
+//! different cores ([`EmbeddedServer`]'s thread hook), prefill through a
+//! wider session ([`ByWidth`]), time split by [`TimeSplit`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,19 +41,13 @@ pub struct E2eBenchOptions {
     pub prompts: usize,
     /// Pin client and server to different cores (when there are two).
     pub pin: bool,
-    /// How the client's target model holds its weights
-    /// ([`WeightMode::for_private_verify`]: `Auto` is f32): every
-    /// configuration runs under each, each with its own plaintext reference
-    /// computed with the same weights (the before/after of a weight format in
-    /// one run).
+    /// The client's target weights ([`WeightMode::for_private_verify`]), each with its own reference.
     pub weights: Vec<WeightMode>,
     /// What runs with each target model.
     pub private: PrivateRuns,
 }
 
-/// The private runs of one target model ([`run_target`]): every adapter ×
-/// link × configuration × schedule, each next to the plaintext reference.
-/// `cipherlora bench split` runs them too (its HE-LoRA rows).
+/// The private runs of one target model ([`run_target`]; also `bench split`'s).
 #[derive(Debug, Clone)]
 pub struct PrivateRuns {
     /// PEFT adapter folders (served under their folder names).
@@ -80,9 +56,7 @@ pub struct PrivateRuns {
     pub links: Vec<String>,
     /// Decoding configurations.
     pub configs: Vec<DecodeConfig>,
-    /// Verify schedules (`auto`, `per-group`, `fixed-point[:N]`): every
-    /// configuration runs under each; `auto` is resolved per run by
-    /// [`cipherlora_private::choose_for_session`] on the run's link.
+    /// Verify schedules (`auto`, `per-group`, `fixed-point[:N]`), each run per configuration.
     pub schedules: Vec<String>,
     /// New tokens per prompt.
     pub max_tokens: usize,
@@ -92,16 +66,10 @@ pub struct PrivateRuns {
     pub optimistic: bool,
     /// [`SpecConfig::draft_stop_below`] of every run.
     pub draft_stop_below: f32,
-    /// The per-token acceptance rate α the verify-width model assumes for
-    /// configurations with `auto` K; `None`: the adapter's published hint,
-    /// else the default ([`cipherlora_private::width_plan::acceptance_prior`]).
+    /// The prior α for `auto` K (`None`: [`cipherlora_private::width_plan::acceptance_prior`]).
     pub acceptance_prior: Option<f64>,
-    /// Sampling temperature of the private runs (0: greedy). Sampled runs
-    /// draw from a seed per prompt (its index), take `auto`'s schedule for
-    /// sampling ([`cipherlora_private::schedule_plan::ScheduleChoice::sampled`])
-    /// and are not compared with the (greedy) plaintext reference: their
-    /// distribution is the χ² tests' to check (`matches_plaintext` is then
-    /// `None`).
+    /// Sampling temperature (0: greedy); sampled runs seed each prompt with its
+    /// index and are not compared (`matches_plaintext` is `None`).
     pub temperature: f32,
 }
 
@@ -112,25 +80,17 @@ pub struct DecodeConfig {
     pub drafter: DrafterKind,
     /// K (ignored without drafter); with `auto_k`, the largest K considered.
     pub k: usize,
-    /// Choose K per run from the link, the plans' costs and
-    /// [`E2eBenchOptions::acceptance_prior`]
-    /// ([`cipherlora_private::width_plan`]).
+    /// Choose K per run ([`cipherlora_private::width_plan`]).
     pub auto_k: bool,
     /// How the base drafter holds its weights.
     pub drafter_weights: DrafterWeights,
-    /// Tree drafts of K nodes of this shape instead of a chain of K tokens
-    /// (base drafter; [`cipherlora_spec::tree_draft`]); with `auto_k`, the
-    /// shape limits of a tree the width model may choose instead of a
-    /// chain ([`cipherlora_private::width_plan::DraftLimits::trees`]).
+    /// Tree drafts of this shape ([`cipherlora_spec::tree_draft`]); with `auto_k`, limits.
     pub tree: Option<TreeParams>,
-    /// Delta-guided drafting ([`cipherlora_spec::draft_bias`]; the
-    /// default): off for side-by-side runs of the plain base drafter.
+    /// Delta-guided drafting ([`cipherlora_spec::draft_bias`]; default on).
     pub guided: bool,
 }
 
-/// The weights of the base drafter. Every draft is verified by the target
-/// (f32) model, so the output does not depend on this; acceptance and speed
-/// do.
+/// The weights of the base drafter (the output does not depend on them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DrafterWeights {
     /// The target's f32 weights, shared.
@@ -142,8 +102,7 @@ pub enum DrafterWeights {
 }
 
 impl DecodeConfig {
-    /// "f16", "f32" or "quantized" for a configuration that runs the base
-    /// model as a drafter, "-" otherwise.
+    /// "f16", "f32", "quantized", or "-" when the base model does not draft.
     #[must_use]
     pub fn draft_weights(&self) -> &'static str {
         match (self.drafter, self.drafter_weights) {
@@ -166,19 +125,16 @@ pub struct E2eRun {
     pub adapter: String,
     /// "none", "base", "ngram" or "hybrid".
     pub drafter: String,
-    /// How the client's target model held its weights: "f32" or
-    /// "quantized" ([`Model::weights_held`]).
+    /// The target's weights: "f32" or "quantized" ([`Model::weights_held`]).
     #[serde(default)]
     pub weights: String,
-    /// How the base drafter held its weights: "f32" or "quantized" (the
-    /// target's own, shared), "f16", or "-" when no base model drafts.
+    /// The base drafter's weights: "f32", "quantized", "f16" or "-".
     pub draft_weights: String,
     /// Drafted tokens per round (0 without drafter).
     pub k: usize,
     /// Link profile name ("local" for the plaintext reference).
     pub link: String,
-    /// Generated tokens over decode time (drafting + verify passes; prefill
-    /// and session setup excluded), tokens/s.
+    /// Generated tokens over decode time (prefill and setup excluded), tok/s.
     pub tok_per_s: f64,
     /// Generated tokens per verify round.
     pub mean_accepted: f64,
@@ -186,8 +142,7 @@ pub struct E2eRun {
     pub rounds: usize,
     /// The verify schedule (`per-group`, `fixed-point:N`).
     pub schedule: String,
-    /// Network round trips per verify round (decode only): one per adapted
-    /// group on the per-group schedule, N per round on the fixed-point one.
+    /// Round trips per verify round (G per group, N on the fixed point).
     pub round_trips_per_round: f64,
     /// Rounds that continued an uncertified pass (fixed-point schedule).
     pub continuations: usize,
@@ -199,28 +154,21 @@ pub struct E2eRun {
     pub bytes_up_per_token: f64,
     /// Bytes downloaded per generated token (verify passes; prefill excluded).
     pub bytes_down_per_token: f64,
-    /// Where the decode time went, ms, summed over prompts (`prefill`: the
-    /// prefill passes' wall time, not part of the other fields).
+    /// Where the decode time went, ms, summed over prompts (`prefill` apart).
     pub split_ms: TimeSplit,
-    /// The server's compute as it reports it (decode only), ms per
-    /// generated token, whether or not the client waited for it; over
-    /// `1000 / tok_per_s`, the server's utilisation.
+    /// The server's reported compute per generated token (decode), ms.
     #[serde(default)]
     pub server_busy_ms_per_token: f64,
-    /// The plaintext reference's tok/s measured right before this run, on
-    /// the same core (for the "plaintext" row: the median of those
-    /// measurements). The machine's speed drifts by ±15 % and more between
-    /// minutes; a ratio is taken only between figures measured side by side.
+    /// The reference's tok/s measured right before this run on the same core
+    /// ("plaintext" row: their median); ratios only between such figures.
     pub plaintext_tok_per_s: f64,
     /// tok_per_s / `plaintext_tok_per_s`.
     pub ratio_to_plaintext: f64,
-    /// Greedy output equals the plaintext reference token for token
-    /// (`None`: a sampled run, not compared).
+    /// Output equals the reference token for token (`None`: sampled).
     pub matches_plaintext: Option<bool>,
     /// Rounds whose draft was made ahead during the previous verify pass.
     pub ahead_hits: usize,
-    /// Verify passes started from the drafter's inputs instead of pass 0
-    /// (`/drafted-start`).
+    /// Verify passes started from the drafter's inputs (`/drafted-start`).
     #[serde(default)]
     pub drafted_starts: usize,
 }
@@ -257,9 +205,8 @@ fn pin_to(core: core_affinity::CoreId) -> Placement {
     }
 }
 
-/// Pins this thread (and so every thread it spawns later) to the first core
-/// and returns the placement of the server's threads (the second core), or
-/// `None` with one core.
+/// Pins this thread (and its later children) to the first core; returns the
+/// server threads' placement (the second core), `None` with one core.
 pub fn place(pin: bool) -> (Option<Placement>, String) {
     if !pin {
         return (None, "none (--no-pin)".into());
@@ -309,11 +256,7 @@ pub fn width_report(choice: &cipherlora_private::width_plan::WidthChoice) -> Str
     out
 }
 
-/// The verify session's counters since the latest generation's prefill
-/// ([`cipherlora_private::HeHook::timings_since_prefill`]): decode passes
-/// only. (A prompt's last chunk may run through the verify session; a run
-/// whose verify width equals the prefill width prefills through a wider
-/// session.)
+/// The verify session's counters since the latest prefill (decode only).
 fn verify_timings(hook: &ByWidth<GrpcTransport>, width: usize) -> HeTimings {
     hook.session(width)
         .map(cipherlora_private::HeHook::timings_since_prefill)
@@ -330,9 +273,7 @@ fn drafter_name(d: DrafterKind) -> &'static str {
 }
 
 /// The first `n` prompts of a JSON-lines file with a `prompt` field per line.
-///
-/// # Errors
-/// An unreadable file, a line without a prompt, fewer than `n` prompts.
+/// Errors: an unreadable file, a line without a prompt, fewer than `n`.
 pub fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
@@ -354,12 +295,8 @@ pub fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-/// Runs the benchmark and writes the JSON and Markdown reports.
-///
-/// # Errors
-/// Model, adapter, server or I/O failures; a private run whose output
-/// differs from the plaintext reference is reported (`matches_plaintext`),
-/// not an error.
+/// Runs the benchmark and writes the reports. Errors: model, adapter, server
+/// or I/O failures (a mismatch is reported in `matches_plaintext`).
 pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
     let (server_placement, pinning) = place(opts.pin);
     eprintln!("placement: {pinning}");
@@ -423,19 +360,11 @@ pub struct Prompts<'a> {
     pub eos: &'a [u32],
 }
 
-/// Every adapter, link and configuration of `opts` with one target model
-/// (its weights as loaded: f32 for a private client's verify,
-/// [`WeightMode::for_private_verify`]): per adapter, an embedded HE-LoRA
-/// server on `server_placement`'s core, its plaintext reference row (adapter
-/// merged, mode "plaintext", link "local"), then the private runs, appended
-/// to `runs`; the reference's median speed per adapter to `plain_speeds`.
-/// Each private run's ratio is to the plaintext reference measured right
-/// before it on this thread's core; its output is checked against the
-/// reference's tokens (`matches_plaintext`).
-///
-/// # Errors
-/// Adapter, server, session or model failures, a plaintext reference that
-/// is not deterministic, a schedule or grouping that does not parse.
+/// Every adapter, link and configuration of `opts` with one target model:
+/// an embedded server per adapter, the reference row, then the private runs
+/// (to `runs`; the reference's median speed to `plain_speeds`).
+/// Errors: adapter, server, session or model failures, a non-deterministic
+/// reference, a schedule or grouping that does not parse.
 pub fn run_target(
     opts: &PrivateRuns,
     model: &Model,
@@ -477,8 +406,7 @@ pub fn run_target(
             sampling: SamplingParams::greedy(),
             eos: eos.clone(),
         };
-        // Measured once for the reference tokens, then again right before
-        // every private run (its ratio's denominator).
+        // Measured once, then again before every private run (its denominator).
         let plain_run = || -> anyhow::Result<(Vec<Vec<u32>>, f64)> {
             let (mut reference, mut secs) = (Vec::new(), 0.0f64);
             for p in prompts {
@@ -562,10 +490,7 @@ pub fn run_target(
                     first_token_from_prefill: false,
                     schedule: Schedule::PerGroup,
                 };
-                // `SCHEDULE@by-input` keeps the verify session grouped by
-                // input, `SCHEDULE@by-layers:N` groups it by runs of N
-                // layers (comparisons with the grouping FFA gets by default
-                // under the fixed point).
+                // `SCHEDULE@by-input` or `SCHEDULE@by-layers:N` overrides the grouping.
                 let (schedule, grouping_asked) = match schedule.split_once('@') {
                     Some((s, g)) => (s, Some(parse_grouping(g)?)),
                     None => (schedule, None),
@@ -575,8 +500,7 @@ pub fn run_target(
                     s => Some(s.parse::<Schedule>()?),
                 };
                 let (mut hook, width) = if c.auto_k {
-                    // `tree:auto`: the width model picks a chain or a tree
-                    // of the configuration's shape limits with K.
+                    // `tree:auto`: the width model picks a chain or a tree.
                     let drafts = DraftLimits {
                         k_max: k,
                         trees: c.tree,
@@ -608,9 +532,7 @@ pub fn run_target(
                     cfg.tree = chosen_tree.map(Into::into);
                     (hook, width)
                 } else if grouping_asked.is_none() && cfg.verify_width() > 1 {
-                    // A given K groups its requests as the width model
-                    // prefers at that width (runs of layers under a fixed
-                    // point where the adapter allows it).
+                    // A given K groups as the width model prefers at that width.
                     let width = cfg.verify_width();
                     connect_chosen_width(
                         server.client_config(link),
@@ -644,12 +566,8 @@ pub fn run_target(
                     )?;
                     (hook, width)
                 };
-                // A verify width equal to the prefill width shares the
-                // prefill session, whose counters would then mix prefill
-                // passes into the decode figures: such a run prefills
-                // through a session of its own, one position wider (the
-                // prefill is reported apart; its width changes no decode
-                // figure).
+                // A verify width equal to the prefill width would share the prefill
+                // session's counters: prefill one position wider.
                 let prefill_width = if width == opts.prefill_width {
                     let wider = opts.prefill_width + 1;
                     hook = hook.with(
@@ -711,8 +629,7 @@ pub fn run_target(
                 let mut calibration = None;
                 for (index, (p, want)) in prompts.iter().zip(&reference).enumerate() {
                     cfg.sampling.seed = index as u64;
-                    // Tree drafts carry their acceptance estimate from
-                    // prompt to prompt, as a long-running client does.
+                    // Tree drafts carry their acceptance estimate across prompts.
                     if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
                         tree.calibration = c;
                     }
@@ -724,8 +641,7 @@ pub fn run_target(
                         &mut hook,
                         &mut |_| Ok(()),
                     )?;
-                    // The verify session's work since the prompt's passes
-                    // (its last chunk may run at the verify width).
+                    // The verify session's work since the prompt's passes.
                     let he = verify_timings(&hook, width);
                     let stats = SpecStats {
                         prefill_secs: 0.0,
@@ -770,8 +686,7 @@ pub fn run_target(
                         }
                     },
                     weights: held.into(),
-                    // What the drafter actually held: an f16 copy of a
-                    // quantized model shares its quantized weights.
+                    // An f16 copy of a quantized model shares its quantized weights.
                     draft_weights: match c.draft_weights() {
                         "-" => "-".into(),
                         _ => draft_model.weights_held().into(),
@@ -900,8 +815,7 @@ pub fn markdown(r: &E2eReport) -> String {
     s
 }
 
-/// A `SCHEDULE@GROUPING` suffix of `--schedules`: `by-input` or
-/// `by-layers:N` (`by-layer` for N = 1).
+/// A `SCHEDULE@GROUPING` suffix: `by-input`, `by-layer` or `by-layers:N`.
 fn parse_grouping(s: &str) -> anyhow::Result<Grouping> {
     match s {
         "by-input" => Ok(Grouping::ByInput),

@@ -1,14 +1,6 @@
-//! `cipherlora bench helora`: HE-LoRA cost of one verify round over all
-//! layers, per shape × mode × T × strategy, against the ct×pt floor.
-//!
-//! Per-operation costs are measured on the CKKS engine first (medians of
-//! thread CPU time, one thread: the machine is shared, wall time would count
-//! other processes); every row's `client_ms`/`server_ms` is then the plan's exact
-//! operation counts (confirmed by the simulator in the helora tests) times
-//! those medians, summed over layer groups and layers. For the default model
-//! the planner's plans are also run end to end on real ciphertexts (one
-//! layer, each group, through the wire format) and the measured thread CPU
-//! times, × layers, are reported next to the modelled ones.
+//! `cipherlora bench helora`: HE-LoRA cost of one verify round per shape ×
+//! mode × T × strategy (op counts × measured op medians, and real
+//! ciphertexts for the default model), against the ct×pt floor.
 
 use cipherlora_helora::measure::thread_cpu_ms as cpu_ms;
 use std::path::PathBuf;
@@ -41,19 +33,14 @@ pub struct HeloraBenchOptions {
     pub rtt_ms: f64,
     /// Skip the end-to-end CKKS runs (modelled figures only).
     pub no_e2e: bool,
-    /// Full repeats (op costs measured afresh each time): the Markdown
-    /// table is the median repeat's (by the default model's FFA T = 9 ratio
-    /// to the cached floor), followed by the median and range over all
-    /// repeats of the default model's ratios to the floors; the JSON holds
-    /// every repeat's rows and the shown repeat's op costs.
+    /// Full repeats, op costs measured afresh (the median repeat is shown).
     pub runs: usize,
 }
 
 /// Positions per verify round benchmarked.
 const TS: [usize; 4] = [1, 5, 9, 17];
 
-/// TenSEAL per projection per token (ms, measured here, 2 threads, N=8192):
-/// (shape, mode) → ms.
+/// TenSEAL per projection per token (ms, 2 threads, N=8192): (shape, mode) → ms.
 fn tenseal_ms(shape: &str, mode: Mode) -> f64 {
     match (shape, mode) {
         ("smollm2-135m", Mode::Ffa) => 51.0,
@@ -165,8 +152,7 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs one layer's groups end to end on CKKS; returns (client ms, server ms)
-/// for one layer (median thread CPU time; the engine is single-threaded).
+/// One layer's groups end to end: (client ms, server ms), median CPU time.
 fn e2e_layer(
     ctx: &Arc<Context>,
     model: &ModelShape,
@@ -189,8 +175,7 @@ fn e2e_layer(
         let x: Vec<f32> = (0..plan.t * shape.d_in)
             .map(|i| ((i % 13) as f32 - 6.0) / 6.0)
             .collect();
-        // One warm-up round, then the median of `E2E_REPS` timed ones (the
-        // machine is shared: medians filter out preemption).
+        // One warm-up, then the median of `E2E_REPS` timed rounds.
         let (mut cs, mut ss) = (Vec::new(), Vec::new());
         for rep in 0..=E2E_REPS {
             let t0 = cpu_ms();
@@ -218,10 +203,7 @@ fn e2e_layer(
     Ok((c_ms, s_ms))
 }
 
-/// Runs the benchmark and writes the reports.
-///
-/// # Errors
-/// CKKS engine errors, or the report files cannot be written.
+/// Runs the benchmark. Errors: CKKS engine errors, unwritable reports.
 pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
     let preset = if opts.fast {
         Preset::N8192Depth2Fast
@@ -237,8 +219,6 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
         runs.extend(rows);
         tables.push((md, costs));
     }
-    // The table shown is the repeat whose default-model FFA T = 9 ratio to
-    // the cached floor is the median one.
     let mut order: Vec<(f64, usize)> = runs
         .iter()
         .filter(|r| {
@@ -291,8 +271,7 @@ pub fn run(opts: &HeloraBenchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Median and range over repeats of the planner's ratios to the floors,
-/// default model (Markdown).
+/// Median and range over repeats of the default model's ratios (Markdown).
 fn spread_table(runs: &[Value]) -> String {
     let mut out = String::from(
         "\n| mode | T | repeats | (c+s)/floor | (c+s)/cached floor | e2e (c+s)/floor | e2e (c+s)/cached floor |\n| --- | --- | --- | --- | --- | --- | --- |\n",
@@ -337,8 +316,7 @@ fn spread_table(runs: &[Value]) -> String {
     out
 }
 
-/// One full run (op costs measured afresh): JSON rows tagged with
-/// `repeat`, the Markdown table, the op costs.
+/// One full run: JSON rows tagged with `repeat`, the Markdown, the op costs.
 fn one_run(
     opts: &HeloraBenchOptions,
     ctx: &Arc<Context>,
@@ -378,8 +356,7 @@ fn one_run(
                     .map(|(_, shape)| choose(shape, mode, t, slots, true, &costs, &link))
                     .collect::<Result<_, _>>()?;
                 rows.push(total(&model, rerand, false));
-                // The planner restricted to one position per slot (what the
-                // pairing of positions in complex slots gains, side by side).
+                // Restricted to one position per slot (what pairing gains).
                 let real: Vec<_> = families
                     .iter()
                     .map(|f| {
@@ -391,8 +368,7 @@ fn one_run(
                     })
                     .collect::<anyhow::Result<_>>()?;
                 rows.push(total(&model, real, false));
-                // One row per (strategy family, position packing) present in
-                // every group.
+                // One row per (strategy family, position packing) in every group.
                 let fams: Vec<_> = families[0]
                     .iter()
                     .map(|(p, _)| (p.strategy_family(), p.packing))
@@ -412,21 +388,16 @@ fn one_run(
                 }
                 let floor = floor_ct_pt(&model, t, slots) * model.layers as u64;
                 let stage_b_level = 1;
-                // A round streams each diagonal from memory once: the floor
-                // prices ct×pt that way, and also with a cache-resident
-                // working set for reference (see OpCosts::ct_pt_ms).
+                // The floor streams each diagonal once (and cache-resident, for reference).
                 let floor_ms = floor as f64 * costs.ct_pt_ms[stage_b_level];
                 let cached_floor_ms = floor as f64 * costs.ct_pt_cached_ms[stage_b_level];
-                // The floor counts N/2 slots per ct×pt; with two
-                // positions per complex slot a product does twice the work,
-                // so the same count over 2·(N/2) values is reported too.
+                // Two positions per complex slot double a product's work: floor over 2·(N/2).
                 let floor_pairs = floor_ct_pt(&model, t, 2 * slots) * model.layers as u64;
                 let cached_floor_pairs_ms =
                     floor_pairs as f64 * costs.ct_pt_cached_ms[stage_b_level];
                 let proj_tokens = (projections(&model) * model.layers * t) as f64;
                 let e2e_wanted = !opts.no_e2e && model.name == "smollm2-135m";
-                // Measured for the planner's choice and for its
-                // one-position-per-slot restriction (rows 0 and 2).
+                // Measured for the planner's choice and its one-per-slot restriction.
                 let mut measured = Vec::with_capacity(rows.len());
                 for (i, row) in rows.iter().enumerate() {
                     measured.push(if e2e_wanted && (i == 0 || i == 2) {

@@ -1,8 +1,6 @@
-//! Benchmarks behind `cipherlora bench`: each one writes a JSON report (the
-//! machine-readable figures) and a Markdown table (what BENCHMARKS.md quotes).
-//!
-//! Speed is never asserted in tests; it is measured here, with ratios taken
-//! side by side in one run because the machines are small and noisy.
+//! Benchmarks behind `cipherlora bench`: each writes a JSON report and a
+//! Markdown table (quoted by docs/benchmarks/). Ratios are taken side by side
+//! in one run; speed is never asserted in tests.
 
 pub mod api;
 pub mod chat;
@@ -17,12 +15,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-/// Writes a report: `report` as pretty JSON to `json` and `md` to
-/// `markdown` (default: `json` with the extension `.md`), creating the
-/// folder. Returns the Markdown path.
-///
-/// # Errors
-/// When a folder or file cannot be written, or the report not serialised.
+/// Writes `report` as pretty JSON to `json` and `md` to `markdown`
+/// (default: `json` with `.md`), creating the folder; returns that path.
+/// Errors: a folder or file cannot be written, or serialisation fails.
 pub fn write_report(
     json: &Path,
     markdown: Option<&Path>,

@@ -1,15 +1,6 @@
-//! `cipherlora bench model`: plaintext decode speed of the base model and the
-//! cost of 9- and 17-position verify passes (K = 8 or 16 drafts + 1) against
-//! one decode step, at several thread counts and for each GGUF weight mode
-//! (f32, f16, quantized).
-//!
-//! Candle sizes its thread pools once per process from `RAYON_NUM_THREADS` /
-//! `CANDLE_NUM_THREADS`, so each thread count runs in a child process (this
-//! binary re-invoked as `bench model --worker`), which loads every weight
-//! mode, interleaves their repetitions (so that a change in machine load hits
-//! them alike) and prints the raw samples as JSON on stdout. The parent runs
-//! `rounds` rounds of one child per thread count, alternating, and reports
-//! medians over all samples.
+//! `cipherlora bench model`: plaintext decode speed and 9-/17-position verify
+//! passes against one decode step, per thread count (a child process each:
+//! candle sizes its pools once) and GGUF weight mode; medians over rounds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,8 +30,7 @@ pub struct ModelBenchOptions {
     pub reps: usize,
     /// Rounds of one child process per thread count, alternating.
     pub rounds: usize,
-    /// Weight modes to measure, by label (`f32`, `f16`, `quantized`; empty:
-    /// all three).
+    /// Weight modes by label (`f32`, `f16`, `quantized`; empty: all).
     pub weights: Vec<String>,
     /// Internal: measure in this process and print records (set by the parent).
     pub worker: bool,
@@ -137,16 +127,12 @@ const MODES: [(WeightMode, &str); 3] = [
     (WeightMode::Quantized, "quantized"),
 ];
 
-/// The prompt of a synthetic model (no vocabulary): fixed token ids, as many
-/// as SmolLM2's tokenizer makes of [`PROMPT`].
+/// A synthetic model's prompt: fixed ids, as many as [`PROMPT`] makes.
 const SYNTHETIC_PROMPT: [u32; 9] = [
     1_000, 1_037, 1_074, 1_111, 1_148, 1_185, 1_222, 1_259, 1_296,
 ];
 
-/// The weight modes selected by `labels` (all of them when empty).
-///
-/// # Errors
-/// An unknown label.
+/// The weight modes selected by `labels` (all when empty). Errors: an unknown label.
 fn selected_modes(labels: &[String]) -> anyhow::Result<Vec<(WeightMode, &'static str)>> {
     for l in labels {
         anyhow::ensure!(
@@ -160,8 +146,7 @@ fn selected_modes(labels: &[String]) -> anyhow::Result<Vec<(WeightMode, &'static
         .collect())
 }
 
-/// The prompt's token ids: [`PROMPT`] tokenized, or [`SYNTHETIC_PROMPT`] for a
-/// synthetic GGUF file (which has no vocabulary).
+/// [`PROMPT`] tokenized, or [`SYNTHETIC_PROMPT`] for a synthetic GGUF file.
 fn prompt_ids(path: &Path) -> anyhow::Result<Vec<u32>> {
     if path.is_file() && cipherlora_model::is_synthetic_gguf(path)? {
         return Ok(SYNTHETIC_PROMPT.to_vec());
@@ -169,8 +154,7 @@ fn prompt_ids(path: &Path) -> anyhow::Result<Vec<u32>> {
     Ok(Tokenizer::for_model(path)?.encode(PROMPT)?)
 }
 
-/// Measures every selected weight mode in this process, repetitions
-/// interleaved.
+/// Measures every selected weight mode here, repetitions interleaved.
 fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samples>> {
     let prompt = prompt_ids(path)?;
     let gen_opts = GenerateOptions {
@@ -182,7 +166,6 @@ fn measure_all(path: &Path, opts: &ModelBenchOptions) -> anyhow::Result<Vec<Samp
     let mut samples = Vec::new();
     for (weights, label) in selected_modes(&opts.weights)? {
         let model = Model::load_with(path, &LoadOptions { weights })?;
-        // Warm-up.
         cipherlora_model::generate(&model, &prompt, &gen_opts, &mut NoAdapter, &mut |_| Ok(()))?;
         // Passes are timed after the prompt and 32 more tokens.
         let mut cache = model.new_cache(prompt.len() + 64)?;
@@ -253,10 +236,7 @@ fn markdown(r: &ModelReport) -> String {
     s
 }
 
-/// Runs the benchmark and writes the reports (or, as a worker, prints records).
-///
-/// # Errors
-/// Model loading, a failed child process, or unwritable report files.
+/// Runs the benchmark (or, as a worker, prints records). Errors: model, child or I/O.
 pub fn run(opts: &ModelBenchOptions) -> anyhow::Result<()> {
     let path = match &opts.model {
         Some(p) => p.clone(),

@@ -1,15 +1,11 @@
-//! Where a private generation's time went: the split printed by
-//! `cipherlora generate`, `cipherlora demo` and reported by
-//! `cipherlora bench e2e`.
+//! Where a private generation's time went (`generate`, `demo`, `bench e2e`).
 
 use cipherlora_private::HeTimings;
 use cipherlora_spec::decode::SpecStats;
 use serde::{Deserialize, Serialize};
 
-/// Wall-clock milliseconds of one generation, by activity. `forward` is the
-/// plaintext model's share of the verify and prefill passes (their wall time
-/// minus the HE hook's encrypt, server, network and decrypt time), so the
-/// parts sum to the passes' wall time plus drafting.
+/// Wall-clock ms of one generation by activity; `forward` is the passes'
+/// wall time minus the HE hook's, so the parts sum to passes plus drafting.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimeSplit {
     /// Drafting (base model or prompt lookup), ms.
@@ -20,14 +16,12 @@ pub struct TimeSplit {
     pub encrypt: f64,
     /// Server compute, as the server reports it, ms.
     pub server: f64,
-    /// Round trip minus server compute: serialisation, transport, the
-    /// simulated link, ms.
+    /// Round trip minus server compute (serialisation, transport, link), ms.
     pub network: f64,
     /// Client: decryption, decoding, row mapping, ms.
     pub decrypt: f64,
-    /// Wall time of the prefill passes, ms: informational, part of the fields
-    /// above only when the stats and HE timings given to [`TimeSplit::new`]
-    /// include prefill (as `cipherlora generate`'s do; `bench e2e`'s do not).
+    /// Wall time of the prefill passes, ms (in the parts above only when the
+    /// inputs include prefill, as `generate`'s do).
     pub prefill: f64,
 }
 
@@ -85,8 +79,7 @@ impl std::fmt::Display for TimeSplit {
     }
 }
 
-/// The one-paragraph summary `generate` and `demo` print after a private
-/// generation of `tokens` new tokens in `wall_secs` seconds.
+/// The summary `generate` and `demo` print after a private generation.
 #[must_use]
 pub fn summary(tokens: usize, wall_secs: f64, stats: &SpecStats, he: &HeTimings) -> String {
     let split = TimeSplit::new(stats, he);

@@ -1,34 +1,9 @@
-//! `cipherlora bench split`: split inference (issue 17) end to end over the
-//! real protocol (an embedded `SplitInference` server on loopback, optionally
-//! behind a simulated WAN), against the whole model run locally.
-//!
-//! For each link, each split (a, b) and each drafter (prompt lookup with K,
-//! optionally lookahead decoding (Fu et al. 2024: a Jacobi window and an
-//! n-gram pool verified as a token tree, per W,N,G setting) and adaptive
-//! prompt lookup with K chosen per step up to 2K, none) it generates greedily and reports decode tok/s, tokens per step
-//! (one round trip each), round trips, bytes per token, where the time went
-//! (local compute, server compute, the rest: network and transport), and
-//! whether the output equals the local model's. The local plaintext model
-//! is timed right before every split run on the same core (ratios side by
-//! side; the machine is shared and noisy).
-//!
-//! HE-LoRA rows (issue 17, "next to HE-LoRA in the same run"): per link,
-//! after the split rows, private generation with each adapter of
-//! [`SplitBenchOptions::he`] on the same prompts and token count, through
-//! [`crate::e2e::run_target`] (an embedded HE-LoRA server over gRPC behind
-//! the same link, `bench e2e`'s measurement: the plaintext adapted model
-//! timed right before each private run, its greedy tokens the reference).
-//!
-//! RTT decomposition: every decode step is modelled as
-//! `t = c0 + c1·(local + server compute) + c2·RTT + c3·(bytes·8 / bandwidth)`
-//! (ideal: c0 = 0, c1 = c2 = c3 = 1), fitted by least squares over the
-//! steps of all links; leave-one-link-out cross-validation fits on the
-//! other links and predicts the held-out link's mean step time; the fitted
-//! model projects tok/s to other RTTs at 100 Mbit/s.
-//!
-//! Placement as `bench e2e` ([`crate::e2e::place`]): client on one core,
-//! every server thread on another; candle runs one thread (the caller
-//! re-executes itself with `RAYON_NUM_THREADS=1`).
+//! `cipherlora bench split`: split inference end to end over the real
+//! protocol (an embedded `SplitInference` server, optionally behind a
+//! simulated WAN) per link, split (a, b) and drafter, against the whole model
+//! run locally, then HE-LoRA rows ([`crate::e2e::run_target`]). A
+//! least-squares model `t = c0 + c1·compute + c2·RTT + c3·bytes·8/bandwidth`
+//! of each step, cross-validated per link, projects tok/s to other RTTs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,16 +35,13 @@ pub struct SplitBenchOptions {
     pub links: Vec<String>,
     /// Splits (a, b): layers kept locally before and after the server's.
     pub splits: Vec<(usize, usize)>,
-    /// Drafted tokens per step of the prompt-lookup runs; 0 runs only the
-    /// no-draft baseline.
+    /// Drafted tokens per prompt-lookup step (0: the no-draft baseline only).
     pub k: usize,
     /// Also run without drafts (one token per round trip).
     pub no_draft_baseline: bool,
-    /// Also run lookahead decoding ([`Drafter::Lookahead`]) with K, once
-    /// per setting (W, N, G); empty: not run.
+    /// Also run lookahead decoding ([`Drafter::Lookahead`]) per (W, N, G).
     pub lookahead: Vec<Lookahead>,
-    /// Also run adaptive prompt lookup ([`Drafter::AdaptivePromptLookup`])
-    /// with K.
+    /// Also run adaptive prompt lookup ([`Drafter::AdaptivePromptLookup`]).
     pub adaptive_k: bool,
     /// Prompts.
     pub prompts: Vec<String>,
@@ -79,9 +51,7 @@ pub struct SplitBenchOptions {
     pub pin: bool,
     /// RTTs (ms) to project tok/s to, at 100 Mbit/s.
     pub project_rtts_ms: Vec<f64>,
-    /// HE-LoRA rows: these private runs per link (their `links` are
-    /// replaced by each link of the benchmark in turn, their `max_tokens`
-    /// by [`Self::max_tokens`]); `None` for split rows only.
+    /// HE-LoRA rows: these private runs per link (`None`: split rows only).
     pub he: Option<PrivateRuns>,
 }
 
@@ -106,8 +76,7 @@ pub struct SplitRun {
     pub tokens: usize,
     /// Decode tokens per second (prefill step excluded).
     pub tok_per_s: f64,
-    /// The local whole model's decode tok/s, measured right before each
-    /// prompt's split run (mean over prompts).
+    /// The local model's decode tok/s right before each run (mean).
     pub plaintext_tok_per_s: f64,
     /// `tok_per_s / plaintext_tok_per_s`.
     pub ratio_to_plaintext: f64,
@@ -121,8 +90,7 @@ pub struct SplitRun {
     pub local_ms_per_step: f64,
     /// Per decode step, ms: server compute.
     pub server_ms_per_step: f64,
-    /// Per decode step, ms: the rest of the round trip (network,
-    /// simulated link, gRPC).
+    /// Per decode step, ms: the rest of the round trip.
     pub network_ms_per_step: f64,
     /// Per decode step, ms: wall time.
     pub step_ms: f64,
@@ -139,8 +107,7 @@ pub struct RttModel {
     pub coefficients: [f64; 4],
     /// Decode steps fitted.
     pub steps: usize,
-    /// Leave-one-link-out: (held-out link, measured mean step ms, predicted
-    /// mean step ms, relative error).
+    /// Leave-one-link-out: (link, measured step ms, predicted, relative error).
     pub cross_validation: Vec<(String, f64, f64, f64)>,
     /// Projections: (split and drafter, RTT ms, step ms, tok/s) at 100 Mbit/s.
     pub projections: Vec<(String, f64, f64, f64)>,
@@ -157,23 +124,19 @@ pub struct SplitBenchReport {
     pub model: Option<RttModel>,
     /// Core placement.
     pub pinning: String,
-    /// How the split runs' model (client, server and the local whole
-    /// model) held its weights ([`Model::weights_held`]); the HE-LoRA rows'
-    /// client holds f32 ([`WeightMode::for_private_verify`]).
+    /// How the split runs' model held its weights ([`Model::weights_held`]).
     #[serde(default)]
     pub weights: String,
     /// Prompts.
     pub prompts: usize,
     /// New tokens per prompt.
     pub max_tokens: usize,
-    /// HE-LoRA rows measured in the same run, per link (empty without
-    /// [`SplitBenchOptions::he`]).
+    /// HE-LoRA rows per link (empty without [`SplitBenchOptions::he`]).
     #[serde(default)]
     pub he: Vec<HeLinkRuns>,
 }
 
-/// The HE-LoRA rows of one link: per adapter, the plaintext reference row
-/// (adapter merged, mode "plaintext") then the private runs.
+/// The HE-LoRA rows of one link: per adapter, reference then private runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HeLinkRuns {
     /// The link profile's name.
@@ -195,11 +158,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Runs the benchmark and writes the JSON and Markdown reports.
-///
-/// # Errors
-/// Model, server or I/O failures; an output that differs from the local
-/// model's is reported (`matches_local`), not an error.
+/// Runs the benchmark and writes the reports. Errors: model, server or I/O failures.
 pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
     let (server_placement, pinning) = place(opts.pin);
     eprintln!("placement: {pinning}");
@@ -360,8 +319,7 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
     Ok(report)
 }
 
-/// Serialisation time of `bytes` on `link` at its bandwidth (both
-/// directions counted at the download rate; 0 when unlimited), ms.
+/// Serialisation of `bytes` at `link`'s download rate (0: unlimited), ms.
 fn wire_ms(link: &LinkProfile, bytes: f64) -> f64 {
     link.down_bps()
         .filter(|&b| b > 0)
@@ -435,8 +393,7 @@ fn summarise(
     }
 }
 
-/// Least squares `x·c ≈ y` by the normal equations (4 unknowns), `None`
-/// when singular.
+/// Least squares `x·c ≈ y` by the normal equations (`None`: singular).
 fn least_squares(rows: &[([f64; 4], f64)]) -> Option<[f64; 4]> {
     let mut m = [[0.0f64; 5]; 4];
     for (x, y) in rows {
@@ -447,7 +404,6 @@ fn least_squares(rows: &[([f64; 4], f64)]) -> Option<[f64; 4]> {
             m[i][4] += x[i] * y;
         }
     }
-    // Gaussian elimination with partial pivoting.
     for col in 0..4 {
         let p = (col..4).max_by(|&a, &b| m[a][col].abs().total_cmp(&m[b][col].abs()))?;
         if m[p][col].abs() < 1e-12 {
@@ -515,8 +471,7 @@ fn fit_model(
         ));
     }
     let mut projections = Vec::new();
-    // One projection per (split, drafter) from its loopback-or-first-link
-    // row's compute and bytes.
+    // One projection per (split, drafter) from its first link's row.
     let mut seen = Vec::new();
     for r in runs {
         let key = format!("({},{}) {} K={}", r.a, r.b, r.drafter, r.k);
@@ -544,8 +499,7 @@ fn fit_model(
     })
 }
 
-/// One line of the Markdown table: a split run, an HE-LoRA run or its
-/// plaintext reference, in the same columns.
+/// One Markdown line: a split run, an HE-LoRA run or its reference.
 struct TableRow {
     link: String,
     mode: String,
@@ -585,8 +539,7 @@ impl TableRow {
         }
     }
 
-    /// An HE-LoRA row of `link` ([`E2eRun`]: times summed over prompts,
-    /// decode only).
+    /// An HE-LoRA row of `link` (times summed over prompts, decode only).
     fn he(link: &str, x: &E2eRun) -> Self {
         let rounds = x.rounds.max(1) as f64;
         let d = &x.split_ms;
@@ -636,8 +589,7 @@ impl TableRow {
     }
 }
 
-/// The table's rows, link by link: the split runs, then that link's
-/// HE-LoRA rows.
+/// The table's rows per link: split runs, then HE-LoRA rows.
 fn table_rows(r: &SplitBenchReport) -> Vec<TableRow> {
     let mut links: Vec<&str> = Vec::new();
     for l in r.runs.iter().map(|x| x.link.as_str()) {
