@@ -45,8 +45,7 @@ pub enum BenchCommand {
         /// Skip the end-to-end CKKS runs (modelled figures only).
         #[arg(long)]
         no_e2e: bool,
-        /// Full repeats, op costs measured afresh each time (the machine is
-        /// shared: the report adds the median and range of the ratios).
+        /// Full repeats, op costs measured afresh each time (median and range).
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
@@ -89,12 +88,10 @@ pub struct SplitBenchArgs {
     /// GGUF file or HF folder (default: the fetched default model).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Link profiles, semicolon-separated (`loopback`, `lan`, `wan20`,
-    /// `wan80`, `home80`, `rtt=MS,mbps=N`).
+    /// Link profiles, `;`-separated (`loopback`, `lan`, `wan20`, `wan80`, `home80`, `rtt=MS,mbps=N`).
     #[arg(long, value_delimiter = ';', default_value = "loopback;wan20;wan80")]
     links: Vec<String>,
-    /// Splits `a,b` (local layers before and after the server's),
-    /// semicolon-separated.
+    /// Splits `a,b` (local layers before and after the server's), `;`-separated.
     #[arg(long, value_delimiter = ';', default_value = "2,2")]
     splits: Vec<String>,
     /// Drafted tokens per round trip of the prompt-lookup runs (0: none only).
@@ -103,21 +100,16 @@ pub struct SplitBenchArgs {
     /// Skip the no-draft baseline (one token per round trip).
     #[arg(long)]
     no_baseline: bool,
-    /// Also run lookahead decoding (Fu et al. 2024; a Jacobi window and an
-    /// n-gram pool verified as a token tree, prompt lookup of K among the
-    /// candidates), once per --lookahead-params setting.
+    /// Also run lookahead decoding (Fu et al. 2024), per --lookahead-params setting.
     #[arg(long)]
     lookahead: bool,
-    /// Lookahead settings `W,N,G` (window, n-gram size, pool n-grams per
-    /// token), semicolon-separated.
+    /// Lookahead settings `W,N,G` (window, n-gram size, pool n-grams per token), `;`-separated.
     #[arg(long, value_delimiter = ';', default_value = "3,3,3")]
     lookahead_params: Vec<cipherlora_split::Lookahead>,
-    /// Also run adaptive prompt lookup: each step drafts by the match
-    /// length, up to 2K.
+    /// Also run adaptive prompt lookup (draft length by match length, up to 2K).
     #[arg(long)]
     adaptive_k: bool,
-    /// Held-out prompts, one JSON object with a "prompt" field per line
-    /// (default: the committed HumanEval prompts).
+    /// Held-out prompts, JSON lines with a "prompt" field (default: committed HumanEval).
     #[arg(long)]
     prompts_file: Option<PathBuf>,
     /// Number of prompts.
@@ -135,12 +127,10 @@ pub struct SplitBenchArgs {
     /// Skip the HE-LoRA rows (split rows only: a quick run).
     #[arg(long)]
     no_he: bool,
-    /// HE-LoRA rows: PEFT adapter folders (default: the committed FFA and
-    /// standard code adapters).
+    /// HE-LoRA rows: PEFT adapter folders (default: the committed code adapters).
     #[arg(long = "he-adapter")]
     he_adapters: Vec<PathBuf>,
-    /// HE-LoRA rows: decoding configurations as `bench e2e --configs` takes
-    /// them (default: `generate --server`'s, the base drafter with auto K).
+    /// HE-LoRA rows: configurations as `bench e2e --configs` (default: `generate --server`'s).
     #[arg(long, value_delimiter = ',', default_value = "base:auto")]
     he_configs: Vec<String>,
     /// HE-LoRA rows: verify schedules as `bench e2e --schedules` takes them.
@@ -172,8 +162,7 @@ impl SplitBenchArgs {
             crate::cmd::demo::committed_adapter("eval").join("humaneval_0_19.jsonl")
         });
         let prompts = cipherlora_bench::e2e::read_prompts(&prompts_file, self.prompts)?;
-        // `generate --server`'s defaults: quantized drafter weights, prefill
-        // width 16, no optimistic drafting.
+        // `generate --server`'s defaults.
         let he = if self.no_he {
             None
         } else {
@@ -293,8 +282,7 @@ pub struct ChatBenchArgs {
     /// New tokens per answer.
     #[arg(long, default_value_t = 48)]
     max_tokens: usize,
-    /// Prefix-cache budgets to compare, MiB, comma-separated; `off`
-    /// prefills every request's whole prompt.
+    /// Prefix-cache budgets, MiB, comma-separated (`off`: no cache).
     #[arg(long, value_delimiter = ',', default_value = "off,1024")]
     caches: Vec<String>,
     /// After the chat, time one cold prompt of about this many tokens (0: none).
@@ -389,26 +377,18 @@ pub struct E2eBenchArgs {
     /// PEFT adapter folders (default: the committed FFA and standard adapters).
     #[arg(long = "adapter")]
     adapters: Vec<PathBuf>,
-    /// Link profiles, semicolon-separated (`loopback`, `lan`, `wan20`,
-    /// `wan80`, `home80`, `rtt=MS,mbps=N[,up=N,down=N]`).
+    /// Link profiles, `;`-separated (`loopback`, `lan`, `wan20`, `wan80`, `home80`, `rtt=MS,mbps=N[,up=N,down=N]`).
     #[arg(long, value_delimiter = ';', default_value = "loopback;wan20;wan80")]
     links: Vec<String>,
-    /// Verify schedules, semicolon-separated (`auto`, `per-group`,
-    /// `fixed-point`, `fixed-point:N`): every configuration runs under each.
-    /// With `auto` K, an FFA verify session under the fixed point groups its
-    /// requests as the width model says (by runs of layers);
-    /// `SCHEDULE@by-input`, `SCHEDULE@by-layer` or `SCHEDULE@by-layers:N`
+    /// Verify schedules, `;`-separated (`auto`, `per-group`, `fixed-point[:N]`),
+    /// each run per configuration; `@by-input`, `@by-layer` or `@by-layers:N`
     /// fixes the grouping.
     #[arg(long, value_delimiter = ';', default_value = "per-group;fixed-point")]
     schedules: Vec<String>,
-    /// Decoding configurations, comma-separated: `none`, or DRAFTER:K with
-    /// DRAFTER one of base, ngram, hybrid, optionally `:f16` or `:f32` for
-    /// the base drafter's weights (default: --draft-weights); or
-    /// `tree:K[:BxD]` for base-drafted trees of K nodes (branch B, depth D).
-    /// K may be `auto` (K ≤ 16) or `autoN` (K ≤ N): the client picks K from
-    /// the link, the plans' costs and --acceptance-prior. The base drafter
-    /// is delta-guided; a `plain-` prefix (`plain-base:7`, `plain-tree:8`)
-    /// runs it without the guidance, side by side.
+    /// Decoding configurations, comma-separated: `none`, `DRAFTER:K[:f16|:f32]`
+    /// (base, ngram, hybrid) or `tree:K[:BxD]`; K may be `auto` or `autoN`
+    /// (K ≤ N, chosen by the width model). A `plain-` prefix turns delta
+    /// guidance off.
     #[arg(
         long,
         value_delimiter = ',',
@@ -436,27 +416,16 @@ pub struct E2eBenchArgs {
     /// How the base drafter holds its weights unless a configuration says.
     #[arg(long, value_enum, default_value = "quantized")]
     draft_weights: crate::cmd::demo::DraftWeightsArg,
-    /// Greedy base drafts stop after a token the drafter gives less than
-    /// this probability (0 = always draft K); the server still sees K+1
-    /// positions, and the output is unchanged.
+    /// Greedy base drafts stop below this drafter probability (0: always K); output unchanged.
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP)]
     draft_stop_below: f32,
-    /// The per-token acceptance rate the verify-width model assumes for
-    /// `auto` K configurations (default: the adapter's published hint, else
-    /// 0.83); from 0.85 on, the `auto` schedule is two shadowed
-    /// fixed-point trips per round.
+    /// Per-token acceptance prior for `auto` K (default: the adapter's hint, else 0.83).
     #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
-    /// Sampling temperature of the private runs (0: greedy, compared with
-    /// the plaintext reference). Sampled runs draw from one seed per prompt
-    /// and are not compared; `auto` takes the schedule it models for
-    /// sampling.
+    /// Sampling temperature (0: greedy, compared with the reference; sampled runs are not).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
-    /// How the client's model holds its weights, comma-separated (`auto`:
-    /// f32, what a private client verifies with by default): every
-    /// configuration runs under each, each against a plaintext reference
-    /// with the same weights (e.g. `f32,quantized` for a before/after).
+    /// Client weight modes, comma-separated (`auto`: f32), each with its own reference.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     weights: Vec<crate::cmd::generate::WeightsArg>,
 }
@@ -501,8 +470,7 @@ impl E2eBenchArgs {
     }
 }
 
-/// `--model` or the default model, and `--adapter`s or the two committed
-/// code adapters (FFA and standard).
+/// `--model` or the default model; `--adapter`s or the two committed code adapters.
 fn model_and_adapters(
     model: Option<PathBuf>,
     adapters: Vec<PathBuf>,
@@ -522,21 +490,16 @@ fn model_and_adapters(
     Ok((model, adapters))
 }
 
-/// `none`, `DRAFTER:K` or `DRAFTER:K:WEIGHTS` (WEIGHTS `f16`, `f32` or `q`,
-/// quantized);
-/// `tree:K[:BxD][:WEIGHTS]`: the base drafter growing trees of K nodes
-/// (branch B, depth D; default [`TreeParams::default`]); `tree:auto[N]…`:
-/// K and a chain or a tree of that shape as the width model prefers
-/// (`cipherlora_spec::tree_plan`). A `plain-` prefix
-/// turns delta-guided drafting off ([`cipherlora_spec::draft_bias`]).
+/// `none`, `DRAFTER:K[:WEIGHTS]` (`f16`, `f32`, `q`) or
+/// `tree:K[:BxD][:WEIGHTS]` (default [`TreeParams::default`]); `auto[N]` for
+/// K from the width model; `plain-` turns off [`cipherlora_spec::draft_bias`].
 fn parse_config(
     s: &str,
     default_weights: crate::cmd::demo::DraftWeightsArg,
 ) -> anyhow::Result<DecodeConfig> {
     let mut parts = s.split(':').peekable();
     let name = parts.next().unwrap_or_default();
-    // `plain-base`, `plain-tree`, `plain-hybrid`: the base drafter without
-    // delta guidance (side-by-side runs).
+    // `plain-…`: the base drafter without delta guidance.
     let (name, guided) = match name.strip_prefix("plain-") {
         Some(rest) => (rest, false),
         None => (name, true),
@@ -685,8 +648,7 @@ mod tests {
     use super::*;
     use crate::cmd::demo::DraftWeightsArg;
 
-    /// Regression: `--configs "base:7;base:9"` (a semicolon, as `--links`
-    /// takes) failed with a bare "invalid digit found in string".
+    /// Regression: `--configs "base:7;base:9"` failed with a bare parse error.
     #[test]
     fn a_bad_draft_length_names_the_config_and_the_separator() {
         let e = parse_config("base:7;base:9", DraftWeightsArg::F16)
@@ -725,8 +687,7 @@ mod tests {
             (a.k, a.auto_k, a.drafter_weights),
             (12, true, DrafterWeights::F32)
         );
-        // `tree:auto`: K and chain-or-tree from the width model, within the
-        // given (or default) shape limits.
+        // `tree:auto`: chain or tree from the width model within the limits.
         let t = parse_config("tree:auto", DraftWeightsArg::F16).unwrap();
         assert_eq!(
             (t.k, t.auto_k, t.tree),
