@@ -353,11 +353,10 @@ impl Engine {
                         (out, cost)
                     }
                     Err(e) => {
-                        let reason = e.to_string();
-                        WarmAdapter::close(&mut state, reason.clone());
+                        WarmAdapter::close(&mut state, e.to_string());
                         return Err(match e {
-                            SpecError::Model(_) => ApiError::Upstream(reason),
-                            _ => ApiError::Internal(reason),
+                            SpecError::Model(m) => ApiError::upstream(m),
+                            other => ApiError::Internal(other.to_string()),
                         });
                     }
                 }
@@ -404,11 +403,8 @@ impl Engine {
 
 /// The adapter ids the server lists.
 fn list_adapters(config: &ClientConfig) -> Result<Vec<String>, ApiError> {
-    let mut client =
-        AdapterClient::connect(config.clone()).map_err(|e| ApiError::Upstream(e.to_string()))?;
-    let list = client
-        .list_adapters()
-        .map_err(|e| ApiError::Upstream(e.to_string()))?;
+    let mut client = AdapterClient::connect(config.clone()).map_err(ApiError::upstream)?;
+    let list = client.list_adapters().map_err(ApiError::upstream)?;
     Ok(list.into_iter().map(|a| a.adapter_id).collect())
 }
 

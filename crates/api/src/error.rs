@@ -5,6 +5,10 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use cipherlora_model::ModelError;
+use cipherlora_private::PrivateError;
+use cipherlora_service::ServiceError;
+
 use crate::openai::{ErrorBody, ErrorDetail, truncate};
 
 /// Everything a request can fail with.
@@ -36,9 +40,10 @@ pub enum ApiError {
     /// The adapter's sessions are not open yet, or the server lacks capacity (503).
     #[error("{0}")]
     Unavailable(String),
-    /// The adapter server failed or is unreachable (502); sessions are reopened.
+    /// The adapter server failed, refused or is unreachable (502; 503 when
+    /// it refused for lack of capacity); sessions are reopened.
     #[error("adapter server: {0}")]
-    Upstream(String),
+    Upstream(#[source] UpstreamError),
     /// A failure of this process (500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -52,7 +57,40 @@ pub enum ApiError {
     },
 }
 
+/// What went wrong on the adapter server's side of a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamError {
+    /// The service failed or refused (connection, TLS, token, limits).
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    /// Opening the HE sessions failed (offer, keys, plans).
+    #[error(transparent)]
+    Sessions(#[from] PrivateError),
+    /// A pass through the adapter server failed mid-generation.
+    #[error(transparent)]
+    Generation(#[from] ModelError),
+}
+
+impl UpstreamError {
+    /// Whether the server refused for lack of capacity (a limit that
+    /// clears by itself: retry later).
+    pub fn is_capacity(&self) -> bool {
+        let service = match self {
+            UpstreamError::Service(e) => Some(e),
+            UpstreamError::Sessions(PrivateError::Service(e)) => Some(e),
+            _ => None,
+        };
+        service.is_some_and(ServiceError::is_capacity)
+    }
+}
+
 impl ApiError {
+    /// A 502 (or 503) for an adapter server failure.
+    pub fn upstream(e: impl Into<UpstreamError>) -> Self {
+        Self::Upstream(e.into())
+    }
+
     /// A 400 about `param`.
     pub fn bad(param: &'static str, message: impl Into<String>) -> Self {
         Self::BadRequest {
@@ -75,6 +113,7 @@ impl ApiError {
             ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Upstream(e) if e.is_capacity() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) | ApiError::InvalidSetting { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -93,6 +132,9 @@ impl ApiError {
             ),
             ApiError::QueueFull { .. } => ("rate_limit_error", None, Some("rate_limit_exceeded")),
             ApiError::Unavailable(_) => ("api_error", None, Some("service_unavailable")),
+            ApiError::Upstream(e) if e.is_capacity() => {
+                ("api_error", None, Some("adapter_server_busy"))
+            }
             ApiError::Upstream(_) => ("api_error", None, Some("adapter_server_error")),
             ApiError::Internal(_) | ApiError::InvalidSetting { .. } => ("api_error", None, None),
         };

@@ -15,7 +15,7 @@ pub mod sessions;
 mod stop;
 
 pub use engine::{Engine, EngineConfig, Finished, Job};
-pub use error::ApiError;
+pub use error::{ApiError, UpstreamError};
 pub use queue::{Queue, Ticket};
 pub use routes::router;
 pub use sessions::{DraftLength, SessionSettings, WarmAdapter};

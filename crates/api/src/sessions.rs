@@ -22,8 +22,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cipherlora_model::Model;
-use cipherlora_private::width_plan::{choose_width_for_client, grouping_for_given_k};
-use cipherlora_private::{ByWidth, Grouping, GrpcTransport, connect_chosen_width, connect_widths};
+pub use cipherlora_private::DraftLength;
+use cipherlora_private::{ByWidth, ConnectOptions, GrpcTransport};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_spec::prefix_cache::{CachedContext, PrefixCache, PrefixHit};
 use cipherlora_spec::schedule::Schedule;
@@ -54,37 +54,6 @@ pub enum Warm {
     Open(OpenSessions),
 }
 
-/// How many tokens a verify round drafts (K; the verify width is K + 1).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum DraftLength {
-    /// Exactly K.
-    Fixed(usize),
-    /// Chosen once, when the sessions open, by the client's width model
-    /// ([`cipherlora_private::width_plan::choose_width`]): from the link,
-    /// the server's plans, this machine's timed passes and a per-token
-    /// acceptance prior, never from any request's text. The session is
-    /// opened with the grouping the model priced (by runs of layers for an FFA
-    /// adapter under the fixed point).
-    Auto {
-        /// The largest K considered.
-        k_max: usize,
-        /// Per-token acceptance rate the model assumes (0 < α < 1); `None`:
-        /// the adapter's published hint, else the default
-        /// ([`cipherlora_private::width_plan::acceptance_prior`]).
-        acceptance_prior: Option<f64>,
-    },
-}
-
-impl DraftLength {
-    /// The largest K this can come to.
-    pub fn max_k(&self) -> usize {
-        match *self {
-            DraftLength::Fixed(k) => k,
-            DraftLength::Auto { k_max, .. } => k_max,
-        }
-    }
-}
-
 /// How sessions are opened.
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
@@ -92,6 +61,9 @@ pub struct SessionSettings {
     pub client: ClientConfig,
     /// Drafted tokens per verify round.
     pub k: DraftLength,
+    /// Per-token acceptance rate the width and schedule models assume
+    /// (`None`: the adapter's published hint, else the default).
+    pub acceptance_prior: Option<f64>,
     /// Positions per prefill pass (a second session of this width).
     pub prefill_width: usize,
     /// `auto`, `per-group` or `fixed-point[:N]`.
@@ -266,9 +238,7 @@ impl WarmAdapter {
             .map(|s| matches!(&*s, Warm::Open(_)))
     }
 
-    /// Opens the sessions: with [`DraftLength::Auto`] the prefill session
-    /// first, whose plans the width model prices K and the grouping on,
-    /// then the verify session of the chosen width; then the schedule.
+    /// Opens the sessions ([`cipherlora_private::connect`]).
     fn open(&self, model: &Model, drafter: &Model) -> Result<OpenSessions, ApiError> {
         let s = &self.settings;
         let spinner = indicatif::ProgressBar::new_spinner();
@@ -280,125 +250,42 @@ impl WarmAdapter {
         ));
         spinner.enable_steady_tick(Duration::from_millis(120));
         let t0 = Instant::now();
-        let upstream = |e: &dyn std::fmt::Display| ApiError::Upstream(e.to_string());
-        let forced = match s.schedule.as_str() {
+        let schedule = match s.schedule.as_str() {
             "auto" => None,
             other => Some(
                 other
                     .parse::<Schedule>()
-                    .map_err(|e| ApiError::Internal(format!("schedule: {e}")))?,
+                    .map_err(|e| ApiError::InvalidSetting {
+                        setting: "--schedule",
+                        reason: e.to_string(),
+                    })?,
             ),
         };
-        let link = match (s.planning_link, &forced, s.k) {
-            (Some(l), _, _) => Some(l),
-            (None, None | Some(Schedule::FixedPoint(_)), _)
-            | (None, _, DraftLength::Auto { .. }) => {
-                Some(LinkProfile::measure_tcp(&s.client.endpoint).map_err(|e| upstream(&e))?)
-            }
-            (None, Some(_), DraftLength::Fixed(_)) => None,
+        let options = ConnectOptions {
+            draft: s.k,
+            acceptance_prior: s.acceptance_prior,
+            prefill_width: s.prefill_width,
+            schedule,
+            grouping: None,
+            planning_link: s.planning_link,
         };
-        // The client's own acceptance prior, if any (else the adapter's
-        // hint): it sets the fixed point `auto` runs.
-        let alpha = match s.k {
-            DraftLength::Auto {
-                acceptance_prior, ..
-            } => acceptance_prior,
-            DraftLength::Fixed(_) => None,
-        };
-        let (hook, verify_width) = match (s.k, link) {
-            (
-                DraftLength::Auto {
-                    k_max,
-                    acceptance_prior,
-                },
-                Some(link),
-            ) => connect_chosen_width(
-                s.client.clone(),
-                &self.id,
-                s.prefill_width,
-                model.config(),
-                |space| {
-                    let choice = choose_width_for_client(
-                        space,
-                        model,
-                        drafter,
-                        &link,
-                        acceptance_prior,
-                        k_max.into(),
-                    )?;
-                    Ok((
-                        choice.best.k,
-                        choice.best.grouping_for(space, forced.as_ref()),
-                    ))
-                },
-            )
-            .map_err(|e| upstream(&e))?,
-            // A given K groups its requests as the width model prefers at
-            // that width (runs of layers under a fixed point, FFA).
-            (DraftLength::Fixed(k), Some(link)) if k > 0 => connect_chosen_width(
-                s.client.clone(),
-                &self.id,
-                s.prefill_width,
-                model.config(),
-                |space| {
-                    let grouping = grouping_for_given_k(
-                        space,
-                        (model, drafter),
-                        &link,
-                        (k, alpha),
-                        forced.as_ref(),
-                    )?;
-                    Ok((k, grouping))
-                },
-            )
-            .map_err(|e| upstream(&e))?,
-            (k, _) => {
-                let width = k.max_k() + 1;
-                // No drafts, or a forced per-group schedule (no link to
-                // model on): a forced fixed point groups FFA requests by
-                // layer, anything else by input.
-                let grouping = match forced {
-                    Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
-                    _ => Grouping::ByInput,
-                };
-                let hook = connect_widths(
-                    s.client.clone(),
-                    &self.id,
-                    (width, grouping),
-                    s.prefill_width,
-                    model.config(),
-                )
-                .map_err(|e| upstream(&e))?;
-                (hook, width)
-            }
-        };
-        let (schedule, sampled_schedule) = match (forced, link) {
-            (Some(schedule), _) => (schedule, schedule.for_decoding(false)),
-            (None, link) => {
-                let link = link.ok_or_else(|| ApiError::Internal("no link to plan on".into()))?;
-                let choice = cipherlora_private::choose_for_session(
-                    (model, Some(drafter)),
-                    &hook,
-                    verify_width,
-                    Some(s.prefill_width),
-                    (&link, alpha),
-                )
-                .map_err(|e| upstream(&e))?;
-                (choice.schedule, choice.sampled)
-            }
-        };
+        let session =
+            cipherlora_private::connect(s.client.clone(), &self.id, &options, (model, drafter))
+                .map_err(ApiError::upstream)?;
         spinner.finish_and_clear();
         eprintln!(
-            "adapter {}: sessions open in {:.1} s (K = {}, schedule {schedule}, sampled {sampled_schedule})",
+            "adapter {}: sessions open in {:.1} s (K = {}, schedule {}, sampled {})",
             self.id,
             t0.elapsed().as_secs_f64(),
-            verify_width - 1
+            session.verify_width - 1,
+            session.schedule,
+            session.sampled_schedule
         );
         Ok(OpenSessions {
-            hook,
-            schedule,
-            sampled_schedule,
-            verify_width,
+            verify_width: session.verify_width,
+            schedule: session.schedule,
+            sampled_schedule: session.sampled_schedule,
+            hook: session.hook,
         })
     }
 }

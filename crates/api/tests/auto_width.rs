@@ -44,8 +44,9 @@ fn auto_k_on_a_wan_opens_a_wider_by_layer_session_and_answers_as_the_merged_mode
             client: server.client_config(LinkProfile::LOOPBACK),
             k: DraftLength::Auto {
                 k_max: 12,
-                acceptance_prior: Some(0.85),
+                trees: None,
             },
+            acceptance_prior: Some(0.85),
             prefill_width: 16,
             schedule: "auto".into(),
             planning_link: Some(LinkProfile::WAN80),

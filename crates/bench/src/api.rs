@@ -113,6 +113,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                 sessions: Some(SessionSettings {
                     client: server.client_config(LinkProfile::LOOPBACK),
                     k: DraftLength::Fixed(opts.k),
+                    acceptance_prior: None,
                     prefill_width: width,
                     schedule: opts.schedule.clone(),
                     planning_link: Some(LinkProfile::LOOPBACK),

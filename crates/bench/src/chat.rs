@@ -185,8 +185,9 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                         client: server.client_config(*link),
                         k: DraftLength::Auto {
                             k_max: 16,
-                            acceptance_prior: None,
+                            trees: None,
                         },
+                        acceptance_prior: None,
                         prefill_width: 32,
                         schedule: "auto".into(),
                         planning_link: Some(*link),

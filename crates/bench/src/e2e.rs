@@ -13,10 +13,9 @@ use cipherlora_model::{
     GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
     WeightMode, generate,
 };
-use cipherlora_private::width_plan::DraftLimits;
 use cipherlora_private::{
-    ByWidth, EmbeddedServer, Grouping, GrpcTransport, HeTimings, LoraKind, connect_chosen_width,
-    connect_remote, connect_widths,
+    ByWidth, ConnectOptions, DraftLength, EmbeddedServer, Grouping, GrpcTransport, HeTimings,
+    LoraKind, connect_remote,
 };
 use cipherlora_service::{LinkProfile, Placement};
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
@@ -499,73 +498,40 @@ pub fn run_target(
                     "auto" => None,
                     s => Some(s.parse::<Schedule>()?),
                 };
-                let (mut hook, width) = if c.auto_k {
-                    // `tree:auto`: the width model picks a chain or a tree.
-                    let drafts = DraftLimits {
-                        k_max: k,
-                        trees: c.tree,
-                    };
-                    let mut chosen_tree = None;
-                    let (hook, width) = connect_chosen_width(
-                        server.client_config(link),
-                        &id,
-                        opts.prefill_width,
-                        model.config(),
-                        |space| {
-                            let choice = cipherlora_private::width_plan::choose_width_for_client(
-                                space,
-                                model,
-                                draft_model,
-                                &link,
-                                opts.acceptance_prior,
-                                drafts,
-                            )?;
-                            eprintln!("{}", width_report(&choice));
-                            let grouping = grouping_asked.unwrap_or_else(|| {
-                                choice.best.grouping_for(space, forced.as_ref())
-                            });
-                            chosen_tree = choice.best.tree;
-                            Ok((choice.best.k, grouping))
-                        },
-                    )?;
-                    cfg.k = width - 1;
-                    cfg.tree = chosen_tree.map(Into::into);
-                    (hook, width)
-                } else if grouping_asked.is_none() && cfg.verify_width() > 1 {
-                    // A given K groups as the width model prefers at that width.
-                    let width = cfg.verify_width();
-                    connect_chosen_width(
-                        server.client_config(link),
-                        &id,
-                        opts.prefill_width,
-                        model.config(),
-                        |space| {
-                            let grouping = cipherlora_private::width_plan::grouping_for_given_k(
-                                space,
-                                (model, draft_model),
-                                &link,
-                                (width - 1, opts.acceptance_prior),
-                                forced.as_ref(),
-                            )?;
-                            Ok((width - 1, grouping))
-                        },
-                    )?
-                } else {
-                    let width = cfg.verify_width();
-                    let grouping = match (grouping_asked, forced) {
-                        (Some(g), _) => g,
-                        (None, Some(Schedule::FixedPoint(_))) => Grouping::BY_LAYER,
-                        (None, _) => Grouping::ByInput,
-                    };
-                    let hook = connect_widths(
-                        server.client_config(link),
-                        &id,
-                        (width, grouping),
-                        opts.prefill_width,
-                        model.config(),
-                    )?;
-                    (hook, width)
+                let options = ConnectOptions {
+                    draft: if c.auto_k {
+                        DraftLength::Auto {
+                            k_max: k,
+                            trees: c.tree,
+                        }
+                    } else {
+                        DraftLength::Fixed(cfg.verify_width() - 1)
+                    },
+                    acceptance_prior: opts.acceptance_prior,
+                    prefill_width: opts.prefill_width,
+                    schedule: forced,
+                    grouping: grouping_asked,
+                    planning_link: Some(link),
                 };
+                let session = cipherlora_private::connect(
+                    server.client_config(link),
+                    &id,
+                    &options,
+                    (model, draft_model),
+                )?;
+                if let Some(choice) = &session.width_choice {
+                    eprintln!("{}", width_report(choice));
+                    cfg.tree = choice.best.tree.map(Into::into);
+                }
+                let width = session.verify_width;
+                cfg.k = width - 1;
+                let greedy = cfg.sampling.is_greedy();
+                cfg.schedule = session.schedule_for(greedy);
+                let schedule_name = match forced {
+                    None => format!("auto: {}", cfg.schedule),
+                    Some(_) => cfg.schedule.to_string(),
+                };
+                let mut hook = session.hook;
                 // A verify width equal to the prefill width would share the prefill
                 // session's counters: prefill one position wider.
                 let prefill_width = if width == opts.prefill_width {
@@ -585,28 +551,6 @@ pub fn run_target(
                     opts.prefill_width
                 };
                 cfg.prefill_width = Some(prefill_width);
-                // `auto` is modelled on this run's link with the open session.
-                let schedule_name;
-                let greedy = cfg.sampling.is_greedy();
-                (cfg.schedule, schedule_name) = if schedule == "auto" {
-                    let choice = cipherlora_private::choose_for_session(
-                        (model, Some(draft_model)),
-                        &hook,
-                        width,
-                        Some(prefill_width),
-                        (&link, opts.acceptance_prior),
-                    )?;
-                    let s = if greedy {
-                        choice.schedule
-                    } else {
-                        choice.sampled
-                    };
-                    (s, format!("auto: {s}"))
-                } else {
-                    // What a generation runs it as (sampled: exact trips).
-                    let s = schedule.parse::<Schedule>()?.for_decoding(greedy);
-                    (s, s.to_string())
-                };
                 let grouped = hook
                     .session(width)
                     .map_or(Grouping::ByInput, |h| h.plan_space().grouping);

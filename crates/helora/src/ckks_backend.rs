@@ -246,17 +246,22 @@ impl HeServer for CkksServer {
         pts: &[&ExtendedPlaintext],
     ) -> Result<ExtendedCiphertext> {
         if cts.is_empty() || cts.len() != pts.len() {
-            return Err(HeloraError::Backend(
-                "dot_plain_extended: bad term count".into(),
-            ));
+            return Err(HeloraError::TermCount {
+                op: "dot_plain_extended",
+                ciphertexts: cts.len(),
+                plaintexts: pts.len(),
+            });
         }
         let mut acc = self
             .ev
             .mul_accumulator_extended(cts[0].level())
             .map_err(he)?;
         acc.add_products(cts, pts).map_err(he)?;
-        acc.finish()
-            .ok_or_else(|| HeloraError::Backend("dot_plain_extended: empty".into()))
+        acc.finish().ok_or(HeloraError::TermCount {
+            op: "dot_plain_extended",
+            ciphertexts: 0,
+            plaintexts: 0,
+        })
     }
 
     fn dot_plain_extended_many(
@@ -267,9 +272,7 @@ impl HeServer for CkksServer {
             return if sums.is_empty() {
                 Ok(Vec::new())
             } else {
-                Err(HeloraError::Backend(
-                    "dot_plain_extended_many: empty sum".into(),
-                ))
+                Err(empty_sum("dot_plain_extended_many"))
             };
         };
         let slices: Vec<(&[&ExtendedCiphertext], &[&ExtendedPlaintext])> =
@@ -278,9 +281,7 @@ impl HeServer for CkksServer {
             .sums_of_products_extended(level, &slices)
             .map_err(he)?
             .into_iter()
-            .map(|s| {
-                s.ok_or_else(|| HeloraError::Backend("dot_plain_extended_many: empty sum".into()))
-            })
+            .map(|s| s.ok_or(empty_sum("dot_plain_extended_many")))
             .collect()
     }
 
@@ -292,7 +293,7 @@ impl HeServer for CkksServer {
             return if sums.is_empty() {
                 Ok(Vec::new())
             } else {
-                Err(HeloraError::Backend("dot_plain_many: empty sum".into()))
+                Err(empty_sum("dot_plain_many"))
             };
         };
         let slices: Vec<(&[&Ciphertext], &[&Plaintext])> =
@@ -301,7 +302,7 @@ impl HeServer for CkksServer {
             .sums_of_products(level, &slices)
             .map_err(he)?
             .into_iter()
-            .map(|s| s.ok_or_else(|| HeloraError::Backend("dot_plain_many: empty sum".into())))
+            .map(|s| s.ok_or(empty_sum("dot_plain_many")))
             .collect()
     }
 
@@ -311,12 +312,15 @@ impl HeServer for CkksServer {
 
     fn dot_plain(&self, cts: &[&Ciphertext], pts: &[&Plaintext]) -> Result<Ciphertext> {
         if cts.is_empty() || cts.len() != pts.len() {
-            return Err(HeloraError::Backend("dot_plain: bad term count".into()));
+            return Err(HeloraError::TermCount {
+                op: "dot_plain",
+                ciphertexts: cts.len(),
+                plaintexts: pts.len(),
+            });
         }
         let mut acc = self.ev.mul_accumulator(cts[0].level()).map_err(he)?;
         acc.add_products(cts, pts).map_err(he)?;
-        acc.finish()
-            .ok_or_else(|| HeloraError::Backend("dot_plain: empty".into()))
+        acc.finish().ok_or(empty_sum("dot_plain"))
     }
 
     fn add_assign(&self, acc: &mut Ciphertext, other: &Ciphertext) -> Result<()> {
@@ -343,10 +347,7 @@ impl HeServer for CkksServer {
     }
 
     fn rerandomize(&self, ct: &Ciphertext) -> Result<Ciphertext> {
-        let (pk, cfg) = self
-            .pk
-            .as_ref()
-            .ok_or_else(|| HeloraError::Backend("rerandomize: no public key".into()))?;
+        let (pk, cfg) = self.pk.as_ref().ok_or(HeloraError::NoPublicKey)?;
         let mut rng = lock(&self.rng);
         let noise: Vec<f64> = if cfg.flood_sigma > 0.0 {
             (0..self.ctx.slots())
@@ -479,5 +480,14 @@ impl HeClient for CkksClient {
             self.decryptor.decrypt(&ct).map_err(he)?
         };
         Ok(self.encoder.decode_complex(&pt))
+    }
+}
+
+/// A sum of products with no terms.
+fn empty_sum(op: &'static str) -> HeloraError {
+    HeloraError::TermCount {
+        op,
+        ciphertexts: 0,
+        plaintexts: 0,
     }
 }

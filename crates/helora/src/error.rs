@@ -76,9 +76,40 @@ pub enum HeloraError {
     /// of range, …), with its typed error so callers can tell client faults from their own.
     #[error("CKKS: {0}")]
     Ckks(#[from] cipherlora_ckks::CkksError),
-    /// A backend's own consistency check failed: a programming error, never client input.
-    #[error("HE backend: {0}")]
-    Backend(String),
+    /// A sum of products was given no terms, or a different number of ciphertexts and
+    /// plaintexts: a programming error, never client input.
+    #[error("{op}: {ciphertexts} ciphertexts for {plaintexts} plaintexts (a sum needs ≥ 1 pair)")]
+    TermCount {
+        /// The backend operation.
+        op: &'static str,
+        /// Ciphertexts given.
+        ciphertexts: usize,
+        /// Plaintexts given.
+        plaintexts: usize,
+    },
+    /// Operands of one backend operation are at different levels.
+    #[error("{op}: operands at levels {left} and {right}")]
+    LevelMismatch {
+        /// The backend operation.
+        op: &'static str,
+        /// Level of the first operand.
+        left: usize,
+        /// Level of the operand that differs.
+        right: usize,
+    },
+    /// Rerandomisation was asked of a backend built without the client's public key.
+    #[error("rerandomisation needs the client's public key")]
+    NoPublicKey,
+    /// The slot simulator was built or fed outside its range.
+    #[error("slot simulator: {values} values for {slots} slots (levels < {levels})")]
+    SimulatorRange {
+        /// Values given (or the level asked for).
+        values: usize,
+        /// Slots of the simulator.
+        slots: usize,
+        /// Levels it models.
+        levels: usize,
+    },
 }
 
 /// Shorthand for results of this crate.

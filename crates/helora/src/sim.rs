@@ -50,13 +50,15 @@ pub struct SlotSimulator {
 }
 
 impl SlotSimulator {
-    /// A simulator with `slots` slots and levels `0..=max_level`. Errors: [`HeloraError::Backend`]
+    /// A simulator with `slots` slots and levels `0..=max_level`. Errors: [`HeloraError::SimulatorRange`]
     /// when `slots` is zero or `max_level ≥ LEVELS`.
     pub fn new(slots: usize, max_level: usize) -> Result<Self> {
         if slots == 0 || max_level >= LEVELS {
-            return Err(HeloraError::Backend(format!(
-                "simulator needs slots > 0 and max_level < {LEVELS}"
-            )));
+            return Err(HeloraError::SimulatorRange {
+                values: max_level,
+                slots,
+                levels: LEVELS,
+            });
         }
         Ok(SlotSimulator {
             slots,
@@ -103,10 +105,11 @@ impl SlotSimulator {
 
     fn check_len(&self, len: usize) -> Result<()> {
         if len > self.slots {
-            return Err(HeloraError::Backend(format!(
-                "{len} values for {} slots",
-                self.slots
-            )));
+            return Err(HeloraError::SimulatorRange {
+                values: len,
+                slots: self.slots,
+                levels: LEVELS,
+            });
         }
         Ok(())
     }
@@ -224,17 +227,21 @@ impl HeServer for SlotSimulator {
 
     fn dot_plain_extended(&self, cts: &[&SimExtCt], pts: &[&SimExtPt]) -> Result<SimExtCt> {
         if cts.is_empty() || cts.len() != pts.len() {
-            return Err(HeloraError::Backend(
-                "dot_plain_extended: bad term count".into(),
-            ));
+            return Err(HeloraError::TermCount {
+                op: "dot_plain_extended",
+                ciphertexts: cts.len(),
+                plaintexts: pts.len(),
+            });
         }
         let level = cts[0].level;
         let mut acc = vec![Complex64::new(0.0, 0.0); self.slots];
         for (c, p) in cts.iter().zip(pts) {
             if c.level != level || p.level != level {
-                return Err(HeloraError::Backend(
-                    "dot_plain_extended: level mismatch".into(),
-                ));
+                return Err(HeloraError::LevelMismatch {
+                    op: "dot_plain_extended",
+                    left: level,
+                    right: c.level.max(p.level),
+                });
             }
             for ((a, x), w) in acc.iter_mut().zip(&c.values).zip(&p.values) {
                 *a += x * w;
@@ -260,7 +267,11 @@ impl HeServer for SlotSimulator {
 
     fn dot_plain(&self, cts: &[&SimCt], pts: &[&SimPt]) -> Result<SimCt> {
         if cts.is_empty() || cts.len() != pts.len() {
-            return Err(HeloraError::Backend("dot_plain: bad term count".into()));
+            return Err(HeloraError::TermCount {
+                op: "dot_plain",
+                ciphertexts: cts.len(),
+                plaintexts: pts.len(),
+            });
         }
         let level = cts[0].level;
         if level == 0 {
@@ -272,7 +283,11 @@ impl HeServer for SlotSimulator {
         let mut acc = vec![Complex64::new(0.0, 0.0); self.slots];
         for (c, p) in cts.iter().zip(pts) {
             if c.level != level || p.level != level {
-                return Err(HeloraError::Backend("dot_plain: level mismatch".into()));
+                return Err(HeloraError::LevelMismatch {
+                    op: "dot_plain",
+                    left: level,
+                    right: c.level.max(p.level),
+                });
             }
             for ((a, x), w) in acc.iter_mut().zip(&c.values).zip(&p.values) {
                 *a += x * w;
@@ -284,7 +299,11 @@ impl HeServer for SlotSimulator {
 
     fn add_assign(&self, acc: &mut SimCt, other: &SimCt) -> Result<()> {
         if acc.level != other.level {
-            return Err(HeloraError::Backend("add: level mismatch".into()));
+            return Err(HeloraError::LevelMismatch {
+                op: "add",
+                left: acc.level,
+                right: other.level,
+            });
         }
         for (a, b) in acc.values.iter_mut().zip(&other.values) {
             *a += b;

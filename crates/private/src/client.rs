@@ -3,6 +3,7 @@
 //! and [`InProcess`], and the planners [`schedule_plan`] and [`width_plan`].
 
 mod by_width;
+mod connect;
 mod hook;
 mod response_bits;
 pub mod schedule_plan;
@@ -10,6 +11,7 @@ mod transport;
 pub mod width_plan;
 
 pub use by_width::*;
+pub use connect::*;
 pub use hook::*;
 pub use schedule_plan::*;
 pub use transport::*;

@@ -92,11 +92,67 @@ pub enum PrivateError {
         /// Pass widths timed.
         timed: usize,
     },
-    /// The transport failed in a way the service does not describe (an unexpected answer, an
-    /// unknown adapter).
-    #[error("transport: {0}")]
-    Transport(String),
+    /// The adapter server serves no adapter of this id.
+    #[error("the adapter server has no adapter {adapter_id:?}")]
+    UnknownAdapter {
+        /// The id asked for (cut to 64 characters).
+        adapter_id: String,
+    },
+    /// The adapter server's answer contradicts the protocol: a missing field, or a plan other
+    /// than the one offered.
+    #[error("the adapter server broke the protocol: {what}")]
+    Protocol {
+        /// What was wrong with its answer.
+        what: ProtocolFault,
+    },
+    /// The server offered plans for another number of positions than the client asked for.
+    #[error("asked for T = {asked} positions, the server offered T = {offered}")]
+    WidthMismatch {
+        /// T asked for.
+        asked: usize,
+        /// T offered.
+        offered: usize,
+    },
+    /// A reply was awaited for a request that is not in flight (a caller's error).
+    #[error("no request of round {round}, layer {layer}, group {group} in flight")]
+    NotInFlight {
+        /// The round (trip) id.
+        round: u64,
+        /// The layer.
+        layer: u32,
+        /// The group.
+        group: u32,
+    },
+    /// The transport returned another number of replies than requests were sent.
+    #[error("{replies} replies to {requests} group requests")]
+    ReplyCount {
+        /// Replies received.
+        replies: usize,
+        /// Requests sent.
+        requests: usize,
+    },
+    /// No open session has this verify or prefill width.
+    #[error("no session of width {width}")]
+    NoSessionOfWidth {
+        /// The width asked for.
+        width: usize,
+    },
     /// The adapter service refused or failed (with gRPC code and `ErrorReason` when sent).
     #[error("adapter service: {0}")]
     Service(#[from] cipherlora_service::ServiceError),
+}
+
+/// How an adapter server's answer broke the protocol ([`PrivateError::Protocol`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolFault {
+    /// Its adapter list names no CKKS preset for the adapter.
+    #[error("the adapter names no CKKS preset")]
+    NoPreset,
+    /// An FFA adapter's info carries no public lora_A.
+    #[error("the FFA adapter's info carries no lora_A")]
+    NoPublicA,
+    /// The opened session runs other plans than the offer.
+    #[error("the session runs other plans than the server offered")]
+    PlanChanged,
 }

@@ -14,14 +14,13 @@ pub mod remote;
 pub mod server;
 
 pub use client::{
-    ByWidth, HeHook, HeTimings, InProcess, PassModel, Reply, ScheduleChoice, Transport,
-    choose_for_session, choose_schedule,
+    ByWidth, ConnectOptions, DraftLength, GrpcOpener, HeHook, HeTimings, InProcess,
+    InProcessOpener, PassModel, PrivateSession, Reply, ScheduleChoice, SessionOpener, Transport,
+    choose_for_session, choose_schedule, connect, connect_with,
 };
 pub use client::{schedule_plan, width_plan};
-pub use error::PrivateError;
-pub use remote::{
-    EmbeddedServer, GrpcTransport, HeBackend, connect_chosen_width, connect_remote, connect_widths,
-};
+pub use error::{PrivateError, ProtocolFault};
+pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
 pub use server::cost_cache;
 pub use server::{
     AdapterGroups, Grouping, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory,

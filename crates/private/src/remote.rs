@@ -11,9 +11,7 @@ mod loopback;
 mod wire;
 
 pub use crate::server::SessionMemory;
-pub use grpc_transport::{
-    GrpcTransport, RemoteOffer, connect_chosen_width, connect_remote, connect_widths, fetch_offer,
-};
+pub use grpc_transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use he_backend::HeBackend;
 pub use loopback::EmbeddedServer;
 pub use wire::{

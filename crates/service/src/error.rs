@@ -99,6 +99,13 @@ impl ServiceError {
         }
     }
 
+    /// True when the server refused for lack of capacity (`RESOURCE_EXHAUSTED`) or because it
+    /// is shutting down: a refusal that clears by itself.
+    pub fn is_capacity(&self) -> bool {
+        self.code() == Some(tonic::Code::ResourceExhausted)
+            || self.reason() == Some(ErrorReason::ShuttingDown)
+    }
+
     /// The gRPC code, for [`ServiceError::Rpc`].
     pub fn code(&self) -> Option<tonic::Code> {
         match self {

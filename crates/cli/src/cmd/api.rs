@@ -112,11 +112,9 @@ impl ApiArgs {
                 )?,
                 k: match self.k {
                     KArg::Fixed(k) => DraftLength::Fixed(k),
-                    KArg::Auto(k_max) => DraftLength::Auto {
-                        k_max,
-                        acceptance_prior: self.acceptance_prior,
-                    },
+                    KArg::Auto(k_max) => DraftLength::Auto { k_max, trees: None },
                 },
+                acceptance_prior: self.acceptance_prior,
                 prefill_width: self.prefill_width,
                 schedule: self.schedule.clone(),
                 planning_link: self.link,

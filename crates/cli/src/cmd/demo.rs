@@ -12,10 +12,13 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, TextStream, Tokenizer, fetch,
     generate,
 };
-use cipherlora_private::{EmbeddedServer, Grouping, connect_widths};
+use cipherlora_private::{ConnectOptions, DraftLength, EmbeddedServer, Grouping};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_spec::schedule::Schedule;
 use clap::{Args, ValueEnum};
+
+use crate::cmd::schedule_arg::schedule_report;
 
 /// Drafter choice on the command line.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -170,21 +173,34 @@ impl DemoArgs {
             server.addr()
         );
         let t_keys = Instant::now();
-        let mut hook = connect_widths(
+        let drafter_model = self.draft_weights.drafter(&model)?;
+        let options = ConnectOptions {
+            draft: DraftLength::Fixed(width - 1),
+            acceptance_prior: None,
+            prefill_width: self.prefill_width,
+            schedule: match self.schedule.as_str() {
+                "auto" => None,
+                s => Some(s.parse::<Schedule>()?),
+            },
+            grouping: Some(Grouping::ByInput),
+            planning_link: Some(self.link),
+        };
+        let session = cipherlora_private::connect(
             server.client_config(self.link),
             &id,
-            (width, Grouping::ByInput),
-            self.prefill_width,
-            model.config(),
+            &options,
+            (&model, &drafter_model),
         )?;
+        if let Some(choice) = &session.schedule_choice {
+            eprintln!("{}", schedule_report(choice, true, &self.link));
+        }
         eprintln!(
             "sessions opened in {:.1} s (keys made and uploaded; {} positions per verify pass, {} per prefill pass)\n",
             t_keys.elapsed().as_secs_f64(),
             width,
             self.prefill_width
         );
-
-        let drafter_model = self.draft_weights.drafter(&model)?;
+        let mut hook = session.hook;
         let cfg = SpecConfig {
             tree: None,
             drafter,
@@ -199,14 +215,7 @@ impl DemoArgs {
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
             first_token_from_prefill: true,
-            schedule: crate::cmd::schedule_arg::resolve_schedule(
-                &self.schedule,
-                (&model, Some(&*drafter_model)),
-                &hook,
-                (width, self.prefill_width),
-                (&self.link, None),
-                true,
-            )?,
+            schedule: session.schedule,
         };
         println!("--- private (CKKS, speculative) ---");
         print!("{}", self.prompt);

@@ -9,8 +9,7 @@ use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora, TextStream,
     Tokenizer, WeightMode,
 };
-use cipherlora_private::width_plan::DraftLimits;
-use cipherlora_private::{Grouping, connect_chosen_width, connect_widths};
+use cipherlora_private::{ConnectOptions, DraftLength};
 use cipherlora_service::LinkProfile;
 use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
 use cipherlora_spec::schedule::Schedule;
@@ -19,7 +18,7 @@ use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
 use crate::cmd::sampling_arg::SamplingArgs;
-use crate::cmd::schedule_arg::resolve_schedule;
+use crate::cmd::schedule_arg::schedule_report;
 
 /// How to hold GGUF weights.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -236,12 +235,8 @@ impl GenerateArgs {
         )?;
         let drafter = DrafterKind::from(self.draft);
         let id = self.adapter_id.as_deref().unwrap_or_default();
-        let planning_link = match self.link {
-            Some(l) => l,
-            None => LinkProfile::measure_tcp(url)?,
-        };
         let drafter_model = self.draft_weights.drafter(model)?;
-        let forced = match self.schedule.as_str() {
+        let schedule = match self.schedule.as_str() {
             "auto" => None,
             s => Some(s.parse::<Schedule>()?),
         };
@@ -253,84 +248,49 @@ impl GenerateArgs {
             !matches!(self.tree, Some(TreeArg::Auto(_))) || matches!(self.k, KArg::Auto(_)),
             "--tree auto chooses a chain or a tree together with K: it needs --k auto"
         );
-        // The draft shape `--tree auto` leaves to the width model.
-        let mut chosen_tree = None;
-        let (mut hook, width) = match (drafter, self.k) {
+        let draft = match (drafter, self.k) {
             // No drafts: one position per round.
-            (DrafterKind::None, _) | (_, KArg::Fixed(0)) => {
-                let grouping = match forced {
-                    Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
-                    _ => Grouping::ByInput,
-                };
-                let hook = connect_widths(
-                    config,
-                    id,
-                    (1, grouping),
-                    self.prefill_width,
-                    model.config(),
-                )
-                .with_context(|| format!("opening a session on {url}"))?;
-                (hook, 1)
-            }
-            (_, KArg::Fixed(k)) => {
-                // A given K groups requests as the width model prefers at that width.
-                connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
-                    let grouping = cipherlora_private::width_plan::grouping_for_given_k(
-                        space,
-                        (model, &drafter_model),
-                        &planning_link,
-                        (k, self.acceptance_prior),
-                        forced.as_ref(),
-                    )?;
-                    Ok((k, grouping))
-                })
-                .with_context(|| format!("opening a session on {url}"))?
-            }
-            (_, KArg::Auto(k_max)) => {
-                let drafts = DraftLimits {
-                    k_max,
-                    trees: match self.tree {
-                        Some(TreeArg::Auto(limits)) => Some(limits),
-                        _ => None,
-                    },
-                };
-                connect_chosen_width(config, id, self.prefill_width, model.config(), |space| {
-                    let choice = cipherlora_private::width_plan::choose_width_for_client(
-                        space,
-                        model,
-                        &drafter_model,
-                        &planning_link,
-                        self.acceptance_prior,
-                        drafts,
-                    )?;
-                    let grouping = choice.best.grouping_for(space, forced.as_ref());
-                    let shape = choice
-                        .best
-                        .tree
-                        .map_or_else(|| "a chain".to_string(), |t| format!("a tree, {t}"));
-                    eprintln!(
-                        "verify width: K = {}, {shape} (modelled {:.2} tok/s at acceptance {:.2}; requests grouped {grouping:?})",
-                        choice.best.k, choice.best.tok_per_s, choice.alpha
-                    );
-                    chosen_tree = choice.best.tree;
-                    Ok((choice.best.k, grouping))
-                })
-                .with_context(|| format!("opening a session on {url}"))?
-            }
+            (DrafterKind::None, _) => DraftLength::Fixed(0),
+            (_, KArg::Fixed(k)) => DraftLength::Fixed(k),
+            (_, KArg::Auto(k_max)) => DraftLength::Auto {
+                k_max,
+                trees: match self.tree {
+                    Some(TreeArg::Auto(limits)) => Some(limits),
+                    _ => None,
+                },
+            },
         };
+        let options = ConnectOptions {
+            draft,
+            acceptance_prior: self.acceptance_prior,
+            prefill_width: self.prefill_width,
+            schedule,
+            grouping: None,
+            planning_link: self.link,
+        };
+        let session = cipherlora_private::connect(config, id, &options, (model, &drafter_model))
+            .with_context(|| format!("opening a session on {url}"))?;
+        if let Some(choice) = &session.width_choice {
+            let shape = choice
+                .best
+                .tree
+                .map_or_else(|| "a chain".to_string(), |t| format!("a tree, {t}"));
+            eprintln!(
+                "verify width: K = {}, {shape} (modelled {:.2} tok/s at acceptance {:.2})",
+                choice.best.k, choice.best.tok_per_s, choice.alpha
+            );
+        }
+        let greedy = self.sampling.is_greedy();
+        if let (Some(choice), Some(link)) = (&session.schedule_choice, &session.link) {
+            eprintln!("{}", schedule_report(choice, greedy, link));
+        }
         let tree = match self.tree {
             Some(TreeArg::Fixed(shape)) => Some(shape),
-            Some(TreeArg::Auto(_)) => chosen_tree,
+            Some(TreeArg::Auto(_)) => session.tree,
             None => None,
         };
-        let schedule = resolve_schedule(
-            &self.schedule,
-            (model, Some(&*drafter_model)),
-            &hook,
-            (width, self.prefill_width),
-            (&planning_link, self.acceptance_prior),
-            self.sampling.is_greedy(),
-        )?;
+        let (width, schedule) = (session.verify_width, session.schedule_for(greedy));
+        let mut hook = session.hook;
         let cfg = SpecConfig {
             tree: tree.map(Into::into),
             drafter,

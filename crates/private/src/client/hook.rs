@@ -187,13 +187,22 @@ impl<T: Transport> HeHook<T> {
         let steps: Vec<i64> = steps.into_iter().collect();
         let pass_model = PassModel::of(offer, &ctx)?;
         let plan_space = PlanSpace::of(offer);
+        let t0 = std::time::Instant::now();
         let keys = he.galois_keys(&steps).to_bytes();
         let public_key = offer
             .groups
             .iter()
             .any(|g| g.plan.rerandomize)
             .then(|| he.public_key().to_bytes());
+        let keygen_ms = t0.elapsed().as_secs_f64() * 1e3;
         let transport = open(&keys, public_key.as_deref())?;
+        tracing::debug!(
+            galois_keys = steps.len(),
+            key_bytes = keys.len(),
+            keygen_ms,
+            open_ms = t0.elapsed().as_secs_f64() * 1e3 - keygen_ms,
+            "session keys made and uploaded"
+        );
         let mut row_maps = HashMap::new();
         if config.rope_style == RopeStyle::Interleaved {
             let to_usize = |v: Vec<u32>| v.into_iter().map(|i| i as usize).collect::<Vec<_>>();
@@ -439,11 +448,10 @@ impl<T: Transport> HeHook<T> {
         let replies = self.transport.rounds(&requests)?;
         let t2 = Instant::now();
         if replies.len() != requests.len() {
-            return Err(PrivateError::Transport(format!(
-                "{} replies to {} group requests",
-                replies.len(),
-                requests.len()
-            )));
+            return Err(PrivateError::ReplyCount {
+                replies: replies.len(),
+                requests: requests.len(),
+            });
         }
         let mut out = vec![GroupDeltas::none(); inputs.len()];
         for ((u, r), sc) in units.iter().zip(&replies).zip(&scales) {

@@ -292,7 +292,7 @@ fn fixed_point_round_ms(
 /// has a session of `prefill_width`, prefill passes are priced both ways and
 /// run group by group when cheaper (exact prompt rows, bytes sent once).
 ///
-/// Errors: [`PrivateError::Transport`] when `hook` has no session of that
+/// Errors: [`PrivateError::NoSessionOfWidth`] when `hook` has no session of that
 /// width; [`PrivateError::Model`] when the pass fails.
 pub fn choose_for_session<T: crate::Transport>(
     (model, drafter): (&cipherlora_model::Model, Option<&cipherlora_model::Model>),
@@ -303,7 +303,7 @@ pub fn choose_for_session<T: crate::Transport>(
 ) -> Result<ScheduleChoice, PrivateError> {
     let session = hook
         .session(width)
-        .ok_or_else(|| PrivateError::Transport(format!("no session of width {width}")))?;
+        .ok_or(PrivateError::NoSessionOfWidth { width })?;
     let fixed = crate::width_plan::auto_fixed_point(session.plan_space(), alpha);
     let draft_ms = match drafter {
         Some(d) => width.saturating_sub(1) as f64 * time_pass(d, 1)?.min(time_pass(d, 1)?),

@@ -19,7 +19,7 @@ pub struct Reply {
 /// Carries group requests to the adapter server; `round` must be idempotent (replayed on reconnect).
 pub trait Transport {
     /// Sends one group request and waits for its response. Errors:
-    /// [`PrivateError::Transport`] when the link fails, else the server's.
+    /// [`PrivateError::Service`] when the link fails, else the server's.
     fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError>;
 
     /// Sends one pass's requests together (pipelined on a network) and returns
@@ -42,11 +42,13 @@ pub trait Transport {
     }
 
     /// Waits for the reply to (`round`, `layer`, `group`). Errors:
-    /// [`PrivateError::Transport`] when none is in flight; as [`Transport::round`].
+    /// [`PrivateError::NotInFlight`] when none is in flight; as [`Transport::round`].
     fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
-        Err(PrivateError::Transport(format!(
-            "no request of round {round} layer {layer} group {group} in flight"
-        )))
+        Err(PrivateError::NotInFlight {
+            round,
+            layer,
+            group,
+        })
     }
 }
 

@@ -10,9 +10,9 @@ use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, GroupCall, Se
 
 use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
+use crate::ProtocolFault;
 use crate::client::ByWidth;
 use crate::client::HeHook;
-use crate::client::width_plan::PlanSpace;
 use crate::client::{Reply, Transport};
 use crate::server::{Grouping, SessionOffer};
 
@@ -46,14 +46,16 @@ pub fn fetch_offer(
         .map_err(transport_error)?
         .into_iter()
         .find(|a| a.adapter_id == adapter_id)
-        .ok_or_else(|| {
-            PrivateError::Transport(format!("the server has no adapter {adapter_id:?}"))
+        .ok_or_else(|| PrivateError::UnknownAdapter {
+            adapter_id: adapter_id.chars().take(64).collect(),
         })?;
     let ckks_preset = info
         .ckks_presets
         .first()
         .cloned()
-        .ok_or_else(|| PrivateError::Transport("the adapter names no CKKS preset".into()))?;
+        .ok_or(PrivateError::Protocol {
+            what: ProtocolFault::NoPreset,
+        })?;
     let session = client
         .open_session(SessionParams {
             adapter_id: adapter_id.to_string(),
@@ -72,16 +74,16 @@ pub fn fetch_offer(
         .map_err(transport_error)?;
     let mut offer = decode_offer(&session.plan)?;
     if offer.kind == crate::server::LoraKind::Ffa {
-        let bytes = info.ffa_lora_a.as_ref().ok_or_else(|| {
-            PrivateError::Transport("the FFA adapter's info carries no lora_A".into())
+        let bytes = info.ffa_lora_a.as_ref().ok_or(PrivateError::Protocol {
+            what: ProtocolFault::NoPublicA,
         })?;
         attach_public_a(&mut offer, &decode_public_a(bytes)?)?;
     }
     if offer.t != t {
-        return Err(PrivateError::Transport(format!(
-            "asked for T = {t}, the server offered T = {}",
-            offer.t
-        )));
+        return Err(PrivateError::WidthMismatch {
+            asked: t,
+            offered: offer.t,
+        });
     }
     Ok(RemoteOffer {
         info,
@@ -111,7 +113,7 @@ impl std::fmt::Debug for GrpcTransport {
 
 impl GrpcTransport {
     /// Step two: the real session for `offer` with the client's keys. Errors:
-    /// [`PrivateError::Service`]; [`PrivateError::Transport`] for another offer than
+    /// [`PrivateError::Service`]; [`PrivateError::Protocol`] for another offer than
     /// [`fetch_offer`] got.
     pub fn open(
         mut client: AdapterClient,
@@ -136,9 +138,9 @@ impl GrpcTransport {
             })
             .map_err(transport_error)?;
         if session.plan != offer.offer_bytes {
-            return Err(PrivateError::Transport(
-                "the session runs other plans than the server offered".into(),
-            ));
+            return Err(PrivateError::Protocol {
+                what: ProtocolFault::PlanChanged,
+            });
         }
         Ok(Self {
             client,
@@ -248,9 +250,11 @@ impl Transport for GrpcTransport {
     /// Waits for the answer ([`AdapterClient::receive_call`] replays losses).
     fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
         let Some((plan_id, t)) = self.streamed.remove(&(round, layer, group)) else {
-            return Err(PrivateError::Transport(format!(
-                "no request of round {round} layer {layer} group {group} in flight"
-            )));
+            return Err(PrivateError::NotInFlight {
+                round,
+                layer,
+                group,
+            });
         };
         let (out, micros) = self
             .client
@@ -327,30 +331,4 @@ pub fn connect_widths(
         hook = hook.with(prefill_width, wide);
     }
     Ok(hook)
-}
-
-/// [`connect_widths`] with the verify width `choose` picks from the prefill session's
-/// [`PlanSpace`]; returns the hook and the width. Errors: [`connect_remote`]'s and `choose`'s.
-pub fn connect_chosen_width(
-    config: ClientConfig,
-    adapter_id: &str,
-    prefill_width: usize,
-    model_config: &ModelConfig,
-    choose: impl FnOnce(&PlanSpace) -> Result<(usize, Grouping), PrivateError>,
-) -> Result<(ByWidth<GrpcTransport>, usize), PrivateError> {
-    let wide = connect_remote(
-        config.clone(),
-        adapter_id,
-        prefill_width,
-        Grouping::ByInput,
-        model_config,
-    )?;
-    let (k, grouping) = choose(wide.plan_space())?;
-    let verify_width = k + 1;
-    let mut hook = ByWidth::new().with(prefill_width, wide);
-    if verify_width != prefill_width {
-        let verify = connect_remote(config, adapter_id, verify_width, grouping, model_config)?;
-        hook = hook.with(verify_width, verify);
-    }
-    Ok((hook, verify_width))
 }

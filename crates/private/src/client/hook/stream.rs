@@ -54,9 +54,11 @@ pub(super) struct StreamTrips {
 
 impl StreamTrips {
     fn trip(&mut self, id: TripId) -> Result<&mut Trip, PrivateError> {
-        self.trips
-            .get_mut(&id)
-            .ok_or_else(|| PrivateError::Transport(format!("unknown trip {}", id.0)))
+        self.trips.get_mut(&id).ok_or(PrivateError::NotInFlight {
+            round: id.0,
+            layer: 0,
+            group: 0,
+        })
     }
 }
 
@@ -152,10 +154,11 @@ impl<T: Transport> HeHook<T> {
         }
         let round = trip.round;
         let Some(Unit::Sent(scales, t)) = trip.units.remove(&key) else {
-            return Err(PrivateError::Transport(format!(
-                "layer {layer} group {group:?} was not sent in trip {}",
-                id.0
-            )));
+            return Err(PrivateError::NotInFlight {
+                round: id.0,
+                layer: layer as u32,
+                group: AdapterGroups::group_index(group),
+            });
         };
         let members = self.client_group(key.0, key.1)?.members.clone();
         let t1 = Instant::now();

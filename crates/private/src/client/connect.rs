@@ -1,0 +1,331 @@
+//! One way to open a private session: [`connect`] chooses the verify width
+//! K + 1, the draft shape, the grouping of the verify session's requests and
+//! the verify schedule from the link, the server's offer and the acceptance
+//! prior, and opens a prefill session and a verify session on the adapter
+//! server. `generate`, `api`, `demo` and `bench e2e` all open theirs here.
+//!
+//! The order follows what each choice needs: the prefill session first
+//! (its offer carries the plan space the width model prices), then the
+//! verify session of the chosen width and grouping, then the schedule,
+//! which the width model's round model and the open sessions' plans decide.
+
+use std::sync::Arc;
+
+use cipherlora_model::{Model, ModelConfig};
+use cipherlora_service::{ClientConfig, LinkProfile};
+use cipherlora_spec::schedule::Schedule;
+use cipherlora_spec::tree_draft::TreeParams;
+
+use crate::PrivateError;
+use crate::client::width_plan::{
+    DraftLimits, PlanSpace, WidthChoice, choose_width_for_client, grouping_for_given_k,
+};
+use crate::client::{ByWidth, HeHook, InProcess, ScheduleChoice, Transport, choose_for_session};
+use crate::remote::{GrpcTransport, connect_remote};
+use crate::server::{Grouping, HeAdapter};
+
+/// How many tokens a verify round drafts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DraftLength {
+    /// Exactly K (0: no drafts, one position per round).
+    Fixed(usize),
+    /// Chosen by the width model ([`choose_width_for_client`]) when the
+    /// session opens: K ≤ `k_max`, and a tree of at most `trees` instead of
+    /// a chain where the model prefers one.
+    Auto {
+        /// The largest K considered.
+        k_max: usize,
+        /// Draft trees that compete with chains (`None`: chains only).
+        trees: Option<TreeParams>,
+    },
+}
+
+impl DraftLength {
+    /// The largest K this can come to.
+    #[must_use]
+    pub fn max_k(&self) -> usize {
+        match *self {
+            DraftLength::Fixed(k) => k,
+            DraftLength::Auto { k_max, .. } => k_max,
+        }
+    }
+}
+
+/// What [`connect`] needs to know.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Drafted tokens per verify round.
+    pub draft: DraftLength,
+    /// Per-token acceptance rate the width and schedule models assume
+    /// (`None`: the adapter's published hint, else the default).
+    pub acceptance_prior: Option<f64>,
+    /// Positions per prefill pass (the prefill session's width).
+    pub prefill_width: usize,
+    /// A schedule to run instead of the modelled one.
+    pub schedule: Option<Schedule>,
+    /// A grouping of the verify session's requests to use instead of the
+    /// modelled one (comparisons).
+    pub grouping: Option<Grouping>,
+    /// The link the models plan on (`None`: measured by the opener).
+    pub planning_link: Option<LinkProfile>,
+}
+
+/// An open private session: the hook with one session per width, and
+/// what was chosen for it.
+pub struct PrivateSession<T: Transport> {
+    /// The delta hook: the prefill session and the verify session.
+    pub hook: ByWidth<T>,
+    /// The verify width K + 1.
+    pub verify_width: usize,
+    /// The draft tree shape the width model chose (`None`: chains).
+    pub tree: Option<TreeParams>,
+    /// The verify schedule of greedy generations.
+    pub schedule: Schedule,
+    /// The verify schedule of sampled generations.
+    pub sampled_schedule: Schedule,
+    /// The link the models planned on (`None`: none was needed).
+    pub link: Option<LinkProfile>,
+    /// The width model's choice, when it made one.
+    pub width_choice: Option<WidthChoice>,
+    /// The schedule model's choice, when it made one.
+    pub schedule_choice: Option<ScheduleChoice>,
+}
+
+impl<T: Transport> PrivateSession<T> {
+    /// The schedule a generation runs: greedy or sampled.
+    #[must_use]
+    pub fn schedule_for(&self, greedy: bool) -> Schedule {
+        if greedy {
+            self.schedule
+        } else {
+            self.sampled_schedule
+        }
+    }
+}
+
+/// Opens sessions of one adapter on one server at a given width.
+pub trait SessionOpener {
+    /// The transport of the sessions it opens.
+    type Transport: Transport;
+
+    /// A session of width `t` whose requests are grouped by `grouping`
+    /// (offer, fresh keys, key upload).
+    ///
+    /// # Errors
+    /// The server's refusal or the transport's failure.
+    fn open(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        config: &ModelConfig,
+    ) -> Result<HeHook<Self::Transport>, PrivateError>;
+
+    /// The link to the server, measured (used when the options give none).
+    ///
+    /// # Errors
+    /// When the server cannot be reached.
+    fn measure_link(&self) -> Result<LinkProfile, PrivateError>;
+}
+
+/// Sessions over gRPC ([`connect_remote`]).
+#[derive(Debug, Clone)]
+pub struct GrpcOpener {
+    /// The adapter server and how to reach it.
+    pub client: ClientConfig,
+    /// The adapter's id on it.
+    pub adapter_id: String,
+}
+
+impl SessionOpener for GrpcOpener {
+    type Transport = GrpcTransport;
+
+    fn open(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        config: &ModelConfig,
+    ) -> Result<HeHook<GrpcTransport>, PrivateError> {
+        connect_remote(self.client.clone(), &self.adapter_id, t, grouping, config)
+    }
+
+    fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
+        Ok(LinkProfile::measure_tcp(&self.client.endpoint)?)
+    }
+}
+
+/// Sessions on an adapter server in this process ([`InProcess`]), on a
+/// given link: tests and examples.
+pub struct InProcessOpener {
+    /// The adapter server.
+    pub server: Arc<HeAdapter>,
+    /// The link [`SessionOpener::measure_link`] reports.
+    pub link: LinkProfile,
+}
+
+impl SessionOpener for InProcessOpener {
+    type Transport = InProcess;
+
+    fn open(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        config: &ModelConfig,
+    ) -> Result<HeHook<InProcess>, PrivateError> {
+        let offer = self.server.offer_grouped(t, grouping)?;
+        HeHook::connect(&offer, config, |keys, _| {
+            Ok(InProcess::new(Arc::new(
+                self.server.open_session(&offer, keys)?,
+            )))
+        })
+    }
+
+    fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
+        Ok(self.link)
+    }
+}
+
+/// [`connect_with`] over gRPC.
+///
+/// # Errors
+/// As [`connect_with`].
+pub fn connect(
+    client: ClientConfig,
+    adapter_id: &str,
+    options: &ConnectOptions,
+    models: (&Model, &Model),
+) -> Result<PrivateSession<GrpcTransport>, PrivateError> {
+    let mut opener = GrpcOpener {
+        client,
+        adapter_id: adapter_id.to_string(),
+    };
+    connect_with(&mut opener, options, models)
+}
+
+/// Opens a prefill and a verify session through `opener` for the target
+/// `model` and its `drafter` (whose passes the width model times), with
+/// the verify width, draft shape, grouping and schedule chosen as the
+/// module docs say. Without drafts or with a forced per-group schedule and
+/// a given K, nothing is modelled: the verify session groups by layer
+/// under a forced fixed point, by input otherwise.
+///
+/// # Errors
+/// [`PrivateError::Service`] and the server's refusals while opening;
+/// the width and schedule models' errors.
+pub fn connect_with<O: SessionOpener>(
+    opener: &mut O,
+    options: &ConnectOptions,
+    (model, drafter): (&Model, &Model),
+) -> Result<PrivateSession<O::Transport>, PrivateError> {
+    let forced = options.schedule;
+    let config = model.config();
+    let modelled = matches!(options.draft, DraftLength::Auto { .. })
+        || forced.is_none()
+        || matches!(forced, Some(Schedule::FixedPoint(_)));
+    let link = match options.planning_link {
+        Some(l) => Some(l),
+        None if modelled => Some(opener.measure_link()?),
+        None => None,
+    };
+    let prefill_width = options.prefill_width;
+    let mut width_choice = None;
+    let (hook, verify_width, tree) = match (options.draft, link) {
+        (DraftLength::Auto { k_max, trees }, Some(link)) => {
+            let wide = opener.open(prefill_width, Grouping::ByInput, config)?;
+            let choice = choose_width_for_client(
+                wide.plan_space(),
+                model,
+                drafter,
+                &link,
+                options.acceptance_prior,
+                DraftLimits { k_max, trees },
+            )?;
+            let grouping = options
+                .grouping
+                .unwrap_or_else(|| choice.best.grouping_for(wide.plan_space(), forced.as_ref()));
+            let (k, tree) = (choice.best.k, choice.best.tree);
+            width_choice = Some(choice);
+            let hook = with_verify(opener, (wide, prefill_width), (k + 1, grouping), config)?;
+            (hook, k + 1, tree)
+        }
+        (DraftLength::Fixed(k), Some(link)) if k > 0 && options.grouping.is_none() => {
+            let wide = opener.open(prefill_width, Grouping::ByInput, config)?;
+            let grouping =
+                given_k_grouping(wide.plan_space(), options, (model, drafter), &link, k)?;
+            let hook = with_verify(opener, (wide, prefill_width), (k + 1, grouping), config)?;
+            (hook, k + 1, None)
+        }
+        (draft, _) => {
+            let width = draft.max_k() + 1;
+            let grouping = options.grouping.unwrap_or(match forced {
+                Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
+                _ => Grouping::ByInput,
+            });
+            let verify = opener.open(width, grouping, config)?;
+            let mut hook = ByWidth::new().with(width, verify);
+            if prefill_width != width {
+                hook = hook.with(
+                    prefill_width,
+                    opener.open(prefill_width, Grouping::ByInput, config)?,
+                );
+            }
+            (hook, width, None)
+        }
+    };
+    let schedule_choice = match (forced, link) {
+        (None, Some(link)) => Some(choose_for_session(
+            (model, Some(drafter)),
+            &hook,
+            verify_width,
+            Some(prefill_width),
+            (&link, options.acceptance_prior),
+        )?),
+        _ => None,
+    };
+    let (schedule, sampled_schedule) = match (forced, &schedule_choice) {
+        (Some(s), _) => (s, s.for_decoding(false)),
+        (None, Some(c)) => (c.schedule, c.sampled),
+        (None, None) => (Schedule::PerGroup, Schedule::PerGroup),
+    };
+    Ok(PrivateSession {
+        hook,
+        verify_width,
+        tree,
+        schedule,
+        sampled_schedule,
+        link,
+        width_choice,
+        schedule_choice,
+    })
+}
+
+/// The prefill hook `wide` and a verify session of `(width, grouping)`
+/// (the same session when the widths agree).
+fn with_verify<O: SessionOpener>(
+    opener: &mut O,
+    (wide, prefill_width): (HeHook<O::Transport>, usize),
+    (width, grouping): (usize, Grouping),
+    config: &ModelConfig,
+) -> Result<ByWidth<O::Transport>, PrivateError> {
+    let mut hook = ByWidth::new().with(prefill_width, wide);
+    if width != prefill_width {
+        hook = hook.with(width, opener.open(width, grouping, config)?);
+    }
+    Ok(hook)
+}
+
+/// The grouping the width model prefers at a given K.
+fn given_k_grouping(
+    space: &PlanSpace,
+    options: &ConnectOptions,
+    models: (&Model, &Model),
+    link: &LinkProfile,
+    k: usize,
+) -> Result<Grouping, PrivateError> {
+    grouping_for_given_k(
+        space,
+        models,
+        link,
+        (k, options.acceptance_prior),
+        options.schedule.as_ref(),
+    )
+}

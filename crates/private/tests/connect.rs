@@ -1,0 +1,151 @@
+//! [`cipherlora_private::connect_with`], the one way every front end opens
+//! a private session, driven through an in-process adapter server on a
+//! given link: auto K on loopback and wan80 opens a prefill and a verify
+//! session of the chosen widths, plans a schedule on the link, and the
+//! session generates what the plaintext adapted model does; a given K with
+//! a forced schedule models nothing and never asks for the link.
+
+mod common;
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use cipherlora_model::{
+    LoadOptions, LoraAdapter, Model, ModelConfig, Tokenizer, WeightMode, fetch,
+};
+use cipherlora_private::{
+    ConnectOptions, DraftLength, Grouping, HeAdapter, HeHook, InProcess, InProcessOpener,
+    PrivateError, SessionOpener, connect_with,
+};
+use cipherlora_service::LinkProfile;
+use cipherlora_spec::decode::{self, SpecConfig};
+use cipherlora_spec::schedule::Schedule;
+
+use common::{adapter_dir, assert_matches, plaintext_reference};
+
+/// An in-process opener that counts its link measurements.
+struct Counting {
+    inner: InProcessOpener,
+    measured: Cell<usize>,
+}
+
+impl SessionOpener for Counting {
+    type Transport = InProcess;
+
+    fn open(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        config: &ModelConfig,
+    ) -> Result<HeHook<InProcess>, PrivateError> {
+        self.inner.open(t, grouping, config)
+    }
+
+    fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
+        self.measured.set(self.measured.get() + 1);
+        self.inner.measure_link()
+    }
+}
+
+fn setup() -> (Model, Tokenizer, Arc<HeAdapter>, LoraAdapter) {
+    let path = fetch::ensure_default_model().expect("default model");
+    let model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )
+    .unwrap();
+    let tok = Tokenizer::for_model(&path).unwrap();
+    let dir = adapter_dir("code-ffa-r16");
+    let server = Arc::new(HeAdapter::load(&dir, model.config()).unwrap());
+    let plain = LoraAdapter::load(&dir, model.config()).unwrap();
+    (model, tok, server, plain)
+}
+
+#[test]
+fn auto_k_opens_both_widths_plans_on_the_link_and_generates_exactly() {
+    let (model, tok, server, plain) = setup();
+    let prompt = tok.encode(common::PROMPTS[0]).unwrap();
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, 12);
+    for link in [LinkProfile::LOOPBACK, LinkProfile::WAN80] {
+        let mut opener = InProcessOpener {
+            server: server.clone(),
+            link,
+        };
+        let options = ConnectOptions {
+            draft: DraftLength::Auto {
+                k_max: 8,
+                trees: None,
+            },
+            acceptance_prior: None,
+            prefill_width: 16,
+            schedule: None,
+            grouping: None,
+            planning_link: None,
+        };
+        let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+        assert_eq!(session.link, Some(link), "the opener's link is planned on");
+        let choice = session.width_choice.as_ref().expect("auto K is modelled");
+        assert_eq!(choice.best.k + 1, session.verify_width);
+        assert!(
+            (2..=9).contains(&session.verify_width),
+            "{}",
+            session.verify_width
+        );
+        assert!(
+            session.schedule_choice.is_some(),
+            "auto schedule is modelled"
+        );
+        for width in [session.verify_width, 16] {
+            assert!(
+                session.hook.session(width).is_some(),
+                "no session of width {width}"
+            );
+        }
+        let mut hook = session.hook;
+        let cfg = SpecConfig {
+            prefill_width: Some(16),
+            schedule: session.schedule,
+            ..common::greedy_spec(session.verify_width - 1, 12, &tok)
+        };
+        let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+        assert_matches(&got, &want, &tok, &format!("{link:?}"));
+    }
+}
+
+#[test]
+fn a_given_k_and_schedule_model_nothing() {
+    let (model, _, server, _) = setup();
+    let mut opener = Counting {
+        inner: InProcessOpener {
+            server,
+            link: LinkProfile::WAN80,
+        },
+        measured: Cell::new(0),
+    };
+    let options = ConnectOptions {
+        draft: DraftLength::Fixed(4),
+        acceptance_prior: None,
+        prefill_width: 16,
+        schedule: Some(Schedule::PerGroup),
+        grouping: None,
+        planning_link: None,
+    };
+    let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+    assert_eq!(opener.measured.get(), 0);
+    assert_eq!(session.link, None);
+    assert_eq!(session.verify_width, 5);
+    assert!(session.width_choice.is_none() && session.schedule_choice.is_none());
+    assert_eq!(session.schedule, Schedule::PerGroup);
+    let grouped = session.hook.session(5).unwrap().plan_space().grouping;
+    assert_eq!(grouped, Grouping::ByInput);
+    // A fixed point is modelled on the link: now it is measured, once.
+    let options = ConnectOptions {
+        schedule: None,
+        ..options
+    };
+    let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+    assert_eq!(opener.measured.get(), 1);
+    assert_eq!(session.link, Some(LinkProfile::WAN80));
+}
