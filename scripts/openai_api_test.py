@@ -11,8 +11,10 @@ api`) on loopback, then, through `openai.OpenAI`:
   answer to the same request (`cipherlora generate --adapter ...`, the
   reference `generate --check-plaintext` compares against);
 - a stop sequence, a multi-turn chat (rendered by the model's own
-  template: must equal the raw completion of the ChatML text), the
-  unknown-model 404 and a 400, in OpenAI's error shape.
+  template: must equal the raw completion of the ChatML text), a private
+  chat's second turn served from the prefix cache (equal to the plaintext
+  adapted answer, `usage.prompt_tokens_details.cached_tokens` reported),
+  the unknown-model 404 and a 400, in OpenAI's error shape.
 
 Usage: python3 scripts/openai_api_test.py [path/to/cipherlora]
 (default: target/debug/cipherlora; run `cargo build -p cipherlora` first).
@@ -196,6 +198,24 @@ def run(client: "openai.OpenAI") -> None:
     check_equal("multi-turn chat = completion of its ChatML text",
                 got.choices[0].message.content, want.choices[0].text)
     assert got.usage.prompt_tokens == want.usage.prompt_tokens
+
+    # A private chat's second turn reuses the first turn's adapted keys and
+    # values (prefix caching) and still answers as the plaintext adapted
+    # model answers the whole conversation.
+    convo = [{"role": "system", "content": "You write short Python functions."},
+             {"role": "user", "content": question}]
+    first = client.chat.completions.create(model="code-ffa-r16", messages=convo, **greedy)
+    convo += [{"role": "assistant", "content": first.choices[0].message.content},
+              {"role": "user", "content": "Now add type hints."}]
+    second = client.chat.completions.create(model="code-ffa-r16", messages=convo, **greedy)
+    chatml = "".join(f"<|im_start|>{t['role']}\n{t['content']}<|im_end|>\n" for t in convo)
+    chatml += "<|im_start|>assistant\n"
+    check_equal("second chat turn, FFA, prefix cached", second.choices[0].message.content,
+                reference(FFA, prompt=chatml))
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens, (cached, first.usage)
+    assert second.model_extra["cipherlora"]["cached_tokens"] == cached
+    print(f"ok   prefix cache: {cached} of {second.usage.prompt_tokens} prompt tokens reused")
 
     # Errors in OpenAI's shape.
     try:

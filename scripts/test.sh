@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 cargo fmt --all -- --check
 python3 scripts/check-links.py     # every relative link in README, BENCHMARKS, CHANGELOG, CONTRIBUTING, docs/
+python3 scripts/check-module-cycles.py   # no module of a crate imports one that imports it back
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo run --locked --quiet -p cipherlora -- fetch
 cargo test --workspace --locked

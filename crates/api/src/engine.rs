@@ -10,7 +10,7 @@
 //! the end of the current round.
 //!
 //! Private requests use speculative decoding with the base model as
-//! drafter (`cipherlora_spec::decode`), verified through the adapter's warm
+//! drafter (`cipherlora_speculative::decode`), verified through the adapter's warm
 //! HE sessions; their greedy output equals the plaintext adapted model's.
 //! Requests for the base model run it alone, in plaintext, here.
 
@@ -24,9 +24,9 @@ use cipherlora_model::{
 };
 use cipherlora_private::HeTimings;
 use cipherlora_service::{AdapterClient, ClientConfig};
-use cipherlora_spec::SpecError;
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecOutput};
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_speculative::SpecError;
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig, SpecOutput};
+use cipherlora_speculative::schedule::Schedule;
 
 use crate::ApiError;
 use crate::openai::{PrivateCost, PromptTokensDetails, Usage};

@@ -73,6 +73,17 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// Whether the server serves no adapter of the requested id.
+    pub fn is_unknown_adapter(&self) -> bool {
+        match self {
+            UpstreamError::Sessions(PrivateError::UnknownAdapter { .. }) => true,
+            UpstreamError::Service(e) | UpstreamError::Sessions(PrivateError::Service(e)) => {
+                e.is_unknown_adapter()
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the server refused for lack of capacity (a limit that
     /// clears by itself: retry later).
     pub fn is_capacity(&self) -> bool {
@@ -86,7 +97,8 @@ impl UpstreamError {
 }
 
 impl ApiError {
-    /// A 502 (or 503) for an adapter server failure.
+    /// A 502 (503 at capacity, 404 for an adapter the server does not
+    /// serve) for an adapter server failure.
     pub fn upstream(e: impl Into<UpstreamError>) -> Self {
         Self::Upstream(e.into())
     }
@@ -113,6 +125,7 @@ impl ApiError {
             ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Upstream(e) if e.is_unknown_adapter() => StatusCode::NOT_FOUND,
             ApiError::Upstream(e) if e.is_capacity() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) | ApiError::InvalidSetting { .. } => {
@@ -132,6 +145,11 @@ impl ApiError {
             ),
             ApiError::QueueFull { .. } => ("rate_limit_error", None, Some("rate_limit_exceeded")),
             ApiError::Unavailable(_) => ("api_error", None, Some("service_unavailable")),
+            ApiError::Upstream(e) if e.is_unknown_adapter() => (
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
             ApiError::Upstream(e) if e.is_capacity() => {
                 ("api_error", None, Some("adapter_server_busy"))
             }

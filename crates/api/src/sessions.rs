@@ -25,8 +25,8 @@ use cipherlora_model::Model;
 pub use cipherlora_private::DraftLength;
 use cipherlora_private::{ByWidth, ConnectOptions, GrpcTransport};
 use cipherlora_service::{ClientConfig, LinkProfile};
-use cipherlora_spec::prefix_cache::{CachedContext, PrefixCache, PrefixHit};
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_speculative::prefix_cache::{CachedContext, PrefixCache, PrefixHit};
+use cipherlora_speculative::schedule::Schedule;
 
 use crate::ApiError;
 use crate::queue::{Queue, Ticket};

@@ -15,7 +15,7 @@ use cipherlora_model::{
 };
 use cipherlora_private::{EmbeddedServer, Grouping};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_speculative::schedule::Schedule;
 
 fn adapter_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -15,15 +15,13 @@ use cipherlora_model::{
 };
 use cipherlora_private::{
     ByWidth, ConnectOptions, DraftLength, EmbeddedServer, Grouping, GrpcTransport, HeTimings,
-    LoraKind, connect_remote,
+    LoraKind, TimeSplit, connect_remote,
 };
 use cipherlora_service::{LinkProfile, Placement};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig, SpecStats};
-use cipherlora_spec::schedule::Schedule;
-use cipherlora_spec::tree_draft::TreeParams;
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig, SpecStats};
+use cipherlora_speculative::schedule::Schedule;
+use cipherlora_speculative::tree_draft::TreeParams;
 use serde::{Deserialize, Serialize};
-
-use crate::split::TimeSplit;
 
 /// Options of `cipherlora bench e2e`.
 #[derive(Debug, Clone)]
@@ -83,9 +81,9 @@ pub struct DecodeConfig {
     pub auto_k: bool,
     /// How the base drafter holds its weights.
     pub drafter_weights: DrafterWeights,
-    /// Tree drafts of this shape ([`cipherlora_spec::tree_draft`]); with `auto_k`, limits.
+    /// Tree drafts of this shape ([`cipherlora_speculative::tree_draft`]); with `auto_k`, limits.
     pub tree: Option<TreeParams>,
-    /// Delta-guided drafting ([`cipherlora_spec::draft_bias`]; default on).
+    /// Delta-guided drafting ([`cipherlora_speculative::draft_bias`]; default on).
     pub guided: bool,
 }
 

@@ -8,7 +8,6 @@ pub mod ckks;
 pub mod e2e;
 pub mod helora;
 pub mod model;
-pub mod split;
 pub mod split_inference;
 
 use std::path::{Path, PathBuf};

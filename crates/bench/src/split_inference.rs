@@ -16,8 +16,8 @@ use cipherlora_model::{
 use cipherlora_service::{
     ClientConfig, LinkProfile, ServeConfig, ServerThread, SplitBackend, SplitClient,
 };
-use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, Lookahead, ModelBackend, SplitConfig, SplitOutput};
+use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_split::{DraftMethod, Lookahead, ModelBackend, SplitConfig, SplitOutput};
 use serde::{Deserialize, Serialize};
 
 use crate::e2e::{E2eRun, PrivateRuns, Prompts, place, run_target};
@@ -39,9 +39,9 @@ pub struct SplitBenchOptions {
     pub k: usize,
     /// Also run without drafts (one token per round trip).
     pub no_draft_baseline: bool,
-    /// Also run lookahead decoding ([`Drafter::Lookahead`]) per (W, N, G).
+    /// Also run lookahead decoding ([`DraftMethod::Lookahead`]) per (W, N, G).
     pub lookahead: Vec<Lookahead>,
-    /// Also run adaptive prompt lookup ([`Drafter::AdaptivePromptLookup`]).
+    /// Also run adaptive prompt lookup ([`DraftMethod::AdaptivePromptLookup`]).
     pub adaptive_k: bool,
     /// Prompts.
     pub prompts: Vec<String>,
@@ -182,17 +182,17 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
     let endpoint = format!("http://{}", server.addr());
     let mut drafters = Vec::new();
     if opts.k > 0 {
-        drafters.push((Drafter::PromptLookup(PromptLookup::default()), opts.k));
+        drafters.push((DraftMethod::PromptLookup(PromptLookup::default()), opts.k));
         for &l in &opts.lookahead {
-            drafters.push((Drafter::Lookahead(l), opts.k));
+            drafters.push((DraftMethod::Lookahead(l), opts.k));
         }
         if opts.adaptive_k {
-            let adaptive = Drafter::AdaptivePromptLookup(PromptLookup::default());
+            let adaptive = DraftMethod::AdaptivePromptLookup(PromptLookup::default());
             drafters.push((adaptive, opts.k));
         }
     }
     if opts.no_draft_baseline || opts.k == 0 {
-        drafters.push((Drafter::None, 0));
+        drafters.push((DraftMethod::None, 0));
     }
     // A private client verifies with f32 weights (as `bench e2e`).
     let he_model = match &opts.he {
@@ -344,7 +344,7 @@ fn summarise(
     link: &LinkProfile,
     a: usize,
     b: usize,
-    drafter: Drafter,
+    drafter: DraftMethod,
     k: usize,
     outs: &[SplitOutput],
     plain: &[f64],
@@ -371,10 +371,10 @@ fn summarise(
         a,
         b,
         drafter: match drafter {
-            Drafter::None => "none".into(),
-            Drafter::PromptLookup(_) => "prompt-lookup".into(),
-            Drafter::Lookahead(l) => format!("lookahead (W,N,G = {l})"),
-            Drafter::AdaptivePromptLookup(_) => "prompt-lookup (adaptive, ≤ 2K)".into(),
+            DraftMethod::None => "none".into(),
+            DraftMethod::PromptLookup(_) => "prompt-lookup".into(),
+            DraftMethod::Lookahead(l) => format!("lookahead (W,N,G = {l})"),
+            DraftMethod::AdaptivePromptLookup(_) => "prompt-lookup (adaptive, ≤ 2K)".into(),
         },
         k,
         tokens,

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use crate::ciphertext::Ciphertext;
 use crate::context::Context;
 use crate::error::{CkksError, Result};
-use crate::hoisting::{self, ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext};
+use crate::hoisting::{
+    self, ExtendedCiphertext, ExtendedMulAccumulator, HoistedCiphertext, start_or_denormalize,
+};
 use crate::keys::GaloisKeys;
 use crate::keyswitch::mod_up;
 use crate::lazy_dot::{Sum, Term};
@@ -183,31 +185,6 @@ fn check_term(
     ctx.check(ct.ctx.digest())?;
     ctx.check(pt.digest)?;
     check_product_term(level, scale, ct.level, pt.level, ct.scale * pt.scale)
-}
-
-/// Prepares an accumulator for a single product (zeros, or back to unnormalised).
-pub(crate) fn start_or_denormalize(
-    ctx: &Context,
-    acc0: &mut [u64],
-    acc1: &mut [u64],
-    terms: usize,
-    normalized: &mut bool,
-    limbs: impl Iterator<Item = (usize, usize)>,
-) {
-    if terms == 0 {
-        acc0.fill(0);
-        acc1.fill(0);
-        return;
-    }
-    if !*normalized {
-        return;
-    }
-    let n = ctx.degree();
-    for (k, j) in limbs {
-        ctx.scale_by_n(j, &mut acc0[k * n..(k + 1) * n]);
-        ctx.scale_by_n(j, &mut acc1[k * n..(k + 1) * n]);
-    }
-    *normalized = false;
 }
 
 /// Limb `i` of a plaintext in N-scaled form.

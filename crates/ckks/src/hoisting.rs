@@ -365,11 +365,11 @@ impl ExtendedMulAccumulator {
         Ok(())
     }
 
-    /// See [`crate::evaluator::start_or_denormalize`].
+    /// See [`start_or_denormalize`].
     fn start_or_denormalize(&mut self) {
         let limbs = self.ctx.qp_primes(self.level).enumerate();
         let (acc0, acc1) = (&mut self.acc0, &mut self.acc1);
-        crate::evaluator::start_or_denormalize(
+        start_or_denormalize(
             &self.ctx,
             acc0,
             acc1,
@@ -409,4 +409,29 @@ impl Drop for ExtendedMulAccumulator {
         self.ctx.pool.give(std::mem::take(&mut self.acc0));
         self.ctx.pool.give(std::mem::take(&mut self.acc1));
     }
+}
+
+/// Prepares an accumulator for a single product (zeros, or back to unnormalised).
+pub(crate) fn start_or_denormalize(
+    ctx: &Context,
+    acc0: &mut [u64],
+    acc1: &mut [u64],
+    terms: usize,
+    normalized: &mut bool,
+    limbs: impl Iterator<Item = (usize, usize)>,
+) {
+    if terms == 0 {
+        acc0.fill(0);
+        acc1.fill(0);
+        return;
+    }
+    if !*normalized {
+        return;
+    }
+    let n = ctx.degree();
+    for (k, j) in limbs {
+        ctx.scale_by_n(j, &mut acc0[k * n..(k + 1) * n]);
+        ctx.scale_by_n(j, &mut acc1[k * n..(k + 1) * n]);
+    }
+    *normalized = false;
 }

@@ -7,6 +7,7 @@ mod connect;
 mod hook;
 mod response_bits;
 pub mod schedule_plan;
+mod time_split;
 mod transport;
 pub mod width_plan;
 
@@ -14,4 +15,5 @@ pub use by_width::*;
 pub use connect::*;
 pub use hook::*;
 pub use schedule_plan::*;
+pub use time_split::{TimeSplit, summary};
 pub use transport::*;

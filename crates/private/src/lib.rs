@@ -14,13 +14,15 @@ pub mod remote;
 pub mod server;
 
 pub use client::{
-    ByWidth, ConnectOptions, DraftLength, GrpcOpener, HeHook, HeTimings, InProcess,
-    InProcessOpener, PassModel, PrivateSession, Reply, ScheduleChoice, SessionOpener, Transport,
-    choose_for_session, choose_schedule, connect, connect_with,
+    ByWidth, ConnectOptions, DraftLength, HeHook, HeTimings, InProcess, InProcessOpener, PassModel,
+    PrivateSession, Reply, ScheduleChoice, SessionOpener, TimeSplit, Transport, choose_for_session,
+    choose_schedule, connect_with, summary,
 };
 pub use client::{schedule_plan, width_plan};
 pub use error::{PrivateError, ProtocolFault};
-pub use remote::{EmbeddedServer, GrpcTransport, HeBackend, connect_remote, connect_widths};
+pub use remote::{
+    EmbeddedServer, GrpcOpener, GrpcTransport, HeBackend, connect, connect_remote, connect_widths,
+};
 pub use server::cost_cache;
 pub use server::{
     AdapterGroups, Grouping, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory,

@@ -5,12 +5,14 @@
 //! the Galois keys for exactly the offer's steps); FFA lora_A travels once in `AdapterInfo`
 //! ([`attach_public_a`]). See docs/design/code-notes.md, "private: remote".
 
+mod connect;
 mod grpc_transport;
 mod he_backend;
 mod loopback;
 mod wire;
 
 pub use crate::server::SessionMemory;
+pub use connect::{GrpcOpener, connect};
 pub use grpc_transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use he_backend::HeBackend;
 pub use loopback::EmbeddedServer;

@@ -18,8 +18,8 @@ use cipherlora_private::{
     PrivateError, SessionOpener, connect_with,
 };
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::decode::{self, SpecConfig};
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_speculative::decode::{self, SpecConfig};
+use cipherlora_speculative::schedule::Schedule;
 
 use common::{adapter_dir, assert_matches, plaintext_reference};
 
@@ -148,4 +148,34 @@ fn a_given_k_and_schedule_model_nothing() {
     let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
     assert_eq!(opener.measured.get(), 1);
     assert_eq!(session.link, Some(LinkProfile::WAN80));
+}
+
+#[test]
+fn an_adapter_the_server_does_not_serve_is_a_typed_refusal() {
+    let (model, _, _, _) = setup();
+    let dir = adapter_dir("code-ffa-r16");
+    let server =
+        cipherlora_private::EmbeddedServer::start("code-ffa-r16", &dir, model.config(), None)
+            .unwrap();
+    let options = ConnectOptions {
+        draft: DraftLength::Fixed(2),
+        acceptance_prior: None,
+        prefill_width: 8,
+        schedule: Some(Schedule::PerGroup),
+        grouping: None,
+        planning_link: None,
+    };
+    let id = "no-such-adapter";
+    let e = cipherlora_private::connect(
+        server.client_config(LinkProfile::LOOPBACK),
+        id,
+        &options,
+        (&model, &model),
+    )
+    .err()
+    .expect("an unknown adapter is refused");
+    assert!(
+        matches!(&e, PrivateError::UnknownAdapter { adapter_id } if adapter_id == id),
+        "{e}"
+    );
 }

@@ -16,8 +16,8 @@ use cipherlora_model::{
 };
 use cipherlora_private::{EmbeddedServer, Grouping, connect_widths};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::decode::{self, SpecConfig};
-use cipherlora_spec::schedule::{Prefill, Schedule};
+use cipherlora_speculative::decode::{self, SpecConfig};
+use cipherlora_speculative::schedule::{Prefill, Schedule};
 
 use common::{PROMPTS, adapter_dir, assert_matches, plaintext_reference};
 

@@ -25,7 +25,7 @@ use cipherlora_private::Grouping;
 use cipherlora_private::remote::{GrpcTransport, HeBackend, connect_widths, fetch_offer};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterClient, ClientConfig, ServeConfig, ServerThread, dev_cert};
-use cipherlora_spec::decode::{self, SpecConfig};
+use cipherlora_speculative::decode::{self, SpecConfig};
 use tonic::Code;
 
 const ADAPTER: &str = "code-ffa-r16";

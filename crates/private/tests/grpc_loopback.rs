@@ -21,7 +21,7 @@ use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{
     AdapterBackend, AdapterClient, ClientConfig, DevCert, ServeConfig, ServerThread, dev_cert,
 };
-use cipherlora_spec::decode::{self, SpecConfig};
+use cipherlora_speculative::decode::{self, SpecConfig};
 use tonic::Code;
 
 const ADAPTER: &str = "code-ffa-r16";

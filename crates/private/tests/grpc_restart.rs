@@ -14,7 +14,7 @@ use cipherlora_private::Grouping;
 use cipherlora_private::remote::{HeBackend, connect_remote};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{ClientConfig, DevCert, ServeConfig, ServerThread, dev_cert};
-use cipherlora_spec::decode::{self};
+use cipherlora_speculative::decode::{self};
 use tonic::Code;
 
 const ADAPTER: &str = "code-ffa-r16";

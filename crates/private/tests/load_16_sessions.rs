@@ -23,7 +23,7 @@ use cipherlora_private::remote::{HeBackend, connect_remote};
 use cipherlora_private::{Grouping, SessionMemory};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::{AdapterBackend, ClientConfig, ServeConfig, ServerThread, dev_cert};
-use cipherlora_spec::decode::{self};
+use cipherlora_speculative::decode::{self};
 
 const ADAPTERS: [&str; 2] = ["code-ffa-r16", "code-lora-r16"];
 const PER_ADAPTER: usize = 8;

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use cipherlora_model::{LoadOptions, LoraAdapter, Model, Tokenizer, WeightMode, fetch};
 use cipherlora_private::{HeAdapter, HeHook, InProcess};
-use cipherlora_spec::decode::{self};
+use cipherlora_speculative::decode::{self};
 
 /// The default model twice: with f32 weights (what a private client verifies with by default) and
 /// with its weights kept quantized (the default drafter, and `--weights quantized`).

@@ -30,7 +30,7 @@ pub enum ServiceError {
     Certificate(String),
     /// The transport failed (connect, TLS handshake, bind, serve).
     #[error("transport error: {0}")]
-    Transport(String),
+    Transport(#[source] TransportError),
     /// The server (or the gRPC layer) refused a call.
     #[error("rpc failed: {code:?} ({reason:?}): {message}")]
     Rpc {
@@ -106,6 +106,11 @@ impl ServiceError {
             || self.reason() == Some(ErrorReason::ShuttingDown)
     }
 
+    /// True when the server has no adapter of the id asked for.
+    pub fn is_unknown_adapter(&self) -> bool {
+        self.reason() == Some(ErrorReason::UnknownAdapter)
+    }
+
     /// The gRPC code, for [`ServiceError::Rpc`].
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
@@ -135,16 +140,42 @@ impl From<tonic::Status> for ServiceError {
 
 impl From<tonic::transport::Error> for ServiceError {
     fn from(e: tonic::transport::Error) -> Self {
-        // The Display of transport errors is terse; include the source chain.
-        let mut msg = e.to_string();
-        let mut src = std::error::Error::source(&e);
-        while let Some(s) = src {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            src = s.source();
-        }
-        Self::Transport(msg)
+        Self::Transport(TransportError::Grpc(e))
     }
+}
+
+/// How the transport failed ([`ServiceError::Transport`]).
+#[non_exhaustive]
+#[derive(Debug, Error)]
+pub enum TransportError {
+    /// gRPC's transport failed (connect, TLS handshake, bind, serve); the message carries its
+    /// whole source chain, since the outermost one is terse.
+    #[error("{}", chain(.0))]
+    Grpc(tonic::transport::Error),
+    /// A TCP connection to `addr` failed.
+    #[error("connecting to {addr}: {source}")]
+    Connect {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server's thread panicked.
+    #[error("the server thread panicked")]
+    ServerThreadPanicked,
+}
+
+/// An error's message followed by its sources' messages.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
 }
 
 /// Shorthand for `Result<T, ServiceError>`.

@@ -33,7 +33,7 @@ pub use cipherlora_proto::plan_id;
 pub use client::{
     AdapterClient, AsyncAdapterClient, ClientConfig, GroupCall, SessionInfo, SessionParams,
 };
-pub use error::{Result, ServiceError};
+pub use error::{Result, ServiceError, TransportError};
 pub use limits::Limits;
 pub use link::LinkProfile;
 pub use server::{AdapterServer, ServeConfig, serve};

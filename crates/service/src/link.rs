@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::ServiceError;
+use crate::error::{ServiceError, TransportError};
 
 /// A simulated network link between client and server.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -114,8 +114,9 @@ impl LinkProfile {
         let mut rtts = Vec::with_capacity(3);
         for _ in 0..3 {
             let t0 = std::time::Instant::now();
-            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-                .map_err(|e| ServiceError::Transport(format!("connecting to {addr}: {e}")))?;
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(
+                |source| ServiceError::Transport(TransportError::Connect { addr, source }),
+            )?;
             rtts.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         rtts.sort_by(f64::total_cmp);

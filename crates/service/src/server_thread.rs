@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::backend::AdapterBackend;
-use crate::error::{Result, ServiceError};
+use crate::error::{Result, ServiceError, TransportError};
 use crate::metrics::Metrics;
 use crate::server::{AdapterServer, ServeConfig};
 use crate::split_backend::SplitBackend;
@@ -149,7 +149,7 @@ impl ServerThread {
         match self.thread.take() {
             Some(t) => t
                 .join()
-                .map_err(|_| ServiceError::Transport("server thread panicked".into()))?,
+                .map_err(|_| ServiceError::Transport(TransportError::ServerThreadPanicked))?,
             None => Ok(()),
         }
     }

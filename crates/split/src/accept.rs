@@ -2,7 +2,7 @@
 //! al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2) of point-mass drafts: accept x with p(x),
 //! else draw from norm(max(0, p − δ_x)).
 
-use cipherlora_spec::acceptance::{DraftProbs, RoundOutcome, accept_sampled};
+use cipherlora_speculative::acceptance::{DraftProbs, RoundOutcome, accept_sampled};
 use rand_chacha::ChaCha20Rng;
 
 use crate::SplitError;

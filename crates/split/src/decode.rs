@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use cipherlora_model::{AttentionMask, KvCache, Model, Sampler, SamplingParams};
-use cipherlora_spec::acceptance::accept_greedy;
-use cipherlora_spec::target_probs::{chain_probs, tree_probs};
-use cipherlora_spec::tree::{TreeOutcome, accept_tree_greedy, accept_tree_sampled};
+use cipherlora_speculative::acceptance::accept_greedy;
+use cipherlora_speculative::target_probs::{chain_probs, tree_probs};
+use cipherlora_speculative::tree::{TreeOutcome, accept_tree_greedy, accept_tree_sampled};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use crate::accept;
-use crate::{Drafter, MiddleLayers, MiddlePass, SplitError};
+use crate::{DraftMethod, MiddleLayers, MiddlePass, SplitError};
 
 /// What a split generation runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,7 +29,7 @@ pub struct SplitConfig {
     /// Tokens that end generation (not emitted).
     pub eos: Vec<u32>,
     /// How drafts are made.
-    pub drafter: Drafter,
+    pub drafter: DraftMethod,
     /// Greedy ([`SamplingParams::greedy`]) or sampled.
     pub sampling: SamplingParams,
 }
@@ -122,7 +122,7 @@ pub fn generate(
             reason: format!("split ({a}, {b}) must keep a, b ≥ 1 and a + b < {n}"),
         });
     }
-    if let Drafter::Lookahead(l) = &config.drafter {
+    if let DraftMethod::Lookahead(l) = &config.drafter {
         l.validate()
             .map_err(|reason| SplitError::Config { reason })?;
     }

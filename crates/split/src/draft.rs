@@ -4,17 +4,17 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_spec::tree::DraftTree;
+use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_speculative::tree::DraftTree;
 
 /// How the client drafts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drafter {
+pub enum DraftMethod {
     /// No draft: one token per round trip (the baseline).
     None,
     /// Prompt lookup over the prompt and the output so far (Saxena 2023).
     PromptLookup(PromptLookup),
-    /// Prompt lookup drafting up to 2K, by the match length ([`Drafter::draft_len`]).
+    /// Prompt lookup drafting up to 2K, by the match length ([`DraftMethod::draft_len`]).
     AdaptivePromptLookup(PromptLookup),
     /// Lookahead decoding (Fu et al. 2024): Jacobi window and n-gram pool as one token tree.
     Lookahead(Lookahead),
@@ -101,14 +101,14 @@ impl std::str::FromStr for Lookahead {
     }
 }
 
-impl Default for Drafter {
+impl Default for DraftMethod {
     /// Prompt lookup with n-grams of 3 down to 1 token.
     fn default() -> Self {
         Self::PromptLookup(PromptLookup::default())
     }
 }
 
-impl Drafter {
+impl DraftMethod {
     /// The most positions one step adds with `k` (2K adaptive, both branches for lookahead, else
     /// K).
     #[must_use]
@@ -164,7 +164,7 @@ impl Batch {
 /// A drafter with what it learned during one generation.
 pub(crate) enum DraftState {
     /// Chain drafters (none, prompt lookup, adaptive prompt lookup): they learn nothing.
-    Chain(Drafter),
+    Chain(DraftMethod),
     /// Lookahead decoding's window and pool.
     Lookahead(Window),
 }
@@ -186,11 +186,11 @@ impl DraftState {
         match self {
             Self::Chain(d) => {
                 let mut drafts = match d {
-                    Drafter::None | Drafter::Lookahead(_) => Vec::new(),
-                    Drafter::PromptLookup(p) => p.draft(context, k),
-                    Drafter::AdaptivePromptLookup(p) => {
+                    DraftMethod::None | DraftMethod::Lookahead(_) => Vec::new(),
+                    DraftMethod::PromptLookup(p) => p.draft(context, k),
+                    DraftMethod::AdaptivePromptLookup(p) => {
                         let (mut d, n) = p.draft_with_match(context, 2 * k);
-                        d.truncate(Drafter::draft_len(k, n, p.max_ngram));
+                        d.truncate(DraftMethod::draft_len(k, n, p.max_ngram));
                         d
                     }
                 };
@@ -450,7 +450,7 @@ mod tests {
             fallback: PromptLookup::default(),
         };
         assert_eq!(l.branch_nodes(), 11);
-        assert_eq!(Drafter::Lookahead(l).max_draft(4), 15 + 4 + 11);
+        assert_eq!(DraftMethod::Lookahead(l).max_draft(4), 15 + 4 + 11);
     }
 
     #[test]
@@ -496,15 +496,19 @@ mod tests {
 
     #[test]
     fn chain_drafters_learn_nothing_and_stay_chains() {
-        let mut p = Drafter::default().start();
+        let mut p = DraftMethod::default().start();
         assert!(!p.is_tree());
         p.observe(&[5, 7, 8], 1, &[1, 2, 7]);
         assert!(p.draft(&[1, 2, 7], 4, 9).is_empty());
         let b = p.batch(&[1, 2, 3, 1, 2], 4, 2);
         assert_eq!((b.tree, b.verify), (DraftTree::chain(&[3, 1]), 2));
         assert!(b.level_rows.is_empty());
-        assert!(Drafter::None.start().draft(&[1, 1, 1], 4, 9).is_empty());
-        assert!(Drafter::Lookahead(Lookahead::default()).start().is_tree());
+        assert!(DraftMethod::None.start().draft(&[1, 1, 1], 4, 9).is_empty());
+        assert!(
+            DraftMethod::Lookahead(Lookahead::default())
+                .start()
+                .is_tree()
+        );
         let bad = Lookahead {
             n: 1,
             ..Lookahead::default()
@@ -526,7 +530,7 @@ mod tests {
 
     #[test]
     fn adaptive_lookup_drafts_by_the_match_length_within_the_room() {
-        let mut s = Drafter::AdaptivePromptLookup(PromptLookup::default()).start();
+        let mut s = DraftMethod::AdaptivePromptLookup(PromptLookup::default()).start();
         let ctx = |tail: &[u32]| {
             let mut c = vec![1, 2, 3, 10, 11, 12, 13, 14, 15, 16, 17, 18];
             c.extend_from_slice(tail);
@@ -539,7 +543,7 @@ mod tests {
         assert!(s.draft(&ctx(&[9, 8, 7]), 4, 99).is_empty());
         // Never beyond the room left.
         assert_eq!(s.draft(&ctx(&[1, 2, 3]), 4, 5).len(), 5);
-        assert_eq!(Drafter::draft_len(6, 1, 3), 2);
-        assert_eq!(Drafter::draft_len(4, 5, 3), 8);
+        assert_eq!(DraftMethod::draft_len(6, 1, 3), 2);
+        assert_eq!(DraftMethod::draft_len(4, 5, 3), 8);
     }
 }

@@ -14,7 +14,7 @@ pub enum SplitError {
     Service(#[from] cipherlora_service::ServiceError),
     /// Acceptance was given inconsistent inputs (a bug).
     #[error(transparent)]
-    Spec(#[from] cipherlora_spec::SpecError),
+    Spec(#[from] cipherlora_speculative::SpecError),
     /// The split or the generation settings do not fit the model.
     #[error("invalid split configuration: {reason}")]
     Config {

@@ -15,7 +15,7 @@ pub mod replay;
 
 pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
-pub use draft::{Drafter, Lookahead};
+pub use draft::{DraftMethod, Lookahead};
 pub use error::SplitError;
-pub use middle::{Forwarded, InProcess, MiddleLayers, MiddlePass};
+pub use middle::{Forwarded, LocalMiddle, MiddleLayers, MiddlePass};
 pub use replay::ReplayingClient;

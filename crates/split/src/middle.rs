@@ -1,5 +1,5 @@
 //! Where the middle layers `[a, L − b)` run: over gRPC ([`SplitClient`]) or in process
-//! ([`InProcess`]).
+//! ([`LocalMiddle`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -94,9 +94,9 @@ impl MiddleLayers for SplitClient {
 }
 
 /// The middle layers in this process, with their own KV cache.
-pub struct InProcess(ModelSession);
+pub struct LocalMiddle(ModelSession);
 
-impl InProcess {
+impl LocalMiddle {
     /// Layers `[a, L − b)` of `model` with a `capacity`-position cache. Errors:
     /// [`SplitError::Model`].
     pub fn new(model: Arc<Model>, a: usize, b: usize, capacity: usize) -> Result<Self, SplitError> {
@@ -113,7 +113,7 @@ impl InProcess {
     }
 }
 
-impl MiddleLayers for InProcess {
+impl MiddleLayers for LocalMiddle {
     fn forward_pass(&mut self, pass: &MiddlePass<'_>) -> Result<Forwarded, SplitError> {
         let t0 = Instant::now();
         self.0.compact(pass.start, pass.keep)?;

@@ -15,9 +15,9 @@ use cipherlora_service::{
     ClientConfig, Limits, ServeConfig, ServerThread, ServiceError, SplitBackend, SplitClient,
     dev_cert,
 };
-use cipherlora_spec::ngram::PromptLookup;
+use cipherlora_speculative::ngram::PromptLookup;
 use cipherlora_split::{
-    Drafter, InProcess, Lookahead, MiddleLayers, MiddlePass, ModelBackend, ReplayingClient,
+    DraftMethod, LocalMiddle, Lookahead, MiddleLayers, MiddlePass, ModelBackend, ReplayingClient,
     SplitConfig, SplitError, generate,
 };
 use tonic::Code;
@@ -70,16 +70,20 @@ fn split_generation_over_grpc_equals_local_greedy() {
     for text in PROMPTS {
         let prompt = tok.encode(text).unwrap();
         let want = local_greedy(m, &prompt);
-        let lookahead = Drafter::Lookahead(Lookahead::default());
+        let lookahead = DraftMethod::Lookahead(Lookahead::default());
         // N = 2: the window is level 0 alone (one node beside I).
         let small: Lookahead = "2,2,3".parse().unwrap();
         for (a, b, drafter) in [
-            (1, 1, Drafter::default()),
-            (2, 2, Drafter::default()),
-            (4, 4, Drafter::default()),
+            (1, 1, DraftMethod::default()),
+            (2, 2, DraftMethod::default()),
+            (4, 4, DraftMethod::default()),
             (2, 2, lookahead),
-            (3, 1, Drafter::Lookahead(small)),
-            (1, 3, Drafter::AdaptivePromptLookup(PromptLookup::default())),
+            (3, 1, DraftMethod::Lookahead(small)),
+            (
+                1,
+                3,
+                DraftMethod::AdaptivePromptLookup(PromptLookup::default()),
+            ),
         ] {
             let config = SplitConfig {
                 head_layers: a,
@@ -102,7 +106,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
             assert_eq!(c.stats().forwards, out.steps.len() as u64);
             assert!(out.steps.len() <= TOKENS);
             accepted += out.steps.iter().map(|s| s.accepted).sum::<usize>();
-            if let Drafter::Lookahead(l) = drafter {
+            if let DraftMethod::Lookahead(l) = drafter {
                 // Every step sent a tree: pending rows, the trie, the window (but on the last
                 // token).
                 let last = out.steps.len() - 1;
@@ -126,12 +130,12 @@ fn split_generation_over_grpc_equals_local_greedy() {
 fn lookahead_in_process_and_replayed_equals_local_greedy() {
     let (m, tok) = model();
     let config = SplitConfig {
-        drafter: Drafter::Lookahead(Lookahead::default()),
+        drafter: DraftMethod::Lookahead(Lookahead::default()),
         ..split_2_2()
     };
     let prompt = tok.encode(PROMPTS[3]).unwrap();
     let want = local_greedy(m, &prompt);
-    let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+    let mut mid = LocalMiddle::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
     let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
     assert_eq!(out.tokens, want, "in process");
     let emitted: usize = out.steps.iter().map(|s| s.emitted).sum();
@@ -158,10 +162,10 @@ fn no_draft_and_in_process_middle_give_the_same_tokens() {
         k: 0,
         max_tokens: TOKENS,
         eos: Vec::new(),
-        drafter: Drafter::None,
+        drafter: DraftMethod::None,
         sampling: SamplingParams::greedy(),
     };
-    let mut mid = InProcess::new(m.clone(), 3, 2, config.capacity(prompt.len())).unwrap();
+    let mut mid = LocalMiddle::new(m.clone(), 3, 2, config.capacity(prompt.len())).unwrap();
     let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
     assert_eq!(out.tokens, want);
     assert_eq!(out.steps.len(), TOKENS);
@@ -181,10 +185,10 @@ fn end_tokens_and_the_token_limit_cut_where_the_local_model_does() {
             k: 4,
             max_tokens,
             eos,
-            drafter: Drafter::default(),
+            drafter: DraftMethod::default(),
             sampling: SamplingParams::greedy(),
         };
-        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        let mut mid = LocalMiddle::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
         generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()
     };
     for n in [1, 2, 7, 13] {
@@ -337,7 +341,7 @@ fn malformed_calls_get_typed_statuses_and_leave_the_session_usable() {
 
     // The session still computes what the same layers compute in process, including after a
     // rollback by `start`.
-    let mut reference = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    let mut reference = LocalMiddle::new(m.clone(), 1, 1, 64).unwrap();
     let want = reference.forward(0, 3, &x).unwrap().hidden;
     assert_eq!(c.forward(0, 3, &x).unwrap(), want);
     let again = reference.forward(1, 2, &x[d..]).unwrap().hidden;
@@ -378,7 +382,7 @@ fn malformed_trees_and_keep_lists_get_typed_statuses() {
     let x: Vec<f32> = (0..3 * d)
         .map(|i| ((i % 89) as f32 - 44.0) / 40.0)
         .collect();
-    let mut reference = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    let mut reference = LocalMiddle::new(m.clone(), 1, 1, 64).unwrap();
     assert_eq!(
         c.forward(0, 3, &x).unwrap(),
         reference.forward(0, 3, &x).unwrap().hidden
@@ -449,7 +453,7 @@ fn malformed_trees_and_keep_lists_get_typed_statuses() {
     );
     // The kept rows are the chain x[0], x[1] at positions 3, 4: a session that ran them causally
     // computes the same (up to summation order).
-    let mut chain = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    let mut chain = LocalMiddle::new(m.clone(), 1, 1, 64).unwrap();
     chain.forward(0, 3, &x).unwrap();
     chain.forward(3, 2, &x[..2 * d]).unwrap();
     let causal = chain.forward(5, 1, &x[2 * d..]).unwrap().hidden;
@@ -505,7 +509,7 @@ fn split_2_2() -> SplitConfig {
         k: 4,
         max_tokens: TOKENS,
         eos: Vec::new(),
-        drafter: Drafter::default(),
+        drafter: DraftMethod::default(),
         sampling: SamplingParams::greedy(),
     }
 }

@@ -13,9 +13,9 @@
 mod common;
 
 use cipherlora_model::{AttentionMask, GenerateOptions, Model, NoAdapter, Sampler, SamplingParams};
-use cipherlora_spec::acceptance::sample;
-use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, InProcess, Lookahead, SplitConfig, SplitError, generate};
+use cipherlora_speculative::acceptance::sample;
+use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_split::{DraftMethod, LocalMiddle, Lookahead, SplitConfig, SplitError, generate};
 use common::model;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -69,7 +69,7 @@ fn chi2_p_value(p: &[f32], counts: &[usize]) -> f64 {
 
 /// The first generated token of `DRAWS` seeded split generations (middle layers in process),
 /// counted per token.
-fn first_tokens(drafter: Drafter, vocab: usize) -> Vec<usize> {
+fn first_tokens(drafter: DraftMethod, vocab: usize) -> Vec<usize> {
     let (m, tok) = model();
     let prompt = tok.encode(PROMPT).unwrap();
     let mut counts = vec![0usize; vocab];
@@ -83,7 +83,7 @@ fn first_tokens(drafter: Drafter, vocab: usize) -> Vec<usize> {
             drafter,
             sampling: params(seed),
         };
-        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        let mut mid = LocalMiddle::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
         let out = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap();
         assert_eq!(out.steps[0].drafted, 1, "no draft at the tested position");
         counts[out.tokens[0] as usize] += 1;
@@ -107,10 +107,10 @@ fn sampled_lookahead_is_seeded_and_top_k_1_is_greedy() {
             k: 3,
             max_tokens: 12,
             eos: Vec::new(),
-            drafter: Drafter::Lookahead("3,3,2".parse::<Lookahead>().unwrap()),
+            drafter: DraftMethod::Lookahead("3,3,2".parse::<Lookahead>().unwrap()),
             sampling,
         };
-        let mut mid = InProcess::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
+        let mut mid = LocalMiddle::new(m.clone(), 2, 2, config.capacity(prompt.len())).unwrap();
         generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap()
     };
     let opts = GenerateOptions {
@@ -139,7 +139,7 @@ fn sampled_split_tokens_follow_the_whole_models_softmax() {
     // The test bites only if the draft is neither certain nor hopeless.
     assert!((0.05..0.95).contains(&p[x]), "p(draft) = {}", p[x]);
 
-    let split = first_tokens(Drafter::PromptLookup(PromptLookup::default()), p.len());
+    let split = first_tokens(DraftMethod::PromptLookup(PromptLookup::default()), p.len());
     let pv = chi2_p_value(&p, &split);
     assert!(pv > 1e-3, "split sampling rejected by χ²: p = {pv}");
 
@@ -173,10 +173,10 @@ fn a_seed_gives_one_output_and_greedy_ignores_it() {
             k: 3,
             max_tokens: 12,
             eos: Vec::new(),
-            drafter: Drafter::default(),
+            drafter: DraftMethod::default(),
             sampling,
         };
-        let mut mid = InProcess::new(m.clone(), 1, 3, config.capacity(prompt.len())).unwrap();
+        let mut mid = LocalMiddle::new(m.clone(), 1, 3, config.capacity(prompt.len())).unwrap();
         generate(m, &prompt, &config, &mut mid, &mut |_| {})
             .unwrap()
             .tokens
@@ -194,13 +194,13 @@ fn a_seed_gives_one_output_and_greedy_ignores_it() {
         k: 0,
         max_tokens: 1,
         eos: Vec::new(),
-        drafter: Drafter::None,
+        drafter: DraftMethod::None,
         sampling: SamplingParams {
             top_p: Some(0.0),
             ..params(0)
         },
     };
-    let mut mid = InProcess::new(m.clone(), 1, 1, 64).unwrap();
+    let mut mid = LocalMiddle::new(m.clone(), 1, 1, 64).unwrap();
     let e = generate(m, &prompt, &config, &mut mid, &mut |_| {}).unwrap_err();
     assert!(matches!(e, SplitError::Model(_)), "{e}");
 }

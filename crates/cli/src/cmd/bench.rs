@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use cipherlora_bench::e2e::{DecodeConfig, DrafterWeights, PrivateRuns};
-use cipherlora_spec::decode::DrafterKind;
-use cipherlora_spec::tree_draft::TreeParams;
+use cipherlora_speculative::decode::DrafterKind;
+use cipherlora_speculative::tree_draft::TreeParams;
 use clap::Subcommand;
 
 /// Which benchmark to run.
@@ -492,7 +492,7 @@ fn model_and_adapters(
 
 /// `none`, `DRAFTER:K[:WEIGHTS]` (`f16`, `f32`, `q`) or
 /// `tree:K[:BxD][:WEIGHTS]` (default [`TreeParams::default`]); `auto[N]` for
-/// K from the width model; `plain-` turns off [`cipherlora_spec::draft_bias`].
+/// K from the width model; `plain-` turns off [`cipherlora_speculative::draft_bias`].
 fn parse_config(
     s: &str,
     default_weights: crate::cmd::demo::DraftWeightsArg,

@@ -7,15 +7,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use cipherlora_bench::split::summary;
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, TextStream, Tokenizer, fetch,
     generate,
 };
-use cipherlora_private::{ConnectOptions, DraftLength, EmbeddedServer, Grouping};
+use cipherlora_private::{ConnectOptions, DraftLength, EmbeddedServer, Grouping, summary};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::schedule::Schedule;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::schedule_arg::schedule_report;

@@ -4,16 +4,15 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use cipherlora_bench::split::summary;
 use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora, TextStream,
     Tokenizer, WeightMode,
 };
-use cipherlora_private::{ConnectOptions, DraftLength};
+use cipherlora_private::{ConnectOptions, DraftLength, summary};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
-use cipherlora_spec::schedule::Schedule;
-use cipherlora_spec::tree_draft::TreeParams;
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::schedule::Schedule;
+use cipherlora_speculative::tree_draft::TreeParams;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
@@ -118,7 +117,7 @@ pub struct GenerateArgs {
     #[arg(long, requires = "server")]
     optimistic: bool,
     /// Private mode: how a verify pass gets its deltas: `auto`, `per-group` or `fixed-point[:N]`
-    /// with suffixes as `cipherlora_spec::schedule::Schedule` parses them. Same output.
+    /// with suffixes as `cipherlora_speculative::schedule::Schedule` parses them. Same output.
     #[arg(long, default_value = "auto", requires = "server")]
     schedule: String,
     /// Private mode: also run the plaintext adapted model; fail at the first differing position.

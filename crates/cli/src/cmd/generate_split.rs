@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer};
 use cipherlora_service::{LinkProfile, SplitClient};
-use cipherlora_spec::ngram::PromptLookup;
-use cipherlora_split::{Drafter, Lookahead, ReplayingClient, SplitConfig};
+use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_split::{DraftMethod, Lookahead, ReplayingClient, SplitConfig};
 use clap::{Args, ValueEnum};
 
 use super::remote::client_config;
@@ -57,7 +57,7 @@ pub struct GenerateSplitArgs {
     /// Drafted tokens verified per round trip (K; adaptive prompt lookup drafts up to 2K).
     #[arg(long, default_value_t = 4)]
     k: usize,
-    /// Drafter.
+    /// DraftMethod.
     #[arg(long, value_enum, default_value = "prompt-lookup")]
     draft: SplitDraftArg,
     /// Lookahead decoding's `W,N,G` with `--draft lookahead`: window (Jacobi columns), n-gram size,
@@ -116,12 +116,12 @@ impl GenerateSplitArgs {
             max_tokens: self.max_tokens,
             eos: tokenizer.eos_tokens().to_vec(),
             drafter: match self.draft {
-                SplitDraftArg::PromptLookup => Drafter::PromptLookup(PromptLookup::default()),
+                SplitDraftArg::PromptLookup => DraftMethod::PromptLookup(PromptLookup::default()),
                 SplitDraftArg::AdaptivePromptLookup => {
-                    Drafter::AdaptivePromptLookup(PromptLookup::default())
+                    DraftMethod::AdaptivePromptLookup(PromptLookup::default())
                 }
-                SplitDraftArg::Lookahead => Drafter::Lookahead(self.lookahead),
-                SplitDraftArg::None => Drafter::None,
+                SplitDraftArg::Lookahead => DraftMethod::Lookahead(self.lookahead),
+                SplitDraftArg::None => DraftMethod::None,
             },
             sampling: self.sampling.params(),
         };

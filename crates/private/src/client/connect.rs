@@ -2,7 +2,8 @@
 //! K + 1, the draft shape, the grouping of the verify session's requests and
 //! the verify schedule from the link, the server's offer and the acceptance
 //! prior, and opens a prefill session and a verify session on the adapter
-//! server. `generate`, `api`, `demo` and `bench e2e` all open theirs here.
+//! server. `generate`, `api`, `demo` and `bench e2e` all open theirs here,
+//! over gRPC ([`crate::remote::connect`]).
 //!
 //! The order follows what each choice needs: the prefill session first
 //! (its offer carries the plan space the width model prices), then the
@@ -12,16 +13,15 @@
 use std::sync::Arc;
 
 use cipherlora_model::{Model, ModelConfig};
-use cipherlora_service::{ClientConfig, LinkProfile};
-use cipherlora_spec::schedule::Schedule;
-use cipherlora_spec::tree_draft::TreeParams;
+use cipherlora_service::LinkProfile;
+use cipherlora_speculative::schedule::Schedule;
+use cipherlora_speculative::tree_draft::TreeParams;
 
 use crate::PrivateError;
 use crate::client::width_plan::{
     DraftLimits, PlanSpace, WidthChoice, choose_width_for_client, grouping_for_given_k,
 };
 use crate::client::{ByWidth, HeHook, InProcess, ScheduleChoice, Transport, choose_for_session};
-use crate::remote::{GrpcTransport, connect_remote};
 use crate::server::{Grouping, HeAdapter};
 
 /// How many tokens a verify round drafts.
@@ -127,32 +127,6 @@ pub trait SessionOpener {
     fn measure_link(&self) -> Result<LinkProfile, PrivateError>;
 }
 
-/// Sessions over gRPC ([`connect_remote`]).
-#[derive(Debug, Clone)]
-pub struct GrpcOpener {
-    /// The adapter server and how to reach it.
-    pub client: ClientConfig,
-    /// The adapter's id on it.
-    pub adapter_id: String,
-}
-
-impl SessionOpener for GrpcOpener {
-    type Transport = GrpcTransport;
-
-    fn open(
-        &mut self,
-        t: usize,
-        grouping: Grouping,
-        config: &ModelConfig,
-    ) -> Result<HeHook<GrpcTransport>, PrivateError> {
-        connect_remote(self.client.clone(), &self.adapter_id, t, grouping, config)
-    }
-
-    fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
-        Ok(LinkProfile::measure_tcp(&self.client.endpoint)?)
-    }
-}
-
 /// Sessions on an adapter server in this process ([`InProcess`]), on a
 /// given link: tests and examples.
 pub struct InProcessOpener {
@@ -182,23 +156,6 @@ impl SessionOpener for InProcessOpener {
     fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
         Ok(self.link)
     }
-}
-
-/// [`connect_with`] over gRPC.
-///
-/// # Errors
-/// As [`connect_with`].
-pub fn connect(
-    client: ClientConfig,
-    adapter_id: &str,
-    options: &ConnectOptions,
-    models: (&Model, &Model),
-) -> Result<PrivateSession<GrpcTransport>, PrivateError> {
-    let mut opener = GrpcOpener {
-        client,
-        adapter_id: adapter_id.to_string(),
-    };
-    connect_with(&mut opener, options, models)
 }
 
 /// Opens a prefill and a verify session through `opener` for the target

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cipherlora_ckks::Context;
 use cipherlora_helora::{GroupPlan, OpCosts};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
+use cipherlora_speculative::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 
 use crate::PrivateError;
 use crate::server::SessionOffer;
@@ -102,7 +102,7 @@ pub struct WireSizes {
 /// Errors: engine errors.
 pub fn wire_sizes(ctx: &Arc<Context>) -> Result<WireSizes, PrivateError> {
     let (up, down, key) = cipherlora_helora::measure::wire_sizes(ctx)?;
-    let tolerance = cipherlora_spec::schedule::LATER_TRIP_TOLERANCE;
+    let tolerance = cipherlora_speculative::schedule::LATER_TRIP_TOLERANCE;
     let bits = crate::client::response_bits::response_bits(tolerance);
     let coarse = cipherlora_helora::measure::compressed_download_bytes(ctx, bits).unwrap_or(down);
     // The rounded upload keeps limb 0 of `c0` whole: N·d/8 bytes smaller.
@@ -143,7 +143,7 @@ pub struct ScheduleChoice {
 }
 
 /// Mean batched trips of a sampled round under the fixed point (all included;
-/// certified draws, [`cipherlora_spec::draw_bounds`]).
+/// certified draws, [`cipherlora_speculative::draw_bounds`]).
 pub const SAMPLED_TRIPS_PER_ROUND: usize = 5;
 
 /// The modelled cost of one prefill pass both ways.

@@ -12,10 +12,10 @@ use cipherlora_ckks::{CkksParameters, Context, Preset};
 use cipherlora_helora::planner::choose;
 use cipherlora_helora::{GroupPlan, GroupShape, Link, Mode, OpCosts};
 use cipherlora_service::LinkProfile;
-use cipherlora_spec::adaptive::expected_tokens;
-use cipherlora_spec::schedule::{FixedPoint, Schedule};
-use cipherlora_spec::tree_draft::TreeParams;
-use cipherlora_spec::tree_plan::{RankAcceptance, TreeEstimate, best_tree};
+use cipherlora_speculative::adaptive::expected_tokens;
+use cipherlora_speculative::schedule::{FixedPoint, Schedule};
+use cipherlora_speculative::tree_draft::TreeParams;
+use cipherlora_speculative::tree_plan::{RankAcceptance, TreeEstimate, best_tree};
 
 use crate::PrivateError;
 use crate::schedule_plan::{

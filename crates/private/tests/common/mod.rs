@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer, generate,
 };
-use cipherlora_spec::decode::{SpecConfig, SpecOutput};
+use cipherlora_speculative::decode::{SpecConfig, SpecOutput};
 
 /// Held-out prompts (HumanEval-style signatures, not in the training corpus).
 pub const PROMPTS: [&str; 5] = [

@@ -1,12 +1,12 @@
-//! Prefix caching across a chat's requests ([`cipherlora_spec::prefix_cache`]) on the real default
+//! Prefix caching across a chat's requests ([`cipherlora_speculative::prefix_cache`]) on the real default
 //! model with the committed standard LoRA adapter, the plaintext LoRA hook standing in for the
 //! adapter server: every turn's greedy answer equals sequential decoding of the adapted model over
 //! the whole conversation, while only the tokens after the cached prefix are prefilled.
 
 use cipherlora_model::{ChatMessage, PlainLora};
-use cipherlora_spec::decode::{self, SpecConfig, SpecOutput};
-use cipherlora_spec::prefix_cache::{CachedContext, PrefixCache};
-use cipherlora_spec::schedule::{FixedPoint, Prefill, Schedule};
+use cipherlora_speculative::decode::{self, SpecConfig, SpecOutput};
+use cipherlora_speculative::prefix_cache::{CachedContext, PrefixCache};
+use cipherlora_speculative::schedule::{FixedPoint, Prefill, Schedule};
 
 mod common;
 use common::{Fixture, fixture, reference};

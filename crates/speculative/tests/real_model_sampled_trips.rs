@@ -1,5 +1,5 @@
 //! Sampled generations under the fixed-point schedule run the fixed point a sampled row can be
-//! certified with ([`cipherlora_spec::schedule::FixedPoint::for_sampling`]), on the real default
+//! certified with ([`cipherlora_speculative::schedule::FixedPoint::for_sampling`]), on the real default
 //! model with the committed code adapter, the plaintext LoRA hook standing in for the adapter
 //! server.
 //!
@@ -7,7 +7,7 @@
 //! at most 10⁻⁴. With coarse trips (the default of every fixed point) each batch's last change
 //! measured the coarse trip's rounding, and rounds continued until the pass ran out of coarse
 //! trips: 9.7 batched trips per generated token at T = 12 with two trips per round, against 1.1
-//! with exact trips (`cargo run --release -p cipherlora-spec --example exactness -- --adapters
+//! with exact trips (`cargo run --release -p cipherlora-speculative --example exactness -- --adapters
 //! code-lora-r16 --widths 12 --trips 2 --shadow true --prefill per-group --coarse 4 --temperature
 //! 1.0 --limit 6`). With exact trips but the shadow cache of two shadowed trips (`auto`'s schedule
 //! for a high-agreement adapter) this test's generation took 166 trips for 16 tokens (70
@@ -17,7 +17,7 @@
 mod common;
 
 use cipherlora_model::SamplingParams;
-use cipherlora_spec::decode::SpecConfig;
+use cipherlora_speculative::decode::SpecConfig;
 use common::{PROMPTS, Recording, drafted, fixture};
 
 /// Batched trips (coarse, exact) of a 16-token generation of `PROMPTS[0]` at `temperature` under

@@ -1,4 +1,4 @@
-//! Delta-guided drafting ([`cipherlora_spec::draft_bias`]) on the real default model with the
+//! Delta-guided drafting ([`cipherlora_speculative::draft_bias`]) on the real default model with the
 //! committed general-English adapter (q,k,v,o, r = 16), the plaintext LoRA hook standing in for the
 //! adapter server: greedy output equals sequential adapted decoding with and without the guidance,
 //! on the per-group and the fixed-point schedule (whose drafting ahead takes its guide from the
@@ -8,8 +8,8 @@
 mod common;
 
 use cipherlora_model::PlainLora;
-use cipherlora_spec::decode::SpecConfig;
-use cipherlora_spec::schedule::{FixedPoint, Schedule};
+use cipherlora_speculative::decode::SpecConfig;
+use cipherlora_speculative::schedule::{FixedPoint, Schedule};
 use common::{drafted, fixture, load_adapter, reference_with};
 
 /// Prose prompts (those of the `convergence` example), not from the adapter's training text.

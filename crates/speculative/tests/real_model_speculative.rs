@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use cipherlora_model::{
     GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler, SamplingParams, generate,
 };
-use cipherlora_spec::acceptance::{DraftProbs, accept_sampled, sample};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::acceptance::{DraftProbs, accept_sampled, sample};
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -274,19 +274,19 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
 /// fixed point `fp`.
 fn fixed_point_config(
     f: &Fixture,
-    fp: cipherlora_spec::schedule::FixedPoint,
+    fp: cipherlora_speculative::schedule::FixedPoint,
     n: usize,
 ) -> SpecConfig {
     SpecConfig {
         prefill_width: Some(16),
-        schedule: cipherlora_spec::schedule::Schedule::FixedPoint(fp),
+        schedule: cipherlora_speculative::schedule::Schedule::FixedPoint(fp),
         ..SpecConfig::greedy(8, n, f.tokenizer.eos_tokens().to_vec())
     }
 }
 
 #[test]
 fn fixed_point_schedule_equals_sequential_adapted_decoding() {
-    use cipherlora_spec::schedule::{FixedPoint, Prefill};
+    use cipherlora_speculative::schedule::{FixedPoint, Prefill};
     let f = fixture();
     let n = 24;
     let mut hits = 0;
@@ -345,7 +345,7 @@ fn fixed_point_schedule_equals_sequential_adapted_decoding() {
 /// ~2e-4 of its threshold).
 #[test]
 fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
-    use cipherlora_spec::schedule::Schedule;
+    use cipherlora_speculative::schedule::Schedule;
     let f = fixture();
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let run = |schedule: Schedule| {
@@ -396,7 +396,7 @@ fn a_callback_that_stops_ends_the_generation_with_the_tokens_so_far() {
     let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| {
         calls += 1;
         if calls == 2 {
-            Err(cipherlora_spec::SpecError::Stopped)
+            Err(cipherlora_speculative::SpecError::Stopped)
         } else {
             Ok(())
         }
@@ -549,7 +549,7 @@ impl cipherlora_model::DeltaHook for Marked<'_> {
 /// every prefill batch (the narrow chunk among them) and before the first verify batch.
 #[test]
 fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chunk() {
-    use cipherlora_spec::schedule::FixedPoint;
+    use cipherlora_speculative::schedule::FixedPoint;
     let f = fixture();
     // 16 + a remainder of at most K + 1 = 9 tokens: the last chunk is narrow.
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();

@@ -11,7 +11,7 @@
 //! trajectory exactly.
 //!
 //! Run (defaults shown):
-//! `cargo run --release -p cipherlora-spec --example acceptance -- \
+//! `cargo run --release -p cipherlora-speculative --example acceptance -- \
 //!   --adapters code-lora-r16,code-ffa-r16 --prompts adapters/eval/humaneval_0_19.jsonl \
 //!   --widths 9,17 --shapes tree:2x8,tree:3x8,tree:4x8 --out reports/acceptance-trees.json \
 //!   --guided true`
@@ -23,7 +23,7 @@
 //! `tests/speculative_sampling_chi2.rs` check the distributions).
 //!
 //! `--guided false` drafts with the plain base model instead of
-//! delta-guided drafting (`cipherlora_spec::draft_bias`);
+//! delta-guided drafting (`cipherlora_speculative::draft_bias`);
 //! `--drafter-weights q` drafts with the GGUF's quantized weights (the
 //! private CLI's default) instead of f16.
 
@@ -33,8 +33,8 @@ use cipherlora_model::{
     AttentionMask, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
     SamplingParams, Tokenizer, WeightMode, fetch, generate,
 };
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
-use cipherlora_spec::tree_draft::{Calibration, TreeDrafts, TreeParams};
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::tree_draft::{Calibration, TreeDrafts, TreeParams};
 
 const NEW_TOKENS: usize = 64;
 

@@ -7,7 +7,7 @@
 //! cache holds the adapted model's keys and values for positions < p and
 //! position p runs with the variant's deltas.
 //!
-//! `cargo run --release -p cipherlora-spec --example drafter_probe -- \
+//! `cargo run --release -p cipherlora-speculative --example drafter_probe -- \
 //!   --adapters general-lora-r16 --prompts adapters/eval/general_prompts.jsonl --limit 10`
 
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ use cipherlora_model::{
     AttentionMask, GenerateOptions, GroupDeltas, KeepDeltas, LoadOptions, LoraAdapter, Model,
     NoAdapter, PassDeltas, PlainLora, SamplingParams, Tokenizer, WeightMode, fetch, generate,
 };
-use cipherlora_spec::draft_bias::DraftBias;
+use cipherlora_speculative::draft_bias::DraftBias;
 
 fn main() -> anyhow::Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");

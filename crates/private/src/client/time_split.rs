@@ -1,7 +1,7 @@
 //! Where a private generation's time went (`generate`, `demo`, `bench e2e`).
 
-use cipherlora_private::HeTimings;
-use cipherlora_spec::decode::SpecStats;
+use crate::client::HeTimings;
+use cipherlora_speculative::decode::SpecStats;
 use serde::{Deserialize, Serialize};
 
 /// Wall-clock ms of one generation by activity; `forward` is the passes'

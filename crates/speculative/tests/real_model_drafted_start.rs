@@ -1,14 +1,14 @@
 //! The drafter's share of a fixed-point round on the real default model with the committed code
 //! adapter, the plaintext LoRA hook standing in for the adapter server: the first trip sent from
-//! the inputs the drafter recorded ([`cipherlora_spec::schedule::FixedPoint::drafted_start`]) and
+//! the inputs the drafter recorded ([`cipherlora_speculative::schedule::FixedPoint::drafted_start`]) and
 //! the estimate passes run on the drafter's quantized weights
-//! ([`cipherlora_spec::schedule::FixedPoint::drafter_estimates`]).
+//! ([`cipherlora_speculative::schedule::FixedPoint::drafter_estimates`]).
 
 mod common;
 
 use cipherlora_model::{GroupInput, LoadOptions, Model, PlainLora, WeightMode, fetch};
-use cipherlora_spec::decode::SpecConfig;
-use cipherlora_spec::schedule::Schedule;
+use cipherlora_speculative::decode::SpecConfig;
+use cipherlora_speculative::schedule::Schedule;
 use common::{PROMPTS, Recording, drafted, fixture, reference};
 
 fn config(schedule: &str, guided: bool, n: usize, eos: Vec<u32>) -> SpecConfig {

@@ -1,19 +1,19 @@
 //! Verify rounds certified against the residual the cached rows carry
-//! ([`cipherlora_spec::schedule::FixedPoint::shadow`]), on the real default model with the
+//! ([`cipherlora_speculative::schedule::FixedPoint::shadow`]), on the real default model with the
 //! committed general-English adapter (q,k,v,o, r = 16), the plaintext LoRA hook standing in for the
 //! adapter server.
 //!
 //! The regression this pins: on the second held-out general prompt, the all-linear adapter
 //! (`general-all-r8`) and the default three trips per round changed the greedy output at token 9, a
 //! near-tie 4e-4 logits wide that the cached rows' residual flipped (`cargo run --release -p
-//! cipherlora-spec --example exactness -- --adapters general-all-r8 --widths 8 --trips 3 --skip 1
+//! cipherlora-speculative --example exactness -- --adapters general-all-r8 --widths 8 --trips 3 --skip 1
 //! --limit 1`). With the shadow the round stalls there, the cached rows (the prompt's too) are
 //! settled, and the output equals sequential adapted decoding.
 
 mod common;
 
 use cipherlora_model::PlainLora;
-use cipherlora_spec::decode::SpecConfig;
+use cipherlora_speculative::decode::SpecConfig;
 use common::{drafted, fixture, load_adapter, reference_with};
 
 /// Prompt `i` of `adapters/eval/general_prompts.jsonl`.

@@ -24,7 +24,7 @@
 //! uncertified. `--guess false` starts each verify pass from the base
 //! model instead of the last kept rows' deltas (`FixedPoint::guessed_start`).
 //! The schedule is exact when no run diverges; the module docs of
-//! `cipherlora_spec::schedule` say why it may not be (the residual the last
+//! `cipherlora_speculative::schedule` say why it may not be (the residual the last
 //! trip leaves in the kept keys and values).
 //!
 //! `--drafted-start true` starts each verify pass from the inputs the
@@ -37,7 +37,7 @@
 //! `--temperature t` (t > 0) samples (seeded by the prompt's index)
 //! instead: nothing is compared, the row counts the rounds and the
 //! batched round trips per generated token that sampled certification
-//! takes (certified draws, `cipherlora_spec::draw_bounds`, for chains;
+//! takes (certified draws, `cipherlora_speculative::draw_bounds`, for chains;
 //! `FixedPoint::sampling_tolerance` for trees).
 //! `--ahead false` switches off drafting the next round during a round's
 //! last trip (`FixedPoint::draft_ahead`; on by default, as in the CLI):
@@ -50,7 +50,7 @@
 //! CLI) instead of f32; the drafter stays f16.
 //!
 //! Run (defaults shown):
-//! `cargo run --release -p cipherlora-spec --example exactness -- \
+//! `cargo run --release -p cipherlora-speculative --example exactness -- \
 //!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 \
 //!   --widths 9,17 --trips 2,3 --prefill 5 --out reports/exactness.json`
 
@@ -61,9 +61,9 @@ use cipherlora_model::{
     ModelError, PlainLora, ProjGroup, SamplingParams, Tensor, Tokenizer, WeightMode, fetch,
     generate,
 };
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
-use cipherlora_spec::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
-use cipherlora_spec::tree_draft::{Calibration, TreeDrafts, TreeParams};
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
+use cipherlora_speculative::tree_draft::{Calibration, TreeDrafts, TreeParams};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 

@@ -8,16 +8,16 @@
 //! multi-draft speculative sampling over a tree of the drafter's top tokens passes, and a rule that
 //! forgets to renormalise after a rejected sibling fails; so does a tree whose first children are
 //! drawn from the drafter (recursive rejection sampling with a sampled proposal), and treating
-//! those drawn children as chosen ones fails. Certified draws (`cipherlora_spec::draw_bounds`: each
+//! those drawn children as chosen ones fails. Certified draws (`cipherlora_speculative::draw_bounds`: each
 //! round decided from logits known only to within a bound that shrinks trip by trip, undecided
 //! rounds running more trips with the same uniforms) pass; shortening an undecided round to a fresh
 //! draw of its first token fails. Seeds are fixed, so the test is deterministic.
 
-use cipherlora_spec::acceptance::{
+use cipherlora_speculative::acceptance::{
     DraftProbs, RoundOutcome, RowUniforms, accept_sampled, accept_sampled_with, sample,
 };
-use cipherlora_spec::draw_bounds::{BoundedRow, decided};
-use cipherlora_spec::tree::{DraftTree, accept_tree_sampled, accept_tree_sampled_with};
+use cipherlora_speculative::draw_bounds::{BoundedRow, decided};
+use cipherlora_speculative::tree::{DraftTree, accept_tree_sampled, accept_tree_sampled_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 use statrs::distribution::{ChiSquared, ContinuousCDF};

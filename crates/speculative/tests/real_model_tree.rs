@@ -16,10 +16,10 @@
 mod common;
 
 use cipherlora_model::{NoAdapter, PlainLora, Sampler, SamplingParams};
-use cipherlora_spec::decode::{self, DrafterKind, SpecConfig};
-use cipherlora_spec::schedule::{FixedPoint, Schedule};
-use cipherlora_spec::tree::{DraftTree, accept_tree_sampled};
-use cipherlora_spec::tree_draft::TreeParams;
+use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::schedule::{FixedPoint, Schedule};
+use cipherlora_speculative::tree::{DraftTree, accept_tree_sampled};
+use cipherlora_speculative::tree_draft::TreeParams;
 use common::{Fixture, PROMPTS, chi2_p_value, fixture, last_probs, load_adapter, reference_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -164,7 +164,7 @@ fn tree_sampling_follows_the_adapted_softmax_on_the_real_model() {
                         .collect();
                     let total: f32 = rest.iter().sum();
                     let rest: Vec<f32> = rest.iter().map(|x| x / total).collect();
-                    cipherlora_spec::acceptance::sample(&rest, &mut rng)
+                    cipherlora_speculative::acceptance::sample(&rest, &mut rng)
                 });
             wrong[tok as usize] += 1;
         }
@@ -202,6 +202,6 @@ fn sampled_tree_generation_runs_and_repeats_from_its_seed() {
     let mut hook = PlainLora::new(&f.adapter);
     assert!(matches!(
         decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())),
-        Err(cipherlora_spec::SpecError::Config(_))
+        Err(cipherlora_speculative::SpecError::Config(_))
     ));
 }

@@ -10,7 +10,7 @@ use cipherlora_model::{
     AttentionMask, DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoraAdapter, Model,
     ModelError, PlainLora, ProjGroup, Sampler, SamplingParams, Tensor, Tokenizer, fetch, generate,
 };
-use cipherlora_spec::decode::{self, SpecConfig, SpecOutput};
+use cipherlora_speculative::decode::{self, SpecConfig, SpecOutput};
 use statrs::distribution::{ChiSquared, ContinuousCDF};
 
 /// A committed adapter under `adapters/`.

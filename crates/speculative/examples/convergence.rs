@@ -14,7 +14,7 @@
 //!   a certified row was ever wrong.
 //!
 //! ```text
-//! cargo run --release -p cipherlora-spec --example convergence -- \
+//! cargo run --release -p cipherlora-speculative --example convergence -- \
 //!     [--json reports/convergence.json] [--windows 4] [--t 9] [--max-trips 8]
 //! ```
 //!
@@ -325,7 +325,7 @@ fn main() -> anyhow::Result<()> {
                         got_arg = Some(trip);
                     }
                     let rows_now = logits.to_vec2::<f32>()?;
-                    let cert = cipherlora_spec::schedule::certify_greedy(
+                    let cert = cipherlora_speculative::schedule::certify_greedy(
                         &rows_now,
                         &step.logit_change,
                         previous.as_deref(),
