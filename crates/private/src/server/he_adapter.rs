@@ -10,6 +10,7 @@ use cipherlora_helora::planner::{Link, OpCosts, choose};
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_helora::{CkksServer, GroupPlan, Mode, Rerandomization};
 use cipherlora_model::{ModelConfig, Proj, ProjGroup};
+use rayon::prelude::*;
 
 use crate::PrivateError;
 use crate::server::{Reservation, SessionMemory};
@@ -394,17 +395,23 @@ impl HeAdapter {
                 limit: self.memory.limit(),
             })?;
         let (adapter_groups, _) = self.grouped(offer.grouping)?;
-        let mut groups = HashMap::with_capacity(offer.groups.len());
-        for og in &offer.groups {
-            let g = adapter_groups
-                .get(og.layer, og.group)
-                .ok_or(PrivateError::UnknownGroup {
-                    layer: og.layer as u32,
-                    group: AdapterGroups::group_index(og.group),
-                })?;
-            let pg = PreparedGroup::new(he, &og.plan, &g.adapter)?;
-            groups.insert((og.layer as u32, AdapterGroups::group_index(og.group)), pg);
-        }
+        // The groups' diagonals are independent: encode them on every core
+        // the server may use (most of a session's opening time).
+        let groups = offer
+            .groups
+            .par_iter()
+            .map(|og| {
+                let g =
+                    adapter_groups
+                        .get(og.layer, og.group)
+                        .ok_or(PrivateError::UnknownGroup {
+                            layer: og.layer as u32,
+                            group: AdapterGroups::group_index(og.group),
+                        })?;
+                let key = (og.layer as u32, AdapterGroups::group_index(og.group));
+                Ok((key, PreparedGroup::new(he, &og.plan, &g.adapter)?))
+            })
+            .collect::<Result<HashMap<_, _>, PrivateError>>()?;
         let p = Arc::new(PreparedOffer {
             groups,
             _memory: memory,
