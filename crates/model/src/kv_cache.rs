@@ -125,10 +125,27 @@ impl KvCache {
     /// (prefix caching: shrink or grow). Errors: [`ModelError::Input`] if
     /// `capacity < len()`; [`ModelError::Candle`].
     pub fn resized(&self, capacity: usize) -> Result<Self, ModelError> {
-        if capacity < self.len {
+        self.copy_rows(self.len, capacity)
+    }
+
+    /// A copy of positions `0..len` in a cache of exactly `len` positions (a
+    /// shared prefix of a cached context). Errors: [`ModelError::Input`] if
+    /// `len > len()`; [`ModelError::Candle`].
+    pub fn prefix(&self, len: usize) -> Result<Self, ModelError> {
+        if len > self.len {
             return Err(ModelError::Input(format!(
-                "a cache of {capacity} positions cannot hold {} rows",
+                "a prefix of {len} rows of a cache of {}",
                 self.len
+            )));
+        }
+        self.copy_rows(len, len)
+    }
+
+    /// Positions `0..len` copied into a new cache of `capacity` positions.
+    fn copy_rows(&self, len: usize, capacity: usize) -> Result<Self, ModelError> {
+        if capacity < len {
+            return Err(ModelError::Input(format!(
+                "a cache of {capacity} positions cannot hold {len} rows"
             )));
         }
         let copy = |v: &Vec<Tensor>| -> Result<Vec<Tensor>, ModelError> {
@@ -136,8 +153,8 @@ impl KvCache {
                 .map(|t| {
                     let (heads, _, dim) = t.dims3()?;
                     let out = Tensor::zeros((heads, capacity, dim), DType::F32, &Device::Cpu)?;
-                    if self.len > 0 {
-                        out.slice_set(&t.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
+                    if len > 0 {
+                        out.slice_set(&t.narrow(1, 0, len)?.contiguous()?, 1, 0)?;
                     }
                     Ok(out)
                 })
@@ -146,7 +163,7 @@ impl KvCache {
         Ok(KvCache {
             keys: copy(&self.keys)?,
             values: copy(&self.values)?,
-            len: self.len,
+            len,
             capacity,
             first_layer: self.first_layer,
         })
@@ -430,6 +447,10 @@ mod tests {
             assert_eq!(r.bytes(), KvCache::bytes_for(&c, c.num_layers, cap));
         }
         assert!(src.resized(4).is_err(), "fewer positions than rows");
+        let p = src.prefix(3).unwrap();
+        assert_eq!((p.len(), p.capacity()), (3, 3));
+        assert_eq!(prefix(&p, 3), prefix(&src, 3));
+        assert!(src.prefix(6).is_err(), "more rows than the cache holds");
     }
 
     /// Keys and values of every layer at position `pos`, all heads.

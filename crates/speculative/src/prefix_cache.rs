@@ -45,20 +45,27 @@ impl CachedContext {
     }
 
     /// Keeps the first `len` rows and shrinks the caches to them.
-    pub(crate) fn truncated(mut self, len: usize) -> Result<Self, SpecError> {
+    pub(crate) fn truncated(self, len: usize) -> Result<Self, SpecError> {
+        self.prefix(len)
+    }
+
+    /// A copy of the first `len` rows in caches of that size.
+    fn prefix(&self, len: usize) -> Result<Self, SpecError> {
         let len = len.min(self.tokens.len());
-        self.tokens.truncate(len);
-        self.target.truncate(len);
-        self.target = self.target.resized(len)?;
-        if let Some(sh) = self.shadow.as_mut() {
-            sh.truncate(len);
-            *sh = sh.resized(len)?;
-        }
-        if let Some(log) = self.log.as_mut() {
+        let cut = |kv: &KvCache| -> Result<KvCache, SpecError> { Ok(kv.prefix(len)?) };
+        let mut log = self.log.clone();
+        if let Some(log) = log.as_mut() {
             log.truncate(len);
         }
-        self.settled = self.settled.min(len);
-        Ok(self)
+        Ok(Self {
+            tokens: self.tokens[..len].to_vec(),
+            target: cut(&self.target)?,
+            shadow: self.shadow.as_ref().map(cut).transpose()?,
+            log,
+            schedule: self.schedule,
+            settled: self.settled.min(len),
+            prompt_settled: self.prompt_settled,
+        })
     }
 }
 
@@ -114,7 +121,9 @@ impl PrefixCache {
         self.entries.is_empty()
     }
 
-    /// Removes and returns `schedule`'s entry sharing the longest prefix with `prompt`, cut to it.
+    /// `schedule`'s entry sharing the longest prefix with `prompt`, cut to it: removed when the
+    /// prompt extends all of it (the generation's context will supersede it), copied otherwise
+    /// (another conversation sharing only a system prompt keeps its rows).
     /// Errors: [`SpecError::Model`].
     pub fn take(
         &mut self,
@@ -131,12 +140,12 @@ impl PrefixCache {
         let Some((i, reused)) = best.filter(|&(_, n)| n > 0) else {
             return Ok(None);
         };
-        let (_, context) = self.entries.swap_remove(i);
-        // Keep the whole entry when it is the prompt's prefix; cut it otherwise.
-        let context = if reused < context.tokens.len() {
-            context.truncated(reused)?
+        let context = if reused < self.entries[i].1.tokens.len() {
+            self.clock += 1;
+            self.entries[i].0 = self.clock;
+            self.entries[i].1.prefix(reused)?
         } else {
-            context
+            self.entries.swap_remove(i).1
         };
         Ok(Some(PrefixHit { context, reused }))
     }

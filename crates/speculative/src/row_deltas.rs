@@ -13,7 +13,7 @@ use crate::SpecError;
 type Chunk = (usize, PassDeltas);
 
 /// The deltas of cached rows `0..len()` (the rows a [`RowDeltas::push`] appended, in cache order).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct RowDeltas {
     chunks: Vec<Chunk>,
     len: usize,

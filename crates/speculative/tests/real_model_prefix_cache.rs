@@ -136,6 +136,11 @@ fn an_edited_earlier_turn_is_prefilled_from_its_first_difference() {
             .unwrap()
             .expect("the system prompt is shared");
         assert_eq!(hit.reused, at, "{schedule}");
+        assert_eq!(
+            cache.len(),
+            1,
+            "{schedule}: the unedited conversation stays cached"
+        );
         let (out, _) = run(f, &cfg, &edited, Some(hit.context));
         assert_eq!(out.stats.cached_tokens, at, "{schedule}");
         assert_eq!(out.tokens, reference(f, &edited, TOKENS), "{schedule}");
@@ -177,6 +182,8 @@ fn eviction_under_the_budget_keeps_answers_exact() {
     let hit = cache.take(&a, &cfg.effective_schedule()).unwrap();
     let reused = hit.as_ref().map_or(0, |h| h.reused);
     assert!(reused < a.len() - 8, "a's own rows were evicted");
+    assert!(reused > 0, "the system prompt is shared");
+    assert_eq!(cache.len(), 1, "b's entry keeps its rows for b's next turn");
     let (out, _) = run(f, &cfg, &a, hit.map(|h| h.context));
     assert_eq!(out.stats.cached_tokens, reused);
     assert_eq!(out.tokens, reference(f, &a, TOKENS));
