@@ -145,11 +145,7 @@ impl WarmAdapter {
     /// Drops every cached context.
     pub fn clear_contexts(&self) {
         if let Some(cache) = self.prefix.as_ref() {
-            let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
-            let budget = cache.budget();
-            if let Ok(empty) = PrefixCache::new(budget) {
-                *cache = empty;
-            }
+            cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
     }
 

@@ -125,24 +125,20 @@ impl KvCache {
     /// (prefix caching: shrink or grow). Errors: [`ModelError::Input`] if
     /// `capacity < len()`; [`ModelError::Candle`].
     pub fn resized(&self, capacity: usize) -> Result<Self, ModelError> {
-        self.copy_rows(self.len, capacity)
+        self.prefix(self.len, capacity)
     }
 
-    /// A copy of positions `0..len` in a cache of exactly `len` positions (a
-    /// shared prefix of a cached context). Errors: [`ModelError::Input`] if
-    /// `len > len()`; [`ModelError::Candle`].
-    pub fn prefix(&self, len: usize) -> Result<Self, ModelError> {
+    /// A copy of positions `0..len` in a cache of `capacity` positions (a
+    /// shared prefix of a cached context, shrunk or grown in one copy).
+    /// Errors: [`ModelError::Input`] if `len > len()` or `capacity < len`;
+    /// [`ModelError::Candle`].
+    pub fn prefix(&self, len: usize, capacity: usize) -> Result<Self, ModelError> {
         if len > self.len {
             return Err(ModelError::Input(format!(
                 "a prefix of {len} rows of a cache of {}",
                 self.len
             )));
         }
-        self.copy_rows(len, len)
-    }
-
-    /// Positions `0..len` copied into a new cache of `capacity` positions.
-    fn copy_rows(&self, len: usize, capacity: usize) -> Result<Self, ModelError> {
         if capacity < len {
             return Err(ModelError::Input(format!(
                 "a cache of {capacity} positions cannot hold {len} rows"
@@ -447,10 +443,13 @@ mod tests {
             assert_eq!(r.bytes(), KvCache::bytes_for(&c, c.num_layers, cap));
         }
         assert!(src.resized(4).is_err(), "fewer positions than rows");
-        let p = src.prefix(3).unwrap();
-        assert_eq!((p.len(), p.capacity()), (3, 3));
-        assert_eq!(prefix(&p, 3), prefix(&src, 3));
-        assert!(src.prefix(6).is_err(), "more rows than the cache holds");
+        for cap in [3, 9] {
+            let p = src.prefix(3, cap).unwrap();
+            assert_eq!((p.len(), p.capacity()), (3, cap));
+            assert_eq!(prefix(&p, 3), prefix(&src, 3));
+        }
+        assert!(src.prefix(6, 6).is_err(), "more rows than the cache holds");
+        assert!(src.prefix(3, 2).is_err(), "fewer positions than rows");
     }
 
     /// Keys and values of every layer at position `pos`, all heads.

@@ -786,12 +786,12 @@ impl Rows {
         });
         match usable.filter(|_| reuse > 0) {
             Some(c) => {
-                let c = c.truncated(reuse)?;
+                let c = c.prefix(reuse, capacity)?;
                 Ok(Self {
-                    target: c.target.resized(capacity)?,
-                    shadow: c.shadow.map(|s| s.resized(capacity)).transpose()?,
+                    target: c.target,
+                    shadow: c.shadow,
                     log: c.log,
-                    settled: Some(c.settled.min(reuse)),
+                    settled: Some(c.settled),
                     prompt_settled: c.prompt_settled,
                 })
             }

@@ -44,15 +44,12 @@ impl CachedContext {
             .count()
     }
 
-    /// Keeps the first `len` rows and shrinks the caches to them.
-    pub(crate) fn truncated(self, len: usize) -> Result<Self, SpecError> {
-        self.prefix(len)
-    }
-
-    /// A copy of the first `len` rows in caches of that size.
-    fn prefix(&self, len: usize) -> Result<Self, SpecError> {
+    /// A copy of the first `len` rows in caches of `capacity` positions (at
+    /// least `len`): shrunk to be kept, or grown for a generation, in one copy.
+    pub(crate) fn prefix(&self, len: usize, capacity: usize) -> Result<Self, SpecError> {
         let len = len.min(self.tokens.len());
-        let cut = |kv: &KvCache| -> Result<KvCache, SpecError> { Ok(kv.prefix(len)?) };
+        let capacity = capacity.max(len);
+        let cut = |kv: &KvCache| -> Result<KvCache, SpecError> { Ok(kv.prefix(len, capacity)?) };
         let mut log = self.log.clone();
         if let Some(log) = log.as_mut() {
             log.truncate(len);
@@ -106,6 +103,11 @@ impl PrefixCache {
         self.budget
     }
 
+    /// Drops every entry.
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
     /// Bytes held by all entries.
     pub fn bytes(&self) -> usize {
         self.entries.iter().map(|(_, e)| e.bytes()).sum()
@@ -143,7 +145,7 @@ impl PrefixCache {
         let context = if reused < self.entries[i].1.tokens.len() {
             self.clock += 1;
             self.entries[i].0 = self.clock;
-            self.entries[i].1.prefix(reused)?
+            self.entries[i].1.prefix(reused, reused)?
         } else {
             self.entries.swap_remove(i).1
         };
@@ -156,7 +158,7 @@ impl PrefixCache {
         if len == 0 {
             return Ok(0);
         }
-        let context = context.truncated(len)?;
+        let context = context.prefix(len, len)?;
         let size = context.bytes();
         if size > self.budget {
             return Ok(0);
