@@ -305,7 +305,7 @@ impl Engine {
         let (out, cost) = match self.adapter(&job.model) {
             None => {
                 let _ticket = self.base_queue.enter()?;
-                let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, (1, 64));
+                let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, (1, 64, 64));
                 let out =
                     decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
                         text.push(t)
@@ -328,7 +328,11 @@ impl Engine {
                     job,
                     DrafterKind::Base,
                     schedule,
-                    (open.verify_width - 1, adapter.settings().prefill_width),
+                    (
+                        open.verify_width - 1,
+                        adapter.settings().prefill_width,
+                        adapter.settings().prefill_span,
+                    ),
                 );
                 let before = open.hook.timings();
                 let cached = adapter
@@ -373,14 +377,14 @@ impl Engine {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// `(k, prefill_width)`: drafted tokens per round (the verify width is
-    /// K + 1) and the prefill width.
+    /// `(k, prefill_width, prefill_span)`: drafted tokens per round (the
+    /// verify width is K + 1), positions per prefill request and pass.
     fn spec_config(
         &self,
         job: &Job,
         drafter: DrafterKind,
         schedule: Schedule,
-        (k, prefill_width): (usize, usize),
+        (k, prefill_width, prefill_span): (usize, usize, usize),
     ) -> SpecConfig {
         SpecConfig {
             tree: None,
@@ -396,6 +400,7 @@ impl Engine {
             sampling: job.sampling.clone(),
             eos: self.tokenizer.eos_tokens().to_vec(),
             first_token_from_prefill: true,
+            prefill_span,
             schedule,
         }
     }

@@ -64,8 +64,11 @@ pub struct SessionSettings {
     /// Per-token acceptance rate the width and schedule models assume
     /// (`None`: the adapter's published hint, else the default).
     pub acceptance_prior: Option<f64>,
-    /// Positions per prefill pass (a second session of this width).
+    /// Positions per prefill request (a second session of this width).
     pub prefill_width: usize,
+    /// Positions per group-by-group prefill pass, split into pipelined
+    /// requests ([`SpecConfig::prefill_span`](cipherlora_speculative::decode::SpecConfig::prefill_span)).
+    pub prefill_span: usize,
     /// `auto`, `per-group` or `fixed-point[:N]`.
     pub schedule: String,
     /// The link to plan `auto` on (`None`: measured, 100 Mbit/s).

@@ -70,6 +70,9 @@ pub struct ChatBenchOptions {
     /// Prefix-cache budgets to compare, MiB (`None`: every request
     /// prefills its whole prompt).
     pub caches: Vec<Option<usize>>,
+    /// Prefill spans to compare (`SpecConfig::prefill_span`; 32, the
+    /// prefill width: one padded request per pass).
+    pub spans: Vec<usize>,
     /// Also time one cold prompt of about this many tokens (the document
     /// repeated) after the chat; 0: none.
     pub cold_tokens: usize,
@@ -86,6 +89,8 @@ pub struct ChatTurn {
     pub link: String,
     /// Prefix-cache budget, MiB (`None`: off).
     pub cache_mib: Option<usize>,
+    /// Prefill span (`SpecConfig::prefill_span`).
+    pub span: usize,
     /// Turn index (`TURNS.len()` for the cold prompt).
     pub turn: usize,
     /// Prompt tokens.
@@ -124,6 +129,8 @@ pub struct SessionsOpened {
     pub link: String,
     /// Prefix-cache budget, MiB.
     pub cache_mib: Option<usize>,
+    /// Prefill span.
+    pub span: usize,
     /// Seconds to open the sessions and run the warm-up request.
     pub secs: f64,
 }
@@ -176,7 +183,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
             max_tokens: opts.max_tokens,
         };
         for (link_name, link) in &opts.links {
-            for &cache_mib in &opts.caches {
+            for (cache_mib, span) in modes(opts) {
                 let engine = Arc::new(Engine::new(EngineConfig {
                     model_path: opts.model.clone(),
                     weights: WeightMode::Auto,
@@ -193,6 +200,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                         planning_link: Some(*link),
                         max_queue: 4,
                         prefix_cache_bytes: cache_mib.map(|m| m << 20),
+                        prefill_span: span,
                     }),
                     max_tokens_cap: opts.max_tokens.max(64),
                     max_queue: 4,
@@ -203,6 +211,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     adapter: id.clone(),
                     link: link_name.clone(),
                     cache_mib,
+                    span,
                     secs: t0.elapsed().as_secs_f64(),
                 });
                 let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
@@ -215,6 +224,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     adapter: &id,
                     link: link_name,
                     cache_mib,
+                    span,
                 };
                 let turns = rt.block_on(chat(addr, &label, &reference, opts));
                 let _ = stop.send(());
@@ -233,6 +243,18 @@ struct Label<'a> {
     adapter: &'a str,
     link: &'a str,
     cache_mib: Option<usize>,
+    span: usize,
+}
+
+/// Every (prefix-cache budget, prefill span) pair to compare.
+fn modes(opts: &ChatBenchOptions) -> Vec<(Option<usize>, usize)> {
+    let mut out = Vec::new();
+    for &c in &opts.caches {
+        for &s in &opts.spans {
+            out.push((c, s));
+        }
+    }
+    out
 }
 
 /// The plaintext adapted model, for the answers to compare with.
@@ -306,10 +328,11 @@ async fn chat(
         let (want, _) = reference.answer(&conversation)?;
         let answer = request(addr, label.adapter, &conversation, opts.max_tokens).await?;
         eprintln!(
-            "{} {} cache {:?} turn {turn}: {} prompt tokens ({} cached), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
+            "{} {} cache {:?} span {} turn {turn}: {} prompt tokens ({} cached), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
             label.adapter,
             label.link,
             label.cache_mib,
+            label.span,
             answer.prompt_tokens,
             answer.cached_tokens,
             answer.ttft_ms,
@@ -350,6 +373,7 @@ impl Answer {
             adapter: label.adapter.to_string(),
             link: label.link.to_string(),
             cache_mib: label.cache_mib,
+            span: label.span,
             turn,
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
@@ -442,10 +466,11 @@ async fn request(
     Ok(answer)
 }
 
-fn mode(cache_mib: Option<usize>) -> String {
-    cache_mib.map_or("no prefix cache".into(), |m| {
+fn mode(cache_mib: Option<usize>, span: usize) -> String {
+    let cache = cache_mib.map_or("no prefix cache".into(), |m| {
         format!("prefix cache {m} MiB")
-    })
+    });
+    format!("{cache}, prefill span {span}")
 }
 
 /// One table per adapter and link: every turn under each mode.
@@ -471,11 +496,10 @@ fn markdown(r: &ChatReport) -> String {
             .iter()
             .filter(|s| s.adapter == adapter && s.link == link)
         {
-            for t in r
-                .turns
-                .iter()
-                .filter(|t| t.adapter == adapter && t.link == link && t.cache_mib == s.cache_mib)
-            {
+            for t in r.turns.iter().filter(|t| {
+                (t.adapter.as_str(), t.link.as_str(), t.cache_mib, t.span)
+                    == (adapter, link, s.cache_mib, s.span)
+            }) {
                 let turn = if t.turn < TURNS.len() {
                     format!("{}", t.turn + 1)
                 } else {
@@ -483,7 +507,7 @@ fn markdown(r: &ChatReport) -> String {
                 };
                 md.push_str(&format!(
                     "| {} | {:.1} s | {turn} | {} | {} / {} | {:.1} s | {:.1} | {:.0} / {:.0} | {} |\n",
-                    mode(s.cache_mib),
+                    mode(s.cache_mib, s.span),
                     s.secs,
                     t.prompt_tokens,
                     t.cached_tokens,

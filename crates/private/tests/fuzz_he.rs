@@ -219,6 +219,7 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
                     tree: None,
                     prefill_width: Some(8),
                     first_token_from_prefill: true,
+                    prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
                     ..common::greedy_spec(K, 16, &tok)
                 };
                 let got =

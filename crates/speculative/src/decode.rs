@@ -73,6 +73,10 @@ pub struct SpecConfig {
     pub eos: Vec<u32>,
     /// Take the first new token from the prefill's last row (per-group only).
     pub first_token_from_prefill: bool,
+    /// Positions per group-by-group prefill pass, unpadded (the hook splits
+    /// it over its sessions' widths); at most the prefill width: fixed-width
+    /// padded chunks ([`PREFILL_SPAN`] by default).
+    pub prefill_span: usize,
     /// Draft a tree of K nodes instead of a chain ([`crate::tree_draft`]; base
     /// drafter, no adaptive K, optimistic drafting or `draft_stop_below`).
     pub tree: Option<TreeDrafts>,
@@ -99,6 +103,7 @@ impl SpecConfig {
             sampling: SamplingParams::greedy(),
             eos,
             first_token_from_prefill: false,
+            prefill_span: PREFILL_SPAN,
             schedule: Schedule::PerGroup,
         }
     }
@@ -319,7 +324,7 @@ pub fn generate_cached(
         model,
         (&mut target, shadow.as_mut(), log.as_mut()),
         &prefilled[reused..],
-        (prefill_width, narrow),
+        (prefill_width, narrow, cfg.prefill_span),
         cfg.pad_to_k,
         verifier,
         &cfg.schedule,
@@ -905,14 +910,21 @@ struct Prefilled {
     last_deltas: (PassDeltas, usize),
 }
 
-/// Runs `tokens` through the adapted model in chunks of `width` (padded when
-/// `pad`); with padding a last chunk that fits `narrow` (the verify width,
-/// 0: none) is padded to that instead, so the cheaper verify session runs it.
+/// The default [`SpecConfig::prefill_span`]: a long prompt pays one latency
+/// per layer group every `PREFILL_SPAN` tokens; the span bounds the pass's
+/// attention scores (heads × span × context f32).
+pub const PREFILL_SPAN: usize = 512;
+
+/// Runs `tokens` through the adapted model: group by group in unpadded passes
+/// of up to `span` positions when `span > width`; otherwise in chunks of `width`
+/// (padded when `pad`; then a last chunk that fits `narrow`, the verify
+/// width or 0 for none, is padded to that instead, so the cheaper verify
+/// session runs it).
 fn prefill(
     model: &Model,
     (cache, mut shadow, mut log): (&mut KvCache, Option<&mut KvCache>, Option<&mut RowDeltas>),
     tokens: &[u32],
-    (width, narrow): (usize, usize),
+    (width, narrow, span): (usize, usize, usize),
     pad: bool,
     hook: &mut dyn DeltaHook,
     schedule: &Schedule,
@@ -926,7 +938,23 @@ fn prefill(
     if tokens.is_empty() {
         return Ok(done);
     }
-    let chunk = if pad { width } else { tokens.len() };
+    // A group-by-group pass needs no fixed width: the hook splits it into
+    // requests of its sessions' widths and pipelines them.
+    let per_group = span > width
+        && matches!(
+            schedule,
+            Schedule::PerGroup
+                | Schedule::FixedPoint(FixedPoint {
+                    prefill: Prefill::PerGroup,
+                    ..
+                })
+        );
+    let pad = pad && !per_group;
+    let chunk = match (pad, per_group) {
+        (true, _) => width,
+        (false, true) => span,
+        (false, false) => tokens.len(),
+    };
     for part in tokens.chunks(chunk) {
         let mut inputs = part.to_vec();
         if pad {

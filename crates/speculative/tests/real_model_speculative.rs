@@ -49,6 +49,7 @@ fn speculative(
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
         first_token_from_prefill: false,
+        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
         schedule: Default::default(),
     };
     let mut hook = PlainLora::new(&f.adapter);
@@ -372,6 +373,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             },
             eos: Vec::new(),
             first_token_from_prefill: false,
+            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
             schedule,
         };
         let mut hook = PlainLora::new(&f.adapter);
@@ -412,6 +414,7 @@ fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usi
     SpecConfig {
         prefill_width: Some(prefill_width),
         first_token_from_prefill: true,
+        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
         ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
 }

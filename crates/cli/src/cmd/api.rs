@@ -54,11 +54,15 @@ pub struct ApiArgs {
     /// auto` runs two shadowed fixed-point trips per round.
     #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
-    /// Positions per prefill pass (a second session of this width): one
-    /// pass covers prompts up to this length, so a larger width lowers the
-    /// time to first token of long prompts at some cost per pass.
+    /// Positions per prefill request (a second session of this width).
     #[arg(long, default_value_t = 32)]
     prefill_width: usize,
+    /// Positions per prefill pass: a prompt's pass is split into pipelined
+    /// requests, so its uploads, the server's compute and the downloads
+    /// overlap and it pays one latency per layer group; at most
+    /// `--prefill-width`: one padded request per pass.
+    #[arg(long, default_value_t = cipherlora_speculative::decode::PREFILL_SPAN)]
+    prefill_span: usize,
     /// Verify schedule: `auto`, `per-group`, `fixed-point[:N]`.
     #[arg(long, default_value = "auto")]
     schedule: String,
@@ -119,6 +123,7 @@ impl ApiArgs {
                 schedule: self.schedule.clone(),
                 planning_link: self.link,
                 max_queue: self.max_queue,
+                prefill_span: self.prefill_span,
                 prefix_cache_bytes: (!self.no_prompt_cache)
                     .then(|| usize::try_from(self.prompt_cache_mib << 20).unwrap_or(usize::MAX)),
             }),

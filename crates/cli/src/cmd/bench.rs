@@ -285,6 +285,10 @@ pub struct ChatBenchArgs {
     /// Prefix-cache budgets, MiB, comma-separated (`off`: no cache).
     #[arg(long, value_delimiter = ',', default_value = "off,1024")]
     caches: Vec<String>,
+    /// Prefill spans to compare, comma-separated (32, the prefill width:
+    /// one padded request per prefill pass, no pipelining).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    spans: Vec<usize>,
     /// After the chat, time one cold prompt of about this many tokens (0: none).
     #[arg(long, default_value_t = 0)]
     cold_tokens: usize,
@@ -322,6 +326,7 @@ impl ChatBenchArgs {
             links,
             max_tokens: self.max_tokens,
             caches,
+            spans: self.spans,
             cold_tokens: self.cold_tokens,
             pin: !self.no_pin,
         })?;

@@ -304,6 +304,7 @@ impl GenerateArgs {
             sampling: opts.sampling.clone(),
             eos: opts.eos.clone(),
             first_token_from_prefill: true,
+            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
             schedule,
         };
         let mut stream = TextStream::new(tok);

@@ -1,15 +1,20 @@
 //! One client, several sessions of different verify widths.
 //!
 //! A session's plans are fixed for one T; [`ByWidth`] sends each pass to the
-//! session whose T equals its positions, so the prompt is prefilled in wide
-//! passes (pair with `SpecConfig::prefill_width`). Each session still sees
-//! passes of its own constant width, so the server learns nothing more.
+//! session whose T equals its positions, and a pass of any other width to
+//! the session that serves it soonest in requests of its own width
+//! (`SpecConfig::prefill_span`). Each session still sees requests of its own
+//! constant width, so the server learns nothing more.
 
 use candle_core::Tensor;
 use cipherlora_model::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup};
 
 use crate::client::Transport;
 use crate::client::{HeHook, HeTimings};
+
+/// The link speed, Mbit/s, at which [`ByWidth`] prices the sessions a pass of
+/// another width could be split over (the simulator's WAN profiles' speed).
+pub const SPLIT_LINK_MBIT_S: f64 = 100.0;
 
 /// [`HeHook`]s keyed by their session's width T.
 pub struct ByWidth<T: Transport> {
@@ -79,8 +84,8 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
         x: &Tensor,
     ) -> Result<GroupDeltas, ModelError> {
         let t = x.dims().first().copied().unwrap_or(0);
-        match self.hooks.iter_mut().find(|(w, _)| *w == t) {
-            Some((_, hook)) => hook.deltas(layer, group, x),
+        match self.for_rows(t) {
+            Some(hook) => hook.deltas(layer, group, x),
             None => Err(ModelError::Hook {
                 layer,
                 proj: group.projs()[0],
@@ -124,6 +129,39 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
 }
 
 impl<T: Transport> ByWidth<T> {
+    /// The session for a group input of `t` rows: the one of width `t`, else
+    /// the one whose `⌈t / width⌉` pipelined requests finish first under the
+    /// sessions' pass models at [`SPLIT_LINK_MBIT_S`] ([`HeHook`] splits and
+    /// pads a long prompt's wide pass or a short last chunk).
+    fn for_rows(&mut self, t: usize) -> Option<&mut HeHook<T>> {
+        if t == 0 {
+            return None;
+        }
+        let i = match self.hooks.iter().position(|(w, _)| *w == t) {
+            Some(i) => i,
+            None => {
+                // n pipelined requests: one request's stages end to end, then
+                // one busiest stage per further request.
+                let cost = |(w, h): &(usize, HeHook<T>)| {
+                    let m = h.pass_model();
+                    let link = |bytes: f64| bytes * 8e-3 / SPLIT_LINK_MBIT_S;
+                    let stages = [
+                        link(m.bytes_up),
+                        m.server_ms,
+                        link(m.bytes_down),
+                        m.client_he_ms,
+                    ];
+                    let busiest = stages.iter().copied().fold(0.0, f64::max);
+                    let n = t.div_ceil(*w) as f64;
+                    stages.iter().sum::<f64>() + (n - 1.0) * busiest
+                };
+                (0..self.hooks.len())
+                    .min_by(|&a, &b| cost(&self.hooks[a]).total_cmp(&cost(&self.hooks[b])))?
+            }
+        };
+        Some(&mut self.hooks[i].1)
+    }
+
     /// A batch to the session of its width, within `tolerance` if given.
     fn batch(
         &mut self,

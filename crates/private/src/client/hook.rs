@@ -128,6 +128,8 @@ pub struct HeHook<T: Transport> {
     plan_space: PlanSpace,
     /// Streamed trips in flight ([`DeltaStream`]).
     trips: StreamTrips,
+    /// Positions per request: the session's T.
+    width: usize,
 }
 
 impl<T: Transport> std::fmt::Debug for HeHook<T> {
@@ -229,6 +231,7 @@ impl<T: Transport> HeHook<T> {
             pass_model,
             plan_space,
             trips: StreamTrips::default(),
+            width: offer.t,
         })
     }
 
@@ -263,6 +266,12 @@ impl<T: Transport> HeHook<T> {
     #[must_use]
     pub fn plan_space(&self) -> &PlanSpace {
         &self.plan_space
+    }
+
+    /// Positions per request: the session's T.
+    #[must_use]
+    pub fn width(&self) -> usize {
+        self.width
     }
 
     /// The transport (e.g. to read its counters).
@@ -362,8 +371,11 @@ impl<T: Transport> HeHook<T> {
             });
         }
         let (t, _) = x.dims2().map_err(|e| PrivateError::Model(e.into()))?;
+        if t != self.width {
+            return self.group_deltas_split(layer, group, x);
+        }
         let t0 = Instant::now();
-        let (request, scales) = self.encrypt_group(layer, group, x, 0.0)?;
+        let (request, scales) = self.encrypt_group(layer, group, x, upload_error(0.0))?;
         let t1 = Instant::now();
         let reply = self.transport.round(&request)?;
         let t2 = Instant::now();
@@ -380,6 +392,84 @@ impl<T: Transport> HeHook<T> {
             request.byte_len(),
             reply.response.byte_len(),
         );
+        Ok(out)
+    }
+
+    /// One group's input of any number of rows `T` as `⌈T / width⌉` requests
+    /// of the session's width (the last zero-padded), all sent before the
+    /// first reply is awaited: the uploads, the server's compute and the
+    /// downloads of consecutive requests overlap, and the whole pass pays
+    /// one latency per group. Each request is a round of its own, so the
+    /// server sees what a pass of its width shows it, `⌈T / width⌉` times.
+    fn group_deltas_split(
+        &mut self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<GroupDeltas, PrivateError> {
+        let model = |e: candle_core::Error| PrivateError::Model(e.into());
+        let (t, d) = x.dims2().map_err(model)?;
+        let w = self.width;
+        let t0 = Instant::now();
+        let mut sent = Vec::with_capacity(t.div_ceil(w));
+        let (mut up, mut encrypt_ms) = (0, 0.0);
+        for start in (0..t).step_by(w) {
+            let rows = w.min(t - start);
+            let mut chunk = x.narrow(0, start, rows).map_err(model)?;
+            if rows < w {
+                let pad = Tensor::zeros((w - rows, d), chunk.dtype(), chunk.device());
+                chunk = Tensor::cat(&[&chunk, &pad.map_err(model)?], 0).map_err(model)?;
+            }
+            let e0 = Instant::now();
+            let (request, scales) = self.encrypt_group(layer, group, &chunk, upload_error(0.0))?;
+            encrypt_ms += e0.elapsed().as_secs_f64() * 1e3;
+            up += request.byte_len();
+            let round = self.transport.open_round();
+            let early = self.transport.send(round, &request)?;
+            sent.push((round, rows, scales, early));
+        }
+        let (mut parts, mut down, mut server_ms, mut decrypt_ms) = (Vec::new(), 0, 0.0, 0.0);
+        for (round, rows, scales, early) in sent {
+            let reply = match early {
+                Some(r) => r,
+                None => self.transport.receive(
+                    round,
+                    layer as u32,
+                    AdapterGroups::group_index(group),
+                )?,
+            };
+            down += reply.response.byte_len();
+            server_ms += reply.server_ms.unwrap_or(0.0);
+            let d0 = Instant::now();
+            let deltas = self.decrypt_group(layer, group, w, &reply.response, &scales)?;
+            decrypt_ms += d0.elapsed().as_secs_f64() * 1e3;
+            parts.push((rows, member_deltas(&deltas, (layer, group))));
+        }
+        let mut out = GroupDeltas::none();
+        for &proj in group.projs() {
+            let pieces = parts
+                .iter()
+                .filter_map(|(rows, g)| g.get(proj).map(|d| d.narrow(0, 0, *rows)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(model)?;
+            if !pieces.is_empty() {
+                out.push(proj, Tensor::cat(&pieces, 0).map_err(model)?);
+            }
+        }
+        // Encryption and decryption interleave with the wait: book them as
+        // measured and the rest of the wall time as the round trip.
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let wait_ms = (wall - encrypt_ms - decrypt_ms).max(0.0);
+        let tm = &mut self.timings;
+        tm.rounds += parts.len() as u64;
+        tm.round_trips += 1;
+        tm.encrypt_ms += encrypt_ms;
+        tm.decrypt_ms += decrypt_ms;
+        tm.server_busy_ms += server_ms;
+        tm.server_ms += server_ms.min(wait_ms);
+        tm.network_ms += wait_ms - server_ms.min(wait_ms);
+        tm.bytes_up += up as u64;
+        tm.bytes_down += down as u64;
         Ok(out)
     }
 
