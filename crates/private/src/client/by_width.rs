@@ -129,16 +129,23 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
 }
 
 impl<T: Transport> ByWidth<T> {
-    /// The session for a group input of `t` rows: the one of width `t`, else
-    /// the one whose `⌈t / width⌉` pipelined requests finish first under the
-    /// sessions' pass models at [`SPLIT_LINK_MBIT_S`] ([`HeHook`] splits and
-    /// pads a long prompt's wide pass or a short last chunk).
+    /// The session for one group's input of `t` rows, among those whose
+    /// requests carry one group: the one of width `t`, else the one whose
+    /// `⌈t / width⌉` pipelined requests finish first under the sessions'
+    /// pass models at [`SPLIT_LINK_MBIT_S`] ([`HeHook`] splits and pads a
+    /// long prompt's wide pass or a short last chunk). With none such, the
+    /// one of width `t` (whose error then names the grouping).
     fn for_rows(&mut self, t: usize) -> Option<&mut HeHook<T>> {
         if t == 0 {
             return None;
         }
-        let i = match self.hooks.iter().position(|(w, _)| *w == t) {
+        // A session grouped by layers answers only a whole layer's inputs.
+        let by_input = |(_, h): &(usize, HeHook<T>)| h.plan_space().grouping.layers().is_none();
+        let i = match self.hooks.iter().position(|e| e.0 == t && by_input(e)) {
             Some(i) => i,
+            None if !self.hooks.iter().any(by_input) => {
+                self.hooks.iter().position(|(w, _)| *w == t)?
+            }
             None => {
                 // n pipelined requests: one request's stages end to end, then
                 // one busiest stage per further request.
@@ -156,6 +163,7 @@ impl<T: Transport> ByWidth<T> {
                     stages.iter().sum::<f64>() + (n - 1.0) * busiest
                 };
                 (0..self.hooks.len())
+                    .filter(|&i| by_input(&self.hooks[i]))
                     .min_by(|&a, &b| cost(&self.hooks[a]).total_cmp(&cost(&self.hooks[b])))?
             }
         };

@@ -1,0 +1,133 @@
+//! A group-by-group prefill pass wider than any session: the hook splits
+//! each group's input into requests of a session's width (the last one
+//! zero-padded) and sends them before awaiting the first reply. The answer
+//! is the plaintext adapted model's, the prompt costs one round trip per
+//! adapted group instead of one per group and chunk, and every request the
+//! server sees has its session's width.
+
+mod common;
+
+use std::sync::Arc;
+
+use cipherlora_model::{LoadOptions, LoraAdapter, Model, Tokenizer, WeightMode, fetch};
+use cipherlora_private::{
+    ByWidth, ConnectOptions, DraftLength, Grouping, HeAdapter, InProcess, InProcessOpener,
+    connect_with,
+};
+use cipherlora_service::LinkProfile;
+use cipherlora_speculative::decode::{self, SpecConfig, SpecOutput};
+use cipherlora_speculative::schedule::{FixedPoint, Prefill, Schedule};
+
+use common::{adapter_dir, assert_matches, plaintext_reference};
+
+const PREFILL_WIDTH: usize = 8;
+
+fn setup(adapter: &str) -> (Model, Tokenizer, Arc<HeAdapter>, LoraAdapter) {
+    let path = fetch::ensure_default_model().expect("default model");
+    let model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )
+    .unwrap();
+    let tok = Tokenizer::for_model(&path).unwrap();
+    let dir = adapter_dir(adapter);
+    let server = Arc::new(HeAdapter::load(&dir, model.config()).unwrap());
+    let plain = LoraAdapter::load(&dir, model.config()).unwrap();
+    (model, tok, server, plain)
+}
+
+/// Prefill round trips and group requests of one generation, and its output.
+fn run(
+    (model, tok, server): (&Model, &Tokenizer, &Arc<HeAdapter>),
+    prompt: &[u32],
+    (schedule, grouping): (Schedule, Option<Grouping>),
+    span: usize,
+) -> (SpecOutput, u64, u64, usize) {
+    let mut opener = InProcessOpener {
+        server: server.clone(),
+        link: LinkProfile::LOOPBACK,
+    };
+    let options = ConnectOptions {
+        draft: DraftLength::Fixed(4),
+        acceptance_prior: None,
+        prefill_width: PREFILL_WIDTH,
+        schedule: Some(schedule),
+        grouping,
+        planning_link: None,
+    };
+    let session = connect_with(&mut opener, &options, (model, model)).unwrap();
+    let mut hook: ByWidth<InProcess> = session.hook;
+    let cfg = SpecConfig {
+        prefill_width: Some(PREFILL_WIDTH),
+        prefill_span: span,
+        schedule,
+        ..common::greedy_spec(4, 6, tok)
+    };
+    let out = decode::generate(model, prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+    let groups = hook
+        .session(PREFILL_WIDTH)
+        .expect("prefill session")
+        .pass_model()
+        .groups;
+    let (mut trips, mut requests) = (0, 0);
+    for (_, h) in hook.into_sessions() {
+        let (all, decode) = (h.timings().clone(), h.timings_since_prefill());
+        trips += all.round_trips - decode.round_trips;
+        requests += all.rounds - decode.rounds;
+    }
+    (out, trips, requests, groups)
+}
+
+#[test]
+fn a_wide_prefill_pass_is_exact_and_pays_one_round_trip_per_group() {
+    let (model, tok, server, plain) = setup("code-ffa-r16");
+    // About 40 tokens: five prefill chunks of 8, the last one short.
+    let text = format!("{}{}", common::PROMPTS[0], common::PROMPTS[4]);
+    let prompt = tok.encode(&text).unwrap();
+    assert!(prompt.len() > 4 * PREFILL_WIDTH, "{}", prompt.len());
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, 6);
+    let prefilled = prompt.len() - 1;
+    let fixed_point = FixedPoint {
+        prefill: Prefill::PerGroup,
+        ..FixedPoint::default()
+    };
+    // A verify session grouped by layers cannot serve a per-group pass.
+    for (schedule, grouping) in [
+        (Schedule::PerGroup, None),
+        (Schedule::FixedPoint(fixed_point), None),
+        (
+            Schedule::FixedPoint(fixed_point),
+            Some(Grouping::ByLayers(2)),
+        ),
+    ] {
+        let parts = (&model, &tok, &server);
+        let how = (schedule, grouping);
+        let (chunked, chunked_trips, _, groups) = run(parts, &prompt, how, PREFILL_WIDTH);
+        let (wide, wide_trips, wide_requests, _) = run(parts, &prompt, how, 512);
+        assert_matches(&chunked, &want, &tok, &format!("{how:?}, chunked"));
+        assert_matches(&wide, &want, &tok, &format!("{how:?}, wide"));
+        let chunks = prefilled.div_ceil(PREFILL_WIDTH) as u64;
+        assert_eq!(chunked_trips, chunks * groups as u64, "{how:?}");
+        assert_eq!(wide_trips, groups as u64, "{how:?}: one trip per group");
+        assert!(
+            wide_requests >= 2 * groups as u64,
+            "{how:?}: each group's input is split ({wide_requests} requests)"
+        );
+        assert_eq!(wide.stats.prefill_passes, 1);
+        assert_eq!(chunked.stats.prefill_passes, chunks as usize);
+    }
+}
+
+#[test]
+fn a_standard_adapter_prefills_a_short_prompt_below_every_width_exactly() {
+    let (model, tok, server, plain) = setup("general-lora-r16");
+    let prompt = tok.encode("The river").unwrap();
+    assert!(prompt.len() < PREFILL_WIDTH);
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, 6);
+    let how = (Schedule::PerGroup, None);
+    let (got, trips, _, groups) = run((&model, &tok, &server), &prompt, how, 512);
+    assert_matches(&got, &want, &tok, "short prompt");
+    assert_eq!(trips, groups as u64);
+}
