@@ -110,9 +110,13 @@ pub struct GenerateArgs {
     /// Draft with the plain base model, without the latest decrypted adapter deltas.
     #[arg(long, requires = "server")]
     plain_drafter: bool,
-    /// Private mode: positions per prefill pass (a second session of this width).
+    /// Private mode: positions per prefill request (a second session of this width).
     #[arg(long, default_value_t = 16, requires = "server")]
     prefill_width: usize,
+    /// Private mode: positions per prefill pass, split into pipelined requests
+    /// (at most `--prefill-width`: one padded request per pass).
+    #[arg(long, default_value_t = cipherlora_speculative::decode::PREFILL_SPAN, requires = "server")]
+    prefill_span: usize,
     /// Private mode: draft the next round while waiting for the server (greedy, base drafter).
     #[arg(long, requires = "server")]
     optimistic: bool,
@@ -304,7 +308,7 @@ impl GenerateArgs {
             sampling: opts.sampling.clone(),
             eos: opts.eos.clone(),
             first_token_from_prefill: true,
-            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            prefill_span: self.prefill_span,
             schedule,
         };
         let mut stream = TextStream::new(tok);
