@@ -43,10 +43,12 @@ fn an_unknown_adapter_is_a_404_model_not_found_from_either_side() {
 }
 
 #[test]
-fn a_limit_is_a_503_to_retry_and_shutting_down_too() {
-    let over = refusal(Code::ResourceExhausted, ErrorReason::LimitExceeded);
+fn a_server_at_capacity_is_a_503_to_retry_and_shutting_down_too() {
+    let over = refusal(Code::ResourceExhausted, ErrorReason::AtCapacity);
     assert_eq!(over.code(), Some(Code::ResourceExhausted));
     assert!(over.is_capacity());
+    // A limit asking again cannot pass is not a capacity refusal.
+    assert!(!refusal(Code::ResourceExhausted, ErrorReason::LimitExceeded).is_capacity());
     for e in [
         ApiError::upstream(over),
         ApiError::upstream(PrivateError::Service(refusal(

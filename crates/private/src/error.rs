@@ -76,6 +76,8 @@ pub enum PrivateError {
     MemoryBudget {
         /// Bytes that would be held with this offer's diagonals.
         got: u64,
+        /// This offer's diagonals alone, bytes (above `limit`: never served).
+        need: u64,
         /// The budget, bytes.
         limit: u64,
     },

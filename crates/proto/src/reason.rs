@@ -47,8 +47,12 @@ reasons! {
     InvalidKey => "invalid_key",
     /// The plan request cannot be served.
     InvalidPlan => "invalid_plan",
-    /// A server limit was hit (sessions, key bytes, ciphertexts, message size).
+    /// A limit of one message or session was hit (key bytes of a session, ciphertexts, message
+    /// size, requests per session): asking again the same way is refused again.
     LimitExceeded => "limit_exceeded",
+    /// The server or this token holds all it may (sessions, offers, key bytes, session memory):
+    /// the refusal clears as other sessions close, so the client may retry later.
+    AtCapacity => "at_capacity",
     /// The stream mixes sessions or goes back in rounds.
     ProtocolViolation => "protocol_violation",
     /// A group request names another plan than its session's (the client laid its ciphertexts out

@@ -236,6 +236,17 @@ pub enum BackendError {
         /// Value asked for.
         got: u64,
     },
+    /// A limit shared with other sessions was hit; it clears as they close. →
+    /// `RESOURCE_EXHAUSTED`, `at_capacity`.
+    #[error("at capacity: {what} would be {got} > {limit}")]
+    AtCapacity {
+        /// Which limit.
+        what: &'static str,
+        /// The limit.
+        limit: u64,
+        /// Value it would come to.
+        got: u64,
+    },
     /// A bug or resource failure in the backend. → `INTERNAL`, `internal`.
     #[error("internal backend error: {reason}")]
     Internal {

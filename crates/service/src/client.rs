@@ -49,14 +49,21 @@ pub struct ClientConfig {
     pub retry_for: Duration,
     /// Wait before retry `i` is `retry_backoff · 2^(i−1)`, at most [`MAX_BACKOFF`].
     pub retry_backoff: Duration,
+    /// How long opening a session keeps retrying a refusal that clears by itself
+    /// ([`ServiceError::is_capacity`]), with jittered exponential backoff up to
+    /// [`MAX_OPEN_BACKOFF`]; after it, the refusal is returned.
+    pub open_wait: Duration,
 }
+
+/// Longest wait between two attempts to open a session at a server at capacity.
+pub const MAX_OPEN_BACKOFF: Duration = Duration::from_secs(4);
 
 /// Longest wait between two retries of a round.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 impl ClientConfig {
     /// Defaults: no TLS or token, loopback link, 128 MiB messages, timeouts 10 s / 120 s, 30 s
-    /// retries.
+    /// retries, 60 s of retried openings at capacity.
     pub fn new(endpoint: impl Into<String>) -> Self {
         Self {
             endpoint: endpoint.into(),
@@ -69,6 +76,7 @@ impl ClientConfig {
             max_retries: 3,
             retry_for: Duration::from_secs(30),
             retry_backoff: Duration::from_millis(100),
+            open_wait: Duration::from_secs(60),
         }
     }
 }
@@ -122,6 +130,8 @@ pub struct ClientStats {
     pub sessions_opened: u64,
     /// Rounds replayed after a transient failure.
     pub replays: u64,
+    /// Session openings retried after a refusal at capacity.
+    pub open_retries: u64,
     /// Server compute time reported in the received responses, µs.
     pub server_micros: u64,
 }
@@ -302,8 +312,41 @@ impl AsyncAdapterClient {
         Ok(())
     }
 
-    /// Sends `OpenSession` with `params`.
+    /// Sends `OpenSession` with `params`; a refusal at capacity is retried for
+    /// [`ClientConfig::open_wait`] with jittered exponential backoff ("equal jitter": AWS
+    /// Architecture Blog, "Exponential Backoff and Jitter", 2015), so a burst of clients does not
+    /// retry in step.
     async fn send_open(&mut self, p: &SessionParams) -> Result<(SessionId, SessionInfo)> {
+        let started = std::time::Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let e = match self.send_open_once(p).await {
+                Err(e) if e.is_capacity() => e,
+                done => return done,
+            };
+            let left = self.config.open_wait.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(e);
+            }
+            attempt += 1;
+            self.stats.open_retries += 1;
+            if e.reason() == Some(ErrorReason::ShuttingDown) {
+                // Behind a balancer a fresh connection may reach another replica.
+                self.rpc = None;
+            }
+            let cap = self
+                .config
+                .retry_backoff
+                .saturating_mul(1u32 << attempt.min(16))
+                .min(MAX_OPEN_BACKOFF);
+            let wait = jitter(cap).min(left);
+            tracing::info!(attempt, ?wait, error = %e, "session refused at capacity, retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One `OpenSession` call with `params`.
+    async fn send_open_once(&mut self, p: &SessionParams) -> Result<(SessionId, SessionInfo)> {
         let mut rpc = self.rpc().await?;
         let req = v1::OpenSessionRequest {
             adapter_id: p.adapter_id.clone(),
@@ -723,4 +766,13 @@ pub(crate) async fn connect_channel(cfg: &ClientConfig) -> Result<Channel> {
         )?;
     }
     Ok(ep.connect().await?)
+}
+
+/// A uniformly random wait in `[cap / 2, cap]` (OS generator; `cap` if it fails).
+fn jitter(cap: Duration) -> Duration {
+    let mut raw = [0u8; 4];
+    match getrandom::fill(&mut raw) {
+        Ok(()) => cap.mul_f64(0.5 + 0.5 * f64::from(u32::from_le_bytes(raw)) / f64::from(u32::MAX)),
+        Err(_) => cap,
+    }
 }

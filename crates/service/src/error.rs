@@ -99,11 +99,14 @@ impl ServiceError {
         }
     }
 
-    /// True when the server refused for lack of capacity (`RESOURCE_EXHAUSTED`) or because it
-    /// is shutting down: a refusal that clears by itself.
+    /// True when the server refused for lack of capacity ([`ErrorReason::AtCapacity`]) or
+    /// because it is shutting down: a refusal that clears by itself (elsewhere, behind a
+    /// balancer).
     pub fn is_capacity(&self) -> bool {
-        self.code() == Some(tonic::Code::ResourceExhausted)
-            || self.reason() == Some(ErrorReason::ShuttingDown)
+        matches!(
+            self.reason(),
+            Some(ErrorReason::AtCapacity | ErrorReason::ShuttingDown)
+        )
     }
 
     /// True when the server has no adapter of the id asked for.

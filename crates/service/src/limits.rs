@@ -32,6 +32,9 @@ pub struct Limits {
     pub offer_timeout: Duration,
     /// A keyed session that has not started a round is dropped after this long.
     pub unstarted_timeout: Duration,
+    /// A started session whose last `Rounds` stream ended (the client closed it, its connection
+    /// dropped or its process died) is dropped after this long unless a new stream resumes it.
+    pub detached_timeout: Duration,
     /// Concurrent HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
     /// Group requests computed at once by the whole server (default: available cores).
@@ -48,8 +51,9 @@ pub struct Limits {
 impl Default for Limits {
     /// 128 MiB messages, 32 sessions (16 per token, as many offer-only), one computation per core, key
     /// bytes 96 MiB per session and 1 GiB per token, 64 ciphertexts of ≤ 8 MiB per request, 4 in
-    /// flight per stream, 64 streams per connection, 10⁷ requests per session, 10 min idle (60 s
-    /// unstarted, 30 s offer-only), 2·10⁷ evaluations per token and adapter per hour, 10 s grace.
+    /// flight per stream, 64 streams per connection, 10⁷ requests per session, 10 min idle (20 s
+    /// unstarted, 30 s offer-only, 15 s without a stream), 2·10⁷ evaluations per token and
+    /// adapter per hour, 10 s grace.
     fn default() -> Self {
         Self {
             max_message_bytes: 128 << 20,
@@ -66,7 +70,10 @@ impl Default for Limits {
             max_requests_per_session: 10_000_000,
             idle_timeout: Duration::from_secs(600),
             offer_timeout: Duration::from_secs(30),
-            unstarted_timeout: Duration::from_secs(60),
+            // A sibling's rounds keep it alive (`SessionTable::touch`); a dead client's
+            // unused session goes within 20 s.
+            unstarted_timeout: Duration::from_secs(20),
+            detached_timeout: Duration::from_secs(15),
             max_concurrent_streams: 64,
             max_concurrent_computations: std::thread::available_parallelism()
                 .map_or(1, std::num::NonZeroUsize::get),

@@ -561,6 +561,8 @@ async fn run_stream(
     let depth = state.limits.max_in_flight_per_stream;
     let permits = Arc::new(Semaphore::new(depth));
     let mut bound: Option<SessionId> = None;
+    // The session this stream carries, attached until the stream ends.
+    let mut attached: Option<Arc<Session>> = None;
     let mut shutdown = state.shutdown.clone();
     loop {
         let msg = tokio::select! {
@@ -616,6 +618,10 @@ async fn run_stream(
                 break;
             }
         };
+        if attached.is_none() {
+            state.sessions.attach(&session);
+            attached = Some(session.clone());
+        }
         let Ok(permit) = permits.clone().acquire_owned().await else {
             break;
         };
@@ -630,6 +636,9 @@ async fn run_stream(
             let _ = tx.send(resp).await;
             drop(permit);
         });
+    }
+    if let Some(s) = attached {
+        state.sessions.detach(&s);
     }
 }
 

@@ -32,6 +32,11 @@ pub(crate) struct Session<C: ?Sized = dyn SessionCompute> {
     last_used_ms: AtomicU64,
     /// Whether a round was admitted.
     started: AtomicBool,
+    /// `Rounds` streams bound to the session now.
+    streams: AtomicU64,
+    /// Milliseconds since the table's epoch when its last stream ended (0: one is open, or none
+    /// ever was).
+    detached_ms: AtomicU64,
     /// Layer-group requests admitted so far.
     requests: AtomicU64,
 }
@@ -133,6 +138,8 @@ impl<C: ?Sized> SessionTable<C> {
                 offer_only,
                 last_used_ms: AtomicU64::new(self.now_ms()),
                 started: AtomicBool::new(false),
+                streams: AtomicU64::new(0),
+                detached_ms: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
             }),
         );
@@ -158,6 +165,20 @@ impl<C: ?Sized> SessionTable<C> {
         }
     }
 
+    /// A `Rounds` stream now carries `s`.
+    pub(crate) fn attach(&self, s: &Session<C>) {
+        s.streams.fetch_add(1, Ordering::AcqRel);
+        s.detached_ms.store(0, Ordering::Release);
+    }
+
+    /// A stream that carried `s` ended; with none left, the detached timeout starts.
+    pub(crate) fn detach(&self, s: &Session<C>) {
+        if s.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // At least 1: 0 means attached.
+            s.detached_ms.store(self.now_ms().max(1), Ordering::Release);
+        }
+    }
+
     /// Removes the session `id`; whether it existed.
     pub(crate) fn remove(&self, id: &SessionId) -> bool {
         self.lock().remove(id).is_some()
@@ -169,10 +190,11 @@ impl<C: ?Sized> SessionTable<C> {
         let now = self.now_ms();
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let l = &self.limits;
-        let (idle, unstarted, offer) = (
+        let (idle, unstarted, offer, detached) = (
             ms(l.idle_timeout),
             ms(l.unstarted_timeout.min(l.idle_timeout)),
             ms(l.offer_timeout.min(l.idle_timeout)),
+            ms(l.detached_timeout.min(l.idle_timeout)),
         );
         let mut map = self.lock();
         let stale: Vec<SessionId> = map
@@ -185,7 +207,9 @@ impl<C: ?Sized> SessionTable<C> {
                 } else {
                     idle
                 };
+                let gone = s.detached_ms.load(Ordering::Acquire);
                 now.saturating_sub(s.last_used_ms.load(Ordering::Relaxed)) > timeout
+                    || (gone > 0 && now.saturating_sub(gone) > detached)
             })
             .map(|s| s.id)
             .collect();
@@ -195,7 +219,10 @@ impl<C: ?Sized> SessionTable<C> {
     /// The shortest of the timeouts: how often eviction should look.
     pub(crate) fn shortest_timeout(&self) -> Duration {
         let l = &self.limits;
-        l.idle_timeout.min(l.unstarted_timeout).min(l.offer_timeout)
+        l.idle_timeout
+            .min(l.unstarted_timeout)
+            .min(l.offer_timeout)
+            .min(l.detached_timeout)
     }
 
     /// Open sessions now.
@@ -242,13 +269,13 @@ fn check<C: ?Sized>(
     Ok(())
 }
 
-/// A refused session-table insert: `RESOURCE_EXHAUSTED` / `limit_exceeded` naming the limit, or
+/// A refused session-table insert: `RESOURCE_EXHAUSTED` / `at_capacity` naming the limit, or
 /// internal (the OS generator).
 pub(crate) fn insert_error(e: InsertError) -> Status {
     match e {
         InsertError::Full { what, limit } => status(
             Code::ResourceExhausted,
-            ErrorReason::LimitExceeded,
+            ErrorReason::AtCapacity,
             format!("limit reached: {what} (limit {limit})"),
         ),
         InsertError::Rng(e) => internal(&e),

@@ -58,6 +58,7 @@ pub fn from_backend(e: &BackendError) -> Status {
         BackendError::InvalidPlan { .. } => (Code::InvalidArgument, ErrorReason::InvalidPlan),
         BackendError::UnknownLayer { .. } => (Code::NotFound, ErrorReason::UnknownLayer),
         BackendError::LimitExceeded { .. } => (Code::ResourceExhausted, ErrorReason::LimitExceeded),
+        BackendError::AtCapacity { .. } => (Code::ResourceExhausted, ErrorReason::AtCapacity),
         // `Internal` and variants added later.
         _ => (Code::Internal, ErrorReason::Internal),
     };

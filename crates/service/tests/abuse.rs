@@ -65,7 +65,7 @@ fn one_token_cannot_fill_the_session_table_with_offer_only_sessions() {
     let mut third = AdapterClient::connect(fx.client_config()).unwrap();
     assert_eq!(
         rpc_err(third.open_session(offer_params(3)).unwrap_err()),
-        (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded)),
+        (Code::ResourceExhausted, Some(ErrorReason::AtCapacity)),
         "a third offer-only session of the same token"
     );
     // The token still has room for one keyed session, then none.
@@ -73,7 +73,7 @@ fn one_token_cannot_fill_the_session_table_with_offer_only_sessions() {
     let mut fourth = AdapterClient::connect(fx.client_config()).unwrap();
     assert_eq!(
         rpc_err(fourth.open_session(params(4)).unwrap_err()),
-        (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded)),
+        (Code::ResourceExhausted, Some(ErrorReason::AtCapacity)),
         "a fourth session of the same token"
     );
     // Another token is not locked out.

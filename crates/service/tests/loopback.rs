@@ -338,13 +338,51 @@ fn max_sessions_limit_refuses_the_extra_session_only() {
     b.open_session(params(2)).unwrap();
     assert_eq!(
         rpc_err(c.open_session(params(3)).unwrap_err()),
-        (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded))
+        (Code::ResourceExhausted, Some(ErrorReason::AtCapacity))
     );
     check(1, 0, 0, &a.round_pipelined(0, &calls(1, 0, 0)).unwrap());
     a.close().unwrap();
     c.open_session(params(3)).unwrap();
     check(3, 0, 0, &c.round_pipelined(0, &calls(3, 0, 0)).unwrap());
     check(2, 0, 1, &b.round_pipelined(0, &calls(2, 0, 1)).unwrap());
+}
+
+#[test]
+fn an_opening_refused_at_capacity_waits_for_room_and_a_lasting_refusal_does_not() {
+    let fx = start(Limits {
+        max_sessions: 1,
+        max_key_bytes_per_session: 4096,
+        ..Limits::default()
+    });
+    let mut patient = fx.client_config();
+    patient.open_wait = Duration::from_secs(20);
+    let mut a = AdapterClient::connect(fx.client_config()).unwrap();
+    a.open_session(params(1)).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let mut c = AdapterClient::connect(patient).unwrap();
+        let t0 = std::time::Instant::now();
+        c.open_session(params(3)).unwrap();
+        check(3, 0, 0, &c.round_pipelined(0, &calls(3, 0, 0)).unwrap());
+        (t0.elapsed(), c.stats().open_retries)
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    a.close().unwrap();
+    let (waited, retries) = waiter.join().unwrap();
+    assert!(retries >= 1, "the refusal at capacity was retried");
+    assert!(waited >= Duration::from_millis(700), "{waited:?}");
+    // Too many key bytes for any session: refused at once, however patient.
+    let mut patient = fx.client_config();
+    patient.open_wait = Duration::from_secs(20);
+    let mut d = AdapterClient::connect(patient).unwrap();
+    let mut p = params(4);
+    p.galois_keys = test_galois_keys(&[1; 600]);
+    let t0 = std::time::Instant::now();
+    assert_eq!(
+        rpc_err(d.open_session(p).unwrap_err()),
+        (Code::ResourceExhausted, Some(ErrorReason::LimitExceeded))
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(d.stats().open_retries, 0);
 }
 
 #[test]

@@ -309,6 +309,7 @@ impl GenerateArgs {
             eos: opts.eos.clone(),
             first_token_from_prefill: true,
             prefill_span: self.prefill_span,
+            replay: None,
             schedule,
         };
         let mut stream = TextStream::new(tok);
@@ -357,8 +358,9 @@ impl GenerateArgs {
     }
 }
 
-/// Re-runs this command line with `threads` set (candle sizes its pools once per process); returns
-/// its exit code (`None`: nothing to re-run).
+/// Re-runs this command line with `threads` set (candle sizes its pools once per process): on Unix
+/// in place of this process (it does not return unless that fails), elsewhere as a child whose exit
+/// code it returns; `None`: nothing to re-run.
 pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>> {
     let Some(n) = threads else { return Ok(None) };
     anyhow::ensure!(n >= 1, "--threads must be at least 1");
@@ -369,12 +371,23 @@ pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>
     {
         return Ok(None);
     }
-    let status = std::process::Command::new(std::env::current_exe()?)
+    let mut again = std::process::Command::new(std::env::current_exe()?);
+    again
         .args(std::env::args_os().skip(1))
         .env("RAYON_NUM_THREADS", &want)
-        .env("CANDLE_NUM_THREADS", &want)
-        .status()?;
-    Ok(Some(status.code().unwrap_or(1)))
+        .env("CANDLE_NUM_THREADS", &want);
+    // Unix: replace this process (same pid), so a signal to it reaches the run itself.
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        let e = again.exec();
+        Err(e.into())
+    }
+    #[cfg(not(unix))]
+    {
+        let status = again.status()?;
+        Ok(Some(status.code().unwrap_or(1)))
+    }
 }
 
 /// `--k`: a fixed K, or `auto` / `autoN` (the verify-width model picks K ≤ 16 / ≤ N).

@@ -53,6 +53,10 @@ pub struct LimitArgs {
     /// Seconds a keyed session may wait for its first round.
     #[arg(long)]
     pub unstarted_timeout_secs: Option<u64>,
+    /// Seconds a started session outlives its client's last stream (a dead client's sessions are
+    /// freed after it).
+    #[arg(long)]
+    pub detached_timeout_secs: Option<u64>,
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long)]
     pub max_concurrent_streams: Option<u32>,
@@ -91,6 +95,7 @@ impl LimitArgs {
             idle_timeout_secs,
             offer_timeout_secs,
             unstarted_timeout_secs,
+            detached_timeout_secs,
             max_concurrent_streams,
             max_concurrent_computations,
             extraction_budget,
@@ -124,6 +129,7 @@ impl LimitArgs {
             idle_timeout_secs => idle_timeout via secs,
             offer_timeout_secs => offer_timeout via secs,
             unstarted_timeout_secs => unstarted_timeout via secs,
+            detached_timeout_secs => detached_timeout via secs,
             max_concurrent_streams => max_concurrent_streams,
             max_concurrent_computations => max_concurrent_computations,
             extraction_budget => extraction_budget,
@@ -212,6 +218,7 @@ mod tests {
             idle_timeout_secs: Some(1),
             offer_timeout_secs: Some(1),
             unstarted_timeout_secs: Some(1),
+            detached_timeout_secs: Some(1),
             max_concurrent_streams: Some(1),
             max_concurrent_computations: Some(usize::MAX),
             extraction_budget: Some(1),
@@ -233,6 +240,7 @@ mod tests {
             idle_timeout,
             offer_timeout,
             unstarted_timeout,
+            detached_timeout,
             max_concurrent_streams,
             max_concurrent_computations,
             extraction_budget,
@@ -251,6 +259,7 @@ mod tests {
         assert!(max_requests_per_session != d.max_requests_per_session);
         assert!(idle_timeout != d.idle_timeout && offer_timeout != d.offer_timeout);
         assert!(unstarted_timeout != d.unstarted_timeout);
+        assert!(detached_timeout != d.detached_timeout);
         assert!(max_concurrent_streams != d.max_concurrent_streams);
         assert!(max_concurrent_computations != d.max_concurrent_computations);
         assert!(extraction_budget != d.extraction_budget);

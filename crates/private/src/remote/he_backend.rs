@@ -218,8 +218,15 @@ impl AdapterBackend for HeBackend {
                 e @ PrivateError::GaloisKeysMismatch { .. } => BackendError::InvalidKey {
                     what: e.to_string(),
                 },
-                PrivateError::MemoryBudget { got, limit } => BackendError::LimitExceeded {
-                    what: "session plaintext memory (bytes)",
+                PrivateError::MemoryBudget { need, limit, .. } if need > limit => {
+                    BackendError::LimitExceeded {
+                        what: "session plaintext memory (bytes)",
+                        got: need,
+                        limit,
+                    }
+                }
+                PrivateError::MemoryBudget { got, limit, .. } => BackendError::AtCapacity {
+                    what: "session plaintext memory held by all sessions (bytes)",
                     got,
                     limit,
                 },
@@ -649,8 +656,9 @@ mod tests {
             need3,
             "charged once for 4 sessions"
         );
+        // Held by others: a refusal that clears as they close.
         match refusal(open_t(&b, 5, &keys5)) {
-            BackendError::LimitExceeded { got, .. } => assert_eq!(got, need3 + need5),
+            BackendError::AtCapacity { got, .. } => assert_eq!(got, need3 + need5),
             e => panic!("{e}"),
         }
         // Offer-only sessions hold no diagonals and are never refused.
@@ -677,7 +685,7 @@ mod tests {
         let other = backend().with_session_memory(b.session_memory().clone());
         assert!(matches!(
             refusal(open_t(&other, 3, &keys3)),
-            BackendError::LimitExceeded { .. }
+            BackendError::AtCapacity { .. }
         ));
         let tiny = backend().with_session_memory(SessionMemory::new(need3 - 1));
         assert!(matches!(

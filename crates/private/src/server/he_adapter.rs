@@ -392,6 +392,7 @@ impl HeAdapter {
             .reserve(bytes)
             .map_err(|got| PrivateError::MemoryBudget {
                 got,
+                need: bytes,
                 limit: self.memory.limit(),
             })?;
         let (adapter_groups, _) = self.grouped(offer.grouping)?;
