@@ -402,6 +402,7 @@ impl Engine {
             first_token_from_prefill: true,
             prefill_span,
             schedule,
+            replay: None,
         }
     }
 }

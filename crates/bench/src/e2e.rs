@@ -19,6 +19,7 @@ use cipherlora_private::{
 };
 use cipherlora_service::{LinkProfile, Placement};
 use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig, SpecStats};
+use cipherlora_speculative::replay::ReplayDrafts;
 use cipherlora_speculative::schedule::Schedule;
 use cipherlora_speculative::tree_draft::TreeParams;
 use serde::{Deserialize, Serialize};
@@ -68,6 +69,9 @@ pub struct PrivateRuns {
     /// Sampling temperature (0: greedy); sampled runs seed each prompt with its
     /// index and are not compared (`matches_plaintext` is `None`).
     pub temperature: f32,
+    /// Per-token acceptance of the `replay` drafter ([`cipherlora_speculative::replay`]), for
+    /// synthetic models whose own drafts mean nothing.
+    pub replay_acceptance: f64,
 }
 
 /// One decoding configuration of the benchmark.
@@ -266,6 +270,7 @@ fn drafter_name(d: DrafterKind) -> &'static str {
         DrafterKind::Base => "base",
         DrafterKind::Ngram => "ngram",
         DrafterKind::Hybrid => "hybrid",
+        DrafterKind::Replay => "replay",
     }
 }
 
@@ -486,6 +491,7 @@ pub fn run_target(
                     eos: eos.clone(),
                     first_token_from_prefill: false,
                     prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                    replay: None,
                     schedule: Schedule::PerGroup,
                 };
                 // `SCHEDULE@by-input` or `SCHEDULE@by-layers:N` overrides the grouping.
@@ -572,6 +578,15 @@ pub fn run_target(
                 let mut calibration = None;
                 for (index, (p, want)) in prompts.iter().zip(&reference).enumerate() {
                     cfg.sampling.seed = index as u64;
+                    if drafter == DrafterKind::Replay {
+                        cfg.replay = Some(ReplayDrafts {
+                            prompt_len: p.len(),
+                            continuation: want.clone(),
+                            acceptance: opts.replay_acceptance,
+                            seed: index as u64,
+                            vocab_size: model.config().vocab_size,
+                        });
+                    }
                     // Tree drafts carry their acceptance estimate across prompts.
                     if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
                         tree.calibration = c;
@@ -612,6 +627,9 @@ pub fn run_target(
                         let name = match (c.guided, drafter) {
                             (false, DrafterKind::Base | DrafterKind::Hybrid) => {
                                 format!("plain {}", drafter_name(drafter))
+                            }
+                            (_, DrafterKind::Replay) => {
+                                format!("replay at acceptance {}", opts.replay_acceptance)
                             }
                             _ => drafter_name(drafter).to_string(),
                         };

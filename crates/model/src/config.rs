@@ -122,6 +122,16 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The configuration of a GGUF file or an HF folder, without loading its weights. Errors: as
+    /// [`crate::Model::load`] reading the header or `config.json`.
+    pub fn read(path: &Path) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            Self::from_hf_config(&path.join("config.json"))
+        } else {
+            crate::gguf::GgufHeader::read(path)?.config()
+        }
+    }
+
     /// Parses an HF `config.json` (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM). Errors:
     /// [`ModelError::Io`], [`ModelError::Format`] for bad JSON, [`ModelError::UnsupportedArch`] for
     /// other model types.

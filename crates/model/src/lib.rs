@@ -48,7 +48,7 @@ pub use sampling::{Sampler, SamplingParams, argmax};
 pub use synthetic::{RandomAdapterSpec, write_random_adapter};
 pub use synthetic_gguf::{
     SYNTHETIC_SEED_KEY, SYNTHETIC_SHAPES, SyntheticQuant, is_synthetic_gguf, synthetic_shape,
-    write_synthetic_gguf,
+    write_synthetic_gguf, write_synthetic_gguf_with_tokenizer,
 };
 pub use tokenizer::Tokenizer;
 pub use weights::{LoadOptions, WeightMode, WeightsFormat};

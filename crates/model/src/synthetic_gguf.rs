@@ -1,5 +1,6 @@
-//! GGUF files of random quantized weights shaped like a real model (llama.cpp layout, no
-//! vocabulary, marked by `cipherlora.synthetic_seed`), for benchmarks without downloads.
+//! GGUF files of random quantized weights shaped like a real model (llama.cpp layout, marked by
+//! `cipherlora.synthetic_seed`), for benchmarks without downloads; with another GGUF's tokenizer
+//! ([`write_synthetic_gguf_with_tokenizer`]) every command runs on them.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -17,12 +18,57 @@ use crate::{Arch, ModelConfig, ModelError, RopeStyle};
 pub const SYNTHETIC_SEED_KEY: &str = "cipherlora.synthetic_seed";
 
 /// Names accepted by [`synthetic_shape`].
-pub const SYNTHETIC_SHAPES: [&str; 2] = ["qwen2.5-1.5b", "llama-3.2-1b"];
+pub const SYNTHETIC_SHAPES: [&str; 5] = [
+    "llama-3.2-1b",
+    "qwen2.5-1.5b",
+    "qwen2.5-3b",
+    "llama-3.1-8b",
+    "test-d1024",
+];
 
-/// A real model's configuration by name: `qwen2.5-1.5b` or `llama-3.2-1b` (from their
-/// `config.json`, RoPE scaling omitted); `None` otherwise.
+/// A real model's configuration by name (from its `config.json`, RoPE scaling omitted), or
+/// `test-d1024`, a two-layer Llama of hidden size 1024 for tests; `None` otherwise.
 pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
+    let llama =
+        |hidden_size, num_layers, num_heads, num_kv_heads, head_dim, ffn, vocab| ModelConfig {
+            arch: Arch::Llama,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            intermediate_size: ffn,
+            vocab_size: vocab,
+            rms_norm_eps: 1e-5,
+            rope_theta: 500_000.0,
+            max_position_embeddings: 131_072,
+            tie_word_embeddings: true,
+            rope_style: RopeStyle::Interleaved,
+        };
     let cfg = match name {
+        "qwen2.5-3b" => ModelConfig {
+            arch: Arch::Qwen2,
+            hidden_size: 2048,
+            num_layers: 36,
+            num_heads: 16,
+            num_kv_heads: 2,
+            head_dim: 128,
+            intermediate_size: 11_008,
+            vocab_size: 151_936,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            max_position_embeddings: 32_768,
+            tie_word_embeddings: true,
+            rope_style: RopeStyle::Half,
+        },
+        "llama-3.1-8b" => ModelConfig {
+            tie_word_embeddings: false,
+            ..llama(4096, 32, 32, 8, 128, 14_336, 128_256)
+        },
+        "test-d1024" => ModelConfig {
+            max_position_embeddings: 4096,
+            ..llama(1024, 2, 16, 4, 64, 2816, 49_152)
+        },
         "qwen2.5-1.5b" => ModelConfig {
             arch: Arch::Qwen2,
             hidden_size: 1536,
@@ -38,21 +84,7 @@ pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
             tie_word_embeddings: true,
             rope_style: RopeStyle::Half,
         },
-        "llama-3.2-1b" => ModelConfig {
-            arch: Arch::Llama,
-            hidden_size: 2048,
-            num_layers: 16,
-            num_heads: 32,
-            num_kv_heads: 8,
-            head_dim: 64,
-            intermediate_size: 8192,
-            vocab_size: 128_256,
-            rms_norm_eps: 1e-5,
-            rope_theta: 500_000.0,
-            max_position_embeddings: 131_072,
-            tie_word_embeddings: true,
-            rope_style: RopeStyle::Interleaved,
-        },
+        "llama-3.2-1b" => llama(2048, 16, 32, 8, 64, 8192, 128_256),
         _ => return None,
     };
     Some(cfg)
@@ -110,13 +142,61 @@ pub fn is_synthetic_gguf(path: &Path) -> Result<bool, ModelError> {
     Ok(GgufHeader::read(path)?.meta(SYNTHETIC_SEED_KEY).is_some())
 }
 
-/// Writes a GGUF of random `quant` weights shaped like `config` (via a `.part` file). Errors:
-/// [`ModelError::Config`] for bad widths or heads; [`ModelError::Io`]; [`ModelError::Candle`].
+/// Writes a GGUF of random `quant` weights shaped like `config`, without a vocabulary (via a
+/// `.part` file). Errors: [`ModelError::Config`] for bad widths or heads; [`ModelError::Io`];
+/// [`ModelError::Candle`].
 pub fn write_synthetic_gguf(
     path: &Path,
     config: &ModelConfig,
     quant: SyntheticQuant,
     seed: u64,
+) -> Result<(), ModelError> {
+    write_gguf(path, config, quant, seed, Vec::new())
+}
+
+/// [`write_synthetic_gguf`] with the tokenizer of the GGUF file `tokenizer_from` (every
+/// `tokenizer.*` key, chat template included) and the vocabulary size set to its token count, so
+/// that text goes in and out as with that model. Returns the configuration written. Errors: as
+/// [`write_synthetic_gguf`]; [`ModelError::Format`] when `tokenizer_from` has no token list.
+pub fn write_synthetic_gguf_with_tokenizer(
+    path: &Path,
+    config: &ModelConfig,
+    quant: SyntheticQuant,
+    seed: u64,
+    tokenizer_from: &Path,
+) -> Result<ModelConfig, ModelError> {
+    let header = GgufHeader::read(tokenizer_from)?;
+    let vocab = match header.meta("tokenizer.ggml.tokens") {
+        Some(Value::Array(tokens)) if !tokens.is_empty() => tokens.len(),
+        _ => {
+            return Err(ModelError::Format {
+                path: tokenizer_from.to_path_buf(),
+                reason: "no tokenizer.ggml.tokens to copy".into(),
+            });
+        }
+    };
+    let mut keys: Vec<(String, Value)> = header
+        .content
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    let config = ModelConfig {
+        vocab_size: vocab,
+        ..config.clone()
+    };
+    write_gguf(path, &config, quant, seed, keys)?;
+    Ok(config)
+}
+
+fn write_gguf(
+    path: &Path,
+    config: &ModelConfig,
+    quant: SyntheticQuant,
+    seed: u64,
+    tokenizer: Vec<(String, Value)>,
 ) -> Result<(), ModelError> {
     config.validate(path)?;
     let block = quant.dtype().block_size();
@@ -164,9 +244,13 @@ pub fn write_synthetic_gguf(
             Value::F32(config.rms_norm_eps as f32),
         ),
         (k("vocab_size"), u32v(config.vocab_size)),
-        ("tokenizer.ggml.model".into(), Value::String("none".into())),
         (SYNTHETIC_SEED_KEY.into(), Value::U64(seed)),
     ];
+    let mut metadata = metadata;
+    if tokenizer.is_empty() {
+        metadata.push(("tokenizer.ggml.model".into(), Value::String("none".into())));
+    }
+    metadata.extend(tokenizer);
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tensors: Vec<(String, QTensor)> = Vec::new();

@@ -220,6 +220,7 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
                     prefill_width: Some(8),
                     first_token_from_prefill: true,
                     prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                    replay: None,
                     ..common::greedy_spec(K, 16, &tok)
                 };
                 let got =

@@ -22,6 +22,7 @@ use crate::drafted_inputs::{DraftedInputs, Recording};
 use crate::draw_bounds::{BoundedRow, DrawCut, decided, log_weight_bound};
 use crate::ngram::PromptLookup;
 use crate::prefix_cache::CachedContext;
+use crate::replay::ReplayDrafts;
 use crate::row_deltas::RowDeltas;
 use crate::schedule::{
     FixedPoint, Prefill, Schedule, Window, certify_greedy, certify_sampled, certify_tree_greedy,
@@ -42,6 +43,9 @@ pub enum DrafterKind {
     Ngram,
     /// Prompt lookup when it proposes a full draft, the base model otherwise.
     Hybrid,
+    /// The reference continuation at a set acceptance ([`SpecConfig::replay`]; synthetic
+    /// models in benchmarks).
+    Replay,
 }
 
 /// Configuration of a speculative generation.
@@ -83,6 +87,8 @@ pub struct SpecConfig {
     /// How each pass gets its deltas; same output either way (sampling runs
     /// [`crate::schedule::FixedPoint::for_sampling`]).
     pub schedule: Schedule,
+    /// What [`DrafterKind::Replay`] drafts.
+    pub replay: Option<ReplayDrafts>,
 }
 
 impl SpecConfig {
@@ -105,6 +111,7 @@ impl SpecConfig {
             first_token_from_prefill: false,
             prefill_span: PREFILL_SPAN,
             schedule: Schedule::PerGroup,
+            replay: None,
         }
     }
 
@@ -266,6 +273,12 @@ pub fn generate_cached(
     }
     if prompt.is_empty() {
         return Err(SpecError::Config("empty prompt".into()));
+    }
+    if cfg.drafter == DrafterKind::Replay {
+        cfg.replay
+            .as_ref()
+            .ok_or_else(|| SpecError::Config("the replay drafter needs its drafts".into()))?
+            .validate()?;
     }
     if cfg.drafter != DrafterKind::None && cfg.k == 0 {
         return Err(SpecError::Config("a drafter needs K ≥ 1".into()));
@@ -1097,6 +1110,8 @@ struct Drafter<'m> {
     bias: DraftBias,
     /// Records the LoRA inputs of a chain draft's positions (drafted start).
     recorder: Option<DraftedInputs>,
+    /// [`SpecConfig::replay`].
+    replay: Option<ReplayDrafts>,
 }
 
 impl<'m> Drafter<'m> {
@@ -1147,6 +1162,7 @@ impl<'m> Drafter<'m> {
             guided: cfg.delta_guided,
             bias: DraftBias::none(),
             recorder: cfg.drafted_start().then(|| DraftedInputs::new(adapted)),
+            replay: cfg.replay.clone(),
         })
     }
 
@@ -1190,6 +1206,17 @@ impl<'m> Drafter<'m> {
                 inputs: None,
             }),
             DrafterKind::Ngram => Ok(lookup()),
+            DrafterKind::Replay => Ok(Draft {
+                tokens: self
+                    .replay
+                    .as_ref()
+                    .map(|r| r.draft(context.len(), k))
+                    .unwrap_or_default(),
+                probs: None,
+                from_base: false,
+                tree: None,
+                inputs: None,
+            }),
             DrafterKind::Hybrid => {
                 let d = lookup();
                 if d.tokens.len() == k {

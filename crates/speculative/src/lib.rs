@@ -18,6 +18,7 @@ mod error;
 pub mod ngram;
 pub mod prefix_cache;
 pub mod race;
+pub mod replay;
 mod row_deltas;
 pub mod schedule;
 pub mod target_probs;

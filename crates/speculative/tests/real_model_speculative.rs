@@ -50,6 +50,7 @@ fn speculative(
         eos: f.tokenizer.eos_tokens().to_vec(),
         first_token_from_prefill: false,
         prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+        replay: None,
         schedule: Default::default(),
     };
     let mut hook = PlainLora::new(&f.adapter);
@@ -374,6 +375,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             eos: Vec::new(),
             first_token_from_prefill: false,
             prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            replay: None,
             schedule,
         };
         let mut hook = PlainLora::new(&f.adapter);
@@ -415,6 +417,7 @@ fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usi
         prefill_width: Some(prefill_width),
         first_token_from_prefill: true,
         prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+        replay: None,
         ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
 }

@@ -59,11 +59,17 @@ pub enum BenchCommand {
     Chat(ChatBenchArgs),
     /// Plaintext model: decode tok/s and 9-/17-position verify passes vs one decode step, per weight mode, 1 and 2 threads.
     Model(ModelBenchArgs),
-    /// Write a GGUF file of random quantized weights in a real model's shape (for `bench model --model FILE` and llama.cpp; no vocabulary).
+    /// Write a GGUF file of random quantized weights in a real model's shape, with the default model's tokenizer (so `generate`, `api` and `bench e2e` run on it) or none.
     SyntheticModel {
-        /// The shape: qwen2.5-1.5b or llama-3.2-1b.
+        /// The shape: llama-3.2-1b, qwen2.5-1.5b, qwen2.5-3b, llama-3.1-8b or test-d1024.
         #[arg(long, default_value = "qwen2.5-1.5b")]
         shape: String,
+        /// GGUF whose tokenizer to copy (the vocabulary size follows it; default: the fetched default model).
+        #[arg(long, conflicts_with = "no_tokenizer")]
+        tokenizer_from: Option<PathBuf>,
+        /// Write no vocabulary (the shape's own vocabulary size; for `bench model` and llama.cpp).
+        #[arg(long)]
+        no_tokenizer: bool,
         /// Weight format of every matrix: q4_0, q4_1, q8_0 (our kernels) or q4_k (candle's).
         #[arg(long, default_value = "q4_1")]
         qtype: String,
@@ -71,6 +77,33 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// The GGUF file to write (replaced if present).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Write a PEFT LoRA adapter of random weights for a model file (e.g. a synthetic one): lora_A uniform in ±1/√d_in, lora_B normal.
+    SyntheticAdapter {
+        /// The base model (GGUF or HF folder) whose shapes the adapter fits.
+        #[arg(long)]
+        model: PathBuf,
+        /// PEFT target_modules, comma-separated (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj).
+        #[arg(long, value_delimiter = ',', default_value = "q_proj,v_proj")]
+        targets: Vec<String>,
+        /// Rank r.
+        #[arg(long, default_value_t = 16)]
+        rank: usize,
+        /// lora_alpha.
+        #[arg(long, default_value_t = 32.0)]
+        alpha: f64,
+        /// Standard deviation of lora_B's entries.
+        #[arg(long, default_value_t = 0.02)]
+        b_std: f64,
+        /// Mark it FFA-LoRA (lora_A public).
+        #[arg(long)]
+        ffa: bool,
+        /// Seed of the weights.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// The adapter folder to write.
         #[arg(long)]
         out: PathBuf,
     },
@@ -182,6 +215,7 @@ impl SplitBenchArgs {
                 draft_stop_below: crate::cmd::demo::DEFAULT_DRAFT_STOP,
                 acceptance_prior: None,
                 temperature: 0.0,
+                replay_acceptance: 0.78,
             })
         };
         cipherlora_bench::split_inference::run(
@@ -433,6 +467,11 @@ pub struct E2eBenchArgs {
     /// Client weight modes, comma-separated (`auto`: f32), each with its own reference.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     weights: Vec<crate::cmd::generate::WeightsArg>,
+    /// Per-token acceptance of the `replay` drafter, which drafts the plaintext reference's own
+    /// tokens (synthetic models; default: the base drafter's measured agreement on the prose
+    /// adapter general-lora-r16, adapters/acceptance-general.json).
+    #[arg(long, default_value_t = 0.78)]
+    replay_acceptance: f64,
 }
 
 impl E2eBenchArgs {
@@ -469,6 +508,7 @@ impl E2eBenchArgs {
                 draft_stop_below: self.draft_stop_below,
                 acceptance_prior: self.acceptance_prior,
                 temperature: self.temperature,
+                replay_acceptance: self.replay_acceptance,
             },
         })?;
         Ok(())
@@ -557,7 +597,10 @@ fn parse_config(
         "base" | "tree" => DrafterKind::Base,
         "ngram" => DrafterKind::Ngram,
         "hybrid" => DrafterKind::Hybrid,
-        other => anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid, tree)"),
+        "replay" => DrafterKind::Replay,
+        other => {
+            anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid, tree, replay)")
+        }
     };
     anyhow::ensure!(
         drafter == DrafterKind::None || k >= 1,
@@ -596,6 +639,8 @@ impl BenchCommand {
             }
             BenchCommand::SyntheticModel {
                 shape,
+                tokenizer_from,
+                no_tokenizer,
                 qtype,
                 seed,
                 out,
@@ -612,7 +657,47 @@ impl BenchCommand {
                 if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::create_dir_all(dir)?;
                 }
-                cipherlora_model::write_synthetic_gguf(&out, &config, quant, seed)?;
+                if no_tokenizer {
+                    cipherlora_model::write_synthetic_gguf(&out, &config, quant, seed)?;
+                } else {
+                    let from = match tokenizer_from {
+                        Some(p) => p,
+                        None => cipherlora_model::fetch::ensure_default_model()?,
+                    };
+                    cipherlora_model::write_synthetic_gguf_with_tokenizer(
+                        &out, &config, quant, seed, &from,
+                    )?;
+                }
+                eprintln!("wrote {}", out.display());
+                Ok(())
+            }
+            BenchCommand::SyntheticAdapter {
+                model,
+                targets,
+                rank,
+                alpha,
+                b_std,
+                ffa,
+                seed,
+                out,
+            } => {
+                let targets = targets
+                    .iter()
+                    .map(|t| {
+                        cipherlora_model::Proj::from_peft_name(t)
+                            .ok_or_else(|| anyhow::anyhow!("unknown target module `{t}`"))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let config = cipherlora_model::ModelConfig::read(&model)?;
+                let spec = cipherlora_model::RandomAdapterSpec {
+                    targets,
+                    rank,
+                    alpha,
+                    b_std,
+                    ffa,
+                    seed,
+                };
+                cipherlora_model::write_random_adapter(&out, &config, &spec)?;
                 eprintln!("wrote {}", out.display());
                 Ok(())
             }

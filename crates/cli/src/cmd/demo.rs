@@ -215,6 +215,7 @@ impl DemoArgs {
             eos: tok.eos_tokens().to_vec(),
             first_token_from_prefill: true,
             prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            replay: None,
             schedule: session.schedule,
         };
         println!("--- private (CKKS, speculative) ---");
