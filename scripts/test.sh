@@ -18,8 +18,11 @@ cargo test --workspace --locked
 cargo build --locked --quiet -p cipherlora
 venv=target/openai-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai==3.54.0
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai==3.54.0 pyyaml==6.0.2
 "$venv/bin/python" scripts/openai_api_test.py target/debug/cipherlora
+
+# deploy/: the compose file and Kubernetes manifests parse and match the server's flags and probes.
+"$venv/bin/python" scripts/check-deploy.py target/debug/cipherlora
 
 # README's quick start as it stands (dev-cert, serve with TLS and a token,
 # generate, api + curl), on the debug binary built above.

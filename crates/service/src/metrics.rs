@@ -180,14 +180,21 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` (plain HTTP/1.1, one response per connection) on an already-bound listener
-/// until the task is dropped.
-pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: std::sync::Arc<Metrics>) {
+/// Serves `GET /metrics`, `GET /healthz` (200 while the process serves) and `GET /readyz` (200
+/// until `shutting_down` turns true, then 503, so a load balancer stops sending new sessions) in
+/// plain HTTP/1.1, one response per connection, on an already-bound listener until the task is
+/// dropped.
+pub async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    metrics: std::sync::Arc<Metrics>,
+    shutting_down: tokio::sync::watch::Receiver<bool>,
+) {
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
+        let draining = *shutting_down.borrow();
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
             let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
@@ -201,6 +208,13 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: std::sync
                     "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 )
+            } else if head.starts_with(b"GET /healthz ")
+                || (head.starts_with(b"GET /readyz ") && !draining)
+            {
+                "HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n".into()
+            } else if head.starts_with(b"GET /readyz ") {
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 9\r\nconnection: close\r\n\r\ndraining\n"
+                    .into()
             } else {
                 "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into()
             };
@@ -213,6 +227,32 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, metrics: std::sync
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn readiness_turns_503_when_the_server_drains_and_liveness_stays() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve_metrics(listener, Default::default(), rx));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+        tx.send(true).unwrap();
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/metrics").await.contains("cipherlora_sessions_active"));
+        task.abort();
+    }
 
     #[test]
     fn render_lists_counters_gauges_and_histograms() {
