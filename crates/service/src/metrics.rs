@@ -250,7 +250,11 @@ mod tests {
         tx.send(true).unwrap();
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
-        assert!(get(addr, "/metrics").await.contains("cipherlora_sessions_active"));
+        assert!(
+            get(addr, "/metrics")
+                .await
+                .contains("cipherlora_sessions_active")
+        );
         task.abort();
     }
 

@@ -258,14 +258,13 @@ impl AdapterServer {
         });
         let svc = InterceptedService::new(svc, auth);
 
-        let metrics_task =
-            metrics_listener.map(|l| {
-                tokio::spawn(serve_metrics(
-                    l,
-                    state.metrics.clone(),
-                    state.shutdown.clone(),
-                ))
-            });
+        let metrics_task = metrics_listener.map(|l| {
+            tokio::spawn(serve_metrics(
+                l,
+                state.metrics.clone(),
+                state.shutdown.clone(),
+            ))
+        });
         let evict_task = tokio::spawn(evict_loop(state.clone()));
 
         let mut sd = state.shutdown.clone();

@@ -15,7 +15,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler, SamplingParams, generate,
 };
 use cipherlora_speculative::acceptance::{DraftProbs, accept_sampled, sample};
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, DrafterKind, PREFILL_SPAN, SpecConfig};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -49,7 +49,7 @@ fn speculative(
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
         first_token_from_prefill: false,
-        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+        prefill_span: PREFILL_SPAN,
         replay: None,
         schedule: Default::default(),
     };
@@ -104,16 +104,12 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
             if stop > 0.0 && drafter == DrafterKind::Base {
                 early_stop_saved += got.stats.rounds * k - got.stats.drafted;
             }
-            let width = prefill.unwrap_or(if drafter == DrafterKind::None {
-                1
-            } else {
-                k + 1
-            });
             if pad {
+                // Group by group the prompt runs unpadded, in passes of up to the span.
                 assert_eq!(
                     got.stats.prefill_passes,
-                    (prompt.len() - 1).div_ceil(width),
-                    "prefill passes of width {width} on {text:?}"
+                    (prompt.len() - 1).div_ceil(PREFILL_SPAN),
+                    "prefill passes (prefill width {prefill:?}) on {text:?}"
                 );
             }
             if drafter == DrafterKind::None {
@@ -374,7 +370,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             },
             eos: Vec::new(),
             first_token_from_prefill: false,
-            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            prefill_span: PREFILL_SPAN,
             replay: None,
             schedule,
         };
@@ -416,7 +412,7 @@ fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usi
     SpecConfig {
         prefill_width: Some(prefill_width),
         first_token_from_prefill: true,
-        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+        prefill_span: PREFILL_SPAN,
         replay: None,
         ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
