@@ -89,7 +89,7 @@ echo "| --- | --- | ---: | ---: | ---: | --- |"
 for i in $(seq 0 7); do
     read -r rc secs adapter <"$work/client-$i.result"
     replays=$(grep -c -i "replaying\|reopen\|retrying" "$work/client-$i.log" || true)
-    check=$(grep -o "the private output equals the plaintext adapted model's" "$work/client-$i.log" | head -1)
+    check=$(grep -o -m1 "the private output equals the plaintext adapted model's" "$work/client-$i.log" || true)
     [ "$rc" = 0 ] && [ -n "$check" ] || failed=1
     echo "| $i | $adapter | $rc | ${secs:0:6} | $replays | ${check:-**differs or failed**} |"
 done
@@ -97,6 +97,6 @@ echo "all clients done $(echo "$end - $start" | bc | cut -c1-6) s after the star
 echo "replica B served: $(curl -s http://127.0.0.1:9172/metrics | grep '^cipherlora_sessions_total')"
 if [ "$failed" != 0 ]; then
     echo "FAILED: a client did not finish with the plaintext reference's output" >&2
-    for i in $(seq 0 7); do echo "--- client $i"; tail -5 "$work/client-$i.log"; done >&2
+    for i in $(seq 0 7); do echo "--- client $i"; grep -v "^ \+[0-9]*:\|^ \+at " "$work/client-$i.log" | tail -4; done >&2
     exit 1
 fi
