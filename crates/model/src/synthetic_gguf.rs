@@ -45,22 +45,24 @@ pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
             tie_word_embeddings: true,
             rope_style: RopeStyle::Interleaved,
         };
+    // Qwen2.5: 2 KV heads of 128, tied embeddings.
+    let qwen = |hidden_size, num_layers, num_heads, ffn| ModelConfig {
+        arch: Arch::Qwen2,
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads: 2,
+        head_dim: 128,
+        intermediate_size: ffn,
+        vocab_size: 151_936,
+        rms_norm_eps: 1e-6,
+        rope_theta: 1_000_000.0,
+        max_position_embeddings: 32_768,
+        tie_word_embeddings: true,
+        rope_style: RopeStyle::Half,
+    };
     let cfg = match name {
-        "qwen2.5-3b" => ModelConfig {
-            arch: Arch::Qwen2,
-            hidden_size: 2048,
-            num_layers: 36,
-            num_heads: 16,
-            num_kv_heads: 2,
-            head_dim: 128,
-            intermediate_size: 11_008,
-            vocab_size: 151_936,
-            rms_norm_eps: 1e-6,
-            rope_theta: 1_000_000.0,
-            max_position_embeddings: 32_768,
-            tie_word_embeddings: true,
-            rope_style: RopeStyle::Half,
-        },
+        "qwen2.5-3b" => qwen(2048, 36, 16, 11_008),
         "llama-3.1-8b" => ModelConfig {
             tie_word_embeddings: false,
             ..llama(4096, 32, 32, 8, 128, 14_336, 128_256)
@@ -69,21 +71,7 @@ pub fn synthetic_shape(name: &str) -> Option<ModelConfig> {
             max_position_embeddings: 4096,
             ..llama(1024, 2, 16, 4, 64, 2816, 49_152)
         },
-        "qwen2.5-1.5b" => ModelConfig {
-            arch: Arch::Qwen2,
-            hidden_size: 1536,
-            num_layers: 28,
-            num_heads: 12,
-            num_kv_heads: 2,
-            head_dim: 128,
-            intermediate_size: 8960,
-            vocab_size: 151_936,
-            rms_norm_eps: 1e-6,
-            rope_theta: 1_000_000.0,
-            max_position_embeddings: 32_768,
-            tie_word_embeddings: true,
-            rope_style: RopeStyle::Half,
-        },
+        "qwen2.5-1.5b" => qwen(1536, 28, 12, 8960),
         "llama-3.2-1b" => llama(2048, 16, 32, 8, 64, 8192, 128_256),
         _ => return None,
     };
