@@ -39,6 +39,9 @@ pub struct E2eBenchOptions {
     pub prompts: usize,
     /// Pin client and server to different cores (when there are two).
     pub pin: bool,
+    /// Cores the pinned server computes on: 1 (its own core), or more (the client's core too:
+    /// a fixed-point trip's groups then spread over them while the client waits).
+    pub server_cores: usize,
     /// The client's target weights ([`WeightMode::for_private_verify`]), each with its own reference.
     pub weights: Vec<WeightMode>,
     /// What runs with each target model.
@@ -209,6 +212,12 @@ fn pin_to(core: core_affinity::CoreId) -> Placement {
 /// Pins this thread (and its later children) to the first core; returns the
 /// server threads' placement (the second core), `None` with one core.
 pub fn place(pin: bool) -> (Option<Placement>, String) {
+    place_on(pin, 1)
+}
+
+/// [`place`] with the server on `server_cores` cores: the second core alone for 1; for more, its
+/// threads unpinned, sharing every core (the client's included) with a pool of that size.
+pub fn place_on(pin: bool, server_cores: usize) -> (Option<Placement>, String) {
     if !pin {
         return (None, "none (--no-pin)".into());
     }
@@ -218,6 +227,21 @@ pub fn place(pin: bool) -> (Option<Placement>, String) {
     }
     if !core_affinity::set_for_current(cores[0]) {
         return (None, "none (pinning refused)".into());
+    }
+    if server_cores > 1 {
+        let n = server_cores.min(cores.len());
+        let placement = Placement {
+            on_thread_start: Arc::new(|| {}),
+            cores: n,
+        };
+        return (
+            Some(placement),
+            format!(
+                "client on core {}, server on any {n} of {} cores",
+                cores[0].id,
+                cores.len()
+            ),
+        );
     }
     (
         Some(pin_to(cores[1])),
@@ -300,7 +324,7 @@ pub fn read_prompts(file: &Path, n: usize) -> anyhow::Result<Vec<String>> {
 /// Runs the benchmark and writes the reports. Errors: model, adapter, server
 /// or I/O failures (a mismatch is reported in `matches_plaintext`).
 pub fn run(opts: &E2eBenchOptions) -> anyhow::Result<E2eReport> {
-    let (server_placement, pinning) = place(opts.pin);
+    let (server_placement, pinning) = place_on(opts.pin, opts.server_cores);
     eprintln!("placement: {pinning}");
     let tok = Tokenizer::for_model(&opts.model)?;
     let prompts: Vec<Vec<u32>> = read_prompts(&opts.prompts_file, opts.prompts)?

@@ -449,6 +449,10 @@ pub struct E2eBenchArgs {
     /// Do not pin client and server to different cores.
     #[arg(long)]
     no_pin: bool,
+    /// Cores the pinned server computes on (2 or more: the client's core too, so one session's
+    /// fixed-point trip spreads its groups while the client waits).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    server_cores: u16,
     /// Optimistic drafting during verify passes (base drafter).
     #[arg(long)]
     optimistic: bool,
@@ -496,6 +500,7 @@ impl E2eBenchArgs {
             prompts_file,
             prompts: self.prompts,
             pin: !self.no_pin,
+            server_cores: usize::from(self.server_cores),
             weights: self.weights.into_iter().map(Into::into).collect(),
             private: PrivateRuns {
                 adapters,
