@@ -56,7 +56,7 @@ client() { # index adapter [extra generate flags...]
         >"$work/client-$i.log" 2>&1
 }
 field() { # log regex: the first capture of the summary line
-    sed -nE "s/.*$2.*/\1/p" "$1" | head -1
+    sed -nE "s#.*$2.*#\1#p" "$1" | head -1
 }
 pct() { # p values...: the p-th percentile (nearest rank) of the values
     local p=$1

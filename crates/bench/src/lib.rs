@@ -9,6 +9,7 @@ pub mod e2e;
 pub mod helora;
 pub mod model;
 pub mod split_inference;
+pub mod trip;
 
 use std::path::{Path, PathBuf};
 

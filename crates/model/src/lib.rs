@@ -53,8 +53,8 @@ pub use synthetic_gguf::{
 pub use tokenizer::Tokenizer;
 pub use weights::{LoadOptions, WeightMode, WeightsFormat};
 
-/// Re-export of candle's tensor type used throughout the API.
-pub use candle_core::Tensor;
+/// Re-export of candle's tensor and device types used throughout the API.
+pub use candle_core::{Device, Tensor};
 
 /// The number of CPU threads candle uses, read once from `RAYON_NUM_THREADS`
 /// / `CANDLE_NUM_THREADS` (changing it takes a fresh process).

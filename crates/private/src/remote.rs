@@ -14,7 +14,7 @@ mod wire;
 pub use crate::server::SessionMemory;
 pub use connect::{GrpcOpener, connect};
 pub use grpc_transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
-pub use he_backend::HeBackend;
+pub use he_backend::{COST_REPS, HeBackend};
 pub use loopback::EmbeddedServer;
 pub use wire::{
     MAX_GROUPS, MAX_T, PlanRequest, PublicA, attach_public_a, decode_offer, decode_public_a,

@@ -57,6 +57,8 @@ pub enum BenchCommand {
     Api(ApiBenchArgs),
     /// A multi-turn chat through the OpenAI endpoint over simulated links: time to first token, tok/s and bytes per turn, with and without the prefix cache.
     Chat(ChatBenchArgs),
+    /// One session's fixed-point trip (every adapted group at once): the server's wall time on 1, 2, … threads, alternating.
+    Trip(TripBenchArgs),
     /// Plaintext model: decode tok/s and 9-/17-position verify passes vs one decode step, per weight mode, 1 and 2 threads.
     Model(ModelBenchArgs),
     /// Write a GGUF file of random quantized weights in a real model's shape, with the default model's tokenizer (so `generate`, `api` and `bench e2e` run on it) or none.
@@ -520,6 +522,48 @@ impl E2eBenchArgs {
     }
 }
 
+/// Options of `cipherlora bench trip`.
+#[derive(Debug, clap::Args)]
+pub struct TripBenchArgs {
+    /// Where to write the JSON report (Markdown beside it).
+    #[arg(long, default_value = "reports/bench-trip.json")]
+    json: PathBuf,
+    /// Where to write the Markdown table (default: JSON path with .md).
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// GGUF file or HF folder whose shape the adapters fit (default: the fetched default model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// PEFT adapter folders (default: the committed FFA and standard code adapters).
+    #[arg(long = "adapter")]
+    adapters: Vec<PathBuf>,
+    /// Rows per group request (the verify width K + 1).
+    #[arg(long, default_value_t = 5)]
+    width: usize,
+    /// Server thread counts, comma-separated, alternated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    threads: Vec<usize>,
+    /// Timed trips per thread count (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+}
+
+impl TripBenchArgs {
+    fn run(self) -> anyhow::Result<()> {
+        let (model, adapters) = model_and_adapters(self.model, self.adapters)?;
+        cipherlora_bench::trip::run(&cipherlora_bench::trip::TripBenchOptions {
+            json: self.json,
+            markdown: self.markdown,
+            model,
+            adapters,
+            width: self.width,
+            threads: self.threads,
+            reps: self.reps,
+        })?;
+        Ok(())
+    }
+}
+
 /// `--model` or the default model; `--adapter`s or the two committed code adapters.
 fn model_and_adapters(
     model: Option<PathBuf>,
@@ -629,6 +673,7 @@ impl BenchCommand {
             BenchCommand::Split(a) => a.run(),
             BenchCommand::Api(a) => a.run(),
             BenchCommand::Chat(a) => a.run(),
+            BenchCommand::Trip(a) => a.run(),
             BenchCommand::Model(a) => {
                 cipherlora_bench::model::run(&cipherlora_bench::model::ModelBenchOptions {
                     json: a.json,

@@ -21,7 +21,7 @@ use crate::server::{AdapterGroups, LoraKind};
 use crate::server::{HeAdapter, ServerSession, SessionOffer};
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
-const COST_REPS: usize = 15;
+pub const COST_REPS: usize = 15;
 
 /// An [`HeAdapter`] behind the gRPC service: offer-only sessions, key checks, shared diagonals
 /// within a memory budget ([`HeBackend::with_session_memory`]), and ciphertexts checked against the
