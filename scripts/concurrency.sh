@@ -2,8 +2,8 @@
 # One adapter server on this machine's cores, 1, 2, 4 and 8 concurrent clients per adapter kind
 # (FFA, standard LoRA), each with --check-plaintext; then one standard-LoRA session's fixed-point
 # trip with the server on 1 and on 2 cores (bench e2e --server-cores, alternating twice). Prints
-# Markdown tables (docs/deployment.md, "Sizing a replica"). Run by hand (about 20 minutes; not in
-# CI):
+# Markdown tables (docs/benchmarks/server.md, "Many clients on one server"). Run by hand (about
+# 20 minutes; not in CI):
 #
 #   cargo build --release -p cipherlora && scripts/concurrency.sh [target/release/cipherlora]
 #
