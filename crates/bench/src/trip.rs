@@ -10,11 +10,11 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use cipherlora_model::{DeltaHook, Device, GroupInput, ModelConfig, ProjGroup, Tensor};
+use cipherlora_private::remote::COST_REPS;
+use cipherlora_private::{GroupRequest, adapter_id};
 use cipherlora_private::{
     Grouping, HeAdapter, HeHook, PrivateError, Reply, ServerSession, Transport,
 };
-use cipherlora_private::remote::COST_REPS;
-use cipherlora_private::{GroupRequest, adapter_id};
 use serde::{Deserialize, Serialize};
 
 /// What `bench trip` runs.
@@ -81,11 +81,7 @@ impl Transport for PoolServer {
 
     fn rounds(&mut self, requests: &[GroupRequest]) -> Result<Vec<Reply>, PrivateError> {
         use rayon::prelude::*;
-        let pool = self
-            .pool
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let pool = self.pool.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let session = &self.session;
         let compute = || {
             requests
@@ -175,8 +171,8 @@ pub fn run(opts: &TripBenchOptions) -> anyhow::Result<TripReport> {
     let mut runs = Vec::new();
     for dir in &opts.adapters {
         let id = adapter_id(dir)?;
-        let mut server = HeAdapter::load(dir, &config)
-            .with_context(|| format!("loading {}", dir.display()))?;
+        let mut server =
+            HeAdapter::load(dir, &config).with_context(|| format!("loading {}", dir.display()))?;
         // The plans `serve` offers: from this machine's cached op costs.
         server.cached_costs(COST_REPS)?;
         let offer = server.offer_grouped(opts.width, Grouping::ByInput)?;

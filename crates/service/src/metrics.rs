@@ -1,6 +1,7 @@
 //! Prometheus-style metrics (text format 0.0.4), served at `GET /metrics` by [`serve_metrics`] when
-//! `ServeConfig::metrics_listen` is set: request, byte and auth-failure counters, session gauges
-//! and counters, and a per-group compute-time histogram.
+//! `ServeConfig::metrics_listen` is set: request, refusal, byte, auth-failure and extraction-budget
+//! counters, session gauges and counters, a per-group compute-time histogram and the wait for a
+//! turn in the compute pool.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Upper bounds (seconds) of the compute-time histogram buckets.
+/// Upper bounds (seconds) of the compute-time and queue-wait histogram buckets.
 pub const COMPUTE_BUCKETS: [f64; 12] = [
     0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
@@ -30,8 +31,42 @@ pub struct Metrics {
     sent: Mutex<BTreeMap<&'static str, u64>>,
     auth_failures: AtomicU64,
     sessions_active: AtomicI64,
+    sessions_streaming: AtomicI64,
     sessions: Mutex<BTreeMap<&'static str, u64>>,
+    refusals: Mutex<BTreeMap<&'static str, u64>>,
+    evaluations: Mutex<BTreeMap<String, u64>>,
     compute: Mutex<BTreeMap<u32, Histogram>>,
+    queue: Mutex<Histogram>,
+}
+
+impl Histogram {
+    fn observe(&mut self, t: Duration) {
+        let s = t.as_secs_f64();
+        for (i, ub) in COMPUTE_BUCKETS.iter().enumerate() {
+            if s <= *ub {
+                self.buckets[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += s;
+    }
+
+    /// The `_bucket`, `_sum` and `_count` lines of `name` with `labels` (`k="v",` each, or empty).
+    fn render(&self, o: &mut String, name: &str, labels: &str) {
+        for (ub, n) in COMPUTE_BUCKETS.iter().zip(self.buckets) {
+            let _ = writeln!(o, "{name}_bucket{{{labels}le=\"{ub}\"}} {n}");
+        }
+        let plain = match labels.trim_end_matches(',') {
+            "" => String::new(),
+            l => format!("{{{l}}}"),
+        };
+        let _ = writeln!(
+            o,
+            "{name}_bucket{{{labels}le=\"+Inf\"}} {c}\n{name}_sum{plain} {s}\n{name}_count{plain} {c}",
+            c = self.count,
+            s = self.sum
+        );
+    }
 }
 
 fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K, by: u64) {
@@ -69,6 +104,43 @@ impl Metrics {
         bump(&self.requests, (rpc, code_label(code)), 1);
     }
 
+    /// Counts one call of `rpc` by its outcome: its code, and a refusal's [`ErrorReason`]
+    /// (`none` when the status carries none).
+    ///
+    /// [`ErrorReason`]: cipherlora_proto::ErrorReason
+    pub fn outcome<T>(&self, rpc: &'static str, r: &Result<T, tonic::Status>) {
+        match r {
+            Ok(_) => self.request(rpc, tonic::Code::Ok),
+            Err(s) => self.refused(rpc, s),
+        }
+    }
+
+    /// Counts one call of `rpc` refused with `s` ([`Metrics::outcome`]).
+    pub fn refused(&self, rpc: &'static str, s: &tonic::Status) {
+        self.request(rpc, s.code());
+        let reason = crate::status::reason_of(s).map_or("none", |r| r.as_str());
+        bump(&self.refusals, reason, 1);
+    }
+
+    /// Counts delta evaluations charged to the extraction budget of `adapter`.
+    pub fn evaluations(&self, adapter: &str, n: u64) {
+        let mut g = self.evaluations.lock().unwrap_or_else(|p| p.into_inner());
+        match g.get_mut(adapter) {
+            Some(v) => *v += n,
+            None => {
+                g.insert(adapter.to_string(), n);
+            }
+        }
+    }
+
+    /// Records how long a request waited for a turn in the server-wide compute pool.
+    pub fn queue_wait(&self, t: Duration) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(t);
+    }
+
     /// Counts payload bytes received by `rpc`.
     pub fn received(&self, rpc: &'static str, bytes: u64) {
         bump(&self.received, rpc, bytes);
@@ -91,18 +163,17 @@ impl Metrics {
         bump(&self.sessions, event, 1);
     }
 
+    /// Moves the gauge of sessions with a live `Rounds` stream (a session without one is idle,
+    /// or detached and freed after the detached timeout).
+    pub fn streaming(&self, attached: bool) {
+        let d = if attached { 1 } else { -1 };
+        self.sessions_streaming.fetch_add(d, Ordering::Relaxed);
+    }
+
     /// Records the server compute time of one layer-group request.
     pub fn compute_time(&self, group: u32, t: Duration) {
-        let s = t.as_secs_f64();
         let mut g = self.compute.lock().unwrap_or_else(|p| p.into_inner());
-        let h = g.entry(group).or_default();
-        for (i, ub) in COMPUTE_BUCKETS.iter().enumerate() {
-            if s <= *ub {
-                h.buckets[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += s;
+        g.entry(group).or_default().observe(t);
     }
 
     /// Active sessions now.
@@ -152,9 +223,30 @@ impl Metrics {
             "# HELP cipherlora_sessions_active Open sessions.\n# TYPE cipherlora_sessions_active gauge\ncipherlora_sessions_active {}",
             self.sessions_active()
         );
+        let _ = writeln!(
+            o,
+            "# HELP cipherlora_sessions_streaming Open sessions with a live rounds stream.\n# TYPE cipherlora_sessions_streaming gauge\ncipherlora_sessions_streaming {}",
+            self.sessions_streaming.load(Ordering::Relaxed)
+        );
         o.push_str("# HELP cipherlora_sessions_total Session events.\n# TYPE cipherlora_sessions_total counter\n");
         for (ev, v) in lock(&self.sessions) {
             let _ = writeln!(o, "cipherlora_sessions_total{{event=\"{ev}\"}} {v}");
+        }
+        o.push_str("# HELP cipherlora_refusals_total Calls refused, by the reason the status carries.\n# TYPE cipherlora_refusals_total counter\n");
+        for (reason, v) in lock(&self.refusals) {
+            let _ = writeln!(o, "cipherlora_refusals_total{{reason=\"{reason}\"}} {v}");
+        }
+        o.push_str("# HELP cipherlora_budget_evaluations_total Delta evaluations charged to the extraction budget, by adapter.\n# TYPE cipherlora_budget_evaluations_total counter\n");
+        for (adapter, v) in self
+            .evaluations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                o,
+                "cipherlora_budget_evaluations_total{{adapter=\"{adapter}\"}} {v}"
+            );
         }
         o.push_str("# HELP cipherlora_group_compute_seconds Server compute time per layer-group request.\n# TYPE cipherlora_group_compute_seconds histogram\n");
         for (group, h) in self
@@ -163,19 +255,18 @@ impl Metrics {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            for (ub, n) in COMPUTE_BUCKETS.iter().zip(h.buckets) {
-                let _ = writeln!(
-                    o,
-                    "cipherlora_group_compute_seconds_bucket{{group=\"{group}\",le=\"{ub}\"}} {n}"
-                );
-            }
-            let _ = writeln!(
-                o,
-                "cipherlora_group_compute_seconds_bucket{{group=\"{group}\",le=\"+Inf\"}} {c}\ncipherlora_group_compute_seconds_sum{{group=\"{group}\"}} {s}\ncipherlora_group_compute_seconds_count{{group=\"{group}\"}} {c}",
-                c = h.count,
-                s = h.sum
+            h.render(
+                &mut o,
+                "cipherlora_group_compute_seconds",
+                &format!("group=\"{group}\","),
             );
         }
+        o.push_str("# HELP cipherlora_compute_queue_seconds Wait for a turn in the compute pool per layer-group request.\n# TYPE cipherlora_compute_queue_seconds histogram\n");
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).render(
+            &mut o,
+            "cipherlora_compute_queue_seconds",
+            "",
+        );
         o
     }
 }
@@ -269,8 +360,34 @@ mod tests {
         m.session("opened");
         m.session("evicted");
         m.compute_time(1, Duration::from_millis(3));
+        m.outcome::<()>(
+            "open_session",
+            &Err(crate::status::status(
+                tonic::Code::ResourceExhausted,
+                cipherlora_proto::ErrorReason::AtCapacity,
+                "full",
+            )),
+        );
+        m.outcome::<()>("rounds", &Err(tonic::Status::internal("no reason")));
+        m.outcome("rounds", &Ok(()));
+        m.evaluations("code-lora-r16", 9);
+        m.evaluations("code-lora-r16", 5);
+        m.queue_wait(Duration::from_millis(30));
+        m.streaming(true);
+        m.streaming(true);
+        m.streaming(false);
         let r = m.render();
-        assert!(r.contains("cipherlora_requests_total{rpc=\"rounds\",code=\"OK\"} 2"));
+        assert!(r.contains("cipherlora_sessions_streaming 1"));
+        assert!(r.contains("cipherlora_requests_total{rpc=\"rounds\",code=\"OK\"} 3"));
+        assert!(r.contains(
+            "cipherlora_requests_total{rpc=\"open_session\",code=\"RESOURCE_EXHAUSTED\"} 1"
+        ));
+        assert!(r.contains("cipherlora_refusals_total{reason=\"at_capacity\"} 1"));
+        assert!(r.contains("cipherlora_refusals_total{reason=\"none\"} 1"));
+        assert!(r.contains("cipherlora_budget_evaluations_total{adapter=\"code-lora-r16\"} 14"));
+        assert!(r.contains("cipherlora_compute_queue_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(r.contains("cipherlora_compute_queue_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(r.contains("cipherlora_compute_queue_seconds_count 1"));
         assert!(
             r.contains("cipherlora_requests_total{rpc=\"rounds\",code=\"INVALID_ARGUMENT\"} 1")
         );

@@ -366,10 +366,7 @@ impl AdapterService for Svc {
     ) -> std::result::Result<Response<v1::OpenSessionResponse>, Status> {
         let who = Principal::of(&req);
         let r = self.state.open_session(who, req.into_inner()).await;
-        self.state.metrics.request(
-            "open_session",
-            r.as_ref().map_or_else(Status::code, |_| Code::Ok),
-        );
+        self.state.metrics.outcome("open_session", &r);
         r.map(Response::new)
     }
 
@@ -403,10 +400,7 @@ impl AdapterService for Svc {
                     Err(unknown_session())
                 }
             });
-        self.state.metrics.request(
-            "close_session",
-            r.as_ref().map_or_else(Status::code, |_| Code::Ok),
-        );
+        self.state.metrics.outcome("close_session", &r);
         r.map(Response::new)
     }
 }
@@ -537,8 +531,9 @@ impl State {
                 got: req.ciphertexts.len(),
             }));
         }
+        let evaluations = u64::from(shape.positions);
         self.budget
-            .charge(who, &session.adapter_id, u64::from(shape.positions))
+            .charge(who, &session.adapter_id, evaluations)
             .map_err(|e| {
                 status(
                     Code::ResourceExhausted,
@@ -549,6 +544,7 @@ impl State {
                     ),
                 )
             })?;
+        self.metrics.evaluations(&session.adapter_id, evaluations);
         self.sessions.touch(&session);
         Ok(session)
     }
@@ -618,13 +614,14 @@ async fn run_stream(
                     "refused group request: {}",
                     s.message()
                 );
-                state.metrics.request("rounds", s.code());
+                state.metrics.refused("rounds", &s);
                 let _ = tx.send(Err(s)).await;
                 break;
             }
         };
         if attached.is_none() {
             state.sessions.attach(&session);
+            state.metrics.streaming(true);
             attached = Some(session.clone());
         }
         let Ok(permit) = permits.clone().acquire_owned().await else {
@@ -634,16 +631,14 @@ async fn run_stream(
         let tx = tx.clone();
         tokio::spawn(async move {
             let resp = compute_group(&state, session, req).await;
-            state.metrics.request(
-                "rounds",
-                resp.as_ref().map_or_else(Status::code, |_| Code::Ok),
-            );
+            state.metrics.outcome("rounds", &resp);
             let _ = tx.send(resp).await;
             drop(permit);
         });
     }
     if let Some(s) = attached {
         state.sessions.detach(&s);
+        state.metrics.streaming(false);
     }
 }
 
@@ -659,12 +654,14 @@ async fn compute_group(
     let tag = session.id.tag();
     let cts = req.ciphertexts;
     // A turn in the server-wide compute pool before a blocking thread.
+    let queued = Instant::now();
     let turn = state
         .compute
         .clone()
         .acquire_owned()
         .await
         .map_err(|e| internal(&e))?;
+    state.metrics.queue_wait(queued.elapsed());
     let (out, took) = tokio::task::spawn_blocking(move || {
         let _turn = turn;
         let t0 = Instant::now();
