@@ -271,8 +271,13 @@ impl GenerateArgs {
             grouping: None,
             planning_link: self.link,
         };
+        let opening = std::time::Instant::now();
         let session = cipherlora_private::connect(config, id, &options, (model, &drafter_model))
             .with_context(|| format!("opening a session on {url}"))?;
+        eprintln!(
+            "sessions open in {:.2} s (offer, width model, keys, the server's plans)",
+            opening.elapsed().as_secs_f64()
+        );
         if let Some(choice) = &session.width_choice {
             let shape = choice
                 .best

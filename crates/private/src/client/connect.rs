@@ -5,10 +5,11 @@
 //! server. `generate`, `api`, `demo` and `bench e2e` all open theirs here,
 //! over gRPC ([`crate::remote::connect`]).
 //!
-//! The order follows what each choice needs: the prefill session first
-//! (its offer carries the plan space the width model prices), then the
-//! verify session of the chosen width and grouping, then the schedule,
-//! which the width model's round model and the open sessions' plans decide.
+//! The order follows what each choice needs: the prefill width's offer
+//! first (it carries the plan space the width model prices), then both
+//! sessions at once (keys uploaded, plans prepared on the server), then the
+//! schedule, which the width model's round model and the open sessions'
+//! plans decide.
 
 use std::sync::Arc;
 
@@ -103,6 +104,9 @@ impl<T: Transport> PrivateSession<T> {
     }
 }
 
+/// Two sessions' hooks ([`SessionOpener::open_pair`]).
+pub type HookPair<T> = (HeHook<T>, HeHook<T>);
+
 /// Opens sessions of one adapter on one server at a given width.
 pub trait SessionOpener {
     /// The transport of the sessions it opens.
@@ -119,6 +123,35 @@ pub trait SessionOpener {
         grouping: Grouping,
         config: &ModelConfig,
     ) -> Result<HeHook<Self::Transport>, PrivateError>;
+
+    /// The plans a session of width `t` grouped by `grouping` would run, without opening it
+    /// (an offer, no keys). The default opens the session and keeps its plans.
+    ///
+    /// # Errors
+    /// As [`SessionOpener::open`].
+    fn plan_space(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        config: &ModelConfig,
+    ) -> Result<PlanSpace, PrivateError> {
+        Ok(self.open(t, grouping, config)?.plan_space().clone())
+    }
+
+    /// Two sessions, `a` and `b` as (width, grouping). The default opens them one after the other;
+    /// a network opener opens them at once, so one's key upload overlaps the other's preparation
+    /// on the server.
+    ///
+    /// # Errors
+    /// As [`SessionOpener::open`].
+    fn open_pair(
+        &mut self,
+        a: (usize, Grouping),
+        b: (usize, Grouping),
+        config: &ModelConfig,
+    ) -> Result<HookPair<Self::Transport>, PrivateError> {
+        Ok((self.open(a.0, a.1, config)?, self.open(b.0, b.1, config)?))
+    }
 
     /// The link to the server, measured (used when the options give none).
     ///
@@ -151,6 +184,15 @@ impl SessionOpener for InProcessOpener {
                 self.server.open_session(&offer, keys)?,
             )))
         })
+    }
+
+    fn plan_space(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        _: &ModelConfig,
+    ) -> Result<PlanSpace, PrivateError> {
+        Ok(PlanSpace::of(&self.server.offer_grouped(t, grouping)?))
     }
 
     fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
@@ -187,9 +229,9 @@ pub fn connect_with<O: SessionOpener>(
     let mut width_choice = None;
     let (hook, verify_width, tree) = match (options.draft, link) {
         (DraftLength::Auto { k_max, trees }, Some(link)) => {
-            let wide = opener.open(prefill_width, Grouping::ByInput, config)?;
+            let space = opener.plan_space(prefill_width, Grouping::ByInput, config)?;
             let choice = choose_width_for_client(
-                wide.plan_space(),
+                &space,
                 model,
                 drafter,
                 &link,
@@ -198,17 +240,16 @@ pub fn connect_with<O: SessionOpener>(
             )?;
             let grouping = options
                 .grouping
-                .unwrap_or_else(|| choice.best.grouping_for(wide.plan_space(), forced.as_ref()));
+                .unwrap_or_else(|| choice.best.grouping_for(&space, forced.as_ref()));
             let (k, tree) = (choice.best.k, choice.best.tree);
             width_choice = Some(choice);
-            let hook = with_verify(opener, (wide, prefill_width), (k + 1, grouping), config)?;
+            let hook = open_widths(opener, prefill_width, (k + 1, grouping), config)?;
             (hook, k + 1, tree)
         }
         (DraftLength::Fixed(k), Some(link)) if k > 0 && options.grouping.is_none() => {
-            let wide = opener.open(prefill_width, Grouping::ByInput, config)?;
-            let grouping =
-                given_k_grouping(wide.plan_space(), options, (model, drafter), &link, k)?;
-            let hook = with_verify(opener, (wide, prefill_width), (k + 1, grouping), config)?;
+            let space = opener.plan_space(prefill_width, Grouping::ByInput, config)?;
+            let grouping = given_k_grouping(&space, options, (model, drafter), &link, k)?;
+            let hook = open_widths(opener, prefill_width, (k + 1, grouping), config)?;
             (hook, k + 1, None)
         }
         (draft, _) => {
@@ -217,14 +258,7 @@ pub fn connect_with<O: SessionOpener>(
                 Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                 _ => Grouping::ByInput,
             });
-            let verify = opener.open(width, grouping, config)?;
-            let mut hook = ByWidth::new().with(width, verify);
-            if prefill_width != width {
-                hook = hook.with(
-                    prefill_width,
-                    opener.open(prefill_width, Grouping::ByInput, config)?,
-                );
-            }
+            let hook = open_widths(opener, prefill_width, (width, grouping), config)?;
             (hook, width, None)
         }
     };
@@ -255,19 +289,23 @@ pub fn connect_with<O: SessionOpener>(
     })
 }
 
-/// The prefill hook `wide` and a verify session of `(width, grouping)`
-/// (the same session when the widths agree).
-fn with_verify<O: SessionOpener>(
+/// A prefill session of `prefill_width` grouped by input and a verify session of `(width,
+/// grouping)`, opened together ([`SessionOpener::open_pair`]); one session when the widths agree.
+fn open_widths<O: SessionOpener>(
     opener: &mut O,
-    (wide, prefill_width): (HeHook<O::Transport>, usize),
+    prefill_width: usize,
     (width, grouping): (usize, Grouping),
     config: &ModelConfig,
 ) -> Result<ByWidth<O::Transport>, PrivateError> {
-    let mut hook = ByWidth::new().with(prefill_width, wide);
-    if width != prefill_width {
-        hook = hook.with(width, opener.open(width, grouping, config)?);
+    if width == prefill_width {
+        return Ok(ByWidth::new().with(width, opener.open(width, grouping, config)?));
     }
-    Ok(hook)
+    let (wide, verify) = opener.open_pair(
+        (prefill_width, Grouping::ByInput),
+        (width, grouping),
+        config,
+    )?;
+    Ok(ByWidth::new().with(prefill_width, wide).with(width, verify))
 }
 
 /// The grouping the width model prefers at a given K.

@@ -374,8 +374,37 @@ impl WidthCandidate {
     }
 }
 
-/// Times one plaintext pass of each width `1..=t_max` of `model` (best of
-/// two) and one draft step of `drafter`. Errors: [`PrivateError::Model`].
+/// Widths whose passes [`time_client`] times: 1, 2, 3, then doubling (5, 9, 17, …), and `t_max`.
+fn timed_widths(t_max: usize) -> Vec<usize> {
+    let mut ts: Vec<usize> = [1, 2, 3]
+        .into_iter()
+        .chain(std::iter::successors(Some(5usize), |t| Some(2 * t - 1)))
+        .take_while(|&t| t < t_max)
+        .collect();
+    ts.push(t_max);
+    ts
+}
+
+/// `forward_ms[t − 1]` for every `t` in `1..=t_max`, linear between the timed widths `ts`
+/// (ascending, from 1 to `t_max`) and their times `ms`.
+fn interpolate(ts: &[usize], ms: &[f64], t_max: usize) -> Vec<f64> {
+    (1..=t_max)
+        .map(|t| {
+            let i = ts.partition_point(|&x| x < t);
+            if ts[i] == t {
+                return ms[i];
+            }
+            let (t0, t1) = (ts[i - 1] as f64, ts[i] as f64);
+            let w = (t as f64 - t0) / (t1 - t0);
+            ms[i - 1] + w * (ms[i] - ms[i - 1])
+        })
+        .collect()
+}
+
+/// Times one plaintext pass of `model` at the widths of [`timed_widths`] (best of two; a pass's
+/// time is close to affine in its width, so the widths between are interpolated) and one draft
+/// step of `drafter`: `forward_ms` covers every width `1..=t_max`. Errors:
+/// [`PrivateError::Model`]; `t_max` = 0 gives an empty `forward_ms`.
 pub fn time_client(
     model: &cipherlora_model::Model,
     drafter: &cipherlora_model::Model,
@@ -385,9 +414,16 @@ pub fn time_client(
     let pass = |m: &cipherlora_model::Model, t: usize| -> Result<f64, PrivateError> {
         Ok(time_pass(m, t)?.min(time_pass(m, t)?))
     };
-    let forward_ms = (1..=t_max)
-        .map(|t| pass(model, t))
-        .collect::<Result<_, _>>()?;
+    let forward_ms = if t_max == 0 {
+        Vec::new()
+    } else {
+        let ts = timed_widths(t_max);
+        let ms = ts
+            .iter()
+            .map(|&t| pass(model, t))
+            .collect::<Result<Vec<_>, _>>()?;
+        interpolate(&ts, &ms, t_max)
+    };
     Ok(ClientCosts {
         forward_ms,
         draft_ms: pass(drafter, 1)?,
@@ -463,6 +499,35 @@ pub fn grouping_for_given_k(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn timed_widths_start_dense_then_double_and_end_at_t_max() {
+        assert_eq!(timed_widths(1), vec![1]);
+        assert_eq!(timed_widths(2), vec![1, 2]);
+        assert_eq!(timed_widths(6), vec![1, 2, 3, 5, 6]);
+        assert_eq!(timed_widths(9), vec![1, 2, 3, 5, 9]);
+        assert_eq!(timed_widths(17), vec![1, 2, 3, 5, 9, 17]);
+        assert_eq!(timed_widths(33), vec![1, 2, 3, 5, 9, 17, 33]);
+    }
+
+    proptest! {
+        /// Pass times affine in the width are reproduced at every width; timed widths keep their time.
+        #[test]
+        fn interpolation_is_exact_on_affine_times(a in 0.0f64..500.0, b in 0.0f64..50.0, t_max in 1usize..40) {
+            let ts = timed_widths(t_max);
+            let ms: Vec<f64> = ts.iter().map(|&t| a + b * t as f64).collect();
+            let all = interpolate(&ts, &ms, t_max);
+            prop_assert_eq!(all.len(), t_max);
+            for (i, v) in all.iter().enumerate() {
+                let want = a + b * (i + 1) as f64;
+                prop_assert!((v - want).abs() <= 1e-9 * want.max(1.0), "t = {}: {} vs {}", i + 1, v, want);
+            }
+            for (t, m) in ts.iter().zip(&ms) {
+                prop_assert_eq!(all[t - 1], *m);
+            }
+        }
+    }
 
     /// The default model's q,k,v,o groups at rank 16, 30 layers.
     fn space(mode: Mode) -> PlanSpace {

@@ -29,7 +29,7 @@ pub struct RemoteOffer {
     pub offer_bytes: Bytes,
 }
 
-fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
+pub(super) fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
     PrivateError::Service(e)
 }
 
