@@ -69,7 +69,7 @@ pub struct TripReport {
 /// The server's side of a session: computes a batch of requests on the pool it is given.
 struct PoolServer {
     session: Arc<ServerSession>,
-    pool: Arc<Mutex<Option<Arc<rayon::ThreadPool>>>>,
+    pool: Arc<Mutex<Arc<rayon::ThreadPool>>>,
     timed_ms: Arc<Mutex<Vec<f64>>>,
 }
 
@@ -90,10 +90,7 @@ impl Transport for PoolServer {
                 .collect::<Result<Vec<_>, _>>()
         };
         let t0 = Instant::now();
-        let responses = match pool {
-            Some(p) => p.install(compute),
-            None => compute(),
-        }?;
+        let responses = pool.install(compute)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         self.timed_ms
             .lock()
@@ -176,7 +173,7 @@ pub fn run(opts: &TripBenchOptions) -> anyhow::Result<TripReport> {
         // The plans `serve` offers: from this machine's cached op costs.
         server.cached_costs(COST_REPS)?;
         let offer = server.offer_grouped(opts.width, Grouping::ByInput)?;
-        let pool = Arc::new(Mutex::new(None));
+        let pool = Arc::new(Mutex::new(pools[0].clone()));
         let timed = Arc::new(Mutex::new(Vec::new()));
         let mut hook = HeHook::connect(&offer, &config, |keys, _| {
             Ok(PoolServer {
@@ -189,7 +186,7 @@ pub fn run(opts: &TripBenchOptions) -> anyhow::Result<TripReport> {
         let mut trips: Vec<Vec<f64>> = vec![Vec::new(); pools.len()];
         for rep in 0..=opts.reps {
             for (i, p) in pools.iter().enumerate() {
-                *pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.clone());
+                *pool.lock().unwrap_or_else(|p| p.into_inner()) = p.clone();
                 timed.lock().unwrap_or_else(|p| p.into_inner()).clear();
                 hook.deltas_many(&inputs)?;
                 let ms: f64 = timed.lock().unwrap_or_else(|p| p.into_inner()).iter().sum();

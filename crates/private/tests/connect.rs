@@ -13,6 +13,7 @@ use std::sync::Arc;
 use cipherlora_model::{
     LoadOptions, LoraAdapter, Model, ModelConfig, Tokenizer, WeightMode, fetch,
 };
+use cipherlora_private::width_plan::PlanSpace;
 use cipherlora_private::{
     ConnectOptions, DraftLength, Grouping, HeAdapter, HeHook, InProcess, InProcessOpener,
     PrivateError, SessionOpener, connect_with,
@@ -39,6 +40,10 @@ impl SessionOpener for Counting {
         config: &ModelConfig,
     ) -> Result<HeHook<InProcess>, PrivateError> {
         self.inner.open(t, grouping, config)
+    }
+
+    fn plan_space(&mut self, t: usize, grouping: Grouping) -> Result<PlanSpace, PrivateError> {
+        self.inner.plan_space(t, grouping)
     }
 
     fn measure_link(&self) -> Result<LinkProfile, PrivateError> {

@@ -125,18 +125,11 @@ pub trait SessionOpener {
     ) -> Result<HeHook<Self::Transport>, PrivateError>;
 
     /// The plans a session of width `t` grouped by `grouping` would run, without opening it
-    /// (an offer, no keys). The default opens the session and keeps its plans.
+    /// (an offer, no keys).
     ///
     /// # Errors
-    /// As [`SessionOpener::open`].
-    fn plan_space(
-        &mut self,
-        t: usize,
-        grouping: Grouping,
-        config: &ModelConfig,
-    ) -> Result<PlanSpace, PrivateError> {
-        Ok(self.open(t, grouping, config)?.plan_space().clone())
-    }
+    /// The server's refusal or the transport's failure.
+    fn plan_space(&mut self, t: usize, grouping: Grouping) -> Result<PlanSpace, PrivateError>;
 
     /// Two sessions, `a` and `b` as (width, grouping). The default opens them one after the other;
     /// a network opener opens them at once, so one's key upload overlaps the other's preparation
@@ -186,12 +179,7 @@ impl SessionOpener for InProcessOpener {
         })
     }
 
-    fn plan_space(
-        &mut self,
-        t: usize,
-        grouping: Grouping,
-        _: &ModelConfig,
-    ) -> Result<PlanSpace, PrivateError> {
+    fn plan_space(&mut self, t: usize, grouping: Grouping) -> Result<PlanSpace, PrivateError> {
         Ok(PlanSpace::of(&self.server.offer_grouped(t, grouping)?))
     }
 
@@ -229,7 +217,7 @@ pub fn connect_with<O: SessionOpener>(
     let mut width_choice = None;
     let (hook, verify_width, tree) = match (options.draft, link) {
         (DraftLength::Auto { k_max, trees }, Some(link)) => {
-            let space = opener.plan_space(prefill_width, Grouping::ByInput, config)?;
+            let space = opener.plan_space(prefill_width, Grouping::ByInput)?;
             let choice = choose_width_for_client(
                 &space,
                 model,
@@ -238,16 +226,18 @@ pub fn connect_with<O: SessionOpener>(
                 options.acceptance_prior,
                 DraftLimits { k_max, trees },
             )?;
-            let grouping = options
-                .grouping
-                .unwrap_or_else(|| choice.best.grouping_for(&space, forced.as_ref()));
             let (k, tree) = (choice.best.k, choice.best.tree);
+            // A verify width equal to the prefill width shares the prefill session.
+            let grouping = match options.grouping {
+                Some(g) if k + 1 != prefill_width => g,
+                _ => choice.best.grouping_for(&space, forced.as_ref()),
+            };
             width_choice = Some(choice);
             let hook = open_widths(opener, prefill_width, (k + 1, grouping), config)?;
             (hook, k + 1, tree)
         }
         (DraftLength::Fixed(k), Some(link)) if k > 0 && options.grouping.is_none() => {
-            let space = opener.plan_space(prefill_width, Grouping::ByInput, config)?;
+            let space = opener.plan_space(prefill_width, Grouping::ByInput)?;
             let grouping = given_k_grouping(&space, options, (model, drafter), &link, k)?;
             let hook = open_widths(opener, prefill_width, (k + 1, grouping), config)?;
             (hook, k + 1, None)
@@ -290,8 +280,12 @@ pub fn connect_with<O: SessionOpener>(
 }
 
 /// A prefill session of `prefill_width` grouped by input and a verify session of `(width,
-/// grouping)`, opened together ([`SessionOpener::open_pair`]); one session when the widths agree.
-fn open_widths<O: SessionOpener>(
+/// grouping)`, opened together ([`SessionOpener::open_pair`]); one session of `(width, grouping)`
+/// when the widths agree.
+///
+/// # Errors
+/// As [`SessionOpener::open`].
+pub(crate) fn open_widths<O: SessionOpener>(
     opener: &mut O,
     prefill_width: usize,
     (width, grouping): (usize, Grouping),

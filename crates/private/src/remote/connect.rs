@@ -33,12 +33,7 @@ impl SessionOpener for GrpcOpener {
         connect_remote(self.client.clone(), &self.adapter_id, t, grouping, config)
     }
 
-    fn plan_space(
-        &mut self,
-        t: usize,
-        grouping: Grouping,
-        _: &ModelConfig,
-    ) -> Result<PlanSpace, PrivateError> {
+    fn plan_space(&mut self, t: usize, grouping: Grouping) -> Result<PlanSpace, PrivateError> {
         let mut client = AdapterClient::connect(self.client.clone()).map_err(transport_error)?;
         let offer = fetch_offer(&mut client, &self.adapter_id, t, grouping)?;
         Ok(PlanSpace::of(&offer.offer))

@@ -304,31 +304,17 @@ pub fn connect_remote(
 }
 
 /// [`connect_remote`] for speculative decoding: a verify session and, for another width, a prefill
-/// session grouped by input, behind one [`ByWidth`]. Errors: [`connect_remote`]'s.
+/// session grouped by input, opened at once behind one [`ByWidth`]. Errors: [`connect_remote`]'s.
 pub fn connect_widths(
     config: ClientConfig,
     adapter_id: &str,
-    (verify_width, verify_grouping): (usize, Grouping),
+    verify: (usize, Grouping),
     prefill_width: usize,
     model_config: &ModelConfig,
 ) -> Result<ByWidth<GrpcTransport>, PrivateError> {
-    let verify = connect_remote(
-        config.clone(),
-        adapter_id,
-        verify_width,
-        verify_grouping,
-        model_config,
-    )?;
-    let mut hook = ByWidth::new().with(verify_width, verify);
-    if prefill_width != verify_width {
-        let wide = connect_remote(
-            config,
-            adapter_id,
-            prefill_width,
-            Grouping::ByInput,
-            model_config,
-        )?;
-        hook = hook.with(prefill_width, wide);
-    }
-    Ok(hook)
+    let mut opener = super::GrpcOpener {
+        client: config,
+        adapter_id: adapter_id.to_string(),
+    };
+    crate::client::open_widths(&mut opener, prefill_width, verify, model_config)
 }
