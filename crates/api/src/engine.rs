@@ -22,7 +22,7 @@ use std::time::Instant;
 use cipherlora_model::{
     ChatMessage, LoadOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer, WeightMode,
 };
-use cipherlora_private::HeTimings;
+use cipherlora_private::{HeTimings, WireDensity};
 use cipherlora_service::{AdapterClient, ClientConfig};
 use cipherlora_speculative::SpecError;
 use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig, SpecOutput};
@@ -349,11 +349,12 @@ impl Engine {
                 );
                 let mut he = open.hook.timings();
                 he.subtract(&before);
+                let decode = open.hook.timings_since_prefill();
                 let schedule = cfg.schedule.to_string();
                 match result {
                     Ok((out, context)) => {
                         adapter.keep_context(context);
-                        let cost = private_cost(&out, &he, schedule);
+                        let cost = private_cost(&out, &he, &decode, schedule);
                         (out, cost)
                     }
                     Err(e) => {
@@ -414,7 +415,16 @@ fn list_adapters(config: &ClientConfig) -> Result<Vec<String>, ApiError> {
     Ok(list.into_iter().map(|a| a.adapter_id).collect())
 }
 
-fn private_cost(out: &SpecOutput, he: &HeTimings, schedule: String) -> PrivateCost {
+/// `he`: the request's HE traffic; `decode`: its part after the prompt's
+/// passes.
+fn private_cost(
+    out: &SpecOutput,
+    he: &HeTimings,
+    decode: &HeTimings,
+    schedule: String,
+) -> PrivateCost {
+    let mut prefill = he.clone();
+    prefill.subtract(decode);
     PrivateCost {
         private: true,
         schedule: Some(schedule),
@@ -430,6 +440,8 @@ fn private_cost(out: &SpecOutput, he: &HeTimings, schedule: String) -> PrivateCo
         total_ms: 0.0,
         cached_tokens: out.stats.cached_tokens as u64,
         prefilled_tokens: out.stats.prefilled_tokens as u64,
+        wire_prefill: WireDensity::of(&prefill),
+        wire_decode: WireDensity::of(decode),
     }
 }
 

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use cipherlora_model::ChatMessage;
+use cipherlora_private::WireDensity;
 
 /// `GET /v1/models`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -237,6 +238,12 @@ pub struct PrivateCost {
     pub cached_tokens: u64,
     /// Prompt tokens prefilled through the adapter server.
     pub prefilled_tokens: u64,
+    /// Bits per activation value of the prompt's passes, next to their floor.
+    #[serde(default)]
+    pub wire_prefill: WireDensity,
+    /// Bits per activation value of the verify passes, next to their floor.
+    #[serde(default)]
+    pub wire_decode: WireDensity,
 }
 
 /// The assistant's message in a non-streamed chat response.

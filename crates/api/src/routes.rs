@@ -224,7 +224,8 @@ enum Shape {
 /// What the generation thread sends.
 enum Produced {
     Text(String),
-    Done(Result<Finished, ApiError>),
+    /// Boxed: a finished request's costs are large beside a text piece.
+    Done(Box<Result<Finished, ApiError>>),
 }
 
 /// Starts the generation thread; its output arrives on the receiver.
@@ -234,7 +235,7 @@ fn start(engine: Arc<Engine>, job: Job) -> mpsc::Receiver<Produced> {
         let result = engine.run(&job, &mut |text| {
             tx.blocking_send(Produced::Text(text)).is_ok()
         });
-        let _ = tx.blocking_send(Produced::Done(result));
+        let _ = tx.blocking_send(Produced::Done(Box::new(result)));
     });
     rx
 }
@@ -393,8 +394,10 @@ async fn respond(engine: Arc<Engine>, job: Job, fields: &SamplingFields, shape: 
         while let Some(p) = rx.recv().await {
             match p {
                 Produced::Text(t) => text.push_str(&t),
-                Produced::Done(Ok(f)) => return Json(envelope.full(text, &f)).into_response(),
-                Produced::Done(Err(e)) => return e.into_response(),
+                Produced::Done(done) => match *done {
+                    Ok(f) => return Json(envelope.full(text, &f)).into_response(),
+                    Err(e) => return e.into_response(),
+                },
             }
         }
         return ApiError::Internal("the generation thread ended without an answer".into())
@@ -422,15 +425,18 @@ async fn respond(engine: Arc<Engine>, job: Job, fields: &SamplingFields, shape: 
         while let Some(p) = rx.recv().await {
             let ok = match p {
                 Produced::Text(t) => send(envelope.chunk(Some(&t), false, None)).await,
-                Produced::Done(Ok(f)) => {
-                    let _ = send(envelope.chunk(None, false, Some(&f))).await;
-                    if include_usage {
-                        let _ = send(envelope.usage_chunk(&f)).await;
+                Produced::Done(done) => {
+                    match *done {
+                        Ok(f) => {
+                            let _ = send(envelope.chunk(None, false, Some(&f))).await;
+                            if include_usage {
+                                let _ = send(envelope.usage_chunk(&f)).await;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = send(json!(e.body())).await;
+                        }
                     }
-                    break;
-                }
-                Produced::Done(Err(e)) => {
-                    let _ = send(json!(e.body())).await;
                     break;
                 }
             };

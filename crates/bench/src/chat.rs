@@ -27,7 +27,7 @@ use cipherlora_model::{
     ChatMessage, GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
     WeightMode, generate,
 };
-use cipherlora_private::EmbeddedServer;
+use cipherlora_private::{EmbeddedServer, WireDensity};
 use cipherlora_service::LinkProfile;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -109,6 +109,12 @@ pub struct ChatTurn {
     pub bytes_up: u64,
     /// Bytes received from it.
     pub bytes_down: u64,
+    /// Bits per activation value of the prompt's passes, with their floor.
+    #[serde(default)]
+    pub wire_prefill: WireDensity,
+    /// Bits per activation value of the verify passes, with their floor.
+    #[serde(default)]
+    pub wire_decode: WireDensity,
     /// Whether the answer equals the plaintext adapted model's.
     pub matches_plaintext: bool,
 }
@@ -365,6 +371,8 @@ struct Answer {
     prefilled_tokens: u64,
     bytes_up: u64,
     bytes_down: u64,
+    wire_prefill: WireDensity,
+    wire_decode: WireDensity,
 }
 
 impl Answer {
@@ -383,6 +391,8 @@ impl Answer {
             tokens: self.tokens,
             bytes_up: self.bytes_up,
             bytes_down: self.bytes_down,
+            wire_prefill: self.wire_prefill,
+            wire_decode: self.wire_decode,
             matches_plaintext: matches,
         }
     }
@@ -408,6 +418,9 @@ impl Answer {
             self.bytes_down = n("bytes_down");
             self.cached_tokens = n("cached_tokens");
             self.prefilled_tokens = n("prefilled_tokens");
+            let wire = |k: &str| serde_json::from_value(cost[k].clone()).unwrap_or_default();
+            self.wire_prefill = wire("wire_prefill");
+            self.wire_decode = wire("wire_decode");
         }
     }
 }
@@ -473,6 +486,18 @@ fn mode(cache_mib: Option<usize>, span: usize) -> String {
     format!("{cache}, prefill span {span}")
 }
 
+/// `290 / 190 (106 / 79)`: bits per value up and down, their floors.
+fn bits(w: &WireDensity) -> String {
+    let b = |v: Option<f64>| v.map_or_else(|| "–".to_string(), |v| format!("{v:.0}"));
+    format!(
+        "{} / {} ({} / {})",
+        b(w.bits_up),
+        b(w.bits_down),
+        b(w.floor_up),
+        b(w.floor_down)
+    )
+}
+
 /// One table per adapter and link: every turn under each mode.
 fn markdown(r: &ChatReport) -> String {
     let mut md = format!(
@@ -488,8 +513,8 @@ fn markdown(r: &ChatReport) -> String {
     for (adapter, link) in keys {
         md.push_str(&format!(
             "\n**{adapter}, {link}**\n\n\
-             | mode | sessions open | turn | prompt tokens | cached / prefilled | time to first token | decode tok/s | MB up / down | = plaintext |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+             | mode | sessions open | turn | prompt tokens | cached / prefilled | time to first token | decode tok/s | MB up / down | bits per value up / down, prefill (floor) | verify (floor) | = plaintext |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
         ));
         for s in r
             .sessions
@@ -506,7 +531,7 @@ fn markdown(r: &ChatReport) -> String {
                     "cold".into()
                 };
                 md.push_str(&format!(
-                    "| {} | {:.1} s | {turn} | {} | {} / {} | {:.1} s | {:.1} | {:.0} / {:.0} | {} |\n",
+                    "| {} | {:.1} s | {turn} | {} | {} / {} | {:.1} s | {:.1} | {:.0} / {:.0} | {} | {} | {} |\n",
                     mode(s.cache_mib, s.span),
                     s.secs,
                     t.prompt_tokens,
@@ -516,6 +541,8 @@ fn markdown(r: &ChatReport) -> String {
                     t.decode_tok_s(),
                     t.bytes_up as f64 / 1e6,
                     t.bytes_down as f64 / 1e6,
+                    bits(&t.wire_prefill),
+                    bits(&t.wire_decode),
                     if t.matches_plaintext { "yes" } else { "**no**" }
                 ));
             }

@@ -18,7 +18,7 @@ use cipherlora_private::{
     LoraKind, TimeSplit, connect_remote,
 };
 use cipherlora_service::{LinkProfile, Placement};
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig, SpecStats};
+use cipherlora_speculative::decode::{self, DraftModel, DrafterKind, SpecConfig, SpecStats};
 use cipherlora_speculative::replay::ReplayDrafts;
 use cipherlora_speculative::schedule::Schedule;
 use cipherlora_speculative::tree_draft::TreeParams;
@@ -75,6 +75,9 @@ pub struct PrivateRuns {
     /// Per-token acceptance of the `replay` drafter ([`cipherlora_speculative::replay`]), for
     /// synthetic models whose own drafts mean nothing.
     pub replay_acceptance: f64,
+    /// A separate draft model for the base and hybrid drafters
+    /// ([`DraftModel::Separate`]; quantized weights as stored), instead of the target's.
+    pub draft_model: Option<PathBuf>,
 }
 
 /// One decoding configuration of the benchmark.
@@ -415,6 +418,18 @@ pub fn run_target(
     } else {
         None
     };
+    let separate = match &opts.draft_model {
+        Some(path) => Some(
+            Model::load_with(
+                path,
+                &LoadOptions {
+                    weights: WeightMode::Quantized,
+                },
+            )
+            .with_context(|| format!("loading the draft model {}", path.display()))?,
+        ),
+        None => None,
+    };
     for dir in &opts.adapters {
         let id = cipherlora_private::adapter_id(dir)?;
         // Server threads start idle; the plaintext reference runs first.
@@ -492,11 +507,14 @@ pub fn run_target(
                 .flat_map(|c| opts.schedules.iter().map(move |s| (c, s.as_str())))
             {
                 let (drafter, k) = (c.drafter, c.k);
-                let draft_model = match (c.draft_weights(), &half, &quantized) {
-                    ("f16", Some(h), _) => h,
-                    ("quantized", _, Some(q)) => q,
-                    _ => model,
+                let drafting = match (c.draft_weights(), &half, &quantized, &separate) {
+                    ("-", ..) => DraftModel::Copy(model),
+                    (_, _, _, Some(m)) => DraftModel::Separate(m),
+                    ("f16", Some(h), _, _) => DraftModel::Copy(h),
+                    ("quantized", _, Some(q), _) => DraftModel::Copy(q),
+                    _ => DraftModel::Copy(model),
                 };
+                let draft_model = drafting.model();
                 let mut cfg = SpecConfig {
                     tree: c.tree.map(Into::into),
                     drafter,
@@ -615,14 +633,10 @@ pub fn run_target(
                     if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
                         tree.calibration = c;
                     }
-                    let out = decode::generate_drafted(
-                        model,
-                        draft_model,
-                        p,
-                        &cfg,
-                        &mut hook,
-                        &mut |_| Ok(()),
-                    )?;
+                    let out =
+                        decode::generate_drafted(model, drafting, p, &cfg, &mut hook, &mut |_| {
+                            Ok(())
+                        })?;
                     // The verify session's work since the prompt's passes.
                     let he = verify_timings(&hook, width);
                     let stats = SpecStats {
@@ -674,6 +688,13 @@ pub fn run_target(
                     // An f16 copy of a quantized model shares its quantized weights.
                     draft_weights: match c.draft_weights() {
                         "-" => "-".into(),
+                        _ if drafting.is_separate() => format!(
+                            "draft model {}",
+                            opts.draft_model
+                                .as_deref()
+                                .and_then(Path::file_stem)
+                                .map_or_else(String::new, |s| s.to_string_lossy().into_owned())
+                        ),
                         _ => draft_model.weights_held().into(),
                     },
                     k: cfg.k,

@@ -10,6 +10,7 @@ pub mod schedule_plan;
 mod time_split;
 mod transport;
 pub mod width_plan;
+mod wire_density;
 
 pub use by_width::*;
 pub use connect::*;
@@ -17,3 +18,4 @@ pub use hook::*;
 pub use schedule_plan::*;
 pub use time_split::{TimeSplit, summary};
 pub use transport::*;
+pub use wire_density::WireDensity;

@@ -15,8 +15,8 @@ pub mod server;
 
 pub use client::{
     ByWidth, ConnectOptions, DraftLength, HeHook, HeTimings, InProcess, InProcessOpener, PassModel,
-    PrivateSession, Reply, ScheduleChoice, SessionOpener, TimeSplit, Transport, choose_for_session,
-    choose_schedule, connect_with, summary,
+    PrivateSession, Reply, ScheduleChoice, SessionOpener, TimeSplit, Transport, WireDensity,
+    choose_for_session, choose_schedule, connect_with, summary,
 };
 pub use client::{schedule_plan, width_plan};
 pub use error::{PrivateError, ProtocolFault};

@@ -3,16 +3,17 @@
 //! zero-padded) and sends them before awaiting the first reply. The answer
 //! is the plaintext adapted model's, the prompt costs one round trip per
 //! adapted group instead of one per group and chunk, and every request the
-//! server sees has its session's width.
+//! server sees has its session's width. The client counts the activation
+//! values of real positions only (not the padding) for its bits per value.
 
 mod common;
 
 use std::sync::Arc;
 
-use cipherlora_model::{LoadOptions, LoraAdapter, Model, Tokenizer, WeightMode, fetch};
+use cipherlora_model::{LoadOptions, LoraAdapter, Model, Proj, Tokenizer, WeightMode, fetch};
 use cipherlora_private::{
-    ByWidth, ConnectOptions, DraftLength, Grouping, HeAdapter, InProcess, InProcessOpener,
-    connect_with,
+    ByWidth, ConnectOptions, DraftLength, Grouping, HeAdapter, HeTimings, InProcess,
+    InProcessOpener, WireDensity, connect_with,
 };
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::{self, SpecConfig, SpecOutput};
@@ -38,13 +39,55 @@ fn setup(adapter: &str) -> (Model, Tokenizer, Arc<HeAdapter>, LoraAdapter) {
     (model, tok, server, plain)
 }
 
-/// Prefill round trips and group requests of one generation, and its output.
+/// Input and delta values per position the adapter's groups carry (FFA:
+/// Σr; standard: each group's d_in, q,k,v sharing one input), adapters on
+/// q,k,v,o.
+fn values_per_position(plain: &LoraAdapter, ffa: bool) -> (u64, u64) {
+    let (mut up, mut down) = (0, 0);
+    for layer in 0..plain.num_layers() {
+        let mut qkv_input = false;
+        for &proj in plain.target_modules() {
+            assert!(matches!(proj, Proj::Q | Proj::K | Proj::V | Proj::O));
+            let Some(w) = plain.get(layer, proj) else {
+                continue;
+            };
+            let (r, d_in) = w.a.dims2().unwrap();
+            down += w.b.dims()[0] as u64;
+            if ffa {
+                up += r as u64;
+            } else if proj == Proj::O || !qkv_input {
+                up += d_in as u64;
+                qkv_input |= proj != Proj::O;
+            }
+        }
+    }
+    (up, down)
+}
+
+/// Checks the prefill's counted values against the real positions and
+/// that every floor lies below its bits per value.
+fn check_values(prefill: &HeTimings, positions: usize, per_position: (u64, u64)) {
+    let n = positions as u64;
+    assert_eq!(prefill.values_up, n * per_position.0, "values up");
+    assert_eq!(prefill.values_down, n * per_position.1, "values down");
+    let w = WireDensity::of(prefill);
+    let (up, floor_up) = (w.bits_up.unwrap(), w.floor_up.unwrap());
+    let (down, floor_down) = (w.bits_down.unwrap(), w.floor_down.unwrap());
+    assert!(floor_up < up && floor_down < down, "{w}");
+    // A ciphertext coefficient carries at least a few bits, at most its
+    // 180-bit modulus.
+    assert!((4.0..180.0).contains(&floor_up), "{w}");
+    assert!((4.0..180.0).contains(&floor_down), "{w}");
+}
+
+/// Prefill round trips and group requests of one generation, its output and
+/// its prefill's traffic.
 fn run(
     (model, tok, server): (&Model, &Tokenizer, &Arc<HeAdapter>),
     prompt: &[u32],
     (schedule, grouping): (Schedule, Option<Grouping>),
     span: usize,
-) -> (SpecOutput, u64, u64, usize) {
+) -> (SpecOutput, u64, u64, usize, HeTimings) {
     let mut opener = InProcessOpener {
         server: server.clone(),
         link: LinkProfile::LOOPBACK,
@@ -71,13 +114,15 @@ fn run(
         .expect("prefill session")
         .pass_model()
         .groups;
+    let mut prefill = hook.timings();
+    prefill.subtract(&hook.timings_since_prefill());
     let (mut trips, mut requests) = (0, 0);
     for (_, h) in hook.into_sessions() {
         let (all, decode) = (h.timings().clone(), h.timings_since_prefill());
         trips += all.round_trips - decode.round_trips;
         requests += all.rounds - decode.rounds;
     }
-    (out, trips, requests, groups)
+    (out, trips, requests, groups, prefill)
 }
 
 #[test]
@@ -104,8 +149,10 @@ fn a_wide_prefill_pass_is_exact_and_pays_one_round_trip_per_group() {
     ] {
         let parts = (&model, &tok, &server);
         let how = (schedule, grouping);
-        let (chunked, chunked_trips, _, groups) = run(parts, &prompt, how, PREFILL_WIDTH);
-        let (wide, wide_trips, wide_requests, _) = run(parts, &prompt, how, 512);
+        let (chunked, chunked_trips, _, groups, _) = run(parts, &prompt, how, PREFILL_WIDTH);
+        let (wide, wide_trips, wide_requests, _, traffic) = run(parts, &prompt, how, 512);
+        // The wide pass's last request is zero-padded: only real positions count.
+        check_values(&traffic, prefilled, values_per_position(&plain, true));
         assert_matches(&chunked, &want, &tok, &format!("{how:?}, chunked"));
         assert_matches(&wide, &want, &tok, &format!("{how:?}, wide"));
         let chunks = prefilled.div_ceil(PREFILL_WIDTH) as u64;
@@ -127,7 +174,9 @@ fn a_standard_adapter_prefills_a_short_prompt_below_every_width_exactly() {
     assert!(prompt.len() < PREFILL_WIDTH);
     let want = plaintext_reference(&model, &tok, &plain, &prompt, 6);
     let how = (Schedule::PerGroup, None);
-    let (got, trips, _, groups) = run((&model, &tok, &server), &prompt, how, 512);
+    let (got, trips, _, groups, traffic) = run((&model, &tok, &server), &prompt, how, 512);
     assert_matches(&got, &want, &tok, "short prompt");
+    // The prompt's last token opens the first verify pass.
+    check_values(&traffic, prompt.len() - 1, values_per_position(&plain, false));
     assert_eq!(trips, groups as u64);
 }

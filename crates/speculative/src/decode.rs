@@ -235,12 +235,53 @@ pub fn generate(
     generate_drafted(model, model, prompt, cfg, verifier, on_tokens)
 }
 
-/// [`generate`] with a separate drafter model of the same shapes (e.g.
-/// [`Model::to_f16_weights`]); same output. Errors: as [`generate`];
-/// [`SpecError::Config`] when the shapes differ.
-pub fn generate_drafted(
+/// The model the base drafter runs ([`DrafterKind::Base`], the base half of
+/// [`DrafterKind::Hybrid`]).
+#[derive(Debug, Clone, Copy)]
+pub enum DraftModel<'m> {
+    /// The target or a copy of its weights ([`Model::to_f16_weights`],
+    /// [`Model::fast_drafter`]): its KV cache copies the target's adapted rows
+    /// before each draft, so it drafts over the adapted prefix, and
+    /// delta-guided drafting applies.
+    Copy(&'m Model),
+    /// Another network with the target's vocabulary, e.g. a 1B model drafting
+    /// for an 8B target (Leviathan et al., ICML 2023, §2): it keeps its own KV
+    /// cache, fed the context's tokens, drafts chains only, and neither delta
+    /// guidance nor drafted starts apply (its activations are not the
+    /// target's).
+    Separate(&'m Model),
+}
+
+impl<'m> DraftModel<'m> {
+    /// The drafter's weights.
+    #[must_use]
+    pub fn model(self) -> &'m Model {
+        match self {
+            DraftModel::Copy(m) | DraftModel::Separate(m) => m,
+        }
+    }
+
+    /// Whether the drafter is another network ([`DraftModel::Separate`]).
+    #[must_use]
+    pub fn is_separate(self) -> bool {
+        matches!(self, DraftModel::Separate(_))
+    }
+}
+
+impl<'m> From<&'m Model> for DraftModel<'m> {
+    fn from(m: &'m Model) -> Self {
+        DraftModel::Copy(m)
+    }
+}
+
+/// [`generate`] with a drafter model other than the target: a copy of its
+/// weights or another network ([`DraftModel`]); same output. Errors: as
+/// [`generate`]; [`SpecError::Config`] when a copy's shapes differ from the
+/// target's, when a separate drafter's vocabulary does, or when a separate
+/// drafter is asked for trees.
+pub fn generate_drafted<'m>(
     model: &Model,
-    draft_model: &Model,
+    draft_model: impl Into<DraftModel<'m>>,
     prompt: &[u32],
     cfg: &SpecConfig,
     verifier: &mut dyn DeltaHook,
@@ -253,24 +294,18 @@ pub fn generate_drafted(
 /// [`generate_drafted`] reusing the rows of an earlier context
 /// ([`crate::prefix_cache`]); returns the output and the new context's rows.
 /// Same output as without the cache. Errors: as [`generate_drafted`].
-pub fn generate_cached(
+pub fn generate_cached<'m>(
     model: &Model,
-    draft_model: &Model,
+    draft_model: impl Into<DraftModel<'m>>,
     prompt: &[u32],
     cfg: &SpecConfig,
     verifier: &mut dyn DeltaHook,
     on_tokens: &mut dyn FnMut(&[u32]) -> Result<(), SpecError>,
     cached: Option<CachedContext>,
 ) -> Result<(SpecOutput, CachedContext), SpecError> {
-    let (t, d) = (model.config(), draft_model.config());
-    if (t.num_layers, t.num_kv_heads, t.head_dim, t.vocab_size)
-        != (d.num_layers, d.num_kv_heads, d.head_dim, d.vocab_size)
-    {
-        return Err(SpecError::Config(
-            "the draft model's layers, KV heads, head size or vocabulary differ from the target's"
-                .into(),
-        ));
-    }
+    let drafting = draft_model.into();
+    check_draft_model(model, drafting, cfg)?;
+    let (draft_model, separate) = (drafting.model(), drafting.is_separate());
     if prompt.is_empty() {
         return Err(SpecError::Config("empty prompt".into()));
     }
@@ -362,15 +397,15 @@ pub fn generate_cached(
     let mut round_settles = 0;
 
     let adapted = wanted_groups(model, &*verifier);
-    // Estimate passes run on a quantized drafter, else on the target.
-    let estimator = if draft_model.weights_held() == "quantized" {
+    // Estimate passes run on a quantized copy of the target, else on the target.
+    let estimator = if !separate && draft_model.weights_held() == "quantized" {
         draft_model
     } else {
         model
     };
     let tree_margin = cfg.tree.as_ref().map_or(0, |t| t.shape.max_fed(cfg.k));
     let mut drafter = Drafter::new(
-        (draft_model, model),
+        (drafting, model),
         cfg,
         capacity + width + 1 + tree_margin,
         adapted,
@@ -516,6 +551,7 @@ pub fn generate_cached(
         };
         // Fixed point: draft the next round while the last trip is on the network.
         let predict = matches!(cfg.schedule, Schedule::FixedPoint(fp) if fp.draft_ahead)
+            && !separate
             && greedy
             && cfg.drafter == DrafterKind::Base
             && !cfg.adaptive
@@ -770,6 +806,36 @@ pub fn generate_cached(
         calibration: cfg.tree.is_some().then_some(drafter.calibration),
     };
     Ok((out, kept))
+}
+
+/// Errors: [`SpecError::Config`] when a copy's layers, KV heads, head size
+/// or vocabulary differ from the target's, when a separate drafter's
+/// vocabulary does, or when a separate drafter is asked for trees.
+fn check_draft_model(
+    model: &Model,
+    drafting: DraftModel<'_>,
+    cfg: &SpecConfig,
+) -> Result<(), SpecError> {
+    let (t, d) = (model.config(), drafting.model().config());
+    match drafting {
+        DraftModel::Copy(_)
+            if (t.num_layers, t.num_kv_heads, t.head_dim, t.vocab_size)
+                != (d.num_layers, d.num_kv_heads, d.head_dim, d.vocab_size) =>
+        {
+            Err(SpecError::Config(
+                "the draft model's layers, KV heads, head size or vocabulary differ from the target's"
+                    .into(),
+            ))
+        }
+        DraftModel::Separate(_) if t.vocab_size != d.vocab_size => Err(SpecError::Config(format!(
+            "the draft model's vocabulary ({}) differs from the target's ({}): it needs the same tokenizer",
+            d.vocab_size, t.vocab_size
+        ))),
+        DraftModel::Separate(_) if cfg.tree.is_some() => Err(SpecError::Config(
+            "tree drafts need a copy of the target's weights, not a separate draft model".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The caches a generation starts from.
@@ -1091,6 +1157,9 @@ impl Draft {
 /// Drafter state: the base model's own KV cache and the adaptive-K controller.
 struct Drafter<'m> {
     model: &'m Model,
+    /// A separate network ([`DraftModel::Separate`]): its cache holds its own
+    /// rows of the context, never the target's.
+    separate: bool,
     /// The model for a tree level's batched pass (the target's f32 weights).
     batch_model: &'m Model,
     kind: DrafterKind,
@@ -1117,11 +1186,12 @@ struct Drafter<'m> {
 impl<'m> Drafter<'m> {
     /// `adapted`: the verifier's groups in forward order.
     fn new(
-        (model, batch_model): (&'m Model, &'m Model),
+        (drafting, batch_model): (DraftModel<'m>, &'m Model),
         cfg: &SpecConfig,
         capacity: usize,
         adapted: Vec<(usize, ProjGroup)>,
     ) -> Result<Self, SpecError> {
+        let (model, separate) = (drafting.model(), drafting.is_separate());
         let needs_base = matches!(cfg.drafter, DrafterKind::Base | DrafterKind::Hybrid);
         let cache = if needs_base {
             Some(model.new_cache(capacity)?)
@@ -1146,6 +1216,7 @@ impl<'m> Drafter<'m> {
         });
         Ok(Self {
             model,
+            separate,
             batch_model,
             kind: cfg.drafter,
             k_max: cfg.k,
@@ -1159,9 +1230,9 @@ impl<'m> Drafter<'m> {
                 .as_ref()
                 .map(|t| t.calibration.clone())
                 .unwrap_or_default(),
-            guided: cfg.delta_guided,
+            guided: cfg.delta_guided && !separate,
             bias: DraftBias::none(),
-            recorder: cfg.drafted_start().then(|| DraftedInputs::new(adapted)),
+            recorder: (cfg.drafted_start() && !separate).then(|| DraftedInputs::new(adapted)),
             replay: cfg.replay.clone(),
         })
     }
@@ -1239,9 +1310,11 @@ impl<'m> Drafter<'m> {
         rng: &mut ChaCha20Rng,
     ) -> Result<Draft, SpecError> {
         let cache = self.cache.as_mut().expect("base drafter has a cache");
-        let from = self.synced.min(cache.len());
-        cache.sync_from(target, from)?;
-        self.synced = target.len();
+        if !self.separate {
+            let from = self.synced.min(cache.len());
+            cache.sync_from(target, from)?;
+            self.synced = target.len();
+        }
         let greedy = sampler.is_greedy();
         let mut history = context.to_vec();
         let mut tokens = Vec::with_capacity(k);

@@ -218,6 +218,7 @@ impl SplitBenchArgs {
                 acceptance_prior: None,
                 temperature: 0.0,
                 replay_acceptance: 0.78,
+                draft_model: None,
             })
         };
         cipherlora_bench::split_inference::run(
@@ -478,6 +479,10 @@ pub struct E2eBenchArgs {
     /// adapter general-lora-r16, adapters/acceptance-general.json).
     #[arg(long, default_value_t = 0.78)]
     replay_acceptance: f64,
+    /// A smaller model (GGUF file or HF folder with the target's tokenizer) the base and hybrid
+    /// drafters run instead of the target's weights, e.g. a 1B model drafting for an 8B target.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
 }
 
 impl E2eBenchArgs {
@@ -516,6 +521,7 @@ impl E2eBenchArgs {
                 acceptance_prior: self.acceptance_prior,
                 temperature: self.temperature,
                 replay_acceptance: self.replay_acceptance,
+                draft_model: self.draft_model,
             },
         })?;
         Ok(())

@@ -224,7 +224,7 @@ impl DemoArgs {
         let t0 = Instant::now();
         let private = decode::generate_drafted(
             &model,
-            &drafter_model,
+            &*drafter_model,
             &prompt,
             &cfg,
             &mut hook,
@@ -263,7 +263,13 @@ impl DemoArgs {
         println!("--- summary ---");
         println!(
             "private: {}",
-            summary(n, secs, &private.stats, &hook.timings())
+            summary(
+                n,
+                secs,
+                &private.stats,
+                &hook.timings(),
+                &hook.timings_since_prefill()
+            )
         );
         println!(
             "plaintext reference: {:.2} tok/s",

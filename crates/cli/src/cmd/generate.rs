@@ -16,6 +16,7 @@ use cipherlora_speculative::tree_draft::TreeParams;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::demo::{DraftArg, DraftWeightsArg, check_equal};
+use crate::cmd::draft_model::DrafterModel;
 use crate::cmd::sampling_arg::SamplingArgs;
 use crate::cmd::schedule_arg::schedule_report;
 
@@ -104,6 +105,11 @@ pub struct GenerateArgs {
     /// Private mode: how the base drafter holds its weights.
     #[arg(long, value_enum, default_value = "quantized", requires = "server")]
     draft_weights: DraftWeightsArg,
+    /// Private mode: draft with this smaller model instead (GGUF file or HF folder with the
+    /// target's tokenizer, e.g. a 1B model drafting for an 8B target); chains only, no
+    /// delta-guided drafting.
+    #[arg(long, requires = "server", conflicts_with = "tree")]
+    draft_model: Option<PathBuf>,
     /// Greedy base drafts stop after a token below this drafter probability (0: always K).
     #[arg(long, default_value_t = crate::cmd::demo::DEFAULT_DRAFT_STOP, requires = "server")]
     draft_stop_below: f32,
@@ -238,7 +244,8 @@ impl GenerateArgs {
         )?;
         let drafter = DrafterKind::from(self.draft);
         let id = self.adapter_id.as_deref().unwrap_or_default();
-        let drafter_model = self.draft_weights.drafter(model)?;
+        let drafter_model =
+            DrafterModel::new(model, self.draft_weights, self.draft_model.as_deref(), tok)?;
         let schedule = match self.schedule.as_str() {
             "auto" => None,
             s => Some(s.parse::<Schedule>()?),
@@ -272,8 +279,9 @@ impl GenerateArgs {
             planning_link: self.link,
         };
         let opening = std::time::Instant::now();
-        let session = cipherlora_private::connect(config, id, &options, (model, &drafter_model))
-            .with_context(|| format!("opening a session on {url}"))?;
+        let session =
+            cipherlora_private::connect(config, id, &options, (model, drafter_model.model()))
+                .with_context(|| format!("opening a session on {url}"))?;
         eprintln!(
             "sessions open in {:.2} s (offer, width model, keys, the server's plans)",
             opening.elapsed().as_secs_f64()
@@ -325,7 +333,7 @@ impl GenerateArgs {
         let t0 = std::time::Instant::now();
         let out = decode::generate_drafted(
             model,
-            &drafter_model,
+            drafter_model.draft_model(),
             prompt,
             &cfg,
             &mut hook,
@@ -343,7 +351,13 @@ impl GenerateArgs {
         let secs = t0.elapsed().as_secs_f64();
         eprintln!(
             "{}",
-            summary(out.tokens.len(), secs, &out.stats, &hook.timings())
+            summary(
+                out.tokens.len(),
+                secs,
+                &out.stats,
+                &hook.timings(),
+                &hook.timings_since_prefill()
+            )
         );
         if let Some(adapter) = reference {
             let want = cipherlora_model::generate(

@@ -6,6 +6,7 @@ pub mod attack;
 pub mod bench;
 pub mod demo;
 pub mod devcert;
+pub mod draft_model;
 pub mod fetch;
 pub mod generate;
 pub mod generate_split;

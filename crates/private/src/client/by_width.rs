@@ -55,6 +55,17 @@ impl<T: Transport> ByWidth<T> {
         sum
     }
 
+    /// [`HeHook::timings_since_prefill`] summed over all sessions: the
+    /// decode part of the latest generation.
+    #[must_use]
+    pub fn timings_since_prefill(&self) -> HeTimings {
+        let mut sum = HeTimings::default();
+        for (_, h) in &self.hooks {
+            sum.add(&h.timings_since_prefill());
+        }
+        sum
+    }
+
     /// The sessions, by width (e.g. to close them).
     #[must_use]
     pub fn into_sessions(self) -> Vec<(usize, HeHook<T>)> {

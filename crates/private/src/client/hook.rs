@@ -6,7 +6,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use cipherlora_ckks::{CkksParameters, Context};
 use cipherlora_helora::wire::{GroupRequest, GroupResponse};
-use cipherlora_helora::{CkksClient, GroupClient, InputScales};
+use cipherlora_helora::{CkksClient, GroupClient, InputScales, Mode};
 use cipherlora_model::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup,
     RopeStyle, gguf_qk_row_permutation,
@@ -51,6 +51,15 @@ pub struct HeTimings {
     pub bytes_up: u64,
     /// Response bytes received.
     pub bytes_down: u64,
+    /// Input values the requests carried (standard LoRA: d_in per position,
+    /// FFA: Σr), counting real positions only.
+    pub values_up: u64,
+    /// Delta values the responses carried (Σd_out per real position).
+    pub values_down: u64,
+    /// Real values the requests' ciphertexts could hold (N each).
+    pub capacity_up: u64,
+    /// Real values the responses' ciphertexts could hold (N each).
+    pub capacity_down: u64,
 }
 
 impl HeTimings {
@@ -65,6 +74,10 @@ impl HeTimings {
         self.decrypt_ms += other.decrypt_ms;
         self.bytes_up += other.bytes_up;
         self.bytes_down += other.bytes_down;
+        self.values_up += other.values_up;
+        self.values_down += other.values_down;
+        self.capacity_up += other.capacity_up;
+        self.capacity_down += other.capacity_down;
     }
 
     /// Subtracts `earlier` (a snapshot of the same counters) from these.
@@ -78,6 +91,10 @@ impl HeTimings {
         self.decrypt_ms -= earlier.decrypt_ms;
         self.bytes_up -= earlier.bytes_up.min(self.bytes_up);
         self.bytes_down -= earlier.bytes_down.min(self.bytes_down);
+        self.values_up -= earlier.values_up.min(self.values_up);
+        self.values_down -= earlier.values_down.min(self.values_down);
+        self.capacity_up -= earlier.capacity_up.min(self.capacity_up);
+        self.capacity_down -= earlier.capacity_down.min(self.capacity_down);
     }
 }
 
@@ -379,6 +396,8 @@ impl<T: Transport> HeHook<T> {
         let t1 = Instant::now();
         let reply = self.transport.round(&request)?;
         let t2 = Instant::now();
+        self.carried_up((layer, group), t, &request);
+        self.carried_down((layer, group), t, &reply.response);
         let out = member_deltas(
             &self.decrypt_group(layer, group, t, &reply.response, &scales)?,
             (layer, group),
@@ -424,6 +443,7 @@ impl<T: Transport> HeHook<T> {
             let (request, scales) = self.encrypt_group(layer, group, &chunk, upload_error(0.0))?;
             encrypt_ms += e0.elapsed().as_secs_f64() * 1e3;
             up += request.byte_len();
+            self.carried_up((layer, group), rows, &request);
             let round = self.transport.open_round();
             let early = self.transport.send(round, &request)?;
             sent.push((round, rows, scales, early));
@@ -439,6 +459,7 @@ impl<T: Transport> HeHook<T> {
                 )?,
             };
             down += reply.response.byte_len();
+            self.carried_down((layer, group), rows, &reply.response);
             server_ms += reply.server_ms.unwrap_or(0.0);
             let d0 = Instant::now();
             let deltas = self.decrypt_group(layer, group, w, &reply.response, &scales)?;
@@ -544,8 +565,11 @@ impl<T: Transport> HeHook<T> {
             });
         }
         let mut out = vec![GroupDeltas::none(); inputs.len()];
-        for ((u, r), sc) in units.iter().zip(&replies).zip(&scales) {
+        for ((u, r), (sc, request)) in units.iter().zip(&replies).zip(scales.iter().zip(&requests))
+        {
             let t = u.x.dims().first().copied().unwrap_or(0);
+            self.carried_up(u.key, t, request);
+            self.carried_down(u.key, t, &r.response);
             let deltas = self.decrypt_group(u.key.0, u.key.1, t, &r.response, sc)?;
             for &i in &u.inputs {
                 out[i] = member_deltas(&deltas, (inputs[i].layer, inputs[i].group));
@@ -562,6 +586,36 @@ impl<T: Transport> HeHook<T> {
             replies.iter().map(|r| r.response.byte_len()).sum(),
         );
         Ok(out)
+    }
+
+    /// Input values per position of session group `key` (standard LoRA:
+    /// d_in, FFA: Σr) and delta values per position (Σd_out).
+    fn values_per_row(&self, key: (usize, ProjGroup)) -> (u64, u64) {
+        self.groups.get(&key).map_or((0, 0), |g| {
+            let plan = g.client.plan();
+            let input = match plan.mode {
+                Mode::Standard => plan.shape.d_in,
+                Mode::Ffa => plan.shape.total_rank(),
+            };
+            (input as u64, plan.shape.total_out() as u64)
+        })
+    }
+
+    /// Counts the values `request` carried for `rows` real positions of
+    /// session group `key`, and its ciphertexts' capacity ([`crate::WireDensity`]).
+    fn carried_up(&mut self, key: (usize, ProjGroup), rows: usize, request: &GroupRequest) {
+        let n = self.he.context().degree() as u64;
+        let values = self.values_per_row(key).0 * rows as u64;
+        self.timings.values_up += values;
+        self.timings.capacity_up += n * request.ciphertexts.len() as u64;
+    }
+
+    /// As [`Self::carried_up`], for a response.
+    fn carried_down(&mut self, key: (usize, ProjGroup), rows: usize, response: &GroupResponse) {
+        let n = self.he.context().degree() as u64;
+        let values = self.values_per_row(key).1 * rows as u64;
+        self.timings.values_down += values;
+        self.timings.capacity_down += n * response.ciphertexts.len() as u64;
     }
 
     /// Books `trips` round trips carrying `groups` group requests; `at` =

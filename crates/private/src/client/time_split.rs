@@ -1,6 +1,6 @@
 //! Where a private generation's time went (`generate`, `demo`, `bench e2e`).
 
-use crate::client::HeTimings;
+use crate::client::{HeTimings, WireDensity};
 use cipherlora_speculative::decode::SpecStats;
 use serde::{Deserialize, Serialize};
 
@@ -79,14 +79,25 @@ impl std::fmt::Display for TimeSplit {
     }
 }
 
-/// The summary `generate` and `demo` print after a private generation.
+/// The summary `generate` and `demo` print after a private generation:
+/// `he` the whole generation's HE traffic, `decode` its part after the
+/// prompt's passes ([`crate::ByWidth::timings_since_prefill`]).
 #[must_use]
-pub fn summary(tokens: usize, wall_secs: f64, stats: &SpecStats, he: &HeTimings) -> String {
+pub fn summary(
+    tokens: usize,
+    wall_secs: f64,
+    stats: &SpecStats,
+    he: &HeTimings,
+    decode: &HeTimings,
+) -> String {
     let split = TimeSplit::new(stats, he);
+    let mut prefill = he.clone();
+    prefill.subtract(decode);
     format!(
         "tokens {tokens}, {:.2} tok/s, {} verify rounds, mean accepted length {:.2}, {} prefill passes, {} drafts made ahead and used\n\
          time: {split}\n\
-         bytes: up {:.1} MB, down {:.1} MB ({:.0} kB per token), {} group requests in {} round trips",
+         bytes: up {:.1} MB, down {:.1} MB ({:.0} kB per token), {} group requests in {} round trips\n\
+         wire: prefill {}; decode {}",
         tokens as f64 / wall_secs.max(1e-9),
         stats.rounds,
         stats.mean_accepted_length(tokens),
@@ -97,6 +108,8 @@ pub fn summary(tokens: usize, wall_secs: f64, stats: &SpecStats, he: &HeTimings)
         (he.bytes_up + he.bytes_down) as f64 / 1e3 / tokens.max(1) as f64,
         he.rounds,
         he.round_trips,
+        WireDensity::of(&prefill),
+        WireDensity::of(decode),
     )
 }
 

@@ -102,9 +102,11 @@ impl<T: Transport> HeHook<T> {
         let answered = self.transport.send(round, &request)?;
         let t2 = Instant::now();
         let up = request.byte_len();
+        self.carried_up(key, t, &request);
         match answered {
             // Answered at once (an in-process transport): decrypt now.
             Some(reply) => {
+                self.carried_down(key, t, &reply.response);
                 let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
                 let t3 = Instant::now();
                 self.file(id, key, &members, &deltas)?;
@@ -166,6 +168,7 @@ impl<T: Transport> HeHook<T> {
             self.transport
                 .receive(round, key.0 as u32, AdapterGroups::group_index(key.1))?;
         let t2 = Instant::now();
+        self.carried_down(key, t, &reply.response);
         let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
         let t3 = Instant::now();
         self.file(id, key, &members, &deltas)?;
