@@ -560,6 +560,14 @@ pub fn run_target(
                     grouping: grouping_asked,
                     planning_link: Some(link),
                 };
+                // The plaintext rerun goes first: sessions left unstarted while it runs (long at
+                // 8B) would time out on the server and be reopened.
+                let (again, plain_tps) = plain_run()?;
+                anyhow::ensure!(
+                    again == reference,
+                    "the plaintext reference is not deterministic"
+                );
+                plain_tps_all.push(plain_tps);
                 let session = cipherlora_private::connect(
                     server.client_config(link),
                     &id,
@@ -605,12 +613,6 @@ pub fn run_target(
                     Grouping::ByLayers(_) => format!("{schedule_name}, {grouped}"),
                     Grouping::ByInput => schedule_name,
                 };
-                let (again, plain_tps) = plain_run()?;
-                anyhow::ensure!(
-                    again == reference,
-                    "the plaintext reference is not deterministic"
-                );
-                plain_tps_all.push(plain_tps);
                 let mut matches = true;
                 let (mut tokens, mut rounds, mut ahead_hits) = (0usize, 0usize, 0usize);
                 let mut drafted_starts = 0usize;

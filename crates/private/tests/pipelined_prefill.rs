@@ -177,6 +177,10 @@ fn a_standard_adapter_prefills_a_short_prompt_below_every_width_exactly() {
     let (got, trips, _, groups, traffic) = run((&model, &tok, &server), &prompt, how, 512);
     assert_matches(&got, &want, &tok, "short prompt");
     // The prompt's last token opens the first verify pass.
-    check_values(&traffic, prompt.len() - 1, values_per_position(&plain, false));
+    check_values(
+        &traffic,
+        prompt.len() - 1,
+        values_per_position(&plain, false),
+    );
     assert_eq!(trips, groups as u64);
 }

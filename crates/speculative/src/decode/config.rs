@@ -1,0 +1,223 @@
+//! What a speculative generation is asked to do ([`SpecConfig`]) and what
+//! it reports ([`SpecStats`], [`SpecOutput`]).
+
+use cipherlora_model::SamplingParams;
+
+use crate::SpecError;
+use crate::draw_bounds::log_weight_bound;
+use crate::replay::ReplayDrafts;
+use crate::schedule::Schedule;
+use crate::tree_draft::{Calibration, TreeDrafts};
+
+/// Which drafter proposes the K tokens of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterKind {
+    /// No speculation: one position per round (the private baseline).
+    None,
+    /// The plaintext base model without the adapter (greedy or sampled drafts).
+    Base,
+    /// Prompt lookup: free, deterministic drafts copied from the context.
+    Ngram,
+    /// Prompt lookup when it proposes a full draft, the base model otherwise.
+    Hybrid,
+    /// The reference continuation at a set acceptance ([`SpecConfig::replay`]; synthetic
+    /// models in benchmarks).
+    Replay,
+}
+
+/// Configuration of a speculative generation.
+#[derive(Debug, Clone)]
+pub struct SpecConfig {
+    /// The drafter.
+    pub drafter: DrafterKind,
+    /// K: drafted tokens per round (the maximum when `adaptive`).
+    pub k: usize,
+    /// Choose k ≤ K per round from the observed acceptance rate.
+    pub adaptive: bool,
+    /// Constant-K padding: every verify pass carries exactly K+1 positions.
+    pub pad_to_k: bool,
+    /// Positions per prefill pass (`None`: the verify width; `cipherlora_private::ByWidth`).
+    pub prefill_width: Option<usize>,
+    /// Optimistic drafting (greedy, base drafter, fixed K): draft the next round
+    /// during the verify pass, guessing every draft accepted. Output unchanged.
+    pub optimistic: bool,
+    /// Stop a greedy base draft below this drafter probability (0: off; EAGLE-2,
+    /// Li et al. 2024; SpecDec++, Huang et al. 2024). Output unchanged.
+    pub draft_stop_below: f32,
+    /// Delta-guided drafting ([`crate::draft_bias`]). Output unchanged.
+    pub delta_guided: bool,
+    /// Stop after this many generated tokens.
+    pub max_tokens: usize,
+    /// Sampling parameters (temperature 0 = greedy).
+    pub sampling: SamplingParams,
+    /// End-of-sequence tokens: generation stops before emitting one.
+    pub eos: Vec<u32>,
+    /// Take the first new token from the prefill's last row (per-group only).
+    pub first_token_from_prefill: bool,
+    /// Positions per group-by-group prefill pass, unpadded (the hook splits
+    /// it over its sessions' widths); at most the prefill width: fixed-width
+    /// padded chunks ([`PREFILL_SPAN`] by default).
+    pub prefill_span: usize,
+    /// Draft a tree of K nodes instead of a chain ([`crate::tree_draft`]; base
+    /// drafter, no adaptive K, optimistic drafting or `draft_stop_below`).
+    pub tree: Option<TreeDrafts>,
+    /// How each pass gets its deltas; same output either way (sampling runs
+    /// [`crate::schedule::FixedPoint::for_sampling`]).
+    pub schedule: Schedule,
+    /// What [`DrafterKind::Replay`] drafts.
+    pub replay: Option<ReplayDrafts>,
+}
+
+impl SpecConfig {
+    /// Greedy delta-guided base chains of `k`, padded, per group ([`Schedule::PerGroup`]).
+    #[must_use]
+    pub fn greedy(k: usize, max_tokens: usize, eos: Vec<u32>) -> Self {
+        Self {
+            tree: None,
+            drafter: DrafterKind::Base,
+            k,
+            adaptive: false,
+            pad_to_k: true,
+            prefill_width: None,
+            optimistic: false,
+            draft_stop_below: 0.0,
+            delta_guided: true,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            eos,
+            first_token_from_prefill: false,
+            prefill_span: PREFILL_SPAN,
+            schedule: Schedule::PerGroup,
+            replay: None,
+        }
+    }
+
+    /// Checks the combinations a generation cannot run. Errors:
+    /// [`SpecError::Config`] for a drafter with K = 0, the replay drafter
+    /// without valid drafts, or tree drafts without the base drafter and a
+    /// fixed K.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.drafter == DrafterKind::Replay {
+            self.replay
+                .as_ref()
+                .ok_or_else(|| SpecError::Config("the replay drafter needs its drafts".into()))?
+                .validate()?;
+        }
+        if self.drafter != DrafterKind::None && self.k == 0 {
+            return Err(SpecError::Config("a drafter needs K ≥ 1".into()));
+        }
+        if self.tree.is_some() && (self.drafter != DrafterKind::Base || self.adaptive) {
+            return Err(SpecError::Config(
+                "tree drafts need the base drafter and a fixed K".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Positions per verify pass when padding is on (K+1, or 1 without drafter).
+    #[must_use]
+    pub fn verify_width(&self) -> usize {
+        if self.drafter == DrafterKind::None {
+            1
+        } else {
+            self.k + 1
+        }
+    }
+
+    /// `schedule` when greedy, else a sampling fixed point ([`crate::schedule::FixedPoint::for_sampling`]).
+    #[must_use]
+    pub fn effective_schedule(&self) -> Schedule {
+        if self.sampling.is_greedy() {
+            return self.schedule;
+        }
+        match self.schedule.for_decoding(false) {
+            Schedule::FixedPoint(fp) if self.certified_draws() => {
+                Schedule::FixedPoint(fp.for_certified_draws())
+            }
+            other => other,
+        }
+    }
+
+    /// Whether sampled chain rounds certify their draws.
+    pub(super) fn certified_draws(&self) -> bool {
+        self.tree.is_none() && log_weight_bound(1.0, &self.sampling).is_some()
+    }
+
+    /// Whether chain drafts record their inputs ([`crate::schedule::FixedPoint::drafted_start`]).
+    pub(super) fn drafted_start(&self) -> bool {
+        matches!(self.schedule, Schedule::FixedPoint(fp) if fp.drafted_start && fp.round_trips >= 2)
+            && self.tree.is_none()
+            && matches!(self.drafter, DrafterKind::Base | DrafterKind::Hybrid)
+    }
+}
+
+/// Counters and timings of a generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecStats {
+    /// Verify rounds (prefill chunks excluded).
+    pub rounds: usize,
+    /// Prefill passes through the hook.
+    pub prefill_passes: usize,
+    /// Real drafted tokens (fillers excluded).
+    pub drafted: usize,
+    /// Accepted drafted tokens.
+    pub accepted: usize,
+    /// Seconds spent drafting.
+    pub draft_secs: f64,
+    /// Seconds in verify passes (forward + hook), prefill excluded.
+    pub verify_secs: f64,
+    /// Seconds in prefill passes.
+    pub prefill_secs: f64,
+    /// Rounds whose draft was made ahead (optimistic drafting) and used.
+    pub ahead_hits: usize,
+    /// Seconds the draft-ahead thread ran (overlapped with verify passes).
+    pub ahead_secs: f64,
+    /// Batched round trips of the verify passes ([`Schedule::FixedPoint`]).
+    pub round_trips: usize,
+    /// Batched round trips of the prefill passes.
+    pub prefill_round_trips: usize,
+    /// Rounds that continued an earlier pass (none of its rows certified).
+    pub continuations: usize,
+    /// Prompt tokens reused from a cached context (not prefilled).
+    pub cached_tokens: usize,
+    /// Prompt tokens prefilled through the hook.
+    pub prefilled_tokens: usize,
+    /// Verified rows left unused for want of certification (fixed point).
+    pub uncertified_rows: usize,
+    /// Settlings of cached rows after a stall ([`crate::schedule::FixedPoint::shadow`]).
+    pub settles: usize,
+    /// Passes that started from the drafter's inputs ([`crate::schedule::FixedPoint::drafted_start`]).
+    pub drafted_starts: usize,
+}
+
+impl SpecStats {
+    /// Mean tokens produced per verify round (the acceptance length).
+    #[must_use]
+    pub fn mean_accepted_length(&self, generated: usize) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            generated as f64 / self.rounds as f64
+        }
+    }
+}
+
+/// The result of a generation.
+#[derive(Debug, Clone)]
+pub struct SpecOutput {
+    /// Generated tokens (EOS excluded).
+    pub tokens: Vec<u32>,
+    /// Whether generation stopped at an EOS token.
+    pub stopped_at_eos: bool,
+    /// Whether `on_tokens` ended the generation ([`SpecError::Stopped`]).
+    pub stopped_by_caller: bool,
+    /// Tree drafts: the acceptance estimate to start the next generation from.
+    pub calibration: Option<Calibration>,
+    /// Counters and timings.
+    pub stats: SpecStats,
+}
+
+/// The default [`SpecConfig::prefill_span`]: a long prompt pays one latency
+/// per layer group every `PREFILL_SPAN` tokens; the span bounds the pass's
+/// attention scores (heads × span × context f32).
+pub const PREFILL_SPAN: usize = 512;

@@ -1,0 +1,736 @@
+//! One speculative generation as explicit steps: [`Decoding::start`] runs
+//! the prompt's passes (and takes the first token from the prefill where it
+//! can), then each [`Decoding::round`] drafts, verifies the window in one
+//! pass, and either settles the cached rows and retries the draft or accepts
+//! a tree or a chain, commits the kept rows and emits the new tokens;
+//! [`Decoding::finish`] returns the output and the context's rows.
+//! Invariants: code-notes.md, "spec: decode".
+
+use std::time::Instant;
+
+use cipherlora_model::{
+    AttentionMask, DeltaHook, KvCache, KvRows, Model, PassDeltas, Sampler, Tensor, wanted_groups,
+};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+use super::certify::{Certifier, draft_probs};
+use super::drafter::{Draft, Drafter, Guess};
+use super::prefill::{Rows, prefill};
+use super::{DraftModel, DrafterKind, SpecConfig, SpecOutput, SpecStats, greedy_token, rows};
+use crate::SpecError;
+use crate::acceptance::{RoundOutcome, RowUniforms, accept_greedy, accept_sampled_with};
+use crate::draft_bias::DraftBias;
+use crate::draw_bounds::DrawCut;
+use crate::prefix_cache::CachedContext;
+use crate::row_deltas::RowDeltas;
+use crate::schedule::{FixedPoint, Prefill, Schedule, Verified, Window, settle, verify};
+use crate::target_probs::{chain_probs, tree_probs};
+use crate::tree::{accept_tree_greedy, accept_tree_sampled_with, path_rows};
+use crate::tree_draft::GrownTree;
+
+/// The caller's sink for each round's new tokens.
+pub(super) type OnTokens<'f> = dyn FnMut(&[u32]) -> Result<(), SpecError> + 'f;
+
+/// The state of one generation between rounds.
+pub(super) struct Decoding<'a> {
+    model: &'a Model,
+    /// Where estimate passes run: a quantized copy of the target, else the target.
+    estimator: &'a Model,
+    cfg: &'a SpecConfig,
+    sampler: Sampler,
+    greedy: bool,
+    /// [`SpecConfig::certified_draws`].
+    certified_draws: bool,
+    /// [`SpecConfig::optimistic`] where it applies (greedy, base drafter, fixed K).
+    optimistic: bool,
+    /// The drafter is another network ([`DraftModel::Separate`]).
+    separate: bool,
+    /// Positions per verify pass.
+    width: usize,
+    rng: ChaCha20Rng,
+    stats: SpecStats,
+    context: Vec<u32>,
+    target: KvCache,
+    /// [`FixedPoint::shadow`]'s rows and the per-row deltas logged with them.
+    shadow: Option<KvCache>,
+    log: Option<RowDeltas>,
+    drafter: Drafter<'a>,
+    /// The next verify pass's first estimate ([`FixedPoint::guessed_start`]).
+    estimate: DraftBias,
+    /// The next round's draft, made during this round's verify pass.
+    ahead: Option<Draft>,
+    /// Verified but uncertified rows of a greedy chain (`Window::carried`).
+    carry: Option<(Vec<u32>, PassDeltas, usize)>,
+    /// A draft to verify again after settling, and this round's settlings.
+    retry: Option<Draft>,
+    round_settles: usize,
+    /// Settling reruns the rows since `settled`, then (once) the prompt's.
+    settled: usize,
+    prompt_settled: bool,
+    out: Vec<u32>,
+    stopped_at_eos: bool,
+    stopped_by_caller: bool,
+}
+
+/// A round's verify pass and what the round needs of it afterwards.
+struct Checked {
+    /// The window's tokens: the last context token, the drafts, any filler.
+    inputs: Vec<u32>,
+    /// Positions before the filler.
+    real: usize,
+    /// Target rows before the window.
+    before: usize,
+    verified: Verified,
+    /// What drafting ahead guessed, if it ran.
+    guess: Option<Guess>,
+    /// A sampled chain's uniforms, drawn before the pass.
+    uniforms: Option<Vec<RowUniforms>>,
+    /// Leading rows the round may use: certified, within a certified draw's cut.
+    usable: usize,
+}
+
+impl<'a> Decoding<'a> {
+    /// Runs the prompt's passes (past the rows reused from `cached`), sets
+    /// the drafter up, and emits the first token when the prefill's last row
+    /// is exact. Errors: as [`super::generate_cached`].
+    pub(super) fn start(
+        model: &'a Model,
+        drafting: DraftModel<'a>,
+        prompt: &[u32],
+        cfg: &'a SpecConfig,
+        verifier: &mut dyn DeltaHook,
+        on_tokens: &mut OnTokens<'_>,
+        cached: Option<CachedContext>,
+    ) -> Result<Self, SpecError> {
+        let width = cfg.verify_width();
+        let prefill_width = cfg.prefill_width.unwrap_or(width).max(1);
+        let capacity = prompt.len() + cfg.max_tokens + width.max(prefill_width) + 1;
+        let sampler = Sampler::new(cfg.sampling.clone())?;
+        let greedy = sampler.is_greedy();
+        let mut stats = SpecStats::default();
+        let t0 = Instant::now();
+        // With the first token from the prefill, the prefill covers the whole prompt.
+        let first_from_prefill = cfg.first_token_from_prefill && cfg.schedule == Schedule::PerGroup;
+        let prefilled = if first_from_prefill {
+            prompt
+        } else {
+            &prompt[..prompt.len() - 1]
+        };
+        let per_group_prefill = matches!(
+            cfg.schedule,
+            Schedule::FixedPoint(FixedPoint {
+                prefill: Prefill::PerGroup,
+                ..
+            })
+        );
+        // A per-group prefill under the fixed point keeps its last chunk wide too.
+        let narrow = if per_group_prefill { 0 } else { width };
+        let Rows {
+            mut target,
+            mut shadow,
+            mut log,
+            settled,
+            prompt_settled,
+        } = Rows::start(model, cfg, capacity, prefilled, cached)?;
+        let reused = target.len();
+        let done = prefill(
+            model,
+            (&mut target, shadow.as_mut(), log.as_mut()),
+            &prefilled[reused..],
+            (prefill_width, narrow, cfg.prefill_span),
+            cfg.pad_to_k,
+            verifier,
+            &cfg.schedule,
+        )?;
+        (stats.prefill_passes, stats.prefill_round_trips) = (done.passes, done.round_trips);
+        (stats.cached_tokens, stats.prefilled_tokens) = (reused, prefilled.len() - reused);
+        stats.prefill_secs = t0.elapsed().as_secs_f64();
+        verifier.prefill_done();
+
+        let separate = drafting.is_separate();
+        let draft_model = drafting.model();
+        let estimator = if !separate && draft_model.weights_held() == "quantized" {
+            draft_model
+        } else {
+            model
+        };
+        let tree_margin = cfg.tree.as_ref().map_or(0, |t| t.shape.max_fed(cfg.k));
+        let adapted = wanted_groups(model, &*verifier);
+        let mut drafter = Drafter::new(
+            (drafting, model),
+            cfg,
+            capacity + width + 1 + tree_margin,
+            adapted,
+        )?;
+        drafter.guide(&done.last_deltas.0, done.last_deltas.1)?;
+        let estimate = DraftBias::from_rows(&done.last_deltas.0, kept_tail(done.last_deltas.1))?;
+        let mut run = Decoding {
+            model,
+            estimator,
+            cfg,
+            greedy,
+            certified_draws: cfg.certified_draws(),
+            optimistic: cfg.optimistic
+                && greedy
+                && cfg.drafter == DrafterKind::Base
+                && !cfg.adaptive,
+            separate,
+            width,
+            rng: ChaCha20Rng::seed_from_u64(cfg.sampling.seed),
+            sampler,
+            stats,
+            context: prompt.to_vec(),
+            settled: settled.unwrap_or(target.len()),
+            prompt_settled: prompt_settled && per_group_prefill,
+            target,
+            shadow,
+            log,
+            drafter,
+            estimate,
+            ahead: None,
+            carry: None,
+            retry: None,
+            round_settles: 0,
+            out: Vec::new(),
+            stopped_at_eos: false,
+            stopped_by_caller: false,
+        };
+        if let Some(row) = done
+            .last_row
+            .filter(|_| first_from_prefill && cfg.max_tokens > 0)
+        {
+            run.first_token(&row, on_tokens)?;
+        }
+        Ok(run)
+    }
+
+    /// The prefill's last row is exact (per-group): its token, drawn as usual.
+    fn first_token(&mut self, row: &[f32], on_tokens: &mut OnTokens<'_>) -> Result<(), SpecError> {
+        let first = if self.greedy {
+            greedy_token(row)
+        } else {
+            crate::acceptance::sample(&self.sampler.probs(row, &self.context), &mut self.rng)
+        };
+        if self.cfg.eos.contains(&first) {
+            self.stopped_at_eos = true;
+        } else {
+            self.out.push(first);
+            self.context.push(first);
+            match on_tokens(&[first]) {
+                Err(SpecError::Stopped) => self.stopped_by_caller = true,
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether another round is due: tokens left, no EOS, the caller still listening.
+    pub(super) fn wants_more(&self) -> bool {
+        self.out.len() < self.cfg.max_tokens && !self.stopped_at_eos && !self.stopped_by_caller
+    }
+
+    /// One round: draft, verify, then settle and retry, or accept and emit.
+    pub(super) fn round(
+        &mut self,
+        verifier: &mut dyn DeltaHook,
+        on_tokens: &mut OnTokens<'_>,
+    ) -> Result<(), SpecError> {
+        debug_assert!(
+            self.log
+                .as_ref()
+                .is_none_or(|l| l.len() == self.target.len())
+        );
+        let k = self.drafter.next_k();
+        if self.retry.is_none() {
+            self.round_settles = 0;
+        }
+        let may_stall =
+            self.round_settles == 0 || (self.round_settles == 1 && !self.prompt_settled);
+        let retrying = self.retry.is_some();
+        let draft = self.draft(k, retrying)?;
+        let checked = self.verify(&draft, k, retrying, may_stall, verifier)?;
+        if checked.verified.stalled {
+            // The cached rows' residual blocks row 0: settle, then retry the draft.
+            self.settle_cached(checked.before, verifier)?;
+            // Back to the context: the drafter may hold rows drafted ahead.
+            self.drafter.truncate(self.context.len());
+            self.retry = Some(draft);
+            return Ok(());
+        }
+        self.stats.uncertified_rows += checked.real - checked.usable;
+        match &draft.tree {
+            Some(grown) => self.accept_tree(grown, checked, retrying, on_tokens),
+            None => self.accept_chain(&draft, checked, on_tokens),
+        }
+    }
+
+    /// The round's draft: one to retry, one made ahead, or a fresh one.
+    fn draft(&mut self, k: usize, retrying: bool) -> Result<Draft, SpecError> {
+        let t_draft = Instant::now();
+        let ahead_hit = !retrying && self.ahead.is_some();
+        let draft = match self.retry.take().or_else(|| self.ahead.take()) {
+            Some(draft) => {
+                self.stats.ahead_hits += usize::from(ahead_hit);
+                draft
+            }
+            None => match &self.cfg.tree {
+                Some(tree) => self.drafter.draft_tree(
+                    &self.context,
+                    &self.target,
+                    (k, &tree.shape),
+                    (&self.sampler, &mut self.rng),
+                )?,
+                None => self.drafter.draft(
+                    &self.context,
+                    &self.target,
+                    k,
+                    &self.sampler,
+                    &mut self.rng,
+                )?,
+            },
+        };
+        self.stats.draft_secs += t_draft.elapsed().as_secs_f64();
+        self.stats.drafted += draft.tokens.len();
+        Ok(draft)
+    }
+
+    /// Verifies `draft`'s window in one pass under the schedule, drafting the
+    /// next round meanwhile where that applies.
+    fn verify(
+        &mut self,
+        draft: &Draft,
+        k: usize,
+        retrying: bool,
+        may_stall: bool,
+        verifier: &mut dyn DeltaHook,
+    ) -> Result<Checked, SpecError> {
+        let Decoding {
+            model,
+            estimator,
+            cfg,
+            sampler,
+            greedy,
+            certified_draws,
+            optimistic,
+            separate,
+            width,
+            rng,
+            stats,
+            context,
+            target,
+            shadow,
+            drafter,
+            estimate,
+            carry,
+            ..
+        } = self;
+        let (cfg, greedy) = (*cfg, *greedy);
+        let mut inputs = Vec::with_capacity(*width);
+        inputs.push(*context.last().expect("context is never empty"));
+        inputs.extend(&draft.tokens);
+        let real = inputs.len();
+        if cfg.pad_to_k {
+            let filler = *inputs.last().expect("non-empty");
+            inputs.resize(*width, filler);
+        }
+        let tree = draft.tree.as_ref().map(|g| &g.tree);
+        let mask = match tree {
+            Some(t) => AttentionMask::tree(t.verify_parents(inputs.len())?),
+            None => AttentionMask::Causal,
+        };
+        let t_verify = Instant::now();
+        let before = target.len();
+        let go_ahead = *optimistic
+            && !retrying
+            && draft.from_base
+            && draft.tokens.len() == k
+            && draft.tree.is_none();
+        let drafts = &inputs[1..real];
+        // Sampled chains draw their uniforms first, so the fixed point can certify
+        // draws within a fixed cut (`crate::draw_bounds`).
+        let uniforms = (!greedy && tree.is_none()).then(|| RowUniforms::draw(rng, real));
+        let draws = uniforms.as_deref().filter(|_| *certified_draws);
+        let cut = DrawCut::new();
+        let certifier = Certifier {
+            cfg,
+            tree,
+            draws,
+            drafts,
+            draft_probs: draft.probs.as_deref(),
+            sampler,
+            context,
+            cut: &cut,
+        };
+        let certify = |logits: &Tensor, change: &[f32], previous: Option<&[f32]>| {
+            certifier.rows(logits, change, previous)
+        };
+        // Fixed point: draft the next round while the last trip is on the network.
+        let predict = matches!(cfg.schedule, Schedule::FixedPoint(fp) if fp.draft_ahead)
+            && !*separate
+            && greedy
+            && cfg.drafter == DrafterKind::Base
+            && !cfg.adaptive
+            && draft.from_base
+            && !retrying;
+        let window = Window {
+            model,
+            tokens: &inputs,
+            mask: &mask,
+            real,
+            schedule: &cfg.schedule,
+            certify: &certify,
+            estimate,
+            may_stall,
+            // A draft shorter than the window runs pass 0.
+            drafted: draft.inputs.as_deref().filter(|d| {
+                d.first()
+                    .is_some_and(|g| g.x.dims().first() == Some(&inputs.len()))
+            }),
+            estimator,
+            carried: carry.as_ref().and_then(|(tokens, deltas, from)| {
+                let count = tokens
+                    .iter()
+                    .zip(&inputs[..real])
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (count > 0 && tree.is_none()).then_some((deltas, *from, count))
+            }),
+        };
+        let (verified, guess) = if go_ahead {
+            std::thread::scope(|scope| {
+                let helper = scope.spawn(|| {
+                    let t = Instant::now();
+                    let guess = drafter.draft_ahead(&draft.tokens, k);
+                    (guess, t.elapsed().as_secs_f64())
+                });
+                let verified = verify::<()>(&window, target, verifier, None, shadow.as_mut());
+                let (guess, secs) = helper
+                    .join()
+                    .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()))?;
+                stats.ahead_secs += secs;
+                Ok::<_, SpecError>((verified?.0, Some(guess?)))
+            })?
+        } else if predict {
+            let mut work = |logits: &Tensor,
+                            deltas: &PassDeltas,
+                            window: &KvRows|
+             -> Result<(Guess, f64), SpecError> {
+                let t = Instant::now();
+                let argmax: Vec<u32> = rows(logits, real)?
+                    .iter()
+                    .map(|r| greedy_token(r))
+                    .collect();
+                let guess = match (&draft.tree, &cfg.tree) {
+                    (Some(grown), Some(trees)) => {
+                        let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
+                        drafter.guide(deltas, last_kept_row(&predicted.path))?;
+                        drafter.tree_from((before, window), &predicted, k, &trees.shape)?
+                    }
+                    _ => {
+                        let predicted = accept_greedy(drafts, &argmax)?;
+                        drafter.guide(deltas, predicted.accepted)?;
+                        drafter.draft_from((before, window), &predicted, k)?
+                    }
+                };
+                Ok((guess, t.elapsed().as_secs_f64()))
+            };
+            let (verified, g) =
+                verify(&window, target, verifier, Some(&mut work), shadow.as_mut())?;
+            let guess = g.map(|(guess, secs)| {
+                stats.ahead_secs += secs;
+                guess
+            });
+            (verified, guess)
+        } else {
+            let (v, _) = verify::<()>(&window, target, verifier, None, shadow.as_mut())?;
+            (v, None)
+        };
+        stats.verify_secs += t_verify.elapsed().as_secs_f64();
+        stats.rounds += 1 + verified.continuations;
+        stats.continuations += verified.continuations;
+        stats.round_trips += verified.round_trips;
+        stats.drafted_starts += usize::from(verified.drafted_start);
+        // Only certified rows decide; certified draws keep their cut.
+        let usable = cut
+            .fixed()
+            .map_or(verified.usable, |m| m.min(verified.usable));
+        Ok(Checked {
+            inputs,
+            real,
+            before,
+            verified,
+            guess,
+            uniforms,
+            usable,
+        })
+    }
+
+    /// Settles the cached rows since the last settling (then, once, the
+    /// prompt's) when a fixed-point pass stalled on their residual.
+    fn settle_cached(
+        &mut self,
+        before: usize,
+        verifier: &mut dyn DeltaHook,
+    ) -> Result<(), SpecError> {
+        let (Schedule::FixedPoint(fp), Some(sh), Some(log)) =
+            (&self.cfg.schedule, self.shadow.as_mut(), self.log.as_mut())
+        else {
+            return Ok(());
+        };
+        self.target.truncate(before);
+        log.truncate(before);
+        let batch = fp.round_trips.max(1);
+        let from = if self.round_settles == 0 {
+            self.settled
+        } else {
+            self.prompt_settled = true;
+            0
+        };
+        let trips = settle(
+            self.model,
+            &self.context[from..before],
+            from,
+            self.width,
+            (&mut self.target, sh),
+            log,
+            verifier,
+            fp,
+        )?;
+        self.stats.round_trips += trips;
+        self.stats.rounds += trips / batch;
+        self.stats.settles += 1;
+        self.settled = before;
+        self.round_settles += 1;
+        Ok(())
+    }
+
+    /// Accepts a tree round: walks the tree, keeps the accepted path's rows.
+    fn accept_tree(
+        &mut self,
+        grown: &GrownTree,
+        checked: Checked,
+        retrying: bool,
+        on_tokens: &mut OnTokens<'_>,
+    ) -> Result<(), SpecError> {
+        let Checked {
+            real,
+            before,
+            verified,
+            guess,
+            usable,
+            ..
+        } = checked;
+        let all = rows(&verified.logits, real)?;
+        let argmax: Vec<u32> = all.iter().map(|r| greedy_token(r)).collect();
+        self.drafter.calibration.observe_tree(grown, &argmax);
+        let outcome = accept_tree(
+            grown,
+            &all,
+            usable,
+            &self.sampler,
+            &self.context,
+            &mut self.rng,
+        )?;
+        if !self.greedy {
+            // Only sampled rounds draw first children.
+            self.drafter.calibration.observe_drawn(grown, &outcome.path);
+        }
+        self.stats.accepted += outcome.path.len();
+        let last = last_kept_row(&outcome.path);
+        self.drafter.guide(&verified.deltas, last)?;
+        self.estimate = DraftBias::from_rows(&verified.deltas, last..last + 1)?;
+        // Keep `last` and the accepted path; the new last token is not cached.
+        let keep = path_rows(&outcome.path);
+        self.target.compact(before, &keep)?;
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.compact(before, &keep)?;
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.truncate(before);
+            log.push(&verified.deltas, &keep)?;
+        }
+        let context_len = self.context.len();
+        match guess {
+            // Grown from this very outcome: the drafter's cache holds it.
+            Some(g) if g.path == outcome.path && outcome.tokens.last() == Some(&g.bonus) => {
+                self.ahead = Some(g.next);
+            }
+            // Grown from a wrong guess: back to the round's context.
+            Some(_) => self.drafter.truncate(context_len),
+            None if retrying => self.drafter.truncate(context_len),
+            None => self
+                .drafter
+                .keep_tree_path(context_len, grown, &outcome.path)?,
+        }
+        let round = RoundOutcome {
+            accepted: outcome.path.len(),
+            tokens: outcome.tokens,
+        };
+        self.emit(&round, on_tokens)
+    }
+
+    /// Accepts a chain round: the longest accepted prefix and a bonus token.
+    fn accept_chain(
+        &mut self,
+        draft: &Draft,
+        checked: Checked,
+        on_tokens: &mut OnTokens<'_>,
+    ) -> Result<(), SpecError> {
+        let Checked {
+            inputs,
+            real,
+            before,
+            verified,
+            guess,
+            uniforms,
+            usable,
+        } = checked;
+        let rows = rows(&verified.logits, usable)?;
+        let drafts = &inputs[1..usable];
+        let outcome = if self.greedy {
+            let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
+            accept_greedy(drafts, &argmax)?
+        } else {
+            let p = chain_probs(&self.sampler, &rows, &self.context, drafts);
+            let q = draft_probs(draft.probs.as_deref(), drafts.len());
+            let uniforms = uniforms.as_deref().ok_or_else(|| {
+                SpecError::Config("a sampled chain round without its uniforms".into())
+            })?;
+            accept_sampled_with(drafts, q, &p, uniforms)?
+        };
+        let accepted = outcome.accepted;
+        self.stats.accepted += accepted;
+        self.drafter.guide(&verified.deltas, accepted)?;
+        self.estimate = DraftBias::from_rows(&verified.deltas, kept_tail(accepted))?;
+        // Uncertified rows whose token came out as drafted may open the next window.
+        let next_row = 1 + accepted;
+        self.carry = (self.greedy
+            && usable < real
+            && next_row < real
+            && outcome.tokens.last() == Some(&inputs[next_row]))
+        .then(|| {
+            (
+                inputs[next_row..real].to_vec(),
+                verified.deltas.clone(),
+                next_row,
+            )
+        });
+        let hit = guess
+            .as_ref()
+            .is_some_and(|g| accepted == g.accepted && outcome.tokens.last() == Some(&g.bonus));
+        let context_len = self.context.len();
+        if let Some(g) = guess.as_ref().filter(|_| !hit) {
+            // Wrong guess: the drafter's cache is valid up to the common drafts.
+            self.drafter
+                .truncate(context_len + accepted.min(g.accepted));
+        }
+        self.drafter
+            .observe(draft, &outcome, context_len, guess.is_some(), hit);
+        if hit {
+            self.ahead = guess.map(|g| g.next);
+        }
+        // Keep `last` and the accepted drafts; the new last token is not cached.
+        self.target.truncate(before + 1 + accepted);
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.truncate(before + 1 + accepted);
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.truncate(before);
+            log.push_first(&verified.deltas, 1 + accepted)?;
+        }
+        self.emit(&outcome, on_tokens)
+    }
+
+    /// Appends a round's tokens up to EOS or `max_tokens` and shows them to
+    /// `on_tokens`; notes whether either stopped the generation.
+    fn emit(
+        &mut self,
+        outcome: &RoundOutcome,
+        on_tokens: &mut OnTokens<'_>,
+    ) -> Result<(), SpecError> {
+        let mut fresh = Vec::with_capacity(outcome.tokens.len());
+        for &tok in &outcome.tokens {
+            if self.cfg.eos.contains(&tok) {
+                self.stopped_at_eos = true;
+                break;
+            }
+            if self.out.len() == self.cfg.max_tokens {
+                break;
+            }
+            fresh.push(tok);
+            self.out.push(tok);
+        }
+        self.context.extend(&fresh);
+        if !fresh.is_empty() {
+            match on_tokens(&fresh) {
+                Err(SpecError::Stopped) => self.stopped_by_caller = true,
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The output and the context's rows (row i of the caches holds context[i]).
+    pub(super) fn finish(mut self) -> (SpecOutput, CachedContext) {
+        let n = self.target.len().min(self.context.len());
+        self.target.truncate(n);
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.truncate(n);
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.truncate(n);
+        }
+        self.context.truncate(n);
+        let kept = CachedContext {
+            tokens: self.context,
+            target: self.target,
+            shadow: self.shadow,
+            log: self.log,
+            schedule: self.cfg.schedule,
+            settled: self.settled.min(n),
+            prompt_settled: self.prompt_settled,
+        };
+        let out = SpecOutput {
+            tokens: self.out,
+            stopped_at_eos: self.stopped_at_eos,
+            stopped_by_caller: self.stopped_by_caller,
+            stats: self.stats,
+            calibration: self.cfg.tree.is_some().then_some(self.drafter.calibration),
+        };
+        (out, kept)
+    }
+}
+
+/// Rows of a pass whose mean is the next pass's first estimate.
+const ESTIMATE_ROWS: usize = 4;
+
+/// The last [`ESTIMATE_ROWS`] kept rows of a chain pass (the next first estimate).
+fn kept_tail(last: usize) -> std::ops::Range<usize> {
+    (last + 1).saturating_sub(ESTIMATE_ROWS)..last + 1
+}
+
+/// The verify row of a tree round's last kept position (node n: row n + 1).
+fn last_kept_row(path: &[usize]) -> usize {
+    path.last().map_or(0, |&n| n + 1)
+}
+
+/// Accepts a tree round from its verify rows (root first).
+fn accept_tree(
+    grown: &GrownTree,
+    rows: &[Vec<f32>],
+    usable: usize,
+    sampler: &Sampler,
+    context: &[u32],
+    rng: &mut ChaCha20Rng,
+) -> Result<crate::tree::TreeOutcome, SpecError> {
+    let tree = &grown.tree;
+    let rows = &rows[..=tree.len()];
+    if sampler.is_greedy() {
+        let argmax: Vec<u32> = rows.iter().map(|r| greedy_token(r)).collect();
+        return accept_tree_greedy(tree, &argmax, usable);
+    }
+    let probs = tree_probs(sampler, rows, context, tree);
+    let proposals: Vec<Option<&[f32]>> = grown.proposals.iter().map(|q| q.as_deref()).collect();
+    accept_tree_sampled_with(tree, &probs, &proposals, rng)
+}
