@@ -638,7 +638,8 @@ mod tests {
         b.open_session(payload(&preset, request, keys.to_vec()))
     }
 
-    /// Sessions of one offer share its diagonals, charged once and freed with the last.
+    /// Sessions of one offer share its diagonals, charged once, kept warm after the last, and
+    /// given up when another offer needs the room.
     #[test]
     fn sessions_of_one_offer_share_its_diagonals_charged_once() {
         let probe = backend();
@@ -678,9 +679,17 @@ mod tests {
             "one session still holds them"
         );
         drop(sessions);
-        assert_eq!(b.session_memory().reserved(), 0);
+        assert_eq!(
+            b.session_memory().reserved(),
+            need3,
+            "kept warm after the last session"
+        );
         let _five = open_t(&b, 5, &keys5).unwrap();
-        assert_eq!(b.session_memory().reserved(), need5);
+        assert_eq!(
+            b.session_memory().reserved(),
+            need5,
+            "the idle warm offer made room"
+        );
         // A budget shared by two backends counts both.
         let other = backend().with_session_memory(b.session_memory().clone());
         assert!(matches!(

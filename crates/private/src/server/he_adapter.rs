@@ -109,7 +109,8 @@ pub struct OfferedGroup {
 }
 
 /// A PEFT adapter served under HE; an offer's diagonals ([`PreparedOffer`]) are encoded once,
-/// charged to [`SessionMemory`], shared and freed with the last session.
+/// charged to [`SessionMemory`], shared by its sessions, and kept warm after the last one until
+/// the budget needs them.
 #[derive(Debug)]
 pub struct HeAdapter {
     groups: Arc<AdapterGroups>,
@@ -384,6 +385,7 @@ impl HeAdapter {
         };
         let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = slot.upgrade() {
+            self.memory.keep_warm(p.clone());
             return Ok(p);
         }
         let bytes = offer.diagonal_bytes()?;
@@ -418,6 +420,7 @@ impl HeAdapter {
             _memory: memory,
         });
         *slot = Arc::downgrade(&p);
+        self.memory.keep_warm(p.clone());
         Ok(p)
     }
 }
