@@ -441,6 +441,8 @@ impl State {
             plan_request: req.plan_request,
         };
         tracing::debug!(adapter = %req.adapter_id, ?payload, "open session");
+        // Meanwhile the token's other unstarted sessions wait for this one.
+        let _opening = self.sessions.opening(who);
         // Key parsing and weight encoding can take a while: off the reactor.
         let opened = tokio::task::spawn_blocking(move || backend.open_session(payload))
             .await

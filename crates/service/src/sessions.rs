@@ -2,7 +2,9 @@
 //! bytes count as `key_bytes`), per-token limits and idle eviction: offer-only sessions after
 //! `offer_timeout`, unstarted ones after `unstarted_timeout`, others after `idle_timeout`. A round
 //! on any of a token's sessions also refreshes its unstarted keyed sessions (a long prefill must
-//! not evict the waiting verify session).
+//! not evict the waiting verify session), and so does another of its sessions opening: none of a
+//! token's unstarted sessions goes while one of its `OpenSession` calls runs (encoding a large
+//! adapter's diagonals can take longer than `unstarted_timeout`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,8 +64,31 @@ pub(crate) struct NewSession<C: ?Sized = dyn SessionCompute> {
 /// All open sessions, bounded in number globally and per token.
 pub(crate) struct SessionTable<C: ?Sized = dyn SessionCompute> {
     map: Mutex<HashMap<SessionId, Arc<Session<C>>>>,
+    /// `OpenSession` calls running, per token.
+    opening: Mutex<HashMap<Principal, usize>>,
     epoch: Instant,
     limits: Limits,
+}
+
+/// An `OpenSession` call of `owner` in progress ([`SessionTable::opening`]).
+pub(crate) struct Opening<'t, C: ?Sized> {
+    table: &'t SessionTable<C>,
+    owner: Principal,
+}
+
+impl<C: ?Sized> Drop for Opening<'_, C> {
+    /// The call is over: the owner's unstarted sessions count their timeout from now.
+    fn drop(&mut self) {
+        let mut opening = self.table.opening.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = opening.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                opening.remove(&self.owner);
+            }
+        }
+        drop(opening);
+        self.table.refresh_unstarted(self.owner, None);
+    }
 }
 
 /// Why a session could not be inserted.
@@ -83,6 +108,7 @@ impl<C: ?Sized> SessionTable<C> {
     pub(crate) fn new(limits: Limits) -> Self {
         Self {
             map: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
             limits,
         }
@@ -157,12 +183,29 @@ impl<C: ?Sized> SessionTable<C> {
         let now = self.now_ms();
         s.last_used_ms.store(now, Ordering::Relaxed);
         s.started.store(true, Ordering::Relaxed);
+        self.refresh_unstarted(s.owner, Some(now));
+    }
+
+    /// Restarts the timers of `owner`'s unstarted keyed sessions at `now` (default: now).
+    fn refresh_unstarted(&self, owner: Principal, now: Option<u64>) {
+        let now = now.unwrap_or_else(|| self.now_ms());
         for other in self.lock().values() {
-            if other.owner == s.owner && !other.offer_only && !other.started.load(Ordering::Relaxed)
-            {
+            if other.owner == owner && !other.offer_only && !other.started.load(Ordering::Relaxed) {
                 other.last_used_ms.fetch_max(now, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Marks an `OpenSession` call of `owner` as running until the guard drops: meanwhile none of
+    /// its unstarted sessions is evicted, and afterwards their timers restart.
+    pub(crate) fn opening(&self, owner: Principal) -> Opening<'_, C> {
+        *self
+            .opening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(owner)
+            .or_default() += 1;
+        Opening { table: self, owner }
     }
 
     /// A `Rounds` stream now carries `s`.
@@ -196,6 +239,13 @@ impl<C: ?Sized> SessionTable<C> {
             ms(l.offer_timeout.min(l.idle_timeout)),
             ms(l.detached_timeout.min(l.idle_timeout)),
         );
+        let opening: Vec<Principal> = self
+            .opening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
         let mut map = self.lock();
         let stale: Vec<SessionId> = map
             .values()
@@ -203,6 +253,9 @@ impl<C: ?Sized> SessionTable<C> {
                 let timeout = if s.offer_only {
                     offer
                 } else if !s.started.load(Ordering::Relaxed) {
+                    if opening.contains(&s.owner) {
+                        return false;
+                    }
                     unstarted
                 } else {
                     idle

@@ -146,6 +146,8 @@ pub fn group_factor(layer: u32, group: u32) -> f64 {
 pub struct TestBackend {
     info: AdapterInfo,
     cts_per_group: Vec<usize>,
+    /// How long opening a session takes (a large adapter's encoding).
+    open_delay: std::time::Duration,
 }
 
 impl TestBackend {
@@ -180,7 +182,15 @@ impl TestBackend {
                 ckks_presets: PRESETS.iter().map(|(p, _)| p.to_string()).collect(),
             },
             cts_per_group: cts_per_group.to_vec(),
+            open_delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// As `self`, each `OpenSession` taking `delay` (as encoding a large adapter does).
+    #[must_use]
+    pub fn with_open_delay(mut self, delay: std::time::Duration) -> Self {
+        self.open_delay = delay;
+        self
     }
 }
 
@@ -216,6 +226,7 @@ impl AdapterBackend for TestBackend {
     }
 
     fn open_session(&self, p: OpenSessionPayload) -> Result<OpenedSession, BackendError> {
+        std::thread::sleep(self.open_delay);
         let log2_n = PRESETS
             .iter()
             .find(|(name, _)| *name == p.ckks_preset)

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cipherlora_proto::v1::GroupRequest;
 use cipherlora_proto::{ErrorReason, plan_id};
-use cipherlora_service::testing::encode_ct;
-use cipherlora_service::{AdapterClient, ClientConfig, Limits, ServiceError, SessionParams};
+use cipherlora_service::testing::{TestBackend, encode_ct};
+use cipherlora_service::{
+    AdapterClient, ClientConfig, Limits, ServiceError, SessionParams, dev_cert,
+};
 use common::*;
 use tonic::Code;
 
@@ -199,6 +201,42 @@ fn unstarted_session_survives_a_long_prefill_on_its_sibling() {
         verify.stats().sessions_opened,
         1,
         "the verify session was reopened"
+    );
+}
+
+/// Bug: a client opening its prefill and verify sessions against a large adapter (standard LoRA
+/// on q,k,v,o at the 8B shape) saw the session it opened first evicted unstarted while the server
+/// encoded the other's diagonals for longer than `unstarted_timeout`; its first round failed with
+/// NOT_FOUND and a reopen. A token's unstarted sessions now wait while another of its sessions
+/// opens; another token's still go.
+#[test]
+fn unstarted_session_survives_a_slow_open_of_its_sibling() {
+    let cert = dev_cert(&["localhost"]).unwrap();
+    let limits = Limits {
+        unstarted_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let backend = TestBackend::new(ADAPTER, LAYERS).with_open_delay(Duration::from_millis(1000));
+    let server = start_on(&cert, "127.0.0.1:0".parse().unwrap(), limits, backend);
+    let fx = Fixture { server, cert };
+    // Every opening takes 1 s, over three unstarted timeouts: the stranger's session goes while
+    // the first opens, the first waits while its sibling opens.
+    let mut stranger = AdapterClient::connect(config_with_token(&fx, TOKEN2)).unwrap();
+    stranger.open_session(params(3)).unwrap();
+    let mut first = AdapterClient::connect(fx.client_config()).unwrap();
+    first.open_session(params(1)).unwrap();
+    let mut second = AdapterClient::connect(fx.client_config()).unwrap();
+    second.open_session(params(2)).unwrap();
+    assert_eq!(
+        fx.server.metrics().sessions_active(),
+        2,
+        "the other token's unstarted session should be gone, the waiting sibling kept"
+    );
+    check(1, 0, 0, &first.round_pipelined(0, &calls(1, 0, 0)).unwrap());
+    assert_eq!(
+        first.stats().sessions_opened,
+        1,
+        "the first session was reopened"
     );
 }
 
