@@ -144,6 +144,20 @@ pub enum PrivateError {
     Service(#[from] cipherlora_service::ServiceError),
 }
 
+impl PrivateError {
+    /// Whether the adapter server refused for want of room it may get back (its session memory or
+    /// session limits): [`PrivateError::MemoryBudget`] within the budget in process, `AT_CAPACITY`
+    /// (or `SHUTTING_DOWN`) over gRPC.
+    #[must_use]
+    pub fn is_at_capacity(&self) -> bool {
+        match self {
+            Self::MemoryBudget { need, limit, .. } => need <= limit,
+            Self::Service(e) => e.is_capacity(),
+            _ => false,
+        }
+    }
+}
+
 /// How an adapter server's answer broke the protocol ([`PrivateError::Protocol`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use cipherlora_model::{LoadOptions, LoraAdapter, Model, Proj, Tokenizer, WeightMode, fetch};
 use cipherlora_private::{
     ByWidth, ConnectOptions, DraftLength, Grouping, HeAdapter, HeTimings, InProcess,
-    InProcessOpener, WireDensity, connect_with,
+    InProcessOpener, SessionMemory, WireDensity, connect_with,
 };
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::{self, SpecConfig, SpecOutput};
@@ -183,4 +183,48 @@ fn a_standard_adapter_prefills_a_short_prompt_below_every_width_exactly() {
         values_per_position(&plain, false),
     );
     assert_eq!(trips, groups as u64);
+}
+
+/// A server whose session memory holds one width's diagonals but not two: the prefill session is
+/// refused at capacity, the client opens the verify session alone and prefills through it in
+/// requests of its width, and the output is still the plaintext adapted model's.
+#[test]
+fn a_server_with_room_for_one_width_serves_the_prompt_through_the_verify_session() {
+    let (model, tok, server, plain) = setup("general-lora-r16");
+    let need = |t| {
+        server
+            .offer_grouped(t, Grouping::ByInput)
+            .unwrap()
+            .diagonal_bytes()
+            .unwrap()
+    };
+    let (wide, verify) = (need(PREFILL_WIDTH), need(5));
+    let mut small = HeAdapter::load(&adapter_dir("general-lora-r16"), model.config()).unwrap();
+    small.set_session_memory(SessionMemory::new(wide.max(verify) + 1));
+    let mut opener = InProcessOpener {
+        server: Arc::new(small),
+        link: LinkProfile::LOOPBACK,
+    };
+    let options = ConnectOptions {
+        draft: DraftLength::Fixed(4),
+        acceptance_prior: None,
+        prefill_width: PREFILL_WIDTH,
+        schedule: Some(Schedule::PerGroup),
+        grouping: None,
+        planning_link: None,
+    };
+    let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+    let mut hook: ByWidth<InProcess> = session.hook;
+    assert!(hook.session(PREFILL_WIDTH).is_none(), "two widths held");
+    assert!(hook.session(5).is_some());
+    let text = format!("{}{}", common::PROMPTS[0], common::PROMPTS[4]);
+    let prompt = tok.encode(&text).unwrap();
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, 6);
+    let cfg = SpecConfig {
+        prefill_width: Some(PREFILL_WIDTH),
+        schedule: Schedule::PerGroup,
+        ..common::greedy_spec(4, 6, &tok)
+    };
+    let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+    assert_matches(&got, &want, &tok, "one width");
 }

@@ -281,7 +281,9 @@ pub fn connect_with<O: SessionOpener>(
 
 /// A prefill session of `prefill_width` grouped by input and a verify session of `(width,
 /// grouping)`, opened together ([`SessionOpener::open_pair`]); one session of `(width, grouping)`
-/// when the widths agree.
+/// when the widths agree, or when the server has no room for the second width
+/// ([`PrivateError::is_at_capacity`]; a verify session grouped by input then serves the prompt
+/// too, in requests of its width).
 ///
 /// # Errors
 /// As [`SessionOpener::open`].
@@ -294,12 +296,24 @@ pub(crate) fn open_widths<O: SessionOpener>(
     if width == prefill_width {
         return Ok(ByWidth::new().with(width, opener.open(width, grouping, config)?));
     }
-    let (wide, verify) = opener.open_pair(
+    match opener.open_pair(
         (prefill_width, Grouping::ByInput),
         (width, grouping),
         config,
-    )?;
-    Ok(ByWidth::new().with(prefill_width, wide).with(width, verify))
+    ) {
+        Ok((wide, verify)) => Ok(ByWidth::new().with(prefill_width, wide).with(width, verify)),
+        // A large adapter's diagonals for two widths may not fit the server's memory: the verify
+        // session alone, grouped by input, serves the prompt too, in requests of its width.
+        Err(e) if e.is_at_capacity() && grouping == Grouping::ByInput => {
+            tracing::warn!(
+                prefill_width,
+                width,
+                "the adapter server cannot hold a second width: the prompt goes through the verify session ({e})"
+            );
+            Ok(ByWidth::new().with(width, opener.open(width, grouping, config)?))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The grouping the width model prefers at a given K.
