@@ -423,8 +423,7 @@ fn private_cost(
     decode: &HeTimings,
     schedule: String,
 ) -> PrivateCost {
-    let mut prefill = he.clone();
-    prefill.subtract(decode);
+    let prefill = he.without(decode);
     PrivateCost {
         private: true,
         schedule: Some(schedule),

@@ -114,8 +114,7 @@ fn run(
         .expect("prefill session")
         .pass_model()
         .groups;
-    let mut prefill = hook.timings();
-    prefill.subtract(&hook.timings_since_prefill());
+    let prefill = hook.timings().without(&hook.timings_since_prefill());
     let (mut trips, mut requests) = (0, 0);
     for (_, h) in hook.into_sessions() {
         let (all, decode) = (h.timings().clone(), h.timings_since_prefill());

@@ -80,6 +80,15 @@ impl HeTimings {
         self.capacity_down += other.capacity_down;
     }
 
+    /// These counters less `part` of them (e.g. a generation's prompt passes:
+    /// all of it without [`HeHook::timings_since_prefill`]).
+    #[must_use]
+    pub fn without(&self, part: &HeTimings) -> HeTimings {
+        let mut rest = self.clone();
+        rest.subtract(part);
+        rest
+    }
+
     /// Subtracts `earlier` (a snapshot of the same counters) from these.
     pub fn subtract(&mut self, earlier: &HeTimings) {
         self.rounds -= earlier.rounds.min(self.rounds);

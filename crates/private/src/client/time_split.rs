@@ -91,8 +91,7 @@ pub fn summary(
     decode: &HeTimings,
 ) -> String {
     let split = TimeSplit::new(stats, he);
-    let mut prefill = he.clone();
-    prefill.subtract(decode);
+    let prefill = he.without(decode);
     format!(
         "tokens {tokens}, {:.2} tok/s, {} verify rounds, mean accepted length {:.2}, {} prefill passes, {} drafts made ahead and used\n\
          time: {split}\n\
