@@ -179,18 +179,11 @@ fn e2e_layer(
         let (mut cs, mut ss) = (Vec::new(), Vec::new());
         for rep in 0..=E2E_REPS {
             let t0 = cpu_ms();
-            let (req, scales) = gc.request(&client, 0, 0, &x)?;
-            let req = req.to_bytes();
+            let (req, scales) = gc.encrypt(&client, &x)?;
             let t1 = cpu_ms();
-            let resp = prepared
-                .handle(&server, &cipherlora_helora::GroupRequest::from_bytes(&req)?)?
-                .to_bytes();
+            let resp = prepared.handle(&server, &req, 0)?;
             let t2 = cpu_ms();
-            let _ = gc.deltas(
-                &client,
-                &cipherlora_helora::GroupResponse::from_bytes(&resp)?,
-                &scales,
-            )?;
+            let _ = gc.deltas(&client, &resp, &scales)?;
             let t3 = cpu_ms();
             if rep > 0 {
                 cs.push(t1 - t0 + (t3 - t2));

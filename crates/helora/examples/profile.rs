@@ -169,12 +169,12 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
                 Mode::Standard => GroupClient::standard(&plan)?,
             };
             let x = vec![0.5f32; t * shape.d_in];
-            let (req, _scales) = gc.request(&client, 0, 0, &x)?;
+            let (req, _scales) = gc.encrypt(&client, &x)?;
             let reps = 10 * layers;
             timed.t.borrow_mut().clear();
             let t0 = thread_cpu_ms();
             for i in 0..reps {
-                prepared[i % layers].handle(&timed, &req)?;
+                prepared[i % layers].handle(&timed, &req, 0)?;
             }
             let total = (thread_cpu_ms() - t0) / reps as f64;
             println!(

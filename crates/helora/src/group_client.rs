@@ -6,7 +6,7 @@ use crate::error::{HeloraError, Result};
 use crate::he_traits::{Complex64, HeClient};
 use crate::packing::{DeltaIndex, check_mode, ffa_inputs, output_map, standard_inputs};
 use crate::plan::{GroupPlan, Mode, PositionPacking};
-use crate::wire::{GroupRequest, GroupResponse};
+use bytes::Bytes;
 
 /// The slot values of one upload: real parts and imaginary parts (empty if real packing).
 #[derive(Debug, Clone, PartialEq)]
@@ -94,7 +94,6 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 #[derive(Debug, Clone)]
 pub struct GroupClient {
     plan: GroupPlan,
-    plan_id: u64,
     /// Per output ciphertext and slot, the deltas of both parts (positions of the round).
     map: Vec<Vec<SlotDeltas>>,
     /// FFA: the rows of the stacked public `A_f` (R × d_in), each cut to its non-zero columns.
@@ -179,7 +178,6 @@ impl GroupClient {
             .collect();
         Ok(GroupClient {
             plan: plan.clone(),
-            plan_id: plan.id(),
             map,
             public_a,
         })
@@ -270,78 +268,60 @@ impl GroupClient {
         }
     }
 
-    /// Packs and encrypts `x` (T × d_in) of `layer`, `group`; returns the request and the factors.
-    /// Errors as [`GroupClient::input_slots`]; backend errors.
-    pub fn request<C: HeClient>(
-        &self,
-        client: &C,
-        layer: u32,
-        group: u32,
-        x: &[f32],
-    ) -> Result<(GroupRequest, InputScales)> {
-        self.request_within(client, layer, group, x, 0.0)
+    /// Packs and encrypts `x` (T × d_in): the request's ciphertexts, in plan order, and the
+    /// factors. Errors as [`GroupClient::input_slots`]; backend errors.
+    pub fn encrypt<C: HeClient>(&self, client: &C, x: &[f32]) -> Result<(Vec<Bytes>, InputScales)> {
+        self.encrypt_within(client, x, 0.0)
     }
 
-    /// As [`GroupClient::request`], the upload allowed to lose `max_error` per normalised value.
-    pub fn request_within<C: HeClient>(
+    /// As [`GroupClient::encrypt`], the upload allowed to lose `max_error` per normalised value.
+    pub fn encrypt_within<C: HeClient>(
         &self,
         client: &C,
-        layer: u32,
-        group: u32,
         x: &[f32],
         max_error: f64,
-    ) -> Result<(GroupRequest, InputScales)> {
+    ) -> Result<(Vec<Bytes>, InputScales)> {
         let level = self.plan.input_level();
         let (slots, scales) = self.input_slots(x)?;
         let ciphertexts = slots
             .iter()
-            .map(|v| client.encrypt_to_bytes_within(&v.re, &v.im, level, max_error))
+            .map(|v| {
+                client
+                    .encrypt_to_bytes_within(&v.re, &v.im, level, max_error)
+                    .map(Bytes::from)
+            })
             .collect::<Result<Vec<_>>>()?;
-        let req = GroupRequest {
-            plan_id: self.plan_id,
-            layer,
-            group,
-            t: self.plan.t as u32,
-            ciphertexts,
-            response_bits: 0,
-        };
-        Ok((req, scales))
+        Ok((ciphertexts, scales))
     }
 
-    /// Decrypts every returned slot (normalised values). Errors: header, count, backend.
-    pub fn decrypt_all<C: HeClient>(
+    /// Decrypts every returned slot (normalised values). Errors: [`HeloraError::CiphertextCount`];
+    /// backend errors.
+    pub fn decrypt_all<C: HeClient, B: AsRef<[u8]>>(
         &self,
         client: &C,
-        resp: &GroupResponse,
+        ciphertexts: &[B],
     ) -> Result<Vec<Vec<Complex64>>> {
-        if resp.plan_id != self.plan_id {
-            return Err(HeloraError::PlanMismatch {
-                field: "plan_id",
-                expected: self.plan_id,
-                got: resp.plan_id,
-            });
-        }
-        if resp.ciphertexts.len() != self.map.len() {
+        if ciphertexts.len() != self.map.len() {
             return Err(HeloraError::CiphertextCount {
                 what: "group response",
                 expected: self.map.len(),
-                got: resp.ciphertexts.len(),
+                got: ciphertexts.len(),
             });
         }
-        resp.ciphertexts
+        ciphertexts
             .iter()
-            .map(|b| client.decrypt_from_bytes(b))
+            .map(|b| client.decrypt_from_bytes(b.as_ref()))
             .collect()
     }
 
     /// Decrypts and unpacks the deltas, T × d_out_p per projection, rescaled by `scales`.
-    pub fn deltas<C: HeClient>(
+    pub fn deltas<C: HeClient, B: AsRef<[u8]>>(
         &self,
         client: &C,
-        resp: &GroupResponse,
+        ciphertexts: &[B],
         scales: &InputScales,
     ) -> Result<Vec<Vec<f32>>> {
-        let slots = self.decrypt_all(client, resp)?;
+        let slots = self.decrypt_all(client, ciphertexts)?;
         self.unpack(&slots, scales)
     }
 

@@ -7,7 +7,7 @@ use crate::error::{HeloraError, Result};
 use crate::he_traits::HeServer;
 use crate::packing::{output_map, stage_a_diag, stage_b_diag};
 use crate::plan::{BabySteps, GroupPlan, Layout};
-use crate::wire::{GroupRequest, GroupResponse};
+use bytes::Bytes;
 
 /// Diagonals of one stage, `[giant][term]`, over `Q·P` when double hoisted.
 enum Diags<S: HeServer> {
@@ -64,7 +64,6 @@ enum Babies<'a, S: HeServer> {
 pub struct PreparedGroup<S: HeServer> {
     plan: GroupPlan,
     layout: Layout,
-    plan_id: u64,
     /// Stage-B diagonals `[c][q][b]`.
     b_diags: Vec<Diags<S>>,
     /// Stage-A diagonals `[q][c·babies + b]` (standard mode).
@@ -108,7 +107,6 @@ impl<S: HeServer> std::fmt::Debug for PreparedGroup<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PreparedGroup")
             .field("plan", &self.plan)
-            .field("plan_id", &self.plan_id)
             .finish_non_exhaustive()
     }
 }
@@ -184,7 +182,6 @@ impl<S: HeServer> PreparedGroup<S> {
         Ok(PreparedGroup {
             plan: plan.clone(),
             layout,
-            plan_id: plan.id(),
             b_diags,
             a_diags,
             output_bounds,
@@ -254,63 +251,38 @@ impl<S: HeServer> PreparedGroup<S> {
         self.stage_b(server, &babies)
     }
 
-    /// Handles one wire request (header checked against the plan). Errors:
-    /// [`HeloraError::PlanMismatch`]; parse errors; as [`PreparedGroup::evaluate`].
-    pub fn handle(&self, server: &S, req: &GroupRequest) -> Result<GroupResponse> {
-        self.check_header(req)?;
-        let inputs = req
-            .ciphertexts
+    /// Evaluates one request's serialised ciphertexts (plan order) and serialises the deltas at
+    /// `response_bits` of precision (0: the default). Errors: parse errors; as
+    /// [`PreparedGroup::evaluate`].
+    pub fn handle<B: AsRef<[u8]>>(
+        &self,
+        server: &S,
+        ciphertexts: &[B],
+        response_bits: u32,
+    ) -> Result<Vec<Bytes>> {
+        let inputs = ciphertexts
             .iter()
-            .map(|b| server.input_from_bytes(b))
+            .map(|b| server.input_from_bytes(b.as_ref()))
             .collect::<Result<Vec<_>>>()?;
-        self.respond(server, req, &inputs)
+        self.handle_parsed(server, &inputs, response_bits)
     }
 
-    /// [`Self::handle`] with ciphertexts parsed already (`inputs`, plan order).
+    /// [`Self::handle`] with the ciphertexts parsed already (`inputs`, plan order).
     pub fn handle_parsed(
         &self,
         server: &S,
-        req: &GroupRequest,
         inputs: &[S::Ct],
-    ) -> Result<GroupResponse> {
-        self.check_header(req)?;
-        self.respond(server, req, inputs)
-    }
-
-    /// [`HeloraError::PlanMismatch`] unless `req` names this plan and its T.
-    fn check_header(&self, req: &GroupRequest) -> Result<()> {
-        if req.plan_id != self.plan_id {
-            return Err(HeloraError::PlanMismatch {
-                field: "plan_id",
-                expected: self.plan_id,
-                got: req.plan_id,
-            });
-        }
-        if req.t as usize != self.plan.t {
-            return Err(HeloraError::PlanMismatch {
-                field: "t",
-                expected: self.plan.t as u64,
-                got: u64::from(req.t),
-            });
-        }
-        Ok(())
-    }
-
-    /// Evaluates `inputs` and serialises the outputs at the precision `req` asks for.
-    fn respond(&self, server: &S, req: &GroupRequest, inputs: &[S::Ct]) -> Result<GroupResponse> {
+        response_bits: u32,
+    ) -> Result<Vec<Bytes>> {
         let out = self.evaluate(server, inputs)?;
-        let ciphertexts = out
-            .iter()
+        out.iter()
             .zip(&self.output_bounds)
-            .map(|(c, &bound)| server.output_to_bytes_bounded(c, bound, req.response_bits))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(GroupResponse {
-            plan_id: self.plan_id,
-            layer: req.layer,
-            group: req.group,
-            t: req.t,
-            ciphertexts,
-        })
+            .map(|(c, &bound)| {
+                server
+                    .output_to_bytes_bounded(c, bound, response_bits)
+                    .map(Bytes::from)
+            })
+            .collect()
     }
 
     /// `[ct, rot(ct, T), …, rot(ct, (n−1)·T)]`, the rotations hoisted.

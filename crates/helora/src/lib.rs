@@ -1,10 +1,10 @@
 //! HE-LoRA: the LoRA delta `s·B·(A·x)` of every projection of a layer group, for all K+1 verify
 //! positions at once, on CKKS ciphertexts. This crate owns the adapter fusion ([`adapter`]), the
 //! slot layout and BSGS plans ([`plan`], [`counts`], [`planner`]), the HE interface ([`he_traits`],
-//! [`sim`], [`ckks_backend`]) and the two halves, which exchange only [`wire::GroupRequest`] /
-//! [`wire::GroupResponse`] bytes and public keys.
+//! [`sim`], [`ckks_backend`]) and the two halves, which exchange only serialised ciphertexts and
+//! public keys (the envelope is the protocol's, `cipherlora_proto::v1::GroupRequest`).
 //!
-//! Start reading at [`GroupClient::request`] → [`PreparedGroup::handle`] → [`GroupClient::deltas`];
+//! Start reading at [`GroupClient::encrypt`] → [`PreparedGroup::handle`] → [`GroupClient::deltas`];
 //! one round's flow, the strategies and the security argument are in docs/design/code-notes.md,
 //! "helora".
 
@@ -33,4 +33,3 @@ pub use he_traits::{HeClient, HeServer, ProductSum};
 pub use plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan, StageBPlan};
 pub use planner::{Estimate, Link, OpCosts};
 pub use sim::SlotSimulator;
-pub use wire::{GroupRequest, GroupResponse};

@@ -1,53 +1,17 @@
-//! Compact binary encodings of plans, requests and responses: little-endian, versioned, a 4-byte
-//! magic per message, ciphertexts opaque. Decoders validate lengths, counts and plan constraints
-//! and return [`HeloraError::Malformed`], never panic.
+//! The canonical binary encoding of a [`GroupPlan`]: little-endian, versioned, a 4-byte magic.
+//! [`GroupPlan::id`] hashes it. The decoder validates counts and plan constraints and returns
+//! [`HeloraError::Malformed`], never panics. Group requests and responses are the protocol's
+//! (`cipherlora_proto::v1::GroupRequest`): ciphertext bytes only.
 
 use crate::adapter::GroupShape;
 use crate::error::{HeloraError, Result};
 use crate::plan::{BabySteps, GroupPlan, Mode, PositionPacking, Reach, StageAPlan, StageBPlan};
 
 const PLAN_MAGIC: &[u8; 4] = b"HLPL";
-const REQ_MAGIC: &[u8; 4] = b"HLRQ";
-const RESP_MAGIC: &[u8; 4] = b"HLRS";
 /// Version 2: plans carry their [`PositionPacking`]; version 3: their stage-B [`Reach`].
 const VERSION: u8 = 3;
-/// Upper bound on ciphertexts per message (a group never needs more).
-pub const MAX_CIPHERTEXTS: usize = 1 << 16;
 /// Upper bound on projections per group.
 pub const MAX_PROJECTIONS: usize = 64;
-
-/// What the client uploads for one layer group in one verify round.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupRequest {
-    /// [`GroupPlan::id`] of the plan both sides agreed on.
-    pub plan_id: u64,
-    /// Layer index.
-    pub layer: u32,
-    /// Group index within the layer (e.g. 0 = qkv, 1 = o).
-    pub group: u32,
-    /// Positions T.
-    pub t: u32,
-    /// Input ciphertexts, in plan order.
-    pub ciphertexts: Vec<Vec<u8>>,
-    /// Precision asked for in the returned ciphertexts, bits relative to their output bound (0: the
-    /// server's default, never exceeded).
-    pub response_bits: u32,
-}
-
-/// What the server returns for one layer group: the delta ciphertexts only.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupResponse {
-    /// Plan id, echoed.
-    pub plan_id: u64,
-    /// Layer index, echoed.
-    pub layer: u32,
-    /// Group index, echoed.
-    pub group: u32,
-    /// Positions T, echoed.
-    pub t: u32,
-    /// Output ciphertexts (n_out of the plan).
-    pub ciphertexts: Vec<Vec<u8>>,
-}
 
 struct Reader<'a> {
     buf: &'a [u8],
@@ -75,12 +39,6 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Result<u32> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
     }
     fn usize(&mut self) -> Result<usize> {
         Ok(self.u32()? as usize)
@@ -237,134 +195,6 @@ pub fn decode_plan(bytes: &[u8]) -> Result<GroupPlan> {
     };
     plan.layout()?;
     Ok(plan)
-}
-
-fn encode_msg(
-    magic: &[u8; 4],
-    id: u64,
-    layer: u32,
-    group: u32,
-    t: u32,
-    cts: &[Vec<u8>],
-) -> Vec<u8> {
-    let mut o = Vec::with_capacity(msg_len(cts));
-    o.extend_from_slice(magic);
-    o.push(VERSION);
-    o.extend_from_slice(&id.to_le_bytes());
-    o.extend_from_slice(&layer.to_le_bytes());
-    o.extend_from_slice(&group.to_le_bytes());
-    o.extend_from_slice(&t.to_le_bytes());
-    put_u32(&mut o, cts.len());
-    for c in cts {
-        put_u32(&mut o, c.len());
-        o.extend_from_slice(c);
-    }
-    o
-}
-
-type Msg = (u64, u32, u32, u32, Vec<Vec<u8>>);
-
-/// Encoded size of a group message: the 29-byte header plus a 4-byte length prefix per ciphertext.
-fn msg_len(ciphertexts: &[Vec<u8>]) -> usize {
-    29 + ciphertexts.iter().map(|c| c.len() + 4).sum::<usize>()
-}
-
-fn decode_msg(bytes: &[u8], magic: &[u8; 4], what: &'static str) -> Result<Msg> {
-    let mut r = Reader { buf: bytes, what };
-    r.header(magic)?;
-    let id = r.u64()?;
-    let layer = r.u32()?;
-    let group = r.u32()?;
-    let t = r.u32()?;
-    if t == 0 {
-        return Err(r.bad("zero positions"));
-    }
-    let n = r.usize()?;
-    if n > MAX_CIPHERTEXTS {
-        return Err(r.bad("too many ciphertexts"));
-    }
-    let mut cts = Vec::with_capacity(n.min(r.buf.len() / 4));
-    for _ in 0..n {
-        let len = r.usize()?;
-        cts.push(r.take(len)?.to_vec());
-    }
-    r.finish()?;
-    Ok((id, layer, group, t, cts))
-}
-
-impl GroupRequest {
-    /// Serialises the request: the message framing shared with [`GroupResponse`], then
-    /// `response_bits` (u32).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut o = encode_msg(
-            REQ_MAGIC,
-            self.plan_id,
-            self.layer,
-            self.group,
-            self.t,
-            &self.ciphertexts,
-        );
-        o.extend_from_slice(&self.response_bits.to_le_bytes());
-        o
-    }
-
-    /// Parses and validates a request (ciphertexts are validated by the backend). Errors:
-    /// [`HeloraError::Malformed`].
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let Some(split) = bytes.len().checked_sub(4) else {
-            return Err(HeloraError::Malformed {
-                what: "group request",
-                reason: "truncated",
-            });
-        };
-        let (msg, bits) = bytes.split_at(split);
-        let (plan_id, layer, group, t, ciphertexts) = decode_msg(msg, REQ_MAGIC, "group request")?;
-        Ok(GroupRequest {
-            plan_id,
-            layer,
-            group,
-            t,
-            ciphertexts,
-            response_bits: u32::from_le_bytes([bits[0], bits[1], bits[2], bits[3]]),
-        })
-    }
-
-    /// Upload size in bytes.
-    pub fn byte_len(&self) -> usize {
-        msg_len(&self.ciphertexts) + 4
-    }
-}
-
-impl GroupResponse {
-    /// Serialises the response.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        encode_msg(
-            RESP_MAGIC,
-            self.plan_id,
-            self.layer,
-            self.group,
-            self.t,
-            &self.ciphertexts,
-        )
-    }
-
-    /// Parses and validates a response. Errors: [`HeloraError::Malformed`].
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let (plan_id, layer, group, t, ciphertexts) =
-            decode_msg(bytes, RESP_MAGIC, "group response")?;
-        Ok(GroupResponse {
-            plan_id,
-            layer,
-            group,
-            t,
-            ciphertexts,
-        })
-    }
-
-    /// Download size in bytes.
-    pub fn byte_len(&self) -> usize {
-        msg_len(&self.ciphertexts)
-    }
 }
 
 impl GroupPlan {

@@ -285,12 +285,12 @@ fn compressed_responses_match_uncompressed_ones() {
             }
             let prepared_on = PreparedGroup::new(&on, &plan, &adapter).unwrap();
             let prepared_off = PreparedGroup::new(&off, &plan, &adapter).unwrap();
-            let (req, scales) = gc.request(&client, 1, gi as u32, &x).unwrap();
-            let r_on = prepared_on.handle(&on, &req).unwrap();
-            let r_off = prepared_off.handle(&off, &req).unwrap();
+            let (req, scales) = gc.encrypt(&client, &x).unwrap();
+            let r_on = prepared_on.handle(&on, &req, 0).unwrap();
+            let r_off = prepared_off.handle(&off, &req, 0).unwrap();
             let s_on = gc.decrypt_all(&client, &r_on).unwrap();
             let s_off = gc.decrypt_all(&client, &r_off).unwrap();
-            for (c, (a, b)) in r_on.ciphertexts.iter().zip(&r_off.ciphertexts).enumerate() {
+            for (c, (a, b)) in r_on.iter().zip(&r_off).enumerate() {
                 let bound = prepared_on.output_bounds()[c];
                 let p = on
                     .compression_params(ctx.params().scale(), bound)
@@ -398,13 +398,12 @@ fn coarse_responses_are_smaller_and_within_the_asked_precision() {
     let x = common::random_x(plan.t, shape.d_in, 78);
     let prepared_on = PreparedGroup::new(&on, &plan, &adapter).unwrap();
     let prepared_off = PreparedGroup::new(&off, &plan, &adapter).unwrap();
-    let (mut req, _) = gc.request(&client, 0, 0, &x).unwrap();
+    let (req, _) = gc.encrypt(&client, &x).unwrap();
     let exact = gc
-        .decrypt_all(&client, &prepared_off.handle(&off, &req).unwrap())
+        .decrypt_all(&client, &prepared_off.handle(&off, &req, 0).unwrap())
         .unwrap();
-    let mut size = |bits: u32| {
-        req.response_bits = bits;
-        let r = prepared_on.handle(&on, &req).unwrap();
+    let size = |bits: u32| {
+        let r = prepared_on.handle(&on, &req, bits).unwrap();
         let got = gc.decrypt_all(&client, &r).unwrap();
         for (c, (g, e)) in got.iter().zip(&exact).enumerate() {
             let bound = prepared_on.output_bounds()[c];
@@ -420,7 +419,7 @@ fn coarse_responses_are_smaller_and_within_the_asked_precision() {
             let allowed = bound * 2f64.powi(-(asked as i32));
             assert!(err <= allowed, "{bits} bits, ct {c}: {err:e} > {allowed:e}");
         }
-        r.ciphertexts.iter().map(Vec::len).sum::<usize>()
+        r.iter().map(|c| c.len()).sum::<usize>()
     };
     let default = size(0);
     let (b16, b12) = (size(16), size(12));
@@ -442,7 +441,7 @@ fn modelled_download_size_is_the_compressed_size() {
     assert!(down < 0.8 * 102_424.0, "{down}");
 }
 
-/// A lossy upload (`GroupClient::request_within`) is smaller by the bits it drops, and moves each
+/// A lossy upload (`GroupClient::encrypt_within`) is smaller by the bits it drops, and moves each
 /// returned delta by at most the group's output bound times the error it allowed (plus the
 /// evaluation's own noise), in both modes: what `upload_error` in the private client relies on.
 #[test]
@@ -466,9 +465,9 @@ fn lossy_uploads_are_smaller_and_move_deltas_within_the_bound() {
         let x = common::random_x(plan.t, shape.d_in, 92);
         let prepared = PreparedGroup::new(&server, &plan, &adapter).unwrap();
         let answer = |max_error: f64| {
-            let (req, _) = gc.request_within(&client, 0, 0, &x, max_error).unwrap();
-            let bytes: usize = req.ciphertexts.iter().map(Vec::len).sum();
-            let resp = prepared.handle(&server, &req).unwrap();
+            let (req, _) = gc.encrypt_within(&client, &x, max_error).unwrap();
+            let bytes: usize = req.iter().map(|c| c.len()).sum();
+            let resp = prepared.handle(&server, &req, 0).unwrap();
             (bytes, gc.decrypt_all(&client, &resp).unwrap())
         };
         let (exact_bytes, exact) = answer(0.0);

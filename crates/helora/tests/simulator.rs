@@ -137,11 +137,11 @@ fn output_bounds_hold_and_are_attained() {
                     *o = if wj >= 0.0 { 1.0 } else { -1.0 };
                 }
             }
-            let (req, scales) = gc.request(&sim, 0, 0, &x).unwrap();
+            let (req, scales) = gc.encrypt(&sim, &x).unwrap();
             for &c in scales.factors() {
                 assert_eq!(c, 2f64.powi(c.log2().round() as i32), "not a power of two");
             }
-            let resp = prepared.handle(&sim, &req).unwrap();
+            let resp = prepared.handle(&sim, &req, 0).unwrap();
             let slots = gc.decrypt_all(&sim, &resp).unwrap();
             for (c, (vals, map)) in slots.iter().zip(gc.output_map()).enumerate() {
                 for (v, parts) in vals.iter().zip(map) {

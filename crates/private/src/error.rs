@@ -107,6 +107,9 @@ pub enum PrivateError {
         /// What was wrong with its answer.
         what: ProtocolFault,
     },
+    /// A group message did not decode as protobuf (the in-process transport's round trip).
+    #[error("group message: {0}")]
+    Decode(prost::DecodeError),
     /// The server offered plans for another number of positions than the client asked for.
     #[error("asked for T = {asked} positions, the server offered T = {offered}")]
     WidthMismatch {

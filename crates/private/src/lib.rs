@@ -30,4 +30,4 @@ pub use server::{
 };
 
 pub use cipherlora_helora::Rerandomization;
-pub use cipherlora_helora::wire::{GroupRequest, GroupResponse};
+pub use cipherlora_proto::v1::{GroupRequest, GroupResponse};

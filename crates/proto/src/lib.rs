@@ -7,6 +7,7 @@
 pub mod activations;
 pub mod codec;
 pub mod error;
+mod group;
 pub mod plan_id;
 pub mod reason;
 pub mod session_id;

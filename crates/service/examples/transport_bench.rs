@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cipherlora_proto::v1::GroupRequest;
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::testing::{TestBackend, encode_ct, test_galois_keys, test_public_key};
 use cipherlora_service::{
@@ -102,7 +103,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut rtt = Vec::with_capacity(iters);
             for i in 0..iters + 3 {
                 let t = Instant::now();
-                let out = direct.compute.compute(0, group, 0, 0, &cts)?;
+                let out =
+                    direct
+                        .compute
+                        .compute(&GroupRequest::for_group(0, group, cts.clone(), 0))?;
                 let c = t.elapsed();
                 assert_eq!(out.len(), n);
                 let t = Instant::now();

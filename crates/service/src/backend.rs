@@ -3,6 +3,7 @@
 //! never reach errors or logs.
 
 use bytes::Bytes;
+use cipherlora_proto::v1::GroupRequest;
 use std::collections::BTreeMap;
 use thiserror::Error;
 
@@ -96,17 +97,11 @@ pub trait SessionCompute: Send + Sync {
     /// The request shape of `(layer, group)`. Errors: [`BackendError::UnknownLayer`].
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError>;
 
-    /// Delta ciphertexts of `(layer, group)` for one round; `response_bits`: the asked precision
-    /// (0: default). Runs on a blocking thread. Errors: [`BackendError::InvalidCiphertext`],
-    /// `ParameterMismatch`, `UnknownLayer`, `Internal`.
-    fn compute(
-        &self,
-        layer: u32,
-        group: u32,
-        round: u64,
-        response_bits: u32,
-        ciphertexts: &[Bytes],
-    ) -> Result<Vec<Bytes>, BackendError>;
+    /// Delta ciphertexts of `request`'s (layer, group), at its `response_bits` of precision (0:
+    /// default). The service checked its envelope, session, plan id and ciphertext count. Runs on
+    /// a blocking thread. Errors: [`BackendError::InvalidCiphertext`], `ParameterMismatch`,
+    /// `UnknownLayer`, `Internal`.
+    fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError>;
 }
 
 /// What is wrong inside one serialised ciphertext.

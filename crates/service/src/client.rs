@@ -20,8 +20,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::auth::BearerToken;
 use crate::backend::AdapterInfo;
 use crate::error::{Result, ServiceError};
-pub use crate::group_call::GroupCall;
-use crate::in_flight::{Answer, InFlight};
+use crate::in_flight::InFlight;
 use crate::link::{LinkDirection, LinkProfile};
 use crate::server::{CONNECTION_WINDOW, STREAM_WINDOW};
 use crate::tls::ClientTls;
@@ -388,8 +387,8 @@ impl AsyncAdapterClient {
         Ok(())
     }
 
-    /// One layer group's round trip for round `round`. Errors as
-    /// [`AsyncAdapterClient::round_pipelined`].
+    /// One layer group's round trip for round `round` at the default response precision: the delta
+    /// ciphertexts. Errors as [`AsyncAdapterClient::round_pipelined`].
     pub async fn round(
         &mut self,
         layer: u32,
@@ -397,17 +396,8 @@ impl AsyncAdapterClient {
         round: u64,
         ciphertexts: Vec<Bytes>,
     ) -> Result<Vec<Bytes>> {
-        let mut out = self
-            .round_pipelined(
-                round,
-                &[GroupCall {
-                    layer,
-                    group,
-                    ciphertexts,
-                    response_bits: 0,
-                }],
-            )
-            .await?;
+        let request = GroupRequest::for_group(layer, group, ciphertexts, 0);
+        let mut out = self.round_pipelined(round, &[request]).await?;
         Ok(out.pop().unwrap_or_default())
     }
 
@@ -417,7 +407,7 @@ impl AsyncAdapterClient {
     pub async fn round_pipelined(
         &mut self,
         round: u64,
-        calls: &[GroupCall],
+        calls: &[GroupRequest],
     ) -> Result<Vec<Vec<Bytes>>> {
         let mut seen = HashSet::new();
         if let Some(c) = calls.iter().find(|c| !seen.insert((c.layer, c.group))) {
@@ -430,14 +420,19 @@ impl AsyncAdapterClient {
         }
         let mut out = Vec::with_capacity(calls.len());
         for c in calls {
-            out.push(self.receive_call(round, c.layer, c.group).await?.0);
+            out.push(
+                self.receive_call(round, c.layer, c.group)
+                    .await?
+                    .ciphertexts,
+            );
         }
         Ok(out)
     }
 
-    /// Sends one group request of `round` without waiting ([`AsyncAdapterClient::receive_call`]).
-    /// Errors: [`ServiceError::NoSession`]; [`ServiceError::Config`] when already in flight.
-    pub async fn send_call(&mut self, round: u64, call: GroupCall) -> Result<()> {
+    /// Sends one group request of `round` without waiting ([`AsyncAdapterClient::receive_call`]);
+    /// the client fills its session id, round and plan id. Errors: [`ServiceError::NoSession`];
+    /// [`ServiceError::Config`] when already in flight.
+    pub async fn send_call(&mut self, round: u64, call: GroupRequest) -> Result<()> {
         if matches!(self.session, Session::Closed) {
             return Err(ServiceError::NoSession);
         }
@@ -469,7 +464,7 @@ impl AsyncAdapterClient {
         Ok(())
     }
 
-    /// Waits for (round, layer, group)'s delta ciphertexts and server time (µs), replaying on
+    /// Waits for (round, layer, group)'s response (delta ciphertexts, server time), replaying on
     /// transient failures. Errors: [`ServiceError::Config`] for a call never sent;
     /// [`ServiceError::Rpc`]; [`ServiceError::Timeout`]; transient errors once retries ran out.
     pub async fn receive_call(
@@ -477,13 +472,13 @@ impl AsyncAdapterClient {
         round: u64,
         layer: u32,
         group: u32,
-    ) -> Result<(Vec<Bytes>, u64)> {
+    ) -> Result<GroupResponse> {
         let key = (round, layer, group);
         let mut attempt = 0;
         let mut first_failure: Option<std::time::Instant> = None;
         loop {
-            if let Some(a) = self.in_flight.take(key) {
-                return Ok((a.ciphertexts, a.server_micros));
+            if let Some(answer) = self.in_flight.take(key) {
+                return Ok(answer);
             }
             if !self.in_flight.is_unanswered(key) {
                 return Err(ServiceError::Config {
@@ -537,13 +532,7 @@ impl AsyncAdapterClient {
             Some(Ok(resp)) => {
                 self.stats.server_micros =
                     self.stats.server_micros.saturating_add(resp.server_micros);
-                self.in_flight.answer(
-                    (resp.round, resp.layer, resp.group),
-                    Answer {
-                        ciphertexts: resp.ciphertexts,
-                        server_micros: resp.server_micros,
-                    },
-                )
+                self.in_flight.answer(resp)
             }
             Some(Err(status)) => Err(status.into()),
             None => Err(ServiceError::StreamClosed {
@@ -692,22 +681,21 @@ impl AdapterClient {
     }
 
     /// See [`AsyncAdapterClient::round_pipelined`]. Errors: as there.
-    pub fn round_pipelined(&mut self, round: u64, calls: &[GroupCall]) -> Result<Vec<Vec<Bytes>>> {
+    pub fn round_pipelined(
+        &mut self,
+        round: u64,
+        calls: &[GroupRequest],
+    ) -> Result<Vec<Vec<Bytes>>> {
         self.rt.block_on(self.inner.round_pipelined(round, calls))
     }
 
     /// See [`AsyncAdapterClient::send_call`]. Errors: as there.
-    pub fn send_call(&mut self, round: u64, call: GroupCall) -> Result<()> {
+    pub fn send_call(&mut self, round: u64, call: GroupRequest) -> Result<()> {
         self.rt.block_on(self.inner.send_call(round, call))
     }
 
     /// See [`AsyncAdapterClient::receive_call`]. Errors: as there.
-    pub fn receive_call(
-        &mut self,
-        round: u64,
-        layer: u32,
-        group: u32,
-    ) -> Result<(Vec<Bytes>, u64)> {
+    pub fn receive_call(&mut self, round: u64, layer: u32, group: u32) -> Result<GroupResponse> {
         self.rt
             .block_on(self.inner.receive_call(round, layer, group))
     }
@@ -733,16 +721,14 @@ impl AdapterClient {
     }
 }
 
-/// The wire request of `call` in `round` of session `id` running `plan`.
-fn group_request(id: SessionId, plan: &Bytes, round: u64, call: &GroupCall) -> GroupRequest {
+/// `call` stamped for `round` of session `id` running `plan` (the ciphertexts are shared, not
+/// copied).
+fn group_request(id: SessionId, plan: &Bytes, round: u64, call: &GroupRequest) -> GroupRequest {
     GroupRequest {
         session_id: id.to_bytes(),
         round,
-        layer: call.layer,
-        group: call.group,
-        ciphertexts: call.ciphertexts.clone(),
         plan_id: plan_id(plan),
-        response_bits: call.response_bits,
+        ..call.clone()
     }
 }
 

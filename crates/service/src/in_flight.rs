@@ -4,36 +4,26 @@
 
 use std::collections::HashMap;
 
-use bytes::Bytes;
+use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 
 use crate::error::{Result, ServiceError};
-use crate::group_call::GroupCall;
 
 /// Identifies one group request: (round, layer, group).
 pub(crate) type CallKey = (u64, u32, u32);
-
-/// An answer received: the delta ciphertexts and the server's compute time.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Answer {
-    /// The delta ciphertexts.
-    pub ciphertexts: Vec<Bytes>,
-    /// Server compute time, microseconds.
-    pub server_micros: u64,
-}
 
 /// Requests sent and not yet answered, and answers not yet taken.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     /// Unanswered requests in the order they were sent.
-    unanswered: Vec<(u64, GroupCall)>,
+    unanswered: Vec<(u64, GroupRequest)>,
     /// Answers that arrived before the caller asked for them.
-    arrived: HashMap<CallKey, Answer>,
+    arrived: HashMap<CallKey, GroupResponse>,
 }
 
 impl InFlight {
     /// Books `call` of `round` as sent. Errors: [`ServiceError::Config`] when it is already in
     /// flight or answered and not taken.
-    pub fn send(&mut self, round: u64, call: GroupCall) -> Result<()> {
+    pub fn send(&mut self, round: u64, call: GroupRequest) -> Result<()> {
         let key = (round, call.layer, call.group);
         if self.arrived.contains_key(&key)
             || self.unanswered.iter().any(|(r, c)| key_of(*r, c) == key)
@@ -51,7 +41,8 @@ impl InFlight {
 
     /// Files an answer from the server. Errors: [`ServiceError::Protocol`] for an answer to nothing
     /// or a second answer.
-    pub fn answer(&mut self, key: CallKey, answer: Answer) -> Result<()> {
+    pub fn answer(&mut self, answer: GroupResponse) -> Result<()> {
+        let key = (answer.round, answer.layer, answer.group);
         let Some(i) = self
             .unanswered
             .iter()
@@ -70,7 +61,7 @@ impl InFlight {
     }
 
     /// Takes the answer to `key`, if it arrived.
-    pub fn take(&mut self, key: CallKey) -> Option<Answer> {
+    pub fn take(&mut self, key: CallKey) -> Option<GroupResponse> {
         self.arrived.remove(&key)
     }
 
@@ -80,7 +71,7 @@ impl InFlight {
     }
 
     /// Unanswered requests, in the order they were first sent (to replay).
-    pub fn unanswered(&self) -> impl Iterator<Item = (u64, &GroupCall)> {
+    pub fn unanswered(&self) -> impl Iterator<Item = (u64, &GroupRequest)> {
         self.unanswered.iter().map(|(r, c)| (*r, c))
     }
 
@@ -96,25 +87,29 @@ impl InFlight {
     }
 }
 
-fn key_of(round: u64, c: &GroupCall) -> CallKey {
+fn key_of(round: u64, c: &GroupRequest) -> CallKey {
     (round, c.layer, c.group)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
-    fn call(layer: u32, group: u32) -> GroupCall {
-        GroupCall {
+    fn call(layer: u32, group: u32) -> GroupRequest {
+        GroupRequest {
             layer,
             group,
             ciphertexts: vec![Bytes::from_static(b"ct")],
-            response_bits: 0,
+            ..GroupRequest::default()
         }
     }
 
-    fn answer(tag: &'static [u8]) -> Answer {
-        Answer {
+    fn answer((round, layer, group): CallKey, tag: &'static [u8]) -> GroupResponse {
+        GroupResponse {
+            round,
+            layer,
+            group,
             ciphertexts: vec![Bytes::from_static(tag)],
             server_micros: 7,
         }
@@ -126,13 +121,13 @@ mod tests {
         f.send(1, call(0, 0)).unwrap();
         f.send(1, call(1, 0)).unwrap();
         f.send(2, call(0, 0)).unwrap();
-        f.answer((2, 0, 0), answer(b"c")).unwrap();
-        f.answer((1, 1, 0), answer(b"b")).unwrap();
+        f.answer(answer((2, 0, 0), b"c")).unwrap();
+        f.answer(answer((1, 1, 0), b"b")).unwrap();
         assert_eq!(f.pending(), 1);
         assert!(f.is_unanswered((1, 0, 0)));
-        assert_eq!(f.take((1, 1, 0)), Some(answer(b"b")));
+        assert_eq!(f.take((1, 1, 0)), Some(answer((1, 1, 0), b"b")));
         assert_eq!(f.take((1, 1, 0)), None);
-        assert_eq!(f.take((2, 0, 0)), Some(answer(b"c")));
+        assert_eq!(f.take((2, 0, 0)), Some(answer((2, 0, 0), b"c")));
         let replay: Vec<_> = f.unanswered().map(|(r, c)| (r, c.layer)).collect();
         assert_eq!(replay, [(1, 0)]);
     }
@@ -147,15 +142,15 @@ mod tests {
         ));
         // Another round may ask for the same group.
         f.send(2, call(3, 1)).unwrap();
-        f.answer((1, 3, 1), answer(b"x")).unwrap();
+        f.answer(answer((1, 3, 1), b"x")).unwrap();
         // Answered but not taken: still refused.
         assert!(f.send(1, call(3, 1)).is_err());
         assert!(matches!(
-            f.answer((1, 3, 1), answer(b"x")),
+            f.answer(answer((1, 3, 1), b"x")),
             Err(ServiceError::Protocol { .. })
         ));
         assert!(matches!(
-            f.answer((9, 0, 0), answer(b"x")),
+            f.answer(answer((9, 0, 0), b"x")),
             Err(ServiceError::Protocol { .. })
         ));
     }

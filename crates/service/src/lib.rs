@@ -10,7 +10,6 @@ mod budget;
 pub mod client;
 mod convert;
 pub mod error;
-mod group_call;
 mod in_flight;
 pub mod limits;
 pub mod link;
@@ -30,9 +29,7 @@ pub use backend::{
     OpenSessionPayload, OpenedSession, SessionCompute,
 };
 pub use cipherlora_proto::plan_id;
-pub use client::{
-    AdapterClient, AsyncAdapterClient, ClientConfig, GroupCall, SessionInfo, SessionParams,
-};
+pub use client::{AdapterClient, AsyncAdapterClient, ClientConfig, SessionInfo, SessionParams};
 pub use error::{Result, ServiceError, TransportError};
 pub use limits::Limits;
 pub use link::LinkProfile;

@@ -652,9 +652,7 @@ async fn compute_group(
     let in_bytes: usize = req.ciphertexts.iter().map(Bytes::len).sum();
     state.metrics.received("rounds", in_bytes as u64);
     let (layer, group, round) = (req.layer, req.group, req.round);
-    let bits = req.response_bits;
     let tag = session.id.tag();
-    let cts = req.ciphertexts;
     // A turn in the server-wide compute pool before a blocking thread.
     let queued = Instant::now();
     let turn = state
@@ -667,7 +665,7 @@ async fn compute_group(
     let (out, took) = tokio::task::spawn_blocking(move || {
         let _turn = turn;
         let t0 = Instant::now();
-        let out = session.compute.compute(layer, group, round, bits, &cts);
+        let out = session.compute.compute(&req);
         (out, t0.elapsed())
     })
     .await

@@ -4,6 +4,7 @@
 //! + session_tag(pk)` at `level − 1`; byte formats are documented on the decoders.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use cipherlora_proto::v1::GroupRequest;
 
 use crate::backend::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
@@ -289,15 +290,9 @@ impl SessionCompute for TestSession {
         }
     }
 
-    fn compute(
-        &self,
-        layer: u32,
-        group: u32,
-        _round: u64,
-        _response_bits: u32,
-        ciphertexts: &[Bytes],
-    ) -> Result<Vec<Bytes>, BackendError> {
-        self.group_shape(layer, group)?;
+    fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError> {
+        let ciphertexts = &request.ciphertexts;
+        self.group_shape(request.layer, request.group)?;
         // Validate everything before any arithmetic.
         let mut parsed = Vec::with_capacity(ciphertexts.len());
         for (index, b) in ciphertexts.iter().enumerate() {
@@ -321,7 +316,7 @@ impl SessionCompute for TestSession {
             }
             parsed.push(ct);
         }
-        let f = group_factor(layer, group);
+        let f = group_factor(request.layer, request.group);
         Ok(parsed
             .iter()
             .map(|ct| {
@@ -353,7 +348,14 @@ mod tests {
     fn test_backend_computes_the_documented_function() {
         let s = session();
         let x: Vec<f64> = (0..2048).map(|i| i as f64 - 1000.5).collect();
-        let out = s.compute(1, 1, 0, 0, &[encode_ct(12, 2, &x)]).unwrap();
+        let out = s
+            .compute(&GroupRequest::for_group(
+                1,
+                1,
+                vec![encode_ct(12, 2, &x)],
+                0,
+            ))
+            .unwrap();
         let y = decode_ct(&out[0]).unwrap();
         assert_eq!(y.level, 1);
         let tag = f64::from(u32::from_le_bytes([3; 4]) % 1024);
@@ -366,7 +368,10 @@ mod tests {
     fn test_backend_rejects_malformed_ciphertexts_with_typed_errors() {
         let s = session();
         let good = encode_ct(12, 2, &vec![1.0; 2048]);
-        let run = |b: Bytes| s.compute(0, 0, 0, 0, &[b]).unwrap_err();
+        let run = |b: Bytes| {
+            s.compute(&GroupRequest::for_group(0, 0, vec![b], 0))
+                .unwrap_err()
+        };
         assert_eq!(
             run(good.slice(..good.len() - 1)),
             BackendError::InvalidCiphertext {
@@ -395,7 +400,8 @@ mod tests {
             BackendError::ParameterMismatch { index: 0, .. }
         ));
         assert_eq!(
-            s.compute(2, 0, 0, 0, &[good]).unwrap_err(),
+            s.compute(&GroupRequest::for_group(2, 0, vec![good], 0))
+                .unwrap_err(),
             BackendError::UnknownLayer { layer: 2, group: 0 }
         );
     }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use cipherlora_proto::v1::GroupRequest;
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::testing::TestBackend;
 use cipherlora_service::{
@@ -58,19 +59,12 @@ impl SessionCompute for CountingSession {
         self.inner.group_shape(layer, group)
     }
 
-    fn compute(
-        &self,
-        layer: u32,
-        group: u32,
-        round: u64,
-        _response_bits: u32,
-        ciphertexts: &[Bytes],
-    ) -> Result<Vec<Bytes>, BackendError> {
+    fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError> {
         let running = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(running, Ordering::SeqCst);
         // Long enough for every client's requests to be waiting at once.
         std::thread::sleep(Duration::from_millis(30));
-        let out = self.inner.compute(layer, group, round, 0, ciphertexts);
+        let out = self.inner.compute(request);
         self.now.fetch_sub(1, Ordering::SeqCst);
         out
     }

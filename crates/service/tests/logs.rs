@@ -8,8 +8,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use cipherlora_proto::v1::GroupRequest;
 use cipherlora_service::testing::{encode_ct, test_galois_keys, test_public_key};
-use cipherlora_service::{AdapterClient, GroupCall, Limits, SessionParams};
+use cipherlora_service::{AdapterClient, Limits, SessionParams};
 use common::*;
 
 #[derive(Clone, Default)]
@@ -58,11 +59,11 @@ fn logs_never_contain_keys_ciphertexts_or_tokens() {
     assert!(w.list_adapters().is_err());
     let _ = c.round_pipelined(
         2,
-        &[GroupCall {
+        &[GroupRequest {
             layer: 1,
             group: 1,
             ciphertexts: vec![good],
-            response_bits: 0,
+            ..GroupRequest::default()
         }],
     );
     c.close().unwrap();

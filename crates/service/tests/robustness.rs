@@ -212,7 +212,7 @@ fn streamed_rounds_interleave_and_survive_a_dropped_connection() {
             for layer in 0..LAYERS {
                 let mut answers = Vec::new();
                 for group in 0..2 {
-                    answers.push(c.receive_call(round, layer, group).unwrap().0);
+                    answers.push(c.receive_call(round, layer, group).unwrap().ciphertexts);
                 }
                 check(5, round, layer, &answers);
                 out[(round * u64::from(LAYERS) + u64::from(layer)) as usize] = answers;

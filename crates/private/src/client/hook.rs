@@ -5,12 +5,13 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use cipherlora_ckks::{CkksParameters, Context};
-use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_helora::{CkksClient, GroupClient, InputScales, Mode};
 use cipherlora_model::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup,
     RopeStyle, gguf_qk_row_permutation,
 };
+use cipherlora_proto::v1::{GroupRequest, GroupResponse};
+use prost::Message;
 
 use crate::PrivateError;
 use crate::client::Transport;
@@ -351,13 +352,14 @@ impl<T: Transport> HeHook<T> {
             .flatten_all()
             .and_then(|x| x.to_vec1::<f32>())
             .map_err(|e| PrivateError::Model(e.into()))?;
-        Ok(g.client.request_within(
-            &self.he,
+        let (ciphertexts, scales) = g.client.encrypt_within(&self.he, &xs, max_error)?;
+        let request = GroupRequest::for_group(
             layer as u32,
             AdapterGroups::group_index(group),
-            &xs,
-            max_error,
-        )?)
+            ciphertexts,
+            0,
+        );
+        Ok((request, scales))
     }
 
     /// Decrypts one session group's response into the model's row layout.
@@ -370,7 +372,7 @@ impl<T: Transport> HeHook<T> {
         scales: &InputScales,
     ) -> Result<SessionDeltas, PrivateError> {
         let g = self.client_group(layer, group)?;
-        let deltas = g.client.deltas(&self.he, response, scales)?;
+        let deltas = g.client.deltas(&self.he, &response.ciphertexts, scales)?;
         let mut out = Vec::with_capacity(g.projs.len());
         for (&(l, proj), delta) in g.projs.iter().zip(deltas) {
             let d_out = delta.len() / t;
@@ -417,8 +419,8 @@ impl<T: Transport> HeHook<T> {
             1,
             1,
             reply.server_ms,
-            request.byte_len(),
-            reply.response.byte_len(),
+            request.encoded_len(),
+            reply.response.encoded_len(),
         );
         Ok(out)
     }
@@ -451,7 +453,7 @@ impl<T: Transport> HeHook<T> {
             let e0 = Instant::now();
             let (request, scales) = self.encrypt_group(layer, group, &chunk, upload_error(0.0))?;
             encrypt_ms += e0.elapsed().as_secs_f64() * 1e3;
-            up += request.byte_len();
+            up += request.encoded_len();
             self.carried_up((layer, group), rows, &request);
             let round = self.transport.open_round();
             let early = self.transport.send(round, &request)?;
@@ -467,7 +469,7 @@ impl<T: Transport> HeHook<T> {
                     AdapterGroups::group_index(group),
                 )?,
             };
-            down += reply.response.byte_len();
+            down += reply.response.encoded_len();
             self.carried_down((layer, group), rows, &reply.response);
             server_ms += reply.server_ms.unwrap_or(0.0);
             let d0 = Instant::now();
@@ -591,8 +593,8 @@ impl<T: Transport> HeHook<T> {
             requests.len(),
             1,
             server_ms,
-            requests.iter().map(GroupRequest::byte_len).sum(),
-            replies.iter().map(|r| r.response.byte_len()).sum(),
+            requests.iter().map(GroupRequest::encoded_len).sum(),
+            replies.iter().map(|r| r.response.encoded_len()).sum(),
         );
         Ok(out)
     }

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cipherlora_helora::wire::{GroupRequest, GroupResponse};
+use cipherlora_proto::v1::{GroupRequest, GroupResponse};
+use prost::Message;
 
 use crate::{PrivateError, ServerSession};
 
@@ -52,7 +53,7 @@ pub trait Transport {
     }
 }
 
-/// Calls a [`ServerSession`] in process through the network's byte encoding.
+/// Calls a [`ServerSession`] in process through the network's encoding (protobuf).
 #[derive(Debug, Clone)]
 pub struct InProcess {
     session: Arc<ServerSession>,
@@ -76,15 +77,15 @@ impl InProcess {
 
 impl Transport for InProcess {
     fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError> {
-        let up = request.to_bytes();
+        let up = request.encode_to_vec();
         self.bytes_up += up.len() as u64;
         let started = Instant::now();
-        let parsed = GroupRequest::from_bytes(&up)?;
-        let down = self.session.handle(&parsed)?.to_bytes();
+        let parsed = GroupRequest::decode(up.as_slice()).map_err(PrivateError::Decode)?;
+        let down = self.session.handle(&parsed)?.encode_to_vec();
         let server_ms = started.elapsed().as_secs_f64() * 1e3;
         self.bytes_down += down.len() as u64;
         Ok(Reply {
-            response: GroupResponse::from_bytes(&down)?,
+            response: GroupResponse::decode(down.as_slice()).map_err(PrivateError::Decode)?,
             server_ms: Some(server_ms),
         })
     }

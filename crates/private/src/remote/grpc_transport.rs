@@ -1,12 +1,10 @@
 //! The client over gRPC: fetching the offer, opening the session, a [`Transport`] on
 //! [`AdapterClient`].
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
-use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_model::ModelConfig;
-use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, GroupCall, SessionParams};
+use cipherlora_proto::v1::GroupRequest;
+use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, ServiceError, SessionParams};
 
 use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
@@ -98,8 +96,6 @@ pub struct GrpcTransport {
     client: AdapterClient,
     round: u64,
     last: Option<(u32, u32)>,
-    /// Plan id and T of each streamed request in flight, echoed into its reply.
-    streamed: HashMap<(u64, u32, u32), (u64, u32)>,
 }
 
 impl std::fmt::Debug for GrpcTransport {
@@ -146,7 +142,6 @@ impl GrpcTransport {
             client,
             round: 0,
             last: None,
-            streamed: HashMap::new(),
         })
     }
 
@@ -173,27 +168,9 @@ impl Transport for GrpcTransport {
             self.round += 1;
         }
         self.last = Some(key);
-        let cts = request
-            .ciphertexts
-            .iter()
-            .map(|c| Bytes::copy_from_slice(c))
-            .collect();
-        let before = self.client.stats().server_micros;
-        let out = self
-            .client
-            .round(request.layer, request.group, self.round, cts)
-            .map_err(transport_error)?;
-        let micros = self.client.stats().server_micros.saturating_sub(before);
-        Ok(Reply {
-            response: GroupResponse {
-                plan_id: request.plan_id,
-                layer: request.layer,
-                group: request.group,
-                t: request.t,
-                ciphertexts: out.into_iter().map(|b| b.to_vec()).collect(),
-            },
-            server_ms: Some(micros as f64 / 1e3),
-        })
+        let round = self.round;
+        self.send(round, request)?;
+        self.receive(round, request.layer, request.group)
     }
 
     /// One service round, its requests pipelined on the session's stream.
@@ -201,31 +178,14 @@ impl Transport for GrpcTransport {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        self.round += 1;
-        self.last = None;
-        let calls: Vec<GroupCall> = requests.iter().map(group_call).collect();
-        let before = self.client.stats().server_micros;
-        let outs = self
-            .client
-            .round_pipelined(self.round, &calls)
-            .map_err(transport_error)?;
-        let micros = self.client.stats().server_micros.saturating_sub(before);
-        Ok(requests
+        let round = self.open_round();
+        for request in requests {
+            self.send(round, request)?;
+        }
+        requests
             .iter()
-            .zip(outs)
-            .enumerate()
-            .map(|(i, (request, out))| Reply {
-                response: GroupResponse {
-                    plan_id: request.plan_id,
-                    layer: request.layer,
-                    group: request.group,
-                    t: request.t,
-                    ciphertexts: out.into_iter().map(|b| b.to_vec()).collect(),
-                },
-                // The batch's compute, booked once.
-                server_ms: Some(if i == 0 { micros as f64 / 1e3 } else { 0.0 }),
-            })
-            .collect())
+            .map(|r| self.receive(round, r.layer, r.group))
+            .collect()
     }
 
     /// A fresh service round number (a streamed trip is a round of its own).
@@ -235,55 +195,34 @@ impl Transport for GrpcTransport {
         self.round
     }
 
-    /// Sends the request on the session's stream without waiting ([`AdapterClient::send_call`]).
+    /// Sends the request on the session's stream without waiting ([`AdapterClient::send_call`]);
+    /// its ciphertexts are shared with the stream, not copied.
     fn send(&mut self, round: u64, request: &GroupRequest) -> Result<Option<Reply>, PrivateError> {
         self.client
-            .send_call(round, group_call(request))
+            .send_call(round, request.clone())
             .map_err(transport_error)?;
-        self.streamed.insert(
-            (round, request.layer, request.group),
-            (request.plan_id, request.t),
-        );
         Ok(None)
     }
 
-    /// Waits for the answer ([`AdapterClient::receive_call`] replays losses).
+    /// Waits for the answer ([`AdapterClient::receive_call`] replays losses). Errors:
+    /// [`PrivateError::NotInFlight`] for a request never sent.
     fn receive(&mut self, round: u64, layer: u32, group: u32) -> Result<Reply, PrivateError> {
-        let Some((plan_id, t)) = self.streamed.remove(&(round, layer, group)) else {
-            return Err(PrivateError::NotInFlight {
-                round,
-                layer,
-                group,
-            });
-        };
-        let (out, micros) = self
+        let response = self
             .client
             .receive_call(round, layer, group)
-            .map_err(transport_error)?;
+            .map_err(|e| match e {
+                ServiceError::Config { .. } => PrivateError::NotInFlight {
+                    round,
+                    layer,
+                    group,
+                },
+                e => transport_error(e),
+            })?;
+        let server_ms = Some(response.server_micros as f64 / 1e3);
         Ok(Reply {
-            response: GroupResponse {
-                plan_id,
-                layer,
-                group,
-                t,
-                ciphertexts: out.into_iter().map(|b| b.to_vec()).collect(),
-            },
-            server_ms: Some(micros as f64 / 1e3),
+            response,
+            server_ms,
         })
-    }
-}
-
-/// The service's form of a group request.
-fn group_call(r: &GroupRequest) -> GroupCall {
-    GroupCall {
-        layer: r.layer,
-        group: r.group,
-        ciphertexts: r
-            .ciphertexts
-            .iter()
-            .map(|c| Bytes::copy_from_slice(c))
-            .collect(),
-        response_bits: r.response_bits,
     }
 }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use cipherlora_ckks::{CkksError, CkksParameters, Context, SeededCiphertext};
 use cipherlora_helora::HeloraError;
-use cipherlora_helora::wire::GroupRequest;
 use cipherlora_model::ModelConfig;
+use cipherlora_proto::v1::GroupRequest;
 use cipherlora_service::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
     OpenSessionPayload, OpenedSession, SessionCompute,
@@ -254,23 +254,17 @@ impl SessionCompute for OfferOnly {
         Err(BackendError::UnknownLayer { layer, group })
     }
 
-    fn compute(
-        &self,
-        layer: u32,
-        group: u32,
-        _round: u64,
-        _response_bits: u32,
-        _ciphertexts: &[Bytes],
-    ) -> Result<Vec<Bytes>, BackendError> {
-        Err(BackendError::UnknownLayer { layer, group })
+    fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError> {
+        Err(BackendError::UnknownLayer {
+            layer: request.layer,
+            group: request.group,
+        })
     }
 }
 
 /// What a request of one group must look like.
 #[derive(Debug, Clone, Copy)]
 struct GroupMeta {
-    plan_id: u64,
-    t: u32,
     /// Delta evaluations per request for the extraction budget: T per input group answered.
     evaluations: u32,
     inputs: usize,
@@ -304,8 +298,6 @@ impl HeCompute {
                 .collect();
             members.dedup();
             let meta = GroupMeta {
-                plan_id: og.plan.id(),
-                t: og.plan.t as u32,
                 evaluations: (og.plan.t * members.len().max(1)) as u32,
                 inputs,
                 level: og.plan.input_level(),
@@ -338,14 +330,8 @@ impl SessionCompute for HeCompute {
         })
     }
 
-    fn compute(
-        &self,
-        layer: u32,
-        group: u32,
-        _round: u64,
-        response_bits: u32,
-        ciphertexts: &[Bytes],
-    ) -> Result<Vec<Bytes>, BackendError> {
+    fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError> {
+        let (layer, group, ciphertexts) = (request.layer, request.group, &request.ciphertexts);
         let meta = self.meta(layer, group)?;
         if ciphertexts.len() != meta.inputs {
             return Err(BackendError::CiphertextCount {
@@ -372,19 +358,9 @@ impl SessionCompute for HeCompute {
             }
             inputs.push(ct.expand());
         }
-        let request = GroupRequest {
-            plan_id: meta.plan_id,
-            layer,
-            group,
-            t: meta.t,
-            ciphertexts: Vec::new(),
-            response_bits,
-        };
-        let response = self
-            .session
-            .handle_parsed(&request, &inputs)
-            .map_err(backend_error)?;
-        Ok(response.ciphertexts.into_iter().map(Bytes::from).collect())
+        self.session
+            .handle_parsed(request, &inputs)
+            .map_err(backend_error)
     }
 }
 
@@ -745,16 +721,21 @@ mod tests {
         let level = offer.groups[0].plan.input_level();
         let good = he.encrypt_to_bytes(&[0.25; 8], &[], level).unwrap();
         assert_eq!(
-            c.compute(1, 1, 0, 0, &vec![Bytes::from(good.clone()); n])
-                .unwrap()
-                .len(),
+            c.compute(&GroupRequest::for_group(
+                1,
+                1,
+                vec![Bytes::from(good.clone()); n],
+                0
+            ))
+            .unwrap()
+            .len(),
             1
         );
         for scale in [1e300, 2.0, ctx.params().scale() * 2.0] {
             let mut bad = good.clone();
             bad[16..24].copy_from_slice(&f64::to_bits(scale).to_le_bytes());
             let e = c
-                .compute(1, 1, 0, 0, &vec![Bytes::from(bad); n])
+                .compute(&GroupRequest::for_group(1, 1, vec![Bytes::from(bad); n], 0))
                 .unwrap_err();
             assert!(
                 matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
@@ -816,11 +797,13 @@ mod tests {
                 .unwrap(),
         );
         assert_eq!(
-            c.compute(1, 1, 0, 0, &vec![good.clone(); n]).unwrap().len(),
+            c.compute(&GroupRequest::for_group(1, 1, vec![good.clone(); n], 0))
+                .unwrap()
+                .len(),
             1
         );
         let e = c
-            .compute(1, 1, 0, 0, &vec![good.clone(); n + 1])
+            .compute(&GroupRequest::for_group(1, 1, vec![good.clone(); n + 1], 0))
             .unwrap_err();
         assert_eq!(
             e,
@@ -832,7 +815,12 @@ mod tests {
         let mut bad_magic = good.to_vec();
         bad_magic[0] ^= 0xff;
         let e = c
-            .compute(1, 1, 0, 0, &vec![Bytes::from(bad_magic); n])
+            .compute(&GroupRequest::for_group(
+                1,
+                1,
+                vec![Bytes::from(bad_magic); n],
+                0,
+            ))
             .unwrap_err();
         assert_eq!(
             e,
@@ -842,7 +830,9 @@ mod tests {
             }
         );
         let short = good.slice(..good.len() - 1);
-        let e = c.compute(1, 1, 0, 0, &vec![short; n]).unwrap_err();
+        let e = c
+            .compute(&GroupRequest::for_group(1, 1, vec![short; n], 0))
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -854,7 +844,9 @@ mod tests {
             "{e}"
         );
         let low = Bytes::from(he.encrypt_to_bytes(&[0.25; 8], &[], 0).unwrap());
-        let e = c.compute(1, 1, 0, 0, &vec![low; n]).unwrap_err();
+        let e = c
+            .compute(&GroupRequest::for_group(1, 1, vec![low; n], 0))
+            .unwrap_err();
         assert!(
             matches!(e, BackendError::ParameterMismatch { index: 0, .. }),
             "{e}"
@@ -894,8 +886,12 @@ mod tests {
         let x: Vec<f64> = (0..8).map(|i| 0.1 * i as f64 - 0.3).collect();
         let level = offer.groups[0].plan.input_level();
         let ct = Bytes::from(he.encrypt_to_bytes(&x, &[], level).unwrap());
-        let a = c.compute(1, 1, 0, 0, &vec![ct.clone(); n]).unwrap();
-        let b = c0.compute(1, 1, 0, 0, &vec![ct; n]).unwrap();
+        let a = c
+            .compute(&GroupRequest::for_group(1, 1, vec![ct.clone(); n], 0))
+            .unwrap();
+        let b = c0
+            .compute(&GroupRequest::for_group(1, 1, vec![ct; n], 0))
+            .unwrap();
         assert_ne!(a, b, "rerandomised outputs are fresh ciphertexts");
         let (da, db) = (
             he.decrypt_from_bytes(&a[0]).unwrap(),

@@ -4,12 +4,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
+use bytes::Bytes;
 use cipherlora_ckks::{Ciphertext, CkksParameters, Context, GaloisKeys, Preset, PublicKey};
 use cipherlora_helora::group_server::PreparedGroup;
 use cipherlora_helora::planner::{Link, OpCosts, choose};
-use cipherlora_helora::wire::{GroupRequest, GroupResponse};
 use cipherlora_helora::{CkksServer, GroupPlan, Mode, Rerandomization};
 use cipherlora_model::{ModelConfig, Proj, ProjGroup};
+use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 use rayon::prelude::*;
 
 use crate::PrivateError;
@@ -452,24 +453,37 @@ impl std::fmt::Debug for ServerSession {
 }
 
 impl ServerSession {
-    /// Evaluates one group request. Errors: [`PrivateError::UnknownGroup`];
-    /// [`PrivateError::Helora`] for a plan mismatch or bad ciphertexts (checked before any
-    /// arithmetic).
+    /// Evaluates one group request (in process: no session envelope to check). Errors:
+    /// [`PrivateError::UnknownGroup`]; [`PrivateError::Helora`] for a wrong ciphertext count or bad
+    /// ciphertexts (checked before any arithmetic).
     pub fn handle(&self, request: &GroupRequest) -> Result<GroupResponse, PrivateError> {
-        Ok(self
-            .group(request.layer, request.group)?
-            .handle(&self.he, request)?)
+        let (layer, group) = (request.layer, request.group);
+        let ciphertexts = self.group(layer, group)?.handle(
+            &self.he,
+            &request.ciphertexts,
+            request.response_bits,
+        )?;
+        Ok(GroupResponse {
+            round: request.round,
+            layer,
+            group,
+            ciphertexts,
+            server_micros: 0,
+        })
     }
 
-    /// [`Self::handle`] with the ciphertexts parsed already (`inputs`, plan order).
+    /// The delta ciphertexts of `request`'s group with its ciphertexts parsed already (`inputs`,
+    /// plan order). Errors: as [`Self::handle`].
     pub fn handle_parsed(
         &self,
         request: &GroupRequest,
         inputs: &[Ciphertext],
-    ) -> Result<GroupResponse, PrivateError> {
-        Ok(self
-            .group(request.layer, request.group)?
-            .handle_parsed(&self.he, request, inputs)?)
+    ) -> Result<Vec<Bytes>, PrivateError> {
+        Ok(self.group(request.layer, request.group)?.handle_parsed(
+            &self.he,
+            inputs,
+            request.response_bits,
+        )?)
     }
 
     /// The prepared group of (layer, group).

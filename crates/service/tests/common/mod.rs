@@ -16,8 +16,8 @@ use cipherlora_service::testing::{
     TestBackend, decode_ct, encode_ct, test_galois_keys, test_public_key,
 };
 use cipherlora_service::{
-    AdapterBackend, ClientConfig, DevCert, GroupCall, Limits, ServeConfig, ServerThread,
-    SessionParams, dev_cert,
+    AdapterBackend, ClientConfig, DevCert, Limits, ServeConfig, ServerThread, SessionParams,
+    dev_cert,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -113,13 +113,13 @@ pub fn expected(client: u8, layer: u32, group: u32, x: &[f64]) -> Vec<f64> {
     x.iter().map(|v| f * v + tag).collect()
 }
 
-pub fn calls(client: u8, round: u64, layer: u32) -> Vec<GroupCall> {
+pub fn calls(client: u8, round: u64, layer: u32) -> Vec<GroupRequest> {
     (0..2)
-        .map(|group| GroupCall {
+        .map(|group| GroupRequest {
             layer,
             group,
             ciphertexts: vec![encode_ct(12, 2, &inputs(client, round, layer, group))],
-            response_bits: 0,
+            ..GroupRequest::default()
         })
         .collect()
 }

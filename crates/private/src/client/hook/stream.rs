@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use cipherlora_helora::InputScales;
 use cipherlora_model::{DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup, TripId};
+use prost::Message;
 
 use super::{HeHook, SessionDeltas, concat_members, member_deltas, model_error};
 use crate::PrivateError;
@@ -101,7 +102,7 @@ impl<T: Transport> HeHook<T> {
         let t1 = Instant::now();
         let answered = self.transport.send(round, &request)?;
         let t2 = Instant::now();
-        let up = request.byte_len();
+        let up = request.encoded_len();
         self.carried_up(key, t, &request);
         match answered {
             // Answered at once (an in-process transport): decrypt now.
@@ -110,7 +111,7 @@ impl<T: Transport> HeHook<T> {
                 let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
                 let t3 = Instant::now();
                 self.file(id, key, &members, &deltas)?;
-                let down = reply.response.byte_len();
+                let down = reply.response.encoded_len();
                 self.account([t0, t1, t2, t3], 1, 0, reply.server_ms, up, down);
             }
             None => {
@@ -172,7 +173,7 @@ impl<T: Transport> HeHook<T> {
         let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
         let t3 = Instant::now();
         self.file(id, key, &members, &deltas)?;
-        let down = reply.response.byte_len();
+        let down = reply.response.encoded_len();
         self.account([t1, t1, t2, t3], 0, 0, reply.server_ms, 0, down);
         let d = self
             .trips
