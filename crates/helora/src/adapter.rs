@@ -29,6 +29,9 @@ pub struct GroupAdapter {
     pub projections: Vec<ProjectionAdapter>,
 }
 
+/// Most projections one group may fuse (a decoded plan or offer with more is malformed).
+pub const MAX_PROJECTIONS: usize = 64;
+
 /// The public shape of a group: what client and server both know.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct GroupShape {

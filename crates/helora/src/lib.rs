@@ -21,7 +21,6 @@ pub mod plan;
 pub mod planner;
 pub mod shapes;
 pub mod sim;
-pub mod wire;
 
 pub use adapter::{FusedGroup, GroupAdapter, GroupShape, ProjectionAdapter};
 pub use ckks_backend::{CkksClient, CkksServer, Rerandomization, ResponseCompression};

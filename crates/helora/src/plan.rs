@@ -397,3 +397,68 @@ impl GroupPlan {
         Ok(s)
     }
 }
+
+impl GroupPlan {
+    /// A stable identifier of the plan within a build (FNV-1a over every field), e.g. to key the
+    /// diagonals encoded for it.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        canonical_bytes(self)
+            .into_iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            })
+    }
+}
+
+/// The bytes [`GroupPlan::id`] hashes: every field, in a fixed order.
+fn canonical_bytes(p: &GroupPlan) -> Vec<u8> {
+    let mut o = Vec::with_capacity(64);
+    put_u32(&mut o, p.slots);
+    put_u32(&mut o, p.t);
+    o.push(match p.packing {
+        PositionPacking::Real => 0,
+        PositionPacking::ComplexPairs => 1,
+    });
+    o.push(match p.mode {
+        Mode::Ffa => 0,
+        Mode::Standard => 1,
+    });
+    o.push(u8::from(p.rerandomize));
+    put_u32(&mut o, p.shape.d_in);
+    put_u32(&mut o, p.shape.d_outs.len());
+    for (&d, &r) in p.shape.d_outs.iter().zip(&p.shape.ranks) {
+        put_u32(&mut o, d);
+        put_u32(&mut o, r);
+    }
+    put_u32(&mut o, p.stage_b.n_out);
+    put_u32(&mut o, p.stage_b.g);
+    o.push(baby_code(p.stage_b.baby));
+    o.push(match p.stage_b.reach {
+        Reach::Ahead => 0,
+        Reach::TwoSided => 1,
+    });
+    match p.stage_a {
+        None => o.push(0),
+        Some(a) => {
+            o.push(1);
+            put_u32(&mut o, a.period);
+            put_u32(&mut o, a.g);
+            o.push(baby_code(a.baby));
+            o.push(u8::from(a.segmented));
+        }
+    }
+    o
+}
+
+fn put_u32(out: &mut Vec<u8>, v: usize) {
+    out.extend_from_slice(&(v as u32).to_le_bytes());
+}
+
+fn baby_code(b: BabySteps) -> u8 {
+    match b {
+        BabySteps::Server => 0,
+        BabySteps::Client => 1,
+        BabySteps::ServerExtended => 2,
+    }
+}

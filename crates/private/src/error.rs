@@ -21,7 +21,7 @@ pub enum PrivateError {
     UnknownGroup {
         /// Decoder layer index.
         layer: u32,
-        /// Group index ([`crate::AdapterGroups::group_index`]).
+        /// Group index ([`crate::protocol::group_index`]).
         group: u32,
     },
     /// A session grouped by layers was asked for one group's deltas or an incomplete fused group.

@@ -10,6 +10,7 @@
 
 pub mod client;
 mod error;
+pub mod protocol;
 pub mod remote;
 pub mod server;
 
@@ -20,14 +21,12 @@ pub use client::{
 };
 pub use client::{schedule_plan, width_plan};
 pub use error::{PrivateError, ProtocolFault};
+pub use protocol::{Grouping, LoraKind, OfferedGroup, SessionOffer};
 pub use remote::{
     EmbeddedServer, GrpcOpener, GrpcTransport, HeBackend, connect, connect_remote, connect_widths,
 };
 pub use server::cost_cache;
-pub use server::{
-    AdapterGroups, Grouping, HeAdapter, LoraKind, OfferedGroup, ServerSession, SessionMemory,
-    SessionOffer, adapter_id,
-};
+pub use server::{AdapterGroups, HeAdapter, LayerGroup, ServerSession, SessionMemory, adapter_id};
 
 pub use cipherlora_helora::Rerandomization;
 pub use cipherlora_proto::v1::{GroupRequest, GroupResponse};

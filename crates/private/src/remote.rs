@@ -3,20 +3,15 @@
 //! on loopback in-process; [`connect_remote`] gives the client a ready [`HeHook`](crate::HeHook)
 //! over a [`GrpcTransport`]. Sessions open in two steps (an offer-only `OpenSession`, then one with
 //! the Galois keys for exactly the offer's steps); FFA lora_A travels once in `AdapterInfo`
-//! ([`attach_public_a`]). See docs/design/code-notes.md, "private: remote".
+//! ([`crate::protocol::attach_public_a`]). See docs/design/code-notes.md, "private: remote".
 
 mod connect;
 mod grpc_transport;
 mod he_backend;
 mod loopback;
-mod wire;
 
 pub use crate::server::SessionMemory;
 pub use connect::{GrpcOpener, connect};
 pub use grpc_transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use he_backend::{COST_REPS, HeBackend};
 pub use loopback::EmbeddedServer;
-pub use wire::{
-    MAX_GROUPS, MAX_T, PlanRequest, PublicA, attach_public_a, decode_offer, decode_public_a,
-    encode_offer, encode_public_a, preset_from_name, preset_name,
-};

@@ -102,7 +102,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
     let mut raw = AdapterClient::connect(config.clone()).unwrap();
     let offer = fetch_offer(&mut raw, ADAPTER, K + 1, Grouping::ByInput).unwrap();
     let public_a =
-        cipherlora_private::remote::decode_public_a(offer.info.ffa_lora_a.as_deref().unwrap())
+        cipherlora_private::protocol::decode_public_a(offer.info.ffa_lora_a.as_ref().unwrap())
             .unwrap();
     assert_eq!(public_a.len(), 4 * model.config().num_layers);
     let first = &offer.offer.groups[0];

@@ -10,7 +10,7 @@ use thiserror::Error;
 pub enum ProtoError {
     /// The bytes are not a valid protobuf encoding of the expected message.
     #[error("protobuf decode error: {0}")]
-    Decode(String),
+    Decode(prost::DecodeError),
     /// A session id is not exactly 16 bytes.
     #[error("session id must be 16 bytes, got {got}")]
     SessionIdLength {

@@ -15,7 +15,7 @@ pub mod tree;
 pub mod validate;
 
 pub use error::ProtoError;
-pub use plan_id::plan_id;
+pub use plan_id::{offer_id, plan_id};
 pub use reason::{ERROR_REASON_KEY, ErrorReason};
 pub use session_id::SessionId;
 pub use validate::{RequestLimits, decode_group_request, validate_group_request};

@@ -63,7 +63,7 @@ pub fn decode_group_request(
     buf: bytes::Bytes,
     limits: &RequestLimits,
 ) -> Result<(SessionId, GroupRequest), ProtoError> {
-    let req = GroupRequest::decode(buf).map_err(|e| ProtoError::Decode(e.to_string()))?;
+    let req = GroupRequest::decode(buf).map_err(ProtoError::Decode)?;
     let id = validate_group_request(&req, limits)?;
     Ok((id, req))
 }

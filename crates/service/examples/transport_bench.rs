@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cipherlora_proto::v1::GroupRequest;
+use cipherlora_proto::v1::{GroupRequest, PlanRequest};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::testing::{TestBackend, encode_ct, test_galois_keys, test_public_key};
 use cipherlora_service::{
@@ -66,7 +66,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ckks_preset: "test-n4096".into(),
         public_key: test_public_key(12, [9; 32]),
         galois_keys: test_galois_keys(&[1, 2, 4]),
-        plan_request: Bytes::copy_from_slice(&8u32.to_le_bytes()),
+        plan_request: PlanRequest {
+            positions: 8,
+            ..PlanRequest::default()
+        },
     };
     let x: Vec<f64> = (0..2048).map(|i| f64::from(i) * 0.125 - 100.0).collect();
     let ct = encode_ct(12, 2, &x);
@@ -75,7 +78,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ckks_preset: params.ckks_preset.clone(),
         public_key: params.public_key.clone(),
         galois_keys: params.galois_keys.clone(),
-        plan_request: params.plan_request.clone(),
+        plan_request: params.plan_request,
     })?;
 
     let cert = dev_cert(&["localhost"])?;

@@ -3,7 +3,7 @@
 //! never reach errors or logs.
 
 use bytes::Bytes;
-use cipherlora_proto::v1::GroupRequest;
+use cipherlora_proto::v1::{GroupRequest, PlanRequest, PublicLoraA, SessionOffer};
 use std::collections::BTreeMap;
 use thiserror::Error;
 
@@ -30,8 +30,8 @@ pub struct AdapterInfo {
     pub num_layers: u32,
     /// Layer groups per layer: the target modules fused in each group.
     pub groups: Vec<Vec<String>>,
-    /// Serialised public lora_A when the adapter is FFA-LoRA.
-    pub ffa_lora_a: Option<Bytes>,
+    /// The public lora_A when the adapter is FFA-LoRA.
+    pub ffa_lora_a: Option<PublicLoraA>,
     /// CKKS presets the backend accepts.
     pub ckks_presets: Vec<String>,
 }
@@ -45,8 +45,8 @@ pub struct OpenSessionPayload {
     pub public_key: Bytes,
     /// Serialised (seeded) Galois keys, only the rotations the plan needs.
     pub galois_keys: Bytes,
-    /// Serialised plan request (positions per round, options).
-    pub plan_request: Bytes,
+    /// The plan request (positions per round, options).
+    pub plan_request: PlanRequest,
 }
 
 impl std::fmt::Debug for OpenSessionPayload {
@@ -55,15 +55,15 @@ impl std::fmt::Debug for OpenSessionPayload {
             .field("ckks_preset", &self.ckks_preset)
             .field("public_key_bytes", &self.public_key.len())
             .field("galois_keys_bytes", &self.galois_keys.len())
-            .field("plan_request_bytes", &self.plan_request.len())
+            .field("plan_request", &self.plan_request)
             .finish()
     }
 }
 
 /// A session the backend accepted.
 pub struct OpenedSession {
-    /// Serialised plan sent back to the client.
-    pub plan: Bytes,
+    /// The plans sent back to the client.
+    pub offer: SessionOffer,
     /// The per-session compute state (keys, plan, encoded weights).
     pub compute: Box<dyn SessionCompute>,
 }

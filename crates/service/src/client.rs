@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cipherlora_proto::v1::adapter_service_client::AdapterServiceClient;
 use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
-use cipherlora_proto::{ErrorReason, SessionId, plan_id};
+use cipherlora_proto::{ErrorReason, SessionId, offer_id};
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -91,8 +91,8 @@ pub struct SessionParams {
     pub public_key: Bytes,
     /// Serialised (seeded) Galois keys the plan needs.
     pub galois_keys: Bytes,
-    /// Serialised plan request.
-    pub plan_request: Bytes,
+    /// The plan request.
+    pub plan_request: v1::PlanRequest,
 }
 
 impl std::fmt::Debug for SessionParams {
@@ -102,7 +102,7 @@ impl std::fmt::Debug for SessionParams {
             .field("ckks_preset", &self.ckks_preset)
             .field("public_key_bytes", &self.public_key.len())
             .field("galois_keys_bytes", &self.galois_keys.len())
-            .field("plan_request_bytes", &self.plan_request.len())
+            .field("plan_request", &self.plan_request)
             .finish()
     }
 }
@@ -110,8 +110,10 @@ impl std::fmt::Debug for SessionParams {
 /// The server's answer to an open-session call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionInfo {
-    /// Serialised plan the server runs.
-    pub plan: Bytes,
+    /// The plans the server runs.
+    pub offer: v1::SessionOffer,
+    /// [`offer_id`] of `offer`, carried by every group request.
+    pub plan_id: u64,
     /// Idle time after which the server drops the session.
     pub idle_timeout: Duration,
     /// Most ciphertexts per request.
@@ -156,9 +158,12 @@ impl Drop for RoundStream {
 enum Session {
     /// No session.
     Closed,
-    /// Opened with `params`, running plan `plan`, but gone from the server.
-    Lost { params: SessionParams, plan: Bytes },
-    /// Open on the server (its plan is `info.plan`), with its `Rounds` stream once one runs.
+    /// Opened with `params`, running `offer`, but gone from the server.
+    Lost {
+        params: SessionParams,
+        offer: v1::SessionOffer,
+    },
+    /// Open on the server (its plans are `info.offer`), with its `Rounds` stream once one runs.
     Open {
         params: SessionParams,
         id: SessionId,
@@ -182,7 +187,7 @@ impl Session {
         {
             *self = Session::Lost {
                 params,
-                plan: info.plan,
+                offer: info.offer,
             };
         }
     }
@@ -286,12 +291,12 @@ impl AsyncAdapterClient {
 
     /// Reopens a lost session with the same keys ([`ServiceError::PlanChanged`] for another plan).
     async fn reopen(&mut self) -> Result<()> {
-        let Session::Lost { params, plan } = &self.session else {
+        let Session::Lost { params, offer } = &self.session else {
             return Err(ServiceError::NoSession);
         };
-        let (params, plan) = (params.clone(), plan.clone());
+        let (params, offer) = (params.clone(), offer.clone());
         let (id, info) = self.send_open(&params).await?;
-        if info.plan != plan {
+        if info.offer != offer {
             // Leave the new session to the server's timeout.
             if let Ok(mut rpc) = self.rpc().await {
                 let _ = rpc
@@ -352,7 +357,7 @@ impl AsyncAdapterClient {
             ckks_preset: p.ckks_preset.clone(),
             public_key: p.public_key.clone(),
             galois_keys: p.galois_keys.clone(),
-            plan_request: p.plan_request.clone(),
+            plan_request: Some(p.plan_request),
         };
         self.up.transit(req.encoded_len()).await;
         let resp = rpc.open_session(req).await?.into_inner();
@@ -360,8 +365,10 @@ impl AsyncAdapterClient {
         let id = SessionId::from_slice(&resp.session_id).map_err(|e| ServiceError::Protocol {
             what: format!("open-session answer: {e}"),
         })?;
+        let offer = resp.offer.unwrap_or_default();
         let info = SessionInfo {
-            plan: resp.plan,
+            plan_id: offer_id(&offer),
+            offer,
             idle_timeout: Duration::from_millis(resp.idle_timeout_ms),
             max_ciphertexts_per_request: resp.max_ciphertexts_per_request,
             max_message_bytes: resp.max_message_bytes,
@@ -444,7 +451,7 @@ impl AsyncAdapterClient {
                 stream: Some(stream),
                 ..
             } => {
-                let req = group_request(*id, &info.plan, round, &call);
+                let req = group_request(*id, info.plan_id, round, &call);
                 if stream.tx.send(req).await.is_err() {
                     // The stream died: the next receive replays every unanswered call on a fresh
                     // stream.
@@ -559,7 +566,7 @@ impl AsyncAdapterClient {
         for (round, call) in self.in_flight.unanswered() {
             if fresh
                 .tx
-                .send(group_request(*id, &info.plan, round, call))
+                .send(group_request(*id, info.plan_id, round, call))
                 .await
                 .is_err()
             {
@@ -721,13 +728,13 @@ impl AdapterClient {
     }
 }
 
-/// `call` stamped for `round` of session `id` running `plan` (the ciphertexts are shared, not
-/// copied).
-fn group_request(id: SessionId, plan: &Bytes, round: u64, call: &GroupRequest) -> GroupRequest {
+/// `call` stamped for `round` of session `id` running plan `plan_id` (the ciphertexts are shared,
+/// not copied).
+fn group_request(id: SessionId, plan_id: u64, round: u64, call: &GroupRequest) -> GroupRequest {
     GroupRequest {
         session_id: id.to_bytes(),
         round,
-        plan_id: plan_id(plan),
+        plan_id,
         ..call.clone()
     }
 }

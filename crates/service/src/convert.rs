@@ -28,7 +28,7 @@ impl From<&AdapterInfo> for v1::AdapterInfo {
                 })
                 .collect(),
             ffa: a.ffa_lora_a.is_some(),
-            ffa_lora_a: a.ffa_lora_a.clone().unwrap_or_default(),
+            ffa_lora_a: a.ffa_lora_a.clone(),
             ckks_presets: a.ckks_presets.clone(),
         }
     }
@@ -56,7 +56,7 @@ impl From<v1::AdapterInfo> for AdapterInfo {
             lora_alpha: a.lora_alpha,
             num_layers: a.num_layers,
             groups: groups.into_iter().map(|g| g.modules).collect(),
-            ffa_lora_a: a.ffa.then_some(a.ffa_lora_a),
+            ffa_lora_a: a.ffa_lora_a.filter(|_| a.ffa),
             ckks_presets: a.ckks_presets,
         }
     }
@@ -79,7 +79,15 @@ mod tests {
             lora_alpha: 16.0,
             num_layers: 30,
             groups: vec![vec!["q_proj".into()], vec!["o_proj".into()]],
-            ffa_lora_a: Some(bytes::Bytes::from_static(b"A")),
+            ffa_lora_a: Some(v1::PublicLoraA {
+                projections: vec![v1::PublicA {
+                    layer: 3,
+                    projection: v1::Projection::O.into(),
+                    rank: 1,
+                    d_in: 2,
+                    values: vec![0.5, -1.0],
+                }],
+            }),
             ckks_presets: vec!["n8192".into()],
         };
         assert_eq!(AdapterInfo::from(v1::AdapterInfo::from(&info)), info);

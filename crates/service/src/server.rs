@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cipherlora_proto::v1::adapter_service_server::{AdapterService, AdapterServiceServer};
 use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
-use cipherlora_proto::{ErrorReason, SessionId, plan_id, validate_group_request};
+use cipherlora_proto::{ErrorReason, SessionId, offer_id, validate_group_request};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -419,8 +419,14 @@ impl State {
             )
         })?;
         let key_bytes = req.public_key.len() + req.galois_keys.len();
-        self.metrics
-            .received("open_session", (key_bytes + req.plan_request.len()) as u64);
+        self.metrics.received(
+            "open_session",
+            (key_bytes
+                + req
+                    .plan_request
+                    .as_ref()
+                    .map_or(0, prost::Message::encoded_len)) as u64,
+        );
         if key_bytes > self.limits.max_key_bytes_per_session {
             return Err(status(
                 Code::ResourceExhausted,
@@ -438,7 +444,7 @@ impl State {
             ckks_preset: req.ckks_preset,
             public_key: req.public_key,
             galois_keys: req.galois_keys,
-            plan_request: req.plan_request,
+            plan_request: req.plan_request.unwrap_or_default(),
         };
         tracing::debug!(adapter = %req.adapter_id, ?payload, "open session");
         // Meanwhile the token's other unstarted sessions wait for this one.
@@ -459,7 +465,7 @@ impl State {
                 owner: who,
                 offer_only: opened.compute.offer_only(),
                 compute: opened.compute,
-                plan_id: plan_id(&opened.plan),
+                plan_id: offer_id(&opened.offer),
                 key_bytes,
             })
             .map_err(insert_error)?;
@@ -472,7 +478,7 @@ impl State {
         );
         Ok(v1::OpenSessionResponse {
             session_id: id.to_bytes(),
-            plan: opened.plan,
+            offer: Some(opened.offer),
             idle_timeout_ms: u64::try_from(self.limits.idle_timeout.as_millis())
                 .unwrap_or(u64::MAX),
             max_ciphertexts_per_request: u32::try_from(self.limits.max_ciphertexts_per_request)

@@ -4,7 +4,7 @@
 //! + session_tag(pk)` at `level − 1`; byte formats are documented on the decoders.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use cipherlora_proto::v1::GroupRequest;
+use cipherlora_proto::v1::{GroupPlan, GroupRequest, OfferedGroup, SessionOffer};
 
 use crate::backend::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
@@ -237,24 +237,31 @@ impl AdapterBackend for TestBackend {
             })?;
         parse_key(&p.public_key, log2_n)?;
         parse_galois(&p.galois_keys)?;
-        let t = <[u8; 4]>::try_from(&p.plan_request[..])
-            .map(u32::from_le_bytes)
-            .map_err(|_| BackendError::InvalidPlan {
-                reason: "plan request must be 4 bytes".into(),
-            })?;
+        let t = p.plan_request.positions;
         if t > 64 {
             return Err(BackendError::InvalidPlan {
                 reason: format!("T = {t} positions above 64"),
             });
         }
-        let mut plan = BytesMut::new();
-        plan.put_slice(b"TPLAN");
-        plan.put_u32_le(t);
-        for c in &self.cts_per_group {
-            plan.put_u32_le(u32::try_from(*c).unwrap_or(u32::MAX));
-        }
         Ok(OpenedSession {
-            plan: plan.freeze(),
+            // A stand-in offer: one group per group kind, its ciphertexts per request as the
+            // plan's `d_in`, so a backend with another layout offers something else.
+            offer: SessionOffer {
+                ckks_preset: p.ckks_preset.clone(),
+                positions: t,
+                groups: (0u32..)
+                    .zip(&self.cts_per_group)
+                    .map(|(group, &n)| OfferedGroup {
+                        group,
+                        plan: Some(GroupPlan {
+                            d_in: u32::try_from(n).unwrap_or(u32::MAX),
+                            ..GroupPlan::default()
+                        }),
+                        ..OfferedGroup::default()
+                    })
+                    .collect(),
+                ..SessionOffer::default()
+            },
             compute: Box::new(TestSession {
                 t,
                 log2_n,
@@ -330,6 +337,7 @@ impl SessionCompute for TestSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cipherlora_proto::v1::PlanRequest;
     use proptest::prelude::*;
 
     fn session() -> Box<dyn SessionCompute> {
@@ -338,7 +346,10 @@ mod tests {
             ckks_preset: "test-n4096".into(),
             public_key: test_public_key(12, [3; 32]),
             galois_keys: test_galois_keys(&[1, 2]),
-            plan_request: Bytes::copy_from_slice(&4u32.to_le_bytes()),
+            plan_request: PlanRequest {
+                positions: 4,
+                ..PlanRequest::default()
+            },
         })
         .unwrap()
         .compute

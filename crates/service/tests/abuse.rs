@@ -6,8 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cipherlora_proto::v1::GroupRequest;
-use cipherlora_proto::{ErrorReason, plan_id};
+use cipherlora_proto::ErrorReason;
+use cipherlora_proto::v1::{GroupRequest, PlanRequest};
 use cipherlora_service::testing::{TestBackend, encode_ct};
 use cipherlora_service::{
     AdapterClient, ClientConfig, Limits, ServiceError, SessionParams, dev_cert,
@@ -25,7 +25,7 @@ fn rpc_err(e: ServiceError) -> (Code, Option<ErrorReason>) {
 /// An offer-only opening of the test backend (plan request T = 0).
 fn offer_params(client: u8) -> SessionParams {
     let mut p = params(client);
-    p.plan_request = Bytes::copy_from_slice(&0u32.to_le_bytes());
+    p.plan_request = PlanRequest::default();
     p
 }
 
@@ -95,7 +95,7 @@ fn offer_only_session_expires_fast_and_rounds_on_it_do_not_refresh_its_timer() {
     let mut c = AdapterClient::connect(fx.client_config()).unwrap();
     c.open_session(offer_params(1)).unwrap();
     let sid = c.session_id().unwrap().0;
-    let plan = plan_id(&c.session_info().unwrap().plan);
+    let plan = c.session_info().unwrap().plan_id;
     assert_eq!(fx.server.metrics().sessions_active(), 1);
     // Keep poking it with rounds (each refused) for longer than its timeout.
     let t0 = Instant::now();
@@ -248,7 +248,7 @@ fn group_request_with_another_plan_id_is_refused_with_failed_precondition() {
     let mut c = AdapterClient::connect(fx.client_config()).unwrap();
     c.open_session(params(1)).unwrap();
     let sid = c.session_id().unwrap().0;
-    let plan = plan_id(&c.session_info().unwrap().plan);
+    let plan = c.session_info().unwrap().plan_id;
     let req = |plan_id| GroupRequest {
         session_id: Bytes::copy_from_slice(&sid),
         round: 0,

@@ -40,7 +40,7 @@ impl AdapterBackend for Counting {
     fn open_session(&self, payload: OpenSessionPayload) -> Result<OpenedSession, BackendError> {
         let opened = self.inner.open_session(payload)?;
         Ok(OpenedSession {
-            plan: opened.plan,
+            offer: opened.offer,
             compute: Box::new(CountingSession {
                 inner: opened.compute,
                 now: self.now.clone(),

@@ -19,9 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use bytes::Bytes;
-use cipherlora_proto::plan_id;
 use cipherlora_proto::v1::{
-    CloseSessionRequest, GroupRequest, ListAdaptersRequest, OpenSessionRequest,
+    CloseSessionRequest, GroupRequest, ListAdaptersRequest, OpenSessionRequest, PlanRequest,
 };
 use cipherlora_service::testing::encode_ct;
 use cipherlora_service::{AdapterClient, Limits};
@@ -110,17 +109,23 @@ fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
                 ckks_preset: "test-n4096".into(),
                 public_key: cipherlora_service::testing::test_public_key(12, [7; 32]),
                 galois_keys: cipherlora_service::testing::test_galois_keys(&[1, 2]),
-                plan_request: Bytes::copy_from_slice(&8u32.to_le_bytes()),
+                plan_request: Some(PlanRequest {
+                    positions: 8,
+                    ..PlanRequest::default()
+                }),
             };
             match rng.below(6) {
                 0 => p.adapter_id = "A".repeat(1 + rng.below(1 << 16) as usize),
                 1 => p.ckks_preset = String::from_utf8_lossy(&rng.bytes(16)).into_owned(),
                 2 => p.public_key = Bytes::from(rng.bytes_upto(64)),
                 3 => p.galois_keys = Bytes::from(rng.bytes_upto(64)),
-                4 => p.plan_request = Bytes::from(rng.bytes_upto(8)),
+                4 => p.plan_request = None,
                 _ => {
-                    p.plan_request =
-                        Bytes::copy_from_slice(&(65 + rng.below(1000) as u32).to_le_bytes())
+                    p.plan_request = Some(PlanRequest {
+                        positions: 65 + rng.below(1000) as u32,
+                        offer_only: rng.below(2) == 1,
+                        layers_per_group: rng.below(8) as u32,
+                    })
                 }
             }
             ("OpenSession", false, p.encode_to_vec())
@@ -268,7 +273,7 @@ fn fuzz_every_rpc_while_an_honest_session_completes() {
     let mut mine = AdapterClient::connect(cfg2).unwrap();
     mine.open_session(params(3)).unwrap();
     let sid = mine.session_id().unwrap().0;
-    let plan = plan_id(&mine.session_info().unwrap().plan);
+    let plan = mine.session_info().unwrap().plan_id;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

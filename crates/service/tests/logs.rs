@@ -8,7 +8,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use cipherlora_proto::v1::GroupRequest;
+use cipherlora_proto::v1::{GroupRequest, PlanRequest};
 use cipherlora_service::testing::{encode_ct, test_galois_keys, test_public_key};
 use cipherlora_service::{AdapterClient, Limits, SessionParams};
 use common::*;
@@ -44,7 +44,10 @@ fn logs_never_contain_keys_ciphertexts_or_tokens() {
         ckks_preset: "test-n4096".into(),
         public_key: test_public_key(12, key_marker),
         galois_keys: test_galois_keys(&[0x4b45_594d_4152_4b52]), // "KEYMARKR"
-        plan_request: Bytes::copy_from_slice(&8u32.to_le_bytes()),
+        plan_request: PlanRequest {
+            positions: 8,
+            ..PlanRequest::default()
+        },
     };
     c.open_session(params).unwrap();
     // Good rounds, then a malformed ciphertext full of marker bytes.

@@ -34,8 +34,8 @@ fn loopback_tls_auth_round_trip_gives_exact_deltas() {
     assert!(infos[0].ckks_presets.contains(&"test-n4096".to_string()));
 
     let info = c.open_session(params(1)).unwrap();
-    assert_eq!(&info.plan[..5], b"TPLAN");
-    assert_eq!(&info.plan[5..9], &8u32.to_le_bytes());
+    assert_eq!(info.offer.positions, 8);
+    assert_eq!(info.plan_id, cipherlora_proto::offer_id(&info.offer));
 
     for round in 0..3 {
         for layer in 0..LAYERS {
@@ -215,7 +215,7 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
     check(3, 2, 0, &out);
 
     // Unknown session and a stream mixing sessions (forged with a raw client).
-    let plan = cipherlora_proto::plan_id(&bad.session_info().unwrap().plan);
+    let plan = bad.session_info().unwrap().plan_id;
     let forged = |sid: [u8; 16]| GroupRequest {
         session_id: Bytes::copy_from_slice(&sid),
         round: 0,
@@ -275,7 +275,7 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
         (Code::InvalidArgument, Some(ErrorReason::ParameterMismatch))
     );
     let mut p = params(4);
-    p.plan_request = Bytes::from_static(&[65, 0, 0, 0]); // T = 65 > 64
+    p.plan_request.positions = 65; // > 64
     assert_eq!(
         rpc_err(opener.open_session(p).unwrap_err()),
         (Code::InvalidArgument, Some(ErrorReason::InvalidPlan))

@@ -2,12 +2,12 @@
 //! the adapter's published hint is.
 
 /// Parses `--acceptance-prior`: a probability strictly in (0, 1) (as
-/// [`cipherlora_private::server::is_acceptance_hint`]). Errors: not a number, or outside (0, 1).
+/// [`cipherlora_private::protocol::is_acceptance_hint`]). Errors: not a number, or outside (0, 1).
 pub fn parse_acceptance_prior(s: &str) -> Result<f64, String> {
     let a: f64 = s
         .parse()
         .map_err(|e| format!("{s:?} is not a number: {e}"))?;
-    if cipherlora_private::server::is_acceptance_hint(a) {
+    if cipherlora_private::protocol::is_acceptance_hint(a) {
         Ok(a)
     } else {
         Err(format!(

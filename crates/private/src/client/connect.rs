@@ -23,7 +23,8 @@ use crate::client::width_plan::{
     DraftLimits, PlanSpace, WidthChoice, choose_width_for_client, grouping_for_given_k,
 };
 use crate::client::{ByWidth, HeHook, InProcess, ScheduleChoice, Transport, choose_for_session};
-use crate::server::{Grouping, HeAdapter};
+use crate::protocol::Grouping;
+use crate::server::HeAdapter;
 
 /// How many tokens a verify round drafts.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -18,8 +18,7 @@ use crate::client::Transport;
 use crate::client::response_bits::{response_bits, upload_error};
 use crate::client::schedule_plan::PassModel;
 use crate::client::width_plan::PlanSpace;
-use crate::server::AdapterGroups;
-use crate::server::SessionOffer;
+use crate::protocol::{SessionOffer, group_index};
 
 mod stream;
 use stream::StreamTrips;
@@ -318,7 +317,7 @@ impl<T: Transport> HeHook<T> {
             .get(&(layer, group))
             .ok_or(PrivateError::UnknownGroup {
                 layer: layer as u32,
-                group: AdapterGroups::group_index(group),
+                group: group_index(group),
             })
     }
 
@@ -333,7 +332,7 @@ impl<T: Transport> HeHook<T> {
             .copied()
             .ok_or(PrivateError::UnknownGroup {
                 layer: layer as u32,
-                group: AdapterGroups::group_index(group),
+                group: group_index(group),
             })
     }
 
@@ -353,12 +352,7 @@ impl<T: Transport> HeHook<T> {
             .and_then(|x| x.to_vec1::<f32>())
             .map_err(|e| PrivateError::Model(e.into()))?;
         let (ciphertexts, scales) = g.client.encrypt_within(&self.he, &xs, max_error)?;
-        let request = GroupRequest::for_group(
-            layer as u32,
-            AdapterGroups::group_index(group),
-            ciphertexts,
-            0,
-        );
+        let request = GroupRequest::for_group(layer as u32, group_index(group), ciphertexts, 0);
         Ok((request, scales))
     }
 
@@ -463,11 +457,9 @@ impl<T: Transport> HeHook<T> {
         for (round, rows, scales, early) in sent {
             let reply = match early {
                 Some(r) => r,
-                None => self.transport.receive(
-                    round,
-                    layer as u32,
-                    AdapterGroups::group_index(group),
-                )?,
+                None => self
+                    .transport
+                    .receive(round, layer as u32, group_index(group))?,
             };
             down += reply.response.encoded_len();
             self.carried_down((layer, group), rows, &reply.response);

@@ -13,7 +13,7 @@ use cipherlora_service::LinkProfile;
 use cipherlora_speculative::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 
 use crate::PrivateError;
-use crate::server::SessionOffer;
+use crate::protocol::SessionOffer;
 
 /// The modelled cost of one verify pass of an offer, all groups.
 #[derive(Debug, Clone, Copy, PartialEq)]

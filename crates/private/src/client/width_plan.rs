@@ -18,10 +18,10 @@ use cipherlora_speculative::tree_draft::TreeParams;
 use cipherlora_speculative::tree_plan::{RankAcceptance, TreeEstimate, best_tree};
 
 use crate::PrivateError;
+use crate::protocol::{Grouping, LoraKind, SessionOffer, layer_runs};
 use crate::schedule_plan::{
     PassModel, ScheduleChoice, WireSizes, choose_schedule_grouped, time_pass,
 };
-use crate::server::{Grouping, LoraKind, SessionOffer, layer_runs};
 
 /// What the client knows of the server's plans at any width (from one offer).
 #[derive(Debug, Clone, PartialEq)]

@@ -10,7 +10,7 @@ use crate::client::width_plan::PlanSpace;
 use crate::client::{
     ConnectOptions, HeHook, HookPair, PrivateSession, SessionOpener, connect_with,
 };
-use crate::server::Grouping;
+use crate::protocol::Grouping;
 
 /// Sessions over gRPC ([`connect_remote`]).
 #[derive(Debug, Clone)]

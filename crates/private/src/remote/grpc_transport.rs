@@ -3,16 +3,16 @@
 
 use bytes::Bytes;
 use cipherlora_model::ModelConfig;
-use cipherlora_proto::v1::GroupRequest;
+use cipherlora_proto::v1::{self, GroupRequest};
 use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, ServiceError, SessionParams};
 
-use super::wire::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 use crate::PrivateError;
 use crate::ProtocolFault;
 use crate::client::ByWidth;
 use crate::client::HeHook;
 use crate::client::{Reply, Transport};
-use crate::server::{Grouping, SessionOffer};
+use crate::protocol::{Grouping, LoraKind, SessionOffer};
+use crate::protocol::{PlanRequest, attach_public_a, decode_offer, decode_public_a};
 
 /// An adapter's offer for one verify width, as the server sent it.
 #[derive(Debug, Clone)]
@@ -23,8 +23,8 @@ pub struct RemoteOffer {
     pub ckks_preset: String,
     /// The decoded, validated offer.
     pub offer: SessionOffer,
-    /// The offer bytes, to check that the real session runs the same plans.
-    pub offer_bytes: Bytes,
+    /// The offer as sent, to check that the real session runs the same plans.
+    pub offer_message: v1::SessionOffer,
 }
 
 pub(super) fn transport_error(e: cipherlora_service::ServiceError) -> PrivateError {
@@ -60,22 +60,20 @@ pub fn fetch_offer(
             ckks_preset: ckks_preset.clone(),
             public_key: Bytes::new(),
             galois_keys: Bytes::new(),
-            plan_request: Bytes::from(
-                PlanRequest {
-                    t,
-                    offer_only: true,
-                    grouping,
-                }
-                .to_bytes(),
-            ),
+            plan_request: PlanRequest {
+                t,
+                offer_only: true,
+                grouping,
+            }
+            .to_proto(),
         })
         .map_err(transport_error)?;
-    let mut offer = decode_offer(&session.plan)?;
-    if offer.kind == crate::server::LoraKind::Ffa {
-        let bytes = info.ffa_lora_a.as_ref().ok_or(PrivateError::Protocol {
+    let mut offer = decode_offer(&session.offer)?;
+    if offer.kind == LoraKind::Ffa {
+        let public_a = info.ffa_lora_a.as_ref().ok_or(PrivateError::Protocol {
             what: ProtocolFault::NoPublicA,
         })?;
-        attach_public_a(&mut offer, &decode_public_a(bytes)?)?;
+        attach_public_a(&mut offer, &decode_public_a(public_a)?)?;
     }
     if offer.t != t {
         return Err(PrivateError::WidthMismatch {
@@ -87,7 +85,7 @@ pub fn fetch_offer(
         info,
         ckks_preset,
         offer,
-        offer_bytes: session.plan,
+        offer_message: session.offer,
     })
 }
 
@@ -123,17 +121,15 @@ impl GrpcTransport {
                 ckks_preset: offer.ckks_preset.clone(),
                 public_key: public_key.map(Bytes::copy_from_slice).unwrap_or_default(),
                 galois_keys: Bytes::copy_from_slice(galois_keys),
-                plan_request: Bytes::from(
-                    PlanRequest {
-                        t: offer.offer.t,
-                        offer_only: false,
-                        grouping: offer.offer.grouping,
-                    }
-                    .to_bytes(),
-                ),
+                plan_request: PlanRequest {
+                    t: offer.offer.t,
+                    offer_only: false,
+                    grouping: offer.offer.grouping,
+                }
+                .to_proto(),
             })
             .map_err(transport_error)?;
-        if session.plan != offer.offer_bytes {
+        if session.offer != offer.offer_message {
             return Err(PrivateError::Protocol {
                 what: ProtocolFault::PlanChanged,
             });

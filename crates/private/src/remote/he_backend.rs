@@ -14,11 +14,11 @@ use cipherlora_service::{
     OpenSessionPayload, OpenedSession, SessionCompute,
 };
 
-use super::wire::{PlanRequest, encode_offer, encode_public_a, preset_name};
 use crate::PrivateError;
+use crate::protocol::{LoraKind, SessionOffer};
+use crate::protocol::{PlanRequest, encode_offer, encode_public_a, group_index, preset_name};
 use crate::server::SessionMemory;
-use crate::server::{AdapterGroups, LoraKind};
-use crate::server::{HeAdapter, ServerSession, SessionOffer};
+use crate::server::{HeAdapter, ServerSession};
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 pub const COST_REPS: usize = 15;
@@ -53,7 +53,7 @@ impl HeBackend {
         let ctx = Context::new(CkksParameters::preset(server.preset())?)?;
         info.ckks_presets = vec![preset_name(server.preset()).to_string()];
         info.ffa_lora_a = (server.groups().kind == LoraKind::Ffa)
-            .then(|| Bytes::from(encode_public_a(server.groups())));
+            .then(|| encode_public_a(&server.groups().public_a()));
         Ok(Self { server, info, ctx })
     }
 
@@ -138,7 +138,7 @@ fn describe(
     let layers: BTreeSet<usize> = groups.groups.iter().map(|g| g.layer).collect();
     let mut group_names: Vec<(u32, Vec<String>)> = Vec::new();
     for g in &groups.groups {
-        let idx = AdapterGroups::group_index(g.group);
+        let idx = group_index(g.group);
         if !group_names.iter().any(|(i, _)| *i == idx) {
             let names = g.adapter.projections.iter().map(|p| p.name.clone());
             group_names.push((idx, names.collect()));
@@ -186,7 +186,7 @@ impl AdapterBackend for HeBackend {
                 preset: payload.ckks_preset,
             });
         }
-        let request = PlanRequest::from_bytes(&payload.plan_request).map_err(|e| {
+        let request = PlanRequest::from_proto(&payload.plan_request).map_err(|e| {
             BackendError::InvalidPlan {
                 reason: e.to_string(),
             }
@@ -197,10 +197,10 @@ impl AdapterBackend for HeBackend {
             .map_err(|e| BackendError::InvalidPlan {
                 reason: e.to_string(),
             })?;
-        let plan = Bytes::from(encode_offer(&offer));
+        let message = encode_offer(&offer);
         if request.offer_only {
             return Ok(OpenedSession {
-                plan,
+                offer: message,
                 compute: Box::new(OfferOnly),
             });
         }
@@ -236,7 +236,7 @@ impl AdapterBackend for HeBackend {
             })?;
         let compute = HeCompute::new(self.ctx.clone(), session, &offer)?;
         Ok(OpenedSession {
-            plan,
+            offer: message,
             compute: Box::new(compute),
         })
     }
@@ -303,7 +303,7 @@ impl HeCompute {
                 level: og.plan.input_level(),
                 scale: ctx.params().scale(),
             };
-            let key = (og.layer as u32, AdapterGroups::group_index(og.group));
+            let key = (og.layer as u32, group_index(og.group));
             groups.insert(key, meta);
         }
         Ok(Self {
@@ -433,7 +433,8 @@ fn backend_error(e: PrivateError) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Grouping;
+    use crate::{AdapterGroups, Grouping};
+    use cipherlora_proto::v1;
 
     #[test]
     fn ckks_faults_map_to_their_backend_errors() {
@@ -537,12 +538,12 @@ mod tests {
                     offer_only,
                     grouping,
                 }
-                .to_bytes()
+                .to_proto()
             };
             let opened = b
                 .open_session(payload(&preset, request(true), vec![]))
                 .unwrap();
-            let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
+            let offer = crate::protocol::decode_offer(&opened.offer).unwrap();
             assert_eq!(offer.groups.len(), groups);
             let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
             let steps: BTreeSet<i64> = offer
@@ -563,12 +564,12 @@ mod tests {
         }
     }
 
-    fn payload(preset: &str, request: Vec<u8>, keys: Vec<u8>) -> OpenSessionPayload {
+    fn payload(preset: &str, request: v1::PlanRequest, keys: Vec<u8>) -> OpenSessionPayload {
         OpenSessionPayload {
             ckks_preset: preset.into(),
             public_key: Bytes::new(),
             galois_keys: Bytes::from(keys),
-            plan_request: Bytes::from(request),
+            plan_request: request,
         }
     }
 
@@ -588,9 +589,9 @@ mod tests {
             offer_only: true,
             grouping: Grouping::ByInput,
         }
-        .to_bytes();
+        .to_proto();
         let opened = b.open_session(payload(&preset, request, vec![])).unwrap();
-        let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
+        let offer = crate::protocol::decode_offer(&opened.offer).unwrap();
         let ctx = Context::new(CkksParameters::preset(offer.preset).unwrap()).unwrap();
         let he = CkksClient::new(&ctx).unwrap();
         let steps: Vec<i64> = offer.groups[0]
@@ -610,7 +611,7 @@ mod tests {
             offer_only: false,
             grouping: Grouping::ByInput,
         }
-        .to_bytes();
+        .to_proto();
         b.open_session(payload(&preset, request, keys.to_vec()))
     }
 
@@ -645,7 +646,7 @@ mod tests {
             offer_only: true,
             grouping: Grouping::ByInput,
         }
-        .to_bytes();
+        .to_proto();
         b.open_session(payload(&preset, probe_req, vec![])).unwrap();
         let mut sessions = sessions;
         sessions.truncate(1);
@@ -756,23 +757,23 @@ mod tests {
             offer_only: true,
             grouping: Grouping::ByInput,
         }
-        .to_bytes();
+        .to_proto();
         let real = PlanRequest {
             t: 3,
             offer_only: false,
             grouping: Grouping::ByInput,
         }
-        .to_bytes();
-        let e = refusal(b.open_session(payload("n4096", probe.clone(), vec![])));
+        .to_proto();
+        let e = refusal(b.open_session(payload("n4096", probe, vec![])));
         assert!(matches!(e, BackendError::UnknownPreset { .. }), "{e}");
-        let e = refusal(b.open_session(payload(preset, b"CLPR".to_vec(), vec![])));
+        let e = refusal(b.open_session(payload(preset, v1::PlanRequest::default(), vec![])));
         assert!(matches!(e, BackendError::InvalidPlan { .. }), "{e}");
-        let e = refusal(b.open_session(payload(preset, real.clone(), vec![1, 2, 3])));
+        let e = refusal(b.open_session(payload(preset, real, vec![1, 2, 3])));
         assert!(matches!(e, BackendError::InvalidKey { .. }), "{e}");
 
         // Offer only: the offer, and a session that computes nothing.
         let opened = b.open_session(payload(preset, probe, vec![])).unwrap();
-        let offer = super::super::wire::decode_offer(&opened.plan).unwrap();
+        let offer = crate::protocol::decode_offer(&opened.offer).unwrap();
         assert_eq!((offer.t, offer.groups.len()), (3, 1));
         assert!(matches!(
             opened.compute.group_shape(1, 1),
@@ -877,7 +878,7 @@ mod tests {
             offer_only: false,
             grouping: Grouping::ByInput,
         }
-        .to_bytes();
+        .to_proto();
         let mut p = payload(&preset, real, keys.clone());
         p.public_key = Bytes::from(he.public_key().to_bytes());
         let c = private.open_session(p).unwrap().compute;

@@ -6,15 +6,7 @@ use cipherlora_helora::{GroupAdapter, ProjectionAdapter};
 use cipherlora_model::{LoraAdapter, ModelConfig, Proj, ProjGroup, RopeStyle};
 
 use crate::PrivateError;
-
-/// Which LoRA variant the adapter is, from its `cipherlora.json` sidecar.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LoraKind {
-    /// lora_A and lora_B secret: the server computes both products (depth 2).
-    Standard,
-    /// FFA-LoRA (Sun et al., ICLR 2024): lora_A frozen and public; the client computes A·x.
-    Ffa,
-}
+use crate::protocol::{LoraKind, PublicA, is_acceptance_hint, layer_runs};
 
 /// One adapted group: one layer's projections of a shared input, or a fused run of layers.
 #[derive(Debug, Clone)]
@@ -113,15 +105,24 @@ impl AdapterGroups {
         })
     }
 
-    /// Wire index of a group kind.
+    /// Every projection's lora_A (public for FFA adapters), in group order, for
+    /// [`crate::protocol::encode_public_a`].
     #[must_use]
-    pub fn group_index(group: ProjGroup) -> u32 {
-        match group {
-            ProjGroup::Qkv => 0,
-            ProjGroup::O => 1,
-            ProjGroup::GateUp => 2,
-            ProjGroup::Down => 3,
-        }
+    pub fn public_a(&self) -> Vec<PublicA> {
+        self.groups
+            .iter()
+            .flat_map(|g| {
+                g.adapter.projections.iter().filter_map(move |p| {
+                    Some(PublicA {
+                        layer: g.layer,
+                        proj: Proj::from_peft_name(&p.name)?,
+                        rank: p.rank,
+                        d_in: g.adapter.d_in,
+                        a: p.a.clone(),
+                    })
+                })
+            })
+            .collect()
     }
 
     /// One group per run of `layers` adapted layers (FFA), inputs concatenated and lora_A
@@ -174,27 +175,6 @@ impl AdapterGroups {
     }
 }
 
-/// Index ranges of runs of `n` adapted layers over groups in forward order (shared with the
-/// client).
-pub(crate) fn layer_runs(layers: &[usize], n: usize) -> Vec<std::ops::Range<usize>> {
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut distinct = 0;
-    for (i, &layer) in layers.iter().enumerate() {
-        let new_layer = i == 0 || layers[i - 1] != layer;
-        match runs.last_mut() {
-            Some(run) if !new_layer || distinct < n => {
-                run.end = i + 1;
-                distinct += usize::from(new_layer);
-            }
-            _ => {
-                runs.push(i..i + 1);
-                distinct = 1;
-            }
-        }
-    }
-    runs
-}
-
 fn flat(t: &cipherlora_model::Tensor) -> Result<Vec<f32>, PrivateError> {
     let v = t.flatten_all().and_then(|t| t.to_vec1::<f32>());
     v.map_err(|e| PrivateError::Model(e.into()))
@@ -219,7 +199,7 @@ fn read_sidecar(dir: &Path) -> Result<(LoraKind, Option<f64>), PrivateError> {
     let acceptance = match v.get("acceptance") {
         None => None,
         Some(a) => match a.as_f64() {
-            Some(a) if crate::server::is_acceptance_hint(a) => Some(a),
+            Some(a) if is_acceptance_hint(a) => Some(a),
             _ => {
                 return Err(bad(format!(
                     "`acceptance` must be a number in (0, 1), not {a}"

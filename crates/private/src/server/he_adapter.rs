@@ -9,7 +9,7 @@ use cipherlora_ckks::{Ciphertext, CkksParameters, Context, GaloisKeys, Preset, P
 use cipherlora_helora::group_server::PreparedGroup;
 use cipherlora_helora::planner::{Link, OpCosts, choose};
 use cipherlora_helora::{CkksServer, GroupPlan, Mode, Rerandomization};
-use cipherlora_model::{ModelConfig, Proj, ProjGroup};
+use cipherlora_model::ModelConfig;
 use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 use rayon::prelude::*;
 
@@ -25,89 +25,10 @@ pub fn adapter_id(dir: &Path) -> Result<String, PrivateError> {
             path: dir.to_path_buf(),
         })
 }
-use crate::server::{AdapterGroups, LoraKind};
-
-/// What a client needs for a session of width `t`: preset, plans per (layer, group), FFA lora_A.
-#[derive(Debug, Clone)]
-pub struct SessionOffer {
-    /// CKKS parameter preset both sides use.
-    pub preset: Preset,
-    /// Positions per verify pass.
-    pub t: usize,
-    /// LoRA variant.
-    pub kind: LoraKind,
-    /// How the offer groups the adapted projections.
-    pub grouping: Grouping,
-    /// Per adapted group: layer, group, plan, and (FFA) each projection's lora_A (r × d_in).
-    pub groups: Vec<OfferedGroup>,
-    /// Server time per pass at its measured costs over [`OpCosts::default`]'s (1: unknown).
-    pub server_cost_ratio: f64,
-    /// The owner's per-token acceptance of a base drafter (sidecar), a verify-width prior.
-    pub acceptance: Option<f64>,
-}
-
-/// Smallest [`SessionOffer::server_cost_ratio`] a client accepts.
-pub const MIN_COST_RATIO: f64 = 1.0 / 64.0;
-/// Largest [`SessionOffer::server_cost_ratio`] a client accepts.
-pub const MAX_COST_RATIO: f64 = 64.0;
-
-/// Whether `a` can be an acceptance hint: a probability strictly in (0, 1).
-#[must_use]
-pub fn is_acceptance_hint(a: f64) -> bool {
-    a > 0.0 && a < 1.0
-}
-
-/// How a [`SessionOffer`] groups the adapted projections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Grouping {
-    /// One group per shared input ([`ProjGroup`]); works with any schedule.
-    #[default]
-    ByInput,
-    /// One group per run of `n` adapted layers (FFA, fixed point only; ≤ [`Grouping::MAX_LAYERS`]).
-    ByLayers(usize),
-}
-
-impl Grouping {
-    /// The most layers one [`Grouping::ByLayers`] group may span.
-    pub const MAX_LAYERS: usize = 4;
-
-    /// One group per layer.
-    pub const BY_LAYER: Grouping = Grouping::ByLayers(1);
-
-    /// Layers per group of a [`Grouping::ByLayers`] grouping (`None` by input).
-    #[must_use]
-    pub fn layers(self) -> Option<usize> {
-        match self {
-            Grouping::ByInput => None,
-            Grouping::ByLayers(n) => Some(n),
-        }
-    }
-}
-
-impl std::fmt::Display for Grouping {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Grouping::ByInput => f.write_str("by input"),
-            Grouping::ByLayers(1) => f.write_str("by layer"),
-            Grouping::ByLayers(n) => write!(f, "by {n} layers"),
-        }
-    }
-}
-
-/// One adapted group of a [`SessionOffer`].
-#[derive(Debug, Clone)]
-pub struct OfferedGroup {
-    /// Decoder layer.
-    pub layer: usize,
-    /// Which projections.
-    pub group: ProjGroup,
-    /// The group's adapted projections with their decoder layers, in plan order.
-    pub projections: Vec<(usize, Proj)>,
-    /// The evaluation plan.
-    pub plan: GroupPlan,
-    /// Public lora_A per projection (FFA only).
-    pub public_a: Option<Vec<Vec<f32>>>,
-}
+use crate::protocol::{
+    Grouping, LoraKind, MAX_COST_RATIO, MIN_COST_RATIO, OfferedGroup, SessionOffer, group_index,
+};
+use crate::server::AdapterGroups;
 
 /// A PEFT adapter served under HE; an offer's diagonals ([`PreparedOffer`]) are encoded once,
 /// charged to [`SessionMemory`], shared by its sessions, and kept warm after the last one until
@@ -374,7 +295,7 @@ impl HeAdapter {
             offer
                 .groups
                 .iter()
-                .map(|g| (g.layer, AdapterGroups::group_index(g.group), g.plan.id()))
+                .map(|g| (g.layer, group_index(g.group), g.plan.id()))
                 .collect(),
         );
         let slot = {
@@ -410,9 +331,9 @@ impl HeAdapter {
                         .get(og.layer, og.group)
                         .ok_or(PrivateError::UnknownGroup {
                             layer: og.layer as u32,
-                            group: AdapterGroups::group_index(og.group),
+                            group: group_index(og.group),
                         })?;
-                let key = (og.layer as u32, AdapterGroups::group_index(og.group));
+                let key = (og.layer as u32, group_index(og.group));
                 Ok((key, PreparedGroup::new(he, &og.plan, &g.adapter)?))
             })
             .collect::<Result<HashMap<_, _>, PrivateError>>()?;

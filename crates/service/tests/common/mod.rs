@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use bytes::Bytes;
 use cipherlora_proto::v1::adapter_service_client::AdapterServiceClient;
-use cipherlora_proto::v1::{GroupRequest, GroupResponse};
+use cipherlora_proto::v1::{GroupRequest, GroupResponse, PlanRequest};
 use cipherlora_service::auth::TokenSet;
 use cipherlora_service::testing::{
     TestBackend, decode_ct, encode_ct, test_galois_keys, test_public_key,
@@ -90,7 +90,10 @@ pub fn params(client: u8) -> SessionParams {
         ckks_preset: "test-n4096".into(),
         public_key: test_public_key(12, key_seed(client)),
         galois_keys: test_galois_keys(&[1, 2, 4, 8]),
-        plan_request: Bytes::copy_from_slice(&8u32.to_le_bytes()),
+        plan_request: PlanRequest {
+            positions: 8,
+            ..PlanRequest::default()
+        },
     }
 }
 

@@ -19,7 +19,7 @@ use super::{HeHook, SessionDeltas, concat_members, member_deltas, model_error};
 use crate::PrivateError;
 use crate::client::Transport;
 use crate::client::response_bits::{response_bits, upload_error};
-use crate::server::AdapterGroups;
+use crate::protocol::group_index;
 
 /// One session group's request of a trip, from its first member's input to
 /// its decrypted deltas.
@@ -160,14 +160,14 @@ impl<T: Transport> HeHook<T> {
             return Err(PrivateError::NotInFlight {
                 round: id.0,
                 layer: layer as u32,
-                group: AdapterGroups::group_index(group),
+                group: group_index(group),
             });
         };
         let members = self.client_group(key.0, key.1)?.members.clone();
         let t1 = Instant::now();
-        let reply =
-            self.transport
-                .receive(round, key.0 as u32, AdapterGroups::group_index(key.1))?;
+        let reply = self
+            .transport
+            .receive(round, key.0 as u32, group_index(key.1))?;
         let t2 = Instant::now();
         self.carried_down(key, t, &reply.response);
         let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
