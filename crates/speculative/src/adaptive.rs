@@ -25,11 +25,12 @@ impl RoundCost {
 #[must_use]
 pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
     let a = alpha.clamp(0.0, 1.0);
-    if a >= 1.0 - 1e-12 {
-        (k + 1) as f64
-    } else {
-        (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
-    }
+    // Summed term by term: the closed form (1 − a^(k+1)) / (1 − a) cancels for a near 1.
+    (0..=k)
+        .fold((0.0, 1.0), |(sum, power): (f64, f64), _| {
+            (sum + power, power * a)
+        })
+        .0
 }
 
 /// Chooses K within `[k_min, k_max]` from observed acceptance.

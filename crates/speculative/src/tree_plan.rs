@@ -280,6 +280,19 @@ mod tests {
         assert_eq!(best_tree(&acc, 10, &shape(3, 0)).tokens, 1.0);
     }
 
+    /// Regression (proptest): near-certain acceptance once put the closed-form chain estimate
+    /// above the tree's through cancellation.
+    #[test]
+    fn a_near_certain_chain_is_not_beaten_by_rounding() {
+        let acc = RankAcceptance::from_first(0.999_922_921_105_825_8);
+        let t = best_tree(&acc, 7, &shape(4, 64)).tokens;
+        assert!(
+            t + 1e-12 >= acc.chain_tokens(7),
+            "{t} < {}",
+            acc.chain_tokens(7)
+        );
+    }
+
     proptest! {
         #[test]
         fn best_first_is_the_exhaustive_optimum(

@@ -19,6 +19,7 @@ pub(crate) fn to_usize(v: u32) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
 
+/// A count as a wire `u32` (saturating; decoders refuse such a count).
 pub(crate) fn to_u32(v: usize) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
