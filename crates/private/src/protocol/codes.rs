@@ -1,7 +1,7 @@
 //! Wire codes shared by the protocol's messages: CKKS preset names, projection and group codes,
 //! counts, and the error every decoder reports.
 
-use cipherlora_ckks::Preset;
+use cipherlora_ckks::{CkksParameters, Preset};
 use cipherlora_helora::HeloraError;
 use cipherlora_model::{Proj, ProjGroup};
 use cipherlora_proto::v1;
@@ -38,19 +38,13 @@ pub fn preset_name(p: Preset) -> &'static str {
     }
 }
 
-const PRESETS: [Preset; 6] = [
-    Preset::N8192Depth1,
-    Preset::N8192Depth2,
-    Preset::N16384Depth1,
-    Preset::N16384Depth2,
-    Preset::N8192Depth2Fast,
-    Preset::N16384Depth2Fast,
-];
-
 /// The preset called `name` by [`preset_name`].
 #[must_use]
 pub fn preset_from_name(name: &str) -> Option<Preset> {
-    PRESETS.into_iter().find(|&p| preset_name(p) == name)
+    CkksParameters::all_presets()
+        .iter()
+        .copied()
+        .find(|&p| preset_name(p) == name)
 }
 
 /// The wire form of a projection.
