@@ -336,23 +336,31 @@ impl<T: Transport> HeHook<T> {
             })
     }
 
-    /// Packs and encrypts one group's input (T, d_in), the upload allowed
-    /// to lose up to `max_error` per normalised input value (0: exact;
-    /// [`upload_error`]).
+    /// Packs and encrypts one group's input (T, d_in) for deltas needed to
+    /// relative precision `tolerance` (0: full): the upload may lose
+    /// [`upload_error`] per normalised input value and the request asks for
+    /// [`response_bits`].
     fn encrypt_group(
         &self,
         layer: usize,
         group: ProjGroup,
         x: &Tensor,
-        max_error: f64,
+        tolerance: f64,
     ) -> Result<(GroupRequest, InputScales), PrivateError> {
         let g = self.client_group(layer, group)?;
         let xs = x
             .flatten_all()
             .and_then(|x| x.to_vec1::<f32>())
             .map_err(|e| PrivateError::Model(e.into()))?;
-        let (ciphertexts, scales) = g.client.encrypt_within(&self.he, &xs, max_error)?;
-        let request = GroupRequest::for_group(layer as u32, group_index(group), ciphertexts, 0);
+        let (ciphertexts, scales) =
+            g.client
+                .encrypt_within(&self.he, &xs, upload_error(tolerance))?;
+        let request = GroupRequest::for_group(
+            layer as u32,
+            group_index(group),
+            ciphertexts,
+            response_bits(tolerance),
+        );
         Ok((request, scales))
     }
 
@@ -397,7 +405,7 @@ impl<T: Transport> HeHook<T> {
             return self.group_deltas_split(layer, group, x);
         }
         let t0 = Instant::now();
-        let (request, scales) = self.encrypt_group(layer, group, x, upload_error(0.0))?;
+        let (request, scales) = self.encrypt_group(layer, group, x, 0.0)?;
         let t1 = Instant::now();
         let reply = self.transport.round(&request)?;
         let t2 = Instant::now();
@@ -445,7 +453,7 @@ impl<T: Transport> HeHook<T> {
                 chunk = Tensor::cat(&[&chunk, &pad.map_err(model)?], 0).map_err(model)?;
             }
             let e0 = Instant::now();
-            let (request, scales) = self.encrypt_group(layer, group, &chunk, upload_error(0.0))?;
+            let (request, scales) = self.encrypt_group(layer, group, &chunk, 0.0)?;
             encrypt_ms += e0.elapsed().as_secs_f64() * 1e3;
             up += request.encoded_len();
             self.carried_up((layer, group), rows, &request);
@@ -544,17 +552,11 @@ impl<T: Transport> HeHook<T> {
         inputs: &[GroupInput],
         tolerance: f64,
     ) -> Result<Vec<GroupDeltas>, PrivateError> {
-        let (bits, max_error) = (response_bits(tolerance), upload_error(tolerance));
         let t0 = Instant::now();
         let units = self.units(inputs)?;
         let (requests, scales): (Vec<GroupRequest>, Vec<InputScales>) = units
             .iter()
-            .map(|u| {
-                let (mut request, scales) =
-                    self.encrypt_group(u.key.0, u.key.1, &u.x, max_error)?;
-                request.response_bits = bits;
-                Ok((request, scales))
-            })
+            .map(|u| self.encrypt_group(u.key.0, u.key.1, &u.x, tolerance))
             .collect::<Result<Vec<_>, PrivateError>>()?
             .into_iter()
             .unzip();

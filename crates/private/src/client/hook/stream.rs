@@ -18,7 +18,6 @@ use prost::Message;
 use super::{HeHook, SessionDeltas, concat_members, member_deltas, model_error};
 use crate::PrivateError;
 use crate::client::Transport;
-use crate::client::response_bits::{response_bits, upload_error};
 use crate::protocol::group_index;
 
 /// One session group's request of a trip, from its first member's input to
@@ -36,10 +35,9 @@ enum Unit {
 struct Trip {
     /// The transport's round number.
     round: u64,
-    /// Response precision asked (0: the server's default).
-    bits: u32,
-    /// The error each upload may lose ([`upload_error`]).
-    max_error: f64,
+    /// The relative precision the trip's deltas need (0: full;
+    /// [`HeHook::encrypt_group`]).
+    tolerance: f64,
     /// Session groups not yet answered, by session group key.
     units: HashMap<(usize, ProjGroup), Unit>,
     /// Decrypted deltas not yet taken, by model group.
@@ -70,7 +68,7 @@ impl<T: Transport> HeHook<T> {
         let key = self.session_group(input.layer, input.group)?;
         let members = self.client_group(key.0, key.1)?.members.clone();
         let trip = self.trips.trip(id)?;
-        let (round, bits, max_error) = (trip.round, trip.bits, trip.max_error);
+        let (round, tolerance) = (trip.round, trip.tolerance);
         let unit = trip
             .units
             .entry(key)
@@ -97,8 +95,7 @@ impl<T: Transport> HeHook<T> {
         };
         let t = x.dims().first().copied().unwrap_or(0);
         let t0 = Instant::now();
-        let (mut request, scales) = self.encrypt_group(key.0, key.1, &x, max_error)?;
-        request.response_bits = bits;
+        let (request, scales) = self.encrypt_group(key.0, key.1, &x, tolerance)?;
         let t1 = Instant::now();
         let answered = self.transport.send(round, &request)?;
         let t2 = Instant::now();
@@ -205,8 +202,7 @@ impl<T: Transport> DeltaStream for HeHook<T> {
         let id = TripId(self.trips.next);
         let trip = Trip {
             round: self.transport.open_round(),
-            bits: response_bits(tolerance.unwrap_or(0.0)),
-            max_error: upload_error(tolerance.unwrap_or(0.0)),
+            tolerance: tolerance.unwrap_or(0.0),
             units: HashMap::new(),
             ready: HashMap::new(),
         };
