@@ -169,7 +169,7 @@ impl std::fmt::Display for CiphertextFault {
 
 /// Everything a backend can refuse; each maps to one gRPC code and reason ([`crate::status`]).
 #[non_exhaustive]
-#[derive(Debug, Clone, PartialEq, Error)]
+#[derive(Debug, Error)]
 pub enum BackendError {
     /// A ciphertext failed validation. → `INVALID_ARGUMENT`, `invalid_ciphertext`.
     #[error("ciphertext {index}: {fault}")]
@@ -180,12 +180,12 @@ pub enum BackendError {
         fault: CiphertextFault,
     },
     /// A ciphertext was made under other parameters. → `INVALID_ARGUMENT`, `parameter_mismatch`.
-    #[error("ciphertext {index}: parameter mismatch: {what}")]
+    #[error("ciphertext {index}: parameter mismatch: {fault}")]
     ParameterMismatch {
         /// Index of the ciphertext in the request.
         index: usize,
-        /// Which parameter and how it differs, in words (no payload bytes).
-        what: String,
+        /// Which parameter and how it differs.
+        fault: ParameterFault,
     },
     /// Wrong number of ciphertexts for the group. → `INVALID_ARGUMENT`, `malformed_request`.
     #[error("group needs {expected} ciphertexts, got {got}")]
@@ -196,10 +196,11 @@ pub enum BackendError {
         got: usize,
     },
     /// A public or Galois key failed validation. → `INVALID_ARGUMENT`, `invalid_key`.
-    #[error("invalid key: {what}")]
+    #[error("invalid key: {source}")]
     InvalidKey {
-        /// What is wrong, in words.
-        what: String,
+        /// The backend's own error.
+        #[source]
+        source: BackendSource,
     },
     /// The CKKS preset is not served (not echoed). → `INVALID_ARGUMENT`, `parameter_mismatch`.
     #[error("CKKS preset not served (ListAdapters names the served ones)")]
@@ -208,10 +209,11 @@ pub enum BackendError {
         preset: String,
     },
     /// The plan request cannot be served. → `INVALID_ARGUMENT`, `invalid_plan`.
-    #[error("invalid plan request: {reason}")]
+    #[error("invalid plan request: {source}")]
     InvalidPlan {
-        /// Why, in words.
-        reason: String,
+        /// The backend's own error.
+        #[source]
+        source: BackendSource,
     },
     /// The layer or group does not exist. → `NOT_FOUND`, `unknown_layer`.
     #[error("no layer group ({layer}, {group}) in this adapter")]
@@ -243,9 +245,87 @@ pub enum BackendError {
         got: u64,
     },
     /// A bug or resource failure in the backend. → `INTERNAL`, `internal`.
-    #[error("internal backend error: {reason}")]
+    #[error("internal backend error: {source}")]
     Internal {
-        /// What failed, in words.
-        reason: String,
+        /// The backend's own error.
+        #[source]
+        source: BackendSource,
+    },
+}
+
+/// A backend's own typed error behind [`BackendError::InvalidKey`], `InvalidPlan` or
+/// `Internal`: the service sends its message and never interprets it; a backend's tests can
+/// downcast it.
+pub type BackendSource = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl BackendError {
+    /// [`BackendError::InvalidKey`] with `source`.
+    pub fn invalid_key(source: impl Into<BackendSource>) -> Self {
+        Self::InvalidKey {
+            source: source.into(),
+        }
+    }
+
+    /// [`BackendError::InvalidPlan`] with `source`.
+    pub fn invalid_plan(source: impl Into<BackendSource>) -> Self {
+        Self::InvalidPlan {
+            source: source.into(),
+        }
+    }
+
+    /// [`BackendError::Internal`] with `source`.
+    pub fn internal(source: impl Into<BackendSource>) -> Self {
+        Self::Internal {
+            source: source.into(),
+        }
+    }
+}
+
+/// How a ciphertext's parameters differ from the session's ([`BackendError::ParameterMismatch`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ParameterFault {
+    /// A parameter of the encoding (ring degree, moduli, ...) differs from the preset's.
+    #[error("{what} differs from the session's parameters")]
+    Parameters {
+        /// Which parameter.
+        what: &'static str,
+    },
+    /// The ring degree N differs from the preset's.
+    #[error("ring degree N = {got}, the preset has {expected}")]
+    RingDegree {
+        /// The preset's N.
+        expected: u64,
+        /// The ciphertext's N.
+        got: u64,
+    },
+    /// The ciphertext is at another level than the plan encrypts at.
+    #[error("level {got}, the plan needs {expected}")]
+    Level {
+        /// The plan's input level.
+        expected: usize,
+        /// The ciphertext's level.
+        got: usize,
+    },
+    /// The ciphertext's level is above the parameters' top level.
+    #[error("level {got} above the parameters' maximum {max}")]
+    LevelAboveTop {
+        /// The ciphertext's level.
+        got: usize,
+        /// The parameters' top level.
+        max: usize,
+    },
+    /// The ciphertext's scale is not the parameters' scale.
+    #[error("scale differs from the parameters' scale")]
+    Scale,
+    /// A field of the request differs from the session's plan.
+    #[error("{field} is {got}, the plan needs {expected}")]
+    Plan {
+        /// The field.
+        field: &'static str,
+        /// The plan's value.
+        expected: u64,
+        /// The request's value.
+        got: u64,
     },
 }

@@ -26,7 +26,7 @@ pub mod tls;
 
 pub use backend::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
-    OpenSessionPayload, OpenedSession, SessionCompute,
+    OpenSessionPayload, OpenedSession, ParameterFault, SessionCompute,
 };
 pub use cipherlora_proto::plan_id;
 pub use client::{AdapterClient, AsyncAdapterClient, ClientConfig, SessionInfo, SessionParams};

@@ -126,7 +126,7 @@ mod tests {
             (
                 BackendError::ParameterMismatch {
                     index: 1,
-                    what: "N".into(),
+                    fault: crate::backend::ParameterFault::Scale,
                 },
                 Code::InvalidArgument,
                 ErrorReason::ParameterMismatch,
@@ -146,7 +146,7 @@ mod tests {
                 ErrorReason::LimitExceeded,
             ),
             (
-                BackendError::Internal { reason: "x".into() },
+                BackendError::internal("x"),
                 Code::Internal,
                 ErrorReason::Internal,
             ),

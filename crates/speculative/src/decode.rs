@@ -8,8 +8,8 @@
 
 use cipherlora_model::{DeltaHook, Model, Tensor};
 
-use crate::SpecError;
 use crate::prefix_cache::CachedContext;
+use crate::{ConfigError, SpecError};
 
 mod certify;
 mod config;
@@ -72,7 +72,7 @@ pub fn generate_cached<'m>(
     let drafting = draft_model.into();
     check_draft_model(model, drafting, cfg)?;
     if prompt.is_empty() {
-        return Err(SpecError::Config("empty prompt".into()));
+        return Err(ConfigError::EmptyPrompt.into());
     }
     cfg.validate()?;
     // Sampling runs its own fixed point ([`SpecConfig::effective_schedule`]).

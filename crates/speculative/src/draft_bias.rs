@@ -30,13 +30,13 @@ impl DraftBias {
         Self::from_rows(deltas, row..row + 1)
     }
 
-    /// The mean of rows `rows` of a verify pass's deltas. Errors: [`SpecError::Config`] for empty
+    /// The mean of rows `rows` of a verify pass's deltas. Errors: [`SpecError::Invariant`] for empty
     /// `rows`, [`SpecError::Model`] past a delta's rows.
     pub fn from_rows(deltas: &PassDeltas, rows: std::ops::Range<usize>) -> Result<Self, SpecError> {
         if rows.is_empty() {
-            return Err(SpecError::Config(
-                "a delta guess needs at least one row".into(),
-            ));
+            return Err(SpecError::Invariant {
+                what: "a delta guess needs at least one row",
+            });
         }
         let mut out = HashMap::with_capacity(deltas.len());
         for (&key, group) in deltas {

@@ -26,4 +26,4 @@ pub mod tree;
 pub mod tree_draft;
 pub mod tree_plan;
 
-pub use error::SpecError;
+pub use error::{ConfigError, SpecError, TreeFault};

@@ -4,9 +4,9 @@
 
 use cipherlora_model::KvCache;
 
-use crate::SpecError;
 use crate::row_deltas::RowDeltas;
 use crate::schedule::Schedule;
+use crate::{ConfigError, SpecError};
 
 /// The adapted rows of one context: row `i` holds `tokens[i]`'s keys and values.
 #[derive(Debug)]
@@ -84,12 +84,10 @@ pub struct PrefixHit {
 }
 
 impl PrefixCache {
-    /// An empty cache of at most `budget` bytes. Errors: [`SpecError::Config`] for 0.
+    /// An empty cache of at most `budget` bytes. Errors: [`ConfigError::ZeroCacheBudget`] for 0.
     pub fn new(budget: usize) -> Result<Self, SpecError> {
         if budget == 0 {
-            return Err(SpecError::Config(
-                "a prefix cache needs a memory budget above 0 bytes (turn it off instead)".into(),
-            ));
+            return Err(ConfigError::ZeroCacheBudget.into());
         }
         Ok(Self {
             budget,

@@ -9,7 +9,7 @@
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::SpecError;
+use crate::{ConfigError, SpecError};
 
 /// The reference continuation and the per-token acceptance to replay it at.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,19 +27,20 @@ pub struct ReplayDrafts {
 }
 
 impl ReplayDrafts {
-    /// Checks the fields. Errors: [`SpecError::Config`] for an acceptance outside [0, 1] or a
+    /// Checks the fields. Errors: [`ConfigError::ReplayAcceptance`] for an acceptance outside [0, 1] or a
     /// vocabulary of fewer than two tokens.
     pub fn validate(&self) -> Result<(), SpecError> {
         if !(0.0..=1.0).contains(&self.acceptance) {
-            return Err(SpecError::Config(format!(
-                "replay acceptance {} is not in [0, 1]",
-                self.acceptance
-            )));
+            return Err(ConfigError::ReplayAcceptance {
+                acceptance: self.acceptance,
+            }
+            .into());
         }
         if self.vocab_size < 2 {
-            return Err(SpecError::Config(
-                "replay needs a vocabulary of two tokens".into(),
-            ));
+            return Err(ConfigError::ReplayVocabulary {
+                vocab: self.vocab_size,
+            }
+            .into());
         }
         Ok(())
     }

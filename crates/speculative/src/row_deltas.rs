@@ -142,8 +142,8 @@ impl RowDeltas {
                         .1
                         .get(key)
                         .and_then(|g| g.get(proj))
-                        .ok_or_else(|| {
-                            SpecError::Config("logged rows disagree on their projections".into())
+                        .ok_or_else(|| SpecError::Invariant {
+                            what: "logged rows disagree on their projections",
                         })?;
                     parts.push(d.narrow(0, from, n).map_err(model_err)?);
                 }

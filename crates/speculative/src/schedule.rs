@@ -9,9 +9,9 @@ use cipherlora_model::{
     KvCache, KvRows, Model, NextTrip, PassDeltas, Tensor,
 };
 
-use crate::SpecError;
 use crate::draft_bias::DraftBias;
 use crate::row_deltas::RowDeltas;
+use crate::{ConfigError, SpecError};
 
 /// Batched round trips per prefill pass by default (see [`FixedPoint::prefill`]).
 pub const PREFILL_ROUND_TRIPS: usize = 5;
@@ -217,11 +217,13 @@ impl std::str::FromStr for Schedule {
     /// [`SpecError::Config`] on an unknown or out-of-range part.
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let bad = || {
-            SpecError::Config(format!(
-                "unknown schedule {s:?} (per-group, fixed-point, fixed-point:N, \
+            SpecError::from(ConfigError::unparsed(
+                "schedule",
+                s,
+                "per-group, fixed-point, fixed-point:N, \
                  each fixed point optionally /prefill:per-group or /prefill:M, \
                  /shadow, /base-start, /drafted-start, /drafter-estimates, /exact-trips, /batched \
-                 and /no-ahead)"
+                 and /no-ahead",
             ))
         };
         let positive = |n: &str| match n.parse::<usize>() {
@@ -480,9 +482,7 @@ pub(crate) fn verify<G: Send>(
                         pass.iterate_sending(cache, hook, tolerance, NextTrip::Wait)?;
                         Ok(r)
                     });
-                    let g = helper
-                        .join()
-                        .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()));
+                    let g = helper.join().map_err(|_| SpecError::DraftAheadPanicked);
                     (last, g)
                 });
                 inherited = last?;
@@ -566,8 +566,9 @@ fn previous_changes(steps: &[FixedPointStep]) -> Option<Cow<'_, [f32]>> {
 
 /// The logits of `pass`'s latest plaintext pass (every pass [`verify`] reads has run one).
 fn latest<'p>(pass: &'p FixedPointPass<'_>) -> Result<&'p Tensor, SpecError> {
-    pass.logits()
-        .ok_or_else(|| SpecError::Config("a fixed-point pass read before its first pass".into()))
+    pass.logits().ok_or(SpecError::Invariant {
+        what: "a fixed-point pass read before its first pass",
+    })
 }
 
 /// A (change, previous) pair bounding the row's own error plus [`INHERITED_FACTOR`] × `inherited`.

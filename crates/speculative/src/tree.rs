@@ -4,8 +4,8 @@
 
 use rand::{Rng, RngExt};
 
-use crate::SpecError;
 use crate::acceptance::{check_distribution, sample_weights};
+use crate::{SpecError, TreeFault};
 
 /// A draft tree: `n` nodes in level order, siblings most likely first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,14 +61,14 @@ impl DraftTree {
         path
     }
 
-    /// Checks the parent array. Errors: [`SpecError::Config`] naming the first bad node.
+    /// Checks the parent array. Errors: [`SpecError::Tree`] naming the first bad node.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.parents.len() != self.tokens.len() {
-            return Err(SpecError::Config(format!(
-                "draft tree has {} tokens but {} parents",
-                self.tokens.len(),
-                self.parents.len()
-            )));
+            return Err(TreeFault::ParentCount {
+                tokens: self.tokens.len(),
+                parents: self.parents.len(),
+            }
+            .into());
         }
         match self
             .parents
@@ -76,9 +76,7 @@ impl DraftTree {
             .enumerate()
             .find(|&(i, p)| p.is_some_and(|p| p >= i))
         {
-            Some((i, _)) => Err(SpecError::Config(format!(
-                "draft tree node {i}'s parent is not an earlier node"
-            ))),
+            Some((node, _)) => Err(TreeFault::ParentNotEarlier { node }.into()),
             None => Ok(()),
         }
     }
@@ -94,13 +92,14 @@ impl DraftTree {
     }
 
     /// The parents of the verify pass `[root, nodes…, fillers…]` of `width` positions. Errors:
-    /// [`SpecError::Config`] when the tree does not fit.
+    /// [`TreeFault::TooWide`] when the tree does not fit.
     pub fn verify_parents(&self, width: usize) -> Result<Vec<Option<usize>>, SpecError> {
         if self.len() + 1 > width.max(1) {
-            return Err(SpecError::Config(format!(
-                "a draft tree of {} nodes does not fit a verify pass of {width} positions",
-                self.len()
-            )));
+            return Err(TreeFault::TooWide {
+                nodes: self.len(),
+                width,
+            }
+            .into());
         }
         let mut parents = Vec::with_capacity(width);
         parents.push(None);
@@ -165,7 +164,7 @@ pub fn accept_tree_sampled<R: Rng + ?Sized>(
 
 /// [`accept_tree_sampled`] with drawn nodes (`proposals[n]`, first children only), accepted with
 /// min(1, p'(x)/q(x)), rejection leaving max(0, p' − q). Errors: as `accept_tree_sampled`;
-/// [`SpecError::Config`], `BadDistribution` for bad proposals.
+/// [`SpecError::Tree`], `BadDistribution` for bad proposals.
 pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
     tree: &DraftTree,
     target_probs: &[Vec<f32>],
@@ -174,11 +173,11 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
 ) -> Result<TreeOutcome, SpecError> {
     check_rows(tree, target_probs.len())?;
     if proposals.len() != tree.len() {
-        return Err(SpecError::Config(format!(
-            "{} proposals for a draft tree of {} nodes",
-            proposals.len(),
-            tree.len()
-        )));
+        return Err(TreeFault::ProposalCount {
+            got: proposals.len(),
+            nodes: tree.len(),
+        }
+        .into());
     }
     let vocab = target_probs[0].len();
     for (row, p) in target_probs.iter().enumerate() {
@@ -201,9 +200,7 @@ pub fn accept_tree_sampled_with<R: Rng + ?Sized>(
         let Some(q) = q else { continue };
         let row = tree.parents[c].map_or(0, |p| p + 1);
         if children[row].first() != Some(&c) {
-            return Err(SpecError::Config(format!(
-                "draft tree node {c} was sampled but is not its parent's first child"
-            )));
+            return Err(TreeFault::SampledNotFirstChild { node: c }.into());
         }
         check_distribution(row, q, vocab)?;
         if q[tree.tokens[c] as usize] <= 0.0 {
@@ -357,7 +354,10 @@ mod tests {
             Err(SpecError::TargetCount { drafts: 5, got: 5 })
         ));
         t.parents[2] = Some(3);
-        assert!(matches!(t.validate(), Err(SpecError::Config(_))));
+        assert!(matches!(
+            t.validate(),
+            Err(SpecError::Tree(TreeFault::ParentNotEarlier { node: 2 }))
+        ));
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
         let p = vec![vec![0.5f32, 0.5]; 6];
         assert!(matches!(
@@ -377,10 +377,19 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         let mut with =
             |proposals: &[Option<&[f32]>]| accept_tree_sampled_with(&t, &p, proposals, &mut rng);
-        assert!(matches!(with(&[None; 4]), Err(SpecError::Config(_))));
+        assert!(matches!(
+            with(&[None; 4]),
+            Err(SpecError::Tree(TreeFault::ProposalCount {
+                got: 4,
+                nodes: 5
+            }))
+        ));
         // Node 1 is the root's second child.
         let second = [None, Some(&q[..]), None, None, None];
-        assert!(matches!(with(&second), Err(SpecError::Config(_))));
+        assert!(matches!(
+            with(&second),
+            Err(SpecError::Tree(TreeFault::SampledNotFirstChild { node: 1 }))
+        ));
         // Node 4's proposal gives its token (9) nothing.
         let no_mass = [Some(&q[..]), None, None, None, Some(&no_nine[..])];
         assert!(matches!(

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use cipherlora_model::{AttentionMask, DeltaHook, KvCache, Model, Sampler};
 use rand_chacha::ChaCha20Rng;
 
-use crate::SpecError;
 use crate::tree::DraftTree;
+use crate::{ConfigError, SpecError};
 
 /// Shape limits of a draft tree; the node budget is the round's K.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl std::str::FromStr for TreeParams {
 
     /// `tree` (the defaults) or `tree:BRANCHxDEPTH` (both ≥ 1).
     fn from_str(s: &str) -> Result<Self, SpecError> {
-        let bad = || SpecError::Config(format!("bad tree shape {s:?} (tree or tree:BxD)"));
+        let bad = || SpecError::from(ConfigError::unparsed("tree shape", s, "tree or tree:BxD"));
         match s.split_once(':') {
             None if s == "tree" => Ok(Self::default()),
             Some(("tree", shape)) => {

@@ -202,6 +202,8 @@ fn sampled_tree_generation_runs_and_repeats_from_its_seed() {
     let mut hook = PlainLora::new(&f.adapter);
     assert!(matches!(
         decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())),
-        Err(cipherlora_speculative::SpecError::Config(_))
+        Err(cipherlora_speculative::SpecError::Config(
+            cipherlora_speculative::ConfigError::TreeNeedsFixedBaseDrafts
+        ))
     ));
 }

@@ -28,10 +28,8 @@ impl ModelBackend {
     }
 }
 
-fn internal(e: impl std::fmt::Display) -> BackendError {
-    BackendError::Internal {
-        reason: e.to_string(),
-    }
+fn internal(e: impl Into<cipherlora_service::backend::BackendSource>) -> BackendError {
+    BackendError::internal(e)
 }
 
 impl SplitBackend for ModelBackend {

@@ -11,7 +11,7 @@ use cipherlora_model::ModelConfig;
 use cipherlora_proto::v1::GroupRequest;
 use cipherlora_service::{
     AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
-    OpenSessionPayload, OpenedSession, SessionCompute,
+    OpenSessionPayload, OpenedSession, ParameterFault, SessionCompute,
 };
 
 use crate::PrivateError;
@@ -186,17 +186,12 @@ impl AdapterBackend for HeBackend {
                 preset: payload.ckks_preset,
             });
         }
-        let request = PlanRequest::from_proto(&payload.plan_request).map_err(|e| {
-            BackendError::InvalidPlan {
-                reason: e.to_string(),
-            }
-        })?;
+        let request =
+            PlanRequest::from_proto(&payload.plan_request).map_err(BackendError::invalid_plan)?;
         let offer = self
             .server
             .offer_grouped(request.t, request.grouping)
-            .map_err(|e| BackendError::InvalidPlan {
-                reason: e.to_string(),
-            })?;
+            .map_err(BackendError::invalid_plan)?;
         let message = encode_offer(&offer);
         if request.offer_only {
             return Ok(OpenedSession {
@@ -209,15 +204,9 @@ impl AdapterBackend for HeBackend {
             .server
             .open_session_with_public_key(&offer, &payload.galois_keys, public_key)
             .map_err(|e| match e {
-                e @ PrivateError::PublicKeyRequired => BackendError::InvalidKey {
-                    what: e.to_string(),
-                },
-                PrivateError::Ckks(e) => BackendError::InvalidKey {
-                    what: e.to_string(),
-                },
-                e @ PrivateError::GaloisKeysMismatch { .. } => BackendError::InvalidKey {
-                    what: e.to_string(),
-                },
+                e @ (PrivateError::PublicKeyRequired
+                | PrivateError::Ckks(_)
+                | PrivateError::GaloisKeysMismatch { .. }) => BackendError::invalid_key(e),
                 PrivateError::MemoryBudget { need, limit, .. } if need > limit => {
                     BackendError::LimitExceeded {
                         what: "session plaintext memory (bytes)",
@@ -230,9 +219,7 @@ impl AdapterBackend for HeBackend {
                     got,
                     limit,
                 },
-                other => BackendError::InvalidPlan {
-                    reason: other.to_string(),
-                },
+                other => BackendError::invalid_plan(other),
             })?;
         let compute = HeCompute::new(self.ctx.clone(), session, &offer)?;
         Ok(OpenedSession {
@@ -288,9 +275,7 @@ impl HeCompute {
     ) -> Result<Self, BackendError> {
         let mut groups = HashMap::with_capacity(offer.groups.len());
         for og in &offer.groups {
-            let inputs = og.plan.input_cts().map_err(|e| BackendError::Internal {
-                reason: e.to_string(),
-            })?;
+            let inputs = og.plan.input_cts().map_err(BackendError::internal)?;
             let mut members: Vec<_> = og
                 .projections
                 .iter()
@@ -347,13 +332,16 @@ impl SessionCompute for HeCompute {
             if ct.level() != meta.level {
                 return Err(BackendError::ParameterMismatch {
                     index,
-                    what: format!("level {}, the plan needs {}", ct.level(), meta.level),
+                    fault: ParameterFault::Level {
+                        expected: meta.level,
+                        got: ct.level(),
+                    },
                 });
             }
             if !scale_matches(ct.scale(), meta.scale) {
                 return Err(BackendError::ParameterMismatch {
                     index,
-                    what: "scale differs from the parameters' scale".into(),
+                    fault: ParameterFault::Scale,
                 });
             }
             inputs.push(ct.expand());
@@ -388,20 +376,16 @@ fn ciphertext_error(index: usize, e: CkksError) -> BackendError {
         CkksError::ParameterMismatch { what } => {
             return BackendError::ParameterMismatch {
                 index,
-                what: what.to_string(),
+                fault: ParameterFault::Parameters { what },
             };
         }
         CkksError::LevelOutOfRange { level, max } => {
             return BackendError::ParameterMismatch {
                 index,
-                what: format!("level {level} above the parameters' maximum {max}"),
+                fault: ParameterFault::LevelAboveTop { got: level, max },
             };
         }
-        other => {
-            return BackendError::Internal {
-                reason: other.to_string(),
-            };
-        }
+        other => return BackendError::internal(other),
     };
     BackendError::InvalidCiphertext { index, fault }
 }
@@ -419,14 +403,16 @@ fn backend_error(e: PrivateError) -> BackendError {
             got,
         }) => BackendError::ParameterMismatch {
             index: 0,
-            what: format!("{field} is {got}, the plan needs {expected}"),
+            fault: ParameterFault::Plan {
+                field,
+                expected,
+                got,
+            },
         },
         PrivateError::Ckks(e) | PrivateError::Helora(HeloraError::Ckks(e)) => {
             ciphertext_error(0, e)
         }
-        other => BackendError::Internal {
-            reason: other.to_string(),
-        },
+        other => BackendError::internal(other),
     }
 }
 
@@ -445,7 +431,7 @@ mod tests {
                 got: 3,
             },
         );
-        assert_eq!(
+        assert!(matches!(
             e,
             BackendError::InvalidCiphertext {
                 index: 2,
@@ -454,7 +440,7 @@ mod tests {
                     got: 3
                 }
             }
-        );
+        ));
         assert!(matches!(
             ciphertext_error(
                 1,
@@ -462,11 +448,19 @@ mod tests {
                     what: "ring degree"
                 }
             ),
-            BackendError::ParameterMismatch { index: 1, .. }
+            BackendError::ParameterMismatch {
+                index: 1,
+                fault: ParameterFault::Parameters {
+                    what: "ring degree"
+                }
+            }
         ));
         assert!(matches!(
             ciphertext_error(0, CkksError::LevelOutOfRange { level: 7, max: 1 }),
-            BackendError::ParameterMismatch { index: 0, .. }
+            BackendError::ParameterMismatch {
+                index: 0,
+                fault: ParameterFault::LevelAboveTop { got: 7, max: 1 }
+            }
         ));
         assert!(matches!(
             backend_error(PrivateError::UnknownGroup { layer: 3, group: 1 }),
@@ -700,7 +694,11 @@ mod tests {
             ("extra", extra_one),
         ] {
             match refusal(open_t(&b, 3, &keys)) {
-                BackendError::InvalidKey { .. } => {}
+                BackendError::InvalidKey { source }
+                    if matches!(
+                        source.downcast_ref(),
+                        Some(PrivateError::GaloisKeysMismatch { .. })
+                    ) => {}
                 e => panic!("{what}: {e}"),
             }
             assert_eq!(b.session_memory().reserved(), 0, "{what}: nothing reserved");
@@ -806,12 +804,9 @@ mod tests {
         let e = c
             .compute(&GroupRequest::for_group(1, 1, vec![good.clone(); n + 1], 0))
             .unwrap_err();
-        assert_eq!(
-            e,
-            BackendError::CiphertextCount {
-                expected: n,
-                got: n + 1
-            }
+        assert!(
+            matches!(e, BackendError::CiphertextCount { expected, got } if expected == n && got == n + 1),
+            "{e}"
         );
         let mut bad_magic = good.to_vec();
         bad_magic[0] ^= 0xff;
@@ -823,13 +818,13 @@ mod tests {
                 0,
             ))
             .unwrap_err();
-        assert_eq!(
+        assert!(matches!(
             e,
             BackendError::InvalidCiphertext {
                 index: 0,
                 fault: CiphertextFault::BadMagic
             }
-        );
+        ));
         let short = good.slice(..good.len() - 1);
         let e = c
             .compute(&GroupRequest::for_group(1, 1, vec![short; n], 0))
@@ -868,7 +863,8 @@ mod tests {
         let he = CkksClient::new(&ctx).unwrap();
         let keys = he.galois_keys(&steps).to_bytes();
         match refusal(open_t(&private, 3, &keys)) {
-            BackendError::InvalidKey { .. } => {}
+            BackendError::InvalidKey { source }
+                if matches!(source.downcast_ref(), Some(PrivateError::PublicKeyRequired)) => {}
             e => panic!("{e}"),
         }
         assert_eq!(private.session_memory().reserved(), 0);

@@ -3,11 +3,11 @@
 
 use cipherlora_model::SamplingParams;
 
-use crate::SpecError;
 use crate::draw_bounds::log_weight_bound;
 use crate::replay::ReplayDrafts;
 use crate::schedule::Schedule;
 use crate::tree_draft::{Calibration, TreeDrafts};
+use crate::{ConfigError, SpecError};
 
 /// Which drafter proposes the K tokens of a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,16 +100,14 @@ impl SpecConfig {
         if self.drafter == DrafterKind::Replay {
             self.replay
                 .as_ref()
-                .ok_or_else(|| SpecError::Config("the replay drafter needs its drafts".into()))?
+                .ok_or(ConfigError::ReplayWithoutDrafts)?
                 .validate()?;
         }
         if self.drafter != DrafterKind::None && self.k == 0 {
-            return Err(SpecError::Config("a drafter needs K ≥ 1".into()));
+            return Err(ConfigError::ZeroK.into());
         }
         if self.tree.is_some() && (self.drafter != DrafterKind::Base || self.adaptive) {
-            return Err(SpecError::Config(
-                "tree drafts need the base drafter and a fixed K".into(),
-            ));
+            return Err(ConfigError::TreeNeedsFixedBaseDrafts.into());
         }
         Ok(())
     }

@@ -405,9 +405,7 @@ impl<'a> Decoding<'a> {
                     (guess, t.elapsed().as_secs_f64())
                 });
                 let verified = verify::<()>(&window, target, verifier, None, shadow.as_mut());
-                let (guess, secs) = helper
-                    .join()
-                    .map_err(|_| SpecError::Config("the draft-ahead thread panicked".into()))?;
+                let (guess, secs) = helper.join().map_err(|_| SpecError::DraftAheadPanicked)?;
                 stats.ahead_secs += secs;
                 Ok::<_, SpecError>((verified?.0, Some(guess?)))
             })?
@@ -594,8 +592,8 @@ impl<'a> Decoding<'a> {
         } else {
             let p = chain_probs(&self.sampler, &rows, &self.context, drafts);
             let q = draft_probs(draft.probs.as_deref(), drafts.len());
-            let uniforms = uniforms.as_deref().ok_or_else(|| {
-                SpecError::Config("a sampled chain round without its uniforms".into())
+            let uniforms = uniforms.as_deref().ok_or_else(|| SpecError::Invariant {
+                what: "a sampled chain round without its uniforms",
             })?;
             accept_sampled_with(drafts, q, &p, uniforms)?
         };

@@ -4,7 +4,7 @@
 use cipherlora_model::Model;
 
 use super::SpecConfig;
-use crate::SpecError;
+use crate::{ConfigError, SpecError};
 
 /// The model the base drafter runs ([`super::DrafterKind::Base`], the base half of
 /// [`super::DrafterKind::Hybrid`]).
@@ -45,7 +45,8 @@ impl<'m> From<&'m Model> for DraftModel<'m> {
     }
 }
 
-/// Errors: [`SpecError::Config`] when a copy's layers, KV heads, head size
+/// Errors: [`SpecError::Config`] ([`ConfigError::DraftCopyShape`],
+/// `DraftVocabulary`, `TreeWithSeparateDrafter`) when a copy's layers, KV heads, head size
 /// or vocabulary differ from the target's, when a separate drafter's
 /// vocabulary does, or when a separate drafter is asked for trees.
 pub(super) fn check_draft_model(
@@ -59,18 +60,18 @@ pub(super) fn check_draft_model(
             if (t.num_layers, t.num_kv_heads, t.head_dim, t.vocab_size)
                 != (d.num_layers, d.num_kv_heads, d.head_dim, d.vocab_size) =>
         {
-            Err(SpecError::Config(
-                "the draft model's layers, KV heads, head size or vocabulary differ from the target's"
-                    .into(),
-            ))
+            Err(ConfigError::DraftCopyShape.into())
         }
-        DraftModel::Separate(_) if t.vocab_size != d.vocab_size => Err(SpecError::Config(format!(
-            "the draft model's vocabulary ({}) differs from the target's ({}): it needs the same tokenizer",
-            d.vocab_size, t.vocab_size
-        ))),
-        DraftModel::Separate(_) if cfg.tree.is_some() => Err(SpecError::Config(
-            "tree drafts need a copy of the target's weights, not a separate draft model".into(),
-        )),
+        DraftModel::Separate(_) if t.vocab_size != d.vocab_size => {
+            Err(ConfigError::DraftVocabulary {
+                draft: d.vocab_size,
+                target: t.vocab_size,
+            }
+            .into())
+        }
+        DraftModel::Separate(_) if cfg.tree.is_some() => {
+            Err(ConfigError::TreeWithSeparateDrafter.into())
+        }
         _ => Ok(()),
     }
 }
