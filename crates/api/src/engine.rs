@@ -25,7 +25,7 @@ use cipherlora_model::{
 use cipherlora_private::{HeTimings, WireDensity};
 use cipherlora_service::{AdapterClient, ClientConfig};
 use cipherlora_speculative::SpecError;
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig, SpecOutput};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig, SpecOutput};
 use cipherlora_speculative::schedule::Schedule;
 
 use crate::ApiError;
@@ -305,7 +305,7 @@ impl Engine {
         let (out, cost) = match self.adapter(&job.model) {
             None => {
                 let _ticket = self.base_queue.enter()?;
-                let cfg = self.spec_config(job, DrafterKind::None, Schedule::PerGroup, (1, 64, 64));
+                let cfg = self.spec_config(job, Drafting::None, Schedule::PerGroup, (64, 64));
                 let out =
                     decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
                         text.push(t)
@@ -326,10 +326,9 @@ impl Engine {
                 };
                 let cfg = self.spec_config(
                     job,
-                    DrafterKind::Base,
+                    Drafting::chain(ChainDrafter::Base, open.verify_width - 1),
                     schedule,
                     (
-                        open.verify_width - 1,
                         adapter.settings().prefill_width,
                         adapter.settings().prefill_span,
                     ),
@@ -378,21 +377,18 @@ impl Engine {
         self.cancelled.load(Ordering::Relaxed)
     }
 
-    /// `(k, prefill_width, prefill_span)`: drafted tokens per round (the
-    /// verify width is K + 1), positions per prefill request and pass.
+    /// `(prefill_width, prefill_span)`: positions per prefill request and
+    /// pass.
     fn spec_config(
         &self,
         job: &Job,
-        drafter: DrafterKind,
+        drafting: Drafting,
         schedule: Schedule,
-        (k, prefill_width, prefill_span): (usize, usize, usize),
+        (prefill_width, prefill_span): (usize, usize),
     ) -> SpecConfig {
         SpecConfig {
-            tree: None,
-            drafter,
-            k,
-            adaptive: false,
-            pad_to_k: drafter != DrafterKind::None,
+            pad_to_k: !matches!(drafting, Drafting::None),
+            drafting,
             prefill_width: Some(prefill_width),
             optimistic: false,
             draft_stop_below: 0.0,
@@ -403,7 +399,6 @@ impl Engine {
             first_token_from_prefill: true,
             prefill_span,
             schedule,
-            replay: None,
         }
     }
 }

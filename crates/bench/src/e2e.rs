@@ -18,10 +18,12 @@ use cipherlora_private::{
     LoraKind, TimeSplit, connect_remote,
 };
 use cipherlora_service::{LinkProfile, Placement};
-use cipherlora_speculative::decode::{self, DraftModel, DrafterKind, SpecConfig, SpecStats};
+use cipherlora_speculative::decode::{
+    self, ChainDrafter, DraftModel, Drafting, SpecConfig, SpecStats,
+};
 use cipherlora_speculative::replay::ReplayDrafts;
 use cipherlora_speculative::schedule::Schedule;
-use cipherlora_speculative::tree_draft::TreeParams;
+use cipherlora_speculative::tree_draft::{TreeDrafts, TreeParams};
 use serde::{Deserialize, Serialize};
 
 /// Options of `cipherlora bench e2e`.
@@ -84,7 +86,7 @@ pub struct PrivateRuns {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeConfig {
     /// The drafter.
-    pub drafter: DrafterKind,
+    pub drafter: DrafterChoice,
     /// K (ignored without drafter); with `auto_k`, the largest K considered.
     pub k: usize,
     /// Choose K per run ([`cipherlora_private::width_plan`]).
@@ -112,11 +114,67 @@ impl DecodeConfig {
     /// "f16", "f32", "quantized", or "-" when the base model does not draft.
     #[must_use]
     pub fn draft_weights(&self) -> &'static str {
-        match (self.drafter, self.drafter_weights) {
-            (DrafterKind::Base | DrafterKind::Hybrid, DrafterWeights::F16) => "f16",
-            (DrafterKind::Base | DrafterKind::Hybrid, DrafterWeights::F32) => "f32",
-            (DrafterKind::Base | DrafterKind::Hybrid, DrafterWeights::Quantized) => "quantized",
-            _ => "-",
+        match (self.drafter.runs_base(), self.drafter_weights) {
+            (true, DrafterWeights::F16) => "f16",
+            (true, DrafterWeights::F32) => "f32",
+            (true, DrafterWeights::Quantized) => "quantized",
+            (false, _) => "-",
+        }
+    }
+}
+
+/// Which drafter a benchmark configuration runs. The decoder's [`Drafting`] is built per prompt
+/// ([`DrafterChoice::drafting`]): replay drafts the prompt's own reference continuation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrafterChoice {
+    /// No drafts ([`Drafting::None`]).
+    None,
+    /// [`ChainDrafter::Base`], or tree drafts with a tree shape.
+    Base,
+    /// [`ChainDrafter::Ngram`].
+    Ngram,
+    /// [`ChainDrafter::Hybrid`].
+    Hybrid,
+    /// [`ChainDrafter::Replay`].
+    Replay,
+}
+
+impl DrafterChoice {
+    /// The name in reports.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Base => "base",
+            Self::Ngram => "ngram",
+            Self::Hybrid => "hybrid",
+            Self::Replay => "replay",
+        }
+    }
+
+    /// Whether the base model drafts.
+    #[must_use]
+    pub fn runs_base(self) -> bool {
+        matches!(self, Self::Base | Self::Hybrid)
+    }
+
+    /// The decoder's drafting at K = `k`: a tree when `tree` is given (base drafter), `replay`'s
+    /// drafts for [`DrafterChoice::Replay`] (none given: no drafts).
+    #[must_use]
+    pub fn drafting(
+        self,
+        k: usize,
+        tree: Option<TreeDrafts>,
+        replay: Option<ReplayDrafts>,
+    ) -> Drafting {
+        let chain = |drafter| Drafting::chain(drafter, k);
+        match (self, tree, replay) {
+            (Self::None, ..) | (Self::Replay, _, None) => Drafting::None,
+            (Self::Base, Some(drafts), _) => Drafting::tree(drafts, k),
+            (Self::Base, None, _) => chain(ChainDrafter::Base),
+            (Self::Ngram, ..) => chain(ChainDrafter::Ngram),
+            (Self::Hybrid, ..) => chain(ChainDrafter::Hybrid),
+            (Self::Replay, _, Some(r)) => chain(ChainDrafter::Replay(r)),
         }
     }
 }
@@ -289,16 +347,6 @@ fn verify_timings(hook: &ByWidth<GrpcTransport>, width: usize) -> HeTimings {
     hook.session(width)
         .map(cipherlora_private::HeHook::timings_since_prefill)
         .unwrap_or_default()
-}
-
-fn drafter_name(d: DrafterKind) -> &'static str {
-    match d {
-        DrafterKind::None => "none",
-        DrafterKind::Base => "base",
-        DrafterKind::Ngram => "ngram",
-        DrafterKind::Hybrid => "hybrid",
-        DrafterKind::Replay => "replay",
-    }
 }
 
 /// The first `n` prompts of a JSON-lines file with a `prompt` field per line.
@@ -515,11 +563,10 @@ pub fn run_target(
                     _ => DraftModel::Copy(model),
                 };
                 let draft_model = drafting.model();
+                let k_fixed = if drafter == DrafterChoice::None { 0 } else { k };
+                let mut tree: Option<TreeDrafts> = c.tree.map(Into::into);
                 let mut cfg = SpecConfig {
-                    tree: c.tree.map(Into::into),
-                    drafter,
-                    k: if drafter == DrafterKind::None { 0 } else { k },
-                    adaptive: false,
+                    drafting: drafter.drafting(k_fixed, tree.clone(), None),
                     pad_to_k: true,
                     prefill_width: Some(opts.prefill_width),
                     optimistic: opts.optimistic,
@@ -533,7 +580,6 @@ pub fn run_target(
                     eos: eos.clone(),
                     first_token_from_prefill: false,
                     prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-                    replay: None,
                     schedule: Schedule::PerGroup,
                 };
                 // `SCHEDULE@by-input` or `SCHEDULE@by-layers:N` overrides the grouping.
@@ -552,7 +598,7 @@ pub fn run_target(
                             trees: c.tree,
                         }
                     } else {
-                        DraftLength::Fixed(cfg.verify_width() - 1)
+                        DraftLength::Fixed(k_fixed)
                     },
                     acceptance_prior: opts.acceptance_prior,
                     prefill_width: opts.prefill_width,
@@ -576,10 +622,9 @@ pub fn run_target(
                 )?;
                 if let Some(choice) = &session.width_choice {
                     eprintln!("{}", width_report(choice));
-                    cfg.tree = choice.best.tree.map(Into::into);
+                    tree = choice.best.tree.map(Into::into);
                 }
                 let width = session.verify_width;
-                cfg.k = width - 1;
                 let greedy = cfg.sampling.is_greedy();
                 cfg.schedule = session.schedule_for(greedy);
                 let schedule_name = match forced {
@@ -622,19 +667,18 @@ pub fn run_target(
                 let mut calibration = None;
                 for (index, (p, want)) in prompts.iter().zip(&reference).enumerate() {
                     cfg.sampling.seed = index as u64;
-                    if drafter == DrafterKind::Replay {
-                        cfg.replay = Some(ReplayDrafts {
-                            prompt_len: p.len(),
-                            continuation: want.clone(),
-                            acceptance: opts.replay_acceptance,
-                            seed: index as u64,
-                            vocab_size: model.config().vocab_size,
-                        });
-                    }
+                    let replay = (drafter == DrafterChoice::Replay).then(|| ReplayDrafts {
+                        prompt_len: p.len(),
+                        continuation: want.clone(),
+                        acceptance: opts.replay_acceptance,
+                        seed: index as u64,
+                        vocab_size: model.config().vocab_size,
+                    });
                     // Tree drafts carry their acceptance estimate across prompts.
-                    if let (Some(tree), Some(c)) = (cfg.tree.as_mut(), calibration.take()) {
+                    if let (Some(tree), Some(c)) = (tree.as_mut(), calibration.take()) {
                         tree.calibration = c;
                     }
+                    cfg.drafting = drafter.drafting(width - 1, tree.clone(), replay);
                     let out =
                         decode::generate_drafted(model, drafting, p, &cfg, &mut hook, &mut |_| {
                             Ok(())
@@ -665,17 +709,17 @@ pub fn run_target(
                     adapter: id.clone(),
                     drafter: {
                         let name = match (c.guided, drafter) {
-                            (false, DrafterKind::Base | DrafterKind::Hybrid) => {
-                                format!("plain {}", drafter_name(drafter))
+                            (false, DrafterChoice::Base | DrafterChoice::Hybrid) => {
+                                format!("plain {}", drafter.name())
                             }
-                            (_, DrafterKind::Replay) => {
+                            (_, DrafterChoice::Replay) => {
                                 format!("replay at acceptance {}", opts.replay_acceptance)
                             }
-                            _ => drafter_name(drafter).to_string(),
+                            _ => drafter.name().to_string(),
                         };
                         match (c.tree, c.auto_k) {
                             // The shape the width model chose.
-                            (Some(limits), true) => match &cfg.tree {
+                            (Some(limits), true) => match &tree {
                                 Some(t) => {
                                     format!("{name} {} (auto of {limits}, K ≤ {k})", t.shape)
                                 }
@@ -699,7 +743,7 @@ pub fn run_target(
                         ),
                         _ => draft_model.weights_held().into(),
                     },
-                    k: cfg.k,
+                    k: width - 1,
                     link: link_name.clone(),
                     tok_per_s: tps,
                     mean_accepted: tokens as f64 / rounds.max(1) as f64,

@@ -73,7 +73,6 @@ fn private_matches_plaintext(
         let prompt = tok.encode(text).unwrap();
         let want = plaintext_reference(model, tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
-            tree: None,
             prefill_width: Some(prefill),
             schedule,
             ..common::greedy_spec(K, TOKENS, tok)

@@ -216,11 +216,9 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
                 let prompt = tok.encode(text).unwrap();
                 let want = common::plaintext_reference(&model, &tok, &plain, &prompt, 16);
                 let cfg = SpecConfig {
-                    tree: None,
                     prefill_width: Some(8),
                     first_token_from_prefill: true,
                     prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-                    replay: None,
                     ..common::greedy_spec(K, 16, &tok)
                 };
                 let got =

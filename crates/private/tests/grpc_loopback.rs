@@ -152,12 +152,10 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
         let prompt = tok.encode(text).unwrap();
         let want = common::plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
         let cfg = SpecConfig {
-            tree: None,
             prefill_width: Some(PREFILL),
             optimistic: true,
             first_token_from_prefill: true,
             prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-            replay: None,
             ..common::greedy_spec(K, TOKENS, &tok)
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();

@@ -18,7 +18,7 @@ use cipherlora_model::{
 };
 use cipherlora_private::{ConnectOptions, DraftLength, HeAdapter, InProcessOpener, connect_with};
 use cipherlora_service::LinkProfile;
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig};
 use cipherlora_speculative::replay::ReplayDrafts;
 use cipherlora_speculative::schedule::Schedule;
 
@@ -112,14 +112,16 @@ fn private_greedy_equals_plaintext_at_hidden_size_1024() {
             // Drafts of a set acceptance (random weights draft nothing useful): still exact,
             // and right drafts are kept.
             let replay = SpecConfig {
-                drafter: DrafterKind::Replay,
-                replay: Some(ReplayDrafts {
-                    prompt_len: prompt.len(),
-                    continuation: want.clone(),
-                    acceptance: 0.7,
-                    seed: 1,
-                    vocab_size: model.config().vocab_size,
-                }),
+                drafting: Drafting::chain(
+                    ChainDrafter::Replay(ReplayDrafts {
+                        prompt_len: prompt.len(),
+                        continuation: want.clone(),
+                        acceptance: 0.7,
+                        seed: 1,
+                        vocab_size: model.config().vocab_size,
+                    }),
+                    3,
+                ),
                 ..cfg.clone()
             };
             let got =

@@ -33,7 +33,7 @@ use cipherlora_model::{
     AttentionMask, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora,
     SamplingParams, Tokenizer, WeightMode, fetch, generate,
 };
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig};
 use cipherlora_speculative::tree_draft::{Calibration, TreeDrafts, TreeParams};
 
 const NEW_TOKENS: usize = 64;
@@ -184,13 +184,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (w, &width) in args.widths.iter().enumerate() {
                 for (s, shape) in shapes.iter().enumerate() {
                     let cfg = SpecConfig {
-                        tree: shape.map(|shape| TreeDrafts {
-                            shape,
-                            calibration: calibration[w][s].clone(),
-                        }),
-                        drafter: DrafterKind::Base,
-                        k: width - 1,
-                        adaptive: false,
+                        drafting: match shape {
+                            Some(shape) => Drafting::tree(
+                                TreeDrafts {
+                                    shape: *shape,
+                                    calibration: calibration[w][s].clone(),
+                                },
+                                width - 1,
+                            ),
+                            None => Drafting::chain(ChainDrafter::Base, width - 1),
+                        },
                         pad_to_k: true,
                         prefill_width: None,
                         optimistic: false,
@@ -209,7 +212,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         eos: eos.clone(),
                         first_token_from_prefill: false,
                         prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-                        replay: None,
                         schedule: Default::default(),
                     };
                     let mut lora = PlainLora::new(&adapter);

@@ -61,7 +61,7 @@ use cipherlora_model::{
     ModelError, PlainLora, ProjGroup, SamplingParams, Tensor, Tokenizer, WeightMode, fetch,
     generate,
 };
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 use cipherlora_speculative::tree_draft::{Calibration, TreeDrafts, TreeParams};
 use rand::{RngExt, SeedableRng};
@@ -327,13 +327,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for (w, &width) in args.widths.iter().enumerate() {
                 for (r, &trips) in args.trips.iter().enumerate() {
                     let cfg = SpecConfig {
-                        tree: args.tree.map(|shape| TreeDrafts {
-                            shape,
-                            calibration: calibration[w * args.trips.len() + r].clone(),
-                        }),
-                        drafter: DrafterKind::Base,
-                        k: width - 1,
-                        adaptive: false,
+                        drafting: match args.tree {
+                            Some(shape) => Drafting::tree(
+                                TreeDrafts {
+                                    shape,
+                                    calibration: calibration[w * args.trips.len() + r].clone(),
+                                },
+                                width - 1,
+                            ),
+                            None => Drafting::chain(ChainDrafter::Base, width - 1),
+                        },
                         pad_to_k: true,
                         prefill_width: Some(PREFILL_WIDTH),
                         optimistic: false,
@@ -344,7 +347,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         eos: eos.clone(),
                         first_token_from_prefill: false,
                         prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-                        replay: None,
                         schedule: Schedule::FixedPoint(FixedPoint {
                             round_trips: trips,
                             prefill: args.prefill,

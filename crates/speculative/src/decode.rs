@@ -18,7 +18,7 @@ mod draft_model;
 mod drafter;
 mod prefill;
 
-pub use config::{DrafterKind, PREFILL_SPAN, SpecConfig, SpecOutput, SpecStats};
+pub use config::{ChainDrafter, Drafting, PREFILL_SPAN, SpecConfig, SpecOutput, SpecStats};
 use decoding::Decoding;
 pub use draft_model::DraftModel;
 use draft_model::check_draft_model;

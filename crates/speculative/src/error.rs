@@ -89,9 +89,6 @@ pub enum ConfigError {
     /// A drafter was asked for K = 0 drafted tokens.
     #[error("a drafter needs K ≥ 1")]
     ZeroK,
-    /// The replay drafter was chosen without its drafts.
-    #[error("the replay drafter needs its drafts")]
-    ReplayWithoutDrafts,
     /// A replay acceptance outside [0, 1].
     #[error("replay acceptance {acceptance} is not in [0, 1]")]
     ReplayAcceptance {
@@ -104,9 +101,6 @@ pub enum ConfigError {
         /// The vocabulary size given.
         vocab: usize,
     },
-    /// Tree drafts with another drafter than the base model, or with adaptive K.
-    #[error("tree drafts need the base drafter and a fixed K")]
-    TreeNeedsFixedBaseDrafts,
     /// A separate draft model was asked for tree drafts.
     #[error("tree drafts need a copy of the target's weights, not a separate draft model")]
     TreeWithSeparateDrafter,

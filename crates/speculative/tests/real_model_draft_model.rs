@@ -15,7 +15,7 @@ use cipherlora_model::{
     LoadOptions, Model, NoAdapter, PlainLora, SyntheticQuant, WeightMode, fetch, synthetic_shape,
     write_synthetic_gguf, write_synthetic_gguf_with_tokenizer,
 };
-use cipherlora_speculative::decode::{self, DraftModel, SpecConfig};
+use cipherlora_speculative::decode::{self, DraftModel, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::{FixedPoint, Schedule};
 use cipherlora_speculative::tree_draft::TreeDrafts;
 use cipherlora_speculative::{ConfigError, SpecError};
@@ -149,7 +149,7 @@ fn a_separate_drafter_needs_the_targets_vocabulary_and_drafts_chains_only() {
         ),
     }
     let tree = SpecConfig {
-        tree: Some(TreeDrafts::default()),
+        drafting: Drafting::tree(TreeDrafts::default(), 8),
         ..SpecConfig::greedy(8, 8, eos)
     };
     match run(DraftModel::Separate(&f.model), &tree) {

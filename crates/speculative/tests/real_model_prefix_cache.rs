@@ -18,7 +18,6 @@ fn config(f: &Fixture, schedule: Schedule) -> SpecConfig {
         prefill_width: Some(16),
         first_token_from_prefill: true,
         prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-        replay: None,
         schedule,
         ..SpecConfig::greedy(6, TOKENS, f.tokenizer.eos_tokens().to_vec())
     }

@@ -15,7 +15,7 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler, SamplingParams, generate,
 };
 use cipherlora_speculative::acceptance::{DraftProbs, accept_sampled, sample};
-use cipherlora_speculative::decode::{self, DrafterKind, PREFILL_SPAN, SpecConfig};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, PREFILL_SPAN, SpecConfig};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
@@ -27,7 +27,7 @@ fn speculative(
     f: &Fixture,
     prompt: &[u32],
     n: usize,
-    drafter: DrafterKind,
+    drafter: Option<ChainDrafter>,
     k: usize,
     pad: bool,
     adaptive: bool,
@@ -36,10 +36,14 @@ fn speculative(
     draft_stop_below: f32,
 ) -> decode::SpecOutput {
     let cfg = SpecConfig {
-        tree: None,
-        drafter,
-        k,
-        adaptive,
+        drafting: match drafter {
+            Some(drafter) => Drafting::Chain {
+                drafter,
+                k,
+                adaptive,
+            },
+            None => Drafting::None,
+        },
         pad_to_k: pad,
         prefill_width,
         optimistic,
@@ -50,7 +54,6 @@ fn speculative(
         eos: f.tokenizer.eos_tokens().to_vec(),
         first_token_from_prefill: false,
         prefill_span: PREFILL_SPAN,
-        replay: None,
         schedule: Default::default(),
     };
     let mut hook = PlainLora::new(&f.adapter);
@@ -79,20 +82,29 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
         let want = reference(f, &prompt, n);
         assert_eq!(want.len(), n, "reference stopped early on {text:?}");
         for (drafter, k, pad, adaptive, prefill, optimistic, stop) in [
-            (DrafterKind::None, 0, true, false, None, false, 0.0),
-            (DrafterKind::None, 0, true, false, Some(16), false, 0.0),
-            (DrafterKind::Base, 4, true, false, None, false, 0.0),
-            (DrafterKind::Base, 4, true, false, Some(7), true, 0.0),
-            (DrafterKind::Base, 8, false, false, None, false, 0.0),
-            (DrafterKind::Base, 8, true, false, None, true, 0.0),
-            (DrafterKind::Base, 8, true, true, None, false, 0.0),
-            (DrafterKind::Base, 12, true, false, None, false, 0.5),
-            (DrafterKind::Base, 12, false, false, None, true, 0.5),
-            (DrafterKind::Ngram, 4, true, false, None, false, 0.0),
-            (DrafterKind::Hybrid, 4, true, true, None, false, 0.3),
+            (None, 0, true, false, None, false, 0.0),
+            (None, 0, true, false, Some(16), false, 0.0),
+            (Some(ChainDrafter::Base), 4, true, false, None, false, 0.0),
+            (Some(ChainDrafter::Base), 4, true, false, Some(7), true, 0.0),
+            (Some(ChainDrafter::Base), 8, false, false, None, false, 0.0),
+            (Some(ChainDrafter::Base), 8, true, false, None, true, 0.0),
+            (Some(ChainDrafter::Base), 8, true, true, None, false, 0.0),
+            (Some(ChainDrafter::Base), 12, true, false, None, false, 0.5),
+            (Some(ChainDrafter::Base), 12, false, false, None, true, 0.5),
+            (Some(ChainDrafter::Ngram), 4, true, false, None, false, 0.0),
+            (Some(ChainDrafter::Hybrid), 4, true, true, None, false, 0.3),
         ] {
             let got = speculative(
-                f, &prompt, n, drafter, k, pad, adaptive, prefill, optimistic, stop,
+                f,
+                &prompt,
+                n,
+                drafter.clone(),
+                k,
+                pad,
+                adaptive,
+                prefill,
+                optimistic,
+                stop,
             );
             assert_eq!(
                 got.tokens, want,
@@ -101,7 +113,7 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
             if optimistic {
                 optimistic_hits += got.stats.ahead_hits;
             }
-            if stop > 0.0 && drafter == DrafterKind::Base {
+            if stop > 0.0 && drafter == Some(ChainDrafter::Base) {
                 early_stop_saved += got.stats.rounds * k - got.stats.drafted;
             }
             if pad {
@@ -112,10 +124,10 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
                     "prefill passes (prefill width {prefill:?}) on {text:?}"
                 );
             }
-            if drafter == DrafterKind::None {
+            if drafter.is_none() {
                 assert_eq!(got.stats.rounds, n, "no drafter: one round per token");
             }
-            if drafter == DrafterKind::Base && k == 4 && pad {
+            if drafter == Some(ChainDrafter::Base) && k == 4 && pad {
                 rounds_base += got.stats.rounds;
             }
         }
@@ -245,7 +257,7 @@ fn f16_drafter_keeps_greedy_output_and_most_of_the_acceptance() {
             f,
             &prompt,
             n,
-            DrafterKind::Base,
+            Some(ChainDrafter::Base),
             8,
             true,
             false,
@@ -348,10 +360,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let run = |schedule: Schedule| {
         let cfg = SpecConfig {
-            tree: None,
-            drafter: DrafterKind::Base,
-            k: 4,
-            adaptive: false,
+            drafting: Drafting::chain(ChainDrafter::Base, 4),
             pad_to_k: true,
             prefill_width: Some(16),
             optimistic: false,
@@ -371,7 +380,6 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             eos: Vec::new(),
             first_token_from_prefill: false,
             prefill_span: PREFILL_SPAN,
-            replay: None,
             schedule,
         };
         let mut hook = PlainLora::new(&f.adapter);
@@ -413,7 +421,6 @@ fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usi
         prefill_width: Some(prefill_width),
         first_token_from_prefill: true,
         prefill_span: PREFILL_SPAN,
-        replay: None,
         ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
 }

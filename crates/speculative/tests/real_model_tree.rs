@@ -16,10 +16,10 @@
 mod common;
 
 use cipherlora_model::{NoAdapter, PlainLora, Sampler, SamplingParams};
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::{FixedPoint, Schedule};
 use cipherlora_speculative::tree::{DraftTree, accept_tree_sampled};
-use cipherlora_speculative::tree_draft::TreeParams;
+use cipherlora_speculative::tree_draft::{TreeDrafts, TreeParams};
 use common::{Fixture, PROMPTS, chi2_p_value, fixture, last_probs, load_adapter, reference_with};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
@@ -31,11 +31,14 @@ fn config(
     schedule: Schedule,
     n: usize,
 ) -> SpecConfig {
-    SpecConfig {
-        tree: tree.map(Into::into),
+    let mut cfg = SpecConfig {
         schedule,
         ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
+    };
+    if let Some(shape) = tree {
+        cfg.drafting = Drafting::tree(shape, k);
     }
+    cfg
 }
 
 #[test]
@@ -197,13 +200,14 @@ fn sampled_tree_generation_runs_and_repeats_from_its_seed() {
         a.stats.rounds < a.tokens.len(),
         "no tree node was ever accepted"
     );
-    // A tree with the n-gram drafter or adaptive K is a configuration error.
-    cfg.drafter = DrafterKind::Ngram;
+    // A tree of no nodes is a configuration error (trees from prompt lookup or with adaptive K
+    // cannot be written).
+    cfg.drafting = Drafting::tree(TreeDrafts::default(), 0);
     let mut hook = PlainLora::new(&f.adapter);
     assert!(matches!(
         decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())),
         Err(cipherlora_speculative::SpecError::Config(
-            cipherlora_speculative::ConfigError::TreeNeedsFixedBaseDrafts
+            cipherlora_speculative::ConfigError::ZeroK
         ))
     ));
 }

@@ -2,8 +2,7 @@
 
 use std::path::PathBuf;
 
-use cipherlora_bench::e2e::{DecodeConfig, DrafterWeights, PrivateRuns};
-use cipherlora_speculative::decode::DrafterKind;
+use cipherlora_bench::e2e::{DecodeConfig, DrafterChoice, DrafterWeights, PrivateRuns};
 use cipherlora_speculative::tree_draft::TreeParams;
 use clap::Subcommand;
 
@@ -648,17 +647,17 @@ fn parse_config(
     };
     anyhow::ensure!(parts.next().is_none(), "{s}: expected DRAFTER:K[:WEIGHTS]");
     let drafter = match name {
-        "none" => DrafterKind::None,
-        "base" | "tree" => DrafterKind::Base,
-        "ngram" => DrafterKind::Ngram,
-        "hybrid" => DrafterKind::Hybrid,
-        "replay" => DrafterKind::Replay,
+        "none" => DrafterChoice::None,
+        "base" | "tree" => DrafterChoice::Base,
+        "ngram" => DrafterChoice::Ngram,
+        "hybrid" => DrafterChoice::Hybrid,
+        "replay" => DrafterChoice::Replay,
         other => {
             anyhow::bail!("unknown drafter {other:?} (none, base, ngram, hybrid, tree, replay)")
         }
     };
     anyhow::ensure!(
-        drafter == DrafterKind::None || k >= 1,
+        drafter == DrafterChoice::None || k >= 1,
         "{s}: a drafter needs K ≥ 1 (e.g. base:4)"
     );
     Ok(DecodeConfig {
@@ -809,7 +808,7 @@ mod tests {
         assert_eq!(
             c,
             DecodeConfig {
-                drafter: DrafterKind::Base,
+                drafter: DrafterChoice::Base,
                 k: 8,
                 auto_k: false,
                 drafter_weights: DrafterWeights::F16,
@@ -818,7 +817,7 @@ mod tests {
             }
         );
         let p = parse_config("plain-base:8", DraftWeightsArg::F16).unwrap();
-        assert_eq!((p.drafter, p.k, p.guided), (DrafterKind::Base, 8, false));
+        assert_eq!((p.drafter, p.k, p.guided), (DrafterChoice::Base, 8, false));
         let p = parse_config("plain-tree:8:3x8", DraftWeightsArg::F16).unwrap();
         assert_eq!((p.tree.is_some(), p.guided), (true, false));
         assert!(
@@ -846,7 +845,7 @@ mod tests {
         let t = parse_config("tree:16:3x12:f32", DraftWeightsArg::F16).unwrap();
         assert_eq!(
             (t.drafter, t.k, t.drafter_weights),
-            (DrafterKind::Base, 16, DrafterWeights::F32)
+            (DrafterChoice::Base, 16, DrafterWeights::F32)
         );
         assert_eq!(t.tree, Some("tree:3x12".parse().unwrap()));
         let t = parse_config("tree:8", DraftWeightsArg::F16).unwrap();
@@ -866,7 +865,7 @@ mod tests {
         let c = parse_config("ngram:4:f16", DraftWeightsArg::Same).unwrap();
         assert_eq!(c.draft_weights(), "-", "n-gram drafts without a model");
         let c = parse_config("none", DraftWeightsArg::Same).unwrap();
-        assert_eq!((c.drafter, c.k), (DrafterKind::None, 0));
+        assert_eq!((c.drafter, c.k), (DrafterChoice::None, 0));
     }
 
     #[test]

@@ -13,14 +13,14 @@ use cipherlora_model::{
 };
 use cipherlora_private::{ConnectOptions, DraftLength, EmbeddedServer, Grouping, summary};
 use cipherlora_service::LinkProfile;
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::Schedule;
 use clap::{Args, ValueEnum};
 
 use crate::cmd::schedule_arg::schedule_report;
 
 /// Drafter choice on the command line.
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DraftArg {
     /// The plaintext base model.
     Base,
@@ -59,13 +59,15 @@ impl DraftWeightsArg {
     }
 }
 
-impl From<DraftArg> for DrafterKind {
-    fn from(d: DraftArg) -> Self {
-        match d {
-            DraftArg::Base => DrafterKind::Base,
-            DraftArg::Ngram => DrafterKind::Ngram,
-            DraftArg::Hybrid => DrafterKind::Hybrid,
-            DraftArg::None => DrafterKind::None,
+impl DraftArg {
+    /// Chains of `k` drafts from this drafter, or none.
+    pub fn drafting(self, k: usize) -> Drafting {
+        let chain = |drafter| Drafting::chain(drafter, k);
+        match self {
+            DraftArg::Base => chain(ChainDrafter::Base),
+            DraftArg::Ngram => chain(ChainDrafter::Ngram),
+            DraftArg::Hybrid => chain(ChainDrafter::Hybrid),
+            DraftArg::None => Drafting::None,
         }
     }
 }
@@ -156,12 +158,8 @@ impl DemoArgs {
             .clone()
             .unwrap_or_else(|| committed_adapter("code-lora-r16"));
         let prompt = tok.encode(&self.prompt)?;
-        let drafter = DrafterKind::from(self.draft);
-        let width = if drafter == DrafterKind::None {
-            1
-        } else {
-            self.k + 1
-        };
+        let drafting = self.draft.drafting(self.k);
+        let width = drafting.k() + 1;
 
         eprintln!("model:   {}", path.display());
         let id = cipherlora_private::adapter_id(&dir)?;
@@ -201,10 +199,7 @@ impl DemoArgs {
         );
         let mut hook = session.hook;
         let cfg = SpecConfig {
-            tree: None,
-            drafter,
-            k: self.k,
-            adaptive: false,
+            drafting,
             pad_to_k: true,
             prefill_width: Some(self.prefill_width),
             optimistic: false,
@@ -215,7 +210,6 @@ impl DemoArgs {
             eos: tok.eos_tokens().to_vec(),
             first_token_from_prefill: true,
             prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
-            replay: None,
             schedule: session.schedule,
         };
         println!("--- private (CKKS, speculative) ---");

@@ -10,7 +10,7 @@ use cipherlora_model::{
 };
 use cipherlora_private::{ConnectOptions, DraftLength, summary};
 use cipherlora_service::LinkProfile;
-use cipherlora_speculative::decode::{self, DrafterKind, SpecConfig};
+use cipherlora_speculative::decode::{self, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::Schedule;
 use cipherlora_speculative::tree_draft::TreeParams;
 use clap::{Args, ValueEnum};
@@ -242,7 +242,6 @@ impl GenerateArgs {
             self.token_file.as_deref(),
             self.link,
         )?;
-        let drafter = DrafterKind::from(self.draft);
         let id = self.adapter_id.as_deref().unwrap_or_default();
         let drafter_model =
             DrafterModel::new(model, self.draft_weights, self.draft_model.as_deref(), tok)?;
@@ -251,16 +250,16 @@ impl GenerateArgs {
             s => Some(s.parse::<Schedule>()?),
         };
         anyhow::ensure!(
-            self.tree.is_none() || drafter == DrafterKind::Base,
+            self.tree.is_none() || self.draft == DraftArg::Base,
             "--tree needs --draft base"
         );
         anyhow::ensure!(
             !matches!(self.tree, Some(TreeArg::Auto(_))) || matches!(self.k, KArg::Auto(_)),
             "--tree auto chooses a chain or a tree together with K: it needs --k auto"
         );
-        let draft = match (drafter, self.k) {
+        let draft = match (self.draft, self.k) {
             // No drafts: one position per round.
-            (DrafterKind::None, _) => DraftLength::Fixed(0),
+            (DraftArg::None, _) => DraftLength::Fixed(0),
             (_, KArg::Fixed(k)) => DraftLength::Fixed(k),
             (_, KArg::Auto(k_max)) => DraftLength::Auto {
                 k_max,
@@ -307,11 +306,12 @@ impl GenerateArgs {
         };
         let (width, schedule) = (session.verify_width, session.schedule_for(greedy));
         let mut hook = session.hook;
+        let drafting = match tree {
+            Some(shape) => Drafting::tree(shape, width - 1),
+            None => self.draft.drafting(width - 1),
+        };
         let cfg = SpecConfig {
-            tree: tree.map(Into::into),
-            drafter,
-            k: width - 1,
-            adaptive: false,
+            drafting,
             pad_to_k: true,
             prefill_width: Some(self.prefill_width),
             optimistic: self.optimistic,
@@ -322,7 +322,6 @@ impl GenerateArgs {
             eos: opts.eos.clone(),
             first_token_from_prefill: true,
             prefill_span: self.prefill_span,
-            replay: None,
             schedule,
         };
         let mut stream = TextStream::new(tok);

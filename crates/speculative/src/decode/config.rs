@@ -9,37 +9,142 @@ use crate::schedule::Schedule;
 use crate::tree_draft::{Calibration, TreeDrafts};
 use crate::{ConfigError, SpecError};
 
-/// Which drafter proposes the K tokens of a round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DrafterKind {
-    /// No speculation: one position per round (the private baseline).
-    None,
+/// A drafter that proposes a chain of tokens, one after the other.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChainDrafter {
     /// The plaintext base model without the adapter (greedy or sampled drafts).
     Base,
     /// Prompt lookup: free, deterministic drafts copied from the context.
     Ngram,
     /// Prompt lookup when it proposes a full draft, the base model otherwise.
     Hybrid,
-    /// The reference continuation at a set acceptance ([`SpecConfig::replay`]; synthetic
-    /// models in benchmarks).
-    Replay,
+    /// The reference continuation at a set acceptance (synthetic models in benchmarks).
+    Replay(ReplayDrafts),
+}
+
+impl ChainDrafter {
+    /// Whether the drafter runs the base model (it then keeps its own KV cache).
+    #[must_use]
+    pub fn runs_base(&self) -> bool {
+        matches!(self, Self::Base | Self::Hybrid)
+    }
+}
+
+/// How each round drafts: no drafts, a chain, or a tree. Combinations the
+/// decoder cannot run (a tree from prompt lookup, a tree with adaptive K,
+/// replay without its drafts) cannot be written.
+#[derive(Debug, Clone)]
+pub enum Drafting {
+    /// No speculation: one position per round (the private baseline).
+    None,
+    /// A chain of up to `k` drafted tokens per round.
+    Chain {
+        /// The drafter.
+        drafter: ChainDrafter,
+        /// K: drafted tokens per round (the maximum when `adaptive`), ≥ 1.
+        k: usize,
+        /// Choose k ≤ K per round from the observed acceptance rate.
+        adaptive: bool,
+    },
+    /// A tree of at most `nodes` drafted tokens per round from the base model
+    /// ([`crate::tree_draft`]; fixed size, no `draft_stop_below`).
+    Tree {
+        /// Shape limits and the starting acceptance estimate.
+        drafts: Box<TreeDrafts>,
+        /// K: nodes per round, ≥ 1.
+        nodes: usize,
+    },
+}
+
+impl Drafting {
+    /// A fixed chain of `k` drafts from `drafter`.
+    #[must_use]
+    pub fn chain(drafter: ChainDrafter, k: usize) -> Self {
+        Self::Chain {
+            drafter,
+            k,
+            adaptive: false,
+        }
+    }
+
+    /// Trees of at most `nodes` drafts, grown with `drafts`' limits and estimate.
+    #[must_use]
+    pub fn tree(drafts: impl Into<TreeDrafts>, nodes: usize) -> Self {
+        Self::Tree {
+            drafts: Box::new(drafts.into()),
+            nodes,
+        }
+    }
+
+    /// K: the most tokens a round drafts (0 without drafts).
+    #[must_use]
+    pub fn k(&self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::Chain { k, .. } => *k,
+            Self::Tree { nodes, .. } => *nodes,
+        }
+    }
+
+    /// The tree settings of tree drafting.
+    #[must_use]
+    pub fn tree_drafts(&self) -> Option<&TreeDrafts> {
+        match self {
+            Self::Tree { drafts, .. } => Some(drafts),
+            _ => None,
+        }
+    }
+
+    /// The chain drafter of chain drafting.
+    #[must_use]
+    pub fn chain_drafter(&self) -> Option<&ChainDrafter> {
+        match self {
+            Self::Chain { drafter, .. } => Some(drafter),
+            _ => None,
+        }
+    }
+
+    /// Whether K is chosen per round.
+    #[must_use]
+    pub fn is_adaptive(&self) -> bool {
+        matches!(self, Self::Chain { adaptive: true, .. })
+    }
+
+    /// Whether the base model drafts (a base or hybrid chain, or a tree).
+    #[must_use]
+    pub fn runs_base(&self) -> bool {
+        match self {
+            Self::None => false,
+            Self::Chain { drafter, .. } => drafter.runs_base(),
+            Self::Tree { .. } => true,
+        }
+    }
+
+    /// Whether drafting ahead applies: a fixed base chain or a tree.
+    pub(super) fn can_draft_ahead(&self) -> bool {
+        matches!(
+            self,
+            Self::Chain {
+                drafter: ChainDrafter::Base,
+                adaptive: false,
+                ..
+            } | Self::Tree { .. }
+        )
+    }
 }
 
 /// Configuration of a speculative generation.
 #[derive(Debug, Clone)]
 pub struct SpecConfig {
-    /// The drafter.
-    pub drafter: DrafterKind,
-    /// K: drafted tokens per round (the maximum when `adaptive`).
-    pub k: usize,
-    /// Choose k ≤ K per round from the observed acceptance rate.
-    pub adaptive: bool,
+    /// How each round drafts.
+    pub drafting: Drafting,
     /// Constant-K padding: every verify pass carries exactly K+1 positions.
     pub pad_to_k: bool,
     /// Positions per prefill pass (`None`: the verify width; `cipherlora_private::ByWidth`).
     pub prefill_width: Option<usize>,
-    /// Optimistic drafting (greedy, base drafter, fixed K): draft the next round
-    /// during the verify pass, guessing every draft accepted. Output unchanged.
+    /// Optimistic drafting (greedy, a fixed base chain or a tree): draft the
+    /// next round during the verify pass, guessing every draft accepted.
+    /// Output unchanged.
     pub optimistic: bool,
     /// Stop a greedy base draft below this drafter probability (0: off; EAGLE-2,
     /// Li et al. 2024; SpecDec++, Huang et al. 2024). Output unchanged.
@@ -58,14 +163,9 @@ pub struct SpecConfig {
     /// it over its sessions' widths); at most the prefill width: fixed-width
     /// padded chunks ([`PREFILL_SPAN`] by default).
     pub prefill_span: usize,
-    /// Draft a tree of K nodes instead of a chain ([`crate::tree_draft`]; base
-    /// drafter, no adaptive K, optimistic drafting or `draft_stop_below`).
-    pub tree: Option<TreeDrafts>,
     /// How each pass gets its deltas; same output either way (sampling runs
     /// [`crate::schedule::FixedPoint::for_sampling`]).
     pub schedule: Schedule,
-    /// What [`DrafterKind::Replay`] drafts.
-    pub replay: Option<ReplayDrafts>,
 }
 
 impl SpecConfig {
@@ -73,10 +173,7 @@ impl SpecConfig {
     #[must_use]
     pub fn greedy(k: usize, max_tokens: usize, eos: Vec<u32>) -> Self {
         Self {
-            tree: None,
-            drafter: DrafterKind::Base,
-            k,
-            adaptive: false,
+            drafting: Drafting::chain(ChainDrafter::Base, k),
             pad_to_k: true,
             prefill_width: None,
             optimistic: false,
@@ -88,38 +185,30 @@ impl SpecConfig {
             first_token_from_prefill: false,
             prefill_span: PREFILL_SPAN,
             schedule: Schedule::PerGroup,
-            replay: None,
         }
     }
 
-    /// Checks the combinations a generation cannot run. Errors:
-    /// [`SpecError::Config`] for a drafter with K = 0, the replay drafter
-    /// without valid drafts, or tree drafts without the base drafter and a
-    /// fixed K.
+    /// Checks what the types cannot. Errors: [`ConfigError::ZeroK`] for a
+    /// chain or tree of K = 0; the replay drafts' own errors
+    /// ([`ReplayDrafts::validate`]).
     pub fn validate(&self) -> Result<(), SpecError> {
-        if self.drafter == DrafterKind::Replay {
-            self.replay
-                .as_ref()
-                .ok_or(ConfigError::ReplayWithoutDrafts)?
-                .validate()?;
+        if let Drafting::Chain {
+            drafter: ChainDrafter::Replay(replay),
+            ..
+        } = &self.drafting
+        {
+            replay.validate()?;
         }
-        if self.drafter != DrafterKind::None && self.k == 0 {
+        if !matches!(self.drafting, Drafting::None) && self.drafting.k() == 0 {
             return Err(ConfigError::ZeroK.into());
-        }
-        if self.tree.is_some() && (self.drafter != DrafterKind::Base || self.adaptive) {
-            return Err(ConfigError::TreeNeedsFixedBaseDrafts.into());
         }
         Ok(())
     }
 
-    /// Positions per verify pass when padding is on (K+1, or 1 without drafter).
+    /// Positions per verify pass when padding is on (K+1, or 1 without drafts).
     #[must_use]
     pub fn verify_width(&self) -> usize {
-        if self.drafter == DrafterKind::None {
-            1
-        } else {
-            self.k + 1
-        }
+        self.drafting.k() + 1
     }
 
     /// `schedule` when greedy, else a sampling fixed point ([`crate::schedule::FixedPoint::for_sampling`]).
@@ -138,14 +227,13 @@ impl SpecConfig {
 
     /// Whether sampled chain rounds certify their draws.
     pub(super) fn certified_draws(&self) -> bool {
-        self.tree.is_none() && log_weight_bound(1.0, &self.sampling).is_some()
+        self.drafting.tree_drafts().is_none() && log_weight_bound(1.0, &self.sampling).is_some()
     }
 
     /// Whether chain drafts record their inputs ([`crate::schedule::FixedPoint::drafted_start`]).
     pub(super) fn drafted_start(&self) -> bool {
         matches!(self.schedule, Schedule::FixedPoint(fp) if fp.drafted_start && fp.round_trips >= 2)
-            && self.tree.is_none()
-            && matches!(self.drafter, DrafterKind::Base | DrafterKind::Hybrid)
+            && matches!(&self.drafting, Drafting::Chain { drafter, .. } if drafter.runs_base())
     }
 }
 

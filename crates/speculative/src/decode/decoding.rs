@@ -17,7 +17,7 @@ use rand_chacha::ChaCha20Rng;
 use super::certify::{Certifier, draft_probs};
 use super::drafter::{Draft, Drafter, Guess};
 use super::prefill::{Rows, prefill};
-use super::{DraftModel, DrafterKind, SpecConfig, SpecOutput, SpecStats, greedy_token, rows};
+use super::{DraftModel, SpecConfig, SpecOutput, SpecStats, greedy_token, rows};
 use crate::SpecError;
 use crate::acceptance::{RoundOutcome, RowUniforms, accept_greedy, accept_sampled_with};
 use crate::draft_bias::DraftBias;
@@ -155,7 +155,10 @@ impl<'a> Decoding<'a> {
         } else {
             model
         };
-        let tree_margin = cfg.tree.as_ref().map_or(0, |t| t.shape.max_fed(cfg.k));
+        let tree_margin = cfg
+            .drafting
+            .tree_drafts()
+            .map_or(0, |t| t.shape.max_fed(cfg.drafting.k()));
         let adapted = wanted_groups(model, &*verifier);
         let mut drafter = Drafter::new(
             (drafting, model),
@@ -171,10 +174,7 @@ impl<'a> Decoding<'a> {
             cfg,
             greedy,
             certified_draws: cfg.certified_draws(),
-            optimistic: cfg.optimistic
-                && greedy
-                && cfg.drafter == DrafterKind::Base
-                && !cfg.adaptive,
+            optimistic: cfg.optimistic && greedy && cfg.drafting.can_draft_ahead(),
             separate,
             width,
             rng: ChaCha20Rng::seed_from_u64(cfg.sampling.seed),
@@ -274,7 +274,7 @@ impl<'a> Decoding<'a> {
                 self.stats.ahead_hits += usize::from(ahead_hit);
                 draft
             }
-            None => match &self.cfg.tree {
+            None => match self.cfg.drafting.tree_drafts() {
                 Some(tree) => self.drafter.draft_tree(
                     &self.context,
                     &self.target,
@@ -369,8 +369,7 @@ impl<'a> Decoding<'a> {
         let predict = matches!(cfg.schedule, Schedule::FixedPoint(fp) if fp.draft_ahead)
             && !*separate
             && greedy
-            && cfg.drafter == DrafterKind::Base
-            && !cfg.adaptive
+            && cfg.drafting.can_draft_ahead()
             && draft.from_base
             && !retrying;
         let window = Window {
@@ -419,7 +418,7 @@ impl<'a> Decoding<'a> {
                     .iter()
                     .map(|r| greedy_token(r))
                     .collect();
-                let guess = match (&draft.tree, &cfg.tree) {
+                let guess = match (&draft.tree, cfg.drafting.tree_drafts()) {
                     (Some(grown), Some(trees)) => {
                         let predicted = accept_tree_greedy(&grown.tree, &argmax, real)?;
                         drafter.guide(deltas, last_kept_row(&predicted.path))?;
@@ -694,7 +693,12 @@ impl<'a> Decoding<'a> {
             stopped_at_eos: self.stopped_at_eos,
             stopped_by_caller: self.stopped_by_caller,
             stats: self.stats,
-            calibration: self.cfg.tree.is_some().then_some(self.drafter.calibration),
+            calibration: self
+                .cfg
+                .drafting
+                .tree_drafts()
+                .is_some()
+                .then_some(self.drafter.calibration),
         };
         (out, kept)
     }

@@ -6,8 +6,8 @@ use cipherlora_model::Model;
 use super::SpecConfig;
 use crate::{ConfigError, SpecError};
 
-/// The model the base drafter runs ([`super::DrafterKind::Base`], the base half of
-/// [`super::DrafterKind::Hybrid`]).
+/// The model the base drafter runs ([`super::ChainDrafter::Base`], the base half of
+/// [`super::ChainDrafter::Hybrid`], tree drafts).
 #[derive(Debug, Clone, Copy)]
 pub enum DraftModel<'m> {
     /// The target or a copy of its weights ([`Model::to_f16_weights`],
@@ -69,7 +69,7 @@ pub(super) fn check_draft_model(
             }
             .into())
         }
-        DraftModel::Separate(_) if cfg.tree.is_some() => {
+        DraftModel::Separate(_) if cfg.drafting.tree_drafts().is_some() => {
             Err(ConfigError::TreeWithSeparateDrafter.into())
         }
         _ => Ok(()),

@@ -6,14 +6,13 @@ use cipherlora_model::{
 };
 use rand_chacha::ChaCha20Rng;
 
-use super::{DraftModel, DrafterKind, SpecConfig, greedy_token, rows};
+use super::{ChainDrafter, DraftModel, Drafting, SpecConfig, greedy_token, rows};
 use crate::SpecError;
 use crate::acceptance::RoundOutcome;
 use crate::adaptive::{AdaptiveK, RoundCost};
 use crate::draft_bias::DraftBias;
 use crate::drafted_inputs::{DraftedInputs, Recording};
 use crate::ngram::PromptLookup;
-use crate::replay::ReplayDrafts;
 use crate::tree::path_rows;
 use crate::tree_draft::{Calibration, GrownTree, SampledGrowth, TreeParams, grow};
 
@@ -115,8 +114,7 @@ pub(super) struct Drafter<'m> {
     separate: bool,
     /// The model for a tree level's batched pass (the target's f32 weights).
     batch_model: &'m Model,
-    kind: DrafterKind,
-    k_max: usize,
+    drafting: Drafting,
     cache: Option<KvCache>,
     /// Positions `..synced` of `cache` equal the target cache's.
     synced: usize,
@@ -132,8 +130,6 @@ pub(super) struct Drafter<'m> {
     bias: DraftBias,
     /// Records the LoRA inputs of a chain draft's positions (drafted start).
     recorder: Option<DraftedInputs>,
-    /// [`SpecConfig::replay`].
-    replay: Option<ReplayDrafts>,
 }
 
 impl<'m> Drafter<'m> {
@@ -145,18 +141,17 @@ impl<'m> Drafter<'m> {
         adapted: Vec<(usize, ProjGroup)>,
     ) -> Result<Self, SpecError> {
         let (model, separate) = (drafting.model(), drafting.is_separate());
-        let needs_base = matches!(cfg.drafter, DrafterKind::Base | DrafterKind::Hybrid);
-        let cache = if needs_base {
+        let cache = if cfg.drafting.runs_base() {
             Some(model.new_cache(capacity)?)
         } else {
             None
         };
         // Prior: 72 % per-token agreement; a drafted token costs ~1/20 of a round.
-        let adaptive = (cfg.adaptive && cfg.drafter != DrafterKind::None).then(|| {
+        let adaptive = cfg.drafting.is_adaptive().then(|| {
             let per_position = if cfg.pad_to_k { 0.0 } else { 0.05 };
             AdaptiveK::new(
                 1,
-                cfg.k,
+                cfg.drafting.k(),
                 0.72,
                 8.0,
                 0.9,
@@ -171,22 +166,20 @@ impl<'m> Drafter<'m> {
             model,
             separate,
             batch_model,
-            kind: cfg.drafter,
-            k_max: cfg.k,
+            drafting: cfg.drafting.clone(),
             cache,
             synced: 0,
             lookup: PromptLookup::default(),
             adaptive,
             stop_below: cfg.draft_stop_below,
             calibration: cfg
-                .tree
-                .as_ref()
+                .drafting
+                .tree_drafts()
                 .map(|t| t.calibration.clone())
                 .unwrap_or_default(),
             guided: cfg.delta_guided && !separate,
             bias: DraftBias::none(),
             recorder: (cfg.drafted_start() && !separate).then(|| DraftedInputs::new(adapted)),
-            replay: cfg.replay.clone(),
         })
     }
 
@@ -199,10 +192,9 @@ impl<'m> Drafter<'m> {
     }
 
     pub(super) fn next_k(&self) -> usize {
-        match (&self.adaptive, self.kind) {
-            (_, DrafterKind::None) => 0,
-            (Some(a), _) => a.next_k(),
-            (None, _) => self.k_max,
+        match &self.adaptive {
+            Some(a) => a.next_k(),
+            None => self.drafting.k(),
         }
     }
 
@@ -221,27 +213,18 @@ impl<'m> Drafter<'m> {
             tree: None,
             inputs: None,
         };
-        match self.kind {
-            DrafterKind::None => Ok(Draft {
-                tokens: Vec::new(),
-                probs: None,
-                from_base: false,
-                tree: None,
-                inputs: None,
-            }),
-            DrafterKind::Ngram => Ok(lookup()),
-            DrafterKind::Replay => Ok(Draft {
-                tokens: self
-                    .replay
-                    .as_ref()
-                    .map(|r| r.draft(context.len(), k))
-                    .unwrap_or_default(),
-                probs: None,
-                from_base: false,
-                tree: None,
-                inputs: None,
-            }),
-            DrafterKind::Hybrid => {
+        let none = |tokens| Draft {
+            tokens,
+            probs: None,
+            from_base: false,
+            tree: None,
+            inputs: None,
+        };
+        match self.drafting.chain_drafter() {
+            None => Ok(none(Vec::new())),
+            Some(ChainDrafter::Ngram) => Ok(lookup()),
+            Some(ChainDrafter::Replay(replay)) => Ok(none(replay.draft(context.len(), k))),
+            Some(ChainDrafter::Hybrid) => {
                 let d = lookup();
                 if d.tokens.len() == k {
                     Ok(d)
@@ -249,7 +232,7 @@ impl<'m> Drafter<'m> {
                     self.draft_base(context, target, k, sampler, rng)
                 }
             }
-            DrafterKind::Base => self.draft_base(context, target, k, sampler, rng),
+            Some(ChainDrafter::Base) => self.draft_base(context, target, k, sampler, rng),
         }
     }
 
