@@ -16,7 +16,7 @@ use cipherlora_model::{
 use cipherlora_service::{
     ClientConfig, LinkProfile, ServeConfig, ServerThread, SplitBackend, SplitClient,
 };
-use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_speculative::ngram::{AdaptiveLookup, PromptLookup};
 use cipherlora_split::{DraftMethod, Lookahead, ModelBackend, SplitConfig, SplitOutput};
 use serde::{Deserialize, Serialize};
 
@@ -187,7 +187,7 @@ pub fn run(opts: &SplitBenchOptions) -> anyhow::Result<SplitBenchReport> {
             drafters.push((DraftMethod::Lookahead(l), opts.k));
         }
         if opts.adaptive_k {
-            let adaptive = DraftMethod::AdaptivePromptLookup(PromptLookup::default());
+            let adaptive = DraftMethod::AdaptivePromptLookup(AdaptiveLookup::default());
             drafters.push((adaptive, opts.k));
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod acceptance;
 pub mod adaptive;
+pub mod context_drafter;
 pub mod decode;
 pub mod draft_bias;
 mod drafted_inputs;
@@ -26,4 +27,5 @@ pub mod tree;
 pub mod tree_draft;
 pub mod tree_plan;
 
+pub use context_drafter::ContextDrafter;
 pub use error::{ConfigError, SpecError, TreeFault};

@@ -1,6 +1,8 @@
 //! Prompt-lookup (n-gram) drafting (Saxena 2023): propose the tokens that followed the most recent
 //! earlier occurrence of the context's last n tokens (n from `max_ngram` down to `min_ngram`).
-//! Free, but rarely matching on fresh text.
+//! Free, but rarely matching on fresh text. [`AdaptiveLookup`] drafts longer after longer matches.
+
+use crate::context_drafter::ContextDrafter;
 
 /// Prompt-lookup drafter configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,15 +22,16 @@ impl Default for PromptLookup {
     }
 }
 
-impl PromptLookup {
-    /// Proposes up to `k` tokens to follow `context`, fewer (or none) near its end or without a
-    /// match; O(len(context) · max_ngram).
-    #[must_use]
-    pub fn draft(&self, context: &[u32], k: usize) -> Vec<u32> {
+impl ContextDrafter for PromptLookup {
+    /// Up to `k` tokens to follow `context`, fewer (or none) near its end or without a match;
+    /// O(len(context) · max_ngram).
+    fn draft(&self, context: &[u32], k: usize) -> Vec<u32> {
         self.draft_with_match(context, k).0
     }
+}
 
-    /// [`PromptLookup::draft`] and the matched suffix length (0: none).
+impl PromptLookup {
+    /// [`ContextDrafter::draft`] and the matched suffix length (0: none).
     #[must_use]
     pub fn draft_with_match(&self, context: &[u32], k: usize) -> (Vec<u32>, usize) {
         let min = self.min_ngram.max(1);
@@ -48,6 +51,35 @@ impl PromptLookup {
             }
         }
         (Vec::new(), 0)
+    }
+}
+
+/// Prompt lookup that drafts by the strength of its match: up to 2K tokens
+/// after a match of `max_ngram` tokens, ⌈K·n / max_ngram⌉ after a match of n.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdaptiveLookup(pub PromptLookup);
+
+impl AdaptiveLookup {
+    /// Tokens drafted after an `n`-token match: 0, 2K if full, else ⌈K·n / max_ngram⌉.
+    #[must_use]
+    pub fn draft_len(k: usize, n: usize, max_ngram: usize) -> usize {
+        match n {
+            0 => 0,
+            n if n >= max_ngram => 2 * k,
+            n => (k * n).div_ceil(max_ngram.max(1)),
+        }
+    }
+}
+
+impl ContextDrafter for AdaptiveLookup {
+    fn draft(&self, context: &[u32], k: usize) -> Vec<u32> {
+        let (mut drafts, n) = self.0.draft_with_match(context, 2 * k);
+        drafts.truncate(Self::draft_len(k, n, self.0.max_ngram));
+        drafts
+    }
+
+    fn max_drafts(&self, k: usize) -> usize {
+        2 * k
     }
 }
 

@@ -9,6 +9,7 @@
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::context_drafter::ContextDrafter;
 use crate::{ConfigError, SpecError};
 
 /// The reference continuation and the per-token acceptance to replay it at.
@@ -48,7 +49,8 @@ impl ReplayDrafts {
     /// Up to `k` drafts after a context of `context_len` tokens: the reference tokens from there,
     /// each right with probability `acceptance` (drawn per position from `seed`); none past the
     /// end of the continuation.
-    pub fn draft(&self, context_len: usize, k: usize) -> Vec<u32> {
+    #[must_use]
+    pub fn draft_at(&self, context_len: usize, k: usize) -> Vec<u32> {
         let start = context_len.saturating_sub(self.prompt_len);
         self.continuation
             .iter()
@@ -68,6 +70,13 @@ impl ReplayDrafts {
     }
 }
 
+impl ContextDrafter for ReplayDrafts {
+    /// [`ReplayDrafts::draft_at`] the context's length.
+    fn draft(&self, context: &[u32], k: usize) -> Vec<u32> {
+        self.draft_at(context.len(), k)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,26 +93,26 @@ mod tests {
 
     #[test]
     fn drafts_follow_the_reference_at_the_asked_rate() {
-        assert_eq!(replay(1.0).draft(3, 4), vec![100, 101, 102, 103]);
-        assert_eq!(replay(1.0).draft(5, 2), vec![102, 103]);
+        assert_eq!(replay(1.0).draft_at(3, 4), vec![100, 101, 102, 103]);
+        assert_eq!(replay(1.0).draft_at(5, 2), vec![102, 103]);
         assert!(
             replay(0.0)
-                .draft(3, 8)
+                .draft_at(3, 8)
                 .iter()
                 .zip(100..)
                 .all(|(&d, w)| d != w)
         );
         let r = replay(0.8);
         let right = r
-            .draft(3, 2000)
+            .draft_at(3, 2000)
             .iter()
             .zip(100..)
             .filter(|(d, w)| **d == *w)
             .count();
         assert!((1500..1700).contains(&right), "{right} of 2000");
         // The same position draws the same, however the window starts.
-        assert_eq!(r.draft(10, 3), r.draft(9, 4)[1..].to_vec());
-        assert!(r.draft(3 + 2000, 4).is_empty());
+        assert_eq!(r.draft_at(10, 3), r.draft_at(9, 4)[1..].to_vec());
+        assert!(r.draft_at(3 + 2000, 4).is_empty());
     }
 
     #[test]

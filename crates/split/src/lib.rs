@@ -2,20 +2,23 @@
 //! the head; an untrusted server runs layers `[a, L − b)` on the client's hidden states, which
 //! travel in plaintext (privacy is empirical; HE-LoRA is the mode with cryptographic privacy). This
 //! crate owns the server backend ([`backend`]), where the middle runs ([`middle`]), drafters
-//! ([`draft`]), the replaying client ([`replay`]) and the decoding loop ([`decode`]). Start at
-//! [`decode::generate`].
+//! ([`draft`], [`lookahead`]), the replaying client ([`replay`]) and the decoding loop
+//! ([`decode`]). Start at [`decode::generate`].
 
 mod accept;
 pub mod backend;
+mod batch;
 pub mod decode;
 pub mod draft;
 mod error;
+pub mod lookahead;
 pub mod middle;
 pub mod replay;
 
 pub use backend::ModelBackend;
 pub use decode::{SplitConfig, SplitOutput, SplitStep, generate};
-pub use draft::{DraftMethod, Lookahead};
+pub use draft::DraftMethod;
 pub use error::SplitError;
+pub use lookahead::Lookahead;
 pub use middle::{Forwarded, LocalMiddle, MiddleLayers, MiddlePass};
 pub use replay::ReplayingClient;

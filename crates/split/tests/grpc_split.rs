@@ -15,7 +15,7 @@ use cipherlora_service::{
     ClientConfig, Limits, ServeConfig, ServerThread, ServiceError, SplitBackend, SplitClient,
     dev_cert,
 };
-use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_speculative::ngram::AdaptiveLookup;
 use cipherlora_split::{
     DraftMethod, LocalMiddle, Lookahead, MiddleLayers, MiddlePass, ModelBackend, ReplayingClient,
     SplitConfig, SplitError, generate,
@@ -82,7 +82,7 @@ fn split_generation_over_grpc_equals_local_greedy() {
             (
                 1,
                 3,
-                DraftMethod::AdaptivePromptLookup(PromptLookup::default()),
+                DraftMethod::AdaptivePromptLookup(AdaptiveLookup::default()),
             ),
         ] {
             let config = SplitConfig {

@@ -13,6 +13,7 @@
 mod common;
 
 use cipherlora_model::{AttentionMask, GenerateOptions, Model, NoAdapter, Sampler, SamplingParams};
+use cipherlora_speculative::ContextDrafter;
 use cipherlora_speculative::acceptance::sample;
 use cipherlora_speculative::ngram::PromptLookup;
 use cipherlora_split::{DraftMethod, LocalMiddle, Lookahead, SplitConfig, SplitError, generate};

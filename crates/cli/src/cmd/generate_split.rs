@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use cipherlora_model::{GenerateOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer};
 use cipherlora_service::{LinkProfile, SplitClient};
-use cipherlora_speculative::ngram::PromptLookup;
+use cipherlora_speculative::ngram::{AdaptiveLookup, PromptLookup};
 use cipherlora_split::{DraftMethod, Lookahead, ReplayingClient, SplitConfig};
 use clap::{Args, ValueEnum};
 
@@ -118,7 +118,7 @@ impl GenerateSplitArgs {
             drafter: match self.draft {
                 SplitDraftArg::PromptLookup => DraftMethod::PromptLookup(PromptLookup::default()),
                 SplitDraftArg::AdaptivePromptLookup => {
-                    DraftMethod::AdaptivePromptLookup(PromptLookup::default())
+                    DraftMethod::AdaptivePromptLookup(AdaptiveLookup::default())
                 }
                 SplitDraftArg::Lookahead => DraftMethod::Lookahead(self.lookahead),
                 SplitDraftArg::None => DraftMethod::None,

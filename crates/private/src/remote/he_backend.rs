@@ -318,12 +318,8 @@ impl SessionCompute for HeCompute {
     fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError> {
         let (layer, group, ciphertexts) = (request.layer, request.group, &request.ciphertexts);
         let meta = self.meta(layer, group)?;
-        if ciphertexts.len() != meta.inputs {
-            return Err(BackendError::CiphertextCount {
-                expected: meta.inputs,
-                got: ciphertexts.len(),
-            });
-        }
+        // The service admitted the request against `group_shape` (its ciphertext count), and
+        // helora checks the count against the plan.
         // Parsed once, shared by the checks and the evaluation.
         let mut inputs = Vec::with_capacity(ciphertexts.len());
         for (index, bytes) in ciphertexts.iter().enumerate() {

@@ -3,7 +3,9 @@
 
 use cipherlora_model::SamplingParams;
 
+use crate::context_drafter::ContextDrafter;
 use crate::draw_bounds::log_weight_bound;
+use crate::ngram::PromptLookup;
 use crate::replay::ReplayDrafts;
 use crate::schedule::Schedule;
 use crate::tree_draft::{Calibration, TreeDrafts};
@@ -28,7 +30,24 @@ impl ChainDrafter {
     pub fn runs_base(&self) -> bool {
         matches!(self, Self::Base | Self::Hybrid)
     }
+
+    /// The drafter that guesses from the context alone: prompt lookup (alone, or the first try
+    /// of the hybrid drafter), the replayed drafts; `None` for the base model.
+    #[must_use]
+    pub fn context_drafter(&self) -> Option<&dyn ContextDrafter> {
+        match self {
+            Self::Base => None,
+            Self::Ngram | Self::Hybrid => Some(&PROMPT_LOOKUP),
+            Self::Replay(replay) => Some(replay),
+        }
+    }
 }
+
+/// The prompt lookup of [`ChainDrafter::Ngram`] and [`ChainDrafter::Hybrid`].
+const PROMPT_LOOKUP: PromptLookup = PromptLookup {
+    max_ngram: 3,
+    min_ngram: 1,
+};
 
 /// How each round drafts: no drafts, a chain, or a tree. Combinations the
 /// decoder cannot run (a tree from prompt lookup, a tree with adaptive K,
