@@ -28,11 +28,11 @@ use cipherlora_speculative::SpecError;
 use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig, SpecOutput};
 use cipherlora_speculative::schedule::Schedule;
 
-use crate::ApiError;
 use crate::openai::{PrivateCost, PromptTokensDetails, Usage};
 use crate::queue::Queue;
 use crate::sessions::{SessionSettings, Warm, WarmAdapter};
 use crate::stop::StopMatcher;
+use crate::{ApiError, InternalError};
 
 /// What the engine is built from.
 #[derive(Debug, Clone)]
@@ -116,7 +116,7 @@ impl Engine {
     /// [`ApiError::Internal`] when the model cannot be loaded;
     /// [`ApiError::Upstream`] when the adapter server cannot be reached.
     pub fn new(config: EngineConfig) -> Result<Self, ApiError> {
-        let internal = |e: &dyn std::fmt::Display| ApiError::Internal(e.to_string());
+        let internal = |e| ApiError::from(InternalError::Load(e));
         let path = &config.model_path;
         // With an adapter server the model also verifies drafts: f32 unless
         // asked otherwise (`WeightMode::for_private_verify`).
@@ -124,9 +124,9 @@ impl Engine {
             Some(_) => config.weights.for_private_verify(),
             None => config.weights,
         };
-        let model = Model::load_with(path, &LoadOptions { weights }).map_err(|e| internal(&e))?;
-        let drafter = model.fast_drafter().map_err(|e| internal(&e))?.into_owned();
-        let tokenizer = Tokenizer::for_model(path).map_err(|e| internal(&e))?;
+        let model = Model::load_with(path, &LoadOptions { weights }).map_err(internal)?;
+        let drafter = model.fast_drafter().map_err(internal)?.into_owned();
+        let tokenizer = Tokenizer::for_model(path).map_err(internal)?;
         let base_id = config.base_id.clone().unwrap_or_else(|| {
             path.file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -310,14 +310,14 @@ impl Engine {
                     decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
                         text.push(t)
                     })
-                    .map_err(|e| ApiError::Internal(e.to_string()))?;
+                    .map_err(InternalError::Decoding)?;
                 (out, PrivateCost::default())
             }
             Some(adapter) => {
                 let ticket = adapter.enter()?;
                 let mut state = adapter.acquire(&ticket, &self.model, &self.drafter)?;
                 let Warm::Open(open) = &mut *state else {
-                    return Err(ApiError::Internal("sessions not open".into()));
+                    return Err(InternalError::SessionsNotOpen.into());
                 };
                 let schedule = if job.sampling.is_greedy() {
                     open.schedule
@@ -360,7 +360,7 @@ impl Engine {
                         WarmAdapter::close(&mut state, e.to_string());
                         return Err(match e {
                             SpecError::Model(m) => ApiError::upstream(m),
-                            other => ApiError::Internal(other.to_string()),
+                            other => InternalError::Decoding(other).into(),
                         });
                     }
                 }

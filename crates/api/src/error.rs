@@ -37,16 +37,13 @@ pub enum ApiError {
         /// Requests waiting or running.
         queued: usize,
     },
-    /// The adapter's sessions are not open yet, or the server lacks capacity (503).
-    #[error("{0}")]
-    Unavailable(String),
     /// The adapter server failed, refused or is unreachable (502; 503 when
     /// it refused for lack of capacity); sessions are reopened.
     #[error("adapter server: {0}")]
     Upstream(#[source] UpstreamError),
     /// A failure of this process (500).
     #[error("internal error: {0}")]
-    Internal(String),
+    Internal(#[source] InternalError),
     /// A setting the endpoint cannot run with (at start-up; 500 on a request).
     #[error("invalid setting {setting}: {reason}")]
     InvalidSetting {
@@ -55,6 +52,36 @@ pub enum ApiError {
         /// Why it is refused.
         reason: String,
     },
+}
+
+/// A failure of the endpoint's own process ([`ApiError::Internal`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InternalError {
+    /// Loading the model, its quantized drafter or its tokenizer failed (at start-up).
+    #[error("loading the model: {0}")]
+    Load(#[source] ModelError),
+    /// A plaintext generation failed (the base model, or decoding itself).
+    #[error("decoding: {0}")]
+    Decoding(#[source] cipherlora_speculative::SpecError),
+    /// A request reached an adapter whose sessions were not open.
+    #[error("the adapter's sessions are not open")]
+    SessionsNotOpen,
+    /// The generation thread ended without sending its answer.
+    #[error("the generation thread ended without an answer")]
+    NoAnswer,
+    /// The HTTP server failed.
+    #[error("serving: {0}")]
+    Serve(#[source] std::io::Error),
+    /// Closing the sessions at shutdown did not finish.
+    #[error("closing the sessions: {0}")]
+    Shutdown(#[source] tokio::task::JoinError),
+}
+
+impl From<InternalError> for ApiError {
+    fn from(e: InternalError) -> Self {
+        ApiError::Internal(e)
+    }
 }
 
 /// What went wrong on the adapter server's side of a request.
@@ -124,7 +151,6 @@ impl ApiError {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Upstream(e) if e.is_unknown_adapter() => StatusCode::NOT_FOUND,
             ApiError::Upstream(e) if e.is_capacity() => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -144,7 +170,6 @@ impl ApiError {
                 Some("model_not_found"),
             ),
             ApiError::QueueFull { .. } => ("rate_limit_error", None, Some("rate_limit_exceeded")),
-            ApiError::Unavailable(_) => ("api_error", None, Some("service_unavailable")),
             ApiError::Upstream(e) if e.is_unknown_adapter() => (
                 "invalid_request_error",
                 Some("model"),

@@ -15,7 +15,7 @@ pub mod sessions;
 mod stop;
 
 pub use engine::{Engine, EngineConfig, Finished, Job};
-pub use error::{ApiError, UpstreamError};
+pub use error::{ApiError, InternalError, UpstreamError};
 pub use queue::{Queue, Ticket};
 pub use routes::router;
 pub use sessions::{DraftLength, SessionSettings, WarmAdapter};
@@ -34,9 +34,9 @@ pub async fn serve(
     axum::serve(listener, router(engine.clone()))
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|e| ApiError::Internal(format!("serving: {e}")))?;
+        .map_err(InternalError::Serve)?;
     tokio::task::spawn_blocking(move || engine.close_all())
         .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+        .map_err(InternalError::Shutdown)?;
     Ok(())
 }

@@ -20,13 +20,13 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::ApiError;
 use crate::engine::{Engine, Finished, Job};
 use crate::openai::{
     ChatChoice, ChatChunk, ChatRequest, ChatResponse, ChunkChoice, ChunkDelta, CompletionChoice,
     CompletionRequest, CompletionResponse, ModelCard, ModelList, PrivateCost, Prompt,
     ResponseMessage, SamplingFields, Usage,
 };
+use crate::{ApiError, InternalError};
 
 /// Largest request body, bytes.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -400,8 +400,7 @@ async fn respond(engine: Arc<Engine>, job: Job, fields: &SamplingFields, shape: 
                 },
             }
         }
-        return ApiError::Internal("the generation thread ended without an answer".into())
-            .into_response();
+        return ApiError::from(InternalError::NoAnswer).into_response();
     }
     let include_usage = fields
         .stream_options

@@ -78,3 +78,15 @@ fn a_plan_mismatch_or_a_failed_pass_is_a_502() {
         assert_eq!(code.as_deref(), Some("adapter_server_error"));
     }
 }
+
+#[test]
+fn a_failure_of_the_endpoint_itself_is_a_500_with_its_typed_cause() {
+    let e = ApiError::from(cipherlora_api::InternalError::SessionsNotOpen);
+    assert!(matches!(
+        &e,
+        ApiError::Internal(cipherlora_api::InternalError::SessionsNotOpen)
+    ));
+    let (status, code, kind) = mapped(e);
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!((code, kind.as_str()), (None, "api_error"));
+}

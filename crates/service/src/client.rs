@@ -19,7 +19,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::auth::BearerToken;
 use crate::backend::AdapterInfo;
-use crate::error::{Result, ServiceError};
+use crate::error::{Result, ServerFault, ServiceError};
 use crate::in_flight::InFlight;
 use crate::link::{LinkDirection, LinkProfile};
 use crate::server::{CONNECTION_WINDOW, STREAM_WINDOW};
@@ -362,9 +362,8 @@ impl AsyncAdapterClient {
         self.up.transit(req.encoded_len()).await;
         let resp = rpc.open_session(req).await?.into_inner();
         self.down.transit(resp.encoded_len()).await;
-        let id = SessionId::from_slice(&resp.session_id).map_err(|e| ServiceError::Protocol {
-            what: format!("open-session answer: {e}"),
-        })?;
+        let id = SessionId::from_slice(&resp.session_id)
+            .map_err(ServerFault::malformed("open-session answer"))?;
         let offer = resp.offer.unwrap_or_default();
         let info = SessionInfo {
             plan_id: offer_id(&offer),

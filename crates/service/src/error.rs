@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use cipherlora_proto::ErrorReason;
+use cipherlora_proto::{ErrorReason, ProtoError};
 use thiserror::Error;
 
 /// Everything that can go wrong in `cipherlora-service` (server setup and client calls).
@@ -64,11 +64,63 @@ pub enum ServiceError {
     PlanChanged,
     /// The server's answer does not match the request (unknown group, duplicate response, malformed
     /// open-session response).
-    #[error("protocol violation by the server: {what}")]
+    #[error("protocol violation by the server: {fault}")]
     Protocol {
-        /// What is wrong, in words.
-        what: String,
+        /// What is wrong.
+        fault: ServerFault,
     },
+}
+
+/// How the server's answer broke the protocol ([`ServiceError::Protocol`]).
+#[non_exhaustive]
+#[derive(Debug, Error)]
+pub enum ServerFault {
+    /// A field of its answer did not decode.
+    #[error("{what}: {source}")]
+    Malformed {
+        /// Which answer or field.
+        what: &'static str,
+        /// The decoding error.
+        #[source]
+        source: ProtoError,
+    },
+    /// A group response that no request in flight waits for (unknown, or answered already).
+    #[error("unexpected response for round {round} layer {layer} group {group}")]
+    UnexpectedResponse {
+        /// The round id.
+        round: u64,
+        /// The layer.
+        layer: u32,
+        /// The group.
+        group: u32,
+    },
+    /// A split session that starts at another layer than asked for.
+    #[error("server runs layers from {got}, asked {asked}")]
+    FirstLayer {
+        /// The first middle layer asked for.
+        asked: u32,
+        /// The first layer the server runs.
+        got: u32,
+    },
+    /// Tree passes sent to a split server that does not announce them.
+    #[error("the server does not support tree passes (tree_parents, keep)")]
+    NoTreePasses,
+    /// A split server's cache length after a pass differs from the client's count.
+    #[error("server cache holds {got} positions after a pass to {expected}")]
+    CacheLength {
+        /// Positions the client expects.
+        expected: u64,
+        /// Positions the server reports.
+        got: u64,
+    },
+}
+
+impl ServerFault {
+    pub(crate) fn malformed(what: &'static str) -> impl FnOnce(ProtoError) -> ServiceError {
+        move |source| ServiceError::Protocol {
+            fault: ServerFault::Malformed { what, source },
+        }
+    }
 }
 
 impl ServiceError {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 
-use crate::error::{Result, ServiceError};
+use crate::error::{Result, ServerFault, ServiceError};
 
 /// Identifies one group request: (round, layer, group).
 pub(crate) type CallKey = (u64, u32, u32);
@@ -49,10 +49,11 @@ impl InFlight {
             .position(|(r, c)| key_of(*r, c) == key)
         else {
             return Err(ServiceError::Protocol {
-                what: format!(
-                    "unexpected response for round {} layer {} group {}",
-                    key.0, key.1, key.2
-                ),
+                fault: ServerFault::UnexpectedResponse {
+                    round: key.0,
+                    layer: key.1,
+                    group: key.2,
+                },
             });
         };
         self.unanswered.remove(i);
@@ -147,11 +148,19 @@ mod tests {
         assert!(f.send(1, call(3, 1)).is_err());
         assert!(matches!(
             f.answer(answer((1, 3, 1), b"x")),
-            Err(ServiceError::Protocol { .. })
+            Err(ServiceError::Protocol {
+                fault: ServerFault::UnexpectedResponse {
+                    round: 1,
+                    layer: 3,
+                    group: 1
+                }
+            })
         ));
         assert!(matches!(
             f.answer(answer((9, 0, 0), b"x")),
-            Err(ServiceError::Protocol { .. })
+            Err(ServiceError::Protocol {
+                fault: ServerFault::UnexpectedResponse { round: 9, .. }
+            })
         ));
     }
 }

@@ -30,7 +30,7 @@ pub use backend::{
 };
 pub use cipherlora_proto::plan_id;
 pub use client::{AdapterClient, AsyncAdapterClient, ClientConfig, SessionInfo, SessionParams};
-pub use error::{Result, ServiceError, TransportError};
+pub use error::{Result, ServerFault, ServiceError, TransportError};
 pub use limits::Limits;
 pub use link::LinkProfile;
 pub use server::{AdapterServer, ServeConfig, serve};

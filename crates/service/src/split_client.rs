@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 
 use crate::auth::BearerToken;
 use crate::client::{ClientConfig, connect_channel};
-use crate::error::{Result, ServiceError};
+use crate::error::{Result, ServerFault, ServiceError};
 use crate::link::LinkDirection;
 use crate::split_backend::SplitModelInfo;
 
@@ -141,12 +141,14 @@ impl SplitClient {
             capacity,
         };
         let r = self.call(req, |mut c, q| async move { c.open_split_session(q).await })?;
-        let id = SessionId::from_slice(&r.session_id).map_err(|e| ServiceError::Protocol {
-            what: e.to_string(),
-        })?;
+        let id = SessionId::from_slice(&r.session_id)
+            .map_err(ServerFault::malformed("open-split-session answer"))?;
         if r.first_layer != a {
             return Err(ServiceError::Protocol {
-                what: format!("server runs layers from {}, asked {a}", r.first_layer),
+                fault: ServerFault::FirstLayer {
+                    asked: a,
+                    got: r.first_layer,
+                },
             });
         }
         let info = SplitSessionInfo {
@@ -186,7 +188,7 @@ impl SplitClient {
         let tree = !keep.is_empty() || !parents.is_empty();
         if tree && !info.tree_passes {
             return Err(ServiceError::Protocol {
-                what: "the server does not support tree passes (tree_parents, keep)".into(),
+                fault: ServerFault::NoTreePasses,
             });
         }
         let keep_wire = keep
@@ -211,17 +213,14 @@ impl SplitClient {
         let end = start + keep.len() + positions;
         if r.length != end as u64 {
             return Err(ServiceError::Protocol {
-                what: format!(
-                    "server cache holds {} positions after a pass to {end}",
-                    r.length
-                ),
+                fault: ServerFault::CacheLength {
+                    expected: end as u64,
+                    got: r.length,
+                },
             });
         }
-        activations::decode(r.encoding, &r.hidden, positions, info.hidden_size as usize).map_err(
-            |e| ServiceError::Protocol {
-                what: format!("forward response: {e}"),
-            },
-        )
+        activations::decode(r.encoding, &r.hidden, positions, info.hidden_size as usize)
+            .map_err(ServerFault::malformed("forward response"))
     }
 
     /// Sends `req` as is (tests send malformed ones). Errors as `forward`, unchecked.
