@@ -13,12 +13,18 @@ pub struct PromptLookup {
     pub min_ngram: usize,
 }
 
+impl PromptLookup {
+    /// N-grams of 3 down to 1 token.
+    pub const DEFAULT: Self = Self {
+        max_ngram: 3,
+        min_ngram: 1,
+    };
+}
+
 impl Default for PromptLookup {
+    /// [`PromptLookup::DEFAULT`].
     fn default() -> Self {
-        Self {
-            max_ngram: 3,
-            min_ngram: 1,
-        }
+        Self::DEFAULT
     }
 }
 

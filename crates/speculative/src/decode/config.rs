@@ -37,17 +37,11 @@ impl ChainDrafter {
     pub fn context_drafter(&self) -> Option<&dyn ContextDrafter> {
         match self {
             Self::Base => None,
-            Self::Ngram | Self::Hybrid => Some(&PROMPT_LOOKUP),
+            Self::Ngram | Self::Hybrid => Some(&PromptLookup::DEFAULT),
             Self::Replay(replay) => Some(replay),
         }
     }
 }
-
-/// The prompt lookup of [`ChainDrafter::Ngram`] and [`ChainDrafter::Hybrid`].
-const PROMPT_LOOKUP: PromptLookup = PromptLookup {
-    max_ngram: 3,
-    min_ngram: 1,
-};
 
 /// How each round drafts: no drafts, a chain, or a tree. Combinations the
 /// decoder cannot run (a tree from prompt lookup, a tree with adaptive K,

@@ -27,6 +27,32 @@ fn step(
     Ok(rows(&logits, feed.len())?.pop().expect("at least one row"))
 }
 
+/// Up to `k` drafted tokens after feeding `feed`, one drafter step each
+/// (recording their inputs afresh when `recorder` is set); `choose` picks
+/// each token from its logits row and says whether to stop after it.
+fn chain(
+    model: &Model,
+    (cache, bias, mut recorder): (&mut KvCache, &mut DraftBias, Option<&mut DraftedInputs>),
+    mut feed: Vec<u32>,
+    k: usize,
+    mut choose: impl FnMut(&[f32]) -> (u32, bool),
+) -> Result<Vec<u32>, SpecError> {
+    if let Some(r) = recorder.as_deref_mut() {
+        r.clear();
+    }
+    let mut tokens = Vec::with_capacity(k);
+    for i in 0..k {
+        let row = step(model, &feed, cache, bias, recorder.as_deref_mut())?;
+        let (next, stop) = choose(&row);
+        tokens.push(next);
+        if stop || i + 1 == k {
+            break;
+        }
+        feed = vec![next];
+    }
+    Ok(tokens)
+}
+
 /// The largest softmax probability of a logits row: 1 / Σ exp(l − max l).
 fn top_probability(row: &[f32]) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -55,38 +81,25 @@ impl Drafter<'_> {
             self.synced = target.len();
         }
         let greedy = sampler.is_greedy();
+        let stop_below = self.stop_below;
         let mut history = context.to_vec();
-        let mut tokens = Vec::with_capacity(k);
         let mut probs = Vec::with_capacity(k);
-        let mut feed = context[cache.len()..].to_vec();
-        if let Some(r) = self.recorder.as_mut() {
-            r.clear();
-        }
-        for i in 0..k {
-            let row = step(
-                self.model,
-                &feed,
-                cache,
-                &mut self.bias,
-                self.recorder.as_mut(),
-            )?;
+        let feed = context[cache.len()..].to_vec();
+        let recording = (cache, &mut self.bias, self.recorder.as_mut());
+        let tokens = chain(self.model, recording, feed, k, |row| {
             // Greedy drafts stop early after a low-confidence token.
             let (next, stop) = if greedy {
-                let stop = self.stop_below > 0.0 && top_probability(&row) < self.stop_below;
-                (greedy_token(&row), stop)
+                let stop = stop_below > 0.0 && top_probability(row) < stop_below;
+                (greedy_token(row), stop)
             } else {
-                let q = sampler.probs(&row, &history);
+                let q = sampler.probs(row, &history);
                 let t = crate::acceptance::sample(&q, rng);
                 probs.push(q);
                 (t, false)
             };
-            tokens.push(next);
             history.push(next);
-            if stop || i + 1 == k {
-                break;
-            }
-            feed = vec![next];
-        }
+            (next, stop)
+        })?;
         let inputs = self.drafted_inputs(&tokens, k)?;
         Ok(Draft {
             tokens,
@@ -165,25 +178,10 @@ impl Drafter<'_> {
             .expect("an outcome has a bonus token");
         let rows: Vec<usize> = (0..=accepted).collect();
         cache.put_rows(start, window, &rows)?;
-        let mut feed = vec![bonus];
-        let mut next = Vec::with_capacity(k);
-        if let Some(r) = self.recorder.as_mut() {
-            r.clear();
-        }
-        for i in 0..k {
-            let row = step(
-                self.model,
-                &feed,
-                cache,
-                &mut self.bias,
-                self.recorder.as_mut(),
-            )?;
-            let tok = greedy_token(&row);
-            next.push(tok);
-            if i + 1 < k {
-                feed = vec![tok];
-            }
-        }
+        let recording = (cache, &mut self.bias, self.recorder.as_mut());
+        let next = chain(self.model, recording, vec![bonus], k, |row| {
+            (greedy_token(row), false)
+        })?;
         let inputs = self.drafted_inputs(&next, k)?;
         Ok(Guess {
             accepted,
