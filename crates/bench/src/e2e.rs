@@ -566,7 +566,8 @@ pub fn run_target(
                 let k_fixed = if drafter == DrafterChoice::None { 0 } else { k };
                 let mut tree: Option<TreeDrafts> = c.tree.map(Into::into);
                 let mut cfg = SpecConfig {
-                    drafting: drafter.drafting(k_fixed, tree.clone(), None),
+                    // Set per prompt, once the sessions chose K (and replay has its prompt).
+                    drafting: Drafting::None,
                     pad_to_k: true,
                     prefill_width: Some(opts.prefill_width),
                     optimistic: opts.optimistic,

@@ -28,10 +28,6 @@ impl ModelBackend {
     }
 }
 
-fn internal(e: impl Into<cipherlora_service::backend::BackendSource>) -> BackendError {
-    BackendError::internal(e)
-}
-
 impl SplitBackend for ModelBackend {
     fn info(&self) -> SplitModelInfo {
         let c = self.model.config();
@@ -58,7 +54,7 @@ impl SplitBackend for ModelBackend {
     ) -> Result<Box<dyn SplitCompute>, BackendError> {
         let layers = layers.start as usize..layers.end as usize;
         let cache = KvCache::for_layers(self.model.config(), capacity as usize, layers.clone())
-            .map_err(internal)?;
+            .map_err(BackendError::internal)?;
         Ok(Box::new(ModelSession {
             model: self.model.clone(),
             layers,
@@ -138,7 +134,7 @@ impl SplitCompute for ModelSession {
     }
 
     fn compact(&mut self, start: usize, keep: &[usize]) -> Result<(), BackendError> {
-        ModelSession::compact(self, start, keep).map_err(internal)
+        ModelSession::compact(self, start, keep).map_err(BackendError::internal)
     }
 
     fn forward(
@@ -147,6 +143,7 @@ impl SplitCompute for ModelSession {
         positions: usize,
         parents: &[Option<usize>],
     ) -> Result<Vec<f32>, BackendError> {
-        self.run(hidden, positions, parents).map_err(internal)
+        self.run(hidden, positions, parents)
+            .map_err(BackendError::internal)
     }
 }
