@@ -352,6 +352,7 @@ impl Engine {
                 let schedule = cfg.schedule.to_string();
                 match result {
                     Ok((out, context)) => {
+                        tracing::debug!(adapter = adapter.id(), stats = ?out.stats, "generation done");
                         adapter.keep_context(context);
                         let cost = private_cost(&out, &he, &decode, schedule);
                         (out, cost)

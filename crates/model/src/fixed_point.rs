@@ -131,6 +131,8 @@ pub struct FixedPointPass<'m> {
     /// The latest plaintext pass's logits (none before the first trip from given inputs).
     logits: Option<Tensor>,
     steps: Vec<FixedPointStep>,
+    /// Round trips whose answers were discarded ([`FixedPointPass::repeat_trip`]).
+    repeated: usize,
     pending: Pending,
 }
 
@@ -216,6 +218,7 @@ impl<'m> FixedPointPass<'m> {
             deltas,
             logits: Some(logits),
             steps: Vec::new(),
+            repeated: 0,
             pending: sending.pending,
         })
     }
@@ -271,6 +274,7 @@ impl<'m> FixedPointPass<'m> {
             deltas: PassDeltas::new(),
             logits: None,
             steps: Vec::new(),
+            repeated: 0,
             pending,
         })
     }
@@ -341,6 +345,27 @@ impl<'m> FixedPointPass<'m> {
             logit_change,
         });
         Ok(self.steps.last().expect("just pushed"))
+    }
+
+    /// A round trip whose answers are discarded: the latest inputs sent again as one batch
+    /// within `tolerance` (`None`: exact). The pass, its steps and its next inputs are unchanged;
+    /// [`FixedPointPass::round_trips`] counts the trip. A continuation of a round keeps the
+    /// round's shape this way without taking a coarse trip's error into its inputs (see
+    /// docs/design/schedules.md, "Continuations"). Errors: [`ModelError::Input`] while a trip is
+    /// pending; the hook's.
+    pub fn repeat_trip(
+        &mut self,
+        hook: &mut dyn DeltaHook,
+        tolerance: Option<f64>,
+    ) -> Result<(), ModelError> {
+        if self.pending != Pending::Nothing {
+            return Err(ModelError::Input(
+                "a trip can only be repeated when none is pending".into(),
+            ));
+        }
+        self.batch(hook, tolerance)?;
+        self.repeated += 1;
+        Ok(())
     }
 
     /// Runs the next passes on `model` (same shape, other weights). Errors: [`ModelError::Input`]
@@ -421,10 +446,10 @@ impl<'m> FixedPointPass<'m> {
         &self.steps
     }
 
-    /// Round trips made so far.
+    /// Round trips made so far, repeated ones included.
     #[must_use]
     pub fn round_trips(&self) -> usize {
-        self.steps.len()
+        self.steps.len() + self.repeated
     }
 
     /// The inputs of the latest pass (what the next trip would send).

@@ -470,3 +470,59 @@ fn estimates_on_another_model_end_on_the_target_s_fixed_point() {
         Err(ModelError::Input(_))
     ));
 }
+
+/// A repeated trip sends the latest inputs as one batch and changes nothing but the trip count; it
+/// is refused while a streamed trip is pending.
+#[test]
+fn a_repeated_trip_changes_nothing_but_the_trip_count() {
+    let f = fixture();
+    let m = &f.model;
+    let mask = AttentionMask::Causal;
+    let mut hook = Streaming::new(&f.lora);
+    let mut cache = m.new_cache(32).unwrap();
+    let mut pass = FixedPointPass::start_sending(
+        m,
+        &TOKENS,
+        &mut cache,
+        &mask,
+        &mut hook,
+        PassDeltas::new(),
+        NextTrip::Send(Some(1e-3)),
+    )
+    .unwrap();
+    assert!(matches!(
+        pass.repeat_trip(&mut hook, Some(1e-3)),
+        Err(ModelError::Input(_))
+    ));
+    pass.iterate_sending(&mut cache, &mut hook, None, NextTrip::Wait)
+        .unwrap();
+    let (logits, steps) = (rows(pass.logits().unwrap()), pass.steps().to_vec());
+    let inputs: Vec<Vec<Vec<f32>>> = pass.inputs().iter().map(|g| rows(&g.x)).collect();
+    assert_eq!(hook.batches, 0);
+
+    pass.repeat_trip(&mut hook, Some(1e-3)).unwrap();
+    assert_eq!(hook.batches, 1, "one batch of the latest inputs");
+    assert_eq!(pass.round_trips(), 2);
+    assert_eq!(pass.steps(), &steps[..]);
+    assert_eq!(rows(pass.logits().unwrap()), logits);
+    let again: Vec<Vec<Vec<f32>>> = pass.inputs().iter().map(|g| rows(&g.x)).collect();
+    assert_eq!(again, inputs);
+
+    // The next trip moves the pass from where it was, as if the repeat had not been made.
+    pass.iterate_sending(&mut cache, &mut hook, None, NextTrip::Wait)
+        .unwrap();
+    let mut plain = PlainLora::new(&f.lora);
+    let mut cache2 = m.new_cache(32).unwrap();
+    let mut direct = FixedPointPass::start(m, &TOKENS, &mut cache2, &mask, &plain).unwrap();
+    for _ in 0..2 {
+        direct.iterate(&mut cache2, &mut plain).unwrap();
+    }
+    assert_eq!(pass.round_trips(), 3);
+    assert_eq!(
+        max_abs_diff(
+            &rows(pass.logits().unwrap()),
+            &rows(direct.logits().unwrap())
+        ),
+        0.0
+    );
+}

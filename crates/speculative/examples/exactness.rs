@@ -57,15 +57,16 @@
 use std::path::{Path, PathBuf};
 
 use cipherlora_model::{
-    DeltaHook, GenerateOptions, GroupDeltas, GroupInput, LoadOptions, LoraAdapter, Model,
-    ModelError, PlainLora, ProjGroup, SamplingParams, Tensor, Tokenizer, WeightMode, fetch,
-    generate,
+    GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
+    WeightMode, fetch, generate,
 };
 use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::{FixedPoint, PREFILL_ROUND_TRIPS, Prefill, Schedule};
 use cipherlora_speculative::tree_draft::{Calibration, TreeDrafts, TreeParams};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha20Rng;
+
+#[path = "../tests/common/coarse.rs"]
+mod coarse;
+use coarse::Coarse;
 
 /// New tokens per prompt unless `--tokens N` says otherwise.
 const NEW_TOKENS: usize = 64;
@@ -103,55 +104,6 @@ struct Args {
     ahead: bool,
     /// `--tree tree:BxD`: tree drafts of that shape instead of chains.
     tree: Option<TreeParams>,
-}
-
-/// The plaintext LoRA, with deltas asked for within a tolerance made that much worse (see the
-/// module docs).
-struct Coarse<'a> {
-    exact: PlainLora<'a>,
-    noise: f64,
-    rng: ChaCha20Rng,
-}
-
-impl DeltaHook for Coarse<'_> {
-    fn deltas(&mut self, l: usize, g: ProjGroup, x: &Tensor) -> Result<GroupDeltas, ModelError> {
-        self.exact.deltas(l, g, x)
-    }
-
-    fn wants(&self, l: usize, g: ProjGroup) -> bool {
-        self.exact.wants(l, g)
-    }
-
-    fn deltas_many_within(
-        &mut self,
-        inputs: &[GroupInput],
-        tolerance: f64,
-    ) -> Result<Vec<GroupDeltas>, ModelError> {
-        let exact = self.exact.deltas_many(inputs)?;
-        let mut out = Vec::with_capacity(exact.len());
-        for group in exact {
-            let max = group
-                .iter()
-                .map(|(_, d)| {
-                    d.abs()
-                        .and_then(|a| a.max_all())
-                        .and_then(|m| m.to_scalar::<f32>())
-                })
-                .try_fold(0.0f32, |m, v| v.map(|v| m.max(v)))?;
-            let amp = (self.noise * tolerance) as f32 * max;
-            let mut noisy = GroupDeltas::none();
-            for (proj, d) in group.iter() {
-                let n = d.elem_count();
-                let e: Vec<f32> = (0..n)
-                    .map(|_| amp * self.rng.random_range(-1.0f32..=1.0))
-                    .collect();
-                let e = Tensor::from_vec(e, d.dims(), d.device())?;
-                noisy.push(proj, (d + e)?);
-            }
-            out.push(noisy);
-        }
-        Ok(out)
-    }
 }
 
 fn args(root: &Path) -> Result<Args, Box<dyn std::error::Error>> {
@@ -359,11 +311,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                             ..FixedPoint::default()
                         }),
                     };
-                    let mut hook = Coarse {
-                        exact: PlainLora::new(&adapter),
-                        noise: args.coarse.unwrap_or(0.0),
-                        rng: ChaCha20Rng::seed_from_u64(7),
-                    };
+                    let mut hook = Coarse::new(&adapter, args.coarse.unwrap_or(0.0), 7);
                     let out = decode::generate_drafted(
                         &model,
                         &drafter,

@@ -12,8 +12,9 @@
 
 mod common;
 
-use cipherlora_model::PlainLora;
+use cipherlora_model::{LoadOptions, Model, PlainLora, WeightMode, fetch};
 use cipherlora_speculative::decode::SpecConfig;
+use common::coarse::Coarse;
 use common::{drafted, fixture, load_adapter, reference_with};
 
 /// Prompt `i` of `adapters/eval/general_prompts.jsonl`.
@@ -51,4 +52,44 @@ fn a_shadow_cache_keeps_the_near_tie_three_trips_flipped_at_token_9() {
         "{:?}",
         got.stats
     );
+}
+
+/// A round none of whose rows is certified continues with more trips of the same shape; both
+/// cases below ran until every input was exact (about one continuation per adapted group, 60 here)
+/// and now take a few (measured: 61 → 3 and 64 → 4).
+/// - A continuation's first trip is coarse like any round's. Were its answer used, its error would
+///   come back each time and a near-tie below it would never certify (second prompt).
+/// - Once the cached rows, the prompt's included, were settled in this round, a row blocked only
+///   by their residual is decided by its own bound: more trips do not lower the residual, and once
+///   every input is exact the row is used anyway (third prompt).
+#[test]
+fn continuations_converge_past_coarse_trips_and_settled_rows() {
+    let f = fixture();
+    let adapter = load_adapter("general-lora-r16", &f.model);
+    let path = fetch::ensure_default_model().unwrap();
+    let weights = WeightMode::Quantized;
+    let drafter = Model::load_with(&path, &LoadOptions { weights }).expect("quantized drafter");
+    let groups = 2 * f.model.config().num_layers;
+    for (i, n) in [(1, 24), (2, 32)] {
+        let prompt = f.tokenizer.encode(&general_prompt(i)).unwrap();
+        let want = reference_with(f, &adapter, &prompt, n);
+        // `auto`'s schedule for an adapter whose acceptance hint is ≥ 0.85, here on prose.
+        let cfg = SpecConfig {
+            prefill_width: Some(16),
+            schedule: "fixed-point:2/prefill:per-group/shadow/drafter-estimates"
+                .parse()
+                .unwrap(),
+            ..SpecConfig::greedy(7, n, f.tokenizer.eos_tokens().to_vec())
+        };
+        // Coarse answers 4× worse than the tolerance asked, as in docs/benchmarks/decoding.md.
+        let mut hook = Coarse::new(&adapter, 4.0, 7);
+        let got = drafted(f, &drafter, &prompt, &cfg, &mut hook);
+        assert_eq!(got.tokens, want, "prompt {i}: {:?}", got.stats);
+        assert!(
+            got.stats.continuations < groups / 4,
+            "prompt {i}: {} continuations: {:?}",
+            got.stats.continuations,
+            got.stats
+        );
+    }
 }

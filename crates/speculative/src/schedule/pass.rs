@@ -134,7 +134,8 @@ pub(crate) fn verify<G: Send>(
             FixedPointPass::start_sending(pass0, tokens, cache, mask, hook, guess, first)?
         }
     };
-    // After as many exact trips as groups every input is exact: this bounds continuations.
+    // After as many exact steps as groups every input is exact: this bounds continuations. The
+    // first round's steps may be coarse or on the drafter; a continuation's step is exact.
     let groups = pass.inputs().len().max(1);
     let tol = |j: usize| {
         if j < groups {
@@ -144,12 +145,7 @@ pub(crate) fn verify<G: Send>(
         }
     };
     let given = usize::from(pass.logits().is_none());
-    let exact_after = if fp.coarse_trips || fp.drafter_estimates {
-        2 * groups
-    } else {
-        groups
-    } + given
-        + usize::from(fp.drafter_estimates);
+    let exact_after = groups + trips + given + usize::from(fp.drafter_estimates);
     // Estimate passes on the drafter; continuations on the target (their model difference never
     // shrinks).
     let runs_on = |j: usize| {
@@ -164,8 +160,13 @@ pub(crate) fn verify<G: Send>(
     loop {
         for _ in 0..trips - 1 {
             let j = pass.round_trips();
-            pass.run_on(runs_on(j))?;
-            pass.iterate_sending(cache, hook, tol(j), fp.next_trip(tol(j + 1), true))?;
+            if continuations > 0 && tol(j).is_some() {
+                // Its inputs are near the fixed point: a coarse answer would only add its error.
+                pass.repeat_trip(hook, tol(j))?;
+            } else {
+                pass.run_on(runs_on(j))?;
+                pass.iterate_sending(cache, hook, tol(j), fp.next_trip(tol(j + 1), true))?;
+            }
         }
         let tolerance = tol(pass.round_trips());
         // Shadow replay of the pass before the last trip; its logit distance is the inherited
@@ -221,7 +222,7 @@ pub(crate) fn verify<G: Send>(
         let previous = previous_changes(steps);
         let previous = previous.as_deref();
         let logits = latest(&pass)?;
-        let usable = if pass.round_trips() >= exact_after {
+        let mut usable = if steps.len() >= exact_after {
             real
         } else {
             match &inherited {
@@ -232,11 +233,18 @@ pub(crate) fn verify<G: Send>(
                 None => certify(logits, own, previous)?.min(real),
             }
         };
-        let stalled = usable == 0
-            && may_stall
-            && continuations > 0
-            && inherited.is_some()
-            && certify(logits, own, previous)? > 0;
+        // Rows blocked only by the inherited residual, which more trips of this pass do not lower.
+        let own_only = if usable == 0 && continuations > 0 && inherited.is_some() {
+            certify(logits, own, previous)?.min(real)
+        } else {
+            0
+        };
+        let stalled = own_only > 0 && may_stall;
+        if own_only > 0 && !may_stall {
+            // The cached rows were settled already: the own bound decides, as it would once every
+            // input is exact.
+            usable = own_only;
+        }
         if usable > 0 || stalled {
             let (logits, deltas) = (logits.clone(), pass.deltas().clone());
             for _ in 0..fp.settle_trips {

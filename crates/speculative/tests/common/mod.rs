@@ -3,6 +3,8 @@
 //! sampled first tokens.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod coarse;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
