@@ -76,6 +76,8 @@ pub struct ChatBenchOptions {
     /// Also time one cold prompt of about this many tokens (the document
     /// repeated) after the chat; 0: none.
     pub cold_tokens: usize,
+    /// Verify schedules to compare (`auto`, `per-group`, `fixed-point:…`).
+    pub schedules: Vec<String>,
     /// Pin the endpoint and the adapter server to different cores.
     pub pin: bool,
 }
@@ -91,6 +93,9 @@ pub struct ChatTurn {
     pub cache_mib: Option<usize>,
     /// Prefill span (`SpecConfig::prefill_span`).
     pub span: usize,
+    /// Verify schedule the endpoint ran.
+    #[serde(default = "auto")]
+    pub schedule: String,
     /// Turn index (`TURNS.len()` for the cold prompt).
     pub turn: usize,
     /// Prompt tokens.
@@ -137,6 +142,9 @@ pub struct SessionsOpened {
     pub cache_mib: Option<usize>,
     /// Prefill span.
     pub span: usize,
+    /// Verify schedule.
+    #[serde(default = "auto")]
+    pub schedule: String,
     /// Seconds to open the sessions and run the warm-up request.
     pub secs: f64,
 }
@@ -165,7 +173,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
     let tokenizer = Tokenizer::for_model(&opts.model)?;
     let mut report = ChatReport {
         settings: format!(
-            "{} turns, {} new tokens per answer, greedy, streamed, K auto, schedule auto, prefill width 32",
+            "{} turns, {} new tokens per answer, greedy, streamed, K auto, prefill width 32",
             TURNS.len(),
             opts.max_tokens
         ),
@@ -189,7 +197,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
             max_tokens: opts.max_tokens,
         };
         for (link_name, link) in &opts.links {
-            for (cache_mib, span) in modes(opts) {
+            for mode in modes(opts) {
                 let engine = Arc::new(Engine::new(EngineConfig {
                     model_path: opts.model.clone(),
                     weights: WeightMode::Auto,
@@ -202,11 +210,11 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                         },
                         acceptance_prior: None,
                         prefill_width: 32,
-                        schedule: "auto".into(),
+                        schedule: mode.schedule.clone(),
                         planning_link: Some(*link),
                         max_queue: 4,
-                        prefix_cache_bytes: cache_mib.map(|m| m << 20),
-                        prefill_span: span,
+                        prefix_cache_bytes: mode.cache_mib.map(|m| m << 20),
+                        prefill_span: mode.span,
                     }),
                     max_tokens_cap: opts.max_tokens.max(64),
                     max_queue: 4,
@@ -216,8 +224,9 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                 report.sessions.push(SessionsOpened {
                     adapter: id.clone(),
                     link: link_name.clone(),
-                    cache_mib,
-                    span,
+                    cache_mib: mode.cache_mib,
+                    span: mode.span,
+                    schedule: mode.schedule.clone(),
                     secs: t0.elapsed().as_secs_f64(),
                 });
                 let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
@@ -229,8 +238,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                 let label = Label {
                     adapter: &id,
                     link: link_name,
-                    cache_mib,
-                    span,
+                    mode: &mode,
                 };
                 let turns = rt.block_on(chat(addr, &label, &reference, opts));
                 let _ = stop.send(());
@@ -244,20 +252,36 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
     Ok(md)
 }
 
+fn auto() -> String {
+    "auto".into()
+}
+
+/// How one endpoint was configured.
+struct Mode {
+    cache_mib: Option<usize>,
+    span: usize,
+    schedule: String,
+}
+
 /// Which endpoint a turn ran on.
 struct Label<'a> {
     adapter: &'a str,
     link: &'a str,
-    cache_mib: Option<usize>,
-    span: usize,
+    mode: &'a Mode,
 }
 
-/// Every (prefix-cache budget, prefill span) pair to compare.
-fn modes(opts: &ChatBenchOptions) -> Vec<(Option<usize>, usize)> {
+/// Every (prefix-cache budget, prefill span, schedule) to compare.
+fn modes(opts: &ChatBenchOptions) -> Vec<Mode> {
     let mut out = Vec::new();
-    for &c in &opts.caches {
-        for &s in &opts.spans {
-            out.push((c, s));
+    for &cache_mib in &opts.caches {
+        for &span in &opts.spans {
+            for schedule in &opts.schedules {
+                out.push(Mode {
+                    cache_mib,
+                    span,
+                    schedule: schedule.clone(),
+                });
+            }
         }
     }
     out
@@ -334,11 +358,12 @@ async fn chat(
         let (want, _) = reference.answer(&conversation)?;
         let answer = request(addr, label.adapter, &conversation, opts.max_tokens).await?;
         eprintln!(
-            "{} {} cache {:?} span {} turn {turn}: {} prompt tokens ({} cached), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
+            "{} {} cache {:?} span {} {} turn {turn}: {} prompt tokens ({} cached), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
             label.adapter,
             label.link,
-            label.cache_mib,
-            label.span,
+            label.mode.cache_mib,
+            label.mode.span,
+            label.mode.schedule,
             answer.prompt_tokens,
             answer.cached_tokens,
             answer.ttft_ms,
@@ -380,8 +405,9 @@ impl Answer {
         ChatTurn {
             adapter: label.adapter.to_string(),
             link: label.link.to_string(),
-            cache_mib: label.cache_mib,
-            span: label.span,
+            cache_mib: label.mode.cache_mib,
+            span: label.mode.span,
+            schedule: label.mode.schedule.clone(),
             turn,
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
@@ -479,11 +505,11 @@ async fn request(
     Ok(answer)
 }
 
-fn mode(cache_mib: Option<usize>, span: usize) -> String {
-    let cache = cache_mib.map_or("no prefix cache".into(), |m| {
+fn mode(s: &SessionsOpened) -> String {
+    let cache = s.cache_mib.map_or("no prefix cache".into(), |m| {
         format!("prefix cache {m} MiB")
     });
-    format!("{cache}, prefill span {span}")
+    format!("{cache}, prefill span {}, {}", s.span, s.schedule)
 }
 
 /// `290 / 190 (106 / 79)`: bits per value up and down, their floors.
@@ -522,8 +548,13 @@ fn markdown(r: &ChatReport) -> String {
             .filter(|s| s.adapter == adapter && s.link == link)
         {
             for t in r.turns.iter().filter(|t| {
-                (t.adapter.as_str(), t.link.as_str(), t.cache_mib, t.span)
-                    == (adapter, link, s.cache_mib, s.span)
+                (
+                    t.adapter.as_str(),
+                    t.link.as_str(),
+                    t.cache_mib,
+                    t.span,
+                    &t.schedule,
+                ) == (adapter, link, s.cache_mib, s.span, &s.schedule)
             }) {
                 let turn = if t.turn < TURNS.len() {
                     format!("{}", t.turn + 1)
@@ -532,7 +563,7 @@ fn markdown(r: &ChatReport) -> String {
                 };
                 md.push_str(&format!(
                     "| {} | {:.1} s | {turn} | {} | {} / {} | {:.1} s | {:.1} | {:.0} / {:.0} | {} | {} | {} |\n",
-                    mode(s.cache_mib, s.span),
+                    mode(s),
                     s.secs,
                     t.prompt_tokens,
                     t.cached_tokens,

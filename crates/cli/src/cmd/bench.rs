@@ -328,6 +328,10 @@ pub struct ChatBenchArgs {
     /// After the chat, time one cold prompt of about this many tokens (0: none).
     #[arg(long, default_value_t = 0)]
     cold_tokens: usize,
+    /// Verify schedules to compare, `;`-separated (`auto`, `per-group`,
+    /// `fixed-point:N[/shadow…]`; `generate --help` lists the options).
+    #[arg(long, value_delimiter = ';', default_value = "auto")]
+    schedules: Vec<String>,
     /// Do not pin the endpoint and the adapter server to different cores.
     #[arg(long)]
     no_pin: bool,
@@ -364,6 +368,7 @@ impl ChatBenchArgs {
             caches,
             spans: self.spans,
             cold_tokens: self.cold_tokens,
+            schedules: self.schedules,
             pin: !self.no_pin,
         })?;
         println!("{md}");
