@@ -51,7 +51,7 @@ pub struct ApiArgs {
     k: KArg,
     /// The per-token acceptance rate `--k auto` assumes (default: the
     /// adapter's published hint, else 0.83); from 0.85 on, `--schedule
-    /// auto` runs two shadowed fixed-point trips per round.
+    /// auto` runs two shadowed fixed-point trips per round, below it three.
     #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
     /// Positions per prefill request (a second session of this width).

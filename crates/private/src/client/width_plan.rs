@@ -54,7 +54,9 @@ pub const SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE: f64 = 0.85;
 
 /// The fixed point `auto` runs (and the width model prices) at prior
 /// `alpha`: `fixed-point:2/shadow/drafter-estimates` from
-/// [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] on, else [`FixedPoint::default`].
+/// [`SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE`] on, else `fixed-point:3/shadow`.
+/// Both certify against the cached rows' residual: without the shadow, three
+/// trips changed a greedy output on prose (docs/design/schedules.md).
 #[must_use]
 pub fn default_fixed_point(alpha: f64) -> FixedPoint {
     if alpha >= SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE {
@@ -65,7 +67,10 @@ pub fn default_fixed_point(alpha: f64) -> FixedPoint {
             ..FixedPoint::default()
         }
     } else {
-        FixedPoint::default()
+        FixedPoint {
+            shadow: true,
+            ..FixedPoint::default()
+        }
     }
 }
 
@@ -669,15 +674,19 @@ mod tests {
         assert!(k(&hinted) < k(&space(Mode::Standard)));
     }
 
-    /// The prior picks two shadowed trips or three; on wan20 the model picks the two.
+    /// The prior picks two shadowed trips or three shadowed ones; on wan20 the model picks the two.
     #[test]
     fn a_high_agreement_prior_runs_two_shadowed_trips_and_prices_them() {
         let two = default_fixed_point(0.9);
         assert_eq!((two.round_trips, two.shadow), (2, true));
         assert!(two.drafter_estimates);
         assert_eq!(default_fixed_point(SHADOWED_TWO_TRIPS_MIN_ACCEPTANCE), two);
-        assert_eq!(default_fixed_point(0.84), FixedPoint::default());
-        assert_eq!(default_fixed_point(DEFAULT_ACCEPTANCE_PRIOR).round_trips, 3);
+        let three = FixedPoint {
+            shadow: true,
+            ..FixedPoint::default()
+        };
+        assert_eq!(default_fixed_point(0.84), three);
+        assert_eq!(default_fixed_point(DEFAULT_ACCEPTANCE_PRIOR), three);
         for mode in [Mode::Ffa, Mode::Standard] {
             let s = space(mode);
             let with = |fixed| {
@@ -692,7 +701,7 @@ mod tests {
                 )
                 .unwrap()
             };
-            let (three, shadowed) = (with(FixedPoint::default()), with(two));
+            let (three, shadowed) = (with(three), with(two));
             for (a, b) in three.candidates.iter().zip(&shadowed.candidates) {
                 assert!(
                     b.schedule.fixed_point_ms < a.schedule.fixed_point_ms,
