@@ -316,8 +316,8 @@ impl Reference<'_> {
     }
 }
 
-/// The user turn `i`'s text.
-fn user_turn(i: usize) -> String {
+/// The user turn `i`'s text (the document pasted into [`DOCUMENT_TURN`]).
+pub fn user_turn(i: usize) -> String {
     if i == DOCUMENT_TURN {
         format!("{}\n\n{DOCUMENT}", TURNS[i])
     } else {

@@ -53,12 +53,18 @@ const TURNS: [&str; 3] = [
     "Add a docstring and a test.",
 ];
 
-fn schedules() -> [Schedule; 3] {
+fn schedules() -> [Schedule; 4] {
     [
         Schedule::PerGroup,
         Schedule::FixedPoint(FixedPoint::default()),
         Schedule::FixedPoint(FixedPoint {
             prefill: Prefill::PerGroup,
+            ..FixedPoint::default()
+        }),
+        // `auto`'s schedule for a hintless adapter: reused rows keep their shadow and settling.
+        Schedule::FixedPoint(FixedPoint {
+            prefill: Prefill::PerGroup,
+            shadow: true,
             ..FixedPoint::default()
         }),
     ]

@@ -7,8 +7,10 @@
 //! Invariants: code-notes.md, "spec: decode".
 
 mod accept;
+mod settling;
 
 use accept::{kept_tail, last_kept_row};
+use settling::Settling;
 
 use std::time::Instant;
 
@@ -67,9 +69,8 @@ pub(super) struct Decoding<'a> {
     /// A draft to verify again after settling, and this round's settlings.
     retry: Option<Draft>,
     round_settles: usize,
-    /// Settling reruns the rows since `settled`, then (once) the prompt's.
-    settled: usize,
-    prompt_settled: bool,
+    /// Which rows a stall settles.
+    settling: Settling,
     out: Vec<u32>,
     stopped_at_eos: bool,
     stopped_by_caller: bool,
@@ -183,8 +184,11 @@ impl<'a> Decoding<'a> {
             sampler,
             stats,
             context: prompt.to_vec(),
-            settled: settled.unwrap_or(target.len()),
-            prompt_settled: prompt_settled && per_group_prefill,
+            settling: Settling::new(
+                settled.unwrap_or(target.len()),
+                prompt_settled && per_group_prefill,
+                target.len(),
+            ),
             target,
             shadow,
             log,
@@ -246,9 +250,9 @@ impl<'a> Decoding<'a> {
         let k = self.drafter.next_k();
         if self.retry.is_none() {
             self.round_settles = 0;
+            self.settling.new_round(self.target.len());
         }
-        let may_stall =
-            self.round_settles == 0 || (self.round_settles == 1 && !self.prompt_settled);
+        let may_stall = self.settling.start(self.round_settles).is_some();
         let retrying = self.retry.is_some();
         let draft = self.draft(k, retrying)?;
         let checked = self.verify(&draft, k, retrying, may_stall, verifier)?;
@@ -465,27 +469,24 @@ impl<'a> Decoding<'a> {
         })
     }
 
-    /// Settles the cached rows since the last settling (then, once, the
-    /// prompt's) when a fixed-point pass stalled on their residual.
+    /// Settles the cached rows of the round's next settling step ([`Settling`]) when a
+    /// fixed-point pass stalled on their residual.
     fn settle_cached(
         &mut self,
         before: usize,
         verifier: &mut dyn DeltaHook,
     ) -> Result<(), SpecError> {
-        let (Schedule::FixedPoint(fp), Some(sh), Some(log)) =
-            (&self.cfg.schedule, self.shadow.as_mut(), self.log.as_mut())
-        else {
+        let (Schedule::FixedPoint(fp), Some(sh), Some(log), Some(from)) = (
+            &self.cfg.schedule,
+            self.shadow.as_mut(),
+            self.log.as_mut(),
+            self.settling.start(self.round_settles),
+        ) else {
             return Ok(());
         };
         self.target.truncate(before);
         log.truncate(before);
         let batch = fp.round_trips.max(1);
-        let from = if self.round_settles == 0 {
-            self.settled
-        } else {
-            self.prompt_settled = true;
-            0
-        };
         let trips = settle(
             self.model,
             &self.context[from..before],
@@ -499,7 +500,7 @@ impl<'a> Decoding<'a> {
         self.stats.round_trips += trips;
         self.stats.rounds += trips / batch;
         self.stats.settles += 1;
-        self.settled = before;
+        self.settling.done(from, before);
         self.round_settles += 1;
         Ok(())
     }
@@ -521,8 +522,8 @@ impl<'a> Decoding<'a> {
             shadow: self.shadow,
             log: self.log,
             schedule: self.cfg.schedule,
-            settled: self.settled.min(n),
-            prompt_settled: self.prompt_settled,
+            settled: self.settling.settled.min(n),
+            prompt_settled: self.settling.prompt_settled,
         };
         let out = SpecOutput {
             tokens: self.out,
