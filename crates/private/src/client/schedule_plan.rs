@@ -335,12 +335,11 @@ pub fn choose_for_session<T: crate::Transport>(
                 ..fp
             },
         );
-        if c.schedule == Schedule::PerGroup {
-            fp.prefill = Prefill::PerGroup;
-            choice.schedule = Schedule::FixedPoint(fp);
-            if let Schedule::FixedPoint(sampled) = &mut choice.sampled {
-                sampled.prefill = Prefill::PerGroup;
-            }
+        let cheaper = c.schedule == Schedule::PerGroup;
+        fp.prefill = prefill_of(fp, cheaper);
+        choice.schedule = Schedule::FixedPoint(fp);
+        if let Schedule::FixedPoint(sampled) = &mut choice.sampled {
+            sampled.prefill = prefill_of(*sampled, cheaper);
         }
         choice.prefill = Some(PrefillChoice {
             per_group_ms: c.per_group_ms,
@@ -348,6 +347,17 @@ pub fn choose_for_session<T: crate::Transport>(
         });
     }
     Ok(choice)
+}
+
+/// How `fp` prefills when a group-by-group session is at hand: group by group when that is
+/// `cheaper`, and always under the shadow, whose certification would count fixed-point
+/// prompt rows' residual and settle them as verify rounds (docs/design/schedules.md).
+fn prefill_of(fp: FixedPoint, cheaper: bool) -> Prefill {
+    if cheaper || fp.shadow {
+        Prefill::PerGroup
+    } else {
+        fp.prefill
+    }
 }
 
 /// One plaintext pass of `width` positions of `model`, ms.
@@ -452,6 +462,19 @@ mod tests {
         let down_ms = (2.0 * 5.5e6 + 7.2e6) * 8.0 / 1e8 * 1e3;
         assert!(s.fixed_point_ms >= down_ms + 80.0, "{s:?}");
         assert!(s.fixed_point_ms < down_ms + 80.0 + 41.0 + 1.0, "{s:?}");
+    }
+
+    /// A shadowed fixed point prefills group by group even where its own prefill is cheaper.
+    #[test]
+    fn a_shadowed_fixed_point_prefills_group_by_group() {
+        let plain = FixedPoint::default();
+        let shadowed = FixedPoint {
+            shadow: true,
+            ..plain
+        };
+        assert_eq!(prefill_of(plain, false), plain.prefill);
+        assert_eq!(prefill_of(plain, true), Prefill::PerGroup);
+        assert_eq!(prefill_of(shadowed, false), Prefill::PerGroup);
     }
 
     /// The shadow's replay lengthens only a client-bound round.
