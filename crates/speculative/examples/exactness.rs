@@ -67,6 +67,9 @@ use cipherlora_speculative::tree_draft::{Calibration, TreeDrafts, TreeParams};
 #[path = "../tests/common/coarse.rs"]
 mod coarse;
 use coarse::Coarse;
+#[path = "common/eval_prompts.rs"]
+mod eval_prompts;
+use eval_prompts::prompts;
 
 /// New tokens per prompt unless `--tokens N` says otherwise.
 const NEW_TOKENS: usize = 64;
@@ -203,26 +206,6 @@ fn sampling(temperature: f32, index: usize) -> SamplingParams {
 
 /// The held-out prompts of an adapter: prose for the general-English ones, HumanEval for the code
 /// ones.
-fn prompts(root: &Path, adapter: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let file = if adapter.starts_with("general") {
-        "adapters/eval/general_prompts.jsonl"
-    } else {
-        "adapters/eval/humaneval_0_19.jsonl"
-    };
-    let text = std::fs::read_to_string(root.join(file))?;
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let v: serde_json::Value = serde_json::from_str(line)?;
-        out.push(
-            v["prompt"]
-                .as_str()
-                .ok_or("a line without a prompt")?
-                .to_string(),
-        );
-    }
-    Ok(out)
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let args = args(&root)?;

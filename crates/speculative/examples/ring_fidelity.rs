@@ -23,13 +23,17 @@
 //!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 --bits 14,16,18 --limit 10`
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::Tensor;
 use cipherlora_model::{
     DeltaHook, GenerateOptions, GroupDeltas, LoadOptions, LoraAdapter, LoraWeights, Model,
     ModelError, PlainLora, Proj, ProjGroup, SamplingParams, Tokenizer, WeightMode, fetch, generate,
 };
+
+#[path = "common/eval_prompts.rs"]
+mod eval_prompts;
+use eval_prompts::prompts;
 
 /// Bits each response value carries (the design's download per value).
 const RESPONSE_BITS: i32 = 32;
@@ -199,25 +203,6 @@ impl DeltaHook for RingLora<'_> {
             .iter()
             .any(|&p| self.adapter.get(layer, p).is_some())
     }
-}
-
-fn prompts(root: &Path, adapter: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let file = if adapter.starts_with("general") {
-        "adapters/eval/general_prompts.jsonl"
-    } else {
-        "adapters/eval/humaneval_0_19.jsonl"
-    };
-    let text = std::fs::read_to_string(root.join(file))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line)?;
-            Ok(v["prompt"]
-                .as_str()
-                .ok_or("a line without a prompt")?
-                .to_string())
-        })
-        .collect()
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
