@@ -198,10 +198,7 @@ impl DeltaHook for RingLora<'_> {
     }
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {
-        group
-            .projs()
-            .iter()
-            .any(|&p| self.adapter.get(layer, p).is_some())
+        PlainLora::new(self.adapter).wants(layer, group)
     }
 }
 
