@@ -585,3 +585,88 @@ fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chu
     assert_eq!(after.len() - 1, out.stats.round_trips, "{after:?}");
     assert!(after[1..].iter().all(|e| *e == Some(9)), "{after:?}");
 }
+
+/// Under the fixed point with a group-by-group prefill (`auto`'s shadowed
+/// default), the prompt's rows are exact, so the first token comes from the
+/// prefill's last row: it is streamed after the prefill mark and before any
+/// verify batch, and greedy output still equals sequential adapted decoding.
+#[test]
+fn a_per_group_prefill_under_the_fixed_point_streams_the_first_token_before_any_verify_pass() {
+    use cipherlora_speculative::schedule::Schedule;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// What happened, in order: `Some(T)` a batch of T positions, `None` the prefill mark.
+    struct Logged<'a> {
+        inner: PlainLora<'a>,
+        log: Rc<RefCell<Vec<Option<usize>>>>,
+    }
+    impl cipherlora_model::DeltaHook for Logged<'_> {
+        fn deltas(
+            &mut self,
+            layer: usize,
+            group: cipherlora_model::ProjGroup,
+            x: &cipherlora_model::Tensor,
+        ) -> Result<cipherlora_model::GroupDeltas, cipherlora_model::ModelError> {
+            self.log.borrow_mut().push(Some(x.dims()[0]));
+            self.inner.deltas(layer, group, x)
+        }
+        fn wants(&self, layer: usize, group: cipherlora_model::ProjGroup) -> bool {
+            self.inner.wants(layer, group)
+        }
+        fn deltas_many(
+            &mut self,
+            inputs: &[cipherlora_model::GroupInput],
+        ) -> Result<Vec<cipherlora_model::GroupDeltas>, cipherlora_model::ModelError> {
+            self.log
+                .borrow_mut()
+                .push(inputs.first().map(|g| g.x.dims()[0]));
+            self.inner.deltas_many(inputs)
+        }
+        fn prefill_done(&mut self) {
+            self.log.borrow_mut().push(None);
+        }
+    }
+
+    let f = fixture();
+    let n = 16;
+    for (text, schedule) in PROMPTS.iter().zip([
+        "fixed-point:3/prefill:per-group/shadow",
+        "fixed-point:2/prefill:per-group",
+        "fixed-point:3/prefill:per-group/shadow",
+    ]) {
+        let schedule: Schedule = schedule.parse().unwrap();
+        let prompt = f.tokenizer.encode(text).unwrap();
+        let want = reference(f, &prompt, n);
+        let cfg = SpecConfig {
+            prefill_width: Some(16),
+            first_token_from_prefill: true,
+            schedule,
+            ..SpecConfig::greedy(5, n, f.tokenizer.eos_tokens().to_vec())
+        };
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let mut hook = Logged {
+            inner: PlainLora::new(&f.adapter),
+            log: log.clone(),
+        };
+        // How many hook events had happened when each batch of tokens arrived.
+        let mut arrivals = Vec::new();
+        let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |t| {
+            arrivals.push((log.borrow().len(), t.len()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(out.tokens, want, "{schedule}: {text}");
+        assert_eq!(out.stats.prefilled_tokens, prompt.len(), "{schedule}");
+        let log = log.borrow();
+        let mark = log
+            .iter()
+            .position(Option::is_none)
+            .expect("a prefill mark");
+        assert_eq!(
+            arrivals.first(),
+            Some(&(mark + 1, 1)),
+            "{schedule}: the first token arrives alone, right after the prefill ({log:?})"
+        );
+    }
+}

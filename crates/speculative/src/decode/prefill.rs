@@ -72,7 +72,7 @@ pub(super) struct Prefilled {
     pub(super) passes: usize,
     /// Batched round trips of those passes.
     pub(super) round_trips: usize,
-    /// The last prefilled token's logits row (per-group schedule only).
+    /// The last prefilled token's logits row (group-by-group prefill only).
     pub(super) last_row: Option<Vec<f32>>,
     /// The last pass's deltas and its last prompt row (the first drafting guide).
     pub(super) last_deltas: (PassDeltas, usize),

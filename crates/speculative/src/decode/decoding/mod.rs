@@ -113,13 +113,6 @@ impl<'a> Decoding<'a> {
         let greedy = sampler.is_greedy();
         let mut stats = SpecStats::default();
         let t0 = Instant::now();
-        // With the first token from the prefill, the prefill covers the whole prompt.
-        let first_from_prefill = cfg.first_token_from_prefill && cfg.schedule == Schedule::PerGroup;
-        let prefilled = if first_from_prefill {
-            prompt
-        } else {
-            &prompt[..prompt.len() - 1]
-        };
         let per_group_prefill = matches!(
             cfg.schedule,
             Schedule::FixedPoint(FixedPoint {
@@ -127,6 +120,15 @@ impl<'a> Decoding<'a> {
                 ..
             })
         );
+        // A prefill group by group leaves exact rows, so its last row gives the
+        // first token and the prefill covers the whole prompt.
+        let first_from_prefill = cfg.first_token_from_prefill
+            && (cfg.schedule == Schedule::PerGroup || per_group_prefill);
+        let prefilled = if first_from_prefill {
+            prompt
+        } else {
+            &prompt[..prompt.len() - 1]
+        };
         // A per-group prefill under the fixed point keeps its last chunk wide too.
         let narrow = if per_group_prefill { 0 } else { width };
         let Rows {
