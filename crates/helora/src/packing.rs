@@ -146,6 +146,9 @@ pub fn stage_b_diag(
             let Some(col) = stage_b_read(plan.stage_b.reach, s, x, k) else {
                 continue;
             };
+            if s.u_off + col >= plan.shape.total_rank() {
+                continue; // a padding row of U (dense layout): zero
+            }
             let w = f.b_entry(s.out0 + row, s.u_off + col);
             fill_dim(&mut v, t, (s.start + x + shift) % l.w_in, |_| w);
         }
@@ -186,10 +189,11 @@ pub fn stage_a_diag(
     for s in &l.segments {
         for j in s.start..s.start + s.region {
             let col = c * sa.period + (j + k) % sa.period;
-            if col < d {
-                let row = s.u_off + (j - s.start) % s.period;
+            let row = s.u_off + (j - s.start) % s.period;
+            // Padding rows of U (dense layout) stay zero.
+            if col < d && row < plan.shape.total_rank() {
                 let w = f.a[row * d + col];
-                fill_dim(&mut v, t, j + shift, |_| w);
+                fill_dim(&mut v, t, (j + shift) % l.w_in, |_| w);
             }
         }
     }

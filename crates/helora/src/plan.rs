@@ -266,14 +266,18 @@ impl GroupPlan {
                 if sb.reach != Reach::Ahead {
                     return Err(infeasible("standard stage B reads ahead only"));
                 }
-                // Stage-A row blocks: one per projection (segmented) or one fused block of R rows.
+                // Stage-A row blocks: one per projection (segmented) or one fused block of R rows;
+                // a dense layout pads R to a divisor of w_in (zero rows).
                 let n_proj = self.shape.ranks.len();
+                let dense = self.dense_standard(w_in);
                 let rho = if sa.segmented {
                     let r0 = self.shape.ranks[0];
                     if self.shape.ranks.iter().any(|&r| r != r0) {
                         return Err(infeasible("segmented stage A needs equal ranks"));
                     }
                     r0
+                } else if dense {
+                    r_total.next_power_of_two()
                 } else {
                     r_total
                 };
@@ -284,6 +288,16 @@ impl GroupPlan {
                     return Err(infeasible(
                         "stage-A period must be a positive multiple of the row-block rank",
                     ));
+                }
+                if dense {
+                    return Self::dense_layout(
+                        self.shape.total_out(),
+                        self.shape.d_in,
+                        w_in,
+                        rho,
+                        sa,
+                        sb,
+                    );
                 }
                 let blocks: Vec<(usize, usize, usize)> = if sa.segmented {
                     (0..n_proj)
@@ -334,6 +348,61 @@ impl GroupPlan {
             }
             _ => Err(infeasible("stage A present iff mode is standard")),
         }
+    }
+
+    /// Whether this standard plan is dense: positions divide the slots (rotations by multiples
+    /// of T' wrap consistently), one fused row block, and stage-A chunks of a whole
+    /// ciphertext (`P = w_in`). Stage A's window sum then leaves U fully summed in every
+    /// dimension, so X fills its ciphertexts and the outputs fill theirs (code-notes.md,
+    /// "Dense standard layout").
+    pub fn dense_standard(&self, w_in: usize) -> bool {
+        self.stage_a.is_some_and(|sa| {
+            !sa.segmented && sa.period == w_in && w_in * self.slot_positions() == self.slots
+        })
+    }
+
+    /// The dense standard layout: one segment of every dimension, U of period ρ (R padded to a
+    /// divisor of `w_in`). Errors: [`HeloraError::InfeasiblePlan`].
+    fn dense_layout(
+        total_out: usize,
+        d_in: usize,
+        w_in: usize,
+        rho: usize,
+        sa: StageAPlan,
+        sb: StageBPlan,
+    ) -> Result<Layout> {
+        if !w_in.is_multiple_of(rho) {
+            return Err(infeasible(
+                "dense layout needs the row-block rank to divide w_in",
+            ));
+        }
+        let width = ceil_div(total_out, sb.n_out);
+        if width > w_in {
+            return Err(infeasible("outputs do not fit the slots"));
+        }
+        Ok(Layout {
+            w_in,
+            segments: vec![Segment {
+                start: 0,
+                width,
+                ext: 0,
+                lead: 0,
+                region: w_in,
+                diags: rho,
+                period: rho,
+                u_off: 0,
+                out0: 0,
+                out_len: total_out,
+            }],
+            diags_b: rho,
+            giants_b: ceil_div(rho, sb.g),
+            babies_b: sb.g.min(rho),
+            n_x: ceil_div(d_in, sa.period),
+            stride_a: rho,
+            window: sa.period / rho,
+            giants_a: ceil_div(rho, sa.g),
+            babies_a: sa.g.min(rho),
+        })
     }
 
     /// Ciphertexts the client uploads for this group; errors as [`GroupPlan::layout`].

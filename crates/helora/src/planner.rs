@@ -272,6 +272,22 @@ fn candidates_packed(
             }
             let w_in = slots / packing.slot_positions(t);
             let equal_ranks = shape.ranks.iter().all(|&r| r == shape.ranks[0]);
+            let probe = |period, segmented, n_out| {
+                mk(
+                    Some(StageAPlan {
+                        period,
+                        g: 1,
+                        baby: BabySteps::Server,
+                        segmented,
+                    }),
+                    StageBPlan {
+                        n_out,
+                        g: 1,
+                        baby: BabySteps::Server,
+                        reach: Reach::Ahead,
+                    },
+                )
+            };
             for segmented in [false, true] {
                 if segmented && (!equal_ranks || shape.ranks.len() < 2) {
                     continue;
@@ -284,66 +300,62 @@ fn candidates_packed(
                 let mut period = rho;
                 while period <= w_in {
                     // Smallest n_out whose regions fit (checked by layout()).
-                    let probe = |n_out| {
-                        mk(
-                            Some(StageAPlan {
-                                period,
-                                g: 1,
-                                baby: BabySteps::Server,
-                                segmented,
-                            }),
-                            StageBPlan {
-                                n_out,
-                                g: 1,
-                                baby: BabySteps::Server,
-                                reach: Reach::Ahead,
-                            },
-                        )
-                    };
                     let blocks = if segmented { shape.ranks.len() } else { 1 };
                     let fixed = blocks * (period - 1) + rho - 1;
                     if fixed < w_in {
                         let lower = d.div_ceil(w_in - fixed).max(1);
-                        if let Some(n_out) = (lower..=d).find(|&n| probe(n).layout().is_ok()) {
-                            let server = [BabySteps::Server, BabySteps::ServerExtended];
-                            for gb in g_candidates(rho) {
-                                for baby_b in server {
-                                    if baby_b == BabySteps::ServerExtended && gb == 1 {
-                                        continue;
-                                    }
-                                    for ga in g_candidates(rho) {
-                                        for baby in [
-                                            BabySteps::Server,
-                                            BabySteps::ServerExtended,
-                                            BabySteps::Client,
-                                        ] {
-                                            if baby == BabySteps::ServerExtended && ga == 1 {
-                                                continue;
-                                            }
-                                            let p = mk(
-                                                Some(StageAPlan {
-                                                    period,
-                                                    g: ga,
-                                                    baby,
-                                                    segmented,
-                                                }),
-                                                StageBPlan {
-                                                    n_out,
-                                                    g: gb,
-                                                    baby: baby_b,
-                                                    reach: Reach::Ahead,
-                                                },
-                                            );
-                                            if p.layout().is_ok() {
-                                                out.push(p);
-                                            }
-                                        }
-                                    }
-                                }
-                            }
+                        if let Some(n_out) =
+                            (lower..=d).find(|&n| probe(period, segmented, n).layout().is_ok())
+                        {
+                            push_standard(&probe(period, segmented, n_out), rho, out);
                         }
                     }
                     period += rho;
+                }
+            }
+            // The dense layout: whole-ciphertext chunks, when rotations wrap consistently.
+            let dense = probe(w_in, false, d.div_ceil(w_in).max(1));
+            if dense.dense_standard(w_in)
+                && let Ok(l) = dense.layout()
+            {
+                push_standard(&dense, l.stride_a, out);
+            }
+        }
+    }
+}
+
+/// Every baby-step choice of a standard plan's two stages, for `rho` diagonals each.
+fn push_standard(probe: &GroupPlan, rho: usize, out: &mut Vec<GroupPlan>) {
+    let server = [BabySteps::Server, BabySteps::ServerExtended];
+    let (Some(sa), sb) = (probe.stage_a, probe.stage_b) else {
+        return;
+    };
+    for gb in g_candidates(rho) {
+        for baby_b in server {
+            if baby_b == BabySteps::ServerExtended && gb == 1 {
+                continue;
+            }
+            for ga in g_candidates(rho) {
+                for baby in [
+                    BabySteps::Server,
+                    BabySteps::ServerExtended,
+                    BabySteps::Client,
+                ] {
+                    if baby == BabySteps::ServerExtended && ga == 1 {
+                        continue;
+                    }
+                    let p = GroupPlan {
+                        stage_a: Some(StageAPlan { g: ga, baby, ..sa }),
+                        stage_b: StageBPlan {
+                            g: gb,
+                            baby: baby_b,
+                            ..sb
+                        },
+                        ..probe.clone()
+                    };
+                    if p.layout().is_ok() {
+                        out.push(p);
+                    }
                 }
             }
         }
@@ -405,8 +417,8 @@ impl GroupPlan {
             Ok(l) => l.diags_b,
             Err(_) => 0,
         };
-        /// `[segmented][stage-A owner][stage-B owner]`.
-        const STANDARD: [[[&str; 2]; 3]; 2] = [
+        /// `[fused, segmented, dense][stage-A owner][stage-B owner]`.
+        const STANDARD: [[[&str; 2]; 3]; 3] = [
             [
                 [
                     "fused:hoisted-bsgs-A+hoisted-bsgs-B",
@@ -435,6 +447,20 @@ impl GroupPlan {
                     "segmented:client-prerotated-A+double-hoisted-bsgs-B",
                 ],
             ],
+            [
+                [
+                    "dense:hoisted-bsgs-A+hoisted-bsgs-B",
+                    "dense:hoisted-bsgs-A+double-hoisted-bsgs-B",
+                ],
+                [
+                    "dense:double-hoisted-bsgs-A+hoisted-bsgs-B",
+                    "dense:double-hoisted-bsgs-A+double-hoisted-bsgs-B",
+                ],
+                [
+                    "dense:client-prerotated-A+hoisted-bsgs-B",
+                    "dense:client-prerotated-A+double-hoisted-bsgs-B",
+                ],
+            ],
         ];
         let owner = |b: BabySteps| match b {
             BabySteps::Server => 0,
@@ -453,7 +479,13 @@ impl GroupPlan {
             Some(a) => {
                 // Standard stage B is always on the server.
                 let b = owner(self.stage_b.baby).min(1);
-                STANDARD[usize::from(a.segmented)][owner(a.baby)][b]
+                let w_in = self.slots / self.slot_positions().max(1);
+                let blocks = match (a.segmented, self.dense_standard(w_in)) {
+                    (true, _) => 1,
+                    (false, true) => 2,
+                    (false, false) => 0,
+                };
+                STANDARD[blocks][owner(a.baby)][b]
             }
         }
     }

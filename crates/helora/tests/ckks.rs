@@ -125,6 +125,40 @@ fn smollm2_every_strategy_family_t5() {
     }
 }
 
+/// The dense standard layout (whole-ciphertext stage-A chunks, T' dividing the slots) on the real
+/// engine: every baby-step family of the q,k,v group at a verify width (8) and the prefill width
+/// (32), correct to 20 bits and at the noise level outside the deltas.
+#[test]
+fn smollm2_dense_standard_families_t8_t32() {
+    let ctx = ctx();
+    let (_, shape) = &ModelShape::smollm2_135m().groups[0];
+    for t in [8, 32] {
+        let dense: Vec<GroupPlan> = best_per_family(
+            shape,
+            Mode::Standard,
+            t,
+            ctx.slots(),
+            false,
+            &OpCosts::default(),
+            &Link::default(),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| p.strategy_family().starts_with("dense:"))
+        .collect();
+        assert!(dense.len() >= 4, "T={t}: {} dense families", dense.len());
+        for plan in dense {
+            let out = ckks_run(&ctx, &plan, shape, 9, None);
+            check(
+                &out,
+                &format!("smollm2 qkv T={t} {}", plan.strategy()),
+                20.0,
+            );
+        }
+    }
+}
+
 #[test]
 fn rerandomized_outputs_stay_correct() {
     let ctx = ctx();

@@ -237,3 +237,69 @@ fn two_sided_reach_fills_every_output_dimension_of_a_four_layer_group() {
         }
     }
 }
+
+/// The dense standard layout (whole-ciphertext stage-A chunks when T' divides the slots) on the
+/// default model's groups and the Qwen2.5-3B q,k,v group (R = 96, padded to 128): exact against
+/// the plaintext reference, zero outside the deltas, counts and Galois steps as planned, and never
+/// more uploaded or returned ciphertexts than the best other standard layout (strictly fewer of
+/// both for the 135M q,k,v group at the prefill width).
+#[test]
+fn dense_standard_layout_fills_inputs_and_outputs() {
+    use cipherlora_helora::planner::candidates;
+    use cipherlora_helora::{GroupPlan, PositionPacking};
+    let sim = SlotSimulator::new(SLOTS, 2).unwrap();
+    let mut groups = ModelShape::smollm2_135m().groups;
+    groups.push(ModelShape::qwen25_3b().groups[0].clone());
+    for (gi, (gname, shape)) in groups.iter().enumerate() {
+        let adapter = random_adapter(shape, 40 + gi as u64);
+        for t in [2, 8, 32] {
+            let x = random_x(t, shape.d_in, 3 + t as u64);
+            let pairs: Vec<GroupPlan> = candidates(shape, Mode::Standard, t, SLOTS, false)
+                .into_iter()
+                .filter(|p| p.packing == PositionPacking::ComplexPairs)
+                .collect();
+            let w_in = SLOTS / t.div_ceil(2);
+            let (dense, other): (Vec<&GroupPlan>, Vec<&GroupPlan>) =
+                pairs.iter().partition(|p| p.dense_standard(w_in));
+            let label = format!("{gname} T={t}");
+            assert!(!dense.is_empty(), "{label}: no dense candidate");
+            let fewest = |plans: &[&GroupPlan]| {
+                (
+                    plans.iter().map(|p| p.input_cts().unwrap()).min().unwrap(),
+                    plans.iter().map(|p| p.stage_b.n_out).min().unwrap(),
+                )
+            };
+            let (dense_in, dense_out) = fewest(&dense);
+            let (other_in, other_out) = fewest(&other);
+            assert!(
+                dense_in <= other_in && dense_out <= other_out,
+                "{label}: dense {dense_in}/{dense_out} vs {other_in}/{other_out}"
+            );
+            // Ciphertexts both ways of one plan: strictly fewer for q,k,v at the prefill width.
+            let moved = |plans: &[&GroupPlan]| {
+                plans
+                    .iter()
+                    .map(|p| p.input_cts().unwrap() + p.stage_b.n_out)
+                    .min()
+                    .unwrap()
+            };
+            if *gname == "qkv" && shape.d_in == 576 && t == 32 {
+                assert!(
+                    moved(&dense) < moved(&other),
+                    "{label}: {} vs {}",
+                    moved(&dense),
+                    moved(&other)
+                );
+            }
+            for plan in dense.iter().filter(|p| [1, 4].contains(&p.stage_b.g)) {
+                sim.reset_counts();
+                let out = run(&sim, &sim, plan, &adapter, &x);
+                let label = format!("{label} {}", plan.strategy());
+                assert_eq!(out.max_outside, 0.0, "{label}: non-zero outside deltas");
+                assert!(out.bits() > 40.0, "{label}: only {:.1} bits", out.bits());
+                assert_eq!(sim.counts(), plan.counts().unwrap(), "{label}: counts");
+                assert_eq!(sim.steps_used(), plan.galois_steps().unwrap(), "{label}");
+            }
+        }
+    }
+}
