@@ -6,6 +6,15 @@ use thiserror::Error;
 #[non_exhaustive]
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum HeloraError {
+    /// A projection's fixed-point product could reach half the ring's modulus
+    /// ([`crate::ring::RingProjection::new`]): fewer input or weight bits are needed.
+    #[error("ring bound 2^{bound_log2} does not fit the {ring_bits}-bit ring with its margin")]
+    RingBound {
+        /// `log₂` of the bound on `|M̂·x̂|`.
+        bound_log2: u32,
+        /// Bits of the ring's modulus.
+        ring_bits: u32,
+    },
     /// An adapter or activation matrix does not have the size its shape implies.
     #[error("{what}: expected {expected} values, got {got}")]
     ShapeMismatch {

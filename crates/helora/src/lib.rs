@@ -2,7 +2,9 @@
 //! positions at once, on CKKS ciphertexts. This crate owns the adapter fusion ([`adapter`]), the
 //! slot layout and BSGS plans ([`plan`], [`counts`], [`planner`]), the HE interface ([`he_traits`],
 //! [`sim`], [`ckks_backend`]) and the two halves, which exchange only serialised ciphertexts and
-//! public keys (the envelope is the protocol's, `cipherlora_proto::v1::GroupRequest`).
+//! public keys (the envelope is the protocol's, `cipherlora_proto::v1::GroupRequest`). [`ring`]
+//! holds the online arithmetic of masked ring values (Delphi-style preprocessing), whose offline
+//! phase is not built yet (docs/design/wire.md).
 //!
 //! Start reading at [`GroupClient::encrypt`] → [`PreparedGroup::handle`] → [`GroupClient::deltas`];
 //! one round's flow, the strategies and the security argument are in docs/design/code-notes.md,
@@ -19,6 +21,7 @@ pub mod measure;
 pub mod packing;
 pub mod plan;
 pub mod planner;
+pub mod ring;
 pub mod shapes;
 pub mod sim;
 

@@ -2,142 +2,94 @@
 //! preprocessing, Mishra et al., USENIX Security 2020, §4; the design is in
 //! `docs/design/wire.md`), measured with the plaintext engine.
 //!
-//! The online path of that design carries fixed-point integers: the client
-//! scales each position's input to max |x| ≤ 1 by a power of two and
-//! rounds it to `BX` fractional bits; the server holds lora_A and
-//! s·lora_B rounded to `BW` bits below each matrix's largest entry and
-//! computes Y = B̂·(Â·x̂) exactly in Z_{2^ℓ}; it returns the 32 bits of Y
-//! below its bound β = maxᵢ Σₖ |(B̂Â)ᵢₖ|·2^BX, so the client learns Y to
-//! within one unit of 2^k, k = ⌈log₂ β⌉ + 1 − 32. The masks cancel exactly
-//! and change nothing here, so this example skips them: it replaces the
-//! plaintext LoRA by that integer pipeline and compares greedy decoding
-//! with the plaintext adapted model's, token for token.
+//! Every adapted projection runs the online exchange of
+//! `cipherlora_helora::ring`: the server holds lora_A and s·lora_B rounded
+//! to `--bits` bits; the client encodes each position's input in fixed
+//! point with as many bits as the 60-bit field allows for that projection
+//! and sends it under a fresh one-time mask; the server returns the top 32
+//! bits of its masked product in `Z_p`; the client adds what it kept of the
+//! offline value and decodes. The offline values (`M̂·r − m`) are computed
+//! in the clear here, where a deployment would compute them under
+//! encryption. Greedy decoding is compared with the plaintext adapted
+//! model's, token for token.
 //!
-//! For each adapter and bit width it prints the prompts whose output
-//! diverged (and at which token), the ring ℓ the exact product needs (the
-//! bits each uploaded value must carry: log₂ β + 1), and the precision of
-//! the deltas in bits below the largest delta seen (median and worst over
-//! every adapted projection and position).
+//! For each adapter and weight width it prints the range of input bits
+//! over the projections, the prompts whose output diverged (and at which
+//! token), and the precision of the deltas in bits below the largest delta
+//! seen (median and worst over every adapted projection and position).
 //!
 //! Run: `cargo run --release -p cipherlora-speculative --example ring_fidelity -- \
-//!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 --bits 14,16,18 --limit 10`
+//!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 --bits 12,14,16 --limit 10`
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::Tensor;
+use cipherlora_helora::HeloraError;
+use cipherlora_helora::ring::{
+    RingInput, RingParams, RingProjection, kept_bits, minus, sample_mask, unmask,
+};
 use cipherlora_model::{
     DeltaHook, GenerateOptions, GroupDeltas, LoadOptions, LoraAdapter, LoraWeights, Model,
     ModelError, PlainLora, Proj, ProjGroup, SamplingParams, Tokenizer, WeightMode, fetch, generate,
 };
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
 
 #[path = "common/eval_prompts.rs"]
 mod eval_prompts;
 use eval_prompts::prompts;
 
-/// Bits each response value carries (the design's download per value).
-const RESPONSE_BITS: i32 = 32;
-
-/// One projection's weights in fixed point, with its bound.
-struct RingWeights {
-    /// lora_A rounded, (r × d_in), and its scale 2^ea.
-    a: Vec<i64>,
-    /// s·lora_B rounded, (d_out × r), and its scale 2^eb.
-    b: Vec<i64>,
-    r: usize,
-    d_in: usize,
-    d_out: usize,
-    /// log₂ of the integer scale of Y: ea + eb + BX.
-    scale_log2: i32,
-    /// ⌈log₂ β⌉: every |Y| is below 2^bound_log2.
-    bound_log2: i32,
+/// A ring error as the hook's error for `(layer, proj)`.
+fn hook_error(layer: usize, proj: Proj) -> impl Fn(HeloraError) -> ModelError {
+    move |e| ModelError::Hook {
+        layer,
+        proj,
+        reason: e.to_string(),
+    }
 }
 
-/// Rounds `w` to `bits` bits below its largest magnitude; returns the integers and the exponent e
-/// with ŵ = round(w·2^e).
-fn quantize(w: &[f32], bits: u32) -> (Vec<i64>, i32) {
-    let max = w
-        .iter()
-        .fold(0f32, |m, v| m.max(v.abs()))
-        .max(f32::MIN_POSITIVE);
-    let e = bits as i32 - 1 - max.log2().ceil() as i32;
-    let q = w
-        .iter()
-        .map(|&v| (f64::from(v) * 2f64.powi(e)).round() as i64)
-        .collect();
-    (q, e)
+/// One projection's ring weights, from the adapter's.
+fn ring_projection(
+    w: &LoraWeights,
+    params: RingParams,
+    (layer, proj): (usize, Proj),
+) -> Result<RingProjection, ModelError> {
+    let (r, d_in) = w.a.dims2()?;
+    let d_out = w.b.dims2()?.0;
+    let a: Vec<f32> = w.a.flatten_all()?.to_vec1()?;
+    let b: Vec<f32> = (w.b.flatten_all()? * w.scaling)?.to_vec1()?;
+    RingProjection::new(&a, &b, (r, d_in, d_out), params).map_err(hook_error(layer, proj))
 }
 
-impl RingWeights {
-    fn new(w: &LoraWeights, bits: u32) -> Result<Self, ModelError> {
-        let (r, d_in) = w.a.dims2()?;
-        let d_out = w.b.dims2()?.0;
-        let a: Vec<f32> = w.a.flatten_all()?.to_vec1()?;
-        let b: Vec<f32> = (w.b.flatten_all()? * w.scaling)?.to_vec1()?;
-        let (a, ea) = quantize(&a, bits);
-        let (b, eb) = quantize(&b, bits);
-        // β = max_i Σ_k |(B̂Â)_ik| · 2^BX, in f64 (an upper bound to within rounding).
-        let mut beta = 0f64;
-        for i in 0..d_out {
-            let mut row = 0f64;
-            for k in 0..d_in {
-                let m: i64 = (0..r).map(|j| b[i * r + j] * a[j * d_in + k]).sum();
-                row += (m as f64).abs();
-            }
-            beta = beta.max(row);
-        }
-        Ok(RingWeights {
-            a,
-            b,
-            r,
-            d_in,
-            d_out,
-            scale_log2: ea + eb + bits as i32,
-            bound_log2: (beta * 2f64.powi(bits as i32)).log2().ceil() as i32,
-        })
+/// The deltas (T × d_out) for `x` (T × d_in) through the masked online exchange.
+fn ring_delta(
+    p: &RingProjection,
+    x: &[f32],
+    t: usize,
+    rng: &mut ChaCha20Rng,
+) -> Result<Vec<f32>, HeloraError> {
+    let mut out = Vec::with_capacity(t * p.d_out());
+    for row in x.chunks_exact(p.d_in()).take(t) {
+        // Offline (in the clear here): the client's r, the server's m, the client's M̂·r − m.
+        let (r, m) = (sample_mask(rng, p.d_in()), sample_mask(rng, p.d_out()));
+        let c = minus(&p.product(&r)?, &m)?;
+        // Online.
+        let input = RingInput::encode(row, p.input_bits());
+        let response = p.respond(&input.masked(&r)?, &m)?;
+        let z = unmask(&response, &kept_bits(&c, p.shift()), p.shift())?;
+        out.extend(p.decode(&z, input.exponent));
     }
-
-    /// The deltas (T × d_out) the client reconstructs for `x` (T × d_in), inputs at `bits`.
-    fn delta(&self, x: &[f32], t: usize, bits: u32) -> Vec<f32> {
-        let k = (self.bound_log2 + 1 - RESPONSE_BITS).max(0);
-        let mut out = vec![0f32; t * self.d_out];
-        for p in 0..t {
-            let row = &x[p * self.d_in..(p + 1) * self.d_in];
-            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            // The client's power-of-two normalisation to max |x| ≤ 1.
-            let s = if max > 0.0 {
-                max.log2().ceil() as i32
-            } else {
-                0
-            };
-            let xq: Vec<i128> = row
-                .iter()
-                .map(|&v| (f64::from(v) * 2f64.powi(bits as i32 - s)).round() as i128)
-                .collect();
-            let u: Vec<i128> = (0..self.r)
-                .map(|j| {
-                    let a = &self.a[j * self.d_in..(j + 1) * self.d_in];
-                    a.iter().zip(&xq).map(|(&a, &x)| i128::from(a) * x).sum()
-                })
-                .collect();
-            for i in 0..self.d_out {
-                let y: i128 = (0..self.r)
-                    .map(|j| i128::from(self.b[i * self.r + j]) * u[j])
-                    .sum();
-                // The 32 returned bits: Y to one unit of 2^k (the carry from the masked low bits).
-                let y = (y >> k) << k;
-                out[p * self.d_out + i] = (y as f64 * 2f64.powi(s - self.scale_log2)) as f32;
-            }
-        }
-        out
-    }
+    Ok(out)
 }
 
 /// The ring pipeline as a delta hook, recording each delta's error against the plaintext LoRA.
 struct RingLora<'a> {
     adapter: &'a LoraAdapter,
-    bits: u32,
-    weights: HashMap<(usize, Proj), RingWeights>,
+    params: RingParams,
+    weights: HashMap<(usize, Proj), RingProjection>,
+    /// The masks' CSPRNG (seeded: the masks cancel, so the output does not depend on it).
+    rng: ChaCha20Rng,
     /// Per projection call: log₂(max |delta| / max |error|).
     precision: Vec<f64>,
 }
@@ -146,19 +98,20 @@ impl<'a> RingLora<'a> {
     fn new(adapter: &'a LoraAdapter, bits: u32) -> Self {
         RingLora {
             adapter,
-            bits,
+            params: RingParams {
+                weight_bits: bits,
+                ..RingParams::default()
+            },
             weights: HashMap::new(),
+            rng: ChaCha20Rng::seed_from_u64(7),
             precision: Vec::new(),
         }
     }
 
-    /// The largest ring ℓ any projection needs: ⌈log₂ β⌉ + 1.
-    fn ring_bits(&self) -> i32 {
-        self.weights
-            .values()
-            .map(|w| w.bound_log2 + 1)
-            .max()
-            .unwrap_or(0)
+    /// The range of input bits over the projections (each fills the field).
+    fn input_bits(&self) -> (u32, u32) {
+        let bits = self.weights.values().map(RingProjection::input_bits);
+        (bits.clone().min().unwrap_or(0), bits.max().unwrap_or(0))
     }
 }
 
@@ -179,10 +132,10 @@ impl DeltaHook for RingLora<'_> {
             let ring = match self.weights.entry((layer, p)) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(RingWeights::new(w, self.bits)?)
+                    e.insert(ring_projection(w, self.params, (layer, p))?)
                 }
             };
-            let got = ring.delta(&xs, t, self.bits);
+            let got = ring_delta(ring, &xs, t, &mut self.rng).map_err(hook_error(layer, p))?;
             let want: Vec<f32> = w.delta(x)?.flatten_all()?.to_vec1()?;
             let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             let err = got
@@ -192,7 +145,7 @@ impl DeltaHook for RingLora<'_> {
             if max > 0.0 && err > 0.0 {
                 self.precision.push(f64::from(max / err).log2());
             }
-            out.push(p, Tensor::from_vec(got, (t, ring.d_out), x.device())?);
+            out.push(p, Tensor::from_vec(got, (t, ring.d_out()), x.device())?);
         }
         Ok(out)
     }
@@ -205,7 +158,7 @@ impl DeltaHook for RingLora<'_> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut adapters = "code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8".to_string();
-    let mut bits = "14,16,18".to_string();
+    let mut bits = "12,14,16".to_string();
     let (mut limit, mut tokens) = (10usize, 64usize);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -233,7 +186,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eos: tok.eos_tokens().to_vec(),
     };
     println!(
-        "| adapter | bits (x, lora_A, lora_B) | ring ℓ (bits up per value) | prompts | diverged (prompt: token) | delta precision, bits: median / worst |"
+        "| adapter | bits of lora_A, lora_B | bits of x | prompts | diverged (prompt: token) | delta precision, bits: median / worst |"
     );
     println!("| --- | ---: | ---: | ---: | --- | --- |");
     for name in adapters.split(',') {
@@ -267,9 +220,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             p.sort_by(f64::total_cmp);
             let median = p.get(p.len() / 2).copied().unwrap_or(f64::NAN);
             let worst = p.first().copied().unwrap_or(f64::NAN);
+            let (lo, hi) = hook.input_bits();
             println!(
-                "| {name} | {b} | {} | {} | {} | {median:.1} / {worst:.1} |",
-                hook.ring_bits(),
+                "| {name} | {b} | {lo}–{hi} | {} | {} | {median:.1} / {worst:.1} |",
                 prompts.len(),
                 if diverged.is_empty() {
                     "none".to_string()

@@ -1,0 +1,510 @@
+//! Masked ring values: the online phase of Delphi-style preprocessing (Mishra et al., "Delphi",
+//! USENIX Security 2020, §4) for one LoRA projection, in the prime field `Z_p` that a batched
+//! RLWE offline phase computes in (docs/design/wire.md, "Masked ring values").
+//!
+//! The server holds `Â` (lora_A) and `B̂` (s·lora_B) in fixed point, `M̂ = B̂·Â`. From an
+//! offline phase the client holds, per position, a one-time mask `r` (its CSPRNG) and
+//! `c = M̂·r − m`, where `m` is the server's one-time mask. Online:
+//!
+//! 1. the client encodes x as integers `x̂` with the projection's input bits
+//!    ([`RingProjection::input_bits`], [`RingInput::encode`]) and sends `x̂ − r mod p`
+//!    ([`RingInput::masked`]): uniform, whatever x is;
+//! 2. the server returns the top [`RingParams::response_bits`] bits of `M̂·(x̂ − r) + m mod p`
+//!    ([`RingProjection::respond`]);
+//! 3. the client adds its kept top bits of c ([`kept_bits`]) and reduces to the centred residue
+//!    ([`unmask`]): `M̂·x̂` to within `2^(shift + 1)`, where `shift` is the bits dropped.
+//!
+//! Everything here is exact integer arithmetic; the only errors are the fixed-point rounding of
+//! x, `Â` and `B̂` and the dropped low bits. Masks must never be reused: two inputs under one r
+//! reveal their difference.
+
+use rand::Rng;
+
+use crate::error::{HeloraError, Result};
+
+/// The ring's modulus: the prime `2^60 − 2^17 + 2^15 + 1`, `≡ 1 mod 2^15`, so an offline phase
+/// can batch-encode `Z_p` vectors at ring degree up to 16384.
+pub const RING_PRIME: u64 = 0x0fff_ffff_fffe_8001;
+
+/// Bits of [`RING_PRIME`].
+const RING_BITS: u32 = 60;
+
+/// Most fractional bits of an input (an f32 carries 24).
+const MAX_INPUT_BITS: u32 = 24;
+
+/// Fixed-point widths of the online phase. The input bits follow from the weights: as many as
+/// keep `|M̂·x̂|` below `2^(60 − 2)` ([`RingProjection::input_bits`]), because a response in `Z_p`
+/// carries its value from the field's top bit down, so a product that fills the field comes back
+/// most precisely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingParams {
+    /// Bits of `Â` and `B̂` below each matrix's largest entry (sign included).
+    pub weight_bits: u32,
+    /// Bits per returned value.
+    pub response_bits: u32,
+}
+
+impl Default for RingParams {
+    /// 16-bit weights and 32-bit responses (docs/design/wire.md, the fidelity study).
+    fn default() -> Self {
+        RingParams {
+            weight_bits: 16,
+            response_bits: 32,
+        }
+    }
+}
+
+/// One projection's weights in fixed point, as the server holds them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RingProjection {
+    /// `Â`, (r × d_in), row-major: `round(lora_A · 2^ea)`.
+    a: Vec<i64>,
+    /// `B̂`, (d_out × r), row-major: `round(s·lora_B · 2^eb)`.
+    b: Vec<i64>,
+    r: usize,
+    d_in: usize,
+    d_out: usize,
+    /// Fractional bits of x̂ after the client's normalisation to `max |x| ≤ 1`.
+    input_bits: u32,
+    /// `ea + eb + input_bits`: a delta is `M̂·x̂ · 2^(e_x − scale_log2)`.
+    scale_log2: i32,
+    /// Every `|M̂·x̂|` with `max |x̂| ≤ 2^input_bits` is below `2^bound_log2`.
+    bound_log2: u32,
+    /// Low bits dropped from each response value.
+    shift: u32,
+}
+
+/// Rounds `w` to `bits` bits below its largest magnitude: `(round(w·2^e), e)`.
+fn quantize(w: &[f32], bits: u32) -> (Vec<i64>, i32) {
+    let max = w
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
+        .max(f32::MIN_POSITIVE);
+    let e = bits as i32 - 1 - max.log2().ceil() as i32;
+    let q = w
+        .iter()
+        .map(|&v| (f64::from(v) * 2f64.powi(e)).round() as i64)
+        .collect();
+    (q, e)
+}
+
+/// `v mod p` for any signed 128-bit value.
+fn reduce(v: i128) -> u64 {
+    v.rem_euclid(i128::from(RING_PRIME)) as u64
+}
+
+fn check_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(HeloraError::ShapeMismatch {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+impl RingProjection {
+    /// Quantizes `lora_a` (r × d_in) and `scaled_b` (s·lora_B, d_out × r), both row-major.
+    /// Errors: [`HeloraError::ShapeMismatch`], [`HeloraError::InvalidShape`];
+    /// [`HeloraError::RingBound`] when not even one input bit keeps `M̂·x̂` below `p/4`.
+    pub fn new(
+        lora_a: &[f32],
+        scaled_b: &[f32],
+        (r, d_in, d_out): (usize, usize, usize),
+        params: RingParams,
+    ) -> Result<Self> {
+        check_len("lora_A (r × d_in)", r * d_in, lora_a.len())?;
+        check_len("s·lora_B (d_out × r)", d_out * r, scaled_b.len())?;
+        if r == 0 || d_in == 0 || d_out == 0 {
+            return Err(HeloraError::InvalidShape {
+                reason: "a ring projection needs r, d_in and d_out ≥ 1",
+            });
+        }
+        let (a, ea) = quantize(lora_a, params.weight_bits);
+        let (b, eb) = quantize(scaled_b, params.weight_bits);
+        // L = max_i Σ_k |(B̂Â)_ik|; β = L·2^input_bits bounds |M̂·x̂| for max |x̂| ≤ 2^input_bits.
+        let mut l1: u128 = 0;
+        for i in 0..d_out {
+            let row: u128 = (0..d_in)
+                .map(|k| {
+                    let m: i128 = (0..r)
+                        .map(|j| i128::from(b[i * r + j]) * i128::from(a[j * d_in + k]))
+                        .sum();
+                    m.unsigned_abs()
+                })
+                .sum();
+            l1 = l1.max(row);
+        }
+        // Centred residues reach p/2: the product and the dropped bits must stay below it.
+        let l1_bits = u128::BITS - l1.leading_zeros();
+        let input_bits = (RING_BITS - 2).saturating_sub(l1_bits).min(MAX_INPUT_BITS);
+        if input_bits == 0 {
+            return Err(HeloraError::RingBound {
+                bound_log2: l1_bits,
+                ring_bits: RING_BITS,
+            });
+        }
+        Ok(RingProjection {
+            a,
+            b,
+            r,
+            d_in,
+            d_out,
+            input_bits,
+            scale_log2: ea + eb + input_bits as i32,
+            bound_log2: l1_bits + input_bits,
+            shift: RING_BITS.saturating_sub(params.response_bits),
+        })
+    }
+
+    /// Fractional bits of the input after its normalisation (public: the client encodes with
+    /// them).
+    pub fn input_bits(&self) -> u32 {
+        self.input_bits
+    }
+
+    /// Input dimension.
+    pub fn d_in(&self) -> usize {
+        self.d_in
+    }
+
+    /// Output dimension.
+    pub fn d_out(&self) -> usize {
+        self.d_out
+    }
+
+    /// `log₂` of the bound on `|M̂·x̂|` (public, like the CKKS output bounds).
+    pub fn bound_log2(&self) -> u32 {
+        self.bound_log2
+    }
+
+    /// Low bits dropped from each response value (public).
+    pub fn shift(&self) -> u32 {
+        self.shift
+    }
+
+    /// `M̂·v mod p` for `v` in `Z_p^{d_in}`: what the offline phase computes on `Enc(r)`.
+    /// Errors: [`HeloraError::ShapeMismatch`].
+    pub fn product(&self, v: &[u64]) -> Result<Vec<u64>> {
+        check_len("ring input (d_in)", self.d_in, v.len())?;
+        // |â| < 2^16 and v < 2^60, summed over d_in: well inside i128.
+        let u: Vec<i128> = self
+            .a
+            .chunks_exact(self.d_in)
+            .map(|row| {
+                let s: i128 = row
+                    .iter()
+                    .zip(v)
+                    .map(|(&a, &x)| i128::from(a) * i128::from(x))
+                    .sum();
+                i128::from(reduce(s))
+            })
+            .collect();
+        Ok(self
+            .b
+            .chunks_exact(self.r)
+            .map(|row| reduce(row.iter().zip(&u).map(|(&b, &u)| i128::from(b) * u).sum()))
+            .collect())
+    }
+
+    /// The server's online answer: the top bits of `M̂·masked + server_mask mod p`, per output.
+    /// Errors: [`HeloraError::ShapeMismatch`].
+    pub fn respond(&self, masked: &[u64], server_mask: &[u64]) -> Result<Vec<u32>> {
+        check_len("server mask (d_out)", self.d_out, server_mask.len())?;
+        let y = self.product(masked)?;
+        Ok(y.iter()
+            .zip(server_mask)
+            .map(|(&y, &m)| (reduce(i128::from(y) + i128::from(m)) >> self.shift) as u32)
+            .collect())
+    }
+
+    /// The delta values of unmasked `z = M̂·x̂` for an input encoded with `exponent`.
+    pub fn decode(&self, z: &[i64], exponent: i32) -> Vec<f32> {
+        let unit = 2f64.powi(exponent - self.scale_log2);
+        z.iter().map(|&v| (v as f64 * unit) as f32).collect()
+    }
+}
+
+/// A position's input in fixed point: `x̂ = round(x · 2^(input_bits − exponent)) mod p`, where
+/// `2^exponent ≥ max |x|` is the client's power-of-two normalisation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RingInput {
+    /// `x̂ mod p`.
+    pub values: Vec<u64>,
+    /// The normalisation exponent (0 for an all-zero input).
+    pub exponent: i32,
+}
+
+impl RingInput {
+    /// Encodes one position's input with `input_bits` fractional bits
+    /// ([`RingProjection::input_bits`]).
+    pub fn encode(x: &[f32], input_bits: u32) -> Self {
+        let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let exponent = if max > 0.0 {
+            max.log2().ceil() as i32
+        } else {
+            0
+        };
+        let unit = 2f64.powi(input_bits as i32 - exponent);
+        let values = x
+            .iter()
+            .map(|&v| reduce(i128::from((f64::from(v) * unit).round() as i64)))
+            .collect();
+        RingInput { values, exponent }
+    }
+
+    /// `x̂ − r mod p`: what the client sends. Errors: [`HeloraError::ShapeMismatch`].
+    pub fn masked(&self, mask: &[u64]) -> Result<Vec<u64>> {
+        check_len("client mask (d_in)", self.values.len(), mask.len())?;
+        Ok(self
+            .values
+            .iter()
+            .zip(mask)
+            .map(|(&x, &r)| reduce(i128::from(x) - i128::from(r)))
+            .collect())
+    }
+}
+
+/// `n` uniform elements of `Z_p` (rejection sampling on 60-bit draws): a one-time mask.
+pub fn sample_mask<R: Rng + ?Sized>(rng: &mut R, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|_| {
+            loop {
+                let v = rng.next_u64() >> (u64::BITS - RING_BITS);
+                if v < RING_PRIME {
+                    break v;
+                }
+            }
+        })
+        .collect()
+}
+
+/// `v − m mod p` per element: the offline value `M̂·r − m` from `M̂·r` and the server's mask.
+/// Errors: [`HeloraError::ShapeMismatch`].
+pub fn minus(v: &[u64], m: &[u64]) -> Result<Vec<u64>> {
+    check_len("server mask (d_out)", v.len(), m.len())?;
+    Ok(v.iter()
+        .zip(m)
+        .map(|(&v, &m)| reduce(i128::from(v) - i128::from(m)))
+        .collect())
+}
+
+/// What the client keeps of `c = M̂·r − m`: its top bits, as the server returns its own.
+pub fn kept_bits(c: &[u64], shift: u32) -> Vec<u32> {
+    c.iter().map(|&v| (v >> shift) as u32).collect()
+}
+
+/// `M̂·x̂` to within `2^(shift + 1)` from the server's response and the client's kept bits: the
+/// centred residue of their sum. Errors: [`HeloraError::ShapeMismatch`].
+pub fn unmask(response: &[u32], kept: &[u32], shift: u32) -> Result<Vec<i64>> {
+    check_len("kept bits (d_out)", response.len(), kept.len())?;
+    let p = i128::from(RING_PRIME);
+    Ok(response
+        .iter()
+        .zip(kept)
+        .map(|(&y, &c)| {
+            let v = i128::from(reduce((i128::from(y) + i128::from(c)) << shift));
+            (if v > p / 2 { v - p } else { v }) as i64
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha20Rng;
+
+    /// Deterministic Miller–Rabin for 64-bit n (bases 2…37).
+    fn is_prime(n: u64) -> bool {
+        let mul = |a: u64, b: u64| ((u128::from(a) * u128::from(b)) % u128::from(n)) as u64;
+        let pow = |mut a: u64, mut e: u64| {
+            let mut r = 1u64;
+            while e > 0 {
+                if e & 1 == 1 {
+                    r = mul(r, a);
+                }
+                a = mul(a, a);
+                e >>= 1;
+            }
+            r
+        };
+        let (mut d, mut s) = (n - 1, 0);
+        while d % 2 == 0 {
+            d /= 2;
+            s += 1;
+        }
+        [2u64, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
+            .iter()
+            .all(|&a| {
+                let mut x = pow(a % n, d);
+                if x == 1 || x == n - 1 || a % n == 0 {
+                    return true;
+                }
+                (1..s).any(|_| {
+                    x = mul(x, x);
+                    x == n - 1
+                })
+            })
+    }
+
+    #[test]
+    fn the_ring_modulus_is_a_60_bit_prime_for_batching_up_to_degree_16384() {
+        assert!(is_prime(RING_PRIME));
+        assert_eq!(64 - RING_PRIME.leading_zeros(), RING_BITS);
+        assert_eq!(RING_PRIME % (1 << 15), 1);
+        assert!(!is_prime(RING_PRIME + 2), "the test can tell a composite");
+    }
+
+    /// A random projection (weights of LoRA-like magnitude) and input.
+    fn case(seed: u64, r: usize, d_in: usize, d_out: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let mut draw = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|_| ((rng.next_u32() as f32 / u32::MAX as f32) * 2.0 - 1.0) * scale)
+                .collect()
+        };
+        (draw(r * d_in, 0.05), draw(d_out * r, 0.02), draw(d_in, 3.0))
+    }
+
+    /// The whole online exchange with the offline values computed in the clear.
+    fn exchange(p: &RingProjection, x: &RingInput, seed: u64) -> Vec<i64> {
+        let mut rng = ChaCha20Rng::seed_from_u64(seed);
+        let r = sample_mask(&mut rng, p.d_in());
+        let m = sample_mask(&mut rng, p.d_out());
+        let c = minus(&p.product(&r).unwrap(), &m).unwrap();
+        let response = p.respond(&x.masked(&r).unwrap(), &m).unwrap();
+        unmask(&response, &kept_bits(&c, p.shift()), p.shift()).unwrap()
+    }
+
+    /// `M̂·x̂` over the integers (no reduction).
+    fn exact(p: &RingProjection, x: &RingInput) -> Vec<i128> {
+        let half = RING_PRIME / 2;
+        let xs: Vec<i128> = x
+            .values
+            .iter()
+            .map(|&v| {
+                if v > half {
+                    i128::from(v) - i128::from(RING_PRIME)
+                } else {
+                    i128::from(v)
+                }
+            })
+            .collect();
+        let u: Vec<i128> =
+            p.a.chunks_exact(p.d_in)
+                .map(|row| row.iter().zip(&xs).map(|(&a, &x)| i128::from(a) * x).sum())
+                .collect();
+        p.b.chunks_exact(p.r)
+            .map(|row| row.iter().zip(&u).map(|(&b, &u)| i128::from(b) * u).sum())
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// The masks cancel: the client recovers the exact integer product to within the
+        /// dropped bits, for any shape, weights, input and masks, and the product stays below
+        /// the published bound.
+        #[test]
+        fn masks_cancel_to_within_the_dropped_bits(
+            seed in any::<u64>(), r in 1usize..9, d_in in 1usize..97, d_out in 1usize..65,
+        ) {
+            let (a, b, x) = case(seed, r, d_in, d_out);
+            let p = RingProjection::new(&a, &b, (r, d_in, d_out), RingParams::default()).unwrap();
+            let x = RingInput::encode(&x, p.input_bits());
+            let got = exchange(&p, &x, seed ^ 0x5eed);
+            for (g, w) in got.iter().zip(exact(&p, &x)) {
+                let err = i128::from(*g) - w;
+                prop_assert!((0..=1i128 << (p.shift() + 1)).contains(&-err), "error {err}");
+                prop_assert!(w.unsigned_abs() < 1u128 << p.bound_log2());
+            }
+        }
+
+        /// Decoded deltas match `s·B·A·x` in floating point to the fixed point's precision.
+        #[test]
+        fn decoded_deltas_match_the_plaintext_lora(
+            seed in any::<u64>(), r in 1usize..9, d_in in 8usize..97, d_out in 1usize..65,
+        ) {
+            let (a, b, x) = case(seed, r, d_in, d_out);
+            let p = RingProjection::new(&a, &b, (r, d_in, d_out), RingParams::default()).unwrap();
+            let enc = RingInput::encode(&x, p.input_bits());
+            let got = p.decode(&exchange(&p, &enc, seed.rotate_left(7)), enc.exponent);
+            let u: Vec<f64> = a
+                .chunks_exact(d_in)
+                .map(|row| row.iter().zip(&x).map(|(&a, &x)| f64::from(a) * f64::from(x)).sum())
+                .collect();
+            // Every rounding error is below 2^-16 of max|B|·r·max|A|·d_in·max|x|, a bound on
+            // every delta.
+            let max = |w: &[f32]| w.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+            let scale = max(&b) * r as f64 * max(&a) * d_in as f64 * max(&x);
+            for (i, g) in got.iter().enumerate() {
+                let want: f64 = (0..r).map(|j| f64::from(b[i * r + j]) * u[j]).sum();
+                let err = (f64::from(*g) - want).abs();
+                prop_assert!(err <= 2f64.powi(-13) * scale, "row {i}: {err} vs {scale}");
+            }
+        }
+    }
+
+    /// A kept value from another mask leaves noise of the ring's size: the test above can fail.
+    #[test]
+    fn a_kept_value_of_another_mask_does_not_cancel() {
+        let (a, b, x) = case(3, 4, 32, 16);
+        let p = RingProjection::new(&a, &b, (4, 32, 16), RingParams::default()).unwrap();
+        let x = RingInput::encode(&x, p.input_bits());
+        let mut rng = ChaCha20Rng::seed_from_u64(9);
+        let (r, m) = (sample_mask(&mut rng, 32), sample_mask(&mut rng, 16));
+        let other = sample_mask(&mut rng, 32);
+        let c = minus(&p.product(&other).unwrap(), &m).unwrap();
+        let response = p.respond(&x.masked(&r).unwrap(), &m).unwrap();
+        let got = unmask(&response, &kept_bits(&c, p.shift()), p.shift()).unwrap();
+        let far = got
+            .iter()
+            .zip(exact(&p, &x))
+            .filter(|(g, w)| (i128::from(**g) - w).unsigned_abs() > 1 << (p.shift() + 12))
+            .count();
+        assert!(far >= 15, "{far} of 16 far off");
+    }
+
+    /// The input bits fill the field: the product's bound sits just below `p/4`.
+    #[test]
+    fn the_input_bits_fill_the_field() {
+        let (a, b, _) = case(5, 16, 576, 64);
+        let p = RingProjection::new(&a, &b, (16, 576, 64), RingParams::default()).unwrap();
+        assert_eq!(p.bound_log2(), RING_BITS - 2);
+        assert!((1..=MAX_INPUT_BITS).contains(&p.input_bits()));
+    }
+
+    #[test]
+    fn shapes_and_bounds_are_checked() {
+        let params = RingParams::default();
+        assert!(matches!(
+            RingProjection::new(&[0.1; 5], &[0.1; 4], (2, 3, 2), params),
+            Err(HeloraError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            RingProjection::new(&[], &[], (0, 3, 2), params),
+            Err(HeloraError::InvalidShape { .. })
+        ));
+        let wide = RingParams {
+            weight_bits: 31,
+            response_bits: 32,
+        };
+        assert!(matches!(
+            RingProjection::new(&[0.1; 6], &[0.1; 4], (2, 3, 2), wide),
+            Err(HeloraError::RingBound { .. })
+        ));
+        let p = RingProjection::new(&[0.1; 6], &[0.1; 4], (2, 3, 2), params).unwrap();
+        assert!(matches!(
+            p.respond(&[0; 2], &[0; 2]),
+            Err(HeloraError::ShapeMismatch { .. })
+        ));
+        assert!(matches!(
+            unmask(&[0; 2], &[0; 3], p.shift()),
+            Err(HeloraError::ShapeMismatch { .. })
+        ));
+    }
+}
