@@ -314,42 +314,10 @@ pub fn unmask(response: &[u32], kept: &[u32], shift: u32) -> Result<Vec<i64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cipherlora_ckks::modular::is_prime;
     use proptest::prelude::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha20Rng;
-
-    /// Deterministic Miller–Rabin for 64-bit n (bases 2…37).
-    fn is_prime(n: u64) -> bool {
-        let mul = |a: u64, b: u64| ((u128::from(a) * u128::from(b)) % u128::from(n)) as u64;
-        let pow = |mut a: u64, mut e: u64| {
-            let mut r = 1u64;
-            while e > 0 {
-                if e & 1 == 1 {
-                    r = mul(r, a);
-                }
-                a = mul(a, a);
-                e >>= 1;
-            }
-            r
-        };
-        let (mut d, mut s) = (n - 1, 0);
-        while d % 2 == 0 {
-            d /= 2;
-            s += 1;
-        }
-        [2u64, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
-            .iter()
-            .all(|&a| {
-                let mut x = pow(a % n, d);
-                if x == 1 || x == n - 1 || a % n == 0 {
-                    return true;
-                }
-                (1..s).any(|_| {
-                    x = mul(x, x);
-                    x == n - 1
-                })
-            })
-    }
 
     #[test]
     fn the_ring_modulus_is_a_60_bit_prime_for_batching_up_to_degree_16384() {

@@ -519,8 +519,18 @@ fn first_token_from_prefill_samples_the_adapted_softmax() {
 /// done.
 struct Marked<'a> {
     inner: PlainLora<'a>,
-    /// `Some(T)`: a batch of T-position inputs; `None`: the prefill mark.
-    events: Vec<Option<usize>>,
+    /// `Some(T)`: a batch of T-position inputs; `None`: the prefill mark (shared, so a token
+    /// callback can see how far the hook got).
+    events: std::rc::Rc<std::cell::RefCell<Vec<Option<usize>>>>,
+}
+
+impl<'a> Marked<'a> {
+    fn new(inner: PlainLora<'a>) -> Self {
+        Marked {
+            inner,
+            events: Default::default(),
+        }
+    }
 }
 
 impl cipherlora_model::DeltaHook for Marked<'_> {
@@ -530,7 +540,7 @@ impl cipherlora_model::DeltaHook for Marked<'_> {
         group: cipherlora_model::ProjGroup,
         x: &cipherlora_model::Tensor,
     ) -> Result<cipherlora_model::GroupDeltas, cipherlora_model::ModelError> {
-        self.events.push(Some(x.dims()[0]));
+        self.events.borrow_mut().push(Some(x.dims()[0]));
         self.inner.deltas(layer, group, x)
     }
 
@@ -542,12 +552,14 @@ impl cipherlora_model::DeltaHook for Marked<'_> {
         &mut self,
         inputs: &[cipherlora_model::GroupInput],
     ) -> Result<Vec<cipherlora_model::GroupDeltas>, cipherlora_model::ModelError> {
-        self.events.push(inputs.first().map(|g| g.x.dims()[0]));
+        self.events
+            .borrow_mut()
+            .push(inputs.first().map(|g| g.x.dims()[0]));
         self.inner.deltas_many(inputs)
     }
 
     fn prefill_done(&mut self) {
-        self.events.push(None);
+        self.events.borrow_mut().push(None);
     }
 }
 
@@ -564,16 +576,12 @@ fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chu
     let prompt = f.tokenizer.encode(PROMPTS[0]).unwrap();
     let prompt: Vec<u32> = prompt.iter().copied().cycle().take(16 + 6).collect();
     let cfg = fixed_point_config(f, FixedPoint::default(), 12);
-    let mut hook = Marked {
-        inner: PlainLora::new(&f.adapter),
-        events: Vec::new(),
-    };
+    let mut hook = Marked::new(PlainLora::new(&f.adapter));
     let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
-    let marks: Vec<usize> = (0..hook.events.len())
-        .filter(|&i| hook.events[i].is_none())
-        .collect();
-    assert_eq!(marks.len(), 1, "one mark per generation: {:?}", hook.events);
-    let (before, after) = hook.events.split_at(marks[0]);
+    let events = hook.events.borrow();
+    let marks: Vec<usize> = (0..events.len()).filter(|&i| events[i].is_none()).collect();
+    assert_eq!(marks.len(), 1, "one mark per generation: {events:?}");
+    let (before, after) = events.split_at(marks[0]);
     // Prompt minus its last token (it opens the first round): 16 + 5.
     assert_eq!(before.len(), out.stats.prefill_round_trips);
     assert_eq!(before.first(), Some(&Some(16)));
@@ -593,40 +601,6 @@ fn prefill_done_marks_the_end_of_the_prompts_passes_including_a_verify_width_chu
 #[test]
 fn a_per_group_prefill_under_the_fixed_point_streams_the_first_token_before_any_verify_pass() {
     use cipherlora_speculative::schedule::Schedule;
-    use std::cell::RefCell;
-    use std::rc::Rc;
-
-    /// What happened, in order: `Some(T)` a batch of T positions, `None` the prefill mark.
-    struct Logged<'a> {
-        inner: PlainLora<'a>,
-        log: Rc<RefCell<Vec<Option<usize>>>>,
-    }
-    impl cipherlora_model::DeltaHook for Logged<'_> {
-        fn deltas(
-            &mut self,
-            layer: usize,
-            group: cipherlora_model::ProjGroup,
-            x: &cipherlora_model::Tensor,
-        ) -> Result<cipherlora_model::GroupDeltas, cipherlora_model::ModelError> {
-            self.log.borrow_mut().push(Some(x.dims()[0]));
-            self.inner.deltas(layer, group, x)
-        }
-        fn wants(&self, layer: usize, group: cipherlora_model::ProjGroup) -> bool {
-            self.inner.wants(layer, group)
-        }
-        fn deltas_many(
-            &mut self,
-            inputs: &[cipherlora_model::GroupInput],
-        ) -> Result<Vec<cipherlora_model::GroupDeltas>, cipherlora_model::ModelError> {
-            self.log
-                .borrow_mut()
-                .push(inputs.first().map(|g| g.x.dims()[0]));
-            self.inner.deltas_many(inputs)
-        }
-        fn prefill_done(&mut self) {
-            self.log.borrow_mut().push(None);
-        }
-    }
 
     let f = fixture();
     let n = 16;
@@ -644,11 +618,8 @@ fn a_per_group_prefill_under_the_fixed_point_streams_the_first_token_before_any_
             schedule,
             ..SpecConfig::greedy(5, n, f.tokenizer.eos_tokens().to_vec())
         };
-        let log = Rc::new(RefCell::new(Vec::new()));
-        let mut hook = Logged {
-            inner: PlainLora::new(&f.adapter),
-            log: log.clone(),
-        };
+        let mut hook = Marked::new(PlainLora::new(&f.adapter));
+        let log = hook.events.clone();
         // How many hook events had happened when each batch of tokens arrived.
         let mut arrivals = Vec::new();
         let out = decode::generate(&f.model, &prompt, &cfg, &mut hook, &mut |t| {
