@@ -269,7 +269,7 @@ impl GroupPlan {
                 // Stage-A row blocks: one per projection (segmented) or one fused block of R rows;
                 // a dense layout pads R to a divisor of w_in (zero rows).
                 let n_proj = self.shape.ranks.len();
-                let dense = self.dense_standard(w_in);
+                let dense = self.dense_standard();
                 let rho = if sa.segmented {
                     let r0 = self.shape.ranks[0];
                     if self.shape.ranks.iter().any(|&r| r != r0) {
@@ -355,10 +355,10 @@ impl GroupPlan {
     /// ciphertext (`P = w_in`). Stage A's window sum then leaves U fully summed in every
     /// dimension, so X fills its ciphertexts and the outputs fill theirs (code-notes.md,
     /// "Dense standard layout").
-    pub fn dense_standard(&self, w_in: usize) -> bool {
-        self.stage_a.is_some_and(|sa| {
-            !sa.segmented && sa.period == w_in && w_in * self.slot_positions() == self.slots
-        })
+    pub fn dense_standard(&self) -> bool {
+        let t = self.slot_positions();
+        self.stage_a
+            .is_some_and(|sa| t > 0 && !sa.segmented && sa.period * t == self.slots)
     }
 
     /// The dense standard layout: one segment of every dimension, U of period ρ (R padded to a

@@ -315,7 +315,7 @@ fn candidates_packed(
             }
             // The dense layout: whole-ciphertext chunks, when rotations wrap consistently.
             let dense = probe(w_in, false, d.div_ceil(w_in).max(1));
-            if dense.dense_standard(w_in)
+            if dense.dense_standard()
                 && let Ok(l) = dense.layout()
             {
                 push_standard(&dense, l.stride_a, out);
@@ -479,8 +479,7 @@ impl GroupPlan {
             Some(a) => {
                 // Standard stage B is always on the server.
                 let b = owner(self.stage_b.baby).min(1);
-                let w_in = self.slots / self.slot_positions().max(1);
-                let blocks = match (a.segmented, self.dense_standard(w_in)) {
+                let blocks = match (a.segmented, self.dense_standard()) {
                     (true, _) => 1,
                     (false, true) => 2,
                     (false, false) => 0,

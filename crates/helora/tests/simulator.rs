@@ -258,9 +258,8 @@ fn dense_standard_layout_fills_inputs_and_outputs() {
                 .into_iter()
                 .filter(|p| p.packing == PositionPacking::ComplexPairs)
                 .collect();
-            let w_in = SLOTS / t.div_ceil(2);
             let (dense, other): (Vec<&GroupPlan>, Vec<&GroupPlan>) =
-                pairs.iter().partition(|p| p.dense_standard(w_in));
+                pairs.iter().partition(|p| p.dense_standard());
             let label = format!("{gname} T={t}");
             assert!(!dense.is_empty(), "{label}: no dense candidate");
             let fewest = |plans: &[&GroupPlan]| {
