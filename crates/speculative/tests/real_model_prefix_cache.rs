@@ -93,16 +93,10 @@ fn a_chat_reusing_its_prefix_answers_as_sequential_adapted_decoding() {
             let stats = &out.stats;
             // A prefill group by group covers the last prompt token too (the first token comes
             // from its row); otherwise that token opens the first verify pass.
-            let group_by_group = matches!(
-                schedule,
-                Schedule::PerGroup
-                    | Schedule::FixedPoint(FixedPoint {
-                        prefill: Prefill::PerGroup,
-                        ..
-                    })
-            );
             assert_eq!(
-                stats.cached_tokens + stats.prefilled_tokens + usize::from(!group_by_group),
+                stats.cached_tokens
+                    + stats.prefilled_tokens
+                    + usize::from(!schedule.prefills_per_group()),
                 prompt.len(),
                 "{schedule}, turn {turn}: every prompt token is cached or prefilled"
             );

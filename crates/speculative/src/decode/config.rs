@@ -171,8 +171,8 @@ pub struct SpecConfig {
     /// End-of-sequence tokens: generation stops before emitting one.
     pub eos: Vec<u32>,
     /// Take the first new token from the prefill's last row where the prefill
-    /// runs group by group ([`Schedule::PerGroup`], [`crate::schedule::Prefill::PerGroup`]):
-    /// its rows are exact, so no verify pass is needed before the first token.
+    /// runs group by group ([`Schedule::prefills_per_group`]): its rows are
+    /// exact, so no verify pass is needed before the first token.
     pub first_token_from_prefill: bool,
     /// Positions per group-by-group prefill pass, unpadded (the hook splits
     /// it over its sessions' widths); at most the prefill width: fixed-width

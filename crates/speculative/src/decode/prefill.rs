@@ -6,7 +6,7 @@ use super::{SpecConfig, rows};
 use crate::SpecError;
 use crate::prefix_cache::CachedContext;
 use crate::row_deltas::RowDeltas;
-use crate::schedule::{FixedPoint, Prefill, Schedule, prefill_pass};
+use crate::schedule::{Schedule, prefill_pass};
 
 /// The caches a generation starts from.
 pub(super) struct Rows {
@@ -103,15 +103,7 @@ pub(super) fn prefill(
     }
     // A group-by-group pass needs no fixed width: the hook splits it into
     // requests of its sessions' widths and pipelines them.
-    let per_group = span > width
-        && matches!(
-            schedule,
-            Schedule::PerGroup
-                | Schedule::FixedPoint(FixedPoint {
-                    prefill: Prefill::PerGroup,
-                    ..
-                })
-        );
+    let per_group = span > width && schedule.prefills_per_group();
     let pad = pad && !per_group;
     let chunk = match (pad, per_group) {
         (true, _) => width,

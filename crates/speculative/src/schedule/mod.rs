@@ -161,6 +161,19 @@ pub enum Schedule {
 }
 
 impl Schedule {
+    /// Whether prefill passes run group by group ([`Schedule::PerGroup`], or a fixed point with
+    /// [`Prefill::PerGroup`]): their rows are exact, so the last one gives the first token.
+    pub fn prefills_per_group(&self) -> bool {
+        matches!(
+            self,
+            Schedule::PerGroup
+                | Schedule::FixedPoint(FixedPoint {
+                    prefill: Prefill::PerGroup,
+                    ..
+                })
+        )
+    }
+
     /// The schedule a generation runs with: [`FixedPoint::for_sampling`] unless greedy.
     #[must_use]
     pub fn for_decoding(self, greedy: bool) -> Self {

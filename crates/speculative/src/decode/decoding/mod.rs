@@ -122,8 +122,7 @@ impl<'a> Decoding<'a> {
         );
         // A prefill group by group leaves exact rows, so its last row gives the
         // first token and the prefill covers the whole prompt.
-        let first_from_prefill = cfg.first_token_from_prefill
-            && (cfg.schedule == Schedule::PerGroup || per_group_prefill);
+        let first_from_prefill = cfg.first_token_from_prefill && cfg.schedule.prefills_per_group();
         let prefilled = if first_from_prefill {
             prompt
         } else {
