@@ -7,6 +7,7 @@ pub mod chat;
 pub mod ckks;
 pub mod e2e;
 pub mod helora;
+pub mod masked_ring;
 pub mod model;
 pub mod split_inference;
 pub mod trip;

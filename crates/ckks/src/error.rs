@@ -182,6 +182,14 @@ pub enum CkksError {
         /// Largest `b` allowed (`bits(q_0) − 1`).
         max_bits: u32,
     },
+    /// BFV: the plaintext modulus cannot batch-encode in this ring.
+    #[error("plaintext modulus {t}: {reason}")]
+    InvalidPlaintextModulus {
+        /// The requested plaintext modulus.
+        t: u64,
+        /// What is wrong, in words.
+        reason: &'static str,
+    },
     /// A sum of products was given different numbers of ciphertexts and plaintexts.
     #[error("{ciphertexts} ciphertexts against {plaintexts} plaintexts")]
     TermCountMismatch {

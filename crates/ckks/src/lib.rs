@@ -2,7 +2,8 @@
 //! Cheon–Han–Kim–Kim–Song, SAC 2018), knowing nothing of LoRA or models. This crate owns parameters
 //! ([`params`], 128-bit HE-standard sets only), encoding, keys, encryption, evaluation with hybrid
 //! key switching and (double) hoisting (Bossuat et al., EUROCRYPT 2021; Halevi–Shoup, CRYPTO 2018),
-//! compressed downloads ([`compress`]) and uploads ([`rounded`]) and serialization. Start at
+//! compressed downloads ([`compress`]) and uploads ([`rounded`]) and serialization; [`bfv`] runs
+//! exact batched BFV over `Z_t` on the same ring, keys and evaluator. Start at
 //! [`Context`], [`Encoder`] and [`Evaluator`]; tested precision bounds and storage conventions:
 //! docs/design/code-notes.md, "ckks".
 //!
@@ -21,6 +22,7 @@
 //! assert!((out[2] - 1.5).abs() < 1e-5);
 //! ```
 
+pub mod bfv;
 pub mod ciphertext;
 pub mod compress;
 pub mod context;
@@ -44,6 +46,7 @@ pub mod sampling;
 mod scale;
 pub mod serialize;
 
+pub use bfv::BatchEncoder;
 pub use ciphertext::{Ciphertext, SeededCiphertext};
 pub use compress::{CompressedCiphertext, CompressionParams};
 pub use context::Context;

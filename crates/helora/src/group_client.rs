@@ -17,6 +17,13 @@ pub struct SlotValues {
     pub im: Vec<f64>,
 }
 
+fn slot_values(parts: Vec<[Vec<f64>; 2]>) -> Vec<SlotValues> {
+    parts
+        .into_iter()
+        .map(|[re, im]| SlotValues { re, im })
+        .collect()
+}
+
 /// The normalisation factors `c_p` of one request, one per position; never sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InputScales {
@@ -183,37 +190,109 @@ impl GroupClient {
         })
     }
 
-    /// Packs a position-major matrix's real-part and imaginary-part rows with `pack`.
-    fn pack_parts(
+    /// Packs a position-major matrix's real-part and imaginary-part rows with `pack`: per
+    /// upload, the real-part and imaginary-part slot vectors (the latter empty under real
+    /// packing).
+    fn pack_parts<V: Copy + Default>(
         &self,
-        rows: &[f64],
+        rows: &[V],
         width: usize,
-        pack: impl Fn(&[f64]) -> Result<Vec<Vec<f64>>>,
-    ) -> Result<Vec<SlotValues>> {
+        pack: impl Fn(&[V]) -> Result<Vec<Vec<V>>>,
+    ) -> Result<Vec<[Vec<V>; 2]>> {
         let (re, im) = self.split_positions(rows, width);
         let re = pack(re)?;
         let im = match im {
             Some(im) => pack(&im)?,
             None => vec![Vec::new(); re.len()],
         };
-        Ok(re
-            .into_iter()
-            .zip(im)
-            .map(|(re, im)| SlotValues { re, im })
-            .collect())
+        Ok(re.into_iter().zip(im).map(|(re, im)| [re, im]).collect())
     }
 
     /// Splits a position-major matrix into real-part and imaginary-part rows (T' each).
-    fn split_positions<'a>(&self, m: &'a [f64], width: usize) -> (&'a [f64], Option<Vec<f64>>) {
+    fn split_positions<'a, V: Copy + Default>(
+        &self,
+        m: &'a [V],
+        width: usize,
+    ) -> (&'a [V], Option<Vec<V>>) {
         let ts = self.plan.slot_positions();
         match self.plan.packing {
             PositionPacking::Real => (m, None),
             PositionPacking::ComplexPairs => {
                 let mut im = m[ts * width..].to_vec();
-                im.resize(ts * width, 0.0);
+                im.resize(ts * width, V::default());
                 (&m[..ts * width], Some(im))
             }
         }
+    }
+
+    /// Packs a position-major `T × width` matrix as the plan's uploads: FFA rows are `U`'s
+    /// (width R, transposed to the R × T' the packing takes), standard rows are x's.
+    fn pack_rows<V: Copy + Default>(&self, m: &[V], width: usize) -> Result<Vec<[Vec<V>; 2]>> {
+        match self.plan.mode {
+            Mode::Ffa => self.pack_parts(m, width, |rows| {
+                let ts = rows.len() / width;
+                let mut ut = vec![V::default(); width * ts];
+                for p in 0..ts {
+                    for i in 0..width {
+                        ut[i * ts + p] = rows[p * width + i];
+                    }
+                }
+                ffa_inputs(&self.plan, &ut)
+            }),
+            Mode::Standard => self.pack_parts(m, width, |rows| standard_inputs(&self.plan, rows)),
+        }
+    }
+
+    /// The offline phase's uploads for one-time masks `r` in `Z_p` (T × R for FFA, T × d_in
+    /// standard, position-major): per upload the real-part and imaginary-part slot vectors,
+    /// which batched BFV carries in its two rows. Errors: [`HeloraError::ShapeMismatch`].
+    pub fn mask_slots(&self, r: &[u64]) -> Result<Vec<[Vec<u64>; 2]>> {
+        let width = match self.plan.mode {
+            Mode::Ffa => self.plan.shape.total_rank(),
+            Mode::Standard => self.plan.shape.d_in,
+        };
+        if r.len() != self.plan.t * width {
+            return Err(HeloraError::ShapeMismatch {
+                what: "masks (T × input width)",
+                expected: self.plan.t * width,
+                got: r.len(),
+            });
+        }
+        self.pack_rows(r, width)
+    }
+
+    /// Reads the offline responses (per returned ciphertext, N values of `Z_p`: row 0 the real
+    /// parts, row 1 the imaginary parts) into T × d_out_p values per projection. Errors:
+    /// [`HeloraError::CiphertextCount`], [`HeloraError::ShapeMismatch`].
+    pub fn unpack_ring(&self, slots: &[Vec<u64>]) -> Result<Vec<Vec<u64>>> {
+        if slots.len() != self.map.len() {
+            return Err(HeloraError::CiphertextCount {
+                what: "offline response",
+                expected: self.map.len(),
+                got: slots.len(),
+            });
+        }
+        let half = self.plan.slots;
+        let t = self.plan.t;
+        let d_outs = &self.plan.shape.d_outs;
+        let mut out: Vec<Vec<u64>> = d_outs.iter().map(|&d| vec![0; t * d]).collect();
+        for (vals, map) in slots.iter().zip(&self.map) {
+            if vals.len() != 2 * half {
+                return Err(HeloraError::ShapeMismatch {
+                    what: "offline response values (N)",
+                    expected: 2 * half,
+                    got: vals.len(),
+                });
+            }
+            for (j, parts) in map.iter().enumerate() {
+                for (row, ix) in parts.iter().enumerate() {
+                    if let Some(ix) = ix {
+                        out[ix.proj][ix.pos * d_outs[ix.proj] + ix.row] = vals[row * half + j];
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The plan.
@@ -234,7 +313,7 @@ impl GroupClient {
         }
         match &self.public_a {
             Some(a) => {
-                // U = A_f·X (T × R), transposed to the R × T' the packing takes.
+                // U = A_f·X (T × R).
                 let r = self.plan.shape.total_rank();
                 let mut u = vec![0.0; t * r];
                 let mut xp = vec![0.0; d];
@@ -247,23 +326,12 @@ impl GroupClient {
                     }
                 }
                 let scales = InputScales::normalise(&mut u, r);
-                let slots = self.pack_parts(&u, r, |rows| {
-                    let ts = rows.len() / r;
-                    let mut ut = vec![0.0; r * ts];
-                    for p in 0..ts {
-                        for i in 0..r {
-                            ut[i * ts + p] = rows[p * r + i];
-                        }
-                    }
-                    ffa_inputs(&self.plan, &ut)
-                })?;
-                Ok((slots, scales))
+                Ok((slot_values(self.pack_rows(&u, r)?), scales))
             }
             None => {
                 let mut x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
                 let scales = InputScales::normalise(&mut x, d);
-                let slots = self.pack_parts(&x, d, |rows| standard_inputs(&self.plan, rows))?;
-                Ok((slots, scales))
+                Ok((slot_values(self.pack_rows(&x, d)?), scales))
             }
         }
     }

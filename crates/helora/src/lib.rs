@@ -3,14 +3,15 @@
 //! slot layout and BSGS plans ([`plan`], [`counts`], [`planner`]), the HE interface ([`he_traits`],
 //! [`sim`], [`ckks_backend`]) and the two halves, which exchange only serialised ciphertexts and
 //! public keys (the envelope is the protocol's, `cipherlora_proto::v1::GroupRequest`). [`ring`]
-//! holds the online arithmetic of masked ring values (Delphi-style preprocessing), whose offline
-//! phase is not built yet (docs/design/wire.md).
+//! holds the fixed point and online arithmetic of masked ring values (Delphi-style
+//! preprocessing), [`bfv_backend`] their offline phase on batched BFV (docs/design/wire.md).
 //!
 //! Start reading at [`GroupClient::encrypt`] → [`PreparedGroup::handle`] → [`GroupClient::deltas`];
 //! one round's flow, the strategies and the security argument are in docs/design/code-notes.md,
 //! "helora".
 
 pub mod adapter;
+pub mod bfv_backend;
 pub mod ckks_backend;
 pub mod counts;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod shapes;
 pub mod sim;
 
 pub use adapter::{FusedGroup, GroupAdapter, GroupShape, ProjectionAdapter};
+pub use bfv_backend::{BfvClient, BfvServer};
 pub use ckks_backend::{CkksClient, CkksServer, Rerandomization, ResponseCompression};
 pub use counts::OpCounts;
 pub use error::{HeloraError, Result};

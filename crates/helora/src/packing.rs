@@ -16,7 +16,7 @@ pub struct DeltaIndex {
     pub pos: usize,
 }
 
-fn fill_dim(v: &mut [f64], t: usize, j: usize, col: impl Fn(usize) -> f64) {
+fn fill_dim<V: Copy>(v: &mut [V], t: usize, j: usize, col: impl Fn(usize) -> V) {
     for p in 0..t {
         v[j * t + p] = col(p);
     }
@@ -56,8 +56,9 @@ pub fn output_map(plan: &GroupPlan) -> Result<Vec<Vec<Option<DeltaIndex>>>> {
     Ok(out)
 }
 
-/// FFA client inputs from `U` (R × T'). Errors: [`HeloraError::ShapeMismatch`]; plan errors.
-pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
+/// FFA client inputs from `U` (R × T'): real values, or masks in `Z_p` for the offline phase
+/// (zero: `V::default()`). Errors: [`HeloraError::ShapeMismatch`]; plan errors.
+pub fn ffa_inputs<V: Copy + Default>(plan: &GroupPlan, u: &[V]) -> Result<Vec<Vec<V>>> {
     let l = plan.layout()?;
     let t = plan.slot_positions();
     let r = plan.shape.total_rank();
@@ -74,7 +75,7 @@ pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
     };
     Ok((0..copies)
         .map(|b| {
-            let mut v = vec![0.0; plan.slots];
+            let mut v = vec![V::default(); plan.slots];
             for s in &l.segments {
                 for x in 0..s.width + s.ext {
                     let row = s.u_off + (x + b) % s.period;
@@ -87,8 +88,9 @@ pub fn ffa_inputs(plan: &GroupPlan, u: &[f64]) -> Result<Vec<Vec<f64>>> {
         .collect())
 }
 
-/// Standard client inputs from X (T' × d_in). Errors: [`HeloraError::ShapeMismatch`]; plan errors.
-pub fn standard_inputs(plan: &GroupPlan, x: &[f64]) -> Result<Vec<Vec<f64>>> {
+/// Standard client inputs from X (T' × d_in), real or in `Z_p` as [`ffa_inputs`]. Errors:
+/// [`HeloraError::ShapeMismatch`]; plan errors.
+pub fn standard_inputs<V: Copy + Default>(plan: &GroupPlan, x: &[V]) -> Result<Vec<Vec<V>>> {
     let l = plan.layout()?;
     let sa = plan.stage_a.ok_or(HeloraError::InfeasiblePlan {
         reason: "standard inputs need stage A",
@@ -108,7 +110,7 @@ pub fn standard_inputs(plan: &GroupPlan, x: &[f64]) -> Result<Vec<Vec<f64>>> {
     let mut out = Vec::with_capacity(l.n_x * copies);
     for c in 0..l.n_x {
         for b in 0..copies {
-            let mut v = vec![0.0; plan.slots];
+            let mut v = vec![V::default(); plan.slots];
             for j in 0..l.w_in {
                 let col = c * sa.period + (j + b) % sa.period;
                 if col < d {

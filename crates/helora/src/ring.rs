@@ -20,11 +20,14 @@
 
 use rand::Rng;
 
+use crate::adapter::{GroupAdapter, ProjectionAdapter};
 use crate::error::{HeloraError, Result};
 
-/// The ring's modulus: the prime `2^60 − 2^17 + 2^15 + 1`, `≡ 1 mod 2^15`, so an offline phase
-/// can batch-encode `Z_p` vectors at ring degree up to 16384.
-pub const RING_PRIME: u64 = 0x0fff_ffff_fffe_8001;
+/// The ring's modulus: the prime `3·2^58 − 104·2^16 + 1`, `≡ 1 mod 2^16`, so the batched BFV
+/// offline phase (`cipherlora_ckks::bfv`) can encode `Z_p` vectors at ring degree up to 32768. A
+/// BFV plaintext modulus must not be a ciphertext prime: chains take their 60-bit primes from
+/// `2^60` down, and this one lies far below them.
+pub const RING_PRIME: u64 = 0x0bff_ffff_ff98_0001;
 
 /// Bits of [`RING_PRIME`].
 const RING_BITS: u32 = 60;
@@ -74,18 +77,45 @@ pub struct RingProjection {
     shift: u32,
 }
 
-/// Rounds `w` to `bits` bits below its largest magnitude: `(round(w·2^e), e)`.
-fn quantize(w: &[f32], bits: u32) -> (Vec<i64>, i32) {
+/// The exponent `e` that puts `bits` bits (sign included) below the largest of `w`'s magnitudes.
+fn exponent<'a>(w: impl IntoIterator<Item = &'a f32>, bits: u32) -> i32 {
     let max = w
-        .iter()
+        .into_iter()
         .fold(0f32, |m, v| m.max(v.abs()))
         .max(f32::MIN_POSITIVE);
-    let e = bits as i32 - 1 - max.log2().ceil() as i32;
-    let q = w
-        .iter()
+    bits as i32 - 1 - max.log2().ceil() as i32
+}
+
+/// `round(w·2^e)` per entry.
+fn round_at(w: &[f32], e: i32) -> Vec<i64> {
+    w.iter()
         .map(|&v| (f64::from(v) * 2f64.powi(e)).round() as i64)
-        .collect();
-    (q, e)
+        .collect()
+}
+
+/// Rounds `w` to `bits` bits below its largest magnitude: `(round(w·2^e), e)`.
+fn quantize(w: &[f32], bits: u32) -> (Vec<i64>, i32) {
+    let e = exponent(w, bits);
+    (round_at(w, e), e)
+}
+
+/// The top bits of `y + m mod p` per element, `shift` low bits dropped.
+fn top_bits(y: &[u64], m: &[u64], shift: u32) -> Vec<u32> {
+    y.iter()
+        .zip(m)
+        .map(|(&y, &m)| (reduce(i128::from(y) + i128::from(m)) >> shift) as u32)
+        .collect()
+}
+
+/// `Σ_k row[k]·v[k] mod p`.
+fn dot_mod(row: &[i64], v: &[u64]) -> u64 {
+    // |row[k]| < 2^24 and v < 2^60: each product below 2^84, a sum of up to 2^40 of them fits.
+    reduce(
+        row.iter()
+            .zip(v)
+            .map(|(&a, &x)| i128::from(a) * i128::from(x))
+            .sum(),
+    )
 }
 
 /// `v mod p` for any signed 128-bit value.
@@ -189,23 +219,15 @@ impl RingProjection {
     /// Errors: [`HeloraError::ShapeMismatch`].
     pub fn product(&self, v: &[u64]) -> Result<Vec<u64>> {
         check_len("ring input (d_in)", self.d_in, v.len())?;
-        // |â| < 2^16 and v < 2^60, summed over d_in: well inside i128.
-        let u: Vec<i128> = self
+        let u: Vec<u64> = self
             .a
             .chunks_exact(self.d_in)
-            .map(|row| {
-                let s: i128 = row
-                    .iter()
-                    .zip(v)
-                    .map(|(&a, &x)| i128::from(a) * i128::from(x))
-                    .sum();
-                i128::from(reduce(s))
-            })
+            .map(|row| dot_mod(row, v))
             .collect();
         Ok(self
             .b
             .chunks_exact(self.r)
-            .map(|row| reduce(row.iter().zip(&u).map(|(&b, &u)| i128::from(b) * u).sum()))
+            .map(|row| dot_mod(row, &u))
             .collect())
     }
 
@@ -213,17 +235,128 @@ impl RingProjection {
     /// Errors: [`HeloraError::ShapeMismatch`].
     pub fn respond(&self, masked: &[u64], server_mask: &[u64]) -> Result<Vec<u32>> {
         check_len("server mask (d_out)", self.d_out, server_mask.len())?;
-        let y = self.product(masked)?;
-        Ok(y.iter()
-            .zip(server_mask)
-            .map(|(&y, &m)| (reduce(i128::from(y) + i128::from(m)) >> self.shift) as u32)
-            .collect())
+        Ok(top_bits(&self.product(masked)?, server_mask, self.shift))
     }
 
     /// The delta values of unmasked `z = M̂·x̂` for an input encoded with `exponent`.
     pub fn decode(&self, z: &[i64], exponent: i32) -> Vec<f32> {
         let unit = 2f64.powi(exponent - self.scale_log2);
         z.iter().map(|&v| (v as f64 * unit) as f32).collect()
+    }
+}
+
+/// A layer group's adapter in the fixed point that the offline (BFV) and online phases share:
+/// the stacked lora_A and every `s·lora_B` rounded to `weight_bits` below the group's largest
+/// entry of each, one exponent per stage because a plan's diagonals mix the group's projections.
+/// It is held as an integer-valued adapter with scaling 1, which
+/// [`crate::bfv_backend::BfvServer`] encodes exactly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RingGroup {
+    adapter: GroupAdapter,
+    a_exp: i32,
+    b_exp: i32,
+    shift: u32,
+}
+
+/// Most weight bits an integer-valued f32 holds exactly.
+const MAX_WEIGHT_BITS: u32 = 24;
+
+impl RingGroup {
+    /// Quantizes `adapter` to `params.weight_bits`. Errors: [`HeloraError::InvalidShape`] for
+    /// weight bits outside `2..=24` or an invalid adapter.
+    pub fn new(adapter: &GroupAdapter, params: RingParams) -> Result<Self> {
+        adapter.validate()?;
+        let weight_bits = params.weight_bits;
+        if !(2..=MAX_WEIGHT_BITS).contains(&weight_bits) {
+            return Err(HeloraError::InvalidShape {
+                reason: "ring weights need 2 to 24 bits",
+            });
+        }
+        let ps = &adapter.projections;
+        let a_exp = exponent(ps.iter().flat_map(|p| &p.a), weight_bits);
+        let scaled: Vec<Vec<f32>> = ps
+            .iter()
+            .map(|p| p.b.iter().map(|&b| p.scaling * b).collect())
+            .collect();
+        let b_exp = exponent(scaled.iter().flatten(), weight_bits);
+        let to_f32 = |v: Vec<i64>| v.into_iter().map(|x| x as f32).collect();
+        let projections = ps
+            .iter()
+            .zip(&scaled)
+            .map(|(p, sb)| ProjectionAdapter {
+                a: to_f32(round_at(&p.a, a_exp)),
+                b: to_f32(round_at(sb, b_exp)),
+                scaling: 1.0,
+                ..p.clone()
+            })
+            .collect();
+        Ok(RingGroup {
+            adapter: GroupAdapter {
+                projections,
+                ..adapter.clone()
+            },
+            a_exp,
+            b_exp,
+            shift: RING_BITS.saturating_sub(params.response_bits),
+        })
+    }
+
+    /// Low bits dropped from each response value (public).
+    pub fn shift(&self) -> u32 {
+        self.shift
+    }
+
+    /// The server's online answer for projection `proj`: the top bits of `M̂_p·masked +
+    /// server_mask mod p` (`masked` as [`Self::product`] takes it). Errors:
+    /// [`HeloraError::ShapeMismatch`].
+    pub fn respond(
+        &self,
+        proj: usize,
+        masked: &[u64],
+        server_mask: &[u64],
+        ffa: bool,
+    ) -> Result<Vec<u32>> {
+        let y = self.product(proj, masked, ffa)?;
+        check_len("server mask (d_out)", y.len(), server_mask.len())?;
+        Ok(top_bits(&y, server_mask, self.shift))
+    }
+
+    /// The integer-valued adapter (`Â`, `B̂`, scaling 1).
+    pub fn adapter(&self) -> &GroupAdapter {
+        &self.adapter
+    }
+
+    /// `(ea, eb)`: `Â = round(lora_A·2^ea)`, `B̂ = round(s·lora_B·2^eb)`.
+    pub fn exponents(&self) -> (i32, i32) {
+        (self.a_exp, self.b_exp)
+    }
+
+    /// `M̂_p·v mod p` for projection `proj`: `B̂_p·(Â_p·v)` for `v` of d_in values (standard), or
+    /// `B̂_p·v` for `v` of `r_p` values (FFA, whose lora_A the client applies). Errors:
+    /// [`HeloraError::ShapeMismatch`] for another length or projection.
+    pub fn product(&self, proj: usize, v: &[u64], ffa: bool) -> Result<Vec<u64>> {
+        let p = self
+            .adapter
+            .projections
+            .get(proj)
+            .ok_or(HeloraError::ShapeMismatch {
+                what: "projection index",
+                expected: self.adapter.projections.len(),
+                got: proj,
+            })?;
+        let ints = |w: &[f32]| w.iter().map(|&x| x as i64).collect::<Vec<i64>>();
+        let u = if ffa {
+            check_len("ring input (r)", p.rank, v.len())?;
+            v.to_vec()
+        } else {
+            check_len("ring input (d_in)", self.adapter.d_in, v.len())?;
+            let a = ints(&p.a);
+            a.chunks_exact(self.adapter.d_in)
+                .map(|row| dot_mod(row, v))
+                .collect()
+        };
+        let b = ints(&p.b);
+        Ok(b.chunks_exact(p.rank).map(|row| dot_mod(row, &u)).collect())
     }
 }
 
@@ -323,7 +456,7 @@ mod tests {
     fn the_ring_modulus_is_a_60_bit_prime_for_batching_up_to_degree_16384() {
         assert!(is_prime(RING_PRIME));
         assert_eq!(64 - RING_PRIME.leading_zeros(), RING_BITS);
-        assert_eq!(RING_PRIME % (1 << 15), 1);
+        assert_eq!(RING_PRIME % (1 << 16), 1);
         assert!(!is_prime(RING_PRIME + 2), "the test can tell a composite");
     }
 

@@ -48,6 +48,18 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
+    /// Masked ring values (Delphi-style preprocessing) on the default model's shapes: the BFV offline phase and the online exchange, per group and per prefilled position, one thread.
+    MaskedRing {
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "reports/bench-masked-ring.json")]
+        json: PathBuf,
+        /// Where to write the Markdown table (default: JSON path with .md).
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        /// Positions per offline request.
+        #[arg(long, default_value_t = 32)]
+        t: usize,
+    },
     /// Private generation end to end over gRPC on loopback and a simulated WAN, vs the plaintext reference.
     E2e(E2eBenchArgs),
     /// Split inference end to end over gRPC on loopback and simulated WANs, vs the local whole model, with an RTT decomposition model.
@@ -770,6 +782,9 @@ impl BenchCommand {
                 markdown,
                 reps,
             }),
+            BenchCommand::MaskedRing { json, markdown, t } => cipherlora_bench::masked_ring::run(
+                &cipherlora_bench::masked_ring::MaskedRingBenchOptions { json, markdown, t },
+            ),
             BenchCommand::Helora {
                 json,
                 markdown,

@@ -1,0 +1,266 @@
+//! Masked ring values end to end on one layer group of the default model: the offline phase on
+//! batched BFV (the group's CKKS plan run on encryptions of the client's masks, the server's masks
+//! added, the response flooded) and the online exchange of `ring`, checked against the exact
+//! integer products of the fixed-point adapter (an independent reference: no slots, no HE).
+
+mod common;
+
+use std::sync::Arc;
+
+use cipherlora_ckks::{Context, GaloisKeys, PublicKey, SecretKey};
+use cipherlora_helora::bfv_backend::{OfflineLevels, offline_parameters};
+use cipherlora_helora::planner::{best_per_family, choose};
+use cipherlora_helora::ring::{
+    RING_PRIME, RingGroup, RingInput, RingParams, kept_bits, minus, sample_mask, unmask,
+};
+use cipherlora_helora::shapes::ModelShape;
+use cipherlora_helora::{
+    BfvClient, BfvServer, GroupClient, GroupPlan, GroupShape, Link, Mode, OpCosts, PreparedGroup,
+};
+use common::{random_adapter, random_x};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+fn offline_ctx() -> Arc<Context> {
+    Context::new(offline_parameters().unwrap()).unwrap()
+}
+
+/// The centred difference `a − b` in `Z_p`.
+fn centred(a: u64, b: u64) -> i128 {
+    let p = i128::from(RING_PRIME);
+    let d = (i128::from(a) - i128::from(b)).rem_euclid(p);
+    if d > p / 2 { d - p } else { d }
+}
+
+/// Offsets of each projection's rows in the stacked `U` (FFA).
+fn rank_offsets(shape: &GroupShape) -> Vec<usize> {
+    shape
+        .ranks
+        .iter()
+        .scan(0, |acc, &r| {
+            let o = *acc;
+            *acc += r;
+            Some(o)
+        })
+        .collect()
+}
+
+/// The projection-`j` slice of position `pos` of a position-major `T × width` matrix.
+fn input_of(
+    m: &[u64],
+    width: usize,
+    pos: usize,
+    shape: &GroupShape,
+    j: usize,
+    ffa: bool,
+) -> Vec<u64> {
+    let row = &m[pos * width..(pos + 1) * width];
+    if ffa {
+        let o = rank_offsets(shape)[j];
+        row[o..o + shape.ranks[j]].to_vec()
+    } else {
+        row.to_vec()
+    }
+}
+
+/// Runs the offline phase for `plan` and checks `M̂·r − m` per delta exactly, and the flooding
+/// margin over the response's noise; then the online exchange against `M̂·x̂`.
+fn offline_then_online(ctx: &Arc<Context>, plan: &GroupPlan, seed: u64) {
+    let shape = &plan.shape;
+    let ffa = plan.mode == Mode::Ffa;
+    let mut rng = ChaCha20Rng::from_seed([seed as u8; 32]);
+    let ring = RingGroup::new(&random_adapter(shape, seed), RingParams::default()).unwrap();
+    let sk = SecretKey::generate(ctx, &mut rng);
+    let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+    let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
+    let pk = PublicKey::generate(&sk, &mut rng);
+    let levels = OfflineLevels::for_mode(plan.mode);
+    let server = BfvServer::new(ctx, RING_PRIME, gks, pk, levels).unwrap();
+    let client = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
+    let group = PreparedGroup::new(&server, plan, ring.adapter()).unwrap();
+    let gc = if ffa {
+        let a: Vec<Vec<f32>> = ring
+            .adapter()
+            .projections
+            .iter()
+            .map(|p| p.a.clone())
+            .collect();
+        GroupClient::ffa(plan, &a).unwrap()
+    } else {
+        GroupClient::standard(plan).unwrap()
+    };
+
+    // Offline: the client's masks r, the server's masks m.
+    let width = if ffa { shape.total_rank() } else { shape.d_in };
+    let r = sample_mask(&mut rng, plan.t * width);
+    let inputs: Vec<_> = gc
+        .mask_slots(&r)
+        .unwrap()
+        .iter()
+        .map(|rows| client.encrypt(rows, plan.input_level()).unwrap().expand())
+        .collect();
+    let n = 2 * plan.slots;
+    let m: Vec<Vec<u64>> = (0..plan.stage_b.n_out)
+        .map(|_| sample_mask(&mut rng, n))
+        .collect();
+    let out = server.offline_response(&group, &inputs, &m).unwrap();
+    let decrypted: Vec<Vec<u64>> = out
+        .iter()
+        .map(|c| client.decrypt(c).unwrap().values)
+        .collect();
+    // The noise before flooding, at the response level: the flooding must exceed it by 40 bits.
+    let log_q: u32 = ctx.params().moduli_bits()[..=levels.response_level]
+        .iter()
+        .sum();
+    let ev = cipherlora_ckks::Evaluator::new(ctx);
+    for c in group.evaluate(&server, &inputs).unwrap() {
+        let mut c = c;
+        while c.level() > levels.response_level {
+            ev.rescale_assign(&mut c).unwrap();
+        }
+        let budget = client.decrypt(&c).unwrap().budget_bits;
+        let noise_bits = f64::from(log_q) - 61.0 - budget;
+        assert!(
+            f64::from(levels.flood_bits) - noise_bits >= 40.0,
+            "noise 2^{noise_bits:.1} against flooding 2^{}",
+            levels.flood_bits
+        );
+    }
+    let kept = gc.unpack_ring(&decrypted).unwrap();
+    let server_masks = gc.unpack_ring(&m).unwrap();
+    let label = format!("{:?} T={} {}", plan.mode, plan.t, plan.strategy());
+    let mut worst = 0i128;
+    for (j, &d) in shape.d_outs.iter().enumerate() {
+        for pos in 0..plan.t {
+            let mr = ring
+                .product(j, &input_of(&r, width, pos, shape, j, ffa), ffa)
+                .unwrap();
+            let want = minus(&mr, &server_masks[j][pos * d..(pos + 1) * d]).unwrap();
+            for (row, &w) in want.iter().enumerate() {
+                worst = worst.max(centred(kept[j][pos * d + row], w).abs());
+            }
+        }
+    }
+    assert_eq!(worst, 0, "{label}: offline values differ from M̂·r − m");
+
+    // Online: x̂ − r up, the top bits of M̂·(x̂ − r) + m down, unmasked with the kept bits. FFA's
+    // input is U = A·x, which the client computes itself: any R values will do here.
+    let x = random_x(plan.t, width, seed + 1);
+    let shift = ring.shift();
+    for pos in 0..plan.t {
+        let encoded = RingInput::encode(&x[pos * width..(pos + 1) * width], 12);
+        let masked = encoded.masked(&r[pos * width..(pos + 1) * width]).unwrap();
+        for (j, &d) in shape.d_outs.iter().enumerate() {
+            let slice = |v: &[u64]| input_of(v, width, 0, shape, j, ffa);
+            let mj = &server_masks[j][pos * d..(pos + 1) * d];
+            let response = ring.respond(j, &slice(&masked), mj, ffa).unwrap();
+            let mine = kept_bits(&kept[j][pos * d..(pos + 1) * d], shift);
+            let z = unmask(&response, &mine, shift).unwrap();
+            let want = ring.product(j, &slice(&encoded.values), ffa).unwrap();
+            for (&zv, &w) in z.iter().zip(&want) {
+                let err = centred(zv.rem_euclid(RING_PRIME as i64) as u64, w).abs();
+                assert!(err <= 1 << (shift + 1), "{label}: online error {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ffa_offline_and_online_on_every_family_of_the_qkv_group() {
+    let ctx = offline_ctx();
+    let (_, shape) = &ModelShape::smollm2_135m().groups[0];
+    for (plan, _) in best_per_family(
+        shape,
+        Mode::Ffa,
+        8,
+        ctx.slots(),
+        false,
+        &OpCosts::default(),
+        &Link::default(),
+    )
+    .unwrap()
+    {
+        offline_then_online(&ctx, &plan, 11);
+    }
+}
+
+#[test]
+fn standard_offline_and_online_on_the_planner_choice_for_every_group() {
+    let ctx = offline_ctx();
+    for (gi, (_, shape)) in ModelShape::smollm2_135m().groups.iter().enumerate() {
+        let (plan, _) = choose(
+            shape,
+            Mode::Standard,
+            8,
+            ctx.slots(),
+            false,
+            &OpCosts::default(),
+            &Link::default(),
+        )
+        .unwrap();
+        offline_then_online(&ctx, &plan, 20 + gi as u64);
+    }
+}
+
+#[test]
+fn without_the_server_masks_the_response_is_not_the_product() {
+    // The mask is what hides M̂·r: a response decrypted without subtracting m differs.
+    let ctx = offline_ctx();
+    let (_, shape) = &ModelShape::smollm2_135m().groups[0];
+    let (plan, _) = choose(
+        shape,
+        Mode::Ffa,
+        4,
+        ctx.slots(),
+        false,
+        &OpCosts::default(),
+        &Link::default(),
+    )
+    .unwrap();
+    let mut rng = ChaCha20Rng::from_seed([9; 32]);
+    let ring = RingGroup::new(&random_adapter(shape, 5), RingParams::default()).unwrap();
+    let sk = SecretKey::generate(&ctx, &mut rng);
+    let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+    let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
+    let levels = OfflineLevels::for_mode(Mode::Ffa);
+    let pk = PublicKey::generate(&sk, &mut rng);
+    let server = BfvServer::new(&ctx, RING_PRIME, gks, pk, levels).unwrap();
+    let client = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
+    let group = PreparedGroup::new(&server, &plan, ring.adapter()).unwrap();
+    let a: Vec<Vec<f32>> = ring
+        .adapter()
+        .projections
+        .iter()
+        .map(|p| p.a.clone())
+        .collect();
+    let gc = GroupClient::ffa(&plan, &a).unwrap();
+    let r = sample_mask(&mut rng, plan.t * shape.total_rank());
+    let inputs: Vec<_> = gc
+        .mask_slots(&r)
+        .unwrap()
+        .iter()
+        .map(|rows| client.encrypt(rows, plan.input_level()).unwrap().expand())
+        .collect();
+    let zeros = vec![vec![0u64; 2 * plan.slots]; plan.stage_b.n_out];
+    let masks: Vec<Vec<u64>> = (0..plan.stage_b.n_out)
+        .map(|_| sample_mask(&mut rng, 2 * plan.slots))
+        .collect();
+    let open = server.offline_response(&group, &inputs, &zeros).unwrap();
+    let hidden = server.offline_response(&group, &inputs, &masks).unwrap();
+    let dec = |v: &[cipherlora_ckks::Ciphertext]| -> Vec<Vec<u64>> {
+        gc.unpack_ring(
+            &v.iter()
+                .map(|c| client.decrypt(c).unwrap().values)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap()
+    };
+    let (open, hidden) = (dec(&open), dec(&hidden));
+    let d = shape.d_outs[0];
+    let mr = ring.product(0, &r[..shape.ranks[0]], true).unwrap();
+    assert_eq!(open[0][..d], mr[..]);
+    let far = (0..d)
+        .filter(|&i| centred(hidden[0][i], mr[i]).abs() > 1 << 40)
+        .count();
+    assert!(far > d * 9 / 10, "only {far} of {d} values hidden");
+}
