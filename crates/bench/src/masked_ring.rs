@@ -43,6 +43,8 @@ pub struct GroupCosts {
     pub group: String,
     /// The offline plan.
     pub plan: String,
+    /// Galois elements the plan rotates by.
+    pub galois_elements: Vec<u64>,
     /// Positions per offline request.
     pub t: usize,
     /// Offline: uploaded bytes (seeded BFV ciphertexts of the masks).
@@ -92,6 +94,10 @@ pub struct ModelCosts {
     pub online_client_ms: f64,
     /// Client memory per pooled position: the kept 32 bits of every delta value, bytes.
     pub pool_bytes_per_position: f64,
+    /// Galois keys the offline session needs (the union over the groups' plans).
+    pub galois_keys: usize,
+    /// Their upload, bytes (seeded).
+    pub galois_key_bytes: usize,
 }
 
 /// The report.
@@ -163,6 +169,7 @@ fn measure(
     let sk = SecretKey::generate(ctx, &mut rng);
     let steps: Vec<i64> = plan.galois_steps()?.into_iter().collect();
     let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
+    let galois_elements = gks.galois_elements();
     let levels = OfflineLevels::for_mode(mode);
     let pk = PublicKey::generate(&sk, &mut rng);
     let server = BfvServer::new(ctx, RING_PRIME, gks, pk, levels)?;
@@ -266,6 +273,7 @@ fn measure(
         mode: if ffa { "ffa" } else { "standard" }.into(),
         group: name.into(),
         plan: plan.strategy(),
+        galois_elements,
         t,
         offline_up_bytes: uploads.iter().map(Vec::len).sum(),
         offline_down_bytes: responses.iter().map(Vec::len).sum(),
@@ -279,8 +287,8 @@ fn measure(
     })
 }
 
-/// Sums a mode's groups over the model's layers, per position.
-fn per_position(mode: &str, groups: &[GroupCosts], layers: usize) -> ModelCosts {
+/// Sums a mode's groups over the model's layers, per position; `key_bytes`: one Galois key.
+fn per_position(mode: &str, groups: &[GroupCosts], layers: usize, key_bytes: usize) -> ModelCosts {
     let mine: Vec<&GroupCosts> = groups.iter().filter(|g| g.mode == mode).collect();
     let l = layers as f64;
     let per =
@@ -290,6 +298,10 @@ fn per_position(mode: &str, groups: &[GroupCosts], layers: usize) -> ModelCosts 
     let values_down = sum(&|g| g.online_values_down as f64);
     let up = per(&|g| g.offline_up_bytes as f64);
     let down = per(&|g| g.offline_down_bytes as f64);
+    let keys: std::collections::BTreeSet<u64> = mine
+        .iter()
+        .flat_map(|g| g.galois_elements.iter().copied())
+        .collect();
     ModelCosts {
         mode: mode.into(),
         offline_up_bytes: up,
@@ -303,6 +315,8 @@ fn per_position(mode: &str, groups: &[GroupCosts], layers: usize) -> ModelCosts 
         online_server_ms: sum(&|g| g.online_server_ms),
         online_client_ms: sum(&|g| g.online_client_ms),
         pool_bytes_per_position: values_down * 4.0,
+        galois_keys: keys.len(),
+        galois_key_bytes: keys.len() * key_bytes,
     }
 }
 
@@ -327,10 +341,10 @@ fn markdown(report: &MaskedRingReport) -> String {
             g.online_client_ms * 1e3,
         );
     }
-    md += "\nPer prefilled position of the default model (all layers):\n\n| mode | offline up kB (bits/value) | offline down kB (bits/value) | offline client ms | offline server ms | online up kB | online down kB | online server ms | online client ms | client pool kB / position |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+    md += "\nPer prefilled position of the default model (all layers):\n\n| mode | offline up kB (bits/value) | offline down kB (bits/value) | offline client ms | offline server ms | online up kB | online down kB | online server ms | online client ms | client pool kB / position | Galois keys (MB) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
     for m in &report.model {
         md += &format!(
-            "| {} | {:.0} ({:.0}) | {:.0} ({:.0}) | {:.1} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} |\n",
+            "| {} | {:.0} ({:.0}) | {:.0} ({:.0}) | {:.1} | {:.1} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} | {} ({:.0}) |\n",
             m.mode,
             m.offline_up_bytes / 1e3,
             m.offline_bits_up,
@@ -343,6 +357,8 @@ fn markdown(report: &MaskedRingReport) -> String {
             m.online_server_ms,
             m.online_client_ms,
             m.pool_bytes_per_position / 1e3,
+            m.galois_keys,
+            m.galois_key_bytes as f64 / 1e6,
         );
     }
     md
@@ -379,7 +395,10 @@ pub fn run(opts: &MaskedRingBenchOptions) -> anyhow::Result<()> {
     }
     let model_costs = ["ffa", "standard"]
         .iter()
-        .map(|m| per_position(m, &groups, model.layers))
+        .map(|m| {
+            let key = cipherlora_ckks::GaloisKeys::serialized_key_size(&ctx);
+            per_position(m, &groups, model.layers, key)
+        })
         .collect();
     let report = MaskedRingReport {
         offline_parameters: described,
