@@ -228,22 +228,6 @@ fn measure(
     let x: Vec<f32> = (0..t * width)
         .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
         .collect();
-    let offsets: Vec<usize> = shape
-        .ranks
-        .iter()
-        .scan(0, |acc, &r| {
-            let o = *acc;
-            *acc += r;
-            Some(o)
-        })
-        .collect();
-    let slice = |v: &[u64], j: usize| -> Vec<u64> {
-        if ffa {
-            v[offsets[j]..offsets[j] + shape.ranks[j]].to_vec()
-        } else {
-            v.to_vec()
-        }
-    };
     let (mut online_server_ms, mut online_client_ms) = (0.0, 0.0);
     for pos in 0..t {
         let start = Instant::now();
@@ -257,7 +241,7 @@ fn measure(
             .enumerate()
             .map(|(j, &d)| {
                 let m = &server_masks[j][pos * d..(pos + 1) * d];
-                ring.respond(j, &slice(&masked, j), m, ffa)
+                ring.respond(j, &masked, m, mode)
             })
             .collect::<Result<Vec<_>, _>>()?;
         online_server_ms += ms(start);

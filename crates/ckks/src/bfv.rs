@@ -39,7 +39,9 @@ pub struct Decrypted {
     /// The `N` slot values in `[0, t)`, row 0 then row 1.
     pub values: Vec<u64>,
     /// `−log2(2·max |t·e/Q_l|)` over the coefficients: bits the noise `e` may still grow by
-    /// before decryption fails; readable up to about 45 bits (f64 rounding), negative once wrong.
+    /// before decryption fails; readable up to about 45 bits (f64 rounding), and 0 when the noise
+    /// may have reached the message (the values are then meaningless: one wrong coefficient
+    /// changes every slot).
     pub budget_bits: f64,
 }
 

@@ -22,6 +22,7 @@ use rand::Rng;
 
 use crate::adapter::{GroupAdapter, ProjectionAdapter};
 use crate::error::{HeloraError, Result};
+use crate::plan::Mode;
 
 /// The ring's modulus: the prime `3·2^58 − 104·2^16 + 1`, `≡ 1 mod 2^16`, so the batched BFV
 /// offline phase (`cipherlora_ckks::bfv`) can encode `Z_p` vectors at ring degree up to 32768. A
@@ -307,16 +308,16 @@ impl RingGroup {
     }
 
     /// The server's online answer for projection `proj`: the top bits of `M̂_p·masked +
-    /// server_mask mod p` (`masked` as [`Self::product`] takes it). Errors:
-    /// [`HeloraError::ShapeMismatch`].
+    /// server_mask mod p` (`masked`: one position's masked input row, as [`Self::product`] takes
+    /// it). Errors: [`HeloraError::ShapeMismatch`].
     pub fn respond(
         &self,
         proj: usize,
         masked: &[u64],
         server_mask: &[u64],
-        ffa: bool,
+        mode: Mode,
     ) -> Result<Vec<u32>> {
-        let y = self.product(proj, masked, ffa)?;
+        let y = self.product(proj, masked, mode)?;
         check_len("server mask (d_out)", y.len(), server_mask.len())?;
         Ok(top_bits(&y, server_mask, self.shift))
     }
@@ -331,32 +332,37 @@ impl RingGroup {
         (self.a_exp, self.b_exp)
     }
 
-    /// `M̂_p·v mod p` for projection `proj`: `B̂_p·(Â_p·v)` for `v` of d_in values (standard), or
-    /// `B̂_p·v` for `v` of `r_p` values (FFA, whose lora_A the client applies). Errors:
-    /// [`HeloraError::ShapeMismatch`] for another length or projection.
-    pub fn product(&self, proj: usize, v: &[u64], ffa: bool) -> Result<Vec<u64>> {
-        let p = self
-            .adapter
-            .projections
-            .get(proj)
-            .ok_or(HeloraError::ShapeMismatch {
-                what: "projection index",
-                expected: self.adapter.projections.len(),
-                got: proj,
-            })?;
+    /// `M̂_p·v mod p` for projection `proj` and one position's input row `v`: `B̂_p·(Â_p·v)` for
+    /// the d_in values of x (standard), or `B̂_p` on projection p's rows of the R values of
+    /// `U = A·x` (FFA, whose lora_A the client applies). Errors: [`HeloraError::ShapeMismatch`]
+    /// for another length or projection.
+    pub fn product(&self, proj: usize, v: &[u64], mode: Mode) -> Result<Vec<u64>> {
+        let ps = &self.adapter.projections;
+        let p = ps.get(proj).ok_or(HeloraError::ShapeMismatch {
+            what: "projection index",
+            expected: ps.len(),
+            got: proj,
+        })?;
         let ints = |w: &[f32]| w.iter().map(|&x| x as i64).collect::<Vec<i64>>();
-        let u = if ffa {
-            check_len("ring input (r)", p.rank, v.len())?;
-            v.to_vec()
-        } else {
-            check_len("ring input (d_in)", self.adapter.d_in, v.len())?;
-            let a = ints(&p.a);
-            a.chunks_exact(self.adapter.d_in)
-                .map(|row| dot_mod(row, v))
-                .collect()
+        let u = match mode {
+            Mode::Ffa => {
+                let total: usize = ps.iter().map(|p| p.rank).sum();
+                check_len("ring input (R)", total, v.len())?;
+                let start: usize = ps[..proj].iter().map(|p| p.rank).sum();
+                v[start..start + p.rank].to_vec()
+            }
+            Mode::Standard => {
+                check_len("ring input (d_in)", self.adapter.d_in, v.len())?;
+                ints(&p.a)
+                    .chunks_exact(self.adapter.d_in)
+                    .map(|row| dot_mod(row, v))
+                    .collect()
+            }
         };
-        let b = ints(&p.b);
-        Ok(b.chunks_exact(p.rank).map(|row| dot_mod(row, &u)).collect())
+        Ok(ints(&p.b)
+            .chunks_exact(p.rank)
+            .map(|row| dot_mod(row, &u))
+            .collect())
     }
 }
 

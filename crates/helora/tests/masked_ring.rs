@@ -15,7 +15,7 @@ use cipherlora_helora::ring::{
 };
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{
-    BfvClient, BfvServer, GroupClient, GroupPlan, GroupShape, Link, Mode, OpCosts, PreparedGroup,
+    BfvClient, BfvServer, GroupClient, GroupPlan, Link, Mode, OpCosts, PreparedGroup,
 };
 use common::{random_adapter, random_x};
 use rand::SeedableRng;
@@ -30,37 +30,6 @@ fn centred(a: u64, b: u64) -> i128 {
     let p = i128::from(RING_PRIME);
     let d = (i128::from(a) - i128::from(b)).rem_euclid(p);
     if d > p / 2 { d - p } else { d }
-}
-
-/// Offsets of each projection's rows in the stacked `U` (FFA).
-fn rank_offsets(shape: &GroupShape) -> Vec<usize> {
-    shape
-        .ranks
-        .iter()
-        .scan(0, |acc, &r| {
-            let o = *acc;
-            *acc += r;
-            Some(o)
-        })
-        .collect()
-}
-
-/// The projection-`j` slice of position `pos` of a position-major `T × width` matrix.
-fn input_of(
-    m: &[u64],
-    width: usize,
-    pos: usize,
-    shape: &GroupShape,
-    j: usize,
-    ffa: bool,
-) -> Vec<u64> {
-    let row = &m[pos * width..(pos + 1) * width];
-    if ffa {
-        let o = rank_offsets(shape)[j];
-        row[o..o + shape.ranks[j]].to_vec()
-    } else {
-        row.to_vec()
-    }
 }
 
 /// Runs the offline phase for `plan` and checks `M̂·r − m` per delta exactly, and the flooding
@@ -133,7 +102,7 @@ fn offline_then_online(ctx: &Arc<Context>, plan: &GroupPlan, seed: u64) {
     for (j, &d) in shape.d_outs.iter().enumerate() {
         for pos in 0..plan.t {
             let mr = ring
-                .product(j, &input_of(&r, width, pos, shape, j, ffa), ffa)
+                .product(j, &r[pos * width..(pos + 1) * width], plan.mode)
                 .unwrap();
             let want = minus(&mr, &server_masks[j][pos * d..(pos + 1) * d]).unwrap();
             for (row, &w) in want.iter().enumerate() {
@@ -151,12 +120,11 @@ fn offline_then_online(ctx: &Arc<Context>, plan: &GroupPlan, seed: u64) {
         let encoded = RingInput::encode(&x[pos * width..(pos + 1) * width], 12);
         let masked = encoded.masked(&r[pos * width..(pos + 1) * width]).unwrap();
         for (j, &d) in shape.d_outs.iter().enumerate() {
-            let slice = |v: &[u64]| input_of(v, width, 0, shape, j, ffa);
             let mj = &server_masks[j][pos * d..(pos + 1) * d];
-            let response = ring.respond(j, &slice(&masked), mj, ffa).unwrap();
+            let response = ring.respond(j, &masked, mj, plan.mode).unwrap();
             let mine = kept_bits(&kept[j][pos * d..(pos + 1) * d], shift);
             let z = unmask(&response, &mine, shift).unwrap();
-            let want = ring.product(j, &slice(&encoded.values), ffa).unwrap();
+            let want = ring.product(j, &encoded.values, plan.mode).unwrap();
             for (&zv, &w) in z.iter().zip(&want) {
                 let err = centred(zv.rem_euclid(RING_PRIME as i64) as u64, w).abs();
                 assert!(err <= 1 << (shift + 1), "{label}: online error {err}");
@@ -257,7 +225,9 @@ fn without_the_server_masks_the_response_is_not_the_product() {
     };
     let (open, hidden) = (dec(&open), dec(&hidden));
     let d = shape.d_outs[0];
-    let mr = ring.product(0, &r[..shape.ranks[0]], true).unwrap();
+    let mr = ring
+        .product(0, &r[..shape.total_rank()], Mode::Ffa)
+        .unwrap();
     assert_eq!(open[0][..d], mr[..]);
     let far = (0..d)
         .filter(|&i| centred(hidden[0][i], mr[i]).abs() > 1 << 40)
