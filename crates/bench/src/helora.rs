@@ -117,7 +117,8 @@ fn total(model: &ModelShape, picks: Vec<(GroupPlan, Estimate)>, chosen: bool) ->
 }
 
 /// Deterministic pseudo-random adapter (timing only; values irrelevant).
-fn adapter(shape: &GroupShape) -> GroupAdapter {
+/// A fixed random adapter of `shape` (timings do not depend on the weights).
+pub(crate) fn adapter(shape: &GroupShape) -> GroupAdapter {
     let mut z = 0x1234_5678_u64;
     let mut next = move || {
         z ^= z << 13;

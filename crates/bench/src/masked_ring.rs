@@ -18,8 +18,7 @@ use cipherlora_helora::ring::{
 };
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{
-    BfvClient, BfvServer, GroupAdapter, GroupClient, GroupShape, Link, Mode, OpCosts,
-    PreparedGroup, ProjectionAdapter,
+    BfvClient, BfvServer, GroupClient, GroupShape, Link, Mode, OpCosts, PreparedGroup,
 };
 use serde::Serialize;
 
@@ -115,35 +114,6 @@ fn ms(start: Instant) -> f64 {
     start.elapsed().as_secs_f64() * 1e3
 }
 
-/// A random adapter of `shape` (costs do not depend on the weights).
-fn random_adapter(shape: &GroupShape, seed: u64) -> GroupAdapter {
-    let mut s = seed;
-    let mut next = move || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32 * 0.05
-    };
-    let projections = shape
-        .d_outs
-        .iter()
-        .zip(&shape.ranks)
-        .enumerate()
-        .map(|(i, (&d, &r))| ProjectionAdapter {
-            name: format!("p{i}"),
-            d_out: d,
-            rank: r,
-            a: (0..r * shape.d_in).map(|_| next()).collect(),
-            b: (0..d * r).map(|_| next()).collect(),
-            scaling: 2.0,
-        })
-        .collect();
-    GroupAdapter {
-        d_in: shape.d_in,
-        projections,
-    }
-}
-
 /// Measures one group under `mode`.
 fn measure(
     ctx: &std::sync::Arc<Context>,
@@ -165,7 +135,7 @@ fn measure(
         &Link::default(),
     )?;
     let mut rng = os_rng()?;
-    let ring = RingGroup::new(&random_adapter(shape, 7), RingParams::default())?;
+    let ring = RingGroup::new(&crate::helora::adapter(shape), RingParams::default())?;
     let sk = SecretKey::generate(ctx, &mut rng);
     let steps: Vec<i64> = plan.galois_steps()?.into_iter().collect();
     let gks = GaloisKeys::generate(&sk, &steps, &mut rng);

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use cipherlora_ckks::{Context, GaloisKeys, PublicKey, SecretKey};
+use cipherlora_ckks::{Ciphertext, Context, GaloisKeys, PublicKey, SecretKey};
 use cipherlora_helora::bfv_backend::{OfflineLevels, offline_parameters};
 use cipherlora_helora::planner::{best_per_family, choose};
 use cipherlora_helora::ring::{
@@ -32,57 +32,112 @@ fn centred(a: u64, b: u64) -> i128 {
     if d > p / 2 { d - p } else { d }
 }
 
+/// One group's client and server for the offline phase, with a random adapter.
+struct Parties {
+    ring: RingGroup,
+    server: BfvServer,
+    client: BfvClient,
+    group: PreparedGroup<BfvServer>,
+    gc: GroupClient,
+    /// Input values per position: R (FFA) or d_in (standard).
+    width: usize,
+}
+
+impl Parties {
+    fn new(ctx: &Arc<Context>, plan: &GroupPlan, seed: u64, rng: &mut ChaCha20Rng) -> Self {
+        let shape = &plan.shape;
+        let ring = RingGroup::new(&random_adapter(shape, seed), RingParams::default()).unwrap();
+        let sk = SecretKey::generate(ctx, rng);
+        let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+        let gks = GaloisKeys::generate(&sk, &steps, rng);
+        let pk = PublicKey::generate(&sk, rng);
+        let levels = OfflineLevels::for_mode(plan.mode);
+        let server = BfvServer::new(ctx, RING_PRIME, gks, pk, levels).unwrap();
+        let client = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
+        let group = PreparedGroup::new(&server, plan, ring.adapter()).unwrap();
+        let (gc, width) = match plan.mode {
+            Mode::Ffa => {
+                let a: Vec<Vec<f32>> = ring
+                    .adapter()
+                    .projections
+                    .iter()
+                    .map(|p| p.a.clone())
+                    .collect();
+                (GroupClient::ffa(plan, &a).unwrap(), shape.total_rank())
+            }
+            Mode::Standard => (GroupClient::standard(plan).unwrap(), shape.d_in),
+        };
+        Parties {
+            ring,
+            server,
+            client,
+            group,
+            gc,
+            width,
+        }
+    }
+
+    /// The client's uploads for masks `r` (T × width), parsed as the server sees them.
+    fn upload(&self, r: &[u64]) -> Vec<Ciphertext> {
+        let level = self.group.plan().input_level();
+        self.gc
+            .mask_slots(r)
+            .unwrap()
+            .iter()
+            .map(|rows| self.client.encrypt(rows, level).unwrap().expand())
+            .collect()
+    }
+
+    /// The server's offline response under masks `m`, decrypted and unpacked per projection.
+    fn offline(&self, inputs: &[Ciphertext], m: &[Vec<u64>]) -> Vec<Vec<u64>> {
+        let out = self
+            .server
+            .offline_response(&self.group, inputs, m)
+            .unwrap();
+        let values: Vec<Vec<u64>> = out
+            .iter()
+            .map(|c| self.client.decrypt(c).unwrap().values)
+            .collect();
+        self.gc.unpack_ring(&values).unwrap()
+    }
+
+    /// Fresh server masks: N values per returned ciphertext.
+    fn server_masks(&self, rng: &mut ChaCha20Rng) -> Vec<Vec<u64>> {
+        let plan = self.group.plan();
+        (0..plan.stage_b.n_out)
+            .map(|_| sample_mask(rng, 2 * plan.slots))
+            .collect()
+    }
+}
+
 /// Runs the offline phase for `plan` and checks `M̂·r − m` per delta exactly, and the flooding
 /// margin over the response's noise; then the online exchange against `M̂·x̂`.
 fn offline_then_online(ctx: &Arc<Context>, plan: &GroupPlan, seed: u64) {
     let shape = &plan.shape;
-    let ffa = plan.mode == Mode::Ffa;
     let mut rng = ChaCha20Rng::from_seed([seed as u8; 32]);
-    let ring = RingGroup::new(&random_adapter(shape, seed), RingParams::default()).unwrap();
-    let sk = SecretKey::generate(ctx, &mut rng);
-    let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
-    let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
-    let pk = PublicKey::generate(&sk, &mut rng);
-    let levels = OfflineLevels::for_mode(plan.mode);
-    let server = BfvServer::new(ctx, RING_PRIME, gks, pk, levels).unwrap();
-    let client = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
-    let group = PreparedGroup::new(&server, plan, ring.adapter()).unwrap();
-    let gc = if ffa {
-        let a: Vec<Vec<f32>> = ring
-            .adapter()
-            .projections
-            .iter()
-            .map(|p| p.a.clone())
-            .collect();
-        GroupClient::ffa(plan, &a).unwrap()
-    } else {
-        GroupClient::standard(plan).unwrap()
-    };
+    let parties = Parties::new(ctx, plan, seed, &mut rng);
+    let Parties {
+        ring,
+        server,
+        client,
+        group,
+        gc,
+        width,
+    } = &parties;
+    let width = *width;
 
     // Offline: the client's masks r, the server's masks m.
-    let width = if ffa { shape.total_rank() } else { shape.d_in };
     let r = sample_mask(&mut rng, plan.t * width);
-    let inputs: Vec<_> = gc
-        .mask_slots(&r)
-        .unwrap()
-        .iter()
-        .map(|rows| client.encrypt(rows, plan.input_level()).unwrap().expand())
-        .collect();
-    let n = 2 * plan.slots;
-    let m: Vec<Vec<u64>> = (0..plan.stage_b.n_out)
-        .map(|_| sample_mask(&mut rng, n))
-        .collect();
-    let out = server.offline_response(&group, &inputs, &m).unwrap();
-    let decrypted: Vec<Vec<u64>> = out
-        .iter()
-        .map(|c| client.decrypt(c).unwrap().values)
-        .collect();
+    let inputs = parties.upload(&r);
+    let m = parties.server_masks(&mut rng);
+    let kept = parties.offline(&inputs, &m);
     // The noise before flooding, at the response level: the flooding must exceed it by 40 bits.
+    let levels = OfflineLevels::for_mode(plan.mode);
     let log_q: u32 = ctx.params().moduli_bits()[..=levels.response_level]
         .iter()
         .sum();
     let ev = cipherlora_ckks::Evaluator::new(ctx);
-    for c in group.evaluate(&server, &inputs).unwrap() {
+    for c in group.evaluate(server, &inputs).unwrap() {
         let mut c = c;
         while c.level() > levels.response_level {
             ev.rescale_assign(&mut c).unwrap();
@@ -95,7 +150,6 @@ fn offline_then_online(ctx: &Arc<Context>, plan: &GroupPlan, seed: u64) {
             levels.flood_bits
         );
     }
-    let kept = gc.unpack_ring(&decrypted).unwrap();
     let server_masks = gc.unpack_ring(&m).unwrap();
     let label = format!("{:?} T={} {}", plan.mode, plan.t, plan.strategy());
     let mut worst = 0i128;
@@ -186,47 +240,16 @@ fn without_the_server_masks_the_response_is_not_the_product() {
     )
     .unwrap();
     let mut rng = ChaCha20Rng::from_seed([9; 32]);
-    let ring = RingGroup::new(&random_adapter(shape, 5), RingParams::default()).unwrap();
-    let sk = SecretKey::generate(&ctx, &mut rng);
-    let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
-    let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
-    let levels = OfflineLevels::for_mode(Mode::Ffa);
-    let pk = PublicKey::generate(&sk, &mut rng);
-    let server = BfvServer::new(&ctx, RING_PRIME, gks, pk, levels).unwrap();
-    let client = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
-    let group = PreparedGroup::new(&server, &plan, ring.adapter()).unwrap();
-    let a: Vec<Vec<f32>> = ring
-        .adapter()
-        .projections
-        .iter()
-        .map(|p| p.a.clone())
-        .collect();
-    let gc = GroupClient::ffa(&plan, &a).unwrap();
-    let r = sample_mask(&mut rng, plan.t * shape.total_rank());
-    let inputs: Vec<_> = gc
-        .mask_slots(&r)
-        .unwrap()
-        .iter()
-        .map(|rows| client.encrypt(rows, plan.input_level()).unwrap().expand())
-        .collect();
+    let parties = Parties::new(&ctx, &plan, 5, &mut rng);
+    let r = sample_mask(&mut rng, plan.t * parties.width);
+    let inputs = parties.upload(&r);
     let zeros = vec![vec![0u64; 2 * plan.slots]; plan.stage_b.n_out];
-    let masks: Vec<Vec<u64>> = (0..plan.stage_b.n_out)
-        .map(|_| sample_mask(&mut rng, 2 * plan.slots))
-        .collect();
-    let open = server.offline_response(&group, &inputs, &zeros).unwrap();
-    let hidden = server.offline_response(&group, &inputs, &masks).unwrap();
-    let dec = |v: &[cipherlora_ckks::Ciphertext]| -> Vec<Vec<u64>> {
-        gc.unpack_ring(
-            &v.iter()
-                .map(|c| client.decrypt(c).unwrap().values)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap()
-    };
-    let (open, hidden) = (dec(&open), dec(&hidden));
+    let open = parties.offline(&inputs, &zeros);
+    let hidden = parties.offline(&inputs, &parties.server_masks(&mut rng));
     let d = shape.d_outs[0];
-    let mr = ring
-        .product(0, &r[..shape.total_rank()], Mode::Ffa)
+    let mr = parties
+        .ring
+        .product(0, &r[..parties.width], Mode::Ffa)
         .unwrap();
     assert_eq!(open[0][..d], mr[..]);
     let far = (0..d)
