@@ -15,7 +15,7 @@ use cipherlora_helora::ring::{
 };
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{
-    BfvClient, BfvServer, GroupClient, GroupPlan, Link, Mode, OpCosts, PreparedGroup,
+    BfvClient, BfvServer, GroupClient, GroupPlan, GroupShape, Link, Mode, OpCosts, PreparedGroup,
 };
 use common::{random_adapter, random_x};
 use rand::SeedableRng;
@@ -23,6 +23,22 @@ use rand_chacha::ChaCha20Rng;
 
 fn offline_ctx() -> Arc<Context> {
     Context::new(offline_parameters().unwrap()).unwrap()
+}
+
+/// The planner's plan for `t` positions in the offline context's slots.
+fn planner_choice(ctx: &Context, shape: &GroupShape, mode: Mode, t: usize) -> GroupPlan {
+    let link = Link::default();
+    choose(
+        shape,
+        mode,
+        t,
+        ctx.slots(),
+        false,
+        &OpCosts::default(),
+        &link,
+    )
+    .unwrap()
+    .0
 }
 
 /// The centred difference `a − b` in `Z_p`.
@@ -210,16 +226,7 @@ fn ffa_offline_and_online_on_every_family_of_the_qkv_group() {
 fn standard_offline_and_online_on_the_planner_choice_for_every_group() {
     let ctx = offline_ctx();
     for (gi, (_, shape)) in ModelShape::smollm2_135m().groups.iter().enumerate() {
-        let (plan, _) = choose(
-            shape,
-            Mode::Standard,
-            8,
-            ctx.slots(),
-            false,
-            &OpCosts::default(),
-            &Link::default(),
-        )
-        .unwrap();
+        let plan = planner_choice(&ctx, shape, Mode::Standard, 8);
         offline_then_online(&ctx, &plan, 20 + gi as u64);
     }
 }
@@ -229,16 +236,7 @@ fn without_the_server_masks_the_response_is_not_the_product() {
     // The mask is what hides M̂·r: a response decrypted without subtracting m differs.
     let ctx = offline_ctx();
     let (_, shape) = &ModelShape::smollm2_135m().groups[0];
-    let (plan, _) = choose(
-        shape,
-        Mode::Ffa,
-        4,
-        ctx.slots(),
-        false,
-        &OpCosts::default(),
-        &Link::default(),
-    )
-    .unwrap();
+    let plan = planner_choice(&ctx, shape, Mode::Ffa, 4);
     let mut rng = ChaCha20Rng::from_seed([9; 32]);
     let parties = Parties::new(&ctx, &plan, 5, &mut rng);
     let r = sample_mask(&mut rng, plan.t * parties.width);
