@@ -17,9 +17,7 @@ use cipherlora_helora::ring::{
     RING_PRIME, RingGroup, RingInput, RingParams, kept_bits, sample_mask, unmask,
 };
 use cipherlora_helora::shapes::ModelShape;
-use cipherlora_helora::{
-    BfvClient, BfvServer, GroupClient, GroupShape, Link, Mode, OpCosts, PreparedGroup,
-};
+use cipherlora_helora::{BfvClient, BfvServer, GroupShape, Link, Mode, OpCosts, PreparedGroup};
 use serde::Serialize;
 
 /// Options of `cipherlora bench masked-ring`.
@@ -145,18 +143,8 @@ fn measure(
     let server = BfvServer::new(ctx, RING_PRIME, gks, pk, levels)?;
     let client = BfvClient::new(&sk, RING_PRIME, levels)?;
     let group = PreparedGroup::new(&server, &plan, ring.adapter())?;
-    let gc = if ffa {
-        let a: Vec<Vec<f32>> = ring
-            .adapter()
-            .projections
-            .iter()
-            .map(|p| p.a.clone())
-            .collect();
-        GroupClient::ffa(&plan, &a)?
-    } else {
-        GroupClient::standard(&plan)?
-    };
-    let width = if ffa { shape.total_rank() } else { shape.d_in };
+    let gc = ring.group_client(&plan)?;
+    let width = gc.mask_width();
 
     // Offline.
     let r = sample_mask(&mut rng, t * width);

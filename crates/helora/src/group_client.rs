@@ -243,14 +243,19 @@ impl GroupClient {
         }
     }
 
+    /// Mask values per position: R for FFA (masks on `U = A·x`), d_in standard.
+    pub fn mask_width(&self) -> usize {
+        match self.plan.mode {
+            Mode::Ffa => self.plan.shape.total_rank(),
+            Mode::Standard => self.plan.shape.d_in,
+        }
+    }
+
     /// The offline phase's uploads for one-time masks `r` in `Z_p` (T × R for FFA, T × d_in
     /// standard, position-major): per upload the real-part and imaginary-part slot vectors,
     /// which batched BFV carries in its two rows. Errors: [`HeloraError::ShapeMismatch`].
     pub fn mask_slots(&self, r: &[u64]) -> Result<Vec<[Vec<u64>; 2]>> {
-        let width = match self.plan.mode {
-            Mode::Ffa => self.plan.shape.total_rank(),
-            Mode::Standard => self.plan.shape.d_in,
-        };
+        let width = self.mask_width();
         if r.len() != self.plan.t * width {
             return Err(HeloraError::ShapeMismatch {
                 what: "masks (T × input width)",

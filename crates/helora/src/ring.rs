@@ -22,7 +22,8 @@ use rand::Rng;
 
 use crate::adapter::{GroupAdapter, ProjectionAdapter};
 use crate::error::{HeloraError, Result};
-use crate::plan::Mode;
+use crate::group_client::GroupClient;
+use crate::plan::{GroupPlan, Mode};
 
 /// The ring's modulus: the prime `3·2^58 − 104·2^16 + 1`, `≡ 1 mod 2^16`, so the batched BFV
 /// offline phase (`cipherlora_ckks::bfv`) can encode `Z_p` vectors at ring degree up to 32768. A
@@ -320,6 +321,24 @@ impl RingGroup {
         let y = self.product(proj, masked, mode)?;
         check_len("server mask (d_out)", y.len(), server_mask.len())?;
         Ok(top_bits(&y, server_mask, self.shift))
+    }
+
+    /// The client side of `plan` for this group (FFA with the group's lora_A rows, whose
+    /// values the mask layout does not use). Errors: as [`GroupClient::ffa`] and
+    /// [`GroupClient::standard`].
+    pub fn group_client(&self, plan: &GroupPlan) -> Result<GroupClient> {
+        match plan.mode {
+            Mode::Ffa => {
+                let a: Vec<Vec<f32>> = self
+                    .adapter
+                    .projections
+                    .iter()
+                    .map(|p| p.a.clone())
+                    .collect();
+                GroupClient::ffa(plan, &a)
+            }
+            Mode::Standard => GroupClient::standard(plan),
+        }
     }
 
     /// The integer-valued adapter (`Â`, `B̂`, scaling 1).

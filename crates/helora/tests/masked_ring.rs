@@ -71,18 +71,8 @@ impl Parties {
         let server = BfvServer::new(ctx, RING_PRIME, gks, pk, levels).unwrap();
         let client = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
         let group = PreparedGroup::new(&server, plan, ring.adapter()).unwrap();
-        let (gc, width) = match plan.mode {
-            Mode::Ffa => {
-                let a: Vec<Vec<f32>> = ring
-                    .adapter()
-                    .projections
-                    .iter()
-                    .map(|p| p.a.clone())
-                    .collect();
-                (GroupClient::ffa(plan, &a).unwrap(), shape.total_rank())
-            }
-            Mode::Standard => (GroupClient::standard(plan).unwrap(), shape.d_in),
-        };
+        let gc = ring.group_client(plan).unwrap();
+        let width = gc.mask_width();
         Parties {
             ring,
             server,
