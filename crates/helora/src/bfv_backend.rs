@@ -366,6 +366,11 @@ impl BfvClient {
             .map_err(he)
     }
 
+    /// The context of the client's secret key.
+    pub fn context(&self) -> &Arc<Context> {
+        self.sk.context()
+    }
+
     /// Decrypts one offline response: N values of `Z_t` (row 0 then row 1) and the noise budget
     /// left. Errors: another context's ciphertext.
     pub fn decrypt(&self, ct: &Ciphertext) -> Result<Decrypted> {

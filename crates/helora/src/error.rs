@@ -106,6 +106,9 @@ pub enum HeloraError {
         /// Level of the operand that differs.
         right: usize,
     },
+    /// A one-time mask refused by the server's ledger or the client's pool.
+    #[error("masks: {0}")]
+    Mask(#[from] crate::masks::MaskError),
     /// Rerandomisation was asked of a backend built without the client's public key.
     #[error("rerandomisation needs the client's public key")]
     NoPublicKey,

@@ -316,29 +316,33 @@ impl GroupClient {
                 got: t as u64,
             });
         }
-        match &self.public_a {
-            Some(a) => {
-                // U = A_f·X (T × R).
-                let r = self.plan.shape.total_rank();
-                let mut u = vec![0.0; t * r];
-                let mut xp = vec![0.0; d];
-                for p in 0..t {
-                    for (o, &v) in xp.iter_mut().zip(&x[p * d..(p + 1) * d]) {
-                        *o = f64::from(v);
-                    }
-                    for (i, row) in a.iter().enumerate() {
-                        u[p * r + i] = row.dot(&xp);
-                    }
-                }
-                let scales = InputScales::normalise(&mut u, r);
-                Ok((slot_values(self.pack_rows(&u, r)?), scales))
+        let width = self.mask_width();
+        let mut values = self.lora_input(x)?;
+        let scales = InputScales::normalise(&mut values, width);
+        Ok((slot_values(self.pack_rows(&values, width)?), scales))
+    }
+
+    /// What each position of `x` (positions × d_in) sends through the adapter: `U = A_f·x` (R
+    /// values, FFA) or x itself (d_in values, standard), positions × [`Self::mask_width`].
+    /// Errors: [`HeloraError::ShapeMismatch`] unless x is whole rows of d_in.
+    pub fn lora_input(&self, x: &[f32]) -> Result<Vec<f64>> {
+        let d = self.plan.shape.d_in;
+        let t = positions(x.len(), d)?;
+        let Some(a) = &self.public_a else {
+            return Ok(x.iter().map(|&v| f64::from(v)).collect());
+        };
+        let r = self.plan.shape.total_rank();
+        let mut u = vec![0.0; t * r];
+        let mut xp = vec![0.0; d];
+        for p in 0..t {
+            for (o, &v) in xp.iter_mut().zip(&x[p * d..(p + 1) * d]) {
+                *o = f64::from(v);
             }
-            None => {
-                let mut x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-                let scales = InputScales::normalise(&mut x, d);
-                Ok((slot_values(self.pack_rows(&x, d)?), scales))
+            for (i, row) in a.iter().enumerate() {
+                u[p * r + i] = row.dot(&xp);
             }
         }
+        Ok(u)
     }
 
     /// Packs and encrypts `x` (T × d_in): the request's ciphertexts, in plan order, and the

@@ -18,6 +18,7 @@ pub mod error;
 pub mod group_client;
 pub mod group_server;
 pub mod he_traits;
+pub mod masks;
 pub mod measure;
 pub mod packing;
 pub mod plan;

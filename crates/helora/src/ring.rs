@@ -169,15 +169,8 @@ impl RingProjection {
                 .sum();
             l1 = l1.max(row);
         }
-        // Centred residues reach p/2: the product and the dropped bits must stay below it.
+        let input_bits = input_bits_for(l1)?;
         let l1_bits = u128::BITS - l1.leading_zeros();
-        let input_bits = (RING_BITS - 2).saturating_sub(l1_bits).min(MAX_INPUT_BITS);
-        if input_bits == 0 {
-            return Err(HeloraError::RingBound {
-                bound_log2: l1_bits,
-                ring_bits: RING_BITS,
-            });
-        }
         Ok(RingProjection {
             a,
             b,
@@ -258,6 +251,70 @@ pub struct RingGroup {
     a_exp: i32,
     b_exp: i32,
     shift: u32,
+    /// Input bits per mode: `[standard, FFA]`.
+    input_bits: [u32; 2],
+}
+
+/// What the client of a [`RingGroup`] needs to encode its inputs and decode the unmasked
+/// products: public, like the CKKS path's output bounds (powers of two of the weights' scale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingPublic {
+    /// Fractional bits of each input after its power-of-two normalisation ([`RingInput::encode`]).
+    pub input_bits: u32,
+    /// A delta is `M̂·x̂ · 2^(exponent − scale_log2)`: the weights' exponents plus the input bits.
+    pub scale_log2: i32,
+    /// Low bits dropped from each response value.
+    pub shift: u32,
+}
+
+impl RingPublic {
+    /// The delta values of unmasked products `z = M̂·x̂` of an input encoded with `exponent`.
+    pub fn decode(&self, z: &[i64], exponent: i32) -> Vec<f32> {
+        let unit = 2f64.powi(exponent - self.scale_log2);
+        z.iter().map(|&v| (v as f64 * unit) as f32).collect()
+    }
+}
+
+/// The input bits that keep `|M̂·x̂| < 2^(60 − 2)` for `max |x̂| ≤ 2^bits`, given `l1`, the largest
+/// row sum `Σ_k |M̂_ik|`. Errors: [`HeloraError::RingBound`] when not even one bit fits.
+fn input_bits_for(l1: u128) -> Result<u32> {
+    // Centred residues reach p/2: the product and the dropped bits must stay below it.
+    let l1_bits = u128::BITS - l1.leading_zeros();
+    let bits = (RING_BITS - 2).saturating_sub(l1_bits).min(MAX_INPUT_BITS);
+    if bits == 0 {
+        return Err(HeloraError::RingBound {
+            bound_log2: l1_bits,
+            ring_bits: RING_BITS,
+        });
+    }
+    Ok(bits)
+}
+
+/// The largest row sum `Σ_k |(B·A)_ik|` over the group's projections (standard LoRA), or of
+/// `Σ_j |B_ij|` (FFA, whose input is `A·x`).
+fn row_l1(ps: &[ProjectionAdapter], d_in: usize, mode: Mode) -> u128 {
+    let mut l1 = 0u128;
+    for p in ps {
+        let b: Vec<i128> = p.b.iter().map(|&v| v as i128).collect();
+        let a: Vec<i128> = p.a.iter().map(|&v| v as i128).collect();
+        for brow in b.chunks_exact(p.rank) {
+            let row: u128 = match mode {
+                Mode::Ffa => brow.iter().map(|v| v.unsigned_abs()).sum(),
+                Mode::Standard => (0..d_in)
+                    .map(|k| {
+                        let m: i128 = brow
+                            .iter()
+                            .zip(a.chunks_exact(d_in))
+                            .map(|(bv, ar)| bv * ar[k])
+                            .sum();
+                        m.unsigned_abs()
+                    })
+                    .sum(),
+            };
+            l1 = l1.max(row);
+        }
+    }
+    l1
 }
 
 /// Most weight bits an integer-valued f32 holds exactly.
@@ -265,7 +322,8 @@ const MAX_WEIGHT_BITS: u32 = 24;
 
 impl RingGroup {
     /// Quantizes `adapter` to `params.weight_bits`. Errors: [`HeloraError::InvalidShape`] for
-    /// weight bits outside `2..=24` or an invalid adapter.
+    /// weight bits outside `2..=24` or an invalid adapter; [`HeloraError::RingBound`] when not
+    /// even one input bit keeps the products below `p/4`.
     pub fn new(adapter: &GroupAdapter, params: RingParams) -> Result<Self> {
         adapter.validate()?;
         let weight_bits = params.weight_bits;
@@ -282,7 +340,7 @@ impl RingGroup {
             .collect();
         let b_exp = exponent(scaled.iter().flatten(), weight_bits);
         let to_f32 = |v: Vec<i64>| v.into_iter().map(|x| x as f32).collect();
-        let projections = ps
+        let projections: Vec<ProjectionAdapter> = ps
             .iter()
             .zip(&scaled)
             .map(|(p, sb)| ProjectionAdapter {
@@ -292,6 +350,9 @@ impl RingGroup {
                 ..p.clone()
             })
             .collect();
+        let input_bits = [Mode::Standard, Mode::Ffa]
+            .map(|mode| input_bits_for(row_l1(&projections, adapter.d_in, mode)));
+        let [standard, ffa] = input_bits;
         Ok(RingGroup {
             adapter: GroupAdapter {
                 projections,
@@ -300,7 +361,21 @@ impl RingGroup {
             a_exp,
             b_exp,
             shift: RING_BITS.saturating_sub(params.response_bits),
+            input_bits: [standard?, ffa?],
         })
+    }
+
+    /// The client's public parameters for `mode`.
+    pub fn public(&self, mode: Mode) -> RingPublic {
+        let (input_bits, weights) = match mode {
+            Mode::Standard => (self.input_bits[0], self.a_exp + self.b_exp),
+            Mode::Ffa => (self.input_bits[1], self.b_exp),
+        };
+        RingPublic {
+            input_bits,
+            scale_log2: weights + input_bits as i32,
+            shift: self.shift,
+        }
     }
 
     /// Low bits dropped from each response value (public).

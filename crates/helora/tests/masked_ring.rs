@@ -9,13 +9,17 @@ use std::sync::Arc;
 
 use cipherlora_ckks::{Ciphertext, Context, GaloisKeys, PublicKey, SecretKey};
 use cipherlora_helora::bfv_backend::{OfflineLevels, offline_parameters};
+use cipherlora_helora::masks::{
+    GroupKey, LedgerLimits, MaskError, MaskLedger, MaskPool, MaskedClientGroup, MaskedServerGroup,
+};
 use cipherlora_helora::planner::{best_per_family, choose};
 use cipherlora_helora::ring::{
     RING_PRIME, RingGroup, RingInput, RingParams, kept_bits, minus, sample_mask, unmask,
 };
 use cipherlora_helora::shapes::ModelShape;
 use cipherlora_helora::{
-    BfvClient, BfvServer, GroupClient, GroupPlan, GroupShape, Link, Mode, OpCosts, PreparedGroup,
+    BfvClient, BfvServer, GroupClient, GroupPlan, GroupShape, HeloraError, Link, Mode, OpCosts,
+    PreparedGroup,
 };
 use common::{random_adapter, random_x};
 use rand::SeedableRng;
@@ -244,4 +248,128 @@ fn without_the_server_masks_the_response_is_not_the_product() {
         .filter(|&i| centred(hidden[0][i], mr[i]).abs() > 1 << 40)
         .count();
     assert!(far > d * 9 / 10, "only {far} of {d} values hidden");
+}
+
+/// `s·B·A·x` per projection (positions × d_out, position-major), in f64.
+fn reference(adapter: &cipherlora_helora::GroupAdapter, x: &[f32]) -> Vec<Vec<f64>> {
+    let d_in = adapter.d_in;
+    adapter
+        .projections
+        .iter()
+        .map(|p| {
+            x.chunks_exact(d_in)
+                .flat_map(|row| {
+                    let u: Vec<f64> =
+                        p.a.chunks_exact(d_in)
+                            .map(|a| a.iter().zip(row).map(|(&a, &v)| f64::from(a * v)).sum())
+                            .collect();
+                    p.b.chunks_exact(p.rank)
+                        .map(|b| {
+                            f64::from(p.scaling)
+                                * b.iter()
+                                    .zip(&u)
+                                    .map(|(&b, u)| f64::from(b) * u)
+                                    .sum::<f64>()
+                        })
+                        .collect::<Vec<f64>>()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn ledger_and_pool_run_two_batches_to_the_plaintext_deltas_each_mask_once() {
+    let ctx = offline_ctx();
+    let (_, shape) = &ModelShape::smollm2_135m().groups[0];
+    let key = GroupKey { layer: 7, group: 0 };
+    for (mode, seed) in [(Mode::Ffa, 31u64), (Mode::Standard, 32)] {
+        let plan = planner_choice(&ctx, shape, mode, 4);
+        let mut rng = ChaCha20Rng::from_seed([seed as u8; 32]);
+        let adapter = random_adapter(shape, seed);
+        let sk = SecretKey::generate(&ctx, &mut rng);
+        let steps: Vec<i64> = plan.galois_steps().unwrap().into_iter().collect();
+        let gks = GaloisKeys::generate(&sk, &steps, &mut rng);
+        let levels = OfflineLevels::for_mode(mode);
+        let pk = PublicKey::generate(&sk, &mut rng);
+        let server = BfvServer::new(&ctx, RING_PRIME, gks, pk, levels).unwrap();
+        let bfv = BfvClient::new(&sk, RING_PRIME, levels).unwrap();
+        let theirs =
+            MaskedServerGroup::new(&server, &plan, &adapter, RingParams::default()).unwrap();
+        let layout = match mode {
+            Mode::Ffa => {
+                let a: Vec<Vec<f32>> = adapter.projections.iter().map(|p| p.a.clone()).collect();
+                GroupClient::ffa(&plan, &a).unwrap()
+            }
+            Mode::Standard => GroupClient::standard(&plan).unwrap(),
+        };
+        let mine = MaskedClientGroup::new(layout, theirs.public());
+        let mut ledger = MaskLedger::new(LedgerLimits::default());
+        let mut pool = MaskPool::new(1 << 24);
+
+        for _ in 0..2 {
+            let (batch, up) = mine.offline_request(&bfv, &mut pool, key).unwrap();
+            let up: Vec<Ciphertext> = up.iter().map(|c| c.expand()).collect();
+            let down = theirs
+                .offline(&server, &mut ledger, key, batch, &up)
+                .unwrap();
+            mine.absorb(&bfv, &mut pool, key, batch, &down).unwrap();
+        }
+        assert_eq!(pool.available(key), 8);
+
+        // Six positions: all of the first batch and two of the second.
+        let x = random_x(6, shape.d_in, seed);
+        let rows = mine.online_request(&mut pool, key, &x).unwrap();
+        let response = theirs
+            .online(&mut ledger, key, &rows.refs, &rows.masked)
+            .unwrap();
+        let deltas = mine.deltas(&rows, &response).unwrap();
+        for (j, (got, want)) in deltas.iter().zip(reference(&adapter, &x)).enumerate() {
+            let max = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let err = got
+                .iter()
+                .zip(&want)
+                .fold(0f64, |m, (&g, w)| m.max((f64::from(g) - w).abs()));
+            assert!(
+                err <= max / 512.0,
+                "{mode:?} projection {j}: error {err:e} against max {max:e}"
+            );
+        }
+
+        // A replay is refused, and neither side hands a used mask out again.
+        let replay = theirs.online(&mut ledger, key, &rows.refs, &rows.masked);
+        assert!(
+            matches!(
+                replay,
+                Err(HeloraError::Mask(MaskError::BatchClosed { .. }))
+            ),
+            "{replay:?}"
+        );
+        let w = mine.width();
+        let second = theirs.online(&mut ledger, key, &rows.refs[4..], &rows.masked[4 * w..]);
+        assert!(
+            matches!(second, Err(HeloraError::Mask(MaskError::MaskReused { .. }))),
+            "{second:?}"
+        );
+        assert_eq!((ledger.open_batches(), ledger.unused_positions()), (1, 2));
+        let more = mine.online_request(&mut pool, key, &x[..3 * shape.d_in]);
+        assert!(
+            matches!(
+                more,
+                Err(HeloraError::Mask(MaskError::PoolEmpty {
+                    needed: 3,
+                    available: 2
+                }))
+            ),
+            "{more:?}"
+        );
+        let last = mine
+            .online_request(&mut pool, key, &x[..2 * shape.d_in])
+            .unwrap();
+        assert!(last.refs.iter().all(|r| r.batch == rows.refs[5].batch));
+        theirs
+            .online(&mut ledger, key, &last.refs, &last.masked)
+            .unwrap();
+        assert_eq!((ledger.open_batches(), pool.available(key)), (0, 0));
+    }
 }

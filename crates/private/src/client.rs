@@ -5,6 +5,7 @@
 mod by_width;
 mod connect;
 mod hook;
+pub mod masked;
 mod response_bits;
 pub mod schedule_plan;
 mod time_split;

@@ -107,6 +107,9 @@ pub enum PrivateError {
         /// What was wrong with its answer.
         what: ProtocolFault,
     },
+    /// A message's envelope is malformed (packed values, row lists, session id).
+    #[error("message: {0}")]
+    Message(#[from] cipherlora_proto::ProtoError),
     /// A group message did not decode as protobuf (the in-process transport's round trip).
     #[error("group message: {0}")]
     Decode(prost::DecodeError),
@@ -174,4 +177,7 @@ pub enum ProtocolFault {
     /// The opened session runs other plans than the offer.
     #[error("the session runs other plans than the server offered")]
     PlanChanged,
+    /// A response names another layer, group, batch or round than its request.
+    #[error("a response answers another request")]
+    ResponseMismatch,
 }

@@ -5,6 +5,7 @@
 //! appear here.
 
 mod codes;
+pub mod masked;
 mod offer;
 mod plan;
 mod public_a;

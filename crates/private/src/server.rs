@@ -5,6 +5,7 @@
 mod adapter_groups;
 pub mod cost_cache;
 mod he_adapter;
+pub mod masked;
 mod session_memory;
 
 pub use adapter_groups::*;

@@ -71,6 +71,28 @@ pub enum ProtoError {
         /// The enum value received.
         code: i32,
     },
+    /// Packed ring values are not exactly `count` values of `bits` bits.
+    #[error("{what}: {got} bytes, expected {expected} ({count} values of {bits} bits)")]
+    PackedLength {
+        /// Which field.
+        what: &'static str,
+        /// Bytes received.
+        got: usize,
+        /// Bytes `⌈count·bits/8⌉`.
+        expected: usize,
+        /// Values expected.
+        count: usize,
+        /// Bits per value.
+        bits: u32,
+    },
+    /// The rows of a masked request do not name one batch and one position each.
+    #[error("masked request: {batches} batches for {positions} positions")]
+    MaskRows {
+        /// Batch entries.
+        batches: usize,
+        /// Position entries.
+        positions: usize,
+    },
     /// A tree attention mask does not have one parent per row.
     #[error("tree mask has {got} parents for {positions} rows")]
     TreeLength {

@@ -1,7 +1,8 @@
 //! The cipherlora wire protocols: protobuf messages, tonic stubs and the checks both sides share.
 //! `adapter.proto` (`cipherlora.adapter.v1`) carries opaque HE payloads, checked here only as
-//! envelopes ([`validate`]); `split.proto` ([`split::v1`]) carries plaintext hidden states
-//! ([`activations`]) and lookahead trees ([`tree`]). Compiled at build time with protox; `bytes`
+//! envelopes ([`validate`]); masked ring values travel bit-packed ([`ring_values`]);
+//! `split.proto` ([`split::v1`]) carries plaintext hidden states ([`activations`]) and lookahead
+//! trees ([`tree`]). Compiled at build time with protox; `bytes`
 //! fields are [`bytes::Bytes`].
 
 pub mod activations;
@@ -10,6 +11,7 @@ pub mod error;
 mod group;
 pub mod plan_id;
 pub mod reason;
+pub mod ring_values;
 pub mod session_id;
 pub mod tree;
 pub mod validate;

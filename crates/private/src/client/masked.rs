@@ -1,0 +1,372 @@
+//! The client's side of masked ring values (docs/design/wire.md, "Masked ring values"): the
+//! offline keys and every group's mask pool ([`MaskedClient`]), the transport of its messages
+//! ([`MaskedTransport`]), and [`MaskedHook`], which runs a forward pass on pooled masks when
+//! every adapted group has enough of them and on its inner hook (CKKS) otherwise.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use candle_core::Tensor;
+use cipherlora_ckks::{Ciphertext, Context, GaloisKeys, PublicKey, SecretKey};
+use cipherlora_helora::BfvClient;
+use cipherlora_helora::GroupClient;
+use cipherlora_helora::bfv_backend::OfflineLevels;
+use cipherlora_helora::masks::{GroupKey, MaskPool, MaskedClientGroup};
+use cipherlora_helora::ring::RING_PRIME;
+use cipherlora_model::{DeltaHook, GroupDeltas, ModelError, Proj, ProjGroup};
+use cipherlora_proto::v1::{
+    MaskOfflineRequest, MaskOfflineResponse, MaskedGroupRequest, MaskedGroupResponse,
+};
+use prost::Message;
+
+use crate::PrivateError;
+use crate::protocol::masked::{
+    check_offline_response, masked_request, offline_request, read_masked_response,
+};
+use crate::protocol::{LoraKind, PublicA};
+use crate::server::masked::{MaskedOfferGroup, MaskedPlan, MaskedSession, mode};
+
+/// Carries masked-ring messages to the adapter server.
+pub trait MaskedTransport {
+    /// One offline request and its response. Errors: the link's or the server's.
+    fn offline(&mut self, req: &MaskOfflineRequest) -> Result<MaskOfflineResponse, PrivateError>;
+    /// One online request and its response. Errors: the link's or the server's.
+    fn online(&mut self, req: &MaskedGroupRequest) -> Result<MaskedGroupResponse, PrivateError>;
+}
+
+/// Calls a [`MaskedSession`] in process through the messages' protobuf encoding, counting bytes.
+#[derive(Debug, Clone)]
+pub struct InProcessMasked {
+    session: Arc<MaskedSession>,
+    /// Offline bytes sent and received.
+    pub offline_bytes: (u64, u64),
+    /// Online bytes sent and received.
+    pub online_bytes: (u64, u64),
+}
+
+impl InProcessMasked {
+    /// A transport to `session`.
+    #[must_use]
+    pub fn new(session: Arc<MaskedSession>) -> Self {
+        InProcessMasked {
+            session,
+            offline_bytes: (0, 0),
+            online_bytes: (0, 0),
+        }
+    }
+}
+
+/// `message` through its encoding: what the other side decodes, and the bytes it took.
+fn through_wire<M: Message + Default>(message: &M) -> Result<(M, u64), PrivateError> {
+    let bytes = message.encode_to_vec();
+    Ok((
+        M::decode(bytes.as_slice()).map_err(PrivateError::Decode)?,
+        bytes.len() as u64,
+    ))
+}
+
+impl MaskedTransport for InProcessMasked {
+    fn offline(&mut self, req: &MaskOfflineRequest) -> Result<MaskOfflineResponse, PrivateError> {
+        let (req, up) = through_wire(req)?;
+        let (resp, down) = through_wire(&self.session.offline(&req)?)?;
+        self.offline_bytes.0 += up;
+        self.offline_bytes.1 += down;
+        Ok(resp)
+    }
+
+    fn online(&mut self, req: &MaskedGroupRequest) -> Result<MaskedGroupResponse, PrivateError> {
+        let (req, up) = through_wire(req)?;
+        let (resp, down) = through_wire(&self.session.online(&req)?)?;
+        self.online_bytes.0 += up;
+        self.online_bytes.1 += down;
+        Ok(resp)
+    }
+}
+
+/// One group on the client: its wire key, projections and masked client.
+#[derive(Debug, Clone)]
+struct ClientGroup {
+    key: GroupKey,
+    projections: Vec<Proj>,
+    group: MaskedClientGroup,
+}
+
+/// The offline keys a client uploads when it opens a masked session.
+#[derive(Debug, Clone)]
+pub struct OfflineKeys {
+    /// The offline context's public key (flooding).
+    pub public_key: PublicKey,
+    /// Galois keys for every rotation step of the offline plans.
+    pub galois_keys: GaloisKeys,
+}
+
+/// Makes the offline secret key (OS CSPRNG) and the keys the server needs for `plans`. Errors:
+/// [`PrivateError::Helora`] for a plan without rotation steps; [`PrivateError::Ckks`] when the
+/// OS generator fails.
+pub fn offline_keys(
+    ctx: &Arc<Context>,
+    plans: &[MaskedPlan],
+) -> Result<(SecretKey, OfflineKeys), PrivateError> {
+    let mut rng = cipherlora_ckks::os_rng()?;
+    let rng = &mut rng;
+    let sk = SecretKey::generate(ctx, rng);
+    let mut steps = std::collections::BTreeSet::new();
+    for p in plans {
+        steps.extend(p.plan.galois_steps()?);
+    }
+    let steps: Vec<i64> = steps.into_iter().collect();
+    let keys = OfflineKeys {
+        public_key: PublicKey::generate(&sk, rng),
+        galois_keys: GaloisKeys::generate(&sk, &steps, rng),
+    };
+    Ok((sk, keys))
+}
+
+/// The client's masked-ring state: the offline secret key and every group's pool.
+#[derive(Debug)]
+pub struct MaskedClient {
+    bfv: BfvClient,
+    session_id: Bytes,
+    groups: HashMap<(usize, ProjGroup), ClientGroup>,
+    order: Vec<(usize, ProjGroup)>,
+    pool: MaskPool,
+    round: u64,
+}
+
+/// The model-side name of a wire group key.
+fn model_group(key: GroupKey) -> Option<(usize, ProjGroup)> {
+    let group = *ProjGroup::ALL.get(key.group as usize)?;
+    Some((key.layer as usize, group))
+}
+
+impl MaskedClient {
+    /// A client of session `session_id` with offline secret key `sk` for the server's `offer`
+    /// (FFA adapters: with their `public_a`), keeping at most `budget` bytes of masks. Errors:
+    /// [`PrivateError::UnknownGroup`] for a group the model has no name for;
+    /// [`PrivateError::Helora`] for a plan or lora_A that does not fit.
+    pub fn new(
+        sk: &SecretKey,
+        kind: LoraKind,
+        session_id: Bytes,
+        offer: &[MaskedOfferGroup],
+        public_a: &[PublicA],
+        budget: usize,
+    ) -> Result<Self, PrivateError> {
+        let bfv = BfvClient::new(sk, RING_PRIME, OfflineLevels::for_mode(mode(kind)))?;
+        let mut groups = HashMap::new();
+        let mut order = Vec::new();
+        for g in offer {
+            let key = g.plan.key;
+            let name = model_group(key).ok_or(PrivateError::UnknownGroup {
+                layer: key.layer,
+                group: key.group,
+            })?;
+            let layout = match kind {
+                LoraKind::Standard => GroupClient::standard(&g.plan.plan)?,
+                LoraKind::Ffa => {
+                    let a: Vec<Vec<f32>> = g
+                        .plan
+                        .projections
+                        .iter()
+                        .filter_map(|&p| {
+                            public_a
+                                .iter()
+                                .find(|pa| pa.layer == name.0 && pa.proj == p)
+                                .map(|pa| pa.a.clone())
+                        })
+                        .collect();
+                    GroupClient::ffa(&g.plan.plan, &a)?
+                }
+            };
+            order.push(name);
+            groups.insert(
+                name,
+                ClientGroup {
+                    key,
+                    projections: g.plan.projections.clone(),
+                    group: MaskedClientGroup::new(layout, g.public),
+                },
+            );
+        }
+        Ok(MaskedClient {
+            bfv,
+            session_id,
+            groups,
+            order,
+            pool: MaskPool::new(budget),
+            round: 0,
+        })
+    }
+
+    /// Positions every group has masks for: the widest pass that can run masked.
+    #[must_use]
+    pub fn ready(&self) -> usize {
+        self.groups
+            .values()
+            .map(|g| self.pool.available(g.key))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Bytes the pools hold.
+    #[must_use]
+    pub fn pool_bytes(&self) -> usize {
+        self.pool.bytes()
+    }
+
+    /// Runs offline batches until every group has masks for at least `positions` positions,
+    /// group by group in forward order. Returns the batches run. Errors: the pool's budget
+    /// ([`PrivateError::Helora`]) and the transport's; a failed batch is released.
+    pub fn fill<M: MaskedTransport>(
+        &mut self,
+        transport: &mut M,
+        positions: usize,
+    ) -> Result<usize, PrivateError> {
+        let mut batches = 0;
+        for name in &self.order {
+            let g = &self.groups[name];
+            while self.pool.available(g.key) < positions {
+                let (batch, up) = g.group.offline_request(&self.bfv, &mut self.pool, g.key)?;
+                let bytes = up.iter().map(|c| Bytes::from(c.to_bytes())).collect();
+                let req = offline_request(self.session_id.clone(), g.key, batch, bytes);
+                let down = transport.offline(&req).and_then(|resp| {
+                    check_offline_response(&req, &resp)?;
+                    let ctx = self.bfv_context();
+                    resp.ciphertexts
+                        .iter()
+                        .map(|b| Ok(Ciphertext::from_bytes(&ctx, b)?))
+                        .collect::<Result<Vec<_>, PrivateError>>()
+                });
+                match down {
+                    Ok(cts) => g
+                        .group
+                        .absorb(&self.bfv, &mut self.pool, g.key, batch, &cts)?,
+                    Err(e) => {
+                        self.pool.abandon(g.key, batch);
+                        return Err(e);
+                    }
+                }
+                batches += 1;
+            }
+        }
+        Ok(batches)
+    }
+
+    fn bfv_context(&self) -> Arc<Context> {
+        self.bfv.context().clone()
+    }
+
+    /// The deltas of group `name` for `x` (T × d_in) through one online exchange. Errors:
+    /// [`PrivateError::UnknownGroup`]; the pool's (no masks taken), the transport's, the
+    /// response's shape.
+    fn deltas<M: MaskedTransport>(
+        &mut self,
+        transport: &mut M,
+        name: (usize, ProjGroup),
+        x: &Tensor,
+    ) -> Result<GroupDeltas, PrivateError> {
+        let g = self.groups.get(&name).ok_or(PrivateError::UnknownGroup {
+            layer: name.0 as u32,
+            group: crate::protocol::group_index(name.1),
+        })?;
+        let (t, _) = x.dims2().map_err(ModelError::from)?;
+        let xs: Vec<f32> = x
+            .flatten_all()
+            .and_then(|v| v.to_vec1())
+            .map_err(ModelError::from)?;
+        let rows = g.group.online_request(&mut self.pool, g.key, &xs)?;
+        self.round += 1;
+        let req = masked_request(
+            self.session_id.clone(),
+            self.round,
+            g.key,
+            &rows.refs,
+            &rows.masked,
+        );
+        let resp = transport.online(&req)?;
+        let count = t * g.group.kept_width();
+        let values = read_masked_response(&req, &resp, count)?;
+        let deltas = g.group.deltas(&rows, &values)?;
+        let mut out = GroupDeltas::none();
+        for (&p, d) in g.projections.iter().zip(deltas) {
+            let d_out = d.len() / t;
+            let tensor = Tensor::from_vec(d, (t, d_out), x.device()).map_err(ModelError::from)?;
+            out.push(p, tensor);
+        }
+        Ok(out)
+    }
+}
+
+/// A delta hook that runs each forward pass on pooled masks when every adapted group has masks
+/// for all its positions, and on `inner` otherwise (a pass never mixes the two).
+#[derive(Debug)]
+pub struct MaskedHook<H, M> {
+    inner: H,
+    client: MaskedClient,
+    transport: M,
+    /// Whether the pass under way runs masked (set at its first adapted group).
+    masked: bool,
+    /// Passes run masked and on the inner hook.
+    pub passes: (usize, usize),
+}
+
+impl<H: DeltaHook, M: MaskedTransport> MaskedHook<H, M> {
+    /// A hook over `client`'s pools and `transport`, falling back to `inner`.
+    pub fn new(inner: H, client: MaskedClient, transport: M) -> Self {
+        MaskedHook {
+            inner,
+            client,
+            transport,
+            masked: false,
+            passes: (0, 0),
+        }
+    }
+
+    /// The client and its transport (to fill the pools while idle).
+    pub fn client_mut(&mut self) -> (&mut MaskedClient, &mut M) {
+        (&mut self.client, &mut self.transport)
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &M {
+        &self.transport
+    }
+}
+
+impl<H: DeltaHook, M: MaskedTransport> DeltaHook for MaskedHook<H, M> {
+    fn deltas(
+        &mut self,
+        layer: usize,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<GroupDeltas, ModelError> {
+        if self.client.order.first() == Some(&(layer, group)) {
+            let t = x.dims2()?.0;
+            self.masked = self.client.ready() >= t;
+            if self.masked {
+                self.passes.0 += 1;
+            } else {
+                self.passes.1 += 1;
+            }
+        }
+        if !self.masked {
+            return self.inner.deltas(layer, group, x);
+        }
+        self.client
+            .deltas(&mut self.transport, (layer, group), x)
+            .map_err(|e| ModelError::Hook {
+                layer,
+                proj: group.projs()[0],
+                reason: e.to_string(),
+            })
+    }
+
+    fn wants(&self, layer: usize, group: ProjGroup) -> bool {
+        self.inner.wants(layer, group)
+    }
+
+    fn prefill_done(&mut self) {
+        self.inner.prefill_done();
+    }
+}

@@ -1,0 +1,209 @@
+//! The adapter server's side of masked ring values (docs/design/wire.md, "Masked ring
+//! values"): per session, batched BFV under the client's offline keys, every adapted group's
+//! weights in the ring's fixed point with its offline plan, and the ledger of one-time masks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use cipherlora_ckks::{Context, GaloisKeys, PublicKey, SeededCiphertext};
+use cipherlora_helora::bfv_backend::{OfflineLevels, offline_parameters};
+use cipherlora_helora::masks::{GroupKey, LedgerLimits, MaskLedger, MaskedServerGroup};
+use cipherlora_helora::planner::choose;
+use cipherlora_helora::ring::{RING_PRIME, RingParams, RingPublic};
+use cipherlora_helora::{BfvServer, GroupPlan, Link, Mode, OpCosts};
+use cipherlora_model::Proj;
+use cipherlora_proto::v1::{
+    MaskOfflineRequest, MaskOfflineResponse, MaskedGroupRequest, MaskedGroupResponse,
+};
+
+use crate::protocol::masked::{masked_response, offline_response, read_masked_request};
+use crate::protocol::{LoraKind, group_index};
+use crate::{AdapterGroups, PrivateError};
+
+/// One group's offline plan, keyed as its messages name it.
+#[derive(Debug, Clone)]
+pub struct MaskedPlan {
+    /// The group's wire key.
+    pub key: GroupKey,
+    /// The offline plan: T positions per batch, in the offline context's slots.
+    pub plan: GroupPlan,
+    /// The group's projections, in the order of the plan's deltas.
+    pub projections: Vec<Proj>,
+}
+
+/// What a client needs per group once the session is open: its plan and the ring's public
+/// parameters.
+#[derive(Debug, Clone)]
+pub struct MaskedOfferGroup {
+    /// The group's plan.
+    pub plan: MaskedPlan,
+    /// Input bits, scale and dropped bits of the group's fixed point.
+    pub public: RingPublic,
+}
+
+/// The LoRA mode of an adapter kind.
+pub(crate) fn mode(kind: LoraKind) -> Mode {
+    match kind {
+        LoraKind::Standard => Mode::Standard,
+        LoraKind::Ffa => Mode::Ffa,
+    }
+}
+
+/// The offline context (`offline_parameters`). Errors: [`PrivateError::Ckks`].
+pub fn offline_context() -> Result<Arc<Context>, PrivateError> {
+    Ok(Context::new(offline_parameters()?)?)
+}
+
+/// The planner's offline plan for every group of `groups` at `t` positions per batch. Errors:
+/// [`PrivateError::Helora`] when no plan fits.
+pub fn offline_plans(
+    ctx: &Context,
+    groups: &AdapterGroups,
+    t: usize,
+) -> Result<Vec<MaskedPlan>, PrivateError> {
+    groups
+        .groups
+        .iter()
+        .map(|g| {
+            let shape = g.adapter.shape();
+            let (plan, _) = choose(
+                &shape,
+                mode(groups.kind),
+                t,
+                ctx.slots(),
+                false,
+                &OpCosts::default(),
+                &Link::default(),
+            )?;
+            Ok(MaskedPlan {
+                key: GroupKey {
+                    layer: g.layer as u32,
+                    group: group_index(g.group),
+                },
+                plan,
+                projections: g.layer_projections().into_iter().map(|(_, p)| p).collect(),
+            })
+        })
+        .collect()
+}
+
+/// One client's masked-ring session on the server.
+pub struct MaskedSession {
+    ctx: Arc<Context>,
+    bfv: BfvServer,
+    groups: HashMap<GroupKey, MaskedServerGroup>,
+    offer: Vec<MaskedOfferGroup>,
+    ledger: Mutex<MaskLedger>,
+}
+
+impl std::fmt::Debug for MaskedSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MaskedSession")
+            .field("groups", &self.groups.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MaskedSession {
+    /// Opens a session for `groups` under `plans` ([`offline_plans`]) with the client's offline
+    /// public key and Galois keys. Errors: [`PrivateError::Helora`] for keys or plans that do
+    /// not fit, [`PrivateError::UnknownGroup`] for a plan of no group.
+    pub fn open(
+        ctx: &Arc<Context>,
+        groups: &AdapterGroups,
+        plans: &[MaskedPlan],
+        pk: PublicKey,
+        gks: GaloisKeys,
+        limits: LedgerLimits,
+    ) -> Result<Self, PrivateError> {
+        let levels = OfflineLevels::for_mode(mode(groups.kind));
+        let bfv = BfvServer::new(ctx, RING_PRIME, gks, pk, levels)?;
+        let by_key: HashMap<GroupKey, _> = groups
+            .groups
+            .iter()
+            .map(|g| {
+                let key = GroupKey {
+                    layer: g.layer as u32,
+                    group: group_index(g.group),
+                };
+                (key, &g.adapter)
+            })
+            .collect();
+        let mut prepared = HashMap::new();
+        let mut offer = Vec::new();
+        for p in plans {
+            let adapter = by_key.get(&p.key).ok_or(PrivateError::UnknownGroup {
+                layer: p.key.layer,
+                group: p.key.group,
+            })?;
+            let group = MaskedServerGroup::new(&bfv, &p.plan, adapter, RingParams::default())?;
+            offer.push(MaskedOfferGroup {
+                plan: p.clone(),
+                public: group.public(),
+            });
+            prepared.insert(p.key, group);
+        }
+        Ok(MaskedSession {
+            ctx: ctx.clone(),
+            bfv,
+            groups: prepared,
+            offer,
+            ledger: Mutex::new(MaskLedger::new(limits)),
+        })
+    }
+
+    /// Every group's plan and public parameters, in forward order.
+    #[must_use]
+    pub fn offer(&self) -> &[MaskedOfferGroup] {
+        &self.offer
+    }
+
+    fn group(&self, layer: u32, group: u32) -> Result<&MaskedServerGroup, PrivateError> {
+        self.groups
+            .get(&GroupKey { layer, group })
+            .ok_or(PrivateError::UnknownGroup { layer, group })
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, MaskLedger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Answers an offline request. Errors: [`PrivateError::UnknownGroup`]; bad ciphertexts
+    /// ([`PrivateError::Ckks`]); as [`MaskedServerGroup::offline`].
+    pub fn offline(&self, req: &MaskOfflineRequest) -> Result<MaskOfflineResponse, PrivateError> {
+        let started = Instant::now();
+        let group = self.group(req.layer, req.group)?;
+        let inputs = req
+            .ciphertexts
+            .iter()
+            .map(|b| Ok(SeededCiphertext::from_upload_bytes(&self.ctx, b)?.expand()))
+            .collect::<Result<Vec<_>, PrivateError>>()?;
+        let key = GroupKey {
+            layer: req.layer,
+            group: req.group,
+        };
+        let out = group.offline(&self.bfv, &mut self.ledger(), key, req.batch, &inputs)?;
+        let bytes = out.iter().map(|c| Bytes::from(c.to_bytes())).collect();
+        Ok(offline_response(
+            req,
+            bytes,
+            started.elapsed().as_micros() as u64,
+        ))
+    }
+
+    /// Answers an online request. Errors: [`PrivateError::UnknownGroup`],
+    /// [`PrivateError::Message`]; as [`MaskedServerGroup::online`].
+    pub fn online(&self, req: &MaskedGroupRequest) -> Result<MaskedGroupResponse, PrivateError> {
+        let started = Instant::now();
+        let group = self.group(req.layer, req.group)?;
+        let rows = read_masked_request(req, group.width())?;
+        let values = group.online(&mut self.ledger(), rows.key, &rows.refs, &rows.masked)?;
+        Ok(masked_response(
+            req,
+            &values,
+            started.elapsed().as_micros() as u64,
+        ))
+    }
+}

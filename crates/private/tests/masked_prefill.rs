@@ -1,0 +1,170 @@
+//! Masked ring values end to end on the default model: the client fills its mask pools through
+//! the offline phase (batched BFV on the server), then generates greedily with a hook that runs
+//! each pass on pooled masks while every group has enough and on the plaintext adapter after.
+//! The output equals the plaintext adapted model's; the online messages carry 60 bits per input
+//! value up and 32 per delta value down; a used mask is refused.
+
+#[allow(dead_code)]
+mod common;
+
+use std::sync::Arc;
+
+use cipherlora_helora::HeloraError;
+use cipherlora_helora::masks::{LedgerLimits, MaskError};
+use cipherlora_model::{
+    GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
+    WeightMode, fetch, generate,
+};
+use cipherlora_private::client::masked::{
+    InProcessMasked, MaskedClient, MaskedHook, MaskedTransport, offline_keys,
+};
+use cipherlora_private::protocol::LoraKind;
+use cipherlora_private::protocol::masked::masked_request;
+use cipherlora_private::server::masked::{MaskedSession, offline_context, offline_plans};
+use cipherlora_private::{AdapterGroups, PrivateError};
+
+use common::{PROMPTS, adapter_dir, plaintext_reference};
+
+/// Positions per offline batch.
+const BATCH: usize = 8;
+/// New tokens per generation.
+const TOKENS: usize = 6;
+
+fn run(adapter: &str, kind: LoraKind) {
+    let path = fetch::ensure_default_model().expect("default model");
+    let model = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::F32,
+        },
+    )
+    .unwrap();
+    let tok = Tokenizer::for_model(&path).unwrap();
+    let plain = LoraAdapter::load(&adapter_dir(adapter), model.config()).unwrap();
+    // The server's groups in the model's row layout, so the deltas need no permutation.
+    let groups = AdapterGroups::from_adapter(&plain, kind).unwrap();
+    let ctx = offline_context().unwrap();
+    let plans = offline_plans(&ctx, &groups, BATCH).unwrap();
+    let (sk, keys) = offline_keys(&ctx, &plans).unwrap();
+    let session = Arc::new(
+        MaskedSession::open(
+            &ctx,
+            &groups,
+            &plans,
+            keys.public_key,
+            keys.galois_keys,
+            LedgerLimits::default(),
+        )
+        .unwrap(),
+    );
+    let session_id = bytes::Bytes::from_static(&[7; 16]);
+    let client = MaskedClient::new(
+        &sk,
+        kind,
+        session_id.clone(),
+        session.offer(),
+        &groups.public_a(),
+        64 << 20,
+    )
+    .unwrap();
+    let mut hook = MaskedHook::new(
+        PlainLora::new(&plain),
+        client,
+        InProcessMasked::new(session.clone()),
+    );
+
+    // Masks for the prompt's pass and the first two decoding steps; the rest falls back.
+    let prompt = tok.encode(PROMPTS[0]).unwrap();
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
+    let (client, transport) = hook.client_mut();
+    client.fill(transport, prompt.len() + 2).unwrap();
+    let pooled = client.ready();
+    assert!(pooled >= prompt.len() + 2 && pooled < prompt.len() + 2 + BATCH);
+    let opts = GenerateOptions {
+        max_tokens: TOKENS,
+        sampling: SamplingParams::greedy(),
+        eos: tok.eos_tokens().to_vec(),
+    };
+    let got = generate(&model, &prompt, &opts, &mut hook, &mut |_| Ok(())).unwrap();
+    assert_eq!(got.tokens, want, "{adapter}: masked output differs");
+    let masked_passes = 1 + (pooled - prompt.len()).min(TOKENS - 1);
+    assert_eq!(hook.passes, (masked_passes, TOKENS - masked_passes));
+
+    // Bits per value of the online messages: 60 up, 32 down, plus each row's mask reference
+    // (a few bytes; FFA rows are only Σr values long) and each request's header.
+    let positions = (prompt.len() + masked_passes - 1) as f64;
+    let (up_values, down_values) = values_per_position(&groups);
+    let (up, down) = hook.transport().online_bytes;
+    let bits_up = up as f64 * 8.0 / (positions * up_values);
+    let bits_down = down as f64 * 8.0 / (positions * down_values);
+    assert!(
+        (60.0..64.0).contains(&bits_up),
+        "{adapter}: {bits_up} bits up"
+    );
+    assert!(
+        (32.0..33.0).contains(&bits_down),
+        "{adapter}: {bits_down} bits down"
+    );
+
+    // A request naming a used mask is refused, whatever it carries.
+    let g = &session.offer()[0];
+    let width = g.plan.plan.shape.d_in.max(1);
+    let used = cipherlora_helora::masks::MaskRef {
+        batch: 0,
+        position: 0,
+    };
+    let req = masked_request(
+        session_id,
+        99,
+        g.plan.key,
+        &[used],
+        &vec![1; mask_width(g, kind, width)],
+    );
+    let mut transport = InProcessMasked::new(session);
+    let refused = transport.online(&req);
+    assert!(
+        matches!(
+            refused,
+            Err(PrivateError::Helora(HeloraError::Mask(
+                MaskError::MaskReused { .. } | MaskError::BatchClosed { .. }
+            )))
+        ),
+        "{refused:?}"
+    );
+}
+
+/// Input values per position: the group's d_in (standard) or total rank (FFA).
+fn mask_width(
+    g: &cipherlora_private::server::masked::MaskedOfferGroup,
+    kind: LoraKind,
+    d_in: usize,
+) -> usize {
+    match kind {
+        LoraKind::Standard => d_in,
+        LoraKind::Ffa => g.plan.plan.shape.total_rank(),
+    }
+}
+
+/// Input and delta values per position over every group.
+fn values_per_position(groups: &AdapterGroups) -> (f64, f64) {
+    let (mut up, mut down) = (0, 0);
+    for g in &groups.groups {
+        let shape = g.adapter.shape();
+        up += match groups.kind {
+            LoraKind::Standard => shape.d_in,
+            LoraKind::Ffa => shape.total_rank(),
+        };
+        down += shape.d_outs.iter().sum::<usize>();
+    }
+    (up as f64, down as f64)
+}
+
+#[test]
+fn ffa_masked_passes_give_the_plaintext_adapted_answer() {
+    run("code-ffa-r16", LoraKind::Ffa);
+}
+
+#[test]
+fn standard_masked_passes_give_the_plaintext_adapted_answer() {
+    run("code-lora-r16", LoraKind::Standard);
+}
