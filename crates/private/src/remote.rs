@@ -9,9 +9,12 @@ mod connect;
 mod grpc_transport;
 mod he_backend;
 mod loopback;
+mod masked_compute;
+mod masked_connect;
 
 pub use crate::server::SessionMemory;
 pub use connect::{GrpcOpener, connect};
 pub use grpc_transport::{GrpcTransport, RemoteOffer, connect_remote, connect_widths, fetch_offer};
 pub use he_backend::{COST_REPS, HeBackend};
 pub use loopback::EmbeddedServer;
+pub use masked_connect::open_masked;

@@ -15,11 +15,10 @@ use cipherlora_model::{
     GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
     WeightMode, fetch, generate,
 };
-use cipherlora_private::client::masked::{
-    InProcessMasked, MaskedClient, MaskedHook, MaskedTransport, offline_keys,
-};
+use cipherlora_private::Transport;
+use cipherlora_private::client::masked::{InProcessMasked, MaskedClient, MaskedHook, offline_keys};
 use cipherlora_private::protocol::LoraKind;
-use cipherlora_private::protocol::masked::masked_request;
+use cipherlora_private::protocol::masked::{Addressed, masked_request};
 use cipherlora_private::server::masked::{MaskedSession, offline_context, offline_plans};
 use cipherlora_private::{AdapterGroups, PrivateError};
 
@@ -57,11 +56,14 @@ fn run(adapter: &str, kind: LoraKind) {
         )
         .unwrap(),
     );
-    let session_id = bytes::Bytes::from_static(&[7; 16]);
+    let to = Addressed {
+        session_id: bytes::Bytes::from_static(&[7; 16]),
+        plan_id: 1,
+    };
     let client = MaskedClient::new(
         &sk,
         kind,
-        session_id.clone(),
+        to.clone(),
         session.offer(),
         &groups.public_a(),
         64 << 20,
@@ -88,7 +90,7 @@ fn run(adapter: &str, kind: LoraKind) {
     let got = generate(&model, &prompt, &opts, &mut hook, &mut |_| Ok(())).unwrap();
     assert_eq!(got.tokens, want, "{adapter}: masked output differs");
     let masked_passes = 1 + (pooled - prompt.len()).min(TOKENS - 1);
-    assert_eq!(hook.passes, (masked_passes, TOKENS - masked_passes));
+    assert_eq!(hook.passes, (masked_passes, TOKENS - masked_passes, 0));
 
     // Bits per value of the online messages: 60 up, 32 down, plus each row's mask reference
     // (a few bytes; FFA rows are only Σr values long) and each request's header.
@@ -114,14 +116,14 @@ fn run(adapter: &str, kind: LoraKind) {
         position: 0,
     };
     let req = masked_request(
-        session_id,
+        &to,
         99,
         g.plan.key,
         &[used],
         &vec![1; mask_width(g, kind, width)],
     );
     let mut transport = InProcessMasked::new(session);
-    let refused = transport.online(&req);
+    let refused = transport.round(&req).map(|r| r.response);
     assert!(
         matches!(
             refused,
@@ -135,7 +137,7 @@ fn run(adapter: &str, kind: LoraKind) {
 
 /// Input values per position: the group's d_in (standard) or total rank (FFA).
 fn mask_width(
-    g: &cipherlora_private::server::masked::MaskedOfferGroup,
+    g: &cipherlora_private::protocol::masked::MaskedOfferGroup,
     kind: LoraKind,
     d_in: usize,
 ) -> usize {
@@ -167,4 +169,74 @@ fn ffa_masked_passes_give_the_plaintext_adapted_answer() {
 #[test]
 fn standard_masked_passes_give_the_plaintext_adapted_answer() {
     run("code-lora-r16", LoraKind::Standard);
+}
+
+/// Over gRPC with TLS and a token: the backend opens a masked session (offer-only first, then
+/// with the client's batched-BFV keys), the client fills its pools and generates; the answer is
+/// the plaintext adapted model's, and a request naming a used mask is refused with
+/// `FAILED_PRECONDITION` / `mask_refused`, after which the hook falls back without failing.
+#[test]
+fn grpc_masked_session_gives_the_plaintext_adapted_answer_and_refuses_a_used_mask() {
+    use std::net::SocketAddr;
+
+    use cipherlora_proto::ErrorReason;
+    use cipherlora_service::auth::TokenSet;
+    use cipherlora_service::{ClientConfig, ServeConfig, ServerThread, dev_cert};
+
+    const TOKEN: &str = "masked-test-token-0123456789abcdef";
+    let adapter = "code-ffa-r16";
+    let path = fetch::ensure_default_model().expect("default model");
+    let model = Model::load(&path).unwrap();
+    let tok = Tokenizer::for_model(&path).unwrap();
+    let plain = LoraAdapter::load(&adapter_dir(adapter), model.config()).unwrap();
+    let backend =
+        cipherlora_private::HeBackend::load(adapter, &adapter_dir(adapter), model.config())
+            .unwrap();
+    let cert = dev_cert(&["localhost"]).unwrap();
+    let mut config = ServeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    config.tls = Some(cert.server_tls());
+    config.tokens = Some(TokenSet::new(&[TOKEN]).unwrap());
+    let server = ServerThread::start(config, vec![Arc::new(backend)], 2).unwrap();
+    let mut client = ClientConfig::new(format!("https://localhost:{}", server.addr().port()));
+    client.tls = Some(cert.client_tls("localhost"));
+    client.token = Some(TOKEN.into());
+
+    let (masked, mut transport) =
+        cipherlora_private::remote::open_masked(client, adapter, BATCH, 64 << 20, model.config())
+            .unwrap();
+    let prompt = tok.encode(PROMPTS[1]).unwrap();
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
+    let mut masked = masked;
+    masked.fill(&mut transport, prompt.len() + 1).unwrap();
+    let mut hook = MaskedHook::new(PlainLora::new(&plain), masked, transport);
+    let opts = GenerateOptions {
+        max_tokens: TOKENS,
+        sampling: SamplingParams::greedy(),
+        eos: tok.eos_tokens().to_vec(),
+    };
+    let got = generate(&model, &prompt, &opts, &mut hook, &mut |_| Ok(())).unwrap();
+    assert_eq!(got.tokens, want, "masked output over gRPC differs");
+    assert!(hook.passes.0 >= 2, "{:?}", hook.passes);
+    assert_eq!(hook.passes.2, 0);
+
+    // Batch 0 of the first group is used up: naming it again is refused.
+    let (client, transport) = hook.client_mut();
+    let key = client.first_key().unwrap();
+    let width = client.width(key).unwrap();
+    let to = Addressed {
+        session_id: bytes::Bytes::new(),
+        plan_id: 0,
+    };
+    let used = cipherlora_helora::masks::MaskRef {
+        batch: 0,
+        position: 0,
+    };
+    let req = masked_request(&to, 1, key, &[used], &vec![1; width]);
+    match transport.round(&req) {
+        Err(PrivateError::Service(e)) => {
+            assert_eq!(e.reason(), Some(ErrorReason::MaskRefused), "{e}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    drop(server);
 }

@@ -85,7 +85,14 @@ pub enum ProtoError {
         /// Bits per value.
         bits: u32,
     },
-    /// The rows of a masked request do not name one batch and one position each.
+    /// A masked online request also carries ciphertexts.
+    #[error("a masked request carries {ciphertexts} ciphertexts, expected none")]
+    MaskedWithCiphertexts {
+        /// Ciphertexts in the request.
+        ciphertexts: usize,
+    },
+    /// The rows of a masked request do not name one batch and one position each, are none, or
+    /// are more than the server accepts.
     #[error("masked request: {batches} batches for {positions} positions")]
     MaskRows {
         /// Batch entries.

@@ -63,6 +63,9 @@ reasons! {
     InvalidActivations => "invalid_activations",
     /// A split call's tree mask or compaction list is malformed.
     InvalidTree => "invalid_tree",
+    /// A masked session refused a one-time mask: used before, in a closed or unknown batch, or
+    /// a batch number not above the group's last; the client runs the pass another way.
+    MaskRefused => "mask_refused",
     /// The server is shutting down.
     ShuttingDown => "shutting_down",
     /// A bug or resource failure on the server.
@@ -82,6 +85,7 @@ mod tests {
             ErrorReason::InvalidCiphertext,
             ErrorReason::InvalidActivations,
             ErrorReason::InvalidTree,
+            ErrorReason::MaskRefused,
             ErrorReason::Internal,
         ] {
             assert_eq!(ErrorReason::parse(r.as_str()), Some(r));

@@ -2,7 +2,7 @@
 
 use prost::Message;
 
-use crate::v1::GroupRequest;
+use crate::v1::{GroupRequest, MaskedRows};
 use crate::{ProtoError, SessionId};
 
 /// Size limits on one [`GroupRequest`].
@@ -12,14 +12,17 @@ pub struct RequestLimits {
     pub max_ciphertexts: usize,
     /// Most bytes one serialised ciphertext may have.
     pub max_ciphertext_bytes: usize,
+    /// Most rows one masked online request may carry.
+    pub max_masked_rows: usize,
 }
 
 impl Default for RequestLimits {
-    /// 64 ciphertexts of at most 8 MiB each.
+    /// 64 ciphertexts of at most 8 MiB each; 4,096 masked rows.
     fn default() -> Self {
         Self {
             max_ciphertexts: 64,
             max_ciphertext_bytes: 8 << 20,
+            max_masked_rows: 4096,
         }
     }
 }
@@ -33,6 +36,9 @@ pub fn validate_group_request(
     limits: &RequestLimits,
 ) -> Result<SessionId, ProtoError> {
     let id = SessionId::from_slice(&req.session_id)?;
+    if let Some(rows) = &req.masked {
+        return validate_masked_rows(rows, req.ciphertexts.len(), limits).map(|()| id);
+    }
     if req.ciphertexts.is_empty() {
         return Err(ProtoError::NoCiphertexts);
     }
@@ -57,6 +63,37 @@ pub fn validate_group_request(
     Ok(id)
 }
 
+/// The envelope of a masked online request: rows paired, at most
+/// [`RequestLimits::max_masked_rows`], values within the bytes of the ciphertexts a request may
+/// carry, and no ciphertexts.
+fn validate_masked_rows(
+    rows: &MaskedRows,
+    ciphertexts: usize,
+    limits: &RequestLimits,
+) -> Result<(), ProtoError> {
+    if ciphertexts > 0 {
+        return Err(ProtoError::MaskedWithCiphertexts { ciphertexts });
+    }
+    let n = rows.batches.len();
+    if n != rows.positions.len() || n == 0 || n > limits.max_masked_rows {
+        return Err(ProtoError::MaskRows {
+            batches: n,
+            positions: rows.positions.len(),
+        });
+    }
+    let limit = limits
+        .max_ciphertexts
+        .saturating_mul(limits.max_ciphertext_bytes);
+    if rows.values.len() > limit {
+        return Err(ProtoError::CiphertextTooLarge {
+            index: 0,
+            got: rows.values.len(),
+            limit,
+        });
+    }
+    Ok(())
+}
+
 /// Decodes a [`GroupRequest`] from untrusted bytes (never panics) and checks its envelope. Errors:
 /// [`ProtoError::Decode`], then those of [`validate_group_request`].
 pub fn decode_group_request(
@@ -76,6 +113,7 @@ mod tests {
 
     fn request(cts: Vec<Bytes>) -> GroupRequest {
         GroupRequest {
+            batch: 0,
             session_id: Bytes::from_static(&[1; 16]),
             round: 3,
             layer: 1,
@@ -83,6 +121,7 @@ mod tests {
             ciphertexts: cts,
             plan_id: 7,
             response_bits: 12,
+            masked: None,
         }
     }
 
@@ -96,10 +135,44 @@ mod tests {
     }
 
     #[test]
+    fn masked_rows_replace_ciphertexts_within_limits() {
+        let limits = RequestLimits {
+            max_ciphertexts: 2,
+            max_ciphertext_bytes: 4,
+            max_masked_rows: 2,
+        };
+        let rows = |n: usize, bytes: usize| MaskedRows {
+            batches: vec![1; n],
+            positions: vec![0; n],
+            values: Bytes::from(vec![0; bytes]),
+        };
+        let mut req = request(vec![]);
+        req.masked = Some(rows(2, 8));
+        assert!(validate_group_request(&req, &limits).is_ok());
+        req.masked = Some(rows(3, 8));
+        assert!(matches!(
+            validate_group_request(&req, &limits),
+            Err(ProtoError::MaskRows { batches: 3, .. })
+        ));
+        req.masked = Some(rows(1, 9));
+        assert!(matches!(
+            validate_group_request(&req, &limits),
+            Err(ProtoError::CiphertextTooLarge { got: 9, .. })
+        ));
+        let mut both = request(vec![Bytes::from_static(b"a")]);
+        both.masked = Some(rows(1, 1));
+        assert_eq!(
+            validate_group_request(&both, &limits),
+            Err(ProtoError::MaskedWithCiphertexts { ciphertexts: 1 })
+        );
+    }
+
+    #[test]
     fn envelope_errors_are_typed() {
         let limits = RequestLimits {
             max_ciphertexts: 2,
             max_ciphertext_bytes: 4,
+            max_masked_rows: 1,
         };
         let check = |r: &GroupRequest| validate_group_request(r, &limits);
         assert_eq!(check(&request(vec![])), Err(ProtoError::NoCiphertexts));
@@ -142,7 +215,7 @@ mod tests {
         // passed the checks, never a panic.
         #[test]
         fn random_bytes_never_panic_the_decoder(buf in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let limits = RequestLimits { max_ciphertexts: 4, max_ciphertext_bytes: 64 };
+            let limits = RequestLimits { max_ciphertexts: 4, max_ciphertext_bytes: 64, max_masked_rows: 1 };
             if let Ok((id, req)) = decode_group_request(buf.into(), &limits) {
                 prop_assert_eq!(&id.0[..], &req.session_id[..]);
                 prop_assert!(!req.ciphertexts.is_empty() && req.ciphertexts.len() <= 4);

@@ -73,8 +73,12 @@ pub struct OpenedSession {
 pub struct GroupRequestShape {
     /// Ciphertexts in each request for this group.
     pub input_ciphertexts: usize,
-    /// Delta evaluations one request makes: what the extraction budget counts.
+    /// Delta evaluations one request makes: what the extraction budget counts (a masked
+    /// session's online requests count their rows instead).
     pub positions: u32,
+    /// Whether the session is a masked one: its online requests carry masked rows, its offline
+    /// requests `input_ciphertexts` encrypted masks.
+    pub masked: bool,
 }
 
 /// One served adapter.
@@ -98,7 +102,7 @@ pub trait SessionCompute: Send + Sync {
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError>;
 
     /// Delta ciphertexts of `request`'s (layer, group), at its `response_bits` of precision (0:
-    /// default). The service checked its envelope, session, plan id and ciphertext count. Runs on
+    /// default); for a masked online request, one byte string of packed response values. The service checked its envelope, session, plan id and ciphertext count. Runs on
     /// a blocking thread. Errors: [`BackendError::InvalidCiphertext`], `ParameterMismatch`,
     /// `UnknownLayer`, `Internal`.
     fn compute(&self, request: &GroupRequest) -> Result<Vec<Bytes>, BackendError>;
@@ -243,6 +247,14 @@ pub enum BackendError {
         limit: u64,
         /// Value it would come to.
         got: u64,
+    },
+    /// A masked session refused a one-time mask (reused, unknown or stale). →
+    /// `FAILED_PRECONDITION`, `mask_refused`.
+    #[error("mask refused: {source}")]
+    MaskRefused {
+        /// The backend's own error.
+        #[source]
+        source: BackendSource,
     },
     /// A bug or resource failure in the backend. → `INTERNAL`, `internal`.
     #[error("internal backend error: {source}")]

@@ -108,6 +108,7 @@ mod tests {
 
     fn answer((round, layer, group): CallKey, tag: &'static [u8]) -> GroupResponse {
         GroupResponse {
+            masked_values: Default::default(),
             round,
             layer,
             group,

@@ -90,6 +90,7 @@ impl Limits {
         cipherlora_proto::RequestLimits {
             max_ciphertexts: self.max_ciphertexts_per_request,
             max_ciphertext_bytes: self.max_ciphertext_bytes,
+            max_masked_rows: cipherlora_proto::RequestLimits::default().max_masked_rows,
         }
     }
 }

@@ -533,13 +533,23 @@ impl State {
             .compute
             .group_shape(req.layer, req.group)
             .map_err(|e| from_backend(&e))?;
-        if shape.input_ciphertexts != req.ciphertexts.len() {
-            return Err(from_backend(&BackendError::CiphertextCount {
-                expected: shape.input_ciphertexts,
-                got: req.ciphertexts.len(),
-            }));
+        if req.masked.is_some() && !shape.masked {
+            return Err(status(
+                Code::InvalidArgument,
+                ErrorReason::ProtocolViolation,
+                "masked rows sent to a CKKS session",
+            ));
         }
-        let evaluations = u64::from(shape.positions);
+        let evaluations = match &req.masked {
+            Some(rows) => rows.batches.len() as u64,
+            None if shape.input_ciphertexts != req.ciphertexts.len() => {
+                return Err(from_backend(&BackendError::CiphertextCount {
+                    expected: shape.input_ciphertexts,
+                    got: req.ciphertexts.len(),
+                }));
+            }
+            None => u64::from(shape.positions),
+        };
         self.budget
             .charge(who, &session.adapter_id, evaluations)
             .map_err(|e| {
@@ -655,7 +665,9 @@ async fn compute_group(
     session: Arc<Session>,
     req: GroupRequest,
 ) -> std::result::Result<GroupResponse, Status> {
-    let in_bytes: usize = req.ciphertexts.iter().map(Bytes::len).sum();
+    let in_bytes = req.ciphertexts.iter().map(Bytes::len).sum::<usize>()
+        + req.masked.as_ref().map_or(0, |m| m.values.len());
+    let masked = req.masked.is_some();
     state.metrics.received("rounds", in_bytes as u64);
     let (layer, group, round) = (req.layer, req.group, req.round);
     let tag = session.id.tag();
@@ -688,11 +700,17 @@ async fn compute_group(
         server_us = took.as_micros() as u64,
         "computed group"
     );
+    let (ciphertexts, masked_values) = if masked {
+        (Vec::new(), out.into_iter().next().unwrap_or_default())
+    } else {
+        (out, Bytes::new())
+    };
     Ok(GroupResponse {
+        masked_values,
         round,
         layer,
         group,
-        ciphertexts: out,
+        ciphertexts,
         server_micros: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
     })
 }

@@ -59,6 +59,7 @@ pub fn from_backend(e: &BackendError) -> Status {
         BackendError::UnknownLayer { .. } => (Code::NotFound, ErrorReason::UnknownLayer),
         BackendError::LimitExceeded { .. } => (Code::ResourceExhausted, ErrorReason::LimitExceeded),
         BackendError::AtCapacity { .. } => (Code::ResourceExhausted, ErrorReason::AtCapacity),
+        BackendError::MaskRefused { .. } => (Code::FailedPrecondition, ErrorReason::MaskRefused),
         // `Internal` and variants added later.
         _ => (Code::Internal, ErrorReason::Internal),
     };

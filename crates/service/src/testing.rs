@@ -299,6 +299,7 @@ impl SessionCompute for TestSession {
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError> {
         match self.cts_per_group.get(group as usize) {
             Some(&n) if layer < self.num_layers && self.t > 0 => Ok(GroupRequestShape {
+                masked: false,
                 input_ciphertexts: n,
                 positions: self.t,
             }),

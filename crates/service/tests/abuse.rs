@@ -100,6 +100,8 @@ fn offer_only_session_expires_fast_and_rounds_on_it_do_not_refresh_its_timer() {
     // Keep poking it with rounds (each refused) for longer than its timeout.
     let t0 = Instant::now();
     let req = GroupRequest {
+        batch: 0,
+        masked: None,
         session_id: Bytes::copy_from_slice(&sid),
         round: 0,
         layer: 0,
@@ -250,6 +252,8 @@ fn group_request_with_another_plan_id_is_refused_with_failed_precondition() {
     let sid = c.session_id().unwrap().0;
     let plan = c.session_info().unwrap().plan_id;
     let req = |plan_id| GroupRequest {
+        batch: 0,
+        masked: None,
         session_id: Bytes::copy_from_slice(&sid),
         round: 0,
         layer: 0,

@@ -87,6 +87,8 @@ fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
             rng.below(u64::from(LAYERS)) as u32
         };
         GroupRequest {
+            batch: 0,
+            masked: None,
             session_id,
             round: rng.next(),
             layer,
@@ -122,6 +124,7 @@ fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
                 4 => p.plan_request = None,
                 _ => {
                     p.plan_request = Some(PlanRequest {
+                        masked: false,
                         positions: 65 + rng.below(1000) as u32,
                         offer_only: rng.below(2) == 1,
                         layers_per_group: rng.below(8) as u32,

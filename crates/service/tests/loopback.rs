@@ -217,6 +217,8 @@ fn bad_inputs_get_typed_statuses_while_an_honest_session_completes() {
     // Unknown session and a stream mixing sessions (forged with a raw client).
     let plan = bad.session_info().unwrap().plan_id;
     let forged = |sid: [u8; 16]| GroupRequest {
+        batch: 0,
+        masked: None,
         session_id: Bytes::copy_from_slice(&sid),
         round: 0,
         layer: 0,

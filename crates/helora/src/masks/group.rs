@@ -50,6 +50,17 @@ impl MaskedServerGroup {
         self.layout.mask_width()
     }
 
+    /// Encoded diagonals held by plan level, `(ordinary, over Q·P)`
+    /// ([`PreparedGroup::diagonal_counts`]).
+    pub fn diagonal_counts(&self) -> ([u64; crate::counts::LEVELS], [u64; crate::counts::LEVELS]) {
+        self.prepared.diagonal_counts()
+    }
+
+    /// Ciphertexts an offline request carries. Errors: as [`GroupPlan::input_cts`].
+    pub fn input_ciphertexts(&self) -> Result<usize> {
+        self.prepared.plan().input_cts()
+    }
+
     /// What the client needs to encode and decode (published with the offline plan).
     pub fn public(&self) -> RingPublic {
         self.ring.public(self.prepared.plan().mode)

@@ -194,6 +194,11 @@ impl MaskPool {
         Ok(out)
     }
 
+    /// The byte budget.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
     /// Bytes held, reserved batches included.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -231,21 +231,7 @@ impl<T: Transport> HeHook<T> {
             open_ms = t0.elapsed().as_secs_f64() * 1e3 - keygen_ms,
             "session keys made and uploaded"
         );
-        let mut row_maps = HashMap::new();
-        if config.rope_style == RopeStyle::Interleaved {
-            let to_usize = |v: Vec<u32>| v.into_iter().map(|i| i as usize).collect::<Vec<_>>();
-            row_maps.insert(
-                Proj::Q,
-                to_usize(gguf_qk_row_permutation(config.num_heads, config.head_dim)),
-            );
-            row_maps.insert(
-                Proj::K,
-                to_usize(gguf_qk_row_permutation(
-                    config.num_kv_heads,
-                    config.head_dim,
-                )),
-            );
-        }
+        let row_maps = row_maps(config);
         Ok(Self {
             he,
             groups,
@@ -697,8 +683,29 @@ fn model_error(e: PrivateError, layer: usize, group: ProjGroup) -> ModelError {
     }
 }
 
+/// Per projection, the column map from the server's PEFT row layout to the model's: q and k
+/// of a GGUF model (interleaved RoPE) are permuted, everything else kept.
+pub(crate) fn row_maps(config: &ModelConfig) -> HashMap<Proj, Vec<usize>> {
+    let mut maps = HashMap::new();
+    if config.rope_style == RopeStyle::Interleaved {
+        let to_usize = |v: Vec<u32>| v.into_iter().map(|i| i as usize).collect::<Vec<_>>();
+        maps.insert(
+            Proj::Q,
+            to_usize(gguf_qk_row_permutation(config.num_heads, config.head_dim)),
+        );
+        maps.insert(
+            Proj::K,
+            to_usize(gguf_qk_row_permutation(
+                config.num_kv_heads,
+                config.head_dim,
+            )),
+        );
+    }
+    maps
+}
+
 /// `out[p][j] = delta[p][map[j]]` for each of the `t` rows.
-fn permute_columns(delta: &[f32], t: usize, map: &[usize]) -> Vec<f32> {
+pub(crate) fn permute_columns(delta: &[f32], t: usize, map: &[usize]) -> Vec<f32> {
     let d = map.len();
     let mut out = Vec::with_capacity(delta.len());
     for row in delta.chunks(d).take(t) {

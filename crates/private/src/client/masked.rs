@@ -1,7 +1,8 @@
 //! The client's side of masked ring values (docs/design/wire.md, "Masked ring values"): the
-//! offline keys and every group's mask pool ([`MaskedClient`]), the transport of its messages
-//! ([`MaskedTransport`]), and [`MaskedHook`], which runs a forward pass on pooled masks when
-//! every adapted group has enough of them and on its inner hook (CKKS) otherwise.
+//! offline keys and every group's mask pool ([`MaskedClient`], whose requests travel through
+//! any [`Transport`] to a masked session), and [`MaskedHook`], which runs a forward pass on
+//! pooled masks when every adapted group has enough of them and on its inner hook (CKKS)
+//! otherwise.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,28 +15,22 @@ use cipherlora_helora::GroupClient;
 use cipherlora_helora::bfv_backend::OfflineLevels;
 use cipherlora_helora::masks::{GroupKey, MaskPool, MaskedClientGroup};
 use cipherlora_helora::ring::RING_PRIME;
-use cipherlora_model::{DeltaHook, GroupDeltas, ModelError, Proj, ProjGroup};
-use cipherlora_proto::v1::{
-    MaskOfflineRequest, MaskOfflineResponse, MaskedGroupRequest, MaskedGroupResponse,
-};
+use cipherlora_model::{DeltaHook, GroupDeltas, ModelConfig, ModelError, Proj, ProjGroup};
+
+use super::hook::{permute_columns, row_maps};
+use cipherlora_proto::v1::GroupRequest;
 use prost::Message;
 
 use crate::PrivateError;
+use crate::client::{Reply, Transport};
 use crate::protocol::masked::{
-    check_offline_response, masked_request, offline_request, read_masked_response,
+    Addressed, check_response, masked_request, offline_request, read_masked_response,
 };
+use crate::protocol::masked::{MaskedOfferGroup, MaskedPlan, mode};
 use crate::protocol::{LoraKind, PublicA};
-use crate::server::masked::{MaskedOfferGroup, MaskedPlan, MaskedSession, mode};
+use crate::server::masked::MaskedSession;
 
-/// Carries masked-ring messages to the adapter server.
-pub trait MaskedTransport {
-    /// One offline request and its response. Errors: the link's or the server's.
-    fn offline(&mut self, req: &MaskOfflineRequest) -> Result<MaskOfflineResponse, PrivateError>;
-    /// One online request and its response. Errors: the link's or the server's.
-    fn online(&mut self, req: &MaskedGroupRequest) -> Result<MaskedGroupResponse, PrivateError>;
-}
-
-/// Calls a [`MaskedSession`] in process through the messages' protobuf encoding, counting bytes.
+/// Calls a [`MaskedSession`] in process through the protobuf encoding, counting bytes.
 #[derive(Debug, Clone)]
 pub struct InProcessMasked {
     session: Arc<MaskedSession>,
@@ -60,27 +55,25 @@ impl InProcessMasked {
 /// `message` through its encoding: what the other side decodes, and the bytes it took.
 fn through_wire<M: Message + Default>(message: &M) -> Result<(M, u64), PrivateError> {
     let bytes = message.encode_to_vec();
-    Ok((
-        M::decode(bytes.as_slice()).map_err(PrivateError::Decode)?,
-        bytes.len() as u64,
-    ))
+    let back = M::decode(bytes.as_slice()).map_err(PrivateError::Decode)?;
+    Ok((back, bytes.len() as u64))
 }
 
-impl MaskedTransport for InProcessMasked {
-    fn offline(&mut self, req: &MaskOfflineRequest) -> Result<MaskOfflineResponse, PrivateError> {
-        let (req, up) = through_wire(req)?;
-        let (resp, down) = through_wire(&self.session.offline(&req)?)?;
-        self.offline_bytes.0 += up;
-        self.offline_bytes.1 += down;
-        Ok(resp)
-    }
-
-    fn online(&mut self, req: &MaskedGroupRequest) -> Result<MaskedGroupResponse, PrivateError> {
-        let (req, up) = through_wire(req)?;
-        let (resp, down) = through_wire(&self.session.online(&req)?)?;
-        self.online_bytes.0 += up;
-        self.online_bytes.1 += down;
-        Ok(resp)
+impl Transport for InProcessMasked {
+    fn round(&mut self, request: &GroupRequest) -> Result<Reply, PrivateError> {
+        let (req, up) = through_wire(request)?;
+        let (response, down) = through_wire(&self.session.handle(&req)?)?;
+        let count = if req.masked.is_some() {
+            &mut self.online_bytes
+        } else {
+            &mut self.offline_bytes
+        };
+        count.0 += up;
+        count.1 += down;
+        Ok(Reply {
+            server_ms: Some(response.server_micros as f64 / 1e3),
+            response,
+        })
     }
 }
 
@@ -127,11 +120,13 @@ pub fn offline_keys(
 #[derive(Debug)]
 pub struct MaskedClient {
     bfv: BfvClient,
-    session_id: Bytes,
+    to: Addressed,
     groups: HashMap<(usize, ProjGroup), ClientGroup>,
     order: Vec<(usize, ProjGroup)>,
     pool: MaskPool,
     round: u64,
+    /// Column maps from the server's PEFT row layout to the model's.
+    row_maps: HashMap<Proj, Vec<usize>>,
 }
 
 /// The model-side name of a wire group key.
@@ -141,14 +136,14 @@ fn model_group(key: GroupKey) -> Option<(usize, ProjGroup)> {
 }
 
 impl MaskedClient {
-    /// A client of session `session_id` with offline secret key `sk` for the server's `offer`
+    /// A client of session `to` with offline secret key `sk` for the server's `offer`
     /// (FFA adapters: with their `public_a`), keeping at most `budget` bytes of masks. Errors:
     /// [`PrivateError::UnknownGroup`] for a group the model has no name for;
     /// [`PrivateError::Helora`] for a plan or lora_A that does not fit.
     pub fn new(
         sk: &SecretKey,
         kind: LoraKind,
-        session_id: Bytes,
+        to: Addressed,
         offer: &[MaskedOfferGroup],
         public_a: &[PublicA],
         budget: usize,
@@ -191,12 +186,21 @@ impl MaskedClient {
         }
         Ok(MaskedClient {
             bfv,
-            session_id,
+            to,
             groups,
             order,
             pool: MaskPool::new(budget),
             round: 0,
+            row_maps: HashMap::new(),
         })
+    }
+
+    /// Delivers deltas in `config`'s row layout (a GGUF model's q and k rows are permuted from the
+    /// server's PEFT layout); without it, in the server's.
+    #[must_use]
+    pub fn for_model(mut self, config: &ModelConfig) -> Self {
+        self.row_maps = row_maps(config);
+        self
     }
 
     /// Positions every group has masks for: the widest pass that can run masked.
@@ -209,6 +213,27 @@ impl MaskedClient {
             .unwrap_or(0)
     }
 
+    /// The wire key of the first adapted group, in forward order.
+    #[must_use]
+    pub fn first_key(&self) -> Option<GroupKey> {
+        self.order.first().map(|n| self.groups[n].key)
+    }
+
+    /// Input values per position of group `key` (d_in, or Σr for FFA).
+    #[must_use]
+    pub fn width(&self, key: GroupKey) -> Option<usize> {
+        self.groups
+            .values()
+            .find(|g| g.key == key)
+            .map(|g| g.group.width())
+    }
+
+    /// Forgets every pooled mask (after the server refused one: a reopened session keeps none
+    /// of the old session's masks).
+    pub fn clear(&mut self) {
+        self.pool = MaskPool::new(self.pool.budget());
+    }
+
     /// Bytes the pools hold.
     #[must_use]
     pub fn pool_bytes(&self) -> usize {
@@ -218,9 +243,9 @@ impl MaskedClient {
     /// Runs offline batches until every group has masks for at least `positions` positions,
     /// group by group in forward order. Returns the batches run. Errors: the pool's budget
     /// ([`PrivateError::Helora`]) and the transport's; a failed batch is released.
-    pub fn fill<M: MaskedTransport>(
+    pub fn fill<T: Transport>(
         &mut self,
-        transport: &mut M,
+        transport: &mut T,
         positions: usize,
     ) -> Result<usize, PrivateError> {
         let mut batches = 0;
@@ -229,9 +254,10 @@ impl MaskedClient {
             while self.pool.available(g.key) < positions {
                 let (batch, up) = g.group.offline_request(&self.bfv, &mut self.pool, g.key)?;
                 let bytes = up.iter().map(|c| Bytes::from(c.to_bytes())).collect();
-                let req = offline_request(self.session_id.clone(), g.key, batch, bytes);
-                let down = transport.offline(&req).and_then(|resp| {
-                    check_offline_response(&req, &resp)?;
+                let req = offline_request(&self.to, g.key, batch, bytes);
+                let down = transport.round(&req).and_then(|reply| {
+                    let resp = reply.response;
+                    check_response(&req, &resp)?;
                     let ctx = self.bfv_context();
                     resp.ciphertexts
                         .iter()
@@ -260,9 +286,9 @@ impl MaskedClient {
     /// The deltas of group `name` for `x` (T × d_in) through one online exchange. Errors:
     /// [`PrivateError::UnknownGroup`]; the pool's (no masks taken), the transport's, the
     /// response's shape.
-    fn deltas<M: MaskedTransport>(
+    fn deltas<T: Transport>(
         &mut self,
-        transport: &mut M,
+        transport: &mut T,
         name: (usize, ProjGroup),
         x: &Tensor,
     ) -> Result<GroupDeltas, PrivateError> {
@@ -277,20 +303,18 @@ impl MaskedClient {
             .map_err(ModelError::from)?;
         let rows = g.group.online_request(&mut self.pool, g.key, &xs)?;
         self.round += 1;
-        let req = masked_request(
-            self.session_id.clone(),
-            self.round,
-            g.key,
-            &rows.refs,
-            &rows.masked,
-        );
-        let resp = transport.online(&req)?;
+        let req = masked_request(&self.to, self.round, g.key, &rows.refs, &rows.masked);
+        let resp = transport.round(&req)?.response;
         let count = t * g.group.kept_width();
         let values = read_masked_response(&req, &resp, count)?;
         let deltas = g.group.deltas(&rows, &values)?;
         let mut out = GroupDeltas::none();
         for (&p, d) in g.projections.iter().zip(deltas) {
             let d_out = d.len() / t;
+            let d = match self.row_maps.get(&p) {
+                Some(map) => permute_columns(&d, t, map),
+                None => d,
+            };
             let tensor = Tensor::from_vec(d, (t, d_out), x.device()).map_err(ModelError::from)?;
             out.push(p, tensor);
         }
@@ -307,11 +331,11 @@ pub struct MaskedHook<H, M> {
     transport: M,
     /// Whether the pass under way runs masked (set at its first adapted group).
     masked: bool,
-    /// Passes run masked and on the inner hook.
-    pub passes: (usize, usize),
+    /// Passes begun masked, passes on the inner hook, and masked passes that fell back.
+    pub passes: (usize, usize, usize),
 }
 
-impl<H: DeltaHook, M: MaskedTransport> MaskedHook<H, M> {
+impl<H: DeltaHook, M: Transport> MaskedHook<H, M> {
     /// A hook over `client`'s pools and `transport`, falling back to `inner`.
     pub fn new(inner: H, client: MaskedClient, transport: M) -> Self {
         MaskedHook {
@@ -319,7 +343,7 @@ impl<H: DeltaHook, M: MaskedTransport> MaskedHook<H, M> {
             client,
             transport,
             masked: false,
-            passes: (0, 0),
+            passes: (0, 0, 0),
         }
     }
 
@@ -334,7 +358,7 @@ impl<H: DeltaHook, M: MaskedTransport> MaskedHook<H, M> {
     }
 }
 
-impl<H: DeltaHook, M: MaskedTransport> DeltaHook for MaskedHook<H, M> {
+impl<H: DeltaHook, M: Transport> DeltaHook for MaskedHook<H, M> {
     fn deltas(
         &mut self,
         layer: usize,
@@ -350,16 +374,20 @@ impl<H: DeltaHook, M: MaskedTransport> DeltaHook for MaskedHook<H, M> {
                 self.passes.1 += 1;
             }
         }
-        if !self.masked {
-            return self.inner.deltas(layer, group, x);
+        if self.masked {
+            match self.client.deltas(&mut self.transport, (layer, group), x) {
+                Ok(d) => return Ok(d),
+                // A refused or failed exchange: the masks it named are spent, the rest of the
+                // pool may be stale (a reopened session). The pass goes on without masks.
+                Err(e) => {
+                    tracing::warn!(layer, ?group, error = %e, "masked exchange failed; pool cleared");
+                    self.client.clear();
+                    self.masked = false;
+                    self.passes.2 += 1;
+                }
+            }
         }
-        self.client
-            .deltas(&mut self.transport, (layer, group), x)
-            .map_err(|e| ModelError::Hook {
-                layer,
-                proj: group.projs()[0],
-                reason: e.to_string(),
-            })
+        self.inner.deltas(layer, group, x)
     }
 
     fn wants(&self, layer: usize, group: ProjGroup) -> bool {

@@ -57,6 +57,7 @@ impl PlanRequest {
     #[must_use]
     pub fn to_proto(&self) -> v1::PlanRequest {
         v1::PlanRequest {
+            masked: false,
             positions: to_u32(self.t),
             offer_only: self.offer_only,
             layers_per_group: layers_per_group(self.grouping),
@@ -97,6 +98,7 @@ pub fn encode_offer(offer: &SessionOffer) -> v1::SessionOffer {
             .groups
             .iter()
             .map(|g| v1::OfferedGroup {
+                ring: None,
                 layer: to_u32(g.layer),
                 group: group_index(g.group),
                 projections: g
@@ -179,7 +181,7 @@ pub fn decode_offer(m: &v1::SessionOffer) -> Result<SessionOffer, PrivateError> 
 
 /// The projections of offered group `(layer, group)`: by input, its own projections once each;
 /// by layers, forward order from the keyed group over at most n layers.
-fn offered_projections(
+pub(crate) fn offered_projections(
     g: &v1::OfferedGroup,
     (layer, group): (usize, ProjGroup),
     grouping: Grouping,

@@ -141,6 +141,16 @@ impl GrpcTransport {
         })
     }
 
+    /// A transport on `client`'s open session.
+    #[must_use]
+    pub(crate) fn on_session(client: AdapterClient) -> Self {
+        Self {
+            client,
+            round: 0,
+            last: None,
+        }
+    }
+
     /// Closes the session on the server (`CloseSession`). Errors: [`PrivateError::Service`].
     pub fn close(mut self) -> Result<(), PrivateError> {
         self.client.close().map_err(transport_error)

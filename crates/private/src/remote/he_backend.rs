@@ -180,6 +180,13 @@ impl AdapterBackend for HeBackend {
     }
 
     fn open_session(&self, payload: OpenSessionPayload) -> Result<OpenedSession, BackendError> {
+        if payload.plan_request.masked {
+            return super::masked_compute::open_masked(
+                &self.server,
+                self.server.session_memory(),
+                &payload,
+            );
+        }
         let preset = self.server.preset();
         if payload.ckks_preset != preset_name(preset) {
             return Err(BackendError::UnknownPreset {
@@ -230,7 +237,7 @@ impl AdapterBackend for HeBackend {
 }
 
 /// The session of an offer-only opening: it answers no round.
-struct OfferOnly;
+pub(super) struct OfferOnly;
 
 impl SessionCompute for OfferOnly {
     fn offer_only(&self) -> bool {
@@ -310,6 +317,7 @@ impl SessionCompute for HeCompute {
     fn group_shape(&self, layer: u32, group: u32) -> Result<GroupRequestShape, BackendError> {
         let meta = self.meta(layer, group)?;
         Ok(GroupRequestShape {
+            masked: false,
             input_ciphertexts: meta.inputs,
             positions: meta.evaluations,
         })

@@ -385,6 +385,7 @@ impl ServerSession {
             request.response_bits,
         )?;
         Ok(GroupResponse {
+            masked_values: Default::default(),
             round: request.round,
             layer,
             group,

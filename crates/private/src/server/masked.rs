@@ -11,45 +11,15 @@ use cipherlora_ckks::{Context, GaloisKeys, PublicKey, SeededCiphertext};
 use cipherlora_helora::bfv_backend::{OfflineLevels, offline_parameters};
 use cipherlora_helora::masks::{GroupKey, LedgerLimits, MaskLedger, MaskedServerGroup};
 use cipherlora_helora::planner::choose;
-use cipherlora_helora::ring::{RING_PRIME, RingParams, RingPublic};
-use cipherlora_helora::{BfvServer, GroupPlan, Link, Mode, OpCosts};
-use cipherlora_model::Proj;
-use cipherlora_proto::v1::{
-    MaskOfflineRequest, MaskOfflineResponse, MaskedGroupRequest, MaskedGroupResponse,
+use cipherlora_helora::ring::{RING_PRIME, RingParams};
+use cipherlora_helora::{BfvServer, Link, OpCosts};
+use cipherlora_proto::v1::{GroupRequest, GroupResponse};
+
+use crate::protocol::group_index;
+use crate::protocol::masked::{
+    MaskedOfferGroup, MaskedPlan, masked_response, mode, read_masked_request,
 };
-
-use crate::protocol::masked::{masked_response, offline_response, read_masked_request};
-use crate::protocol::{LoraKind, group_index};
 use crate::{AdapterGroups, PrivateError};
-
-/// One group's offline plan, keyed as its messages name it.
-#[derive(Debug, Clone)]
-pub struct MaskedPlan {
-    /// The group's wire key.
-    pub key: GroupKey,
-    /// The offline plan: T positions per batch, in the offline context's slots.
-    pub plan: GroupPlan,
-    /// The group's projections, in the order of the plan's deltas.
-    pub projections: Vec<Proj>,
-}
-
-/// What a client needs per group once the session is open: its plan and the ring's public
-/// parameters.
-#[derive(Debug, Clone)]
-pub struct MaskedOfferGroup {
-    /// The group's plan.
-    pub plan: MaskedPlan,
-    /// Input bits, scale and dropped bits of the group's fixed point.
-    pub public: RingPublic,
-}
-
-/// The LoRA mode of an adapter kind.
-pub(crate) fn mode(kind: LoraKind) -> Mode {
-    match kind {
-        LoraKind::Standard => Mode::Standard,
-        LoraKind::Ffa => Mode::Ffa,
-    }
-}
 
 /// The offline context (`offline_parameters`). Errors: [`PrivateError::Ckks`].
 pub fn offline_context() -> Result<Arc<Context>, PrivateError> {
@@ -118,6 +88,22 @@ impl MaskedSession {
         gks: GaloisKeys,
         limits: LedgerLimits,
     ) -> Result<Self, PrivateError> {
+        let mut needed = std::collections::BTreeSet::new();
+        for p in plans {
+            for step in p.plan.galois_steps()? {
+                let g = ctx.galois_element(step);
+                if g != 1 {
+                    needed.insert(g);
+                }
+            }
+        }
+        let given: std::collections::BTreeSet<u64> = gks.galois_elements().into_iter().collect();
+        if given != needed {
+            return Err(PrivateError::GaloisKeysMismatch {
+                missing: needed.difference(&given).count(),
+                extra: given.difference(&needed).count(),
+            });
+        }
         let levels = OfflineLevels::for_mode(mode(groups.kind));
         let bfv = BfvServer::new(ctx, RING_PRIME, gks, pk, levels)?;
         let by_key: HashMap<GroupKey, _> = groups
@@ -154,6 +140,21 @@ impl MaskedSession {
         })
     }
 
+    /// An upper bound on the bytes the session's encoded diagonals hold: each diagonal over every
+    /// prime of the chain and one special prime.
+    #[must_use]
+    pub fn diagonal_bytes(&self) -> u64 {
+        let primes = self.ctx.params().moduli_bits().len() as u64 + 1;
+        let per = self.ctx.degree() as u64 * 8 * primes;
+        self.groups
+            .values()
+            .map(|g| {
+                let (ordinary, extended) = g.diagonal_counts();
+                (ordinary.iter().sum::<u64>() + extended.iter().sum::<u64>()) * per
+            })
+            .sum()
+    }
+
     /// Every group's plan and public parameters, in forward order.
     #[must_use]
     pub fn offer(&self) -> &[MaskedOfferGroup] {
@@ -170,9 +171,25 @@ impl MaskedSession {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Answers an offline request. Errors: [`PrivateError::UnknownGroup`]; bad ciphertexts
-    /// ([`PrivateError::Ckks`]); as [`MaskedServerGroup::offline`].
-    pub fn offline(&self, req: &MaskOfflineRequest) -> Result<MaskOfflineResponse, PrivateError> {
+    /// Ciphertexts an offline request of group `key` carries. Errors:
+    /// [`PrivateError::UnknownGroup`].
+    pub fn offline_inputs(&self, key: GroupKey) -> Result<usize, PrivateError> {
+        Ok(self.group(key.layer, key.group)?.input_ciphertexts()?)
+    }
+
+    /// Answers one request of the session: online when it carries masked rows, else offline.
+    /// Errors: as [`Self::offline`] and [`Self::online`].
+    pub fn handle(&self, req: &GroupRequest) -> Result<GroupResponse, PrivateError> {
+        if req.masked.is_some() {
+            self.online(req)
+        } else {
+            self.offline(req)
+        }
+    }
+
+    /// Answers an offline request (batch `req.batch`). Errors: [`PrivateError::UnknownGroup`];
+    /// bad ciphertexts ([`PrivateError::Ckks`]); as [`MaskedServerGroup::offline`].
+    pub fn offline(&self, req: &GroupRequest) -> Result<GroupResponse, PrivateError> {
         let started = Instant::now();
         let group = self.group(req.layer, req.group)?;
         let inputs = req
@@ -185,17 +202,19 @@ impl MaskedSession {
             group: req.group,
         };
         let out = group.offline(&self.bfv, &mut self.ledger(), key, req.batch, &inputs)?;
-        let bytes = out.iter().map(|c| Bytes::from(c.to_bytes())).collect();
-        Ok(offline_response(
-            req,
-            bytes,
-            started.elapsed().as_micros() as u64,
-        ))
+        Ok(GroupResponse {
+            round: req.round,
+            layer: req.layer,
+            group: req.group,
+            ciphertexts: out.iter().map(|c| Bytes::from(c.to_bytes())).collect(),
+            server_micros: started.elapsed().as_micros() as u64,
+            masked_values: Bytes::new(),
+        })
     }
 
     /// Answers an online request. Errors: [`PrivateError::UnknownGroup`],
     /// [`PrivateError::Message`]; as [`MaskedServerGroup::online`].
-    pub fn online(&self, req: &MaskedGroupRequest) -> Result<MaskedGroupResponse, PrivateError> {
+    pub fn online(&self, req: &GroupRequest) -> Result<GroupResponse, PrivateError> {
         let started = Instant::now();
         let group = self.group(req.layer, req.group)?;
         let rows = read_masked_request(req, group.width())?;
