@@ -60,7 +60,7 @@ fn run(adapter: &str, kind: LoraKind) {
         session_id: bytes::Bytes::from_static(&[7; 16]),
         plan_id: 1,
     };
-    let client = MaskedClient::new(
+    let mut client = MaskedClient::new(
         &sk,
         kind,
         to.clone(),
@@ -69,17 +69,12 @@ fn run(adapter: &str, kind: LoraKind) {
         64 << 20,
     )
     .unwrap();
-    let mut hook = MaskedHook::new(
-        PlainLora::new(&plain),
-        client,
-        InProcessMasked::new(session.clone()),
-    );
+    let mut transport = InProcessMasked::new(session.clone());
 
     // Masks for the prompt's pass and the first two decoding steps; the rest falls back.
     let prompt = tok.encode(PROMPTS[0]).unwrap();
     let want = plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
-    let (client, transport) = hook.client_mut();
-    client.fill(transport, prompt.len() + 2).unwrap();
+    client.fill(&mut transport, prompt.len() + 2).unwrap();
     let pooled = client.ready();
     assert!(pooled >= prompt.len() + 2 && pooled < prompt.len() + 2 + BATCH);
     let opts = GenerateOptions {
@@ -87,16 +82,19 @@ fn run(adapter: &str, kind: LoraKind) {
         sampling: SamplingParams::greedy(),
         eos: tok.eos_tokens().to_vec(),
     };
+    let mut hook = MaskedHook::new(PlainLora::new(&plain), &mut client, &mut transport);
     let got = generate(&model, &prompt, &opts, &mut hook, &mut |_| Ok(())).unwrap();
     assert_eq!(got.tokens, want, "{adapter}: masked output differs");
+    let passes = hook.passes;
     let masked_passes = 1 + (pooled - prompt.len()).min(TOKENS - 1);
-    assert_eq!(hook.passes, (masked_passes, TOKENS - masked_passes, 0));
+    assert_eq!(passes, (masked_passes, TOKENS - masked_passes, 0));
 
     // Bits per value of the online messages: 60 up, 32 down, plus each row's mask reference
     // (a few bytes; FFA rows are only Σr values long) and each request's header.
     let positions = (prompt.len() + masked_passes - 1) as f64;
     let (up_values, down_values) = values_per_position(&groups);
-    let (up, down) = hook.transport().online_bytes;
+    assert_eq!(client.online_bytes, transport.online_bytes);
+    let (up, down) = transport.online_bytes;
     let bits_up = up as f64 * 8.0 / (positions * up_values);
     let bits_down = down as f64 * 8.0 / (positions * down_values);
     assert!(
@@ -208,19 +206,25 @@ fn grpc_masked_session_gives_the_plaintext_adapted_answer_and_refuses_a_used_mas
     let want = plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
     let mut masked = masked;
     masked.fill(&mut transport, prompt.len() + 1).unwrap();
-    let mut hook = MaskedHook::new(PlainLora::new(&plain), masked, transport);
-    let opts = GenerateOptions {
-        max_tokens: TOKENS,
-        sampling: SamplingParams::greedy(),
-        eos: tok.eos_tokens().to_vec(),
+    let mut hook =
+        MaskedHook::new(PlainLora::new(&plain), &mut masked, &mut transport).prompt_only();
+    // Speculative decoding as the endpoint runs it: the prompt in one group-by-group pass, its
+    // last row giving the first token, then verify passes of K + 1 = 4 positions.
+    let cfg = cipherlora_speculative::decode::SpecConfig {
+        first_token_from_prefill: true,
+        ..cipherlora_speculative::decode::SpecConfig::greedy(3, TOKENS, tok.eos_tokens().to_vec())
     };
-    let got = generate(&model, &prompt, &opts, &mut hook, &mut |_| Ok(())).unwrap();
+    let got =
+        cipherlora_speculative::decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(()))
+            .unwrap();
     assert_eq!(got.tokens, want, "masked output over gRPC differs");
-    assert!(hook.passes.0 >= 2, "{:?}", hook.passes);
-    assert_eq!(hook.passes.2, 0);
+    // The prompt's pass only, although masks for a decoding step are left.
+    assert_eq!((hook.passes.0, hook.passes.2), (1, 0), "{:?}", hook.passes);
+    assert!(hook.passes.1 >= 1);
+    assert_eq!(hook.masked_positions, prompt.len());
 
     // Batch 0 of the first group is used up: naming it again is refused.
-    let (client, transport) = hook.client_mut();
+    let client = &masked;
     let key = client.first_key().unwrap();
     let width = client.width(key).unwrap();
     let to = Addressed {

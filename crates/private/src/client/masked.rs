@@ -15,7 +15,9 @@ use cipherlora_helora::GroupClient;
 use cipherlora_helora::bfv_backend::OfflineLevels;
 use cipherlora_helora::masks::{GroupKey, MaskPool, MaskedClientGroup};
 use cipherlora_helora::ring::RING_PRIME;
-use cipherlora_model::{DeltaHook, GroupDeltas, ModelConfig, ModelError, Proj, ProjGroup};
+use cipherlora_model::{
+    DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup,
+};
 
 use super::hook::{permute_columns, row_maps};
 use cipherlora_proto::v1::GroupRequest;
@@ -127,6 +129,10 @@ pub struct MaskedClient {
     round: u64,
     /// Column maps from the server's PEFT row layout to the model's.
     row_maps: HashMap<Proj, Vec<usize>>,
+    /// Bytes of the offline requests and responses so far, `(up, down)`.
+    pub offline_bytes: (u64, u64),
+    /// Bytes of the online requests and responses so far, `(up, down)`.
+    pub online_bytes: (u64, u64),
 }
 
 /// The model-side name of a wire group key.
@@ -192,6 +198,8 @@ impl MaskedClient {
             pool: MaskPool::new(budget),
             round: 0,
             row_maps: HashMap::new(),
+            offline_bytes: (0, 0),
+            online_bytes: (0, 0),
         })
     }
 
@@ -240,43 +248,60 @@ impl MaskedClient {
         self.pool.bytes()
     }
 
-    /// Runs offline batches until every group has masks for at least `positions` positions,
-    /// group by group in forward order. Returns the batches run. Errors: the pool's budget
-    /// ([`PrivateError::Helora`]) and the transport's; a failed batch is released.
+    /// Runs offline batches until every group has masks for at least `positions` positions.
+    /// Returns the batches run. Errors: as [`Self::fill_one`].
     pub fn fill<T: Transport>(
         &mut self,
         transport: &mut T,
         positions: usize,
     ) -> Result<usize, PrivateError> {
         let mut batches = 0;
-        for name in &self.order {
-            let g = &self.groups[name];
-            while self.pool.available(g.key) < positions {
-                let (batch, up) = g.group.offline_request(&self.bfv, &mut self.pool, g.key)?;
-                let bytes = up.iter().map(|c| Bytes::from(c.to_bytes())).collect();
-                let req = offline_request(&self.to, g.key, batch, bytes);
-                let down = transport.round(&req).and_then(|reply| {
-                    let resp = reply.response;
-                    check_response(&req, &resp)?;
-                    let ctx = self.bfv_context();
-                    resp.ciphertexts
-                        .iter()
-                        .map(|b| Ok(Ciphertext::from_bytes(&ctx, b)?))
-                        .collect::<Result<Vec<_>, PrivateError>>()
-                });
-                match down {
-                    Ok(cts) => g
-                        .group
-                        .absorb(&self.bfv, &mut self.pool, g.key, batch, &cts)?,
-                    Err(e) => {
-                        self.pool.abandon(g.key, batch);
-                        return Err(e);
-                    }
-                }
-                batches += 1;
-            }
+        while self.fill_one(transport, positions)? {
+            batches += 1;
         }
         Ok(batches)
+    }
+
+    /// Runs one offline batch for the group with the fewest masks, if it has fewer than
+    /// `positions`; whether it ran one. Errors: the pool's budget ([`PrivateError::Helora`]), the
+    /// transport's and the response's; a failed batch is released.
+    pub fn fill_one<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        positions: usize,
+    ) -> Result<bool, PrivateError> {
+        let Some(g) = self
+            .groups
+            .values()
+            .filter(|g| self.pool.available(g.key) < positions)
+            .min_by_key(|g| (self.pool.available(g.key), g.key))
+        else {
+            return Ok(false);
+        };
+        let (batch, up) = g.group.offline_request(&self.bfv, &mut self.pool, g.key)?;
+        let bytes = up.iter().map(|c| Bytes::from(c.to_bytes())).collect();
+        let req = offline_request(&self.to, g.key, batch, bytes);
+        let ctx = self.bfv_context();
+        let down = transport.round(&req).and_then(|reply| {
+            let resp = reply.response;
+            check_response(&req, &resp)?;
+            self.offline_bytes.0 += req.encoded_len() as u64;
+            self.offline_bytes.1 += resp.encoded_len() as u64;
+            resp.ciphertexts
+                .iter()
+                .map(|b| Ok(Ciphertext::from_bytes(&ctx, b)?))
+                .collect::<Result<Vec<_>, PrivateError>>()
+        });
+        match down {
+            Ok(cts) => g
+                .group
+                .absorb(&self.bfv, &mut self.pool, g.key, batch, &cts)?,
+            Err(e) => {
+                self.pool.abandon(g.key, batch);
+                return Err(e);
+            }
+        }
+        Ok(true)
     }
 
     fn bfv_context(&self) -> Arc<Context> {
@@ -305,6 +330,8 @@ impl MaskedClient {
         self.round += 1;
         let req = masked_request(&self.to, self.round, g.key, &rows.refs, &rows.masked);
         let resp = transport.round(&req)?.response;
+        self.online_bytes.0 += req.encoded_len() as u64;
+        self.online_bytes.1 += resp.encoded_len() as u64;
         let count = t * g.group.kept_width();
         let values = read_masked_response(&req, &resp, count)?;
         let deltas = g.group.deltas(&rows, &values)?;
@@ -323,42 +350,51 @@ impl MaskedClient {
 }
 
 /// A delta hook that runs each forward pass on pooled masks when every adapted group has masks
-/// for all its positions, and on `inner` otherwise (a pass never mixes the two).
+/// for all its positions, and on `inner` otherwise. A pass starts masked or not at its first
+/// adapted group; an exchange that fails (a refused mask) clears the pool and the pass goes on
+/// through `inner`. Streamed and batched calls (fixed-point trips) always go to `inner`.
 #[derive(Debug)]
-pub struct MaskedHook<H, M> {
+pub struct MaskedHook<'a, H, T> {
     inner: H,
-    client: MaskedClient,
-    transport: M,
+    client: &'a mut MaskedClient,
+    transport: &'a mut T,
+    /// Masked passes only until [`DeltaHook::prefill_done`] (the prompt's passes).
+    prompt_only: bool,
+    prompt_done: bool,
     /// Whether the pass under way runs masked (set at its first adapted group).
     masked: bool,
     /// Passes begun masked, passes on the inner hook, and masked passes that fell back.
     pub passes: (usize, usize, usize),
+    /// Positions of the passes run masked.
+    pub masked_positions: usize,
 }
 
-impl<H: DeltaHook, M: Transport> MaskedHook<H, M> {
-    /// A hook over `client`'s pools and `transport`, falling back to `inner`.
-    pub fn new(inner: H, client: MaskedClient, transport: M) -> Self {
+impl<'a, H: DeltaHook, T: Transport> MaskedHook<'a, H, T> {
+    /// A hook over `client`'s pools and `transport`, falling back to `inner`; every pass may run
+    /// masked.
+    pub fn new(inner: H, client: &'a mut MaskedClient, transport: &'a mut T) -> Self {
         MaskedHook {
             inner,
             client,
             transport,
+            prompt_only: false,
+            prompt_done: false,
             masked: false,
             passes: (0, 0, 0),
+            masked_positions: 0,
         }
     }
 
-    /// The client and its transport (to fill the pools while idle).
-    pub fn client_mut(&mut self) -> (&mut MaskedClient, &mut M) {
-        (&mut self.client, &mut self.transport)
-    }
-
-    /// The transport.
-    pub fn transport(&self) -> &M {
-        &self.transport
+    /// Keeps the masks for the prompt's passes (time to first token): passes after
+    /// [`DeltaHook::prefill_done`] go to `inner`.
+    #[must_use]
+    pub fn prompt_only(mut self) -> Self {
+        self.prompt_only = true;
+        self
     }
 }
 
-impl<H: DeltaHook, M: Transport> DeltaHook for MaskedHook<H, M> {
+impl<H: DeltaHook, T: Transport> DeltaHook for MaskedHook<'_, H, T> {
     fn deltas(
         &mut self,
         layer: usize,
@@ -367,15 +403,17 @@ impl<H: DeltaHook, M: Transport> DeltaHook for MaskedHook<H, M> {
     ) -> Result<GroupDeltas, ModelError> {
         if self.client.order.first() == Some(&(layer, group)) {
             let t = x.dims2()?.0;
-            self.masked = self.client.ready() >= t;
+            let allowed = !(self.prompt_only && self.prompt_done);
+            self.masked = allowed && self.client.ready() >= t;
             if self.masked {
                 self.passes.0 += 1;
+                self.masked_positions += t;
             } else {
                 self.passes.1 += 1;
             }
         }
         if self.masked {
-            match self.client.deltas(&mut self.transport, (layer, group), x) {
+            match self.client.deltas(self.transport, (layer, group), x) {
                 Ok(d) => return Ok(d),
                 // A refused or failed exchange: the masks it named are spent, the rest of the
                 // pool may be stale (a reopened session). The pass goes on without masks.
@@ -394,7 +432,24 @@ impl<H: DeltaHook, M: Transport> DeltaHook for MaskedHook<H, M> {
         self.inner.wants(layer, group)
     }
 
+    fn deltas_many(&mut self, inputs: &[GroupInput]) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.inner.deltas_many(inputs)
+    }
+
+    fn deltas_many_within(
+        &mut self,
+        inputs: &[GroupInput],
+        tolerance: f64,
+    ) -> Result<Vec<GroupDeltas>, ModelError> {
+        self.inner.deltas_many_within(inputs, tolerance)
+    }
+
+    fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
+        self.inner.stream(t)
+    }
+
     fn prefill_done(&mut self) {
+        self.prompt_done = true;
         self.inner.prefill_done();
     }
 }
