@@ -22,6 +22,7 @@ use std::time::Instant;
 use cipherlora_model::{
     ChatMessage, LoadOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer, WeightMode,
 };
+use cipherlora_private::client::masked::MaskedHook;
 use cipherlora_private::{HeTimings, WireDensity};
 use cipherlora_service::{AdapterClient, ClientConfig};
 use cipherlora_speculative::SpecError;
@@ -207,6 +208,7 @@ impl Engine {
                 eprintln!("adapter {}: warm-up failed: {e}", a.id());
             }
             a.clear_contexts();
+            self.fill_later(a);
         }
     }
 
@@ -337,24 +339,54 @@ impl Engine {
                 let cached = adapter
                     .take_context(&job.prompt, &cfg.effective_schedule())
                     .map(|hit| hit.context);
-                let result = decode::generate_cached(
-                    &self.model,
-                    &self.drafter,
-                    &job.prompt,
-                    &cfg,
-                    &mut open.hook,
-                    &mut |t| text.push(t),
-                    cached,
-                );
+                let masked_before = open.masked.as_ref().map(|m| m.client.online_bytes);
+                let mut masked_positions = 0;
+                let result = match open.masked.as_mut() {
+                    // The prompt's passes on pooled masks when every group has enough.
+                    Some(m) => {
+                        let mut hook =
+                            MaskedHook::new(&mut open.hook, &mut m.client, &mut m.transport)
+                                .prompt_only();
+                        let r = decode::generate_cached(
+                            &self.model,
+                            &self.drafter,
+                            &job.prompt,
+                            &cfg,
+                            &mut hook,
+                            &mut |t| text.push(t),
+                            cached,
+                        );
+                        masked_positions = hook.masked_positions;
+                        r
+                    }
+                    None => decode::generate_cached(
+                        &self.model,
+                        &self.drafter,
+                        &job.prompt,
+                        &cfg,
+                        &mut open.hook,
+                        &mut |t| text.push(t),
+                        cached,
+                    ),
+                };
                 let mut he = open.hook.timings();
                 he.subtract(&before);
+                if let (Some(m), Some((up, down))) = (open.masked.as_ref(), masked_before) {
+                    he.bytes_up += m.client.online_bytes.0 - up;
+                    he.bytes_down += m.client.online_bytes.1 - down;
+                    adapter.note_masks(m.client.ready());
+                }
                 let decode = open.hook.timings_since_prefill();
                 let schedule = cfg.schedule.to_string();
                 match result {
                     Ok((out, context)) => {
                         tracing::debug!(adapter = adapter.id(), stats = ?out.stats, "generation done");
                         adapter.keep_context(context);
-                        let cost = private_cost(&out, &he, &decode, schedule);
+                        let mut cost = private_cost(&out, &he, &decode, schedule);
+                        cost.masked_tokens = masked_positions as u64;
+                        drop(state);
+                        drop(ticket);
+                        self.fill_later(adapter);
                         (out, cost)
                     }
                     Err(e) => {
@@ -376,6 +408,30 @@ impl Engine {
     /// Generations cancelled because their HTTP client went away.
     pub fn cancelled(&self) -> u64 {
         self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// Positions every adapted group of adapter `id` has masks for (0: none, not masked, or
+    /// busy).
+    pub fn masks_ready(&self, id: &str) -> usize {
+        self.adapter(id).map_or(0, |a| a.masks_ready())
+    }
+
+    /// Starts the adapter's idle filler ([`WarmAdapter::fill_idle`]) on its own thread when it
+    /// makes masks.
+    fn fill_later(&self, adapter: &Arc<WarmAdapter>) {
+        if adapter.settings().masked.is_none() {
+            return;
+        }
+        let (adapter, config) = (adapter.clone(), self.model.config().clone());
+        std::thread::spawn(move || {
+            let batches = adapter.fill_idle(&config);
+            tracing::debug!(
+                adapter = adapter.id(),
+                batches,
+                ready = adapter.masks_ready(),
+                "idle fill done"
+            );
+        });
     }
 
     /// `(prefill_width, prefill_span)`: positions per prefill request and
@@ -421,6 +477,7 @@ fn private_cost(
 ) -> PrivateCost {
     let prefill = he.without(decode);
     PrivateCost {
+        masked_tokens: 0,
         private: true,
         schedule: Some(schedule),
         rounds: out.stats.rounds as u64,

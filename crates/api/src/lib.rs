@@ -18,7 +18,7 @@ pub use engine::{Engine, EngineConfig, Finished, Job};
 pub use error::{ApiError, InternalError, UpstreamError};
 pub use queue::{Queue, Ticket};
 pub use routes::router;
-pub use sessions::{DraftLength, SessionSettings, WarmAdapter};
+pub use sessions::{DraftLength, MaskedSettings, SessionSettings, WarmAdapter};
 pub use stop::StopMatcher;
 
 use std::future::Future;

@@ -238,6 +238,9 @@ pub struct PrivateCost {
     pub cached_tokens: u64,
     /// Prompt tokens prefilled through the adapter server.
     pub prefilled_tokens: u64,
+    /// Of those, tokens whose passes ran on pooled masks (masked ring values) instead of CKKS.
+    #[serde(default)]
+    pub masked_tokens: u64,
     /// Bits per activation value of the prompt's passes, next to their floor.
     #[serde(default)]
     pub wire_prefill: WireDensity,

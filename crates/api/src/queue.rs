@@ -35,6 +35,11 @@ impl Queue {
         }
     }
 
+    /// Whether no request waits or runs.
+    pub fn is_idle(&self) -> bool {
+        self.count.load(Ordering::SeqCst) == 0
+    }
+
     /// Takes a place.
     /// Errors: [`ApiError::QueueFull`] when `max` requests already wait or run.
     pub fn enter(&self) -> Result<Ticket<'_>, ApiError> {

@@ -18,11 +18,13 @@
 //! request ends with a 502, the sessions are dropped, and the next request
 //! opens new ones (fresh keys).
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cipherlora_model::Model;
+use cipherlora_model::{Model, ModelConfig};
 pub use cipherlora_private::DraftLength;
+use cipherlora_private::client::masked::MaskedClient;
 use cipherlora_private::{ByWidth, ConnectOptions, GrpcTransport};
 use cipherlora_service::{ClientConfig, LinkProfile};
 use cipherlora_speculative::prefix_cache::{CachedContext, PrefixCache, PrefixHit};
@@ -43,6 +45,28 @@ pub struct OpenSessions {
     pub sampled_schedule: Schedule,
     /// The verify width K + 1 (fixed, or chosen when the sessions opened).
     pub verify_width: usize,
+    /// The masked session and its pools, once the idle filler opened it.
+    pub masked: Option<MaskedState>,
+}
+
+/// A masked session: the client's pools and the transport to the session.
+pub struct MaskedState {
+    /// Offline keys and pools.
+    pub client: MaskedClient,
+    /// The session's stream.
+    pub transport: GrpcTransport,
+}
+
+/// Masked ring values for the prompt's passes (docs/design/wire.md, "Masked ring values"): a
+/// second session whose masks the endpoint makes while it idles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskedSettings {
+    /// Bytes the client's mask pools may hold.
+    pub pool_bytes: usize,
+    /// Positions of masks to keep ready per adapted group.
+    pub positions: usize,
+    /// Positions per offline batch.
+    pub batch: usize,
 }
 
 /// The state of one adapter's sessions.
@@ -79,6 +103,8 @@ pub struct SessionSettings {
     /// keys and values of recent conversations, reused by the next
     /// request that repeats their tokens); `None`: no prefix caching.
     pub prefix_cache_bytes: Option<usize>,
+    /// Masked ring values for prompts (`None`: every pass runs on CKKS).
+    pub masked: Option<MaskedSettings>,
 }
 
 /// One adapter of the adapter server, with its warm sessions.
@@ -88,6 +114,10 @@ pub struct WarmAdapter {
     state: Mutex<Warm>,
     queue: Queue,
     prefix: Option<Mutex<PrefixCache>>,
+    /// Whether an idle filler runs ([`WarmAdapter::fill_idle`]).
+    filling: AtomicBool,
+    /// Masks ready per group, as last seen by the filler or a request.
+    ready: AtomicUsize,
 }
 
 impl WarmAdapter {
@@ -110,6 +140,8 @@ impl WarmAdapter {
             settings,
             state: Mutex::new(Warm::Closed(None)),
             prefix,
+            filling: AtomicBool::new(false),
+            ready: AtomicUsize::new(0),
         })
     }
 
@@ -285,6 +317,87 @@ impl WarmAdapter {
             schedule: session.schedule,
             sampled_schedule: session.sampled_schedule,
             hook: session.hook,
+            masked: None,
         })
+    }
+
+    /// Makes masks while no request waits or runs: opens the masked session first if the
+    /// sessions are open without one (outside the lock, so a request does not wait for it),
+    /// then runs one offline batch at a time, each under the lock, until every group has
+    /// [`MaskedSettings::positions`] masks, a request arrives, or the server refuses. At most
+    /// one filler runs per adapter; returns the batches run.
+    pub fn fill_idle(&self, config: &ModelConfig) -> usize {
+        let Some(m) = self.settings.masked else {
+            return 0;
+        };
+        if self.filling.swap(true, Ordering::AcqRel) {
+            return 0;
+        }
+        let batches = self.fill(m, config);
+        self.filling.store(false, Ordering::Release);
+        batches
+    }
+
+    fn fill(&self, m: MaskedSettings, config: &ModelConfig) -> usize {
+        let unopened = self
+            .state
+            .try_lock()
+            .is_ok_and(|s| matches!(&*s, Warm::Open(o) if o.masked.is_none()));
+        if unopened && self.queue.is_idle() {
+            let t0 = Instant::now();
+            match cipherlora_private::remote::open_masked(
+                self.settings.client.clone(),
+                &self.id,
+                m.batch,
+                m.pool_bytes,
+                config,
+            ) {
+                Ok((client, transport)) => {
+                    let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Warm::Open(open) = &mut *state {
+                        open.masked = Some(MaskedState { client, transport });
+                        tracing::info!(adapter = %self.id, secs = t0.elapsed().as_secs_f64(), "masked session open");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(adapter = %self.id, error = %e, "masked session not opened");
+                    return 0;
+                }
+            }
+        }
+        let mut batches = 0;
+        while self.queue.is_idle() {
+            let Ok(mut state) = self.state.try_lock() else {
+                break;
+            };
+            let Warm::Open(OpenSessions {
+                masked: Some(s), ..
+            }) = &mut *state
+            else {
+                break;
+            };
+            let filled = s.client.fill_one(&mut s.transport, m.positions);
+            self.ready.store(s.client.ready(), Ordering::Release);
+            match filled {
+                Ok(true) => batches += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    tracing::warn!(adapter = %self.id, error = %e, "offline batch failed; pools cleared");
+                    s.client.clear();
+                    break;
+                }
+            }
+        }
+        batches
+    }
+
+    /// Positions every adapted group has masks for (0 without a masked session), as last seen.
+    pub fn masks_ready(&self) -> usize {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// Records the masks ready after a request used some.
+    pub fn note_masks(&self, ready: usize) {
+        self.ready.store(ready, Ordering::Release);
     }
 }

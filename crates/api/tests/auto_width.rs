@@ -41,6 +41,7 @@ fn auto_k_on_a_wan_opens_a_wider_by_layer_session_and_answers_as_the_merged_mode
         weights: WeightMode::Auto,
         base_id: None,
         sessions: Some(SessionSettings {
+            masked: None,
             client: server.client_config(LinkProfile::LOOPBACK),
             k: DraftLength::Auto {
                 k_max: 12,

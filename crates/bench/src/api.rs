@@ -111,6 +111,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                 weights: WeightMode::Auto,
                 base_id: None,
                 sessions: Some(SessionSettings {
+                    masked: None,
                     client: server.client_config(LinkProfile::LOOPBACK),
                     k: DraftLength::Fixed(opts.k),
                     acceptance_prior: None,

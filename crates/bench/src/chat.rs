@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use bytes::Bytes;
-use cipherlora_api::{DraftLength, Engine, EngineConfig, SessionSettings};
+use cipherlora_api::{DraftLength, Engine, EngineConfig, MaskedSettings, SessionSettings};
 use cipherlora_model::{
     ChatMessage, GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
     WeightMode, generate,
@@ -80,6 +80,13 @@ pub struct ChatBenchOptions {
     pub schedules: Vec<String>,
     /// Pin the endpoint and the adapter server to different cores.
     pub pin: bool,
+    /// Masked-ring pool budgets to compare, MiB (`None`: every pass on CKKS).
+    pub masked: Vec<Option<usize>>,
+    /// Positions of masks the endpoint keeps ready per group when masked.
+    pub masked_positions: usize,
+    /// Most seconds between an answer and the next turn (a person reading and typing), during
+    /// which a masked endpoint makes masks; the turn goes as soon as its pools are full.
+    pub think_secs: f64,
 }
 
 /// One answered turn.
@@ -96,6 +103,19 @@ pub struct ChatTurn {
     /// Verify schedule the endpoint ran.
     #[serde(default = "auto")]
     pub schedule: String,
+    /// Masked-ring pool budget, MiB (`None`: off).
+    #[serde(default)]
+    pub masked_mib: Option<usize>,
+    /// Masks ready per group when the turn was sent.
+    #[serde(default)]
+    pub masks_ready: usize,
+    /// Seconds the chat idled before the turn while a masked endpoint made masks (until its
+    /// pools held `masked_positions` or `think_secs` passed).
+    #[serde(default)]
+    pub idle_secs: f64,
+    /// Prompt tokens whose passes ran on masks.
+    #[serde(default)]
+    pub masked_tokens: u64,
     /// Turn index (`TURNS.len()` for the cold prompt).
     pub turn: usize,
     /// Prompt tokens.
@@ -145,6 +165,9 @@ pub struct SessionsOpened {
     /// Verify schedule.
     #[serde(default = "auto")]
     pub schedule: String,
+    /// Masked-ring pool budget, MiB (`None`: off).
+    #[serde(default)]
+    pub masked_mib: Option<usize>,
     /// Seconds to open the sessions and run the warm-up request.
     pub secs: f64,
 }
@@ -203,6 +226,11 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     weights: WeightMode::Auto,
                     base_id: None,
                     sessions: Some(SessionSettings {
+                        masked: mode.masked_mib.map(|mib| MaskedSettings {
+                            pool_bytes: mib << 20,
+                            positions: opts.masked_positions,
+                            batch: MASKED_BATCH,
+                        }),
                         client: server.client_config(*link),
                         k: DraftLength::Auto {
                             k_max: 16,
@@ -227,6 +255,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     cache_mib: mode.cache_mib,
                     span: mode.span,
                     schedule: mode.schedule.clone(),
+                    masked_mib: mode.masked_mib,
                     secs: t0.elapsed().as_secs_f64(),
                 });
                 let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
@@ -240,7 +269,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     link: link_name,
                     mode: &mode,
                 };
-                let turns = rt.block_on(chat(addr, &label, &reference, opts));
+                let turns = rt.block_on(chat(addr, &engine, &label, &reference, opts));
                 let _ = stop.send(());
                 rt.block_on(serving)??;
                 report.turns.extend(turns?);
@@ -261,7 +290,11 @@ struct Mode {
     cache_mib: Option<usize>,
     span: usize,
     schedule: String,
+    masked_mib: Option<usize>,
 }
+
+/// Positions per offline batch of masks.
+const MASKED_BATCH: usize = 32;
 
 /// Which endpoint a turn ran on.
 struct Label<'a> {
@@ -276,11 +309,14 @@ fn modes(opts: &ChatBenchOptions) -> Vec<Mode> {
     for &cache_mib in &opts.caches {
         for &span in &opts.spans {
             for schedule in &opts.schedules {
-                out.push(Mode {
-                    cache_mib,
-                    span,
-                    schedule: schedule.clone(),
-                });
+                for &masked_mib in &opts.masked {
+                    out.push(Mode {
+                        cache_mib,
+                        span,
+                        schedule: schedule.clone(),
+                        masked_mib,
+                    });
+                }
             }
         }
     }
@@ -328,6 +364,7 @@ pub fn user_turn(i: usize) -> String {
 /// The chat's turns on the endpoint at `addr`, then the cold prompt.
 async fn chat(
     addr: SocketAddr,
+    engine: &Engine,
     label: &Label<'_>,
     reference: &Reference<'_>,
     opts: &ChatBenchOptions,
@@ -356,16 +393,32 @@ async fn chat(
             cold.clone().unwrap_or_default()
         };
         let (want, _) = reference.answer(&conversation)?;
-        let answer = request(addr, label.adapter, &conversation, opts.max_tokens).await?;
+        let idle = Instant::now();
+        if turn > 0 && label.mode.masked_mib.is_some() {
+            while idle.elapsed().as_secs_f64() < opts.think_secs
+                && engine.masks_ready(label.adapter) < opts.masked_positions
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+        }
+        let idle_secs = idle.elapsed().as_secs_f64();
+        let masks_ready = engine.masks_ready(label.adapter);
+        let mut answer = request(addr, label.adapter, &conversation, opts.max_tokens).await?;
+        answer.masks_ready = masks_ready;
+        answer.idle_secs = idle_secs;
         eprintln!(
-            "{} {} cache {:?} span {} {} turn {turn}: {} prompt tokens ({} cached), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
+            "{} {} cache {:?} span {} {} masked {:?} turn {turn}: {} prompt tokens ({} cached, {} masked of {} ready after {:.0} s idle), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
             label.adapter,
             label.link,
             label.mode.cache_mib,
             label.mode.span,
             label.mode.schedule,
+            label.mode.masked_mib,
             answer.prompt_tokens,
             answer.cached_tokens,
+            answer.masked_tokens,
+            answer.masks_ready,
+            answer.idle_secs,
             answer.ttft_ms,
             answer.turn(label, turn, false).decode_tok_s(),
             answer.bytes_up as f64 / 1e6,
@@ -398,6 +451,9 @@ struct Answer {
     bytes_down: u64,
     wire_prefill: WireDensity,
     wire_decode: WireDensity,
+    masked_tokens: u64,
+    masks_ready: usize,
+    idle_secs: f64,
 }
 
 impl Answer {
@@ -408,6 +464,10 @@ impl Answer {
             cache_mib: label.mode.cache_mib,
             span: label.mode.span,
             schedule: label.mode.schedule.clone(),
+            masked_mib: label.mode.masked_mib,
+            masks_ready: self.masks_ready,
+            masked_tokens: self.masked_tokens,
+            idle_secs: self.idle_secs,
             turn,
             prompt_tokens: self.prompt_tokens,
             cached_tokens: self.cached_tokens,
@@ -444,6 +504,7 @@ impl Answer {
             self.bytes_down = n("bytes_down");
             self.cached_tokens = n("cached_tokens");
             self.prefilled_tokens = n("prefilled_tokens");
+            self.masked_tokens = n("masked_tokens");
             let wire = |k: &str| serde_json::from_value(cost[k].clone()).unwrap_or_default();
             self.wire_prefill = wire("wire_prefill");
             self.wire_decode = wire("wire_decode");
@@ -509,7 +570,10 @@ fn mode(s: &SessionsOpened) -> String {
     let cache = s.cache_mib.map_or("no prefix cache".into(), |m| {
         format!("prefix cache {m} MiB")
     });
-    format!("{cache}, prefill span {}, {}", s.span, s.schedule)
+    let masked = s
+        .masked_mib
+        .map_or(String::new(), |m| format!(", masked ring values ({m} MiB)"));
+    format!("{cache}, prefill span {}, {}{masked}", s.span, s.schedule)
 }
 
 /// `290 / 190 (106 / 79)`: bits per value up and down, their floors.
@@ -539,8 +603,8 @@ fn markdown(r: &ChatReport) -> String {
     for (adapter, link) in keys {
         md.push_str(&format!(
             "\n**{adapter}, {link}**\n\n\
-             | mode | sessions open | turn | prompt tokens | cached / prefilled | time to first token | decode tok/s | MB up / down | bits per value up / down, prefill (floor) | verify (floor) | = plaintext |\n\
-             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+             | mode | sessions open | turn | idle before, masks ready | prompt tokens | cached / prefilled (masked) | time to first token | decode tok/s | MB up / down | bits per value up / down, prefill (floor) | verify (floor) | = plaintext |\n\
+             | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
         ));
         for s in r
             .sessions
@@ -554,7 +618,15 @@ fn markdown(r: &ChatReport) -> String {
                     t.cache_mib,
                     t.span,
                     &t.schedule,
-                ) == (adapter, link, s.cache_mib, s.span, &s.schedule)
+                    t.masked_mib,
+                ) == (
+                    adapter,
+                    link,
+                    s.cache_mib,
+                    s.span,
+                    &s.schedule,
+                    s.masked_mib,
+                )
             }) {
                 let turn = if t.turn < TURNS.len() {
                     format!("{}", t.turn + 1)
@@ -562,12 +634,15 @@ fn markdown(r: &ChatReport) -> String {
                     "cold".into()
                 };
                 md.push_str(&format!(
-                    "| {} | {:.1} s | {turn} | {} | {} / {} | {:.1} s | {:.1} | {:.0} / {:.0} | {} | {} | {} |\n",
+                    "| {} | {:.1} s | {turn} | {:.0} s, {} | {} | {} / {} ({}) | {:.1} s | {:.1} | {:.0} / {:.0} | {} | {} | {} |\n",
                     mode(s),
                     s.secs,
+                    t.idle_secs,
+                    t.masks_ready,
                     t.prompt_tokens,
                     t.cached_tokens,
                     t.prefilled_tokens,
+                    t.masked_tokens,
                     t.ttft_ms / 1e3,
                     t.decode_tok_s(),
                     t.bytes_up as f64 / 1e6,

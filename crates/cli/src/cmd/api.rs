@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use cipherlora_api::{DraftLength, Engine, EngineConfig, SessionSettings};
+use cipherlora_api::{DraftLength, Engine, EngineConfig, MaskedSettings, SessionSettings};
+
+/// Positions per offline batch of masks (the `bench masked-ring` measurements' width).
+const MASKED_BATCH: usize = 32;
 use cipherlora_model::{WeightMode, fetch};
 use cipherlora_service::LinkProfile;
 use clap::Args;
@@ -78,6 +81,15 @@ pub struct ApiArgs {
     /// Prefill every request's whole prompt (no prefix cache).
     #[arg(long)]
     no_prompt_cache: bool,
+    /// Masked ring values for prompts: while the endpoint idles, it makes one-time masks with
+    /// the adapter server (batched BFV, several MB and up to 0.5 s of server time per position),
+    /// and a prompt pass finding masks for all its positions runs on them: 60 bits up and 32
+    /// down per value, no HE on the server. The pools' memory, MiB (off by default).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    masked_pool_mib: Option<u64>,
+    /// Positions of masks to keep ready per adapted group (with --masked-pool-mib).
+    #[arg(long, default_value_t = 256, requires = "masked_pool_mib")]
+    masked_positions: usize,
     /// Largest max_tokens (also the default of chat requests).
     #[arg(long, default_value_t = 1024)]
     max_tokens: usize,
@@ -108,6 +120,11 @@ impl ApiArgs {
         };
         let sessions = match &self.server {
             Some(url) => Some(SessionSettings {
+                masked: self.masked_pool_mib.map(|mib| MaskedSettings {
+                    pool_bytes: usize::try_from(mib << 20).unwrap_or(usize::MAX),
+                    positions: self.masked_positions,
+                    batch: MASKED_BATCH,
+                }),
                 client: crate::cmd::remote::client_config(
                     url,
                     self.ca_cert.as_deref(),

@@ -347,6 +347,30 @@ pub struct ChatBenchArgs {
     /// Do not pin the endpoint and the adapter server to different cores.
     #[arg(long)]
     no_pin: bool,
+    /// Masked-ring pool budgets to compare, MiB, comma-separated (`off`: CKKS only).
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    masked: Vec<String>,
+    /// Positions of masks a masked endpoint keeps ready per adapted group.
+    #[arg(long, default_value_t = 256)]
+    masked_positions: usize,
+    /// Most seconds between an answer and the next turn (reading and typing) while a masked
+    /// endpoint makes masks; the turn goes as soon as its pools hold --masked-positions.
+    #[arg(long, default_value_t = 0.0)]
+    think_secs: f64,
+}
+
+/// `off` or a positive number of MiB, per entry of `values` (`flag` names them in errors).
+fn mib_or_off(flag: &str, values: &[String]) -> anyhow::Result<Vec<Option<usize>>> {
+    values
+        .iter()
+        .map(|c| match c.as_str() {
+            "off" => Ok(None),
+            mib => match mib.parse::<usize>() {
+                Ok(m) if m > 0 => Ok(Some(m)),
+                _ => anyhow::bail!("{flag} {mib}: a number of MiB above 0, or off"),
+            },
+        })
+        .collect()
 }
 
 impl ChatBenchArgs {
@@ -360,17 +384,8 @@ impl ChatBenchArgs {
             .iter()
             .map(|l| Ok((l.clone(), l.parse()?)))
             .collect::<anyhow::Result<_>>()?;
-        let caches = self
-            .caches
-            .iter()
-            .map(|c| match c.as_str() {
-                "off" => Ok(None),
-                mib => match mib.parse::<usize>() {
-                    Ok(m) if m > 0 => Ok(Some(m)),
-                    _ => anyhow::bail!("--caches {mib}: a number of MiB above 0, or off"),
-                },
-            })
-            .collect::<anyhow::Result<_>>()?;
+        let caches = mib_or_off("--caches", &self.caches)?;
+        let masked = mib_or_off("--masked", &self.masked)?;
         let md = cipherlora_bench::chat::run(&cipherlora_bench::chat::ChatBenchOptions {
             json: self.json,
             model,
@@ -382,6 +397,9 @@ impl ChatBenchArgs {
             cold_tokens: self.cold_tokens,
             schedules: self.schedules,
             pin: !self.no_pin,
+            masked,
+            masked_positions: self.masked_positions,
+            think_secs: self.think_secs,
         })?;
         println!("{md}");
         Ok(())
