@@ -220,8 +220,14 @@ impl Engine {
                 let mut state = a.lock(&t);
                 let old = std::mem::replace(&mut *state, Warm::Closed(Some("shut down".into())));
                 if let Warm::Open(open) = old {
-                    for (_, hook) in open.hook.into_sessions() {
-                        if let Err(e) = hook.into_transport().close() {
+                    let masked = open.masked.map(|m| m.transport);
+                    let ckks = open
+                        .hook
+                        .into_sessions()
+                        .into_iter()
+                        .map(|(_, h)| h.into_transport());
+                    for transport in ckks.chain(masked) {
+                        if let Err(e) = transport.close() {
                             tracing::debug!(adapter = a.id(), error = %e, "closing a session");
                         }
                     }
@@ -414,6 +420,11 @@ impl Engine {
     /// busy).
     pub fn masks_ready(&self, id: &str) -> usize {
         self.adapter(id).map_or(0, |a| a.masks_ready())
+    }
+
+    /// Whether adapter `id`'s idle filler is making masks now.
+    pub fn masks_filling(&self, id: &str) -> bool {
+        self.adapter(id).is_some_and(|a| a.is_filling())
     }
 
     /// Starts the adapter's idle filler ([`WarmAdapter::fill_idle`]) on its own thread when it

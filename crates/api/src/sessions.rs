@@ -396,6 +396,11 @@ impl WarmAdapter {
         self.ready.load(Ordering::Acquire)
     }
 
+    /// Whether the idle filler is making masks now.
+    pub fn is_filling(&self) -> bool {
+        self.filling.load(Ordering::Acquire)
+    }
+
     /// Records the masks ready after a request used some.
     pub fn note_masks(&self, ready: usize) {
         self.ready.store(ready, Ordering::Release);

@@ -395,8 +395,10 @@ async fn chat(
         let (want, _) = reference.answer(&conversation)?;
         let idle = Instant::now();
         if turn > 0 && label.mode.masked_mib.is_some() {
+            // Until the pools are full, the filler stops (a refusal, the budget) or time is up.
             while idle.elapsed().as_secs_f64() < opts.think_secs
                 && engine.masks_ready(label.adapter) < opts.masked_positions
+                && (engine.masks_filling(label.adapter) || idle.elapsed().as_secs_f64() < 3.0)
             {
                 tokio::time::sleep(std::time::Duration::from_millis(250)).await;
             }

@@ -18,8 +18,9 @@ use cipherlora_model::{
 use cipherlora_private::Transport;
 use cipherlora_private::client::masked::{InProcessMasked, MaskedClient, MaskedHook, offline_keys};
 use cipherlora_private::protocol::LoraKind;
+use cipherlora_private::protocol::masked::offline_context;
 use cipherlora_private::protocol::masked::{Addressed, masked_request};
-use cipherlora_private::server::masked::{MaskedSession, offline_context, offline_plans};
+use cipherlora_private::server::masked::{MaskedSession, offline_plans};
 use cipherlora_private::{AdapterGroups, PrivateError};
 
 use common::{PROMPTS, adapter_dir, plaintext_reference};

@@ -50,7 +50,7 @@ pub struct Limits {
 
 impl Default for Limits {
     /// 128 MiB messages, 32 sessions (16 per token, as many offer-only), one computation per core, key
-    /// bytes 96 MiB per session and 1 GiB per token, 64 ciphertexts of ≤ 8 MiB per request, 4 in
+    /// bytes 128 MiB per session and 1 GiB per token, 64 ciphertexts of ≤ 8 MiB per request, 4 in
     /// flight per stream, 64 streams per connection, 10⁷ requests per session, 10 min idle (20 s
     /// unstarted, 30 s offer-only, 15 s without a stream), 2·10⁷ evaluations per token and
     /// adapter per hour, 10 s grace.
@@ -63,7 +63,7 @@ impl Default for Limits {
             // token may have as many as it may have sessions.
             max_offers_per_token: 16,
             max_key_bytes_per_token: 1 << 30,
-            max_key_bytes_per_session: 96 << 20,
+            max_key_bytes_per_session: 128 << 20,
             max_ciphertexts_per_request: 64,
             max_ciphertext_bytes: 8 << 20,
             max_in_flight_per_stream: 4,

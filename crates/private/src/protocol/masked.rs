@@ -23,6 +23,13 @@ use crate::{PrivateError, ProtocolFault};
 /// BFV over the ring's prime): the `ckks_preset` of a masked session's keys and offer.
 pub const MASKED_PRESET: &str = "bfv-offline-n16384";
 
+/// The offline context both halves make their keys and ciphertexts in: `offline_parameters`
+/// (N = 16384, chain 5 × 60 + 60). Errors: [`PrivateError::Ckks`].
+pub fn offline_context() -> Result<std::sync::Arc<cipherlora_ckks::Context>, PrivateError> {
+    let params = cipherlora_helora::bfv_backend::offline_parameters()?;
+    Ok(cipherlora_ckks::Context::new(params)?)
+}
+
 /// One group's offline plan, keyed as its messages name it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MaskedPlan {

@@ -17,8 +17,8 @@ use cipherlora_service::{
 
 use crate::PrivateError;
 use crate::protocol::MAX_T;
-use crate::protocol::masked::{MASKED_PRESET, encode_masked_offer};
-use crate::server::masked::{MaskedSession, offline_context, offline_plans};
+use crate::protocol::masked::{MASKED_PRESET, encode_masked_offer, offline_context};
+use crate::server::masked::{MaskedSession, offline_plans};
 use crate::server::{HeAdapter, Reservation, SessionMemory};
 
 use super::he_backend::OfferOnly;

@@ -10,10 +10,10 @@ use cipherlora_service::{AdapterClient, ClientConfig, SessionParams};
 use super::grpc_transport::transport_error;
 use crate::client::masked::{MaskedClient, offline_keys};
 use crate::protocol::masked::{
-    Addressed, MASKED_PRESET, MaskedOfferGroup, MaskedPlan, decode_masked_offer,
+    Addressed, MASKED_PRESET, MaskedOfferGroup, MaskedPlan, decode_masked_offer, offline_context,
 };
 use crate::protocol::{LoraKind, decode_public_a};
-use crate::server::masked::offline_context;
+
 use crate::{GrpcTransport, PrivateError, ProtocolFault};
 
 /// A masked session's `OpenSession` parameters.

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use cipherlora_ckks::{Context, GaloisKeys, PublicKey, SeededCiphertext};
-use cipherlora_helora::bfv_backend::{OfflineLevels, offline_parameters};
+use cipherlora_helora::bfv_backend::OfflineLevels;
 use cipherlora_helora::masks::{GroupKey, LedgerLimits, MaskLedger, MaskedServerGroup};
 use cipherlora_helora::planner::choose;
 use cipherlora_helora::ring::{RING_PRIME, RingParams};
@@ -20,11 +20,6 @@ use crate::protocol::masked::{
     MaskedOfferGroup, MaskedPlan, masked_response, mode, read_masked_request,
 };
 use crate::{AdapterGroups, PrivateError};
-
-/// The offline context (`offline_parameters`). Errors: [`PrivateError::Ckks`].
-pub fn offline_context() -> Result<Arc<Context>, PrivateError> {
-    Ok(Context::new(offline_parameters()?)?)
-}
 
 /// The planner's offline plan for every group of `groups` at `t` positions per batch. Errors:
 /// [`PrivateError::Helora`] when no plan fits.
