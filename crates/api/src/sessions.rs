@@ -46,7 +46,7 @@ pub struct OpenSessions {
     /// The verify width K + 1 (fixed, or chosen when the sessions opened).
     pub verify_width: usize,
     /// The masked session and its pools, once the idle filler opened it.
-    pub masked: Option<MaskedState>,
+    pub masked: Option<Box<MaskedState>>,
 }
 
 /// A masked session: the client's pools and the transport to the session.
@@ -355,7 +355,7 @@ impl WarmAdapter {
                 Ok((client, transport)) => {
                     let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
                     if let Warm::Open(open) = &mut *state {
-                        open.masked = Some(MaskedState { client, transport });
+                        open.masked = Some(Box::new(MaskedState { client, transport }));
                         tracing::info!(adapter = %self.id, secs = t0.elapsed().as_secs_f64(), "masked session open");
                     }
                 }
