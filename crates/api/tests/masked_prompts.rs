@@ -105,7 +105,7 @@ fn a_prompt_the_pools_cover_runs_masked_and_every_answer_is_the_plaintext_one() 
     assert!(tokens as usize <= POSITIONS);
     assert_eq!(masked, tokens);
     // A prompt longer than the pools hold: CKKS, with the same answer.
-    let long = "import os\n\ndef list_python_files(root):\n    \"\"\"Return every .py file under root, sorted by path, skipping hidden folders.\"\"\"\n";
+    let long = "import os\n\ndef list_python_files(root):\n    \"\"\"Return every .py file under root, sorted by path, skipping hidden folders\n    and symbolic links, as paths relative to root.\"\"\"\n    found = []\n";
     let (tokens, masked) = run(long);
     assert!(tokens as usize > POSITIONS, "{tokens} tokens");
     assert_eq!(masked, 0);

@@ -388,3 +388,45 @@ fn undecodable_protobuf_is_invalid_argument_not_internal() {
         Some(ErrorReason::MalformedRequest)
     );
 }
+
+/// Masked rows belong to masked sessions only: sent to a CKKS session they are refused with
+/// `protocol_violation` before any computation, and so is a masked request that also carries
+/// ciphertexts (`malformed_request`).
+#[test]
+fn masked_rows_on_a_ckks_session_are_refused_before_any_computation() {
+    let fx = start(Limits::default());
+    let mut c = AdapterClient::connect(fx.client_config()).unwrap();
+    c.open_session(params(1)).unwrap();
+    let sid = c.session_id().unwrap().0;
+    let plan = c.session_info().unwrap().plan_id;
+    let req = |ciphertexts| GroupRequest {
+        batch: 0,
+        masked: Some(cipherlora_proto::v1::MaskedRows {
+            batches: vec![0],
+            positions: vec![0],
+            values: Bytes::from_static(&[1; 8]),
+        }),
+        session_id: Bytes::copy_from_slice(&sid),
+        round: 0,
+        layer: 0,
+        group: 0,
+        ciphertexts,
+        plan_id: plan,
+        response_bits: 0,
+    };
+    let s = raw_rounds(fx.server.addr(), &fx.cert, vec![req(vec![])]).unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert_eq!(
+        cipherlora_service::status::reason_of(&s),
+        Some(ErrorReason::ProtocolViolation)
+    );
+    let both = vec![encode_ct(12, 2, &inputs(1, 0, 0, 0))];
+    let s = raw_rounds(fx.server.addr(), &fx.cert, vec![req(both)]).unwrap_err();
+    assert_eq!(s.code(), Code::InvalidArgument);
+    assert_eq!(
+        cipherlora_service::status::reason_of(&s),
+        Some(ErrorReason::MalformedRequest)
+    );
+    // The session still answers its CKKS rounds.
+    check(1, 0, 0, &c.round_pipelined(0, &calls(1, 0, 0)).unwrap());
+}
