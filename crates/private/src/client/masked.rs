@@ -28,7 +28,7 @@ use crate::client::{Reply, Transport};
 use crate::protocol::masked::{
     Addressed, check_response, masked_request, offline_request, read_masked_response,
 };
-use crate::protocol::masked::{MaskedOfferGroup, MaskedPlan, mode};
+use crate::protocol::masked::{MaskedOfferGroup, MaskedPlan};
 use crate::protocol::{LoraKind, PublicA};
 use crate::server::masked::MaskedSession;
 
@@ -154,7 +154,7 @@ impl MaskedClient {
         public_a: &[PublicA],
         budget: usize,
     ) -> Result<Self, PrivateError> {
-        let bfv = BfvClient::new(sk, RING_PRIME, OfflineLevels::for_mode(mode(kind)))?;
+        let bfv = BfvClient::new(sk, RING_PRIME, OfflineLevels::for_mode(kind.mode()))?;
         let mut groups = HashMap::new();
         let mut order = Vec::new();
         for g in offer {

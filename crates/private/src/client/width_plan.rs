@@ -18,7 +18,7 @@ use cipherlora_speculative::tree_draft::TreeParams;
 use cipherlora_speculative::tree_plan::{RankAcceptance, TreeEstimate, best_tree};
 
 use crate::PrivateError;
-use crate::protocol::{Grouping, LoraKind, SessionOffer, layer_runs};
+use crate::protocol::{Grouping, SessionOffer, layer_runs};
 use crate::schedule_plan::{
     PassModel, ScheduleChoice, WireSizes, choose_schedule_grouped, time_pass,
 };
@@ -94,10 +94,7 @@ impl PlanSpace {
     pub fn of(offer: &SessionOffer) -> Self {
         PlanSpace {
             preset: offer.preset,
-            mode: match offer.kind {
-                LoraKind::Ffa => Mode::Ffa,
-                LoraKind::Standard => Mode::Standard,
-            },
+            mode: offer.kind.mode(),
             rerandomize: offer.groups.iter().any(|g| g.plan.rerandomize),
             shapes: offer.groups.iter().map(|g| g.plan.shape.clone()).collect(),
             layers: offer.groups.iter().map(|g| g.layer).collect(),

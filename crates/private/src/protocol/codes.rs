@@ -6,7 +6,7 @@ use cipherlora_helora::HeloraError;
 use cipherlora_model::{Proj, ProjGroup};
 use cipherlora_proto::v1;
 
-use super::offer::group_index;
+use super::offer::{LoraKind, group_index};
 use crate::PrivateError;
 
 /// A [`HeloraError::Malformed`] about `what`.
@@ -66,6 +66,23 @@ pub(crate) fn proj_of(code: i32, what: &'static str) -> Result<Proj, PrivateErro
         .ok()
         .and_then(|i| Proj::ALL.get(i).copied())
         .ok_or_else(|| malformed(what, "unknown projection"))
+}
+
+/// The wire form of a LoRA kind.
+pub(crate) fn kind_code(kind: LoraKind) -> v1::LoraKind {
+    match kind {
+        LoraKind::Standard => v1::LoraKind::Standard,
+        LoraKind::Ffa => v1::LoraKind::Ffa,
+    }
+}
+
+/// The LoRA kind `code` names. Errors: `Malformed` about `what`.
+pub(crate) fn kind_of(code: i32, what: &'static str) -> Result<LoraKind, PrivateError> {
+    match v1::LoraKind::try_from(code) {
+        Ok(v1::LoraKind::Ffa) => Ok(LoraKind::Ffa),
+        Ok(v1::LoraKind::Standard) => Ok(LoraKind::Standard),
+        _ => Err(malformed(what, "unknown LoRA kind")),
+    }
 }
 
 /// The group kind `code` names ([`group_index`]). Errors: `Malformed` about `what`.

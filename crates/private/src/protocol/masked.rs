@@ -5,15 +5,15 @@
 //! both halves share live here.
 
 use bytes::Bytes;
+use cipherlora_helora::GroupPlan;
 use cipherlora_helora::masks::{GroupKey, MaskRef};
 use cipherlora_helora::ring::RingPublic;
-use cipherlora_helora::{GroupPlan, Mode};
 use cipherlora_model::Proj;
 use cipherlora_proto::ProtoError;
 use cipherlora_proto::ring_values::{INPUT_BITS, RESPONSE_BITS, pack, unpack};
 use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
 
-use super::codes::{group_of, malformed, proj_code, to_u32, to_usize};
+use super::codes::{group_of, kind_code, kind_of, malformed, proj_code, to_u32, to_usize};
 use super::offer::{Grouping, LoraKind, group_index};
 use super::plan::{decode_plan, encode_plan};
 use super::wire::{MAX_GROUPS, MAX_T, offered_projections};
@@ -51,14 +51,6 @@ pub struct MaskedOfferGroup {
     pub public: RingPublic,
 }
 
-/// The LoRA mode of an adapter kind.
-pub(crate) fn mode(kind: LoraKind) -> Mode {
-    match kind {
-        LoraKind::Standard => Mode::Standard,
-        LoraKind::Ffa => Mode::Ffa,
-    }
-}
-
 /// The offer of a masked session: every group's plan and, once the session is open, its fixed
 /// point (`None` in an offer-only answer), T positions per batch.
 #[must_use]
@@ -70,11 +62,7 @@ pub fn encode_masked_offer(
     v1::SessionOffer {
         ckks_preset: MASKED_PRESET.to_string(),
         positions: to_u32(t),
-        kind: match kind {
-            LoraKind::Standard => v1::LoraKind::Standard,
-            LoraKind::Ffa => v1::LoraKind::Ffa,
-        }
-        .into(),
+        kind: kind_code(kind).into(),
         layers_per_group: 0,
         server_cost_ratio: 1.0,
         acceptance: None,
@@ -118,11 +106,7 @@ pub fn decode_masked_offer(m: &v1::SessionOffer) -> Result<MaskedOffer, PrivateE
     if t == 0 || t > MAX_T {
         return Err(bad("T out of range"));
     }
-    let kind = match v1::LoraKind::try_from(m.kind) {
-        Ok(v1::LoraKind::Ffa) => LoraKind::Ffa,
-        Ok(v1::LoraKind::Standard) => LoraKind::Standard,
-        _ => return Err(bad("unknown LoRA kind")),
-    };
+    let kind = kind_of(m.kind, "masked session offer")?;
     if m.groups.len() > MAX_GROUPS {
         return Err(bad("too many groups"));
     }
@@ -141,7 +125,7 @@ pub fn decode_masked_offer(m: &v1::SessionOffer) -> Result<MaskedOffer, PrivateE
             .map(|(_, p)| p)
             .collect::<Vec<_>>();
         let plan = decode_plan(g.plan.as_ref().ok_or_else(|| bad("no plan"))?)?;
-        if plan.t != t || plan.mode != mode(kind) || plan.shape.ranks.len() != projections.len() {
+        if plan.t != t || plan.mode != kind.mode() || plan.shape.ranks.len() != projections.len() {
             return Err(bad(
                 "plan does not match the offer's T, kind or projections",
             ));

@@ -2,7 +2,7 @@
 //! plan per adapted group) and the names both halves give the adapter's groups.
 
 use cipherlora_ckks::Preset;
-use cipherlora_helora::GroupPlan;
+use cipherlora_helora::{GroupPlan, Mode};
 use cipherlora_model::{Proj, ProjGroup};
 
 /// Which LoRA variant the adapter is, from its `cipherlora.json` sidecar.
@@ -12,6 +12,17 @@ pub enum LoraKind {
     Standard,
     /// FFA-LoRA (Sun et al., ICLR 2024): lora_A frozen and public; the client computes A·x.
     Ffa,
+}
+
+impl LoraKind {
+    /// The packing mode of the kind's plans.
+    #[must_use]
+    pub fn mode(self) -> Mode {
+        match self {
+            LoraKind::Standard => Mode::Standard,
+            LoraKind::Ffa => Mode::Ffa,
+        }
+    }
 }
 
 /// What a client needs for a session of width `t`: preset, plans per (layer, group), FFA lora_A.

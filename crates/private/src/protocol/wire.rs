@@ -4,12 +4,12 @@
 //! [`HeloraError::Malformed`](cipherlora_helora::HeloraError::Malformed); never panic.
 
 use cipherlora_ckks::CkksParameters;
-use cipherlora_helora::Mode;
 use cipherlora_model::{Proj, ProjGroup};
 use cipherlora_proto::v1;
 
 use super::codes::{
-    group_of, malformed, preset_from_name, preset_name, proj_code, proj_of, to_u32, to_usize,
+    group_of, kind_code, kind_of, malformed, preset_from_name, preset_name, proj_code, proj_of,
+    to_u32, to_usize,
 };
 use super::offer::{
     Grouping, LoraKind, MAX_COST_RATIO, MIN_COST_RATIO, OfferedGroup, SessionOffer, group_index,
@@ -86,11 +86,7 @@ pub fn encode_offer(offer: &SessionOffer) -> v1::SessionOffer {
     v1::SessionOffer {
         ckks_preset: preset_name(offer.preset).to_string(),
         positions: to_u32(offer.t),
-        kind: match offer.kind {
-            LoraKind::Standard => v1::LoraKind::Standard,
-            LoraKind::Ffa => v1::LoraKind::Ffa,
-        }
-        .into(),
+        kind: kind_code(offer.kind).into(),
         layers_per_group: layers_per_group(offer.grouping),
         server_cost_ratio: offer.server_cost_ratio,
         acceptance: offer.acceptance,
@@ -127,11 +123,7 @@ pub fn decode_offer(m: &v1::SessionOffer) -> Result<SessionOffer, PrivateError> 
     if t == 0 || t > MAX_T {
         return Err(bad("T out of range"));
     }
-    let kind = match v1::LoraKind::try_from(m.kind) {
-        Ok(v1::LoraKind::Ffa) => LoraKind::Ffa,
-        Ok(v1::LoraKind::Standard) => LoraKind::Standard,
-        _ => return Err(bad("unknown LoRA kind")),
-    };
+    let kind = kind_of(m.kind, "session offer")?;
     let grouping = grouping_of(m.layers_per_group, kind == LoraKind::Ffa, "session offer")?;
     if !(MIN_COST_RATIO..=MAX_COST_RATIO).contains(&m.server_cost_ratio) {
         return Err(bad("server cost ratio out of range"));
@@ -142,10 +134,7 @@ pub fn decode_offer(m: &v1::SessionOffer) -> Result<SessionOffer, PrivateError> 
     if m.groups.len() > MAX_GROUPS {
         return Err(bad("too many groups"));
     }
-    let mode = match kind {
-        LoraKind::Ffa => Mode::Ffa,
-        LoraKind::Standard => Mode::Standard,
-    };
+    let mode = kind.mode();
     let mut groups: Vec<OfferedGroup> = Vec::with_capacity(m.groups.len());
     for g in &m.groups {
         let (layer, group) = (to_usize(g.layer), group_of(g.group, "session offer")?);

@@ -31,6 +31,22 @@ pub(super) fn transport_error(e: cipherlora_service::ServiceError) -> PrivateErr
     PrivateError::Service(e)
 }
 
+/// The public description of `adapter_id` (`ListAdapters`). Errors: [`PrivateError::Service`],
+/// [`PrivateError::UnknownAdapter`].
+pub(super) fn adapter_info(
+    client: &mut AdapterClient,
+    adapter_id: &str,
+) -> Result<AdapterInfo, PrivateError> {
+    client
+        .list_adapters()
+        .map_err(transport_error)?
+        .into_iter()
+        .find(|a| a.adapter_id == adapter_id)
+        .ok_or_else(|| PrivateError::UnknownAdapter {
+            adapter_id: adapter_id.chars().take(64).collect(),
+        })
+}
+
 /// Step one of opening a session: an offer-only `OpenSession` for width `t` (no key sent). Errors:
 /// [`PrivateError::Service`], `Transport` (unknown adapter), `Helora` (bad offer).
 pub fn fetch_offer(
@@ -39,14 +55,7 @@ pub fn fetch_offer(
     t: usize,
     grouping: Grouping,
 ) -> Result<RemoteOffer, PrivateError> {
-    let info = client
-        .list_adapters()
-        .map_err(transport_error)?
-        .into_iter()
-        .find(|a| a.adapter_id == adapter_id)
-        .ok_or_else(|| PrivateError::UnknownAdapter {
-            adapter_id: adapter_id.chars().take(64).collect(),
-        })?;
+    let info = adapter_info(client, adapter_id)?;
     let ckks_preset = info
         .ckks_presets
         .first()

@@ -7,7 +7,7 @@ use cipherlora_model::ModelConfig;
 use cipherlora_proto::v1;
 use cipherlora_service::{AdapterClient, ClientConfig, SessionParams};
 
-use super::grpc_transport::transport_error;
+use super::grpc_transport::{adapter_info, transport_error};
 use crate::client::masked::{MaskedClient, offline_keys};
 use crate::protocol::masked::{
     Addressed, MASKED_PRESET, MaskedOfferGroup, MaskedPlan, decode_masked_offer, offline_context,
@@ -45,14 +45,7 @@ pub fn open_masked(
     model: &ModelConfig,
 ) -> Result<(MaskedClient, GrpcTransport), PrivateError> {
     let mut client = AdapterClient::connect(config).map_err(transport_error)?;
-    let info = client
-        .list_adapters()
-        .map_err(transport_error)?
-        .into_iter()
-        .find(|a| a.adapter_id == adapter_id)
-        .ok_or_else(|| PrivateError::UnknownAdapter {
-            adapter_id: adapter_id.chars().take(64).collect(),
-        })?;
+    let info = adapter_info(&mut client, adapter_id)?;
     let bare = client
         .open_session(params(adapter_id, t, true, (Bytes::new(), Bytes::new())))
         .map_err(transport_error)?;

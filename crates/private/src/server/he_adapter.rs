@@ -8,7 +8,7 @@ use bytes::Bytes;
 use cipherlora_ckks::{Ciphertext, CkksParameters, Context, GaloisKeys, Preset, PublicKey};
 use cipherlora_helora::group_server::PreparedGroup;
 use cipherlora_helora::planner::{Link, OpCosts, choose};
-use cipherlora_helora::{CkksServer, GroupPlan, Mode, Rerandomization};
+use cipherlora_helora::{CkksServer, GroupPlan, Rerandomization};
 use cipherlora_model::ModelConfig;
 use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 use rayon::prelude::*;
@@ -179,10 +179,7 @@ impl HeAdapter {
         let (adapter_groups, grouping) = self.grouped(grouping)?;
         let preset = self.preset();
         let slots = CkksParameters::preset(preset)?.slots();
-        let mode = match self.groups.kind {
-            LoraKind::Ffa => Mode::Ffa,
-            LoraKind::Standard => Mode::Standard,
-        };
+        let mode = self.groups.kind.mode();
         let mut plans: HashMap<cipherlora_helora::GroupShape, GroupPlan> = HashMap::new();
         let mut groups = Vec::with_capacity(adapter_groups.groups.len());
         for g in &adapter_groups.groups {
@@ -253,22 +250,7 @@ impl HeAdapter {
     ) -> Result<ServerSession, PrivateError> {
         let ctx = Context::new(CkksParameters::preset(offer.preset)?)?;
         let gks = GaloisKeys::from_bytes(&ctx, galois_keys)?;
-        let mut needed = BTreeSet::new();
-        for og in &offer.groups {
-            for step in og.plan.galois_steps()? {
-                let g = ctx.galois_element(step);
-                if g != 1 {
-                    needed.insert(g);
-                }
-            }
-        }
-        let given: BTreeSet<u64> = gks.galois_elements().into_iter().collect();
-        if given != needed {
-            return Err(PrivateError::GaloisKeysMismatch {
-                missing: needed.difference(&given).count(),
-                extra: given.difference(&needed).count(),
-            });
-        }
+        check_galois_keys(&ctx, offer.groups.iter().map(|g| &g.plan), &gks)?;
         let rerandomize = offer.groups.iter().any(|g| g.plan.rerandomize);
         let pk = match (rerandomize, public_key) {
             (false, _) => None,
@@ -414,6 +396,33 @@ impl ServerSession {
             .groups
             .get(&(layer, group))
             .ok_or(PrivateError::UnknownGroup { layer, group })
+    }
+}
+
+/// Checks that `gks` are exactly the rotations `plans` need. Errors:
+/// [`PrivateError::GaloisKeysMismatch`]; [`PrivateError::Helora`] for a plan without steps.
+pub(crate) fn check_galois_keys<'a>(
+    ctx: &Context,
+    plans: impl IntoIterator<Item = &'a GroupPlan>,
+    gks: &GaloisKeys,
+) -> Result<(), PrivateError> {
+    let mut needed = BTreeSet::new();
+    for plan in plans {
+        for step in plan.galois_steps()? {
+            let g = ctx.galois_element(step);
+            if g != 1 {
+                needed.insert(g);
+            }
+        }
+    }
+    let given: BTreeSet<u64> = gks.galois_elements().into_iter().collect();
+    if given == needed {
+        Ok(())
+    } else {
+        Err(PrivateError::GaloisKeysMismatch {
+            missing: needed.difference(&given).count(),
+            extra: given.difference(&needed).count(),
+        })
     }
 }
 

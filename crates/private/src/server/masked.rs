@@ -16,9 +16,8 @@ use cipherlora_helora::{BfvServer, Link, OpCosts};
 use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 
 use crate::protocol::group_index;
-use crate::protocol::masked::{
-    MaskedOfferGroup, MaskedPlan, masked_response, mode, read_masked_request,
-};
+use crate::protocol::masked::{MaskedOfferGroup, MaskedPlan, masked_response, read_masked_request};
+use crate::server::he_adapter::check_galois_keys;
 use crate::{AdapterGroups, PrivateError};
 
 /// The planner's offline plan for every group of `groups` at `t` positions per batch. Errors:
@@ -35,7 +34,7 @@ pub fn offline_plans(
             let shape = g.adapter.shape();
             let (plan, _) = choose(
                 &shape,
-                mode(groups.kind),
+                groups.kind.mode(),
                 t,
                 ctx.slots(),
                 false,
@@ -83,23 +82,8 @@ impl MaskedSession {
         gks: GaloisKeys,
         limits: LedgerLimits,
     ) -> Result<Self, PrivateError> {
-        let mut needed = std::collections::BTreeSet::new();
-        for p in plans {
-            for step in p.plan.galois_steps()? {
-                let g = ctx.galois_element(step);
-                if g != 1 {
-                    needed.insert(g);
-                }
-            }
-        }
-        let given: std::collections::BTreeSet<u64> = gks.galois_elements().into_iter().collect();
-        if given != needed {
-            return Err(PrivateError::GaloisKeysMismatch {
-                missing: needed.difference(&given).count(),
-                extra: given.difference(&needed).count(),
-            });
-        }
-        let levels = OfflineLevels::for_mode(mode(groups.kind));
+        check_galois_keys(ctx, plans.iter().map(|p| &p.plan), &gks)?;
+        let levels = OfflineLevels::for_mode(groups.kind.mode());
         let bfv = BfvServer::new(ctx, RING_PRIME, gks, pk, levels)?;
         let by_key: HashMap<GroupKey, _> = groups
             .groups
