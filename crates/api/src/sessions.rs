@@ -118,7 +118,13 @@ pub struct WarmAdapter {
     filling: AtomicBool,
     /// Masks ready per group, as last seen by the filler or a request.
     ready: AtomicUsize,
+    /// When opening the masked session last failed: the filler waits [`MASKED_RETRY`] before it
+    /// tries again (an opening uploads tens of MB of keys).
+    masked_failed: Mutex<Option<Instant>>,
 }
+
+/// How long the idle filler waits after a failed opening of the masked session.
+const MASKED_RETRY: Duration = Duration::from_secs(600);
 
 impl WarmAdapter {
     /// An adapter whose sessions are not open yet.
@@ -142,6 +148,7 @@ impl WarmAdapter {
             prefix,
             filling: AtomicBool::new(false),
             ready: AtomicUsize::new(0),
+            masked_failed: Mutex::new(None),
         })
     }
 
@@ -343,7 +350,10 @@ impl WarmAdapter {
             .state
             .try_lock()
             .is_ok_and(|s| matches!(&*s, Warm::Open(o) if o.masked.is_none()));
-        if unopened && self.queue.is_idle() {
+        let failed = self.masked_failed.lock().unwrap_or_else(|p| p.into_inner());
+        let retry = failed.is_none_or(|at| at.elapsed() >= MASKED_RETRY);
+        drop(failed);
+        if unopened && retry && self.queue.is_idle() {
             let t0 = Instant::now();
             match cipherlora_private::remote::open_masked(
                 self.settings.client.clone(),
@@ -360,7 +370,9 @@ impl WarmAdapter {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(adapter = %self.id, error = %e, "masked session not opened");
+                    tracing::warn!(adapter = %self.id, error = %e, "masked session not opened; retrying in 10 minutes");
+                    *self.masked_failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Instant::now());
                     return 0;
                 }
             }

@@ -194,9 +194,12 @@ impl MaskPool {
         Ok(out)
     }
 
-    /// The byte budget.
-    pub fn budget(&self) -> usize {
-        self.budget
+    /// Forgets every batch, reserved or ready; batch numbers go on from where they were, so
+    /// the server never sees one twice.
+    pub fn clear(&mut self) {
+        self.pending.clear();
+        self.ready.clear();
+        self.bytes = 0;
     }
 
     /// Bytes held, reserved batches included.
@@ -266,8 +269,14 @@ mod tests {
         ));
         pool.abandon(KEY, a.batch);
         assert_eq!(pool.bytes(), one);
-        pool.reserve(KEY, 4, 8, 10).unwrap();
+        let c = pool.reserve(KEY, 4, 8, 10).unwrap();
         assert_eq!(pool.reserve(KEY, 0, 8, 10), Err(MaskError::EmptyBatch));
         assert_eq!(pool.available(KEY), 0, "reserved batches are not ready");
+        pool.clear();
+        assert_eq!(pool.bytes(), 0);
+        assert!(
+            pool.reserve(KEY, 4, 8, 10).unwrap().batch > c.batch,
+            "numbers never repeat"
+        );
     }
 }

@@ -239,7 +239,7 @@ impl MaskedClient {
     /// Forgets every pooled mask (after the server refused one: a reopened session keeps none
     /// of the old session's masks).
     pub fn clear(&mut self) {
-        self.pool = MaskPool::new(self.pool.budget());
+        self.pool.clear();
     }
 
     /// Bytes the pools hold.
