@@ -233,10 +233,18 @@ impl RingProjection {
         Ok(top_bits(&self.product(masked)?, server_mask, self.shift))
     }
 
+    /// What the client needs to encode its inputs and decode the products.
+    pub fn public(&self) -> RingPublic {
+        RingPublic {
+            input_bits: self.input_bits,
+            scale_log2: self.scale_log2,
+            shift: self.shift,
+        }
+    }
+
     /// The delta values of unmasked `z = M̂·x̂` for an input encoded with `exponent`.
     pub fn decode(&self, z: &[i64], exponent: i32) -> Vec<f32> {
-        let unit = 2f64.powi(exponent - self.scale_log2);
-        z.iter().map(|&v| (v as f64 * unit) as f32).collect()
+        self.public().decode(z, exponent)
     }
 }
 
