@@ -73,6 +73,8 @@ pub struct ChatBenchOptions {
     /// Prefill spans to compare (`SpecConfig::prefill_span`; 32, the
     /// prefill width: one padded request per pass).
     pub spans: Vec<usize>,
+    /// Prefill widths to compare (positions per prefill request, the prefill session's width).
+    pub prefill_widths: Vec<usize>,
     /// Also time one cold prompt of about this many tokens (the document
     /// repeated) after the chat; 0: none.
     pub cold_tokens: usize,
@@ -100,6 +102,9 @@ pub struct ChatTurn {
     pub cache_mib: Option<usize>,
     /// Prefill span (`SpecConfig::prefill_span`).
     pub span: usize,
+    /// Positions per prefill request.
+    #[serde(default = "default_prefill_width")]
+    pub prefill_width: usize,
     /// Verify schedule the endpoint ran.
     #[serde(default = "auto")]
     pub schedule: String,
@@ -162,6 +167,9 @@ pub struct SessionsOpened {
     pub cache_mib: Option<usize>,
     /// Prefill span.
     pub span: usize,
+    /// Positions per prefill request.
+    #[serde(default = "default_prefill_width")]
+    pub prefill_width: usize,
     /// Verify schedule.
     #[serde(default = "auto")]
     pub schedule: String,
@@ -237,7 +245,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                             trees: None,
                         },
                         acceptance_prior: None,
-                        prefill_width: 32,
+                        prefill_width: mode.prefill_width,
                         schedule: mode.schedule.clone(),
                         planning_link: Some(*link),
                         max_queue: 4,
@@ -254,6 +262,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     link: link_name.clone(),
                     cache_mib: mode.cache_mib,
                     span: mode.span,
+                    prefill_width: mode.prefill_width,
                     schedule: mode.schedule.clone(),
                     masked_mib: mode.masked_mib,
                     secs: t0.elapsed().as_secs_f64(),
@@ -285,10 +294,16 @@ fn auto() -> String {
     "auto".into()
 }
 
+/// The prefill width of reports written before it was an axis.
+fn default_prefill_width() -> usize {
+    32
+}
+
 /// How one endpoint was configured.
 struct Mode {
     cache_mib: Option<usize>,
     span: usize,
+    prefill_width: usize,
     schedule: String,
     masked_mib: Option<usize>,
 }
@@ -303,19 +318,22 @@ struct Label<'a> {
     mode: &'a Mode,
 }
 
-/// Every (prefix-cache budget, prefill span, schedule) to compare.
+/// Every (prefix-cache budget, prefill span and width, schedule, mask pool) to compare.
 fn modes(opts: &ChatBenchOptions) -> Vec<Mode> {
     let mut out = Vec::new();
     for &cache_mib in &opts.caches {
         for &span in &opts.spans {
-            for schedule in &opts.schedules {
-                for &masked_mib in &opts.masked {
-                    out.push(Mode {
-                        cache_mib,
-                        span,
-                        schedule: schedule.clone(),
-                        masked_mib,
-                    });
+            for &prefill_width in &opts.prefill_widths {
+                for schedule in &opts.schedules {
+                    for &masked_mib in &opts.masked {
+                        out.push(Mode {
+                            cache_mib,
+                            span,
+                            prefill_width,
+                            schedule: schedule.clone(),
+                            masked_mib,
+                        });
+                    }
                 }
             }
         }
@@ -409,11 +427,12 @@ async fn chat(
         answer.masks_ready = masks_ready;
         answer.idle_secs = idle_secs;
         eprintln!(
-            "{} {} cache {:?} span {} {} masked {:?} turn {turn}: {} prompt tokens ({} cached, {} masked of {} ready after {:.0} s idle), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
+            "{} {} cache {:?} span {} width {} {} masked {:?} turn {turn}: {} prompt tokens ({} cached, {} masked of {} ready after {:.0} s idle), TTFT {:.0} ms, {:.1} tok/s, {:.1}/{:.1} MB, {}",
             label.adapter,
             label.link,
             label.mode.cache_mib,
             label.mode.span,
+            label.mode.prefill_width,
             label.mode.schedule,
             label.mode.masked_mib,
             answer.prompt_tokens,
@@ -465,6 +484,7 @@ impl Answer {
             link: label.link.to_string(),
             cache_mib: label.mode.cache_mib,
             span: label.mode.span,
+            prefill_width: label.mode.prefill_width,
             schedule: label.mode.schedule.clone(),
             masked_mib: label.mode.masked_mib,
             masks_ready: self.masks_ready,
@@ -575,7 +595,10 @@ fn mode(s: &SessionsOpened) -> String {
     let masked = s
         .masked_mib
         .map_or(String::new(), |m| format!(", masked ring values ({m} MiB)"));
-    format!("{cache}, prefill span {}, {}{masked}", s.span, s.schedule)
+    format!(
+        "{cache}, prefill span {} and width {}, {}{masked}",
+        s.span, s.prefill_width, s.schedule
+    )
 }
 
 /// `290 / 190 (106 / 79)`: bits per value up and down, their floors.
@@ -619,6 +642,7 @@ fn markdown(r: &ChatReport) -> String {
                     t.link.as_str(),
                     t.cache_mib,
                     t.span,
+                    t.prefill_width,
                     &t.schedule,
                     t.masked_mib,
                 ) == (
@@ -626,6 +650,7 @@ fn markdown(r: &ChatReport) -> String {
                     link,
                     s.cache_mib,
                     s.span,
+                    s.prefill_width,
                     &s.schedule,
                     s.masked_mib,
                 )

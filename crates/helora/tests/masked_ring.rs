@@ -320,10 +320,21 @@ fn ledger_and_pool_run_two_batches_to_the_plaintext_deltas_each_mask_once() {
         // Six positions: all of the first batch and two of the second.
         let x = random_x(6, shape.d_in, seed);
         let rows = mine.online_request(&mut pool, key, &x).unwrap();
-        let response = theirs
-            .online(&mut ledger, key, &rows.refs, &rows.masked)
-            .unwrap();
-        let deltas = mine.deltas(&rows, &response).unwrap();
+        // Sent as two pipelined requests (4 + 2 rows), each answered and read on its own.
+        let parts = rows.clone().into_parts(4);
+        assert_eq!(
+            parts.iter().map(|p| p.refs.len()).collect::<Vec<_>>(),
+            [4, 2]
+        );
+        let mut deltas = vec![Vec::new(); shape.d_outs.len()];
+        for part in &parts {
+            let response = theirs
+                .online(&mut ledger, key, &part.refs, &part.masked)
+                .unwrap();
+            for (all, d) in deltas.iter_mut().zip(mine.deltas(part, &response).unwrap()) {
+                all.extend(d);
+            }
+        }
         for (j, (got, want)) in deltas.iter().zip(reference(&adapter, &x)).enumerate() {
             let max = want.iter().fold(0f64, |m, v| m.max(v.abs()));
             let err = got

@@ -203,7 +203,9 @@ fn grpc_masked_session_gives_the_plaintext_adapted_answer_and_refuses_a_used_mas
     let (masked, mut transport) =
         cipherlora_private::remote::open_masked(client, adapter, BATCH, 64 << 20, model.config())
             .unwrap();
-    let prompt = tok.encode(PROMPTS[1]).unwrap();
+    // Longer than one online request: each group's rows go out as pipelined requests.
+    let prompt = tok.encode(&PROMPTS[1..4].concat()).unwrap();
+    assert!(prompt.len() > cipherlora_private::client::masked::ROWS_PER_REQUEST);
     let want = plaintext_reference(&model, &tok, &plain, &prompt, TOKENS);
     let mut masked = masked;
     masked.fill(&mut transport, prompt.len() + 1).unwrap();

@@ -337,6 +337,9 @@ pub struct ChatBenchArgs {
     /// one padded request per prefill pass, no pipelining).
     #[arg(long, value_delimiter = ',', default_value = "512")]
     spans: Vec<usize>,
+    /// Prefill widths to compare (positions per prefill request), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    prefill_widths: Vec<usize>,
     /// After the chat, time one cold prompt of about this many tokens (0: none).
     #[arg(long, default_value_t = 0)]
     cold_tokens: usize,
@@ -394,6 +397,7 @@ impl ChatBenchArgs {
             max_tokens: self.max_tokens,
             caches,
             spans: self.spans,
+            prefill_widths: self.prefill_widths,
             cold_tokens: self.cold_tokens,
             schedules: self.schedules,
             pin: !self.no_pin,

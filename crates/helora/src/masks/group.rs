@@ -155,6 +155,29 @@ pub struct OnlineRows {
     kept: Vec<Vec<u32>>,
 }
 
+impl OnlineRows {
+    /// Cuts the rows into consecutive parts of at most `rows` rows each (at least one row per
+    /// part), each its own request: a long pass goes out as pipelined requests whose transfers
+    /// and server work overlap.
+    #[must_use]
+    pub fn into_parts(self, rows: usize) -> Vec<OnlineRows> {
+        let rows = rows.max(1);
+        let width = self.masked.len() / self.refs.len().max(1);
+        let mut masked = self.masked.chunks(rows * width.max(1));
+        let mut exponents = self.exponents.chunks(rows);
+        let mut kept = self.kept.chunks(rows);
+        self.refs
+            .chunks(rows)
+            .map(|refs| OnlineRows {
+                refs: refs.to_vec(),
+                masked: masked.next().unwrap_or_default().to_vec(),
+                exponents: exponents.next().unwrap_or_default().to_vec(),
+                kept: kept.next().unwrap_or_default().to_vec(),
+            })
+            .collect()
+    }
+}
+
 /// The client's side of one group: the offline plan's slot layout and the ring's public
 /// parameters.
 #[derive(Debug, Clone)]

@@ -118,6 +118,10 @@ pub fn offline_keys(
     Ok((sk, keys))
 }
 
+/// Rows per online request: a longer pass goes out as several pipelined requests, so the link
+/// carries one while the server computes another.
+pub const ROWS_PER_REQUEST: usize = 32;
+
 /// The client's masked-ring state: the offline secret key and every group's pool.
 #[derive(Debug)]
 pub struct MaskedClient {
@@ -126,7 +130,6 @@ pub struct MaskedClient {
     groups: HashMap<(usize, ProjGroup), ClientGroup>,
     order: Vec<(usize, ProjGroup)>,
     pool: MaskPool,
-    round: u64,
     /// Column maps from the server's PEFT row layout to the model's.
     row_maps: HashMap<Proj, Vec<usize>>,
     /// Bytes of the offline requests and responses so far, `(up, down)`.
@@ -196,7 +199,6 @@ impl MaskedClient {
             groups,
             order,
             pool: MaskPool::new(budget),
-            round: 0,
             row_maps: HashMap::new(),
             offline_bytes: (0, 0),
             online_bytes: (0, 0),
@@ -308,9 +310,11 @@ impl MaskedClient {
         self.bfv.context().clone()
     }
 
-    /// The deltas of group `name` for `x` (T × d_in) through one online exchange. Errors:
+    /// The deltas of group `name` for `x` (T × d_in) through one online exchange: requests of
+    /// at most [`ROWS_PER_REQUEST`] rows, all sent before the first reply is awaited, so their
+    /// uploads, the server's work and the downloads overlap. Errors:
     /// [`PrivateError::UnknownGroup`]; the pool's (no masks taken), the transport's, the
-    /// response's shape.
+    /// responses' shape (every reply in flight is drained first).
     fn deltas<T: Transport>(
         &mut self,
         transport: &mut T,
@@ -326,15 +330,47 @@ impl MaskedClient {
             .flatten_all()
             .and_then(|v| v.to_vec1())
             .map_err(ModelError::from)?;
-        let rows = g.group.online_request(&mut self.pool, g.key, &xs)?;
-        self.round += 1;
-        let req = masked_request(&self.to, self.round, g.key, &rows.refs, &rows.masked);
-        let resp = transport.round(&req)?.response;
-        self.online_bytes.0 += req.encoded_len() as u64;
-        self.online_bytes.1 += resp.encoded_len() as u64;
-        let count = t * g.group.kept_width();
-        let values = read_masked_response(&req, &resp, count)?;
-        let deltas = g.group.deltas(&rows, &values)?;
+        let parts = g
+            .group
+            .online_request(&mut self.pool, g.key, &xs)?
+            .into_parts(ROWS_PER_REQUEST);
+        let mut in_flight = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let round = transport.open_round();
+            let req = masked_request(&self.to, round, g.key, &part.refs, &part.masked);
+            self.online_bytes.0 += req.encoded_len() as u64;
+            let answered = transport.send(round, &req);
+            in_flight.push((round, req, answered));
+        }
+        let mut deltas: Vec<Vec<f32>> = vec![Vec::new(); g.projections.len()];
+        let mut failed = None;
+        for ((round, req, answered), part) in in_flight.into_iter().zip(&parts) {
+            let reply = match answered {
+                Ok(Some(reply)) => Ok(reply),
+                Ok(None) => transport.receive(round, req.layer, req.group),
+                Err(e) => Err(e),
+            };
+            let read = reply.and_then(|reply| {
+                self.online_bytes.1 += reply.response.encoded_len() as u64;
+                let count = part.refs.len() * g.group.kept_width();
+                let values = read_masked_response(&req, &reply.response, count)?;
+                Ok(g.group.deltas(part, &values)?)
+            });
+            match read {
+                Ok(part_deltas) if failed.is_none() => {
+                    for (all, d) in deltas.iter_mut().zip(part_deltas) {
+                        all.extend(d);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         let mut out = GroupDeltas::none();
         for (&p, d) in g.projections.iter().zip(deltas) {
             let d_out = d.len() / t;
