@@ -204,7 +204,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
     let tokenizer = Tokenizer::for_model(&opts.model)?;
     let mut report = ChatReport {
         settings: format!(
-            "{} turns, {} new tokens per answer, greedy, streamed, K auto, prefill width 32",
+            "{} turns, {} new tokens per answer, greedy, streamed, K auto",
             TURNS.len(),
             opts.max_tokens
         ),
