@@ -87,6 +87,14 @@ fn a_prompt_the_pools_cover_runs_masked_and_every_answer_is_the_plaintext_one() 
         )
         .unwrap();
         assert_eq!(text, tokenizer.decode(&want.tokens).unwrap(), "{prompt:?}");
+        let wire = done.cost.wire_prefill;
+        if done.cost.masked_tokens > 0 {
+            // Masked values: 60 bits up and 32 down, plus the refs and framing.
+            let up = wire.bits_up.unwrap();
+            let down = wire.bits_down.unwrap();
+            assert!((60.0..66.0).contains(&up), "{wire:?}");
+            assert!((32.0..34.0).contains(&down), "{wire:?}");
+        }
         (job.prompt.len() as u64, done.cost.masked_tokens)
     };
 

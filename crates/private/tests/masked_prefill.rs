@@ -95,6 +95,14 @@ fn run(adapter: &str, kind: LoraKind) {
     let positions = (prompt.len() + masked_passes - 1) as f64;
     let (up_values, down_values) = values_per_position(&groups);
     assert_eq!(client.online_bytes, transport.online_bytes);
+    assert_eq!(
+        client.online_values,
+        (
+            (positions * up_values) as u64,
+            (positions * down_values) as u64
+        ),
+        "{adapter}: values counted"
+    );
     let (up, down) = transport.online_bytes;
     let bits_up = up as f64 * 8.0 / (positions * up_values);
     let bits_down = down as f64 * 8.0 / (positions * down_values);

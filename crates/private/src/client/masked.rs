@@ -136,6 +136,9 @@ pub struct MaskedClient {
     pub offline_bytes: (u64, u64),
     /// Bytes of the online requests and responses so far, `(up, down)`.
     pub online_bytes: (u64, u64),
+    /// Values the online requests carried (LoRA inputs) and their responses returned (deltas)
+    /// so far, `(up, down)`: bits per value are bytes · 8 over these.
+    pub online_values: (u64, u64),
 }
 
 /// The model-side name of a wire group key.
@@ -202,6 +205,7 @@ impl MaskedClient {
             row_maps: HashMap::new(),
             offline_bytes: (0, 0),
             online_bytes: (0, 0),
+            online_values: (0, 0),
         })
     }
 
@@ -339,6 +343,7 @@ impl MaskedClient {
             let round = transport.open_round();
             let req = masked_request(&self.to, round, g.key, &part.refs, &part.masked);
             self.online_bytes.0 += req.encoded_len() as u64;
+            self.online_values.0 += (part.refs.len() * g.group.width()) as u64;
             let answered = transport.send(round, &req);
             in_flight.push((round, req, answered));
         }
@@ -354,6 +359,7 @@ impl MaskedClient {
                 self.online_bytes.1 += reply.response.encoded_len() as u64;
                 let count = part.refs.len() * g.group.kept_width();
                 let values = read_masked_response(&req, &reply.response, count)?;
+                self.online_values.1 += count as u64;
                 Ok(g.group.deltas(part, &values)?)
             });
             match read {
