@@ -22,7 +22,7 @@ use std::time::Instant;
 use cipherlora_model::{
     ChatMessage, LoadOptions, Model, NoAdapter, SamplingParams, TextStream, Tokenizer, WeightMode,
 };
-use cipherlora_private::client::masked::{MaskedClient, MaskedHook};
+use cipherlora_private::client::masked::MaskedHook;
 use cipherlora_private::{HeTimings, WireDensity};
 use cipherlora_service::{AdapterClient, ClientConfig};
 use cipherlora_speculative::SpecError;
@@ -345,10 +345,7 @@ impl Engine {
                 let cached = adapter
                     .take_context(&job.prompt, &cfg.effective_schedule())
                     .map(|hit| hit.context);
-                let masked_before = open
-                    .masked
-                    .as_ref()
-                    .map(|m| (m.client.online_bytes, m.client.online_values));
+                let masked_before = open.masked.as_ref().map(|m| m.client.online.clone());
                 let mut masked_positions = 0;
                 let result = match open.masked.as_mut() {
                     // The prompt's passes on pooled masks when every group has enough.
@@ -381,7 +378,7 @@ impl Engine {
                 let mut he = open.hook.timings();
                 he.subtract(&before);
                 if let (Some(m), Some(before)) = (open.masked.as_ref(), masked_before) {
-                    add_masked(&mut he, &m.client, before);
+                    he.add(&m.client.online.without(&before));
                     adapter.note_masks(m.client.ready());
                 }
                 let decode = open.hook.timings_since_prefill();
@@ -478,25 +475,6 @@ fn list_adapters(config: &ClientConfig) -> Result<Vec<String>, ApiError> {
     let mut client = AdapterClient::connect(config.clone()).map_err(ApiError::upstream)?;
     let list = client.list_adapters().map_err(ApiError::upstream)?;
     Ok(list.into_iter().map(|a| a.adapter_id).collect())
-}
-
-/// Adds `client`'s online traffic since `(bytes, values)` to `he`. A masked value fills what
-/// carries it (60 bits up, 32 down), so its capacity is its count.
-fn add_masked(
-    he: &mut HeTimings,
-    client: &MaskedClient,
-    (bytes, values): ((u64, u64), (u64, u64)),
-) {
-    let (up, down) = (
-        client.online_values.0 - values.0,
-        client.online_values.1 - values.1,
-    );
-    he.bytes_up += client.online_bytes.0 - bytes.0;
-    he.bytes_down += client.online_bytes.1 - bytes.1;
-    he.values_up += up;
-    he.values_down += down;
-    he.capacity_up += up;
-    he.capacity_down += down;
 }
 
 /// `he`: the request's HE traffic; `decode`: its part after the prompt's

@@ -94,9 +94,10 @@ fn run(adapter: &str, kind: LoraKind) {
     // (a few bytes; FFA rows are only Σr values long) and each request's header.
     let positions = (prompt.len() + masked_passes - 1) as f64;
     let (up_values, down_values) = values_per_position(&groups);
-    assert_eq!(client.online_bytes, transport.online_bytes);
+    let online = &client.online;
+    assert_eq!((online.bytes_up, online.bytes_down), transport.online_bytes);
     assert_eq!(
-        client.online_values,
+        (online.values_up, online.values_down),
         (
             (positions * up_values) as u64,
             (positions * down_values) as u64

@@ -24,7 +24,7 @@ use cipherlora_proto::v1::GroupRequest;
 use prost::Message;
 
 use crate::PrivateError;
-use crate::client::{Reply, Transport};
+use crate::client::{HeTimings, Reply, Transport};
 use crate::protocol::masked::{
     Addressed, check_response, masked_request, offline_request, read_masked_response,
 };
@@ -134,11 +134,10 @@ pub struct MaskedClient {
     row_maps: HashMap<Proj, Vec<usize>>,
     /// Bytes of the offline requests and responses so far, `(up, down)`.
     pub offline_bytes: (u64, u64),
-    /// Bytes of the online requests and responses so far, `(up, down)`.
-    pub online_bytes: (u64, u64),
-    /// Values the online requests carried (LoRA inputs) and their responses returned (deltas)
-    /// so far, `(up, down)`: bits per value are bytes · 8 over these.
-    pub online_values: (u64, u64),
+    /// The online exchanges' traffic so far: bytes, values carried (LoRA inputs up, deltas
+    /// down) and capacity, which equals the values (a masked value fills what carries it). The
+    /// timing fields stay zero.
+    pub online: HeTimings,
 }
 
 /// The model-side name of a wire group key.
@@ -204,8 +203,7 @@ impl MaskedClient {
             pool: MaskPool::new(budget),
             row_maps: HashMap::new(),
             offline_bytes: (0, 0),
-            online_bytes: (0, 0),
-            online_values: (0, 0),
+            online: HeTimings::default(),
         })
     }
 
@@ -342,8 +340,10 @@ impl MaskedClient {
         for part in &parts {
             let round = transport.open_round();
             let req = masked_request(&self.to, round, g.key, &part.refs, &part.masked);
-            self.online_bytes.0 += req.encoded_len() as u64;
-            self.online_values.0 += (part.refs.len() * g.group.width()) as u64;
+            let values = (part.refs.len() * g.group.width()) as u64;
+            self.online.bytes_up += req.encoded_len() as u64;
+            self.online.values_up += values;
+            self.online.capacity_up += values;
             let answered = transport.send(round, &req);
             in_flight.push((round, req, answered));
         }
@@ -356,10 +356,11 @@ impl MaskedClient {
                 Err(e) => Err(e),
             };
             let read = reply.and_then(|reply| {
-                self.online_bytes.1 += reply.response.encoded_len() as u64;
+                self.online.bytes_down += reply.response.encoded_len() as u64;
                 let count = part.refs.len() * g.group.kept_width();
                 let values = read_masked_response(&req, &reply.response, count)?;
-                self.online_values.1 += count as u64;
+                self.online.values_down += count as u64;
+                self.online.capacity_down += count as u64;
                 Ok(g.group.deltas(part, &values)?)
             });
             match read {
