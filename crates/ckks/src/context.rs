@@ -224,6 +224,11 @@ impl Context {
     /// `lhs ← lhs · rhs · N^{-1}` modulo prime `i` (the plain product for N-scaled `rhs`).
     #[inline]
     pub(crate) fn mul_scaled(&self, i: usize, lhs: &mut [u64], rhs_scaled: &[u64]) {
+        if let Some(k) = &self.lazy[i]
+            && k.mul_assign(lhs, rhs_scaled)
+        {
+            return;
+        }
         self.plans[i].mul_assign_normalize(lhs, rhs_scaled);
     }
 

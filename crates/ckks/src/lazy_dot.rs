@@ -1,6 +1,10 @@
 //! Many-term modular dot products with lazy reduction (BSGS giant steps, key switching): AVX-512
-//! IFMA accumulation, one Montgomery reduction and one Shoup multiplication every [`CHUNK`] terms,
-//! or a portable path. Bounds: docs/design/code-notes.md, "ckks: lazy_dot".
+//! IFMA accumulation, one Montgomery reduction and one Shoup multiplication every [`CHUNK`] terms;
+//! on CPUs without IFMA, AVX2 + FMA products in doubles ([`fma`]); or a portable path. Bounds:
+//! docs/design/code-notes.md, "ckks: lazy_dot".
+
+#[cfg(target_arch = "x86_64")]
+mod fma;
 
 /// Terms summed in registers between two reductions (see the module docs' bounds).
 pub(crate) const CHUNK: usize = 8;
@@ -83,9 +87,9 @@ fn pow_mod(b: u64, mut e: u64, p: u64) -> u64 {
 }
 
 impl LazyDot {
-    /// The kernel for prime `p`, or `None` (`p ≥ 2^50`, or no IFMA).
+    /// The kernel for prime `p`, or `None` (`p ≥ 2^50`, or neither IFMA nor AVX2 + FMA).
     pub(crate) fn new(p: u64, n: usize) -> Option<Self> {
-        if !(3..1 << 50).contains(&p) || !ifma_available() {
+        if !(3..1 << 50).contains(&p) || !(ifma_available() || fma_available()) {
             return None;
         }
         Some(Self::for_prime(p, n))
@@ -113,14 +117,35 @@ impl LazyDot {
     /// of 8.
     pub(crate) fn dot2(&self, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(simd) = Ifma::try_new() {
-            simd.vectorize(
-                #[inline(always)]
-                || dot2_ifma(simd, self, terms, out0, out1),
-            );
-            return;
+        {
+            if let Some(simd) = Ifma::try_new() {
+                simd.vectorize(
+                    #[inline(always)]
+                    || dot2_ifma(simd, self, terms, out0, out1),
+                );
+                return;
+            }
+            if fma::dot2(self, terms, out0, out1) {
+                return;
+            }
         }
-        // Only tests reach this scalar path on CPUs without IFMA.
+        self.dot2_scalar(terms, out0, out1);
+    }
+
+    /// `lhs ← lhs·rhs·N^{-1}` mod p with the AVX2 + FMA kernel, where it is the best this CPU
+    /// has (no IFMA); `false` (nothing done) otherwise. Lengths a multiple of 4.
+    pub(crate) fn mul_assign(&self, lhs: &mut [u64], rhs: &[u64]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if !ifma_available() {
+            return fma::mul_assign(self, lhs, rhs);
+        }
+        let _ = (lhs, rhs);
+        false
+    }
+
+    /// [`Self::dot2`] in `u128` arithmetic: CPUs with neither kernel (only tests reach it there,
+    /// since [`Self::new`] refuses them).
+    fn dot2_scalar(&self, terms: &[Term<'_>], out0: &mut [u64], out1: &mut [u64]) {
         let p = self.p as u128;
         let f = self.n_inv as u128;
         for (k, out) in [out0, out1].into_iter().enumerate() {
@@ -141,6 +166,18 @@ pulp::simd_type! {
     struct Ifma {
         pub avx512f: "avx512f",
         pub avx512ifma: "avx512ifma",
+    }
+}
+
+/// Whether this CPU runs the AVX2 + FMA kernel.
+fn fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        fma::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -259,11 +296,11 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
-        /// The kernel equals `u128` arithmetic, worst-case residues included.
+        /// Every kernel equals `u128` arithmetic, worst-case residues included.
         #[test]
         fn dot2_matches_u128_reference(
-            bits in prop::sample::select(vec![36u32, 40, 45, 49, 50]),
-            terms in 0usize..=20,
+            bits in prop::sample::select(vec![30u32, 36, 40, 45, 49, 50]),
+            terms in 0usize..=40,
             extreme in any::<bool>(),
             seed in any::<u64>(),
         ) {
@@ -284,15 +321,55 @@ mod tests {
                 .map(|k| Term { x0: &x0[k], w0: &w0[k], x1: &x1[k], w1: &w1[k] })
                 .collect();
             let k = LazyDot::for_prime(p, 8192);
-            let (mut o0, mut o1) = (vec![7u64; n], vec![7u64; n]);
-            k.dot2(&ts, &mut o0, &mut o1);
             let (r0, r1) = if terms == 0 {
                 (vec![0; n], vec![0; n])
             } else {
                 (reference(p, 8192, &x0, &w0), reference(p, 8192, &x1, &w1))
             };
-            prop_assert_eq!(o0, r0);
-            prop_assert_eq!(o1, r1);
+            // The dispatched kernel, the AVX2 + FMA one where this CPU has it, the portable one.
+            type Kernel<'k> = Box<dyn Fn(&mut [u64], &mut [u64]) -> bool + 'k>;
+            let mut kernels: Vec<Kernel<'_>> = vec![
+                Box::new(|o0, o1| { k.dot2(&ts, o0, o1); true }),
+                Box::new(|o0, o1| { k.dot2_scalar(&ts, o0, o1); true }),
+            ];
+            #[cfg(target_arch = "x86_64")]
+            kernels.push(Box::new(|o0, o1| fma::dot2(&k, &ts, o0, o1)));
+            for kernel in &kernels {
+                let (mut o0, mut o1) = (vec![7u64; n], vec![7u64; n]);
+                if kernel(&mut o0, &mut o1) {
+                    prop_assert_eq!(&o0, &r0);
+                    prop_assert_eq!(&o1, &r1);
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// The element-wise product `x·w·N^{-1}` equals `u128` arithmetic where it runs.
+        #[test]
+        fn mul_assign_matches_u128_reference(
+            bits in prop::sample::select(vec![30u32, 40, 49, 50]),
+            extreme in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let n = 64usize;
+            let p = prime_below(bits, 8192);
+            let mut s = seed | 1;
+            let mut rnd = move || {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                if extreme { p - 1 - (s % 2) } else { s % p }
+            };
+            let x: Vec<u64> = (0..n).map(|_| rnd()).collect();
+            let w: Vec<u64> = (0..n).map(|_| rnd()).collect();
+            let want = reference(p, 8192, std::slice::from_ref(&x), std::slice::from_ref(&w));
+            let mut got = x.clone();
+            if LazyDot::for_prime(p, 8192).mul_assign(&mut got, &w) {
+                prop_assert_eq!(got, want);
+            }
         }
     }
 
