@@ -38,6 +38,9 @@ pub struct Context {
     exp_idx: Vec<u32>,
     /// The many-term dot-product kernel per prime, where it runs (`None`: tfhe-ntt path).
     lazy: Vec<Option<LazyDot>>,
+    /// Per prime, the AVX2 + FMA NTT on CPUs without IFMA (same outputs as `plans`).
+    #[cfg(target_arch = "x86_64")]
+    fma_ntt: Vec<Option<crate::fma::ntt::Ntt>>,
     /// One limb of zeros (the absent half of a one-sided [`Term`]).
     pub(crate) zero_limb: Vec<u64>,
     /// Reusable buffers for public polynomials.
@@ -130,6 +133,8 @@ impl Context {
         for (j, &e) in ntt_exp.iter().enumerate() {
             exp_idx[e as usize] = j as u32;
         }
+        #[cfg(target_arch = "x86_64")]
+        let fma_ntt = fma_ntts(&plans, &all, n);
         Ok(Arc::new(Self {
             digest: params.digest(),
             params,
@@ -147,6 +152,8 @@ impl Context {
             ntt_exp,
             exp_idx,
             lazy: all.iter().map(|&q| LazyDot::new(q, n)).collect(),
+            #[cfg(target_arch = "x86_64")]
+            fma_ntt,
             zero_limb: vec![0; n],
             pool: BufferPool::default(),
         }))
@@ -205,12 +212,22 @@ impl Context {
     /// Forward negacyclic NTT modulo prime `i` (tfhe-ntt's bit-reversed order).
     #[inline]
     pub(crate) fn fwd(&self, i: usize, buf: &mut [u64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(ntt) = &self.fma_ntt[i] {
+            ntt.forward(buf);
+            return;
+        }
         self.plans[i].fwd(buf);
     }
 
     /// Inverse NTT (evaluations → coefficients) modulo prime `i`.
     #[inline]
     pub(crate) fn inv(&self, i: usize, buf: &mut [u64]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(ntt) = &self.fma_ntt[i] {
+            ntt.inverse(buf);
+            return;
+        }
         self.plans[i].inv(buf);
         self.plans[i].normalize(buf);
     }
@@ -335,4 +352,23 @@ impl Context {
             .map(|&e| self.exp_idx[((e as u64 * g) % two_n) as usize])
             .collect()
     }
+}
+
+/// The AVX2 + FMA NTTs, where the CPU has AVX2 and FMA but not IFMA (tfhe-ntt's IFMA transforms
+/// are faster); each with its plan's root, read off the plan's transform of `X`.
+#[cfg(target_arch = "x86_64")]
+fn fma_ntts(plans: &[Plan], primes: &[u64], n: usize) -> Vec<Option<crate::fma::ntt::Ntt>> {
+    plans
+        .iter()
+        .zip(primes)
+        .map(|(plan, &p)| {
+            if crate::lazy_dot::ifma_available() || n < 2 {
+                return None;
+            }
+            let mut x = vec![0u64; n];
+            x[1] = 1;
+            plan.fwd(&mut x);
+            crate::fma::ntt::Ntt::new(p, n, x[0])
+        })
+        .collect()
 }

@@ -33,6 +33,8 @@ pub mod encoder;
 pub mod encrypt;
 pub mod error;
 pub mod evaluator;
+#[cfg(target_arch = "x86_64")]
+mod fma;
 pub mod hoisting;
 pub mod keys;
 mod keyswitch;
