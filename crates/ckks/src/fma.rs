@@ -1,10 +1,9 @@
 //! Modular arithmetic in AVX2 + FMA doubles, for CPUs without AVX-512 IFMA: residues modulo a
 //! prime `p < 2^50` held as exact `f64` integers, each product reduced by a floating-point
 //! quotient (Shoup's trick in doubles, as in NTL's `MulMod` and FLINT's `n_mulmod_precomp`).
-//! Kernels: the lazy dot product ([`dot`]) and the negacyclic NTT ([`ntt`]). Bounds:
-//! docs/design/code-notes.md, "ckks: fma".
+//! Used by the negacyclic NTT ([`ntt`]) and the lazy dot product (`lazy_dot`'s `fma` kernels).
+//! Bounds: docs/design/code-notes.md, "ckks: fma".
 
-pub(crate) mod dot;
 pub(crate) mod ntt;
 
 use pulp::x86::V3;
@@ -26,20 +25,20 @@ pub(crate) fn available() -> bool {
 
 /// The constants and steps of the kernels for one prime, four lanes at a time.
 #[derive(Clone, Copy)]
-struct Ops {
-    simd: V3,
+pub(crate) struct Ops {
+    pub(crate) simd: V3,
     two52_bits: __m256i,
     two52: __m256d,
     magic: __m256d,
     magic_bits: __m256i,
     p: __m256d,
     p_inv: __m256d,
-    zero: __m256d,
+    pub(crate) zero: __m256d,
 }
 
 impl Ops {
     #[inline(always)]
-    fn new(simd: V3, p: u64) -> Self {
+    pub(crate) fn new(simd: V3, p: u64) -> Self {
         let avx = simd.avx;
         Self {
             simd,
@@ -55,7 +54,7 @@ impl Ops {
 
     /// A residue `x < 2^52` as the double `x`, exactly.
     #[inline(always)]
-    fn exact_f64(&self, x: __m256i) -> __m256d {
+    pub(crate) fn exact_f64(&self, x: __m256i) -> __m256d {
         let avx = self.simd.avx;
         let bits = self.simd.avx2._mm256_or_si256(x, self.two52_bits);
         avx._mm256_sub_pd(avx._mm256_castsi256_pd(bits), self.two52)
@@ -63,20 +62,20 @@ impl Ops {
 
     /// `a + b` (exact for the integer sums the kernels form, below 2^53).
     #[inline(always)]
-    fn add(&self, a: __m256d, b: __m256d) -> __m256d {
+    pub(crate) fn add(&self, a: __m256d, b: __m256d) -> __m256d {
         self.simd.avx._mm256_add_pd(a, b)
     }
 
     /// `a − b` (exact for the integer differences the kernels form, below 2^53).
     #[inline(always)]
-    fn sub(&self, a: __m256d, b: __m256d) -> __m256d {
+    pub(crate) fn sub(&self, a: __m256d, b: __m256d) -> __m256d {
         self.simd.avx._mm256_sub_pd(a, b)
     }
 
     /// `x·w − q·p` for a quotient `q` near `x·w/p`: exact for integers `|x| < 4p`, `0 ≤ w < p`,
     /// `p < 2^50`, and at most `p/2 + 3|x|/8` in magnitude (below 0.9·p when `|x| < p`).
     #[inline(always)]
-    fn mul_reduce(&self, x: __m256d, w: __m256d) -> __m256d {
+    pub(crate) fn mul_reduce(&self, x: __m256d, w: __m256d) -> __m256d {
         let (avx, fma) = (self.simd.avx, self.simd.fma);
         let h = avx._mm256_mul_pd(x, w);
         let l = fma._mm256_fmsub_pd(x, w, h);
@@ -86,7 +85,7 @@ impl Ops {
 
     /// `s − q·p` for an integer `|s| < 2^53`: exact, at most about p/2 in magnitude.
     #[inline(always)]
-    fn reduce(&self, s: __m256d) -> __m256d {
+    pub(crate) fn reduce(&self, s: __m256d) -> __m256d {
         let (avx, fma) = (self.simd.avx, self.simd.fma);
         let q = avx._mm256_round_pd::<NEAREST>(avx._mm256_mul_pd(s, self.p_inv));
         fma._mm256_fnmadd_pd(q, self.p, s)
@@ -94,7 +93,7 @@ impl Ops {
 
     /// An integer `|r| < p` as its residue in `[0, p)`.
     #[inline(always)]
-    fn canonical(&self, r: __m256d) -> __m256i {
+    pub(crate) fn canonical(&self, r: __m256d) -> __m256i {
         let avx = self.simd.avx;
         let negative = avx._mm256_cmp_pd::<LESS>(r, self.zero);
         let r = avx._mm256_add_pd(r, avx._mm256_and_pd(negative, self.p));

@@ -1,10 +1,10 @@
 //! Many-term modular dot products with lazy reduction (BSGS giant steps, key switching): AVX-512
 //! IFMA accumulation, one Montgomery reduction and one Shoup multiplication every [`CHUNK`] terms;
-//! on CPUs without IFMA, AVX2 + FMA products in doubles ([`crate::fma::dot`]); or a portable path.
-//! Bounds: docs/design/code-notes.md, "ckks: lazy_dot".
+//! on CPUs without IFMA, AVX2 + FMA products in doubles ([`fma`]); or a portable path. Bounds:
+//! docs/design/code-notes.md, "ckks: lazy_dot".
 
 #[cfg(target_arch = "x86_64")]
-use crate::fma;
+mod fma;
 
 /// Terms summed in registers between two reductions (see the module docs' bounds).
 pub(crate) const CHUNK: usize = 8;
@@ -125,7 +125,7 @@ impl LazyDot {
                 );
                 return;
             }
-            if fma::dot::dot2(self, terms, out0, out1) {
+            if fma::dot2(self, terms, out0, out1) {
                 return;
             }
         }
@@ -137,7 +137,7 @@ impl LazyDot {
     pub(crate) fn mul_assign(&self, lhs: &mut [u64], rhs: &[u64]) -> bool {
         #[cfg(target_arch = "x86_64")]
         if !ifma_available() {
-            return fma::dot::mul_assign(self, lhs, rhs);
+            return fma::mul_assign(self, lhs, rhs);
         }
         let _ = (lhs, rhs);
         false
@@ -173,7 +173,7 @@ pulp::simd_type! {
 fn fma_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        fma::available()
+        crate::fma::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -333,7 +333,7 @@ mod tests {
                 Box::new(|o0, o1| { k.dot2_scalar(&ts, o0, o1); true }),
             ];
             #[cfg(target_arch = "x86_64")]
-            kernels.push(Box::new(|o0, o1| fma::dot::dot2(&k, &ts, o0, o1)));
+            kernels.push(Box::new(|o0, o1| fma::dot2(&k, &ts, o0, o1)));
             for kernel in &kernels {
                 let (mut o0, mut o1) = (vec![7u64; n], vec![7u64; n]);
                 if kernel(&mut o0, &mut o1) {

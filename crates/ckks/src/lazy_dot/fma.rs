@@ -1,8 +1,8 @@
-//! The AVX2 + FMA kernels of [`LazyDot`]: [`CHUNK`] reduced products summed exactly before one
-//! more reduction.
+//! The AVX2 + FMA kernels of [`LazyDot`] ([`crate::fma`]'s exact doubles): [`CHUNK`] reduced
+//! products summed exactly before one more reduction.
 
-use super::Ops;
-use crate::lazy_dot::{CHUNK, LazyDot, Term};
+use super::{CHUNK, LazyDot, Term};
+use crate::fma::Ops;
 use pulp::x86::V3;
 use pulp::{as_arrays, as_arrays_mut, cast};
 
@@ -12,9 +12,11 @@ pub(crate) fn dot2(k: &LazyDot, terms: &[Term<'_>], out0: &mut [u64], out1: &mut
     let Some(simd) = V3::try_new() else {
         return false;
     };
+    // `move` and consumed captures: an `FnOnce`-only closure inlines (see `fma::ntt`).
     simd.vectorize(
         #[inline(always)]
-        || {
+        move || {
+            let (out0, out1) = (out0, out1);
             let ops = Ops::new(simd, k.p);
             let n_inv = simd.avx._mm256_set1_pd(k.n_inv as f64);
             let load =
@@ -48,7 +50,8 @@ pub(crate) fn mul_assign(k: &LazyDot, lhs: &mut [u64], rhs: &[u64]) -> bool {
     };
     simd.vectorize(
         #[inline(always)]
-        || {
+        move || {
+            let lhs = lhs;
             let ops = Ops::new(simd, k.p);
             let n_inv = simd.avx._mm256_set1_pd(k.n_inv as f64);
             let (l, _) = as_arrays_mut::<4, u64>(lhs);
