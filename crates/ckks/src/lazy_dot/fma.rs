@@ -19,8 +19,6 @@ pub(crate) fn dot2(k: &LazyDot, terms: &[Term<'_>], out0: &mut [u64], out1: &mut
             let (out0, out1) = (out0, out1);
             let ops = Ops::new(simd, k.p);
             let n_inv = simd.avx._mm256_set1_pd(k.n_inv as f64);
-            let load =
-                |v: &[u64], i: usize| ops.exact_f64(cast(as_arrays::<4, u64>(&v[i..i + 4]).0[0]));
             let (o0, _) = as_arrays_mut::<4, u64>(out0);
             let (o1, _) = as_arrays_mut::<4, u64>(out1);
             for (v, (o0, o1)) in o0.iter_mut().zip(o1.iter_mut()).enumerate() {
@@ -28,8 +26,8 @@ pub(crate) fn dot2(k: &LazyDot, terms: &[Term<'_>], out0: &mut [u64], out1: &mut
                 let (mut s0, mut s1) = (ops.zero, ops.zero);
                 for chunk in terms.chunks(CHUNK) {
                     for t in chunk {
-                        s0 = ops.add(s0, ops.mul_reduce(load(t.x0, i), load(t.w0, i)));
-                        s1 = ops.add(s1, ops.mul_reduce(load(t.x1, i), load(t.w1, i)));
+                        s0 = ops.add(s0, ops.mul_reduce(load(&ops, t.x0, i), load(&ops, t.w0, i)));
+                        s1 = ops.add(s1, ops.mul_reduce(load(&ops, t.x1, i), load(&ops, t.w1, i)));
                     }
                     s0 = ops.reduce(s0);
                     s1 = ops.reduce(s1);
@@ -63,4 +61,11 @@ pub(crate) fn mul_assign(k: &LazyDot, lhs: &mut [u64], rhs: &[u64]) -> bool {
         },
     );
     true
+}
+
+/// Four residues from `v[i..i + 4]` as doubles. A function, not a closure, so that it inlines
+/// into the vectorized kernel at every optimisation level.
+#[inline(always)]
+fn load(ops: &Ops, v: &[u64], i: usize) -> std::arch::x86_64::__m256d {
+    ops.exact_f64(cast(as_arrays::<4, u64>(&v[i..i + 4]).0[0]))
 }
