@@ -293,6 +293,17 @@ mod tests {
             .collect()
     }
 
+    /// Residues modulo `p` from an xorshift stream (`extreme`: only `p − 1` and `p − 2`).
+    fn residues(p: u64, seed: u64, extreme: bool) -> impl FnMut() -> u64 {
+        let mut s = seed | 1;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if extreme { p - 1 - (s % 2) } else { s % p }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -306,13 +317,7 @@ mod tests {
         ) {
             let n = 64usize;
             let p = prime_below(bits, 8192);
-            let mut s = seed | 1;
-            let mut rnd = move || {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if extreme { p - 1 - (s % 2) } else { s % p }
-            };
+            let mut rnd = residues(p, seed, extreme);
             let mk = |rnd: &mut dyn FnMut() -> u64| -> Vec<Vec<u64>> {
                 (0..terms).map(|_| (0..n).map(|_| rnd()).collect()).collect()
             };
@@ -356,13 +361,7 @@ mod tests {
         ) {
             let n = 64usize;
             let p = prime_below(bits, 8192);
-            let mut s = seed | 1;
-            let mut rnd = move || {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                if extreme { p - 1 - (s % 2) } else { s % p }
-            };
+            let mut rnd = residues(p, seed, extreme);
             let x: Vec<u64> = (0..n).map(|_| rnd()).collect();
             let w: Vec<u64> = (0..n).map(|_| rnd()).collect();
             let want = reference(p, 8192, std::slice::from_ref(&x), std::slice::from_ref(&w));

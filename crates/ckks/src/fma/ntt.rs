@@ -7,6 +7,7 @@
 //! in the caller's `u64` buffer; the first pass converts the residues, the last one converts back.
 
 use super::Ops;
+use crate::modular::Modulus;
 use pulp::x86::V3;
 use pulp::{as_arrays, as_arrays_mut, cast};
 use std::arch::x86_64::__m256d;
@@ -59,20 +60,6 @@ pub(crate) struct Ntt {
     inv: Twiddles,
 }
 
-/// `b^e mod p`.
-fn pow_mod(b: u64, mut e: u64, p: u64) -> u64 {
-    let p = p as u128;
-    let (mut r, mut b) = (1u128, b as u128 % p);
-    while e > 0 {
-        if e & 1 == 1 {
-            r = r * b % p;
-        }
-        b = b * b % p;
-        e >>= 1;
-    }
-    r as u64
-}
-
 impl Ntt {
     /// The NTT for `p < 2^50` (prime, `p ≡ 1 mod 2n`), degree `n ≥ 16` (a power of two), and
     /// `psi`, the primitive 2n-th root whose odd powers the forward transform evaluates at
@@ -85,20 +72,21 @@ impl Ntt {
         }
         let bits = n.trailing_zeros();
         let rev = |k: usize| k.reverse_bits() >> (usize::BITS - bits);
-        let psi_inv = pow_mod(psi, p - 2, p);
+        let m = Modulus::new(p);
+        let psi_inv = m.inv(psi);
         let table = |root: u64| {
             let mut w = vec![0u64; n];
             let mut x = 1u64;
             for k in 0..n {
                 w[rev(k)] = x;
-                x = (x as u128 * root as u128 % p as u128) as u64;
+                x = m.mul(x, root);
             }
             w
         };
         Some(Self {
             simd,
             p,
-            n_inv: pow_mod(n as u64, p - 2, p),
+            n_inv: m.inv(n as u64),
             fwd: Twiddles::new(table(psi)),
             inv: Twiddles::new(table(psi_inv)),
         })
