@@ -3,7 +3,7 @@
 //! thread: the batched-BFV offline phase (client encryption of the masks, the server's plan
 //! evaluation with its masks and flooding, client decryption, bytes both ways) and the online
 //! exchange (the server's integer products, the client's encoding and unmasking, 60 bits up and
-//! 32 down per value). Adapters are random in the default model's shapes: costs do not depend on
+//! `RingParams::default().response_bits` down per value). Adapters are random in the default model's shapes: costs do not depend on
 //! the weights.
 
 use std::path::PathBuf;
@@ -54,7 +54,7 @@ pub struct GroupCosts {
     pub offline_server_ms: f64,
     /// Offline: client decryption and unpacking, ms.
     pub offline_client_decrypt_ms: f64,
-    /// Online, per position: values up (60 bits each) and down (32 bits each).
+    /// Online, per position: values up (60 bits each).
     pub online_values_up: usize,
     /// Online, per position: values down.
     pub online_values_down: usize,
@@ -253,7 +253,9 @@ fn per_position(mode: &str, groups: &[GroupCosts], layers: usize, key_bytes: usi
         offline_client_ms: per(&|g| g.offline_client_encrypt_ms + g.offline_client_decrypt_ms),
         offline_server_ms: per(&|g| g.offline_server_ms),
         online_up_bytes: values_up * 60.0 / 8.0,
-        online_down_bytes: values_down * 32.0 / 8.0,
+        online_down_bytes: values_down
+            * f64::from(cipherlora_helora::ring::RingParams::default().response_bits)
+            / 8.0,
         online_server_ms: sum(&|g| g.online_server_ms),
         online_client_ms: sum(&|g| g.online_client_ms),
         pool_bytes_per_position: values_down * 4.0,

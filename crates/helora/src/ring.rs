@@ -50,11 +50,25 @@ pub struct RingParams {
 }
 
 impl Default for RingParams {
-    /// 16-bit weights and 32-bit responses (docs/design/wire.md, the fidelity study).
+    /// 16-bit weights and 32-bit responses (docs/design/wire.md, the fidelity study: with fewer
+    /// response bits the deltas of small outputs lose precision).
     fn default() -> Self {
         RingParams {
             weight_bits: 16,
             response_bits: 32,
+        }
+    }
+}
+
+impl RingParams {
+    /// Errors: [`HeloraError::InvalidShape`] unless a response value fits 1 to 32 bits.
+    fn check_response_bits(&self) -> Result<()> {
+        if (1..=32).contains(&self.response_bits) {
+            Ok(())
+        } else {
+            Err(HeloraError::InvalidShape {
+                reason: "ring responses need 1 to 32 bits",
+            })
         }
     }
 }
@@ -154,6 +168,7 @@ impl RingProjection {
                 reason: "a ring projection needs r, d_in and d_out ≥ 1",
             });
         }
+        params.check_response_bits()?;
         let (a, ea) = quantize(lora_a, params.weight_bits);
         let (b, eb) = quantize(scaled_b, params.weight_bits);
         // L = max_i Σ_k |(B̂Â)_ik|; β = L·2^input_bits bounds |M̂·x̂| for max |x̂| ≤ 2^input_bits.
@@ -276,6 +291,11 @@ pub struct RingPublic {
 }
 
 impl RingPublic {
+    /// Bits per response value on the wire: the ring's 60 less the dropped bits.
+    pub fn response_bits(&self) -> u32 {
+        RING_BITS.saturating_sub(self.shift)
+    }
+
     /// The delta values of unmasked products `z = M̂·x̂` of an input encoded with `exponent`.
     pub fn decode(&self, z: &[i64], exponent: i32) -> Vec<f32> {
         let unit = 2f64.powi(exponent - self.scale_log2);
@@ -330,10 +350,12 @@ const MAX_WEIGHT_BITS: u32 = 24;
 
 impl RingGroup {
     /// Quantizes `adapter` to `params.weight_bits`. Errors: [`HeloraError::InvalidShape`] for
-    /// weight bits outside `2..=24` or an invalid adapter; [`HeloraError::RingBound`] when not
+    /// weight bits outside `2..=24`, response bits outside `1..=32` or an invalid adapter;
+    /// [`HeloraError::RingBound`] when not
     /// even one input bit keeps the products below `p/4`.
     pub fn new(adapter: &GroupAdapter, params: RingParams) -> Result<Self> {
         adapter.validate()?;
+        params.check_response_bits()?;
         let weight_bits = params.weight_bits;
         if !(2..=MAX_WEIGHT_BITS).contains(&weight_bits) {
             return Err(HeloraError::InvalidShape {
@@ -706,7 +728,18 @@ mod tests {
             RingProjection::new(&[0.1; 6], &[0.1; 4], (2, 3, 2), wide),
             Err(HeloraError::RingBound { .. })
         ));
+        for response_bits in [0, 33] {
+            let bad = RingParams {
+                response_bits,
+                ..params
+            };
+            assert!(matches!(
+                RingProjection::new(&[0.1; 6], &[0.1; 4], (2, 3, 2), bad),
+                Err(HeloraError::InvalidShape { .. })
+            ));
+        }
         let p = RingProjection::new(&[0.1; 6], &[0.1; 4], (2, 3, 2), params).unwrap();
+        assert_eq!(p.public().response_bits(), params.response_bits);
         assert!(matches!(
             p.respond(&[0; 2], &[0; 2]),
             Err(HeloraError::ShapeMismatch { .. })

@@ -191,8 +191,32 @@ pub trait DeltaHook {
         None
     }
 
+    /// The hook's side for a causal pass of `t` positions run as a wavefront of row chunks
+    /// ([`crate::Model::forward_wavefront`]), if it has one.
+    fn wavefront(&mut self, t: usize) -> Option<Wavefront<'_>> {
+        let _ = t;
+        None
+    }
+
     /// Called when the prompt's passes are done (counting hooks leave them out).
     fn prefill_done(&mut self) {}
+}
+
+/// A hook's side for a wavefront pass: the pass's rows are cut into chunks of `rows` (the last
+/// may be shorter) and each chunk is one trip of `stream`, its groups sent in forward order.
+pub struct Wavefront<'a> {
+    /// Rows per chunk (≥ 1).
+    pub rows: usize,
+    /// Carries every chunk's trip.
+    pub stream: &'a mut dyn DeltaStream,
+}
+
+impl std::fmt::Debug for Wavefront<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wavefront")
+            .field("rows", &self.rows)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Names one trip of a [`DeltaStream`] (unique per stream).
@@ -245,6 +269,10 @@ impl<H: DeltaHook + ?Sized> DeltaHook for &mut H {
 
     fn stream(&mut self, t: usize) -> Option<&mut dyn DeltaStream> {
         (**self).stream(t)
+    }
+
+    fn wavefront(&mut self, t: usize) -> Option<Wavefront<'_>> {
+        (**self).wavefront(t)
     }
 
     fn prefill_done(&mut self) {

@@ -29,6 +29,7 @@ mod sampling;
 mod synthetic;
 mod synthetic_gguf;
 mod tokenizer;
+mod wavefront;
 mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -38,7 +39,7 @@ pub use fixed_point::{FixedPointPass, FixedPointStep, NextTrip, wanted_groups};
 pub use generation::{GenerateOptions, Generated, TextStream, generate};
 pub use hook::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, KeepDeltas, NoAdapter, PassDeltas, Proj,
-    ProjGroup, TripId,
+    ProjGroup, TripId, Wavefront,
 };
 pub use kv_cache::{KvCache, KvRows};
 pub use lora::{LoraAdapter, LoraWeights, PlainLora, gguf_qk_row_permutation};

@@ -5,17 +5,17 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{D, DType, Device, Tensor};
 
-use crate::hook::{DeltaHook, ProjGroup};
+use crate::hook::{DeltaHook, GroupDeltas, ProjGroup};
 use crate::linear::Linear;
 use crate::weights::{Layer, WeightsFormat};
 use crate::{AttentionMask, KvCache, ModelConfig, ModelError, rope};
 
 /// What every layer of one pass shares: first position, RoPE tables, attention bias.
-struct Pass {
-    start: usize,
-    cos: Tensor,
-    sin: Tensor,
-    bias: Tensor,
+pub(crate) struct Pass {
+    pub(crate) start: usize,
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
+    pub(crate) bias: Tensor,
 }
 
 /// A loaded decoder-only model (CPU, f32 activations).
@@ -198,7 +198,12 @@ impl Model {
     }
 
     /// Checks that T positions fit the cache and mask; builds RoPE tables and attention bias.
-    fn prepare(&self, t: usize, cache: &KvCache, mask: &AttentionMask) -> Result<Pass, ModelError> {
+    pub(crate) fn prepare(
+        &self,
+        t: usize,
+        cache: &KvCache,
+        mask: &AttentionMask,
+    ) -> Result<Pass, ModelError> {
         let start = cache.len();
         if start + t > cache.capacity() {
             return Err(ModelError::Input(format!(
@@ -235,17 +240,9 @@ impl Model {
         &self.embed
     }
 
-    /// Validates, embeds and runs layers `[0, max(depths))`, returning the stream at each depth.
-    fn run_layers(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        mask: &AttentionMask,
-        hook: &mut dyn DeltaHook,
-        depths: &[usize],
-    ) -> Result<Vec<Tensor>, ModelError> {
-        let t = tokens.len();
-        if t == 0 {
+    /// Errors: [`ModelError::Input`] when `tokens` is empty or holds an id ≥ vocab_size.
+    pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        if tokens.is_empty() {
             return Err(ModelError::Input("no tokens".into()));
         }
         if let Some(&bad) = tokens
@@ -257,6 +254,20 @@ impl Model {
                 self.config.vocab_size
             )));
         }
+        Ok(())
+    }
+
+    /// Validates, embeds and runs layers `[0, max(depths))`, returning the stream at each depth.
+    pub(crate) fn run_layers(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        mask: &AttentionMask,
+        hook: &mut dyn DeltaHook,
+        depths: &[usize],
+    ) -> Result<Vec<Tensor>, ModelError> {
+        self.check_tokens(tokens)?;
+        let t = tokens.len();
         let pass = self.prepare(t, cache, mask)?;
         let dev = Device::Cpu;
         let ids = Tensor::new(tokens, &dev)?;
@@ -292,38 +303,61 @@ impl Model {
         x: &Tensor,
         hook: &mut dyn DeltaHook,
     ) -> Result<Vec<Tensor>, ModelError> {
-        let mut outs = group
+        let mut outs = Self::base_outputs(layer, group, x)?;
+        if hook.wants(li, group) {
+            let deltas = hook.deltas(li, group, x)?;
+            self.add_deltas(li, group, x.dim(0)?, &mut outs, &deltas)?;
+        }
+        Ok(outs)
+    }
+
+    /// The unadapted outputs `W x` of `group`'s projections on `x` (T, d_in), in
+    /// [`ProjGroup::projs`] order.
+    pub(crate) fn base_outputs(
+        layer: &Layer,
+        group: ProjGroup,
+        x: &Tensor,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        group
             .projs()
             .iter()
             .map(|&p| layer.linear(p).forward(x))
-            .collect::<Result<Vec<_>, _>>()?;
-        if hook.wants(li, group) {
-            let t = x.dim(0)?;
-            let deltas = hook.deltas(li, group, x)?;
-            for (p, d) in deltas.iter() {
-                let Some(slot) = group.projs().iter().position(|&q| q == p) else {
-                    return Err(ModelError::Hook {
-                        layer: li,
-                        proj: p,
-                        reason: format!("delta returned for group {group:?}, which lacks it"),
-                    });
-                };
-                let want = [t, self.config.proj_out_dim(p)];
-                if d.dims() != want || d.dtype() != DType::F32 {
-                    return Err(ModelError::Hook {
-                        layer: li,
-                        proj: p,
-                        reason: format!(
-                            "delta has shape {:?} {:?}, expected {want:?} F32",
-                            d.dims(),
-                            d.dtype()
-                        ),
-                    });
-                }
-                outs[slot] = (&outs[slot] + d)?;
+            .collect()
+    }
+
+    /// Adds `deltas` (one (t, d_out) F32 tensor per adapted projection of `group`) to `outs`.
+    /// Errors: [`ModelError::Hook`] for a projection outside the group or a wrong shape.
+    pub(crate) fn add_deltas(
+        &self,
+        li: usize,
+        group: ProjGroup,
+        t: usize,
+        outs: &mut [Tensor],
+        deltas: &GroupDeltas,
+    ) -> Result<(), ModelError> {
+        for (p, d) in deltas.iter() {
+            let Some(slot) = group.projs().iter().position(|&q| q == p) else {
+                return Err(ModelError::Hook {
+                    layer: li,
+                    proj: p,
+                    reason: format!("delta returned for group {group:?}, which lacks it"),
+                });
+            };
+            let want = [t, self.config.proj_out_dim(p)];
+            if d.dims() != want || d.dtype() != DType::F32 {
+                return Err(ModelError::Hook {
+                    layer: li,
+                    proj: p,
+                    reason: format!(
+                        "delta has shape {:?} {:?}, expected {want:?} F32",
+                        d.dims(),
+                        d.dtype()
+                    ),
+                });
             }
+            outs[slot] = (&outs[slot] + d)?;
         }
-        Ok(outs)
+        Ok(())
     }
 
     fn layer_forward(
@@ -335,14 +369,34 @@ impl Model {
         cache: &KvCache,
         hook: &mut dyn DeltaHook,
     ) -> Result<Tensor, ModelError> {
-        let (start, cos, sin, bias) = (pass.start, &pass.cos, &pass.sin, &pass.bias);
-        let c = &self.config;
-        let t = x.dim(0)?;
-        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
-        let eps = c.rms_norm_eps as f32;
-
+        let eps = self.config.rms_norm_eps as f32;
         let n = candle_nn::ops::rms_norm(x, &layer.attn_norm, eps)?;
         let qkv = self.project(li, layer, ProjGroup::Qkv, &n, hook)?;
+        let attn = self.attention(li, &qkv, pass, cache)?;
+        let o = self.project(li, layer, ProjGroup::O, &attn, hook)?;
+        let h = (x + &o[0])?;
+
+        let m = candle_nn::ops::rms_norm(&h, &layer.ffn_norm, eps)?;
+        let gu = self.project(li, layer, ProjGroup::GateUp, &m, hook)?;
+        let act = (candle_nn::ops::silu(&gu[0])? * &gu[1])?;
+        let down = self.project(li, layer, ProjGroup::Down, &act, hook)?;
+        Ok((h + &down[0])?)
+    }
+
+    /// Attention of layer `li` for `pass`'s T positions from their q, k, v projections (T, ·):
+    /// writes k and v to `cache` at `pass.start` and returns the heads' output (T, num_heads ·
+    /// head_dim), the o group's input.
+    pub(crate) fn attention(
+        &self,
+        li: usize,
+        qkv: &[Tensor],
+        pass: &Pass,
+        cache: &KvCache,
+    ) -> Result<Tensor, ModelError> {
+        let (start, cos, sin, bias) = (pass.start, &pass.cos, &pass.sin, &pass.bias);
+        let c = &self.config;
+        let t = qkv[0].dim(0)?;
+        let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
         let heads = |y: &Tensor, h: usize| -> Result<Tensor, ModelError> {
             Ok(y.reshape((1, t, h, hd))?.transpose(1, 2)?.contiguous()?)
         };
@@ -367,14 +421,7 @@ impl Model {
             .reshape((nh, t, hd))?
             .transpose(0, 1)?
             .reshape((t, nh * hd))?;
-        let o = self.project(li, layer, ProjGroup::O, &attn, hook)?;
-        let h = (x + &o[0])?;
-
-        let m = candle_nn::ops::rms_norm(&h, &layer.ffn_norm, eps)?;
-        let gu = self.project(li, layer, ProjGroup::GateUp, &m, hook)?;
-        let act = (candle_nn::ops::silu(&gu[0])? * &gu[1])?;
-        let down = self.project(li, layer, ProjGroup::Down, &act, hook)?;
-        Ok((h + &down[0])?)
+        Ok(attn)
     }
 
     /// Argmax of each row of `logits` (T, vocab). Errors: [`ModelError::Candle`] if not 2-D.

@@ -234,6 +234,13 @@ fn grpc_masked_session_gives_the_plaintext_adapted_answer_and_refuses_a_used_mas
     assert_eq!((hook.passes.0, hook.passes.2), (1, 0), "{:?}", hook.passes);
     assert!(hook.passes.1 >= 1);
     assert_eq!(hook.masked_positions, prompt.len());
+    // The prompt's pass ran as a wavefront of chunks.
+    use cipherlora_private::client::masked::{ROWS_PER_REQUEST, WAVEFRONT_CHUNKS};
+    let rows = prompt
+        .len()
+        .div_ceil(WAVEFRONT_CHUNKS)
+        .min(ROWS_PER_REQUEST);
+    assert_eq!(hook.masked_chunks, prompt.len().div_ceil(rows));
 
     // Batch 0 of the first group is used up: naming it again is refused.
     let client = &masked;

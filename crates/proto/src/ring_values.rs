@@ -1,7 +1,7 @@
 //! Masked ring values on the wire (`MaskedGroupRequest.values`, `MaskedGroupResponse.values`):
 //! unsigned integers of a fixed width packed little-endian, the first value in the lowest bits,
 //! the last byte zero-padded. Masked inputs travel at 60 bits (the ring's prime), responses at
-//! 32 (docs/design/wire.md, "Masked ring values").
+//! the bits the server's offer publishes, at most 32 (docs/design/wire.md, "Masked ring values").
 
 use bytes::Bytes;
 
@@ -9,8 +9,6 @@ use crate::ProtoError;
 
 /// Bits per masked input value.
 pub const INPUT_BITS: u32 = 60;
-/// Bits per response value.
-pub const RESPONSE_BITS: u32 = 32;
 
 /// Bytes of `count` values of `bits` bits.
 #[must_use]

@@ -6,20 +6,22 @@
 //! `cipherlora_helora::ring`: the server holds lora_A and s·lora_B rounded
 //! to `--bits` bits; the client encodes each position's input in fixed
 //! point with as many bits as the 60-bit field allows for that projection
-//! and sends it under a fresh one-time mask; the server returns the top 32
-//! bits of its masked product in `Z_p`; the client adds what it kept of the
+//! and sends it under a fresh one-time mask; the server returns the top
+//! `--response-bits` bits (32 by default) of its masked product in `Z_p`;
+//! the client adds what it kept of the
 //! offline value and decodes. The offline values (`M̂·r − m`) are computed
 //! in the clear here, where a deployment would compute them under
 //! encryption. Greedy decoding is compared with the plaintext adapted
 //! model's, token for token.
 //!
-//! For each adapter and weight width it prints the range of input bits
+//! For each adapter, weight width and response width it prints the range of input bits
 //! over the projections, the prompts whose output diverged (and at which
 //! token), and the precision of the deltas in bits below the largest delta
 //! seen (median and worst over every adapted projection and position).
 //!
 //! Run: `cargo run --release -p cipherlora-speculative --example ring_fidelity -- \
-//!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 --bits 12,14,16 --limit 10`
+//!   --adapters code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8 --bits 12,14,16 \
+//!   --response-bits 32 --limit 10`
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -95,12 +97,12 @@ struct RingLora<'a> {
 }
 
 impl<'a> RingLora<'a> {
-    fn new(adapter: &'a LoraAdapter, bits: u32) -> Self {
+    fn new(adapter: &'a LoraAdapter, (weight_bits, response_bits): (u32, u32)) -> Self {
         RingLora {
             adapter,
             params: RingParams {
-                weight_bits: bits,
-                ..RingParams::default()
+                weight_bits,
+                response_bits,
             },
             weights: HashMap::new(),
             rng: ChaCha20Rng::seed_from_u64(7),
@@ -159,6 +161,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut adapters = "code-lora-r16,code-ffa-r16,general-lora-r16,general-all-r8".to_string();
     let mut bits = "12,14,16".to_string();
+    let mut response_bits = RingParams::default().response_bits.to_string();
     let (mut limit, mut tokens) = (10usize, 64usize);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -166,12 +169,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         match flag.as_str() {
             "--adapters" => adapters = v,
             "--bits" => bits = v,
+            "--response-bits" => response_bits = v,
             "--limit" => limit = v.parse()?,
             "--tokens" => tokens = v.parse()?,
             _ => return Err(format!("unknown flag {flag}").into()),
         }
     }
     let bits: Vec<u32> = bits.split(',').map(str::parse).collect::<Result<_, _>>()?;
+    let response_bits: Vec<u32> = response_bits
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
     let path = fetch::ensure_default_model()?;
     let model = Model::load_with(
         &path,
@@ -186,9 +194,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eos: tok.eos_tokens().to_vec(),
     };
     println!(
-        "| adapter | bits of lora_A, lora_B | bits of x | prompts | diverged (prompt: token) | delta precision, bits: median / worst |"
+        "| adapter | bits of lora_A, lora_B | response bits | bits of x | prompts | diverged (prompt: token) | delta precision, bits: median / worst |"
     );
-    println!("| --- | ---: | ---: | ---: | --- | --- |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- | --- |");
     for name in adapters.split(',') {
         let adapter = LoraAdapter::load(&root.join("adapters").join(name), model.config())?;
         let prompts = prompts(&root, name)?;
@@ -205,8 +213,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             )?;
             want.push((ids, out.tokens));
         }
-        for &b in &bits {
-            let mut hook = RingLora::new(&adapter, b);
+        for (b, rb) in bits
+            .iter()
+            .flat_map(|&b| response_bits.iter().map(move |&rb| (b, rb)))
+        {
+            let mut hook = RingLora::new(&adapter, (b, rb));
             let mut diverged = Vec::new();
             for (i, (ids, reference)) in want.iter().enumerate() {
                 let got = generate(&model, ids, &opts, &mut hook, &mut |_| Ok(()))?.tokens;
@@ -222,7 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let worst = p.first().copied().unwrap_or(f64::NAN);
             let (lo, hi) = hook.input_bits();
             println!(
-                "| {name} | {b} | {lo}–{hi} | {} | {} | {median:.1} / {worst:.1} |",
+                "| {name} | {b} | {rb} | {lo}–{hi} | {} | {} | {median:.1} / {worst:.1} |",
                 prompts.len(),
                 if diverged.is_empty() {
                     "none".to_string()

@@ -198,6 +198,11 @@ impl MaskedClientGroup {
         self.layout.mask_width()
     }
 
+    /// Bits per response value on the wire ([`RingPublic::response_bits`]).
+    pub fn response_bits(&self) -> u32 {
+        self.public.response_bits()
+    }
+
     /// Delta values per position over the group's projections (Σ d_out).
     pub fn kept_width(&self) -> usize {
         self.layout.plan().shape.d_outs.iter().sum()

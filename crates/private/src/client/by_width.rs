@@ -7,7 +7,9 @@
 //! constant width, so the server learns nothing more.
 
 use candle_core::Tensor;
-use cipherlora_model::{DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup};
+use cipherlora_model::{
+    DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup, Wavefront,
+};
 
 use crate::client::Transport;
 use crate::client::{HeHook, HeTimings};
@@ -129,6 +131,12 @@ impl<T: Transport> DeltaHook for ByWidth<T> {
             .iter_mut()
             .find(|(w, _)| *w == t)
             .and_then(|(_, h)| h.stream(t))
+    }
+
+    /// The wavefront of the session [`ByWidth::deltas`] would split a pass of
+    /// `t` positions over.
+    fn wavefront(&mut self, t: usize) -> Option<Wavefront<'_>> {
+        self.for_rows(t)?.wavefront(t)
     }
 
     /// Marks every session ([`HeHook::timings_since_prefill`]).

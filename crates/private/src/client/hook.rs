@@ -8,7 +8,7 @@ use cipherlora_ckks::{CkksParameters, Context};
 use cipherlora_helora::{CkksClient, GroupClient, InputScales, Mode};
 use cipherlora_model::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup,
-    RopeStyle, gguf_qk_row_permutation,
+    RopeStyle, Wavefront, gguf_qk_row_permutation,
 };
 use cipherlora_proto::v1::{GroupRequest, GroupResponse};
 use prost::Message;
@@ -426,18 +426,14 @@ impl<T: Transport> HeHook<T> {
         x: &Tensor,
     ) -> Result<GroupDeltas, PrivateError> {
         let model = |e: candle_core::Error| PrivateError::Model(e.into());
-        let (t, d) = x.dims2().map_err(model)?;
+        let (t, _) = x.dims2().map_err(model)?;
         let w = self.width;
         let t0 = Instant::now();
         let mut sent = Vec::with_capacity(t.div_ceil(w));
         let (mut up, mut encrypt_ms) = (0, 0.0);
         for start in (0..t).step_by(w) {
             let rows = w.min(t - start);
-            let mut chunk = x.narrow(0, start, rows).map_err(model)?;
-            if rows < w {
-                let pad = Tensor::zeros((w - rows, d), chunk.dtype(), chunk.device());
-                chunk = Tensor::cat(&[&chunk, &pad.map_err(model)?], 0).map_err(model)?;
-            }
+            let chunk = stream::pad_rows(&x.narrow(0, start, rows).map_err(model)?, w)?;
             let e0 = Instant::now();
             let (request, scales) = self.encrypt_group(layer, group, &chunk, 0.0)?;
             encrypt_ms += e0.elapsed().as_secs_f64() * 1e3;
@@ -764,6 +760,23 @@ impl<T: Transport> DeltaHook for HeHook<T> {
     /// gives the batched result in the same order).
     fn stream(&mut self, _t: usize) -> Option<&mut dyn DeltaStream> {
         Some(self)
+    }
+
+    /// Chunks of the session's width, each a streamed trip, for a pass wider
+    /// than it on a session grouped by input (a layer-grouped request would
+    /// wait for inputs that depend on its own reply). The pass counts one
+    /// round trip per group, the latencies on its critical path.
+    fn wavefront(&mut self, t: usize) -> Option<Wavefront<'_>> {
+        let by_input = self.plan_space().grouping.layers().is_none();
+        if !by_input || t <= self.width {
+            return None;
+        }
+        self.trips.wavefront_chunks = t.div_ceil(self.width);
+        self.timings.round_trips += self.group_of.len() as u64;
+        Some(Wavefront {
+            rows: self.width,
+            stream: self,
+        })
     }
 
     fn prefill_done(&mut self) {

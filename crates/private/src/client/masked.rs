@@ -13,10 +13,11 @@ use cipherlora_ckks::{Ciphertext, Context, GaloisKeys, PublicKey, SecretKey};
 use cipherlora_helora::BfvClient;
 use cipherlora_helora::GroupClient;
 use cipherlora_helora::bfv_backend::OfflineLevels;
-use cipherlora_helora::masks::{GroupKey, MaskPool, MaskedClientGroup};
+use cipherlora_helora::masks::{GroupKey, MaskPool, MaskedClientGroup, OnlineRows};
 use cipherlora_helora::ring::RING_PRIME;
 use cipherlora_model::{
     DeltaHook, DeltaStream, GroupDeltas, GroupInput, ModelConfig, ModelError, Proj, ProjGroup,
+    TripId, Wavefront,
 };
 
 use super::hook::{permute_columns, row_maps};
@@ -314,15 +315,27 @@ impl MaskedClient {
 
     /// The deltas of group `name` for `x` (T × d_in) through one online exchange: requests of
     /// at most [`ROWS_PER_REQUEST`] rows, all sent before the first reply is awaited, so their
-    /// uploads, the server's work and the downloads overlap. Errors:
-    /// [`PrivateError::UnknownGroup`]; the pool's (no masks taken), the transport's, the
-    /// responses' shape (every reply in flight is drained first).
+    /// uploads, the server's work and the downloads overlap. Errors: as [`Self::send`] and
+    /// [`Self::finish`].
     fn deltas<T: Transport>(
         &mut self,
         transport: &mut T,
         name: (usize, ProjGroup),
         x: &Tensor,
     ) -> Result<GroupDeltas, PrivateError> {
+        let exchange = self.send(transport, name, x)?;
+        self.finish(transport, exchange)
+    }
+
+    /// Takes masks for `x`'s T rows from group `name`'s pool and sends the masked rows as
+    /// requests of at most [`ROWS_PER_REQUEST`] rows, without awaiting a reply. Errors:
+    /// [`PrivateError::UnknownGroup`]; the pool's (no masks taken); the transport's.
+    fn send<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        name: (usize, ProjGroup),
+        x: &Tensor,
+    ) -> Result<Exchange, PrivateError> {
         let g = self.groups.get(&name).ok_or(PrivateError::UnknownGroup {
             layer: name.0 as u32,
             group: crate::protocol::group_index(name.1),
@@ -336,8 +349,8 @@ impl MaskedClient {
             .group
             .online_request(&mut self.pool, g.key, &xs)?
             .into_parts(ROWS_PER_REQUEST);
-        let mut in_flight = Vec::with_capacity(parts.len());
-        for part in &parts {
+        let mut sent = Vec::with_capacity(parts.len());
+        for part in parts {
             let round = transport.open_round();
             let req = masked_request(&self.to, round, g.key, &part.refs, &part.masked);
             let values = (part.refs.len() * g.group.width()) as u64;
@@ -345,11 +358,38 @@ impl MaskedClient {
             self.online.values_up += values;
             self.online.capacity_up += values;
             let answered = transport.send(round, &req);
-            in_flight.push((round, req, answered));
+            sent.push(Sent {
+                round,
+                req,
+                part,
+                answered,
+            });
         }
+        Ok(Exchange { name, t, sent })
+    }
+
+    /// Awaits `exchange`'s replies and unmasks its deltas (T, d_out) per projection. Errors:
+    /// [`PrivateError::UnknownGroup`]; the transport's; the responses' shape (every reply in
+    /// flight is drained first).
+    fn finish<T: Transport>(
+        &mut self,
+        transport: &mut T,
+        exchange: Exchange,
+    ) -> Result<GroupDeltas, PrivateError> {
+        let Exchange { name, t, sent } = exchange;
+        let g = self.groups.get(&name).ok_or(PrivateError::UnknownGroup {
+            layer: name.0 as u32,
+            group: crate::protocol::group_index(name.1),
+        })?;
         let mut deltas: Vec<Vec<f32>> = vec![Vec::new(); g.projections.len()];
         let mut failed = None;
-        for ((round, req, answered), part) in in_flight.into_iter().zip(&parts) {
+        for Sent {
+            round,
+            req,
+            part,
+            answered,
+        } in sent
+        {
             let reply = match answered {
                 Ok(Some(reply)) => Ok(reply),
                 Ok(None) => transport.receive(round, req.layer, req.group),
@@ -358,10 +398,11 @@ impl MaskedClient {
             let read = reply.and_then(|reply| {
                 self.online.bytes_down += reply.response.encoded_len() as u64;
                 let count = part.refs.len() * g.group.kept_width();
-                let values = read_masked_response(&req, &reply.response, count)?;
+                let bits = g.group.response_bits();
+                let values = read_masked_response(&req, &reply.response, (count, bits))?;
                 self.online.values_down += count as u64;
                 self.online.capacity_down += count as u64;
-                Ok(g.group.deltas(part, &values)?)
+                Ok(g.group.deltas(&part, &values)?)
             });
             match read {
                 Ok(part_deltas) if failed.is_none() => {
@@ -385,11 +426,30 @@ impl MaskedClient {
                 Some(map) => permute_columns(&d, t, map),
                 None => d,
             };
-            let tensor = Tensor::from_vec(d, (t, d_out), x.device()).map_err(ModelError::from)?;
+            let tensor = Tensor::from_vec(d, (t, d_out), &candle_core::Device::Cpu)
+                .map_err(ModelError::from)?;
             out.push(p, tensor);
         }
         Ok(out)
     }
+}
+
+/// One online request sent: its round, the request, the rows it masks, and the reply if the
+/// transport answered at once.
+#[derive(Debug)]
+struct Sent {
+    round: u64,
+    req: GroupRequest,
+    part: OnlineRows,
+    answered: Result<Option<Reply>, PrivateError>,
+}
+
+/// One group's online exchange in flight: its requests sent, their replies not yet read.
+#[derive(Debug)]
+struct Exchange {
+    name: (usize, ProjGroup),
+    t: usize,
+    sent: Vec<Sent>,
 }
 
 /// A delta hook that runs each forward pass on pooled masks when every adapted group has masks
@@ -410,7 +470,25 @@ pub struct MaskedHook<'a, H, T> {
     pub passes: (usize, usize, usize),
     /// Positions of the passes run masked.
     pub masked_positions: usize,
+    /// Chunks of the wavefront passes run masked ([`DeltaHook::wavefront`]).
+    pub masked_chunks: usize,
+    /// The wavefront's trips so far, and each sent group's exchange until it is received.
+    trips: u64,
+    pending: HashMap<(u64, usize, ProjGroup), Pending>,
 }
+
+/// A group of a wavefront chunk between its send and its receive.
+#[derive(Debug)]
+enum Pending {
+    /// Masked requests in flight, and the input, should they fail.
+    Masked(Exchange, Tensor),
+    /// Deltas already there (from the inner hook, after a fallback).
+    Ready(GroupDeltas),
+}
+
+/// A masked wavefront pass is cut into at least this many chunks (when it has the rows), so that
+/// the client's forward of one chunk overlaps the others' exchanges.
+pub const WAVEFRONT_CHUNKS: usize = 4;
 
 impl<'a, H: DeltaHook, T: Transport> MaskedHook<'a, H, T> {
     /// A hook over `client`'s pools and `transport`, falling back to `inner`; every pass may run
@@ -425,6 +503,9 @@ impl<'a, H: DeltaHook, T: Transport> MaskedHook<'a, H, T> {
             masked: false,
             passes: (0, 0, 0),
             masked_positions: 0,
+            masked_chunks: 0,
+            trips: 0,
+            pending: HashMap::new(),
         }
     }
 
@@ -458,14 +539,7 @@ impl<H: DeltaHook, T: Transport> DeltaHook for MaskedHook<'_, H, T> {
         if self.masked {
             match self.client.deltas(self.transport, (layer, group), x) {
                 Ok(d) => return Ok(d),
-                // A refused or failed exchange: the masks it named are spent, the rest of the
-                // pool may be stale (a reopened session). The pass goes on without masks.
-                Err(e) => {
-                    tracing::warn!(layer, ?group, error = %e, "masked exchange failed; pool cleared");
-                    self.client.clear();
-                    self.masked = false;
-                    self.passes.2 += 1;
-                }
+                Err(e) => self.fall_back(layer, group, &e),
             }
         }
         self.inner.deltas(layer, group, x)
@@ -491,8 +565,97 @@ impl<H: DeltaHook, T: Transport> DeltaHook for MaskedHook<'_, H, T> {
         self.inner.stream(t)
     }
 
+    /// A masked pass of `t` positions when every group has masks for them (chunks of
+    /// ⌈t / [`WAVEFRONT_CHUNKS`]⌉ rows, at most [`ROWS_PER_REQUEST`]); otherwise the inner
+    /// hook's wavefront.
+    fn wavefront(&mut self, t: usize) -> Option<Wavefront<'_>> {
+        let allowed = !(self.prompt_only && self.prompt_done);
+        if !allowed || self.client.ready() < t {
+            self.masked = false;
+            let inner = self.inner.wavefront(t);
+            if inner.is_some() {
+                self.passes.1 += 1;
+            }
+            return inner;
+        }
+        self.masked = true;
+        self.passes.0 += 1;
+        self.masked_positions += t;
+        self.pending.clear();
+        Some(Wavefront {
+            rows: t.div_ceil(WAVEFRONT_CHUNKS).clamp(1, ROWS_PER_REQUEST),
+            stream: self,
+        })
+    }
+
     fn prefill_done(&mut self) {
         self.prompt_done = true;
         self.inner.prefill_done();
+    }
+}
+
+impl<H: DeltaHook, T: Transport> MaskedHook<'_, H, T> {
+    /// A refused or failed exchange: the masks it named are spent and the rest of the pool may be
+    /// stale (a reopened session), so the pool is cleared and the pass goes on without masks.
+    fn fall_back(&mut self, layer: usize, group: ProjGroup, e: &PrivateError) {
+        if self.masked {
+            tracing::warn!(layer, ?group, error = %e, "masked exchange failed; pool cleared");
+            self.client.clear();
+            self.masked = false;
+            self.passes.2 += 1;
+        }
+    }
+}
+
+/// A masked pass's chunks (the trips of [`DeltaHook::wavefront`]); after a fallback, the inner
+/// hook answers each group at its send.
+impl<H: DeltaHook, T: Transport> DeltaStream for MaskedHook<'_, H, T> {
+    fn open_trip(&mut self, _tolerance: Option<f64>) -> Result<TripId, ModelError> {
+        self.trips += 1;
+        self.masked_chunks += usize::from(self.masked);
+        Ok(TripId(self.trips))
+    }
+
+    fn send(&mut self, trip: TripId, input: &GroupInput) -> Result<(), ModelError> {
+        let (layer, group) = (input.layer, input.group);
+        let mut pending = None;
+        if self.masked {
+            match self.client.send(self.transport, (layer, group), &input.x) {
+                Ok(exchange) => pending = Some(Pending::Masked(exchange, input.x.clone())),
+                Err(e) => self.fall_back(layer, group, &e),
+            }
+        }
+        let pending = match pending {
+            Some(p) => p,
+            None => Pending::Ready(self.inner.deltas(layer, group, &input.x)?),
+        };
+        self.pending.insert((trip.0, layer, group), pending);
+        Ok(())
+    }
+
+    /// Errors: [`ModelError::Hook`] for a group not sent in `trip`; the inner hook's.
+    fn receive(
+        &mut self,
+        trip: TripId,
+        layer: usize,
+        group: ProjGroup,
+    ) -> Result<GroupDeltas, ModelError> {
+        match self.pending.remove(&(trip.0, layer, group)) {
+            Some(Pending::Ready(d)) => Ok(d),
+            Some(Pending::Masked(exchange, x)) => {
+                match self.client.finish(self.transport, exchange) {
+                    Ok(d) => Ok(d),
+                    Err(e) => {
+                        self.fall_back(layer, group, &e);
+                        self.inner.deltas(layer, group, &x)
+                    }
+                }
+            }
+            None => Err(ModelError::Hook {
+                layer,
+                proj: group.projs()[0],
+                reason: format!("received in trip {} but never sent", trip.0),
+            }),
+        }
     }
 }

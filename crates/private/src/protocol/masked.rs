@@ -10,7 +10,7 @@ use cipherlora_helora::masks::{GroupKey, MaskRef};
 use cipherlora_helora::ring::RingPublic;
 use cipherlora_model::Proj;
 use cipherlora_proto::ProtoError;
-use cipherlora_proto::ring_values::{INPUT_BITS, RESPONSE_BITS, pack, unpack};
+use cipherlora_proto::ring_values::{INPUT_BITS, pack, unpack};
 use cipherlora_proto::v1::{self, GroupRequest, GroupResponse};
 
 use super::codes::{group_of, kind_code, kind_of, malformed, proj_code, to_u32, to_usize};
@@ -131,7 +131,8 @@ pub fn decode_masked_offer(m: &v1::SessionOffer) -> Result<MaskedOffer, PrivateE
             ));
         }
         let public = match &g.ring {
-            Some(r) if r.input_bits == 0 || r.input_bits > 24 || r.shift >= 60 => {
+            // Responses travel at 60 − shift bits, at most 32.
+            Some(r) if r.input_bits == 0 || r.input_bits > 24 || !(28..60).contains(&r.shift) => {
                 return Err(bad("ring parameters out of range"));
             }
             Some(r) => Some(RingPublic {
@@ -232,9 +233,15 @@ pub fn read_masked_request(
     })
 }
 
-/// The response to online request `req`: `values` at 32 bits each.
+/// The response to online request `req`: `values` at `bits` bits each (the group's
+/// [`RingPublic::response_bits`]).
 #[must_use]
-pub fn masked_response(req: &GroupRequest, values: &[u32], micros: u64) -> GroupResponse {
+pub fn masked_response(
+    req: &GroupRequest,
+    values: &[u32],
+    bits: u32,
+    micros: u64,
+) -> GroupResponse {
     let wide: Vec<u64> = values.iter().map(|&v| u64::from(v)).collect();
     GroupResponse {
         round: req.round,
@@ -242,7 +249,7 @@ pub fn masked_response(req: &GroupRequest, values: &[u32], micros: u64) -> Group
         group: req.group,
         ciphertexts: Vec::new(),
         server_micros: micros,
-        masked_values: pack(&wide, RESPONSE_BITS),
+        masked_values: pack(&wide, bits),
     }
 }
 
@@ -258,20 +265,18 @@ pub fn check_response(req: &GroupRequest, resp: &GroupResponse) -> Result<(), Pr
     }
 }
 
-/// Reads the response to online request `req`: `count` values. Errors: as [`check_response`];
-/// [`ProtoError::PackedLength`].
+/// Reads the response to online request `req`: `count` values of `bits` bits. Errors: as
+/// [`check_response`]; [`ProtoError::PackedLength`].
 pub fn read_masked_response(
     req: &GroupRequest,
     resp: &GroupResponse,
-    count: usize,
+    (count, bits): (usize, u32),
 ) -> Result<Vec<u32>, PrivateError> {
     check_response(req, resp)?;
-    Ok(
-        unpack("response values", &resp.masked_values, count, RESPONSE_BITS)?
-            .into_iter()
-            .map(|v| v as u32)
-            .collect(),
-    )
+    Ok(unpack("response values", &resp.masked_values, count, bits)?
+        .into_iter()
+        .map(|v| v as u32)
+        .collect())
 }
 
 /// The offline request of batch `batch` for group `key`: its serialised seeded ciphertexts.
@@ -337,13 +342,22 @@ mod tests {
         ));
 
         let values = [u32::MAX, 0, 77];
-        let resp = masked_response(&req, &values, 5);
+        let resp = masked_response(&req, &values, 32, 5);
         assert_eq!(resp.masked_values.len(), 12);
-        assert_eq!(read_masked_response(&req, &resp, 3).unwrap(), values);
+        assert_eq!(read_masked_response(&req, &resp, (3, 32)).unwrap(), values);
+        // At 24 bits: three bytes a value.
+        let values = [(1 << 24) - 1, 0, 77];
+        let resp = masked_response(&req, &values, 24, 5);
+        assert_eq!(resp.masked_values.len(), 9);
+        assert_eq!(read_masked_response(&req, &resp, (3, 24)).unwrap(), values);
+        assert!(matches!(
+            read_masked_response(&req, &resp, (3, 32)),
+            Err(PrivateError::Message(ProtoError::PackedLength { .. }))
+        ));
         let mut other = resp.clone();
         other.group += 1;
         assert!(matches!(
-            read_masked_response(&req, &other, 3),
+            read_masked_response(&req, &other, (3, 24)),
             Err(PrivateError::Protocol {
                 what: ProtocolFault::ResponseMismatch
             })

@@ -201,6 +201,7 @@ impl MaskedSession {
         Ok(masked_response(
             req,
             &values,
+            group.public().response_bits(),
             started.elapsed().as_micros() as u64,
         ))
     }

@@ -1,6 +1,6 @@
 //! The caches a generation starts from and the prompt's passes.
 
-use cipherlora_model::{DeltaHook, KvCache, Model, PassDeltas};
+use cipherlora_model::{DeltaHook, KvCache, Model, ModelError, PassDeltas};
 
 use super::{SpecConfig, rows};
 use crate::SpecError;
@@ -119,8 +119,13 @@ pub(super) fn prefill(
         let before = cache.len();
         let pass = prefill_pass(model, &inputs, cache, hook, schedule, shadow.as_deref_mut())?;
         done.round_trips += pass.round_trips;
-        done.last_row = match pass.logits {
-            Some(l) => Some(rows(&l, part.len())?.pop().expect("a chunk is non-empty")),
+        // Only the last prompt row's logits are needed (the first token): the head, a
+        // (hidden × vocab) product per row, runs on that row alone.
+        done.last_row = match pass.hidden {
+            Some(h) => {
+                let last = h.narrow(0, part.len() - 1, 1).map_err(ModelError::from)?;
+                Some(rows(&model.head(&last)?, 1)?.pop().expect("one row"))
+            }
             None => None,
         };
         if let Some(log) = log.as_deref_mut() {

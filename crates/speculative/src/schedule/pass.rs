@@ -438,8 +438,9 @@ pub const BASE_START_ROUNDS: usize = 2;
 pub(crate) struct PrefillPass {
     /// Batched round trips made (0 group by group).
     pub round_trips: usize,
-    /// The pass's logits when they are exact (group by group).
-    pub logits: Option<Tensor>,
+    /// The residual stream after the last layer, (T, hidden), when the pass is exact (group by
+    /// group): [`Model::head`] of its last prompt row gives the first token.
+    pub hidden: Option<Tensor>,
     /// The deltas the pass added ((T, d_out) per adapted projection).
     pub deltas: PassDeltas,
 }
@@ -460,16 +461,15 @@ pub(crate) fn prefill_pass(
             prefill: Prefill::PerGroup,
             ..
         }) => {
-            let mut keeping = KeepDeltas::new(hook);
-            let logits = model.forward(tokens, cache, &AttentionMask::Causal, &mut keeping)?;
+            let (hidden, deltas) = model.forward_wavefront(tokens, cache, hook)?;
             if let Some(sh) = shadow {
                 sh.truncate(start);
                 sh.sync_from(cache, start)?;
             }
             Ok(PrefillPass {
                 round_trips: 0,
-                logits: Some(logits),
-                deltas: keeping.added,
+                hidden: Some(hidden),
+                deltas,
             })
         }
         Schedule::FixedPoint(
@@ -500,7 +500,7 @@ pub(crate) fn prefill_pass(
             }
             Ok(PrefillPass {
                 round_trips: pass.round_trips(),
-                logits: None,
+                hidden: None,
                 deltas: pass.deltas().clone(),
             })
         }

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use candle_core::Tensor;
 use cipherlora_helora::InputScales;
 use cipherlora_model::{DeltaStream, GroupDeltas, GroupInput, ModelError, ProjGroup, TripId};
 use prost::Message;
@@ -27,7 +28,8 @@ enum Unit {
     /// o input, and for the next layers' inputs, when the session is
     /// grouped by layers).
     Gathering(Vec<GroupInput>),
-    /// Sent; the reply is awaited. Input scales and T, for decryption.
+    /// Sent; the reply is awaited. Input scales and the rows that are not
+    /// padding, for decryption.
     Sent(InputScales, usize),
 }
 
@@ -42,6 +44,9 @@ struct Trip {
     units: HashMap<(usize, ProjGroup), Unit>,
     /// Decrypted deltas not yet taken, by model group.
     ready: HashMap<(usize, ProjGroup), GroupDeltas>,
+    /// For a wavefront's chunk, the groups not yet taken: its sends and
+    /// receives alternate, so an empty trip is not yet a finished one.
+    untaken: Option<usize>,
 }
 
 /// The trips of one hook.
@@ -49,6 +54,9 @@ struct Trip {
 pub(super) struct StreamTrips {
     next: u64,
     trips: HashMap<TripId, Trip>,
+    /// Trips still to open for a wavefront pass, whose latencies were
+    /// counted per group when it began.
+    pub(super) wavefront_chunks: usize,
 }
 
 impl StreamTrips {
@@ -93,7 +101,9 @@ impl<T: Transport> HeHook<T> {
             };
             concat_members(key.0, &members, of_member)?
         };
+        // A wavefront's last chunk may be shorter than the session's width.
         let t = x.dims().first().copied().unwrap_or(0);
+        let x = pad_rows(&x, self.width)?;
         let t0 = Instant::now();
         let (request, scales) = self.encrypt_group(key.0, key.1, &x, tolerance)?;
         let t1 = Instant::now();
@@ -105,7 +115,7 @@ impl<T: Transport> HeHook<T> {
             // Answered at once (an in-process transport): decrypt now.
             Some(reply) => {
                 self.carried_down(key, t, &reply.response);
-                let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
+                let deltas = self.decrypt_rows(key, t, &reply.response, &scales)?;
                 let t3 = Instant::now();
                 self.file(id, key, &members, &deltas)?;
                 let down = reply.response.encoded_len();
@@ -120,6 +130,26 @@ impl<T: Transport> HeHook<T> {
             }
         }
         Ok(())
+    }
+
+    /// Decrypts a response of the session's width and keeps its first `rows`
+    /// rows (the rest were padding).
+    fn decrypt_rows(
+        &self,
+        key: (usize, ProjGroup),
+        rows: usize,
+        response: &cipherlora_proto::v1::GroupResponse,
+        scales: &InputScales,
+    ) -> Result<SessionDeltas, PrivateError> {
+        let width = rows.max(self.width);
+        let deltas = self.decrypt_group(key.0, key.1, width, response, scales)?;
+        if rows == width {
+            return Ok(deltas);
+        }
+        deltas
+            .into_iter()
+            .map(|(at, d)| Ok((at, d.narrow(0, 0, rows).map_err(candle)?)))
+            .collect()
     }
 
     /// Files a session group's decrypted deltas under its members.
@@ -167,7 +197,7 @@ impl<T: Transport> HeHook<T> {
             .receive(round, key.0 as u32, group_index(key.1))?;
         let t2 = Instant::now();
         self.carried_down(key, t, &reply.response);
-        let deltas = self.decrypt_group(key.0, key.1, t, &reply.response, &scales)?;
+        let deltas = self.decrypt_rows(key, t, &reply.response, &scales)?;
         let t3 = Instant::now();
         self.file(id, key, &members, &deltas)?;
         let down = reply.response.encoded_len();
@@ -182,14 +212,21 @@ impl<T: Transport> HeHook<T> {
         Ok(d)
     }
 
-    /// Drops a trip with nothing left in flight or to take.
+    /// Counts a group taken from trip `id`, and drops the trip when nothing
+    /// is left in flight or to take (a wavefront's chunk: once every group
+    /// was taken).
     fn forget_if_done(&mut self, id: TripId) {
-        if self
-            .trips
-            .trips
-            .get(&id)
-            .is_some_and(|t| t.units.is_empty() && t.ready.is_empty())
-        {
+        let Some(t) = self.trips.trips.get_mut(&id) else {
+            return;
+        };
+        let done = match &mut t.untaken {
+            Some(n) => {
+                *n = n.saturating_sub(1);
+                *n == 0
+            }
+            None => t.units.is_empty() && t.ready.is_empty(),
+        };
+        if done {
             self.trips.trips.remove(&id);
         }
     }
@@ -205,9 +242,20 @@ impl<T: Transport> DeltaStream for HeHook<T> {
             tolerance: tolerance.unwrap_or(0.0),
             units: HashMap::new(),
             ready: HashMap::new(),
+            untaken: None,
         };
         self.trips.trips.insert(id, trip);
-        self.timings.round_trips += 1;
+        match self.trips.wavefront_chunks.checked_sub(1) {
+            Some(left) => {
+                self.trips.wavefront_chunks = left;
+                let groups = self.group_of.len();
+                self.trips
+                    .trip(id)
+                    .map_err(|e| model_error(e, 0, ProjGroup::Qkv))?
+                    .untaken = Some(groups);
+            }
+            None => self.timings.round_trips += 1,
+        }
         Ok(id)
     }
 
@@ -225,4 +273,18 @@ impl<T: Transport> DeltaStream for HeHook<T> {
         self.stream_receive(trip, layer, group)
             .map_err(|e| model_error(e, layer, group))
     }
+}
+
+fn candle(e: candle_core::Error) -> PrivateError {
+    PrivateError::Model(e.into())
+}
+
+/// `x` (T, d) with zero rows appended up to `width` (unchanged when T ≥ `width`).
+pub(super) fn pad_rows(x: &Tensor, width: usize) -> Result<Tensor, PrivateError> {
+    let (t, d) = x.dims2().map_err(candle)?;
+    if t >= width {
+        return Ok(x.clone());
+    }
+    let pad = Tensor::zeros((width - t, d), x.dtype(), x.device()).map_err(candle)?;
+    Tensor::cat(&[x, &pad], 0).map_err(candle)
 }
