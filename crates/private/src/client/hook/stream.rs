@@ -233,29 +233,31 @@ impl<T: Transport> HeHook<T> {
 }
 
 impl<T: Transport> DeltaStream for HeHook<T> {
-    /// A new service round; the trip counts as one round trip.
+    /// A new service round; the trip counts as one round trip (a
+    /// wavefront's chunk does not: [`DeltaHook::wavefront`]).
     fn open_trip(&mut self, tolerance: Option<f64>) -> Result<TripId, ModelError> {
         self.trips.next += 1;
         let id = TripId(self.trips.next);
+        // A wavefront's chunk: its latencies were counted per group when
+        // the pass began, and it ends when every group was taken.
+        let untaken = match self.trips.wavefront_chunks.checked_sub(1) {
+            Some(left) => {
+                self.trips.wavefront_chunks = left;
+                Some(self.group_of.len())
+            }
+            None => {
+                self.timings.round_trips += 1;
+                None
+            }
+        };
         let trip = Trip {
             round: self.transport.open_round(),
             tolerance: tolerance.unwrap_or(0.0),
             units: HashMap::new(),
             ready: HashMap::new(),
-            untaken: None,
+            untaken,
         };
         self.trips.trips.insert(id, trip);
-        match self.trips.wavefront_chunks.checked_sub(1) {
-            Some(left) => {
-                self.trips.wavefront_chunks = left;
-                let groups = self.group_of.len();
-                self.trips
-                    .trip(id)
-                    .map_err(|e| model_error(e, 0, ProjGroup::Qkv))?
-                    .untaken = Some(groups);
-            }
-            None => self.timings.round_trips += 1,
-        }
         Ok(id)
     }
 
