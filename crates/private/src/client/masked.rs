@@ -336,10 +336,7 @@ impl MaskedClient {
         name: (usize, ProjGroup),
         x: &Tensor,
     ) -> Result<Exchange, PrivateError> {
-        let g = self.groups.get(&name).ok_or(PrivateError::UnknownGroup {
-            layer: name.0 as u32,
-            group: crate::protocol::group_index(name.1),
-        })?;
+        let g = find_group(&self.groups, name)?;
         let (t, _) = x.dims2().map_err(ModelError::from)?;
         let xs: Vec<f32> = x
             .flatten_all()
@@ -377,10 +374,7 @@ impl MaskedClient {
         exchange: Exchange,
     ) -> Result<GroupDeltas, PrivateError> {
         let Exchange { name, t, sent } = exchange;
-        let g = self.groups.get(&name).ok_or(PrivateError::UnknownGroup {
-            layer: name.0 as u32,
-            group: crate::protocol::group_index(name.1),
-        })?;
+        let g = find_group(&self.groups, name)?;
         let mut deltas: Vec<Vec<f32>> = vec![Vec::new(); g.projections.len()];
         let mut failed = None;
         for Sent {
@@ -432,6 +426,18 @@ impl MaskedClient {
         }
         Ok(out)
     }
+}
+
+/// Group `name` of `groups` (a field borrow, so the pool stays free to lend). Errors:
+/// [`PrivateError::UnknownGroup`].
+fn find_group(
+    groups: &HashMap<(usize, ProjGroup), ClientGroup>,
+    name: (usize, ProjGroup),
+) -> Result<&ClientGroup, PrivateError> {
+    groups.get(&name).ok_or(PrivateError::UnknownGroup {
+        layer: name.0 as u32,
+        group: crate::protocol::group_index(name.1),
+    })
 }
 
 /// One online request sent: its round, the request, the rows it masks, and the reply if the
@@ -527,8 +533,7 @@ impl<H: DeltaHook, T: Transport> DeltaHook for MaskedHook<'_, H, T> {
     ) -> Result<GroupDeltas, ModelError> {
         if self.client.order.first() == Some(&(layer, group)) {
             let t = x.dims2()?.0;
-            let allowed = !(self.prompt_only && self.prompt_done);
-            self.masked = allowed && self.client.ready() >= t;
+            self.masked = self.may_run_masked(t);
             if self.masked {
                 self.passes.0 += 1;
                 self.masked_positions += t;
@@ -569,8 +574,7 @@ impl<H: DeltaHook, T: Transport> DeltaHook for MaskedHook<'_, H, T> {
     /// ⌈t / [`WAVEFRONT_CHUNKS`]⌉ rows, at most [`ROWS_PER_REQUEST`]); otherwise the inner
     /// hook's wavefront.
     fn wavefront(&mut self, t: usize) -> Option<Wavefront<'_>> {
-        let allowed = !(self.prompt_only && self.prompt_done);
-        if !allowed || self.client.ready() < t {
+        if !self.may_run_masked(t) {
             self.masked = false;
             let inner = self.inner.wavefront(t);
             if inner.is_some() {
@@ -595,6 +599,12 @@ impl<H: DeltaHook, T: Transport> DeltaHook for MaskedHook<'_, H, T> {
 }
 
 impl<H: DeltaHook, T: Transport> MaskedHook<'_, H, T> {
+    /// Whether a pass of `t` positions may run masked: the pools cover it and, for a
+    /// [`MaskedHook::prompt_only`] hook, the prompt's passes are not done.
+    fn may_run_masked(&self, t: usize) -> bool {
+        !(self.prompt_only && self.prompt_done) && self.client.ready() >= t
+    }
+
     /// A refused or failed exchange: the masks it named are spent and the rest of the pool may be
     /// stale (a reopened session), so the pool is cleared and the pass goes on without masks.
     fn fall_back(&mut self, layer: usize, group: ProjGroup, e: &PrivateError) {
