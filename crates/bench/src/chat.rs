@@ -24,8 +24,8 @@ use anyhow::Context;
 use bytes::Bytes;
 use cipherlora_api::{DraftLength, Engine, EngineConfig, MaskedSettings, SessionSettings};
 use cipherlora_model::{
-    ChatMessage, GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, Tokenizer,
-    WeightMode, generate,
+    AttentionMask, ChatMessage, GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams,
+    Tokenizer, WeightMode, generate,
 };
 use cipherlora_private::{EmbeddedServer, WireDensity};
 use cipherlora_service::LinkProfile;
@@ -147,6 +147,21 @@ pub struct ChatTurn {
     pub wire_decode: WireDensity,
     /// Whether the answer equals the plaintext adapted model's.
     pub matches_plaintext: bool,
+    /// Where a differing answer left the plaintext one, and how near a tie that token was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub difference: Option<Difference>,
+}
+
+/// The first token where a private answer leaves the plaintext adapted model's greedy answer.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Difference {
+    /// Index of the token in the answer.
+    pub token: usize,
+    /// The plaintext model's top-1/top-2 logit margin there (its own incremental decoding).
+    pub margin: f32,
+    /// Largest difference between the plaintext model's logits there computed token by token
+    /// and in one batched pass: how far its own f32 arithmetic moves them.
+    pub plaintext_jitter: f32,
 }
 
 impl ChatTurn {
@@ -350,24 +365,78 @@ struct Reference<'a> {
 }
 
 impl Reference<'_> {
-    /// The greedy answer to `messages` and its prompt's token count.
-    fn answer(&self, messages: &[ChatMessage]) -> anyhow::Result<(String, usize)> {
-        let text = self.tokenizer.render_chat(messages, true)?;
-        let ids = self.tokenizer.encode(&text)?;
+    /// The prompt's tokens for `messages` and the greedy answer's tokens.
+    fn greedy(&self, messages: &[ChatMessage]) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+        let ids = (self.tokenizer).encode(&self.tokenizer.render_chat(messages, true)?)?;
         let opts = GenerateOptions {
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: self.tokenizer.eos_tokens().to_vec(),
         };
-        let out = generate(
-            self.model,
-            &ids,
-            &opts,
-            &mut PlainLora::new(self.adapter),
-            &mut |_| Ok(()),
-        )?;
-        Ok((self.tokenizer.decode(&out.tokens)?, ids.len()))
+        let mut hook = PlainLora::new(self.adapter);
+        let out = generate(self.model, &ids, &opts, &mut hook, &mut |_| Ok(()))?;
+        Ok((ids, out.tokens))
     }
+
+    /// The greedy answer to `messages`.
+    fn answer(&self, messages: &[ChatMessage]) -> anyhow::Result<String> {
+        Ok(self.tokenizer.decode(&self.greedy(messages)?.1)?)
+    }
+
+    /// Where `private` leaves the greedy answer to `messages` (`None`: it does not).
+    fn difference(
+        &self,
+        messages: &[ChatMessage],
+        private: &str,
+    ) -> anyhow::Result<Option<Difference>> {
+        let (ids, want) = self.greedy(messages)?;
+        let mut at = None;
+        for i in 0..want.len() {
+            if !private.starts_with(&self.tokenizer.decode(&want[..=i])?) {
+                at = Some(i);
+                break;
+            }
+        }
+        let Some(token) = at else { return Ok(None) };
+        let last_row = |logits: cipherlora_model::Tensor| -> anyhow::Result<Vec<f32>> {
+            Ok(logits.get(logits.dim(0)? - 1)?.to_vec1()?)
+        };
+        // As the reference decodes: the prompt in one pass, then token by token.
+        let mut hook = PlainLora::new(self.adapter);
+        let mut cache = self.model.new_cache(ids.len() + token + 1)?;
+        let causal = AttentionMask::Causal;
+        let mut logits = self.model.forward(&ids, &mut cache, &causal, &mut hook)?;
+        for &t in &want[..token] {
+            logits = self.model.forward(&[t], &mut cache, &causal, &mut hook)?;
+        }
+        let incremental = last_row(logits)?;
+        let input = [&ids[..], &want[..token]].concat();
+        let mut cache = self.model.new_cache(input.len())?;
+        let batched = last_row(self.model.forward(&input, &mut cache, &causal, &mut hook)?)?;
+        let plaintext_jitter = (incremental.iter().zip(&batched))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        let mut sorted = incremental;
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        Ok(Some(Difference {
+            token,
+            margin: sorted[0] - sorted[1],
+            plaintext_jitter,
+        }))
+    }
+}
+
+/// Where a private answer leaves the plaintext one: the common text and both continuations.
+fn first_difference(private: &str, plaintext: &str) -> String {
+    let common = (private.char_indices().zip(plaintext.chars()))
+        .find(|((_, a), b)| a != b)
+        .map_or(private.len().min(plaintext.len()), |((i, _), _)| i);
+    format!(
+        "  common: {:?}\n  private: {:?}\n  plaintext: {:?}",
+        &private[..common],
+        &private[common..],
+        &plaintext[common..]
+    )
 }
 
 /// The user turn `i`'s text (the document pasted into [`DOCUMENT_TURN`]).
@@ -410,7 +479,7 @@ async fn chat(
         } else {
             cold.clone().unwrap_or_default()
         };
-        let (want, _) = reference.answer(&conversation)?;
+        let want = reference.answer(&conversation)?;
         let idle = Instant::now();
         if turn > 0 && label.mode.masked_mib.is_some() {
             // Until the pools are full, the filler stops (a refusal, the budget) or time is up.
@@ -450,7 +519,21 @@ async fn chat(
                 "DIFFERS from plaintext"
             }
         );
-        out.push(answer.turn(label, turn, answer.text == want));
+        let mut difference = None;
+        if answer.text != want {
+            eprintln!("{}", first_difference(&answer.text, &want));
+            difference = reference.difference(&conversation, &answer.text)?;
+            if let Some(d) = difference {
+                eprintln!(
+                    "  at answer token {}: plaintext top-1/top-2 logit margin {:.1e}, its own \
+                     token-by-token vs batched logits differ by {:.1e}",
+                    d.token, d.margin, d.plaintext_jitter
+                );
+            }
+        }
+        let mut turn_report = answer.turn(label, turn, answer.text == want);
+        turn_report.difference = difference;
+        out.push(turn_report);
         if turn < TURNS.len() {
             messages.push(ChatMessage::new("assistant", answer.text));
         }
@@ -502,6 +585,7 @@ impl Answer {
             wire_prefill: self.wire_prefill,
             wire_decode: self.wire_decode,
             matches_plaintext: matches,
+            difference: None,
         }
     }
 
@@ -676,10 +760,35 @@ fn markdown(r: &ChatReport) -> String {
                     t.bytes_down as f64 / 1e6,
                     bits(&t.wire_prefill),
                     bits(&t.wire_decode),
-                    if t.matches_plaintext { "yes" } else { "**no**" }
+                    match (t.matches_plaintext, &t.difference) {
+                        (true, _) => "yes".to_string(),
+                        (false, Some(d)) => format!(
+                            "**no** (token {}: a near-tie {:.1e} logits wide; plaintext jitter {:.1e})",
+                            d.token, d.margin, d.plaintext_jitter
+                        ),
+                        (false, None) => "**no**".to_string(),
+                    }
                 ));
             }
         }
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_difference_splits_at_the_first_differing_character() {
+        let d = first_difference("The first one chosen is", "The first one is the");
+        assert!(d.contains(r#"common: "The first one ""#), "{d}");
+        assert!(d.contains(r#"private: "chosen is""#), "{d}");
+        assert!(d.contains(r#"plaintext: "is the""#), "{d}");
+        // One answer a prefix of the other; characters of several bytes.
+        let d = first_difference("café", "café au lait");
+        assert!(d.contains(r#"private: """#) && d.contains(r#"plaintext: " au lait""#));
+        let d = first_difference("naïve", "naïf");
+        assert!(d.contains(r#"common: "naï""#), "{d}");
+    }
 }
