@@ -365,31 +365,27 @@ struct Reference<'a> {
 }
 
 impl Reference<'_> {
-    /// The prompt's tokens for `messages` and the greedy answer's tokens.
-    fn greedy(&self, messages: &[ChatMessage]) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
-        let ids = (self.tokenizer).encode(&self.tokenizer.render_chat(messages, true)?)?;
+    /// The greedy answer to `messages`.
+    fn answer(&self, messages: &[ChatMessage]) -> anyhow::Result<Greedy> {
+        let prompt = (self.tokenizer).encode(&self.tokenizer.render_chat(messages, true)?)?;
         let opts = GenerateOptions {
             max_tokens: self.max_tokens,
             sampling: SamplingParams::greedy(),
             eos: self.tokenizer.eos_tokens().to_vec(),
         };
         let mut hook = PlainLora::new(self.adapter);
-        let out = generate(self.model, &ids, &opts, &mut hook, &mut |_| Ok(()))?;
-        Ok((ids, out.tokens))
+        let tokens = generate(self.model, &prompt, &opts, &mut hook, &mut |_| Ok(()))?.tokens;
+        let text = self.tokenizer.decode(&tokens)?;
+        Ok(Greedy {
+            prompt,
+            tokens,
+            text,
+        })
     }
 
-    /// The greedy answer to `messages`.
-    fn answer(&self, messages: &[ChatMessage]) -> anyhow::Result<String> {
-        Ok(self.tokenizer.decode(&self.greedy(messages)?.1)?)
-    }
-
-    /// Where `private` leaves the greedy answer to `messages` (`None`: it does not).
-    fn difference(
-        &self,
-        messages: &[ChatMessage],
-        private: &str,
-    ) -> anyhow::Result<Option<Difference>> {
-        let (ids, want) = self.greedy(messages)?;
+    /// Where `private` leaves the greedy answer `want` (`None`: it does not).
+    fn difference(&self, want: &Greedy, private: &str) -> anyhow::Result<Option<Difference>> {
+        let (ids, want) = (&want.prompt, &want.tokens);
         let mut at = None;
         for i in 0..want.len() {
             if !private.starts_with(&self.tokenizer.decode(&want[..=i])?) {
@@ -405,7 +401,7 @@ impl Reference<'_> {
         let mut hook = PlainLora::new(self.adapter);
         let mut cache = self.model.new_cache(ids.len() + token + 1)?;
         let causal = AttentionMask::Causal;
-        let mut logits = self.model.forward(&ids, &mut cache, &causal, &mut hook)?;
+        let mut logits = self.model.forward(ids, &mut cache, &causal, &mut hook)?;
         for &t in &want[..token] {
             logits = self.model.forward(&[t], &mut cache, &causal, &mut hook)?;
         }
@@ -424,6 +420,13 @@ impl Reference<'_> {
             plaintext_jitter,
         }))
     }
+}
+
+/// The reference's greedy answer to a conversation.
+struct Greedy {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    text: String,
 }
 
 /// Where a private answer leaves the plaintext one: the common text and both continuations.
@@ -479,7 +482,8 @@ async fn chat(
         } else {
             cold.clone().unwrap_or_default()
         };
-        let want = reference.answer(&conversation)?;
+        let reference_answer = reference.answer(&conversation)?;
+        let want = reference_answer.text.as_str();
         let idle = Instant::now();
         if turn > 0 && label.mode.masked_mib.is_some() {
             // Until the pools are full, the filler stops (a refusal, the budget) or time is up.
@@ -521,8 +525,8 @@ async fn chat(
         );
         let mut difference = None;
         if answer.text != want {
-            eprintln!("{}", first_difference(&answer.text, &want));
-            difference = reference.difference(&conversation, &answer.text)?;
+            eprintln!("{}", first_difference(&answer.text, want));
+            difference = reference.difference(&reference_answer, &answer.text)?;
             if let Some(d) = difference {
                 eprintln!(
                     "  at answer token {}: plaintext top-1/top-2 logit margin {:.1e}, its own \
