@@ -26,7 +26,9 @@ use cipherlora_private::client::masked::MaskedHook;
 use cipherlora_private::{HeTimings, WireDensity};
 use cipherlora_service::{AdapterClient, ClientConfig};
 use cipherlora_speculative::SpecError;
-use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig, SpecOutput};
+use cipherlora_speculative::decode::{
+    self, ChainDrafter, Drafting, PrefillSpan, SpecConfig, SpecOutput,
+};
 use cipherlora_speculative::schedule::Schedule;
 
 use crate::openai::{PrivateCost, PromptTokensDetails, Usage};
@@ -313,7 +315,12 @@ impl Engine {
         let (out, cost) = match self.adapter(&job.model) {
             None => {
                 let _ticket = self.base_queue.enter()?;
-                let cfg = self.spec_config(job, Drafting::None, Schedule::PerGroup, (64, 64));
+                let cfg = self.spec_config(
+                    job,
+                    Drafting::None,
+                    Schedule::PerGroup,
+                    (64, PrefillSpan::Positions(64)),
+                );
                 let out =
                     decode::generate(&self.model, &job.prompt, &cfg, &mut NoAdapter, &mut |t| {
                         text.push(t)
@@ -451,7 +458,7 @@ impl Engine {
         job: &Job,
         drafting: Drafting,
         schedule: Schedule,
-        (prefill_width, prefill_span): (usize, usize),
+        (prefill_width, prefill_span): (usize, PrefillSpan),
     ) -> SpecConfig {
         SpecConfig {
             pad_to_k: !matches!(drafting, Drafting::None),

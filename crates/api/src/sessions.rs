@@ -92,7 +92,7 @@ pub struct SessionSettings {
     pub prefill_width: usize,
     /// Positions per group-by-group prefill pass, split into pipelined
     /// requests ([`SpecConfig::prefill_span`](cipherlora_speculative::decode::SpecConfig::prefill_span)).
-    pub prefill_span: usize,
+    pub prefill_span: cipherlora_speculative::decode::PrefillSpan,
     /// `auto`, `per-group` or `fixed-point[:N]`.
     pub schedule: String,
     /// The link to plan `auto` on (`None`: measured, 100 Mbit/s).

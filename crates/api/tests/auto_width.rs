@@ -53,7 +53,7 @@ fn auto_k_on_a_wan_opens_a_wider_by_layer_session_and_answers_as_the_merged_mode
             planning_link: Some(LinkProfile::WAN80),
             max_queue: 4,
             prefix_cache_bytes: None,
-            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
         }),
         max_tokens_cap: 64,
         max_queue: 4,

@@ -49,7 +49,7 @@ fn a_prompt_the_pools_cover_runs_masked_and_every_answer_is_the_plaintext_one() 
             planning_link: None,
             max_queue: 4,
             prefix_cache_bytes: None,
-            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
         }),
         max_tokens_cap: 64,
         max_queue: 4,

@@ -121,7 +121,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                     max_queue: 4,
                     // Every prompt is prefilled: the report measures prefill.
                     prefix_cache_bytes: None,
-                    prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                    prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
                 }),
                 max_tokens_cap: opts.max_tokens,
                 max_queue: 4,

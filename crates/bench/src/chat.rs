@@ -29,6 +29,7 @@ use cipherlora_model::{
 };
 use cipherlora_private::{EmbeddedServer, WireDensity};
 use cipherlora_service::LinkProfile;
+use cipherlora_speculative::decode::PrefillSpan;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -72,7 +73,7 @@ pub struct ChatBenchOptions {
     pub caches: Vec<Option<usize>>,
     /// Prefill spans to compare (`SpecConfig::prefill_span`; 32, the
     /// prefill width: one padded request per pass).
-    pub spans: Vec<usize>,
+    pub spans: Vec<PrefillSpan>,
     /// Prefill widths to compare (positions per prefill request, the prefill session's width).
     pub prefill_widths: Vec<usize>,
     /// Also time one cold prompt of about this many tokens (the document
@@ -100,8 +101,8 @@ pub struct ChatTurn {
     pub link: String,
     /// Prefix-cache budget, MiB (`None`: off).
     pub cache_mib: Option<usize>,
-    /// Prefill span (`SpecConfig::prefill_span`).
-    pub span: usize,
+    /// Prefill span (`SpecConfig::prefill_span`: positions, or `auto:<MiB>`).
+    pub span: String,
     /// Positions per prefill request.
     #[serde(default = "default_prefill_width")]
     pub prefill_width: usize,
@@ -180,8 +181,8 @@ pub struct SessionsOpened {
     pub link: String,
     /// Prefix-cache budget, MiB.
     pub cache_mib: Option<usize>,
-    /// Prefill span.
-    pub span: usize,
+    /// Prefill span (positions, or `auto:<MiB>`).
+    pub span: String,
     /// Positions per prefill request.
     #[serde(default = "default_prefill_width")]
     pub prefill_width: usize,
@@ -276,7 +277,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     adapter: id.clone(),
                     link: link_name.clone(),
                     cache_mib: mode.cache_mib,
-                    span: mode.span,
+                    span: mode.span.to_string(),
                     prefill_width: mode.prefill_width,
                     schedule: mode.schedule.clone(),
                     masked_mib: mode.masked_mib,
@@ -317,7 +318,7 @@ fn default_prefill_width() -> usize {
 /// How one endpoint was configured.
 struct Mode {
     cache_mib: Option<usize>,
-    span: usize,
+    span: PrefillSpan,
     prefill_width: usize,
     schedule: String,
     masked_mib: Option<usize>,
@@ -570,7 +571,7 @@ impl Answer {
             adapter: label.adapter.to_string(),
             link: label.link.to_string(),
             cache_mib: label.mode.cache_mib,
-            span: label.mode.span,
+            span: label.mode.span.to_string(),
             prefill_width: label.mode.prefill_width,
             schedule: label.mode.schedule.clone(),
             masked_mib: label.mode.masked_mib,
@@ -729,7 +730,7 @@ fn markdown(r: &ChatReport) -> String {
                     t.adapter.as_str(),
                     t.link.as_str(),
                     t.cache_mib,
-                    t.span,
+                    &t.span,
                     t.prefill_width,
                     &t.schedule,
                     t.masked_mib,
@@ -737,7 +738,7 @@ fn markdown(r: &ChatReport) -> String {
                     adapter,
                     link,
                     s.cache_mib,
-                    s.span,
+                    &s.span,
                     s.prefill_width,
                     &s.schedule,
                     s.masked_mib,

@@ -580,7 +580,7 @@ pub fn run_target(
                     },
                     eos: eos.clone(),
                     first_token_from_prefill: false,
-                    prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                    prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
                     schedule: Schedule::PerGroup,
                 };
                 // `SCHEDULE@by-input` or `SCHEDULE@by-layers:N` overrides the grouping.

@@ -11,7 +11,7 @@ use cipherlora_model::{
     ChatMessage, GenerateOptions, LoadOptions, LoraAdapter, Model, PlainLora, SamplingParams,
     Tokenizer, WeightMode, fetch, generate,
 };
-use cipherlora_speculative::decode::{self, PREFILL_SPAN, SpecConfig, SpecStats};
+use cipherlora_speculative::decode::{self, PrefillSpan, SpecConfig, SpecStats};
 use cipherlora_speculative::prefix_cache::PrefixCache;
 use cipherlora_speculative::schedule::{FixedPoint, Prefill, Schedule};
 
@@ -37,7 +37,7 @@ fn chat(adapter: &str, fixed: FixedPoint, k: usize, first_from_prefill: bool) ->
     let cfg = SpecConfig {
         prefill_width: Some(32),
         first_token_from_prefill: first_from_prefill,
-        prefill_span: PREFILL_SPAN,
+        prefill_span: PrefillSpan::default(),
         schedule: Schedule::FixedPoint(FixedPoint {
             prefill: Prefill::PerGroup,
             ..fixed

@@ -80,6 +80,24 @@ impl ModelConfig {
         }
     }
 
+    /// Bytes a prompt's pass ([`Model::forward_wavefront`](crate::Model::forward_wavefront) or
+    /// [`Model::forward`](crate::Model::forward)) holds per row while it runs, with the groups
+    /// `adapted` (one entry per (layer, group)) and `context` positions of attention: the
+    /// deltas it keeps until it returns (every projection of an adapted group, f32), one
+    /// layer's attention scores and bias over the context, and the residual stream, attention
+    /// and MLP activations of a layer. An upper bound, to size a pass from a memory budget.
+    pub fn pass_row_bytes(&self, adapted: &[(usize, crate::ProjGroup)], context: usize) -> usize {
+        let deltas: usize = adapted
+            .iter()
+            .flat_map(|&(_, g)| g.projs())
+            .map(|&p| self.proj_out_dim(p))
+            .sum();
+        let attention = (self.num_heads + 1) * context;
+        let activations =
+            4 * self.hidden_size + 2 * self.num_heads * self.head_dim + 3 * self.intermediate_size;
+        4 * (deltas + attention + activations)
+    }
+
     /// Checks the internal consistency of the shapes.
     pub(crate) fn validate(&self, path: &Path) -> Result<(), ModelError> {
         let bad = |key: &str, reason: String| ModelError::Config {

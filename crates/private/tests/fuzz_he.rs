@@ -218,7 +218,7 @@ fn fuzz_the_he_backend_while_an_honest_client_generates() {
                 let cfg = SpecConfig {
                     prefill_width: Some(8),
                     first_token_from_prefill: true,
-                    prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                    prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
                     ..common::greedy_spec(K, 16, &tok)
                 };
                 let got =

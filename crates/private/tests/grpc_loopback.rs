@@ -155,7 +155,7 @@ fn grpc_private_generation_equals_plaintext_and_survives_a_malformed_session() {
             prefill_width: Some(PREFILL),
             optimistic: true,
             first_token_from_prefill: true,
-            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
             ..common::greedy_spec(K, TOKENS, &tok)
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();

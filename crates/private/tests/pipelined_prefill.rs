@@ -16,7 +16,7 @@ use cipherlora_private::{
     InProcessOpener, SessionMemory, WireDensity, connect_with,
 };
 use cipherlora_service::LinkProfile;
-use cipherlora_speculative::decode::{self, SpecConfig, SpecOutput};
+use cipherlora_speculative::decode::{self, PrefillSpan, SpecConfig, SpecOutput};
 use cipherlora_speculative::schedule::{FixedPoint, Prefill, Schedule};
 
 use common::{adapter_dir, assert_matches, plaintext_reference};
@@ -104,7 +104,7 @@ fn run(
     let mut hook: ByWidth<InProcess> = session.hook;
     let cfg = SpecConfig {
         prefill_width: Some(PREFILL_WIDTH),
-        prefill_span: span,
+        prefill_span: PrefillSpan::Positions(span),
         schedule,
         ..common::greedy_spec(4, 6, tok)
     };

@@ -211,7 +211,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         },
                         eos: eos.clone(),
                         first_token_from_prefill: false,
-                        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                        prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
                         schedule: Default::default(),
                     };
                     let mut lora = PlainLora::new(&adapter);

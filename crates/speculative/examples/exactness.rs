@@ -281,7 +281,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         sampling: sampling(args.temperature, index),
                         eos: eos.clone(),
                         first_token_from_prefill: false,
-                        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+                        prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
                         schedule: Schedule::FixedPoint(FixedPoint {
                             round_trips: trips,
                             prefill: args.prefill,

@@ -17,11 +17,13 @@ mod decoding;
 mod draft_model;
 mod drafter;
 mod prefill;
+mod prefill_span;
 
-pub use config::{ChainDrafter, Drafting, PREFILL_SPAN, SpecConfig, SpecOutput, SpecStats};
+pub use config::{ChainDrafter, Drafting, SpecConfig, SpecOutput, SpecStats};
 use decoding::Decoding;
 pub use draft_model::DraftModel;
 use draft_model::check_draft_model;
+pub use prefill_span::{PREFILL_MEMORY, PrefillSpan};
 
 /// Speculative generation after `prompt`; `verifier` supplies each verify
 /// pass's adapter deltas, `on_tokens` sees each round's new tokens. Greedy

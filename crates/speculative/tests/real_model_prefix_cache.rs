@@ -17,7 +17,7 @@ fn config(f: &Fixture, schedule: Schedule) -> SpecConfig {
     SpecConfig {
         prefill_width: Some(16),
         first_token_from_prefill: true,
-        prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+        prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
         schedule,
         ..SpecConfig::greedy(6, TOKENS, f.tokenizer.eos_tokens().to_vec())
     }

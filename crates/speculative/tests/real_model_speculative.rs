@@ -15,12 +15,15 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, NoAdapter, PlainLora, Sampler, SamplingParams, generate,
 };
 use cipherlora_speculative::acceptance::{DraftProbs, accept_sampled, sample};
-use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, PREFILL_SPAN, SpecConfig};
+use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, PrefillSpan, SpecConfig};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 mod common;
 use common::{Fixture, PROMPTS, chi2_p_value, drafted, fixture, last_probs, reference};
+
+/// Positions per group-by-group prefill pass in these runs.
+const SPAN: usize = 512;
 
 #[allow(clippy::too_many_arguments)]
 fn speculative(
@@ -53,7 +56,7 @@ fn speculative(
         sampling: SamplingParams::greedy(),
         eos: f.tokenizer.eos_tokens().to_vec(),
         first_token_from_prefill: false,
-        prefill_span: PREFILL_SPAN,
+        prefill_span: PrefillSpan::Positions(SPAN),
         schedule: Default::default(),
     };
     let mut hook = PlainLora::new(&f.adapter);
@@ -120,7 +123,7 @@ fn greedy_speculative_output_equals_sequential_adapted_decoding() {
                 // Group by group the prompt runs unpadded, in passes of up to the span.
                 assert_eq!(
                     got.stats.prefill_passes,
-                    (prompt.len() - 1).div_ceil(PREFILL_SPAN),
+                    (prompt.len() - 1).div_ceil(SPAN),
                     "prefill passes (prefill width {prefill:?}) on {text:?}"
                 );
             }
@@ -379,7 +382,7 @@ fn fixed_point_sampling_continues_rounds_and_matches_per_group_sampling() {
             },
             eos: Vec::new(),
             first_token_from_prefill: false,
-            prefill_span: PREFILL_SPAN,
+            prefill_span: PrefillSpan::Positions(SPAN),
             schedule,
         };
         let mut hook = PlainLora::new(&f.adapter);
@@ -420,7 +423,7 @@ fn first_from_prefill_config(f: &Fixture, k: usize, prefill_width: usize, n: usi
     SpecConfig {
         prefill_width: Some(prefill_width),
         first_token_from_prefill: true,
-        prefill_span: PREFILL_SPAN,
+        prefill_span: PrefillSpan::Positions(SPAN),
         ..SpecConfig::greedy(k, n, f.tokenizer.eos_tokens().to_vec())
     }
 }

@@ -62,10 +62,12 @@ pub struct ApiArgs {
     prefill_width: usize,
     /// Positions per prefill pass: a prompt's pass is split into pipelined
     /// requests, so its uploads, the server's compute and the downloads
-    /// overlap and it pays one latency per layer group; at most
-    /// `--prefill-width`: one padded request per pass.
-    #[arg(long, default_value_t = cipherlora_speculative::decode::PREFILL_SPAN)]
-    prefill_span: usize,
+    /// overlap and it pays one latency per layer group. `auto`: as many as
+    /// fit 1 GiB of the pass's per-row state (deltas, attention,
+    /// activations), `auto:<MiB>` another budget, or a number of positions;
+    /// at most `--prefill-width`: one padded request per pass.
+    #[arg(long, default_value = "auto")]
+    prefill_span: cipherlora_speculative::decode::PrefillSpan,
     /// Verify schedule: `auto`, `per-group`, `fixed-point[:N]`.
     #[arg(long, default_value = "auto")]
     schedule: String,

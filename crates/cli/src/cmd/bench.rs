@@ -333,10 +333,11 @@ pub struct ChatBenchArgs {
     /// Prefix-cache budgets, MiB, comma-separated (`off`: no cache).
     #[arg(long, value_delimiter = ',', default_value = "off,1024")]
     caches: Vec<String>,
-    /// Prefill spans to compare, comma-separated (32, the prefill width:
-    /// one padded request per prefill pass, no pipelining).
-    #[arg(long, value_delimiter = ',', default_value = "512")]
-    spans: Vec<usize>,
+    /// Prefill spans to compare, comma-separated: `auto` (the endpoint's
+    /// default, sized from 1 GiB), `auto:<MiB>` or positions (32, the
+    /// prefill width: one padded request per prefill pass, no pipelining).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    spans: Vec<cipherlora_speculative::decode::PrefillSpan>,
     /// Prefill widths to compare (positions per prefill request), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "32")]
     prefill_widths: Vec<usize>,

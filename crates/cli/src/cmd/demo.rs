@@ -209,7 +209,7 @@ impl DemoArgs {
             sampling: SamplingParams::greedy(),
             eos: tok.eos_tokens().to_vec(),
             first_token_from_prefill: true,
-            prefill_span: cipherlora_speculative::decode::PREFILL_SPAN,
+            prefill_span: cipherlora_speculative::decode::PrefillSpan::default(),
             schedule: session.schedule,
         };
         println!("--- private (CKKS, speculative) ---");

@@ -119,10 +119,11 @@ pub struct GenerateArgs {
     /// Private mode: positions per prefill request (a second session of this width).
     #[arg(long, default_value_t = 16, requires = "server")]
     prefill_width: usize,
-    /// Private mode: positions per prefill pass, split into pipelined requests
-    /// (at most `--prefill-width`: one padded request per pass).
-    #[arg(long, default_value_t = cipherlora_speculative::decode::PREFILL_SPAN, requires = "server")]
-    prefill_span: usize,
+    /// Private mode: positions per prefill pass, split into pipelined requests:
+    /// `auto` (as many as fit 1 GiB of the pass's per-row state), `auto:<MiB>`,
+    /// or a number (at most `--prefill-width`: one padded request per pass).
+    #[arg(long, default_value = "auto", requires = "server")]
+    prefill_span: cipherlora_speculative::decode::PrefillSpan,
     /// Private mode: draft the next round while waiting for the server (greedy, base drafter).
     #[arg(long, requires = "server")]
     optimistic: bool,

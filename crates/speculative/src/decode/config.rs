@@ -3,6 +3,7 @@
 
 use cipherlora_model::SamplingParams;
 
+use super::PrefillSpan;
 use crate::context_drafter::ContextDrafter;
 use crate::draw_bounds::log_weight_bound;
 use crate::ngram::PromptLookup;
@@ -176,8 +177,8 @@ pub struct SpecConfig {
     pub first_token_from_prefill: bool,
     /// Positions per group-by-group prefill pass, unpadded (the hook splits
     /// it over its sessions' widths); at most the prefill width: fixed-width
-    /// padded chunks ([`PREFILL_SPAN`] by default).
-    pub prefill_span: usize,
+    /// padded chunks (by default as many as fit [`super::PREFILL_MEMORY`]).
+    pub prefill_span: PrefillSpan,
     /// How each pass gets its deltas; same output either way (sampling runs
     /// [`crate::schedule::FixedPoint::for_sampling`]).
     pub schedule: Schedule,
@@ -198,7 +199,7 @@ impl SpecConfig {
             sampling: SamplingParams::greedy(),
             eos,
             first_token_from_prefill: false,
-            prefill_span: PREFILL_SPAN,
+            prefill_span: PrefillSpan::default(),
             schedule: Schedule::PerGroup,
         }
     }
@@ -317,8 +318,3 @@ pub struct SpecOutput {
     /// Counters and timings.
     pub stats: SpecStats,
 }
-
-/// The default [`SpecConfig::prefill_span`]: a long prompt pays one latency
-/// per layer group every `PREFILL_SPAN` tokens; the span bounds the pass's
-/// attention scores (heads × span × context f32).
-pub const PREFILL_SPAN: usize = 512;

@@ -138,11 +138,15 @@ impl<'a> Decoding<'a> {
             prompt_settled,
         } = Rows::start(model, cfg, capacity, prefilled, cached)?;
         let reused = target.len();
+        let adapted = wanted_groups(model, &*verifier);
+        let span = cfg
+            .prefill_span
+            .positions(model.config(), &adapted, capacity);
         let done = prefill(
             model,
             (&mut target, shadow.as_mut(), log.as_mut()),
             &prefilled[reused..],
-            (prefill_width, narrow, cfg.prefill_span),
+            (prefill_width, narrow, span),
             cfg.pad_to_k,
             verifier,
             &cfg.schedule,
@@ -163,7 +167,6 @@ impl<'a> Decoding<'a> {
             .drafting
             .tree_drafts()
             .map_or(0, |t| t.shape.max_fed(cfg.drafting.k()));
-        let adapted = wanted_groups(model, &*verifier);
         let mut drafter = Drafter::new(
             (drafting, model),
             cfg,
