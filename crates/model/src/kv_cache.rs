@@ -336,7 +336,14 @@ impl KvCache {
             })
     }
 
+    /// Keys and values of `layer`, each the whole (num_kv_heads, capacity, head_dim) tensor.
+    pub(crate) fn layer(&self, layer: usize) -> Result<(&Tensor, &Tensor), ModelError> {
+        let i = self.slot(layer)?;
+        Ok((&self.keys[i], &self.values[i]))
+    }
+
     /// Keys and values of `layer` for `0..upto`, each (num_kv_heads, upto, head_dim).
+    #[cfg(test)]
     pub(crate) fn read(&self, layer: usize, upto: usize) -> Result<(Tensor, Tensor), ModelError> {
         let i = self.slot(layer)?;
         Ok((

@@ -7,6 +7,7 @@
 //! folders ([`LoraAdapter`]); [`fetch`] downloads the default model. Start
 //! with [`Model`] and [`DeltaHook`].
 
+mod batch_invariant;
 mod chat;
 mod config;
 mod error;

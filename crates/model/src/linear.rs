@@ -4,11 +4,8 @@
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use crate::ModelError;
 use crate::qmatmul::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QuantMatrix, WeightBlock};
-
-/// Positions from which a dense f32 projection is computed as `(W·xᵀ)ᵀ`.
-const TRANSPOSED_MIN_ROWS: usize = 4;
+use crate::{ModelError, batch_invariant};
 
 /// Weight of shape (d_out, d_in) plus optional bias (d_out).
 #[derive(Debug, Clone)]
@@ -98,13 +95,11 @@ impl Linear {
         }
     }
 
-    /// x: (T, d_in) f32 → (T, d_out) f32; dense f32 with T > 1 runs as `(W·xᵀ)ᵀ`, which suits
-    /// candle's GEMM microkernel better.
+    /// x: (T, d_in) f32 → (T, d_out) f32; dense f32 and our quantized kernels compute each row
+    /// the same way whatever T ([`crate::batch_invariant`]), f16 and K-quants through candle.
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
         let y = match &self.w {
-            Weight::Candle(QMatMul::Tensor(w)) if x.dim(0)? >= TRANSPOSED_MIN_ROWS => {
-                w.matmul(&x.t()?)?.t()?.contiguous()?
-            }
+            Weight::Candle(QMatMul::Tensor(w)) => batch_invariant::project(x, w)?,
             Weight::Candle(w) => w.forward(x)?,
             Weight::Q4_0(w) => quant_forward(w, x)?,
             Weight::Q4_1(w) => quant_forward(w, x)?,

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use crate::hook::{DeltaHook, GroupDeltas, Proj, ProjGroup};
-use crate::{ModelConfig, ModelError, RopeStyle};
+use crate::{ModelConfig, ModelError, RopeStyle, batch_invariant};
 
 /// lora_A, lora_B and scaling of one adapted projection.
 #[derive(Debug, Clone)]
@@ -32,8 +32,9 @@ impl LoraWeights {
     /// `scaling · (x Aᵀ) Bᵀ` for x (T × d_in): the delta (T × d_out). Errors:
     /// [`ModelError::Candle`] on a shape mismatch.
     pub fn delta(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let xa = x.matmul(&self.a.t()?)?;
-        Ok((xa.matmul(&self.b.t()?)? * self.scaling)?)
+        // Row by row as the model's projections ([`crate::batch_invariant`]).
+        let xa = batch_invariant::project(x, &self.a)?;
+        Ok((batch_invariant::project(&xa, &self.b)? * self.scaling)?)
     }
 }
 

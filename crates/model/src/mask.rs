@@ -2,8 +2,6 @@
 //! tree (speculative decoding's draft and verify passes), possibly extending tree nodes an earlier
 //! pass cached.
 
-use candle_core::{Device, Tensor};
-
 use crate::ModelError;
 
 /// Which earlier positions each of the T new positions may attend to (always the cache prefix and
@@ -92,27 +90,65 @@ impl AttentionMask {
         }
     }
 
-    /// Additive bias (t, cache_len + t): 0 allowed, -inf masked (validate with
-    /// [`AttentionMask::depths`] first).
-    pub(crate) fn bias(
-        &self,
-        cache_len: usize,
-        t: usize,
-        device: &Device,
-    ) -> Result<Tensor, ModelError> {
-        let total = cache_len + t;
+    /// The keys each of the `t` new positions attends to, after `cache_len` cached positions
+    /// (validate with [`AttentionMask::depths`] and `cached_nodes() ≤ cache_len` first).
+    pub(crate) fn seen_keys(&self, cache_len: usize, t: usize) -> Vec<SeenKeys> {
         let cached = self.cached_nodes();
-        // Column of node j (cached or new) in the (cache_len + t) keys.
+        // Position of node j (cached or new) among the cache_len + t keys.
         let tree_start = cache_len - cached;
-        let mut data = vec![0f32; t * total];
-        for i in 0..t {
-            for j in 0..cached + t {
-                if !self.sees(cached + i, j) {
-                    data[i * total + tree_start + j] = f32::NEG_INFINITY;
-                }
-            }
+        (0..t)
+            .map(|i| match self {
+                AttentionMask::Causal => SeenKeys::prefix(cache_len + i + 1),
+                AttentionMask::Tree { .. } => SeenKeys {
+                    prefix: tree_start,
+                    nodes: (0..cached + t)
+                        .filter(|&j| self.sees(cached + i, j))
+                        .map(|j| tree_start + j)
+                        .collect(),
+                },
+            })
+            .collect()
+    }
+}
+
+/// The keys one new position attends to, in the order its attention sums them: the cache's first
+/// `prefix` positions, then `nodes` (tree nodes' positions, increasing, the position itself last).
+/// A row decoded token by token and the same row in a pass see the same keys in the same order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SeenKeys {
+    prefix: usize,
+    nodes: Vec<usize>,
+}
+
+impl SeenKeys {
+    /// Positions `0..n`.
+    pub(crate) fn prefix(n: usize) -> Self {
+        SeenKeys {
+            prefix: n,
+            nodes: Vec::new(),
         }
-        Ok(Tensor::from_vec(data, (t, total), device)?)
+    }
+
+    /// Calls `f` on each key position, in order.
+    #[inline(always)]
+    pub(crate) fn for_each(&self, mut f: impl FnMut(usize)) {
+        (0..self.prefix).for_each(&mut f);
+        self.nodes.iter().for_each(|&j| f(j));
+    }
+
+    /// One past the largest key position.
+    pub(crate) fn end(&self) -> usize {
+        self.nodes
+            .last()
+            .map_or(self.prefix, |&j| self.prefix.max(j + 1))
+    }
+
+    /// The key positions, in order.
+    #[cfg(test)]
+    pub(crate) fn keys(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        self.for_each(|j| v.push(j));
+        v
     }
 }
 
@@ -120,17 +156,22 @@ impl AttentionMask {
 mod tests {
     use super::*;
 
+    /// Each row's key positions, in order.
+    fn keys(m: &AttentionMask, cache_len: usize, t: usize) -> Vec<Vec<usize>> {
+        m.seen_keys(cache_len, t)
+            .iter()
+            .map(SeenKeys::keys)
+            .collect()
+    }
+
     #[test]
-    fn chain_tree_has_causal_bias_and_depths() {
+    fn chain_tree_sees_the_causal_keys_and_depths() {
         let chain = AttentionMask::tree(vec![None, Some(0), Some(1), Some(2)]);
-        let dev = Device::Cpu;
-        let a = chain.bias(3, 4, &dev).unwrap().to_vec2::<f32>().unwrap();
-        let b = AttentionMask::Causal
-            .bias(3, 4, &dev)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        assert_eq!(a, b);
+        assert_eq!(keys(&chain, 3, 4), keys(&AttentionMask::Causal, 3, 4));
+        assert_eq!(
+            keys(&AttentionMask::Causal, 3, 2),
+            vec![vec![0, 1, 2, 3], vec![0, 1, 2, 3, 4]]
+        );
         assert_eq!(chain.depths(4).unwrap(), vec![0, 1, 2, 3]);
     }
 
@@ -140,19 +181,17 @@ mod tests {
         let m = AttentionMask::tree(vec![None, Some(0), Some(0), Some(1)]);
         assert_eq!(m.depths(4).unwrap(), vec![0, 1, 1, 2]);
         assert!(m.sees(3, 1) && m.sees(3, 0) && !m.sees(3, 2) && !m.sees(2, 1));
+        assert_eq!(keys(&m, 2, 4)[3], vec![0, 1, 2, 3, 5]);
     }
 
     #[test]
-    fn extension_bias_equals_the_whole_trees_rows() {
+    fn extension_keys_equal_the_whole_trees_rows() {
         // 0 -> {1, 2}, 1 -> 3, 2 -> 4: nodes 0..3 cached, 3 and 4 new.
         let parents = vec![None, Some(0), Some(0), Some(1), Some(2)];
         let whole = AttentionMask::tree(parents.clone());
         let ext = AttentionMask::tree_extension(parents, 3);
-        let dev = Device::Cpu;
-        let w = whole.bias(2, 5, &dev).unwrap().to_vec2::<f32>().unwrap();
-        let e = ext.bias(5, 2, &dev).unwrap().to_vec2::<f32>().unwrap();
         // Same keys (2 prefix + 5 nodes), the extension's rows are the whole tree's last two.
-        assert_eq!(e, w[3..].to_vec());
+        assert_eq!(keys(&ext, 5, 2), keys(&whole, 2, 5)[3..].to_vec());
         assert_eq!(ext.depths(2).unwrap(), vec![2, 2]);
         assert!(ext.depths(3).is_err());
     }
@@ -165,7 +204,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Node i sees depth(i) + 1 new positions and the whole prefix; a chain tree is causal.
+        /// Node i sees the whole prefix, then depth(i) + 1 new positions in increasing order,
+        /// itself last; a chain tree is causal.
         #[test]
         fn tree_visibility_counts_ancestors(raw in proptest::collection::vec(0usize..64, 1..12), cache_len in 0usize..4) {
             let parents: Vec<Option<usize>> = raw
@@ -176,19 +216,14 @@ mod tests {
             let t = parents.len();
             let m = AttentionMask::tree(parents);
             let depths = m.depths(t).unwrap();
-            let bias = m.bias(cache_len, t, &Device::Cpu).unwrap().to_vec2::<f32>().unwrap();
-            for i in 0..t {
-                let row = &bias[i];
-                proptest::prop_assert!(row[..cache_len].iter().all(|&x| x == 0.0));
-                let seen = row[cache_len..].iter().filter(|&&x| x == 0.0).count();
-                proptest::prop_assert_eq!(seen, depths[i] + 1);
-                proptest::prop_assert_eq!(row[cache_len + i], 0.0);
+            for (i, row) in keys(&m, cache_len, t).iter().enumerate() {
+                proptest::prop_assert_eq!(&row[..cache_len], &(0..cache_len).collect::<Vec<_>>()[..]);
+                proptest::prop_assert_eq!(row.len() - cache_len, depths[i] + 1);
+                proptest::prop_assert!(row.windows(2).all(|w| w[0] < w[1]));
+                proptest::prop_assert_eq!(row.last(), Some(&(cache_len + i)));
             }
             let chain = AttentionMask::tree((0..t).map(|i| i.checked_sub(1)).collect());
-            proptest::prop_assert_eq!(
-                chain.bias(cache_len, t, &Device::Cpu).unwrap().to_vec2::<f32>().unwrap(),
-                AttentionMask::Causal.bias(cache_len, t, &Device::Cpu).unwrap().to_vec2::<f32>().unwrap()
-            );
+            proptest::prop_assert_eq!(keys(&chain, cache_len, t), keys(&AttentionMask::Causal, cache_len, t));
         }
     }
 }

@@ -7,15 +7,17 @@ use candle_core::{D, DType, Device, Tensor};
 
 use crate::hook::{DeltaHook, GroupDeltas, ProjGroup};
 use crate::linear::Linear;
+use crate::mask::SeenKeys;
 use crate::weights::{Layer, WeightsFormat};
-use crate::{AttentionMask, KvCache, ModelConfig, ModelError, rope};
+use crate::{AttentionMask, KvCache, ModelConfig, ModelError, batch_invariant, rope};
 
-/// What every layer of one pass shares: first position, RoPE tables, attention bias.
+/// What every layer of one pass shares: first position, RoPE tables, each row's keys.
 pub(crate) struct Pass {
     pub(crate) start: usize,
     pub(crate) cos: Tensor,
     pub(crate) sin: Tensor,
-    pub(crate) bias: Tensor,
+    /// The keys each row attends to.
+    pub(crate) seen: Vec<SeenKeys>,
 }
 
 /// A loaded decoder-only model (CPU, f32 activations).
@@ -197,7 +199,7 @@ impl Model {
         Ok(x)
     }
 
-    /// Checks that T positions fit the cache and mask; builds RoPE tables and attention bias.
+    /// Checks that T positions fit the cache and mask; builds RoPE tables and each row's keys.
     pub(crate) fn prepare(
         &self,
         t: usize,
@@ -226,12 +228,11 @@ impl Model {
             self.config.rope_theta,
             &dev,
         )?;
-        let bias = mask.bias(start, t, &dev)?;
         Ok(Pass {
             start,
             cos,
             sin,
-            bias,
+            seen: mask.seen_keys(start, t),
         })
     }
 
@@ -393,7 +394,7 @@ impl Model {
         pass: &Pass,
         cache: &KvCache,
     ) -> Result<Tensor, ModelError> {
-        let (start, cos, sin, bias) = (pass.start, &pass.cos, &pass.sin, &pass.bias);
+        let (start, cos, sin) = (pass.start, &pass.cos, &pass.sin);
         let c = &self.config;
         let t = qkv[0].dim(0)?;
         let (nh, nkv, hd) = (c.num_heads, c.num_kv_heads, c.head_dim);
@@ -404,24 +405,9 @@ impl Model {
         let k = rope::apply(&heads(&qkv[1], nkv)?, cos, sin, c.rope_style)?;
         let v = heads(&qkv[2], nkv)?;
         cache.write(li, start, &k.squeeze(0)?, &v.squeeze(0)?)?;
-        let total = start + t;
-        let (keys, values) = cache.read(li, total)?;
-
-        // Grouped-query attention: fold each kv head's n_rep query heads into rows.
-        let n_rep = nh / nkv;
-        let q = q.reshape((nkv, n_rep * t, hd))?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&keys.t()?)? * scale)?;
-        let scores = scores
-            .reshape((nkv, n_rep, t, total))?
-            .broadcast_add(bias)?;
-        let p = candle_nn::ops::softmax_last_dim(&scores)?;
-        let attn = p.reshape((nkv, n_rep * t, total))?.matmul(&values)?;
-        let attn = attn
-            .reshape((nh, t, hd))?
-            .transpose(0, 1)?
-            .reshape((t, nh * hd))?;
-        Ok(attn)
+        let (keys, values) = cache.layer(li)?;
+        let scale = (1.0 / (hd as f64).sqrt()) as f32;
+        batch_invariant::attention(&q.squeeze(0)?, keys, values, &pass.seen, scale)
     }
 
     /// Argmax of each row of `logits` (T, vocab). Errors: [`ModelError::Candle`] if not 2-D.

@@ -2,11 +2,12 @@
 //! per block of 32, with AVX2/AVX-VNNI kernels (formats: ggml's `ggml-common.h`; notes:
 //! docs/design/code-notes.md, "model: qmatmul").
 //!
-//! This module holds the crate's only `unsafe` code: `std::arch` intrinsics, called only after
-//! `is_x86_feature_detected!` confirmed the features, tested against a scalar fallback.
+//! This module and [`crate::batch_invariant`] hold the crate's only `unsafe` code: `std::arch`
+//! intrinsics, called only after `is_x86_feature_detected!` confirmed the features, tested against
+//! a scalar fallback.
 #![allow(unsafe_code)]
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 /// Weights (and activations) per block.
 const QK: usize = 32;
@@ -282,34 +283,9 @@ impl<B: WeightBlock> QuantMatrix<B> {
         for (row, q) in x.chunks_exact(self.cols).zip(acts.chunks_exact_mut(nb)) {
             quantize_row(kernel, row, q);
         }
-        // Output transposed, (rows, t): a work item's rows are contiguous.
-        let mut out_t = vec![0f32; self.rows * t];
-        if t == 0 || self.rows == 0 {
-            return out_t;
-        }
-        let items: Vec<Mutex<&mut [f32]>> = out_t
-            .chunks_mut(ROWS_PER_ITEM * t)
-            .map(Mutex::new)
-            .collect();
-        candle_core::utils::barrier_pool().execute_chunked(items.len(), |range| {
-            for i in range {
-                let mut out = items[i].lock().unwrap_or_else(PoisonError::into_inner);
-                let r0 = i * ROWS_PER_ITEM;
-                let rows = r0..r0 + out.len() / t;
-                dot_rows(kernel, &self.blocks, rows, &acts, nb, &mut out);
-            }
-        });
-        drop(items);
-        if t == 1 {
-            return out_t;
-        }
-        let mut out = vec![0f32; t * self.rows];
-        for (r, col) in out_t.chunks_exact(t).enumerate() {
-            for (s, &v) in col.iter().enumerate() {
-                out[s * self.rows + r] = v;
-            }
-        }
-        out
+        crate::batch_invariant::by_output_rows(self.rows, t, ROWS_PER_ITEM, |rows, out| {
+            dot_rows(kernel, &self.blocks, rows, &acts, nb, out)
+        })
     }
 }
 

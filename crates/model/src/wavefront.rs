@@ -73,7 +73,6 @@ impl Model {
         let mut chunks = Vec::with_capacity(t.div_ceil(rows));
         for off in (0..t).step_by(rows) {
             let n = rows.min(t - off);
-            let total = whole.start + off + n;
             let narrow = |m: &Tensor| -> Result<Tensor, ModelError> {
                 Ok(m.narrow(0, off, n)?.contiguous()?)
             };
@@ -83,7 +82,7 @@ impl Model {
                     start: whole.start + off,
                     cos: narrow(&whole.cos)?,
                     sin: narrow(&whole.sin)?,
-                    bias: narrow(&whole.bias)?.narrow(1, 0, total)?.contiguous()?,
+                    seen: whole.seen[off..off + n].to_vec(),
                 },
                 x: x.narrow(0, off, n)?,
                 h: None,
