@@ -281,7 +281,12 @@ impl Engine {
         let width = self
             .adapters
             .iter()
-            .map(|a| a.settings().prefill_width.max(a.max_verify_width()))
+            .map(|a| {
+                a.settings()
+                    .prefill_width
+                    .max_width()
+                    .max(a.max_verify_width())
+            })
             .max()
             .unwrap_or(1);
         if job.prompt.len() + job.max_tokens + width + 1 > context {
@@ -343,10 +348,7 @@ impl Engine {
                     job,
                     Drafting::chain(ChainDrafter::Base, open.verify_width - 1),
                     schedule,
-                    (
-                        adapter.settings().prefill_width,
-                        adapter.settings().prefill_span,
-                    ),
+                    (open.prefill_width, adapter.settings().prefill_span),
                 );
                 let before = open.hook.timings();
                 let cached = adapter

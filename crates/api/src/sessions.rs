@@ -45,6 +45,8 @@ pub struct OpenSessions {
     pub sampled_schedule: Schedule,
     /// The verify width K + 1 (fixed, or chosen when the sessions opened).
     pub verify_width: usize,
+    /// The prefill session's width (given, or chosen when the sessions opened).
+    pub prefill_width: usize,
     /// The masked session and its pools, once the idle filler opened it.
     pub masked: Option<Box<MaskedState>>,
 }
@@ -88,8 +90,9 @@ pub struct SessionSettings {
     /// Per-token acceptance rate the width and schedule models assume
     /// (`None`: the adapter's published hint, else the default).
     pub acceptance_prior: Option<f64>,
-    /// Positions per prefill request (a second session of this width).
-    pub prefill_width: usize,
+    /// Positions per prefill request (a second session of this width), given or chosen when the
+    /// sessions open.
+    pub prefill_width: cipherlora_private::PrefillWidth,
     /// Positions per group-by-group prefill pass, split into pipelined
     /// requests ([`SpecConfig::prefill_span`](cipherlora_speculative::decode::SpecConfig::prefill_span)).
     pub prefill_span: cipherlora_speculative::decode::PrefillSpan,
@@ -268,6 +271,14 @@ impl WarmAdapter {
         *state = Warm::Closed(Some(reason));
     }
 
+    /// `(verify width, prefill width)` of the open sessions (`None` when closed, or busy now).
+    pub fn opened_widths(&self) -> Option<(usize, usize)> {
+        match &*self.state.try_lock().ok()? {
+            Warm::Open(o) => Some((o.verify_width, o.prefill_width)),
+            Warm::Closed(_) => None,
+        }
+    }
+
     /// Whether the sessions are open (without waiting for the queue).
     pub fn is_open(&self) -> Option<bool> {
         self.state
@@ -312,15 +323,17 @@ impl WarmAdapter {
                 .map_err(ApiError::upstream)?;
         spinner.finish_and_clear();
         eprintln!(
-            "adapter {}: sessions open in {:.1} s (K = {}, schedule {}, sampled {})",
+            "adapter {}: sessions open in {:.1} s (K = {}, prefill width {}, schedule {}, sampled {})",
             self.id,
             t0.elapsed().as_secs_f64(),
             session.verify_width - 1,
+            session.prefill_width,
             session.schedule,
             session.sampled_schedule
         );
         Ok(OpenSessions {
             verify_width: session.verify_width,
+            prefill_width: session.prefill_width,
             schedule: session.schedule,
             sampled_schedule: session.sampled_schedule,
             hook: session.hook,

@@ -48,7 +48,7 @@ fn auto_k_on_a_wan_opens_a_wider_by_layer_session_and_answers_as_the_merged_mode
                 trees: None,
             },
             acceptance_prior: Some(0.85),
-            prefill_width: 16,
+            prefill_width: cipherlora_private::PrefillWidth::Fixed(16),
             schedule: "auto".into(),
             planning_link: Some(LinkProfile::WAN80),
             max_queue: 4,

@@ -44,7 +44,7 @@ fn a_prompt_the_pools_cover_runs_masked_and_every_answer_is_the_plaintext_one() 
             client: server.client_config(LinkProfile::LOOPBACK),
             k: DraftLength::Fixed(3),
             acceptance_prior: None,
-            prefill_width: 16,
+            prefill_width: cipherlora_private::PrefillWidth::Fixed(16),
             schedule: "per-group".into(),
             planning_link: None,
             max_queue: 4,

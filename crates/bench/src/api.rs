@@ -115,7 +115,7 @@ pub fn run(opts: &ApiBenchOptions) -> anyhow::Result<String> {
                     client: server.client_config(LinkProfile::LOOPBACK),
                     k: DraftLength::Fixed(opts.k),
                     acceptance_prior: None,
-                    prefill_width: width,
+                    prefill_width: cipherlora_private::PrefillWidth::Fixed(width),
                     schedule: opts.schedule.clone(),
                     planning_link: Some(LinkProfile::LOOPBACK),
                     max_queue: 4,

@@ -27,7 +27,7 @@ use cipherlora_model::{
     AttentionMask, ChatMessage, GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams,
     Tokenizer, WeightMode, generate,
 };
-use cipherlora_private::{EmbeddedServer, WireDensity};
+use cipherlora_private::{EmbeddedServer, PrefillWidth, WireDensity};
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::PrefillSpan;
 use http_body_util::{BodyExt, Full};
@@ -75,7 +75,7 @@ pub struct ChatBenchOptions {
     /// prefill width: one padded request per pass).
     pub spans: Vec<PrefillSpan>,
     /// Prefill widths to compare (positions per prefill request, the prefill session's width).
-    pub prefill_widths: Vec<usize>,
+    pub prefill_widths: Vec<PrefillWidth>,
     /// Also time one cold prompt of about this many tokens (the document
     /// repeated) after the chat; 0: none.
     pub cold_tokens: usize,
@@ -103,9 +103,12 @@ pub struct ChatTurn {
     pub cache_mib: Option<usize>,
     /// Prefill span (`SpecConfig::prefill_span`: positions, or `auto:<MiB>`).
     pub span: String,
-    /// Positions per prefill request.
+    /// Positions per prefill request (the session opened).
     #[serde(default = "default_prefill_width")]
     pub prefill_width: usize,
+    /// Whether the endpoint chose the prefill width (`--prefill-width auto`).
+    #[serde(default)]
+    pub prefill_auto: bool,
     /// Verify schedule the endpoint ran.
     #[serde(default = "auto")]
     pub schedule: String,
@@ -183,9 +186,12 @@ pub struct SessionsOpened {
     pub cache_mib: Option<usize>,
     /// Prefill span (positions, or `auto:<MiB>`).
     pub span: String,
-    /// Positions per prefill request.
+    /// Positions per prefill request (the session opened).
     #[serde(default = "default_prefill_width")]
     pub prefill_width: usize,
+    /// Whether the endpoint chose the prefill width (`--prefill-width auto`).
+    #[serde(default)]
+    pub prefill_auto: bool,
     /// Verify schedule.
     #[serde(default = "auto")]
     pub schedule: String,
@@ -273,15 +279,22 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                 })?);
                 let t0 = Instant::now();
                 engine.warm_up();
+                let secs = t0.elapsed().as_secs_f64();
+                let prefill_width = engine
+                    .adapters()
+                    .iter()
+                    .find_map(|a| a.opened_widths())
+                    .map_or(mode.prefill_width.max_width(), |(_, prefill)| prefill);
                 report.sessions.push(SessionsOpened {
                     adapter: id.clone(),
                     link: link_name.clone(),
                     cache_mib: mode.cache_mib,
                     span: mode.span.to_string(),
-                    prefill_width: mode.prefill_width,
+                    prefill_width,
+                    prefill_auto: mode.prefill_width == PrefillWidth::Auto,
                     schedule: mode.schedule.clone(),
                     masked_mib: mode.masked_mib,
-                    secs: t0.elapsed().as_secs_f64(),
+                    secs,
                 });
                 let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
                 let addr = listener.local_addr()?;
@@ -293,6 +306,7 @@ pub fn run(opts: &ChatBenchOptions) -> anyhow::Result<String> {
                     adapter: &id,
                     link: link_name,
                     mode: &mode,
+                    prefill_width,
                 };
                 let turns = rt.block_on(chat(addr, &engine, &label, &reference, opts));
                 let _ = stop.send(());
@@ -319,7 +333,7 @@ fn default_prefill_width() -> usize {
 struct Mode {
     cache_mib: Option<usize>,
     span: PrefillSpan,
-    prefill_width: usize,
+    prefill_width: PrefillWidth,
     schedule: String,
     masked_mib: Option<usize>,
 }
@@ -332,6 +346,8 @@ struct Label<'a> {
     adapter: &'a str,
     link: &'a str,
     mode: &'a Mode,
+    /// The prefill session's width, as opened.
+    prefill_width: usize,
 }
 
 /// Every (prefix-cache budget, prefill span and width, schedule, mask pool) to compare.
@@ -506,7 +522,7 @@ async fn chat(
             label.link,
             label.mode.cache_mib,
             label.mode.span,
-            label.mode.prefill_width,
+            label.prefill_width,
             label.mode.schedule,
             label.mode.masked_mib,
             answer.prompt_tokens,
@@ -572,7 +588,8 @@ impl Answer {
             link: label.link.to_string(),
             cache_mib: label.mode.cache_mib,
             span: label.mode.span.to_string(),
-            prefill_width: label.mode.prefill_width,
+            prefill_width: label.prefill_width,
+            prefill_auto: label.mode.prefill_width == PrefillWidth::Auto,
             schedule: label.mode.schedule.clone(),
             masked_mib: label.mode.masked_mib,
             masks_ready: self.masks_ready,
@@ -684,9 +701,14 @@ fn mode(s: &SessionsOpened) -> String {
     let masked = s
         .masked_mib
         .map_or(String::new(), |m| format!(", masked ring values ({m} MiB)"));
+    let width = if s.prefill_auto {
+        format!("auto ({})", s.prefill_width)
+    } else {
+        s.prefill_width.to_string()
+    };
     format!(
-        "{cache}, prefill span {} and width {}, {}{masked}",
-        s.span, s.prefill_width, s.schedule
+        "{cache}, prefill span {} and width {width}, {}{masked}",
+        s.span, s.schedule
     )
 }
 
@@ -732,6 +754,7 @@ fn markdown(r: &ChatReport) -> String {
                     t.cache_mib,
                     &t.span,
                     t.prefill_width,
+                    t.prefill_auto,
                     &t.schedule,
                     t.masked_mib,
                 ) == (
@@ -740,6 +763,7 @@ fn markdown(r: &ChatReport) -> String {
                     s.cache_mib,
                     &s.span,
                     s.prefill_width,
+                    s.prefill_auto,
                     &s.schedule,
                     s.masked_mib,
                 )

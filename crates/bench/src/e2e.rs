@@ -602,7 +602,7 @@ pub fn run_target(
                         DraftLength::Fixed(k_fixed)
                     },
                     acceptance_prior: opts.acceptance_prior,
-                    prefill_width: opts.prefill_width,
+                    prefill_width: cipherlora_private::PrefillWidth::Fixed(opts.prefill_width),
                     schedule: forced,
                     grouping: grouping_asked,
                     planning_link: Some(link),

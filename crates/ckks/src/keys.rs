@@ -295,6 +295,16 @@ impl GaloisKeys {
         }
     }
 
+    /// No keys: for an evaluator that only encodes plaintexts (an adapter server encoding its
+    /// diagonals before any client has sent keys). Every rotation with it fails.
+    #[must_use]
+    pub fn none(ctx: &Arc<Context>) -> Self {
+        Self {
+            ctx: ctx.clone(),
+            keys: BTreeMap::new(),
+        }
+    }
+
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx

@@ -162,6 +162,19 @@ impl PrivateError {
             _ => false,
         }
     }
+
+    /// Whether the adapter server refused because one session would exceed a limit of its own
+    /// (its plaintext diagonals above the whole memory budget, its key bytes): asking the same
+    /// way is refused again, a narrower session may fit. [`PrivateError::MemoryBudget`] above the
+    /// budget in process, `LIMIT_EXCEEDED` over gRPC.
+    #[must_use]
+    pub fn is_over_limit(&self) -> bool {
+        match self {
+            Self::MemoryBudget { need, limit, .. } => need > limit,
+            Self::Service(e) => e.reason() == Some(cipherlora_proto::ErrorReason::LimitExceeded),
+            _ => false,
+        }
+    }
 }
 
 /// How an adapter server's answer broke the protocol ([`PrivateError::Protocol`]).

@@ -16,8 +16,8 @@ pub mod server;
 
 pub use client::{
     ByWidth, ConnectOptions, DraftLength, HeHook, HeTimings, InProcess, InProcessOpener, PassModel,
-    PrivateSession, Reply, ScheduleChoice, SessionOpener, TimeSplit, Transport, WireDensity,
-    choose_for_session, choose_schedule, connect_with, summary,
+    PrefillWidth, PrivateSession, Reply, ScheduleChoice, SessionOpener, TimeSplit, Transport,
+    WireDensity, choose_for_session, choose_schedule, connect_with, summary,
 };
 pub use client::{schedule_plan, width_plan};
 pub use error::{PrivateError, ProtocolFault};

@@ -3,7 +3,9 @@
 //! given link: auto K on loopback and wan80 opens a prefill and a verify
 //! session of the chosen widths, plans a schedule on the link, and the
 //! session generates what the plaintext adapted model does; a given K with
-//! a forced schedule models nothing and never asks for the link.
+//! a forced schedule models nothing and never asks for the link; an `auto`
+//! prefill width the server has no room for falls back to a narrower one;
+//! diagonals the server encoded before any client serve sessions exactly.
 
 mod common;
 
@@ -13,10 +15,11 @@ use std::sync::Arc;
 use cipherlora_model::{
     LoadOptions, LoraAdapter, Model, ModelConfig, Tokenizer, WeightMode, fetch,
 };
+use cipherlora_private::client::choose_prefill_width;
 use cipherlora_private::width_plan::PlanSpace;
 use cipherlora_private::{
     ConnectOptions, DraftLength, Grouping, HeAdapter, HeHook, InProcess, InProcessOpener,
-    PrivateError, SessionOpener, connect_with,
+    PrefillWidth, PrivateError, SessionOpener, connect_with,
 };
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::{self, SpecConfig};
@@ -84,7 +87,7 @@ fn auto_k_opens_both_widths_plans_on_the_link_and_generates_exactly() {
                 trees: None,
             },
             acceptance_prior: None,
-            prefill_width: 16,
+            prefill_width: PrefillWidth::Fixed(16),
             schedule: None,
             grouping: None,
             planning_link: None,
@@ -132,7 +135,7 @@ fn a_given_k_and_schedule_model_nothing() {
     let options = ConnectOptions {
         draft: DraftLength::Fixed(4),
         acceptance_prior: None,
-        prefill_width: 16,
+        prefill_width: PrefillWidth::Fixed(16),
         schedule: Some(Schedule::PerGroup),
         grouping: None,
         planning_link: None,
@@ -165,7 +168,7 @@ fn an_adapter_the_server_does_not_serve_is_a_typed_refusal() {
     let options = ConnectOptions {
         draft: DraftLength::Fixed(2),
         acceptance_prior: None,
-        prefill_width: 8,
+        prefill_width: PrefillWidth::Fixed(8),
         schedule: Some(Schedule::PerGroup),
         grouping: None,
         planning_link: None,
@@ -183,4 +186,143 @@ fn an_adapter_the_server_does_not_serve_is_a_typed_refusal() {
         matches!(&e, PrivateError::UnknownAdapter { adapter_id } if adapter_id == id),
         "{e}"
     );
+}
+
+/// Sessions on `server`, with widths chosen from `space`'s shapes, refusing every prefill session
+/// wider than `room` the way a server whose memory it exceeds does.
+struct Cramped {
+    server: InProcessOpener,
+    space: PlanSpace,
+    room: usize,
+    refusal: fn(usize) -> PrivateError,
+    asked: Vec<usize>,
+}
+
+impl SessionOpener for Cramped {
+    type Transport = InProcess;
+
+    fn open(
+        &mut self,
+        t: usize,
+        grouping: Grouping,
+        config: &ModelConfig,
+    ) -> Result<HeHook<InProcess>, PrivateError> {
+        self.asked.push(t);
+        if t > self.room {
+            return Err((self.refusal)(t));
+        }
+        self.server.open(t, grouping, config)
+    }
+
+    fn plan_space(&mut self, t: usize, _: Grouping) -> Result<PlanSpace, PrivateError> {
+        Ok(PlanSpace {
+            width: Some(t),
+            ..self.space.clone()
+        })
+    }
+
+    fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
+        self.server.measure_link()
+    }
+}
+
+#[test]
+fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
+    let (model, tok, server, plain) = setup();
+    // The standard adapter's shapes (d = 576) fill their slots at width 128 only.
+    let standard = HeAdapter::load(&adapter_dir("general-lora-r16"), model.config()).unwrap();
+    let space = PlanSpace::of(&standard.offer_grouped(32, Grouping::ByInput).unwrap());
+    let wide = choose_prefill_width(&space).unwrap();
+    assert_eq!(wide, 128);
+    let over_limit = |t| PrivateError::MemoryBudget {
+        got: t as u64,
+        need: 2,
+        limit: 1,
+    };
+    let at_capacity = |t| PrivateError::MemoryBudget {
+        got: t as u64,
+        need: 1,
+        limit: 1,
+    };
+    let prompt = tok.encode(common::PROMPTS[0]).unwrap();
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, 8);
+    let options = ConnectOptions {
+        draft: DraftLength::Fixed(4),
+        acceptance_prior: None,
+        prefill_width: PrefillWidth::Auto,
+        schedule: Some(Schedule::PerGroup),
+        grouping: None,
+        planning_link: None,
+    };
+    for (room, refusal) in [
+        (usize::MAX, over_limit as fn(usize) -> PrivateError),
+        (32, over_limit),
+        (32, at_capacity),
+    ] {
+        let mut opener = Cramped {
+            server: InProcessOpener {
+                server: server.clone(),
+                link: LinkProfile::LOOPBACK,
+            },
+            space: space.clone(),
+            room,
+            refusal,
+            asked: Vec::new(),
+        };
+        let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+        let opened = if room == usize::MAX { wide } else { 32 };
+        assert_eq!(session.prefill_width, opened, "room {room}");
+        assert!(session.hook.session(opened).is_some() && session.hook.session(5).is_some());
+        if room < wide {
+            assert_eq!(
+                opener.asked.first(),
+                Some(&wide),
+                "the wide width is asked first"
+            );
+        }
+        let mut hook = session.hook;
+        let cfg = SpecConfig {
+            prefill_width: Some(session.prefill_width),
+            schedule: session.schedule,
+            ..common::greedy_spec(4, 8, &tok)
+        };
+        let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+        assert_matches(&got, &want, &tok, &format!("room {room}"));
+    }
+}
+
+#[test]
+fn diagonals_encoded_before_any_client_serve_its_sessions_exactly() {
+    let (model, tok, server, plain) = setup();
+    // The verify width's diagonals, encoded with no client keys (as `serve` does at start).
+    let early = server.prewarm(5, Grouping::ByInput).unwrap();
+    let memory = server.session_memory().clone();
+    assert!(early > 0);
+    assert_eq!(memory.reserved(), early);
+    let options = ConnectOptions {
+        draft: DraftLength::Fixed(4),
+        acceptance_prior: None,
+        prefill_width: PrefillWidth::Fixed(16),
+        schedule: Some(Schedule::PerGroup),
+        grouping: None,
+        planning_link: None,
+    };
+    let mut opener = InProcessOpener {
+        server: server.clone(),
+        link: LinkProfile::LOOPBACK,
+    };
+    let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+    // The verify session shares them: only the prefill width's diagonals are new.
+    let prefill = server.offer(16).unwrap().diagonal_bytes().unwrap();
+    assert_eq!(memory.reserved(), early + prefill);
+    let prompt = tok.encode(common::PROMPTS[0]).unwrap();
+    let want = plaintext_reference(&model, &tok, &plain, &prompt, 8);
+    let mut hook = session.hook;
+    let cfg = SpecConfig {
+        prefill_width: Some(session.prefill_width),
+        schedule: session.schedule,
+        ..common::greedy_spec(4, 8, &tok)
+    };
+    let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+    assert_matches(&got, &want, &tok, "prewarmed verify width");
 }

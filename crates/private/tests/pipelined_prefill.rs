@@ -95,7 +95,7 @@ fn run(
     let options = ConnectOptions {
         draft: DraftLength::Fixed(4),
         acceptance_prior: None,
-        prefill_width: PREFILL_WIDTH,
+        prefill_width: cipherlora_private::PrefillWidth::Fixed(PREFILL_WIDTH),
         schedule: Some(schedule),
         grouping,
         planning_link: None,
@@ -207,7 +207,7 @@ fn a_server_with_room_for_one_width_serves_the_prompt_through_the_verify_session
     let options = ConnectOptions {
         draft: DraftLength::Fixed(4),
         acceptance_prior: None,
-        prefill_width: PREFILL_WIDTH,
+        prefill_width: cipherlora_private::PrefillWidth::Fixed(PREFILL_WIDTH),
         schedule: Some(Schedule::PerGroup),
         grouping: None,
         planning_link: None,

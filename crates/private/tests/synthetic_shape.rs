@@ -95,7 +95,7 @@ fn private_greedy_equals_plaintext_at_hidden_size_1024() {
             let options = ConnectOptions {
                 draft: DraftLength::Fixed(3),
                 acceptance_prior: None,
-                prefill_width: 8,
+                prefill_width: cipherlora_private::PrefillWidth::Fixed(8),
                 schedule: Some(schedule),
                 grouping: None,
                 planning_link: None,

@@ -11,6 +11,7 @@ use cipherlora_api::{DraftLength, Engine, EngineConfig, MaskedSettings, SessionS
 /// Positions per offline batch of masks (the `bench masked-ring` measurements' width).
 const MASKED_BATCH: usize = 32;
 use cipherlora_model::{WeightMode, fetch};
+use cipherlora_private::PrefillWidth;
 use cipherlora_service::LinkProfile;
 use clap::Args;
 
@@ -57,9 +58,11 @@ pub struct ApiArgs {
     /// auto` runs two shadowed fixed-point trips per round, below it three.
     #[arg(long, value_parser = crate::cmd::acceptance_arg::parse_acceptance_prior)]
     acceptance_prior: Option<f64>,
-    /// Positions per prefill request (a second session of this width).
-    #[arg(long, default_value_t = 32)]
-    prefill_width: usize,
+    /// Positions per prefill request (a second session of this width), or `auto`: chosen from
+    /// the adapter's shapes so that long prompts fill the ciphertexts' slots (32, 64 or 128;
+    /// narrower where the server has no room for the wider session's diagonals).
+    #[arg(long, default_value = "auto")]
+    prefill_width: PrefillWidth,
     /// Positions per prefill pass: a prompt's pass is split into pipelined
     /// requests, so its uploads, the server's compute and the downloads
     /// overlap and it pays one latency per layer group. `auto`: as many as

@@ -338,9 +338,10 @@ pub struct ChatBenchArgs {
     /// prefill width: one padded request per prefill pass, no pipelining).
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     spans: Vec<cipherlora_speculative::decode::PrefillSpan>,
-    /// Prefill widths to compare (positions per prefill request), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "32")]
-    prefill_widths: Vec<usize>,
+    /// Prefill widths to compare (positions per prefill request, or `auto`: the endpoint's
+    /// default, chosen from the adapter's shapes), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    prefill_widths: Vec<cipherlora_private::PrefillWidth>,
     /// After the chat, time one cold prompt of about this many tokens (0: none).
     #[arg(long, default_value_t = 0)]
     cold_tokens: usize,

@@ -11,7 +11,9 @@ use cipherlora_model::{
     GenerateOptions, LoraAdapter, Model, PlainLora, SamplingParams, TextStream, Tokenizer, fetch,
     generate,
 };
-use cipherlora_private::{ConnectOptions, DraftLength, EmbeddedServer, Grouping, summary};
+use cipherlora_private::{
+    ConnectOptions, DraftLength, EmbeddedServer, Grouping, PrefillWidth, summary,
+};
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::{self, ChainDrafter, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::Schedule;
@@ -93,9 +95,10 @@ pub struct DemoArgs {
     /// Drafter.
     #[arg(long, value_enum, default_value = "base")]
     draft: DraftArg,
-    /// Positions per prefill pass (a second session of this width).
-    #[arg(long, default_value_t = 16)]
-    prefill_width: usize,
+    /// Positions per prefill request (a second session of this width), or `auto` (chosen from
+    /// the adapter's shapes).
+    #[arg(long, default_value = "16")]
+    prefill_width: PrefillWidth,
     /// How the base drafter holds its weights.
     #[arg(long, value_enum, default_value = "quantized")]
     draft_weights: DraftWeightsArg,
@@ -195,13 +198,14 @@ impl DemoArgs {
             "sessions opened in {:.1} s (keys made and uploaded; {} positions per verify pass, {} per prefill pass)\n",
             t_keys.elapsed().as_secs_f64(),
             width,
-            self.prefill_width
+            session.prefill_width
         );
+        let prefill_width = session.prefill_width;
         let mut hook = session.hook;
         let cfg = SpecConfig {
             drafting,
             pad_to_k: true,
-            prefill_width: Some(self.prefill_width),
+            prefill_width: Some(prefill_width),
             optimistic: false,
             draft_stop_below: self.draft_stop_below,
             delta_guided: !self.plain_drafter,

@@ -8,7 +8,7 @@ use cipherlora_model::{
     DeltaHook, GenerateOptions, LoadOptions, LoraAdapter, Model, NoAdapter, PlainLora, TextStream,
     Tokenizer, WeightMode,
 };
-use cipherlora_private::{ConnectOptions, DraftLength, summary};
+use cipherlora_private::{ConnectOptions, DraftLength, PrefillWidth, summary};
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::{self, Drafting, SpecConfig};
 use cipherlora_speculative::schedule::Schedule;
@@ -116,9 +116,11 @@ pub struct GenerateArgs {
     /// Draft with the plain base model, without the latest decrypted adapter deltas.
     #[arg(long, requires = "server")]
     plain_drafter: bool,
-    /// Private mode: positions per prefill request (a second session of this width).
-    #[arg(long, default_value_t = 16, requires = "server")]
-    prefill_width: usize,
+    /// Private mode: positions per prefill request (a second session of this width), or `auto`:
+    /// chosen from the adapter's shapes for long prompts (32, 64 or 128; narrower where the
+    /// server has no room).
+    #[arg(long, default_value = "16", requires = "server")]
+    prefill_width: PrefillWidth,
     /// Private mode: positions per prefill pass, split into pipelined requests:
     /// `auto` (as many as fit 1 GiB of the pass's per-row state), `auto:<MiB>`,
     /// or a number (at most `--prefill-width`: one padded request per pass).
@@ -314,7 +316,7 @@ impl GenerateArgs {
         let cfg = SpecConfig {
             drafting,
             pad_to_k: true,
-            prefill_width: Some(self.prefill_width),
+            prefill_width: Some(session.prefill_width),
             optimistic: self.optimistic,
             draft_stop_below: self.draft_stop_below,
             delta_guided: !self.plain_drafter,

@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// flooding noise (2^-20 slot units); one encryption of zero each.
     #[arg(long)]
     circuit_privacy: bool,
+    /// Do not encode each adapter's prefill diagonals at start. By default they are encoded in
+    /// the background for the prefill width a client with `--prefill-width auto` opens, and kept
+    /// within the session memory budget, so its sessions open without waiting for them.
+    #[arg(long)]
+    no_prewarm: bool,
     /// TOML file with a `[limits]` table (any limit flag's name, with `_`) and
     /// `max_session_memory_mib`; flags win over it.
     #[arg(long)]
@@ -77,7 +82,11 @@ impl ServeArgs {
                 b.server().groups().groups.len(),
                 b.info().ckks_presets.join(",")
             );
-            backends.push(Arc::new(b));
+            let b = Arc::new(b);
+            if !self.no_prewarm {
+                prewarm_in_background(id, b.clone());
+            }
+            backends.push(b);
         }
         drop(model);
         let mut config = self.security.config(self.listen)?;
@@ -93,6 +102,25 @@ impl ServeArgs {
         }))?;
         Ok(())
     }
+}
+
+/// Encodes `backend`'s prefill diagonals on a thread of its own ([`HeBackend::prewarm_prefill`]);
+/// a failure (the budget has no room) only means the first client encodes them.
+fn prewarm_in_background(id: String, backend: Arc<HeBackend>) {
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        match backend.prewarm_prefill() {
+            Ok((width, bytes)) => eprintln!(
+                "adapter {id}: prefill width {width} encoded in {:.1} s ({} MiB, kept warm)",
+                t0.elapsed().as_secs_f64(),
+                bytes >> 20
+            ),
+            Err(e) => {
+                tracing::warn!(adapter = %id, error = %e, "prefill diagonals not encoded at start");
+                eprintln!("adapter {id}: prefill diagonals not encoded at start ({e})");
+            }
+        }
+    });
 }
 
 impl ServeArgs {

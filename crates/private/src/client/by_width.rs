@@ -74,6 +74,12 @@ impl<T: Transport> ByWidth<T> {
         self.hooks
     }
 
+    /// The sessions' widths, in the order they were added.
+    #[must_use]
+    pub fn widths(&self) -> Vec<usize> {
+        self.hooks.iter().map(|(t, _)| *t).collect()
+    }
+
     /// The session of width `t`, if any.
     #[must_use]
     pub fn session(&self, t: usize) -> Option<&HeHook<T>> {

@@ -5,8 +5,10 @@
 //! server. `generate`, `api`, `demo` and `bench e2e` all open theirs here,
 //! over gRPC ([`crate::remote::connect`]).
 //!
-//! The order follows what each choice needs: the prefill width's offer
-//! first (it carries the plan space the width model prices), then both
+//! The order follows what each choice needs: an offer first (it carries
+//! the plan space the width model prices and, with
+//! [`PrefillWidth::Auto`], the shapes the prefill width is chosen from),
+//! then both
 //! sessions at once (keys uploaded, plans prepared on the server), then the
 //! schedule, which the width model's round model and the open sessions'
 //! plans decide.
@@ -22,7 +24,10 @@ use crate::PrivateError;
 use crate::client::width_plan::{
     DraftLimits, PlanSpace, WidthChoice, choose_width_for_client, grouping_for_given_k,
 };
-use crate::client::{ByWidth, HeHook, InProcess, ScheduleChoice, Transport, choose_for_session};
+use crate::client::{
+    AUTO_CANDIDATES, ByWidth, HeHook, InProcess, PrefillWidth, ScheduleChoice, Transport,
+    choose_for_session, choose_prefill_width,
+};
 use crate::protocol::Grouping;
 use crate::server::HeAdapter;
 
@@ -61,8 +66,8 @@ pub struct ConnectOptions {
     /// Per-token acceptance rate the width and schedule models assume
     /// (`None`: the adapter's published hint, else the default).
     pub acceptance_prior: Option<f64>,
-    /// Positions per prefill pass (the prefill session's width).
-    pub prefill_width: usize,
+    /// Positions per prefill request (the prefill session's width), given or chosen.
+    pub prefill_width: PrefillWidth,
     /// A schedule to run instead of the modelled one.
     pub schedule: Option<Schedule>,
     /// A grouping of the verify session's requests to use instead of the
@@ -79,6 +84,8 @@ pub struct PrivateSession<T: Transport> {
     pub hook: ByWidth<T>,
     /// The verify width K + 1.
     pub verify_width: usize,
+    /// The prefill session's width (the verify width where the server had no room for one).
+    pub prefill_width: usize,
     /// The draft tree shape the width model chose (`None`: chains).
     pub tree: Option<TreeParams>,
     /// The verify schedule of greedy generations.
@@ -214,7 +221,13 @@ pub fn connect_with<O: SessionOpener>(
         None if modelled => Some(opener.measure_link()?),
         None => None,
     };
-    let prefill_width = options.prefill_width;
+    let prefill_width = match options.prefill_width {
+        PrefillWidth::Fixed(w) => w,
+        PrefillWidth::Auto => {
+            choose_prefill_width(&opener.plan_space(AUTO_CANDIDATES[0], Grouping::ByInput)?)?
+        }
+    };
+    let fallback = (options.prefill_width == PrefillWidth::Auto).then_some(AUTO_CANDIDATES[0]);
     let mut width_choice = None;
     let (hook, verify_width, tree) = match (options.draft, link) {
         (DraftLength::Auto { k_max, trees }, Some(link)) => {
@@ -234,13 +247,13 @@ pub fn connect_with<O: SessionOpener>(
                 _ => choice.best.grouping_for(&space, forced.as_ref()),
             };
             width_choice = Some(choice);
-            let hook = open_widths(opener, prefill_width, (k + 1, grouping), config)?;
+            let hook = open_widths(opener, (prefill_width, fallback), (k + 1, grouping), config)?;
             (hook, k + 1, tree)
         }
         (DraftLength::Fixed(k), Some(link)) if k > 0 && options.grouping.is_none() => {
             let space = opener.plan_space(prefill_width, Grouping::ByInput)?;
             let grouping = given_k_grouping(&space, options, (model, drafter), &link, k)?;
-            let hook = open_widths(opener, prefill_width, (k + 1, grouping), config)?;
+            let hook = open_widths(opener, (prefill_width, fallback), (k + 1, grouping), config)?;
             (hook, k + 1, None)
         }
         (draft, _) => {
@@ -249,10 +262,15 @@ pub fn connect_with<O: SessionOpener>(
                 Some(Schedule::FixedPoint(_)) => Grouping::BY_LAYER,
                 _ => Grouping::ByInput,
             });
-            let hook = open_widths(opener, prefill_width, (width, grouping), config)?;
+            let hook = open_widths(opener, (prefill_width, fallback), (width, grouping), config)?;
             (hook, width, None)
         }
     };
+    let prefill_width = hook
+        .widths()
+        .into_iter()
+        .find(|&w| w != verify_width)
+        .unwrap_or(verify_width);
     let schedule_choice = match (forced, link) {
         (None, Some(link)) => Some(choose_for_session(
             (model, Some(drafter)),
@@ -271,6 +289,7 @@ pub fn connect_with<O: SessionOpener>(
     Ok(PrivateSession {
         hook,
         verify_width,
+        prefill_width,
         tree,
         schedule,
         sampled_schedule,
@@ -282,15 +301,16 @@ pub fn connect_with<O: SessionOpener>(
 
 /// A prefill session of `prefill_width` grouped by input and a verify session of `(width,
 /// grouping)`, opened together ([`SessionOpener::open_pair`]); one session of `(width, grouping)`
-/// when the widths agree, or when the server has no room for the second width
-/// ([`PrivateError::is_at_capacity`]; a verify session grouped by input then serves the prompt
-/// too, in requests of its width).
+/// when the widths agree. When the server has no room for the prefill width's diagonals
+/// ([`PrivateError::is_at_capacity`], [`PrivateError::is_over_limit`]) the pair is tried again
+/// with the `fallback` width if one is given and narrower, and otherwise (room being short) the
+/// verify session alone, grouped by input, serves the prompt too, in requests of its width.
 ///
 /// # Errors
 /// As [`SessionOpener::open`].
 pub(crate) fn open_widths<O: SessionOpener>(
     opener: &mut O,
-    prefill_width: usize,
+    (prefill_width, fallback): (usize, Option<usize>),
     (width, grouping): (usize, Grouping),
     config: &ModelConfig,
 ) -> Result<ByWidth<O::Transport>, PrivateError> {
@@ -303,16 +323,26 @@ pub(crate) fn open_widths<O: SessionOpener>(
         config,
     ) {
         Ok((wide, verify)) => Ok(ByWidth::new().with(prefill_width, wide).with(width, verify)),
-        // A large adapter's diagonals for two widths may not fit the server's memory: the verify
-        // session alone, grouped by input, serves the prompt too, in requests of its width.
-        Err(e) if e.is_at_capacity() && grouping == Grouping::ByInput => {
-            tracing::warn!(
-                prefill_width,
-                width,
-                "the adapter server cannot hold a second width: the prompt goes through the verify session ({e})"
-            );
-            Ok(ByWidth::new().with(width, opener.open(width, grouping, config)?))
-        }
+        Err(e) if e.is_at_capacity() || e.is_over_limit() => match fallback {
+            Some(narrower) if narrower < prefill_width => {
+                tracing::warn!(
+                    prefill_width,
+                    narrower,
+                    "the adapter server has no room for the prefill width: trying a narrower one ({e})"
+                );
+                open_widths(opener, (narrower, None), (width, grouping), config)
+            }
+            // A large adapter's diagonals for two widths may not fit the server's memory.
+            _ if e.is_at_capacity() && grouping == Grouping::ByInput => {
+                tracing::warn!(
+                    prefill_width,
+                    width,
+                    "the adapter server cannot hold a second width: the prompt goes through the verify session ({e})"
+                );
+                Ok(ByWidth::new().with(width, opener.open(width, grouping, config)?))
+            }
+            _ => Err(e),
+        },
         Err(e) => Err(e),
     }
 }

@@ -270,5 +270,5 @@ pub fn connect_widths(
         client: config,
         adapter_id: adapter_id.to_string(),
     };
-    crate::client::open_widths(&mut opener, prefill_width, verify, model_config)
+    crate::client::open_widths(&mut opener, (prefill_width, None), verify, model_config)
 }

@@ -15,7 +15,9 @@ use cipherlora_service::{
 };
 
 use crate::PrivateError;
-use crate::protocol::{LoraKind, SessionOffer};
+use crate::client::width_plan::PlanSpace;
+use crate::client::{AUTO_CANDIDATES, choose_prefill_width};
+use crate::protocol::{Grouping, LoraKind, SessionOffer};
 use crate::protocol::{PlanRequest, encode_offer, encode_public_a, group_index, preset_name};
 use crate::server::SessionMemory;
 use crate::server::{HeAdapter, ServerSession};
@@ -81,6 +83,19 @@ impl HeBackend {
     #[must_use]
     pub fn server(&self) -> &HeAdapter {
         &self.server
+    }
+
+    /// Encodes and keeps warm the diagonals of the prefill session a client with
+    /// [`crate::client::PrefillWidth::Auto`] opens ([`HeAdapter::prewarm`]), so that its sessions
+    /// open without waiting for them (`serve` does this at start, in the background). Returns the
+    /// width and the bytes held. Errors: as [`HeAdapter::prewarm`] and
+    /// [`crate::client::choose_prefill_width`].
+    pub fn prewarm_prefill(&self) -> Result<(usize, u64), PrivateError> {
+        let narrowest = self
+            .server
+            .offer_grouped(AUTO_CANDIDATES[0], Grouping::ByInput)?;
+        let t = choose_prefill_width(&PlanSpace::of(&narrowest))?;
+        Ok((t, self.server.prewarm(t, Grouping::ByInput)?))
     }
 }
 

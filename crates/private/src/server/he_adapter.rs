@@ -265,6 +265,18 @@ impl HeAdapter {
         Ok(ServerSession { ctx, he, prepared })
     }
 
+    /// Encodes the diagonals of the `(t, grouping)` offer now, before any client asks for it, and
+    /// keeps them warm ([`SessionMemory`]), so the first session of that offer opens without
+    /// encoding them. Returns their bytes. Errors: as [`HeAdapter::offer_grouped`];
+    /// [`PrivateError::MemoryBudget`] when they do not fit the budget.
+    pub fn prewarm(&self, t: usize, grouping: Grouping) -> Result<u64, PrivateError> {
+        let offer = self.offer_grouped(t, grouping)?;
+        let ctx = Context::new(CkksParameters::preset(offer.preset)?)?;
+        let encoder_only = CkksServer::new(&ctx, GaloisKeys::none(&ctx), None)?;
+        self.prepared_offer(&offer, &encoder_only)?;
+        Ok(offer.diagonal_bytes()?)
+    }
+
     /// The shared diagonals of `offer`, encoded with `he`'s encoder if no open session holds them.
     fn prepared_offer(
         &self,
