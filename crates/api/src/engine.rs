@@ -266,7 +266,8 @@ impl Engine {
     }
 
     /// Checks `job` before any work: known model, prompt and limits within
-    /// the model's context.
+    /// the model's context (the prompt, `max_tokens` and the drafts of a last
+    /// verify round).
     ///
     /// # Errors
     /// [`ApiError::ModelNotFound`], [`ApiError::BadRequest`].
@@ -278,18 +279,10 @@ impl Engine {
             return Err(ApiError::bad("prompt", "the prompt is empty"));
         }
         let context = self.model.config().max_position_embeddings;
-        let width = self
-            .adapters
-            .iter()
-            .map(|a| {
-                a.settings()
-                    .prefill_width
-                    .max_width()
-                    .max(a.max_verify_width())
-            })
-            .max()
-            .unwrap_or(1);
-        if job.prompt.len() + job.max_tokens + width + 1 > context {
+        // The last verify round computes its drafts past the answer's last token; a prefill
+        // request's padding rows are dropped after their pass and need no context.
+        let reserve = self.adapter(&job.model).map_or(1, |a| a.max_verify_width());
+        if job.prompt.len() + job.max_tokens + reserve > context {
             return Err(ApiError::BadRequest {
                 message: format!(
                     "the prompt ({} tokens) plus max_tokens ({}) exceeds the model's context of {context} tokens",

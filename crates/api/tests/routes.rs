@@ -225,3 +225,23 @@ async fn a_client_that_disconnects_cancels_its_generation() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+#[test]
+fn a_prompt_may_fill_the_context_but_not_pass_it() {
+    let engine = engine();
+    let path = fetch::ensure_default_model().unwrap();
+    let context = Model::load(&path).unwrap().config().max_position_embeddings;
+    let job = |prompt_len: usize| cipherlora_api::Job {
+        model: "base".into(),
+        prompt: vec![1; prompt_len],
+        max_tokens: 8,
+        sampling: SamplingParams::greedy(),
+        stops: Vec::new(),
+        received: std::time::Instant::now(),
+    };
+    // The base model drafts nothing: it needs one position past the prompt and the answer.
+    engine.check(&job(context - 8 - 1)).unwrap();
+    let err = engine.check(&job(context - 8)).unwrap_err();
+    assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(err.body().error.param.as_deref(), Some("max_tokens"));
+}

@@ -4,13 +4,15 @@
 //! session of the chosen widths, plans a schedule on the link, and the
 //! session generates what the plaintext adapted model does; a given K with
 //! a forced schedule models nothing and never asks for the link; an `auto`
-//! prefill width the server has no room for falls back to a narrower one;
+//! prefill width the server has no room for falls back to a narrower one
+//! and asks for no offer twice;
 //! diagonals the server encoded before any client serve sessions exactly.
 
 mod common;
 
-use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cipherlora_model::{
     LoadOptions, LoraAdapter, Model, ModelConfig, Tokenizer, WeightMode, fetch,
@@ -27,17 +29,19 @@ use cipherlora_speculative::schedule::Schedule;
 
 use common::{adapter_dir, assert_matches, plaintext_reference};
 
-/// An in-process opener that counts its link measurements.
+/// An in-process opener that counts its link measurements and records the widths of the offers
+/// it is asked for.
 struct Counting {
     inner: InProcessOpener,
-    measured: Cell<usize>,
+    measured: AtomicUsize,
+    offers: Vec<usize>,
 }
 
 impl SessionOpener for Counting {
     type Transport = InProcess;
 
     fn open(
-        &mut self,
+        &self,
         t: usize,
         grouping: Grouping,
         config: &ModelConfig,
@@ -46,11 +50,12 @@ impl SessionOpener for Counting {
     }
 
     fn plan_space(&mut self, t: usize, grouping: Grouping) -> Result<PlanSpace, PrivateError> {
+        self.offers.push(t);
         self.inner.plan_space(t, grouping)
     }
 
     fn measure_link(&self) -> Result<LinkProfile, PrivateError> {
-        self.measured.set(self.measured.get() + 1);
+        self.measured.fetch_add(1, Ordering::Relaxed);
         self.inner.measure_link()
     }
 }
@@ -130,7 +135,8 @@ fn a_given_k_and_schedule_model_nothing() {
             server,
             link: LinkProfile::WAN80,
         },
-        measured: Cell::new(0),
+        measured: AtomicUsize::new(0),
+        offers: Vec::new(),
     };
     let options = ConnectOptions {
         draft: DraftLength::Fixed(4),
@@ -141,7 +147,7 @@ fn a_given_k_and_schedule_model_nothing() {
         planning_link: None,
     };
     let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
-    assert_eq!(opener.measured.get(), 0);
+    assert_eq!(opener.measured.load(Ordering::Relaxed), 0);
     assert_eq!(session.link, None);
     assert_eq!(session.verify_width, 5);
     assert!(session.width_choice.is_none() && session.schedule_choice.is_none());
@@ -154,7 +160,7 @@ fn a_given_k_and_schedule_model_nothing() {
         ..options
     };
     let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
-    assert_eq!(opener.measured.get(), 1);
+    assert_eq!(opener.measured.load(Ordering::Relaxed), 1);
     assert_eq!(session.link, Some(LinkProfile::WAN80));
 }
 
@@ -188,6 +194,36 @@ fn an_adapter_the_server_does_not_serve_is_a_typed_refusal() {
     );
 }
 
+#[test]
+fn an_auto_prefill_width_asks_for_each_offer_once() {
+    let (model, _, server, _) = setup();
+    // FFA keeps the narrowest candidate: the offer `auto` chooses from serves the width model too.
+    for prefill_width in [PrefillWidth::Auto, PrefillWidth::Fixed(32)] {
+        let mut opener = Counting {
+            inner: InProcessOpener {
+                server: server.clone(),
+                link: LinkProfile::WAN20,
+            },
+            measured: AtomicUsize::new(0),
+            offers: Vec::new(),
+        };
+        let options = ConnectOptions {
+            draft: DraftLength::Auto {
+                k_max: 4,
+                trees: None,
+            },
+            acceptance_prior: None,
+            prefill_width,
+            schedule: None,
+            grouping: None,
+            planning_link: Some(LinkProfile::WAN20),
+        };
+        let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+        assert_eq!(session.prefill_width, 32, "{prefill_width}");
+        assert_eq!(opener.offers, [32], "{prefill_width}");
+    }
+}
+
 /// Sessions on `server`, with widths chosen from `space`'s shapes, refusing every prefill session
 /// wider than `room` the way a server whose memory it exceeds does.
 struct Cramped {
@@ -195,19 +231,19 @@ struct Cramped {
     space: PlanSpace,
     room: usize,
     refusal: fn(usize) -> PrivateError,
-    asked: Vec<usize>,
+    asked: Mutex<Vec<usize>>,
 }
 
 impl SessionOpener for Cramped {
     type Transport = InProcess;
 
     fn open(
-        &mut self,
+        &self,
         t: usize,
         grouping: Grouping,
         config: &ModelConfig,
     ) -> Result<HeHook<InProcess>, PrivateError> {
-        self.asked.push(t);
+        self.asked.lock().unwrap().push(t);
         if t > self.room {
             return Err((self.refusal)(t));
         }
@@ -267,7 +303,7 @@ fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
             space: space.clone(),
             room,
             refusal,
-            asked: Vec::new(),
+            asked: Mutex::new(Vec::new()),
         };
         let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
         let opened = if room == usize::MAX { wide } else { 32 };
@@ -275,7 +311,7 @@ fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
         assert!(session.hook.session(opened).is_some() && session.hook.session(5).is_some());
         if room < wide {
             assert_eq!(
-                opener.asked.first(),
+                opener.asked.lock().unwrap().first(),
                 Some(&wide),
                 "the wide width is asked first"
             );

@@ -262,8 +262,20 @@ impl AsyncAdapterClient {
 
     /// Every adapter the server serves. Errors: [`ServiceError::Rpc`], [`ServiceError::Transport`].
     pub async fn list_adapters(&mut self) -> Result<Vec<AdapterInfo>> {
+        self.list(String::new()).await
+    }
+
+    /// The description of `adapter_id` alone (`None`: the server does not serve it); a server
+    /// that lists every adapter whatever it is asked is filtered here. Errors: as
+    /// [`Self::list_adapters`].
+    pub async fn describe_adapter(&mut self, adapter_id: &str) -> Result<Option<AdapterInfo>> {
+        let listed = self.list(adapter_id.to_string()).await?;
+        Ok(listed.into_iter().find(|a| a.adapter_id == adapter_id))
+    }
+
+    async fn list(&mut self, adapter_id: String) -> Result<Vec<AdapterInfo>> {
         let mut rpc = self.rpc().await?;
-        let req = v1::ListAdaptersRequest {};
+        let req = v1::ListAdaptersRequest { adapter_id };
         self.up.transit(req.encoded_len()).await;
         let resp = rpc.list_adapters(req).await?.into_inner();
         self.down.transit(resp.encoded_len()).await;
@@ -667,6 +679,11 @@ impl AdapterClient {
     /// See [`AsyncAdapterClient::list_adapters`]. Errors: as there.
     pub fn list_adapters(&mut self) -> Result<Vec<AdapterInfo>> {
         self.rt.block_on(self.inner.list_adapters())
+    }
+
+    /// See [`AsyncAdapterClient::describe_adapter`]. Errors: as there.
+    pub fn describe_adapter(&mut self, adapter_id: &str) -> Result<Option<AdapterInfo>> {
+        self.rt.block_on(self.inner.describe_adapter(adapter_id))
     }
 
     /// See [`AsyncAdapterClient::open_session`]. Errors: as there.

@@ -354,10 +354,15 @@ type RoundsStream =
 impl AdapterService for Svc {
     async fn list_adapters(
         &self,
-        _req: Request<v1::ListAdaptersRequest>,
+        req: Request<v1::ListAdaptersRequest>,
     ) -> std::result::Result<Response<v1::ListAdaptersResponse>, Status> {
         self.state.metrics.request("list_adapters", Code::Ok);
-        Ok(Response::new(self.state.list.clone()))
+        let wanted = req.into_inner().adapter_id;
+        let mut list = self.state.list.clone();
+        if !wanted.is_empty() {
+            list.adapters.retain(|a| a.adapter_id == wanted);
+        }
+        Ok(Response::new(list))
     }
 
     async fn open_session(

@@ -220,7 +220,7 @@ fn case(rng: &mut Rng, sid: [u8; 16], plan: u64) -> Case {
         12 => (
             "ListAdapters",
             false,
-            ListAdaptersRequest {}.encode_to_vec(),
+            ListAdaptersRequest::default().encode_to_vec(),
         ),
         _ => ("OpenSession", false, rng.bytes_upto(32)),
     };

@@ -32,6 +32,10 @@ fn loopback_tls_auth_round_trip_gives_exact_deltas() {
     assert_eq!(infos[0].groups.len(), 2);
     assert_eq!(infos[0].base_model_sha256, [0x5a; 32]);
     assert!(infos[0].ckks_presets.contains(&"test-n4096".to_string()));
+    // One adapter asked for by id, as a client opening a session does.
+    let one = c.describe_adapter(ADAPTER).unwrap().expect("listed");
+    assert_eq!((one.adapter_id.as_str(), one.num_layers), (ADAPTER, LAYERS));
+    assert!(c.describe_adapter("not-served").unwrap().is_none());
 
     let info = c.open_session(params(1)).unwrap();
     assert_eq!(info.offer.positions, 8);

@@ -29,7 +29,8 @@ pub struct ServeArgs {
     #[arg(long)]
     base_model: Option<PathBuf>,
     /// MiB of pre-encoded adapter diagonals all open sessions may hold together (default: 60 % of
-    /// physical memory); beyond it sessions are refused.
+    /// physical memory or of the container's cgroup memory limit, whichever is lower); beyond it
+    /// sessions are refused.
     #[arg(long)]
     max_session_memory_mib: Option<u64>,
     /// Circuit privacy: rerandomise every returned ciphertext under the client's public key with

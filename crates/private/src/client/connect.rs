@@ -8,10 +8,10 @@
 //! The order follows what each choice needs: an offer first (it carries
 //! the plan space the width model prices and, with
 //! [`PrefillWidth::Auto`], the shapes the prefill width is chosen from),
-//! then both
-//! sessions at once (keys uploaded, plans prepared on the server), then the
-//! schedule, which the width model's round model and the open sessions'
-//! plans decide.
+//! the client's passes timed, then the prefill session opening (keys
+//! uploaded, plans prepared on the server) while the width model computes,
+//! then the verify session beside it, then the schedule, which the width
+//! model's round model and the open sessions' plans decide.
 
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ use cipherlora_speculative::tree_draft::TreeParams;
 
 use crate::PrivateError;
 use crate::client::width_plan::{
-    DraftLimits, PlanSpace, WidthChoice, choose_width_for_client, grouping_for_given_k,
+    DraftLimits, PlanSpace, WidthChoice, choose_width_on_costs, grouping_for_given_k, time_client,
 };
 use crate::client::{
     AUTO_CANDIDATES, ByWidth, HeHook, InProcess, PrefillWidth, ScheduleChoice, Transport,
@@ -36,7 +36,7 @@ use crate::server::HeAdapter;
 pub enum DraftLength {
     /// Exactly K (0: no drafts, one position per round).
     Fixed(usize),
-    /// Chosen by the width model ([`choose_width_for_client`]) when the
+    /// Chosen by the width model ([`choose_width_on_costs`]) when the
     /// session opens: K ≤ `k_max`, and a tree of at most `trees` instead of
     /// a chain where the model prefers one.
     Auto {
@@ -126,7 +126,7 @@ pub trait SessionOpener {
     /// # Errors
     /// The server's refusal or the transport's failure.
     fn open(
-        &mut self,
+        &self,
         t: usize,
         grouping: Grouping,
         config: &ModelConfig,
@@ -174,7 +174,7 @@ impl SessionOpener for InProcessOpener {
     type Transport = InProcess;
 
     fn open(
-        &mut self,
+        &self,
         t: usize,
         grouping: Grouping,
         config: &ModelConfig,
@@ -206,11 +206,15 @@ impl SessionOpener for InProcessOpener {
 /// # Errors
 /// [`PrivateError::Service`] and the server's refusals while opening;
 /// the width and schedule models' errors.
-pub fn connect_with<O: SessionOpener>(
+pub fn connect_with<O>(
     opener: &mut O,
     options: &ConnectOptions,
     (model, drafter): (&Model, &Model),
-) -> Result<PrivateSession<O::Transport>, PrivateError> {
+) -> Result<PrivateSession<O::Transport>, PrivateError>
+where
+    O: SessionOpener + Sync,
+    O::Transport: Send,
+{
     let forced = options.schedule;
     let config = model.config();
     let modelled = matches!(options.draft, DraftLength::Auto { .. })
@@ -221,37 +225,54 @@ pub fn connect_with<O: SessionOpener>(
         None if modelled => Some(opener.measure_link()?),
         None => None,
     };
-    let prefill_width = match options.prefill_width {
-        PrefillWidth::Fixed(w) => w,
+    // `auto` chooses from the narrowest candidate's offer, which serves the width model too
+    // when the choice is that width (one offer request, not two).
+    let (prefill_width, mut probed) = match options.prefill_width {
+        PrefillWidth::Fixed(w) => (w, None),
         PrefillWidth::Auto => {
-            choose_prefill_width(&opener.plan_space(AUTO_CANDIDATES[0], Grouping::ByInput)?)?
+            let space = opener.plan_space(AUTO_CANDIDATES[0], Grouping::ByInput)?;
+            let w = choose_prefill_width(&space)?;
+            (w, Some(space))
         }
+    };
+    let mut prefill_space = |opener: &mut O| match probed.take() {
+        Some(space) if space.width == Some(prefill_width) => Ok(space),
+        _ => opener.plan_space(prefill_width, Grouping::ByInput),
     };
     let fallback = (options.prefill_width == PrefillWidth::Auto).then_some(AUTO_CANDIDATES[0]);
     let mut width_choice = None;
+    // The client's pass times, when the width model took them (the schedule model reuses them).
+    let mut timed = None;
     let (hook, verify_width, tree) = match (options.draft, link) {
         (DraftLength::Auto { k_max, trees }, Some(link)) => {
-            let space = opener.plan_space(prefill_width, Grouping::ByInput)?;
-            let choice = choose_width_for_client(
-                &space,
-                model,
-                drafter,
-                &link,
-                options.acceptance_prior,
-                DraftLimits { k_max, trees },
-            )?;
+            let space = prefill_space(opener)?;
+            // The client's passes are timed alone; the prefill session then opens (keys, their
+            // upload, the server's plans) while the width model computes and the verify session
+            // opens.
+            let client = timed.insert(time_client(model, drafter, k_max + 1)?);
+            let (hook, choice) =
+                open_beside_choice(opener, (prefill_width, fallback), config, || {
+                    let choice = choose_width_on_costs(
+                        &space,
+                        client,
+                        &link,
+                        options.acceptance_prior,
+                        DraftLimits { k_max, trees },
+                    )?;
+                    let k = choice.best.k;
+                    // A verify width equal to the prefill width shares the prefill session.
+                    let grouping = match options.grouping {
+                        Some(g) if k + 1 != prefill_width => g,
+                        _ => choice.best.grouping_for(&space, forced.as_ref()),
+                    };
+                    Ok(((k + 1, grouping), choice))
+                })?;
             let (k, tree) = (choice.best.k, choice.best.tree);
-            // A verify width equal to the prefill width shares the prefill session.
-            let grouping = match options.grouping {
-                Some(g) if k + 1 != prefill_width => g,
-                _ => choice.best.grouping_for(&space, forced.as_ref()),
-            };
             width_choice = Some(choice);
-            let hook = open_widths(opener, (prefill_width, fallback), (k + 1, grouping), config)?;
             (hook, k + 1, tree)
         }
         (DraftLength::Fixed(k), Some(link)) if k > 0 && options.grouping.is_none() => {
-            let space = opener.plan_space(prefill_width, Grouping::ByInput)?;
+            let space = prefill_space(opener)?;
             let grouping = given_k_grouping(&space, options, (model, drafter), &link, k)?;
             let hook = open_widths(opener, (prefill_width, fallback), (k + 1, grouping), config)?;
             (hook, k + 1, None)
@@ -278,6 +299,7 @@ pub fn connect_with<O: SessionOpener>(
             verify_width,
             Some(prefill_width),
             (&link, options.acceptance_prior),
+            timed.as_ref(),
         )?),
         _ => None,
     };
@@ -297,6 +319,57 @@ pub fn connect_with<O: SessionOpener>(
         width_choice,
         schedule_choice,
     })
+}
+
+/// [`open_widths`] for a verify session `choose` decides while the prefill session of
+/// `prefill_width` (grouped by input) already opens on another thread: its key upload and the
+/// server's plans overlap the client's computation, and the verify session opens as soon as it is
+/// chosen, beside it. When the widths agree the prefill session serves both if it is grouped as
+/// the verify session needs; otherwise, or where the server had no room for either,
+/// [`open_widths`] opens them again with its fallbacks.
+///
+/// # Errors
+/// `choose`'s; as [`SessionOpener::open`].
+fn open_beside_choice<O, C>(
+    opener: &mut O,
+    (prefill_width, fallback): (usize, Option<usize>),
+    config: &ModelConfig,
+    choose: impl FnOnce() -> Result<((usize, Grouping), C), PrivateError>,
+) -> Result<(ByWidth<O::Transport>, C), PrivateError>
+where
+    O: SessionOpener + Sync,
+    O::Transport: Send,
+{
+    let shared = &*opener;
+    let (early, verify, chosen) = std::thread::scope(|s| {
+        let early = s.spawn(|| shared.open(prefill_width, Grouping::ByInput, config));
+        let chosen = choose();
+        let verify = match &chosen {
+            Ok(((width, grouping), _)) if *width != prefill_width => {
+                Some(shared.open(*width, *grouping, config))
+            }
+            _ => None,
+        };
+        let early = early
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (early, verify, chosen)
+    });
+    let ((width, grouping), choice) = chosen?;
+    let no_room = |e: &PrivateError| e.is_at_capacity() || e.is_over_limit();
+    let hook = match (early, verify) {
+        (Ok(wide), Some(Ok(verify))) => {
+            ByWidth::new().with(prefill_width, wide).with(width, verify)
+        }
+        (Ok(wide), None) if grouping == Grouping::ByInput => ByWidth::new().with(width, wide),
+        (Err(e), _) | (_, Some(Err(e))) if !no_room(&e) => return Err(e),
+        opened => {
+            // Closed before the server is asked again, so their memory is free.
+            drop(opened);
+            open_widths(opener, (prefill_width, fallback), (width, grouping), config)?
+        }
+    };
+    Ok((hook, choice))
 }
 
 /// A prefill session of `prefill_width` grouped by input and a verify session of `(width,

@@ -288,9 +288,12 @@ fn fixed_point_round_ms(
 
 /// [`choose_schedule`] for the verify session of `width` behind `hook` with
 /// the fixed point the client would run, timing one pass of `model` and
-/// `width − 1` steps of `drafter` here. When the fixed point wins and `hook`
-/// has a session of `prefill_width`, prefill passes are priced both ways and
-/// run group by group when cheaper (exact prompt rows, bytes sent once).
+/// `width − 1` steps of `drafter` here, or taking them from `timed`
+/// ([`crate::width_plan::time_client`] up to at least `width` positions). When the fixed point
+/// wins and `hook` has a session of `prefill_width`, prefill passes are priced both ways and
+/// run group by group when cheaper (exact prompt rows, bytes sent once); with `timed` the
+/// prefill width's pass is extrapolated from the widest two timed ones (a pass's time is close
+/// to affine in its width).
 ///
 /// Errors: [`PrivateError::NoSessionOfWidth`] when `hook` has no session of that
 /// width; [`PrivateError::Model`] when the pass fails.
@@ -300,18 +303,26 @@ pub fn choose_for_session<T: crate::Transport>(
     width: usize,
     prefill_width: Option<usize>,
     (link, alpha): (&LinkProfile, Option<f64>),
+    timed: Option<&crate::width_plan::ClientCosts>,
 ) -> Result<ScheduleChoice, PrivateError> {
     let session = hook
         .session(width)
         .ok_or(PrivateError::NoSessionOfWidth { width })?;
     let fixed = crate::width_plan::auto_fixed_point(session.plan_space(), alpha);
-    let draft_ms = match drafter {
-        Some(d) => width.saturating_sub(1) as f64 * time_pass(d, 1)?.min(time_pass(d, 1)?),
-        None => 0.0,
+    let timed = timed.filter(|c| c.forward_ms.len() >= width.max(2));
+    let forward_ms = |t: usize| -> Result<f64, PrivateError> {
+        match timed {
+            Some(c) => Ok(extrapolated(&c.forward_ms, t)),
+            None => time_pass(model, t),
+        }
+    };
+    let draft_ms = match (drafter, timed) {
+        (Some(_), Some(c)) => width.saturating_sub(1) as f64 * c.draft_ms,
+        (Some(d), None) => width.saturating_sub(1) as f64 * time_pass(d, 1)?.min(time_pass(d, 1)?),
+        (None, _) => 0.0,
     };
     let pass = session.pass_model();
-    let mut choice =
-        choose_schedule_grouped(pass, pass, link, time_pass(model, width)?, draft_ms, fixed);
+    let mut choice = choose_schedule_grouped(pass, pass, link, forward_ms(width)?, draft_ms, fixed);
     if session.plan_space().grouping.layers().is_some() {
         // Its requests need a whole layer's inputs: only the fixed point.
         choice.per_group_ms = f64::INFINITY;
@@ -329,7 +340,7 @@ pub fn choose_for_session<T: crate::Transport>(
         let c = choose_schedule(
             wide.pass_model(),
             link,
-            time_pass(model, w)?,
+            forward_ms(w)?,
             FixedPoint {
                 round_trips: trips,
                 ..fp
@@ -347,6 +358,19 @@ pub fn choose_for_session<T: crate::Transport>(
         });
     }
     Ok(choice)
+}
+
+/// `forward_ms[t − 1]` of a pass of `t` positions, past the table on the line through its last two
+/// entries (at least two).
+fn extrapolated(forward_ms: &[f64], t: usize) -> f64 {
+    let n = forward_ms.len();
+    match forward_ms.get(t.wrapping_sub(1)) {
+        Some(&ms) => ms,
+        None => {
+            let (a, b) = (forward_ms[n - 2], forward_ms[n - 1]);
+            b + t.saturating_sub(n) as f64 * (b - a).max(0.0)
+        }
+    }
 }
 
 /// How `fp` prefills when a group-by-group session is at hand: group by group when that is
@@ -379,6 +403,16 @@ pub(crate) fn time_pass(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pass_times_past_the_table_continue_its_last_slope() {
+        let ms = [10.0, 12.0, 14.0, 17.0];
+        assert_eq!(extrapolated(&ms, 2), 12.0);
+        assert_eq!(extrapolated(&ms, 4), 17.0);
+        assert_eq!(extrapolated(&ms, 8), 17.0 + 4.0 * 3.0);
+        // A last step that went down (noise) never makes a wider pass cheaper.
+        assert_eq!(extrapolated(&[10.0, 9.0], 5), 9.0);
+    }
 
     fn pass() -> PassModel {
         // The default model's FFA verify pass at T = 9.

@@ -445,12 +445,29 @@ pub fn choose_width_for_client(
     alpha: Option<f64>,
     drafts: DraftLimits,
 ) -> Result<WidthChoice, PrivateError> {
+    let client = time_client(model, drafter, drafts.k_max + 1)?;
+    choose_width_on_costs(space, &client, link, alpha, drafts)
+}
+
+/// [`choose_width_for_client`] on passes timed before ([`time_client`] up to `drafts.k_max + 1`
+/// positions): pure computation, so it may run beside other work without skewing a timing.
+///
+/// Errors: as [`choose_width`]; [`PrivateError::Ckks`].
+pub fn choose_width_on_costs(
+    space: &PlanSpace,
+    client: &ClientCosts,
+    link: &LinkProfile,
+    alpha: Option<f64>,
+    drafts: DraftLimits,
+) -> Result<WidthChoice, PrivateError> {
     let alpha = acceptance_prior(space, alpha);
-    let client_side = (model, drafter);
-    choose_width_timed(
+    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
+    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
+    choose_width(
         space,
-        client_side,
+        &sizes,
         link,
+        client,
         alpha,
         drafts,
         default_fixed_point(alpha),

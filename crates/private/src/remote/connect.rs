@@ -1,10 +1,12 @@
 //! [`connect`]: a private session over gRPC ([`connect_with`] through a [`GrpcOpener`]).
 
-use cipherlora_model::{Model, ModelConfig};
-use cipherlora_service::{AdapterClient, ClientConfig, LinkProfile};
+use std::sync::OnceLock;
 
-use super::grpc_transport::transport_error;
-use super::{GrpcTransport, connect_remote, fetch_offer};
+use cipherlora_model::{Model, ModelConfig};
+use cipherlora_service::{AdapterClient, AdapterInfo, ClientConfig, LinkProfile};
+
+use super::GrpcTransport;
+use super::grpc_transport::{adapter_info, fetch_listed_offer, open_listed, transport_error};
 use crate::PrivateError;
 use crate::client::width_plan::PlanSpace;
 use crate::client::{
@@ -12,30 +14,56 @@ use crate::client::{
 };
 use crate::protocol::Grouping;
 
-/// Sessions over gRPC ([`connect_remote`]).
+/// Sessions over gRPC ([`super::connect_remote`]), each on its own connection. The adapter's
+/// description (`ListAdapters`) is asked for once and serves every offer this opener fetches.
 #[derive(Debug, Clone)]
 pub struct GrpcOpener {
-    /// The adapter server and how to reach it.
-    pub client: ClientConfig,
-    /// The adapter's id on it.
-    pub adapter_id: String,
+    client: ClientConfig,
+    adapter_id: String,
+    listed: OnceLock<AdapterInfo>,
+}
+
+impl GrpcOpener {
+    /// Sessions of `adapter_id` on the server `client` reaches.
+    #[must_use]
+    pub fn new(client: ClientConfig, adapter_id: &str) -> Self {
+        Self {
+            client,
+            adapter_id: adapter_id.to_string(),
+            listed: OnceLock::new(),
+        }
+    }
+
+    /// A connection to the server and the adapter's description.
+    fn connect(&self) -> Result<(AdapterClient, AdapterInfo), PrivateError> {
+        let mut client = AdapterClient::connect(self.client.clone()).map_err(transport_error)?;
+        let info = match self.listed.get() {
+            Some(info) => info.clone(),
+            None => {
+                let info = adapter_info(&mut client, &self.adapter_id)?;
+                self.listed.get_or_init(|| info).clone()
+            }
+        };
+        Ok((client, info))
+    }
 }
 
 impl SessionOpener for GrpcOpener {
     type Transport = GrpcTransport;
 
     fn open(
-        &mut self,
+        &self,
         t: usize,
         grouping: Grouping,
         config: &ModelConfig,
     ) -> Result<HeHook<GrpcTransport>, PrivateError> {
-        connect_remote(self.client.clone(), &self.adapter_id, t, grouping, config)
+        let (client, info) = self.connect()?;
+        open_listed(client, info, t, grouping, config)
     }
 
     fn plan_space(&mut self, t: usize, grouping: Grouping) -> Result<PlanSpace, PrivateError> {
-        let mut client = AdapterClient::connect(self.client.clone()).map_err(transport_error)?;
-        let offer = fetch_offer(&mut client, &self.adapter_id, t, grouping)?;
+        let (mut client, info) = self.connect()?;
+        let offer = fetch_listed_offer(&mut client, info, t, grouping)?;
         Ok(PlanSpace::of(&offer.offer))
     }
 
@@ -47,10 +75,10 @@ impl SessionOpener for GrpcOpener {
         (tb, gb): (usize, Grouping),
         config: &ModelConfig,
     ) -> Result<HookPair<GrpcTransport>, PrivateError> {
-        let (client, id) = (&self.client, &self.adapter_id);
+        let opener = &*self;
         std::thread::scope(|s| {
-            let a = s.spawn(|| connect_remote(client.clone(), id, ta, ga, config));
-            let b = connect_remote(client.clone(), id, tb, gb, config);
+            let a = s.spawn(|| opener.open(ta, ga, config));
+            let b = opener.open(tb, gb, config);
             // A panic there is a bug: raise it here.
             let a = a.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
             Ok((a?, b?))
@@ -72,9 +100,6 @@ pub fn connect(
     options: &ConnectOptions,
     models: (&Model, &Model),
 ) -> Result<PrivateSession<GrpcTransport>, PrivateError> {
-    let mut opener = GrpcOpener {
-        client,
-        adapter_id: adapter_id.to_string(),
-    };
+    let mut opener = GrpcOpener::new(client, adapter_id);
     connect_with(&mut opener, options, models)
 }

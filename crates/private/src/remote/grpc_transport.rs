@@ -38,10 +38,8 @@ pub(super) fn adapter_info(
     adapter_id: &str,
 ) -> Result<AdapterInfo, PrivateError> {
     client
-        .list_adapters()
+        .describe_adapter(adapter_id)
         .map_err(transport_error)?
-        .into_iter()
-        .find(|a| a.adapter_id == adapter_id)
         .ok_or_else(|| PrivateError::UnknownAdapter {
             adapter_id: adapter_id.chars().take(64).collect(),
         })
@@ -56,6 +54,19 @@ pub fn fetch_offer(
     grouping: Grouping,
 ) -> Result<RemoteOffer, PrivateError> {
     let info = adapter_info(client, adapter_id)?;
+    fetch_listed_offer(client, info, t, grouping)
+}
+
+/// [`fetch_offer`] for an adapter whose description `info` the client already holds (one
+/// `ListAdapters` serves every offer of an opening: it carries an FFA adapter's lora_A, and the
+/// other adapters' too). Errors: as [`fetch_offer`].
+pub(super) fn fetch_listed_offer(
+    client: &mut AdapterClient,
+    info: AdapterInfo,
+    t: usize,
+    grouping: Grouping,
+) -> Result<RemoteOffer, PrivateError> {
+    let adapter_id = info.adapter_id.clone();
     let ckks_preset = info
         .ckks_presets
         .first()
@@ -251,7 +262,20 @@ pub fn connect_remote(
     model_config: &ModelConfig,
 ) -> Result<HeHook<GrpcTransport>, PrivateError> {
     let mut client = AdapterClient::connect(config).map_err(transport_error)?;
-    let offer = fetch_offer(&mut client, adapter_id, t, grouping)?;
+    let info = adapter_info(&mut client, adapter_id)?;
+    open_listed(client, info, t, grouping, model_config)
+}
+
+/// [`connect_remote`] on a connected `client` for an adapter whose description `info` it already
+/// holds ([`fetch_listed_offer`]). Errors: as [`connect_remote`].
+pub(super) fn open_listed(
+    mut client: AdapterClient,
+    info: AdapterInfo,
+    t: usize,
+    grouping: Grouping,
+    model_config: &ModelConfig,
+) -> Result<HeHook<GrpcTransport>, PrivateError> {
+    let offer = fetch_listed_offer(&mut client, info, t, grouping)?;
     HeHook::connect(&offer.offer, model_config, |keys, pk| {
         GrpcTransport::open(client, &offer, keys, pk)
     })
@@ -266,9 +290,6 @@ pub fn connect_widths(
     prefill_width: usize,
     model_config: &ModelConfig,
 ) -> Result<ByWidth<GrpcTransport>, PrivateError> {
-    let mut opener = super::GrpcOpener {
-        client: config,
-        adapter_id: adapter_id.to_string(),
-    };
+    let mut opener = super::GrpcOpener::new(config, adapter_id);
     crate::client::open_widths(&mut opener, (prefill_width, None), verify, model_config)
 }

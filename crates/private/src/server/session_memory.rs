@@ -130,8 +130,10 @@ impl SessionMemory {
 }
 
 impl Default for SessionMemory {
-    /// 60 % of the physical memory (`MemTotal` of `/proc/meminfo`), or 8 GiB where that cannot be
-    /// read.
+    /// 60 % of the memory this process may use: the physical memory (`MemTotal` of
+    /// `/proc/meminfo`) or, when lower, the limit of its control group (a container's or a
+    /// Kubernetes pod's `limits.memory`: cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`); 8
+    /// GiB where neither can be read.
     fn default() -> Self {
         Self::new(default_limit())
     }
@@ -139,18 +141,61 @@ impl Default for SessionMemory {
 
 /// The default limit (see [`SessionMemory::default`]).
 fn default_limit() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
+    let physical = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|text| limit_from_meminfo(&text))
-        .unwrap_or(FALLBACK_BYTES)
+        .and_then(|text| mem_total(&text));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|own| cgroup_limit(&own, |path| std::fs::read_to_string(path).ok()));
+    let usable = match (physical, cgroup) {
+        (Some(p), Some(c)) => Some(p.min(c)),
+        (p, c) => p.or(c),
+    };
+    usable.map_or(FALLBACK_BYTES, |bytes| {
+        (bytes as f64 * DEFAULT_SHARE) as u64
+    })
 }
 
-/// [`DEFAULT_SHARE`] of the `MemTotal` line of a `/proc/meminfo` text.
-fn limit_from_meminfo(text: &str) -> Option<u64> {
+/// Bytes of the `MemTotal` line of a `/proc/meminfo` text.
+fn mem_total(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
     let mut words = line.split_whitespace().skip(1);
     let kib: u64 = words.next()?.parse().ok()?;
-    (words.next()? == "kB").then_some((kib as f64 * 1024.0 * DEFAULT_SHARE) as u64)
+    (words.next()? == "kB").then_some(kib.saturating_mul(1024))
+}
+
+/// The memory limit of the control group a `/proc/self/cgroup` text names, its files read by
+/// `read` (a path under `/sys/fs/cgroup`); `None` when it sets none. cgroup v2 names its group on
+/// a `0::` line and writes `max` for no limit; v1 on a line whose controllers include `memory`,
+/// and writes a number near `i64::MAX` for none. Inside a container's cgroup namespace the group
+/// is `/`, the container's own; without one the line names the host's path, which the container
+/// does not see, and its own limit is at the root of its mount.
+fn cgroup_limit(own: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    for line in own.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(group)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (root, file) = if id == "0" && controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        let group = group.trim_end_matches('/');
+        let text =
+            read(&format!("{root}{group}/{file}")).or_else(|| read(&format!("{root}/{file}")));
+        let limit = text
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .filter(|&bytes| bytes < 1 << 62);
+        if limit.is_some() {
+            return limit;
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -200,11 +245,46 @@ mod tests {
     }
 
     #[test]
-    fn default_limit_is_a_share_of_memtotal() {
+    fn memtotal_is_read_in_bytes() {
         let text = "MemFree:  1000 kB\nMemTotal:       24683820 kB\nBuffers: 3 kB\n";
-        let want = (24_683_820.0 * 1024.0 * DEFAULT_SHARE) as u64;
-        assert_eq!(limit_from_meminfo(text), Some(want));
-        assert_eq!(limit_from_meminfo("MemTotal: 12 MB\n"), None);
-        assert_eq!(limit_from_meminfo("MemFree: 12 kB\n"), None);
+        assert_eq!(mem_total(text), Some(24_683_820 * 1024));
+        assert_eq!(mem_total("MemTotal: 12 MB\n"), None);
+        assert_eq!(mem_total("MemFree: 12 kB\n"), None);
+    }
+
+    #[test]
+    fn a_control_group_s_limit_is_read_for_v2_and_v1_and_no_limit_is_none() {
+        let files = |entries: &'static [(&'static str, &'static str)]| {
+            move |path: &str| {
+                entries
+                    .iter()
+                    .find(|(p, _)| *p == path)
+                    .map(|(_, text)| (*text).to_string())
+            }
+        };
+        // v2 inside a pod's namespace (`limits.memory: 8Gi`), and on a host under systemd.
+        let pod = files(&[("/sys/fs/cgroup/memory.max", "8589934592\n")]);
+        assert_eq!(cgroup_limit("0::/\n", pod), Some(8 << 30));
+        let host = files(&[("/sys/fs/cgroup/user.slice/memory.max", "max\n")]);
+        assert_eq!(cgroup_limit("0::/user.slice\n", host), None);
+        // v1: the memory controller's line, among others; an unlimited group's huge number.
+        let own = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n";
+        let v1 = files(&[(
+            "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes",
+            "4294967296",
+        )]);
+        assert_eq!(cgroup_limit(own, v1), Some(4 << 30));
+        // v1 in a container without a cgroup namespace: the host's path is not there.
+        let mount = files(&[(
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "2147483648\n",
+        )]);
+        assert_eq!(cgroup_limit("4:memory:/docker/abc\n", mount), Some(2 << 30));
+        let unlimited = files(&[(
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "9223372036854771712",
+        )]);
+        assert_eq!(cgroup_limit("4:memory:/\n", unlimited), None);
+        assert_eq!(cgroup_limit("", files(&[])), None);
     }
 }
