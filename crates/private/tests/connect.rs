@@ -282,19 +282,29 @@ fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
     };
     let prompt = tok.encode(common::PROMPTS[0]).unwrap();
     let want = plaintext_reference(&model, &tok, &plain, &prompt, 8);
-    let options = ConnectOptions {
-        draft: DraftLength::Fixed(4),
-        acceptance_prior: None,
-        prefill_width: PrefillWidth::Auto,
-        schedule: Some(Schedule::PerGroup),
-        grouping: None,
-        planning_link: None,
-    };
-    for (room, refusal) in [
+    // A given K opens both sessions after choosing; an auto K opens the prefill session while
+    // the width model runs.
+    let drafts = [
+        DraftLength::Fixed(4),
+        DraftLength::Auto {
+            k_max: 4,
+            trees: None,
+        },
+    ];
+    let cases = [
         (usize::MAX, over_limit as fn(usize) -> PrivateError),
         (32, over_limit),
         (32, at_capacity),
-    ] {
+    ];
+    for (draft, (room, refusal)) in drafts.into_iter().flat_map(|d| cases.map(|c| (d, c))) {
+        let options = ConnectOptions {
+            draft,
+            acceptance_prior: None,
+            prefill_width: PrefillWidth::Auto,
+            schedule: Some(Schedule::PerGroup),
+            grouping: None,
+            planning_link: Some(LinkProfile::LOOPBACK),
+        };
         let mut opener = Cramped {
             server: InProcessOpener {
                 server: server.clone(),
@@ -307,8 +317,10 @@ fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
         };
         let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
         let opened = if room == usize::MAX { wide } else { 32 };
-        assert_eq!(session.prefill_width, opened, "room {room}");
-        assert!(session.hook.session(opened).is_some() && session.hook.session(5).is_some());
+        let k = session.verify_width - 1;
+        assert_eq!(session.prefill_width, opened, "room {room}, {draft:?}");
+        assert!(session.hook.session(opened).is_some());
+        assert!(session.hook.session(k + 1).is_some());
         if room < wide {
             assert_eq!(
                 opener.asked.lock().unwrap().first(),
@@ -320,10 +332,10 @@ fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
         let cfg = SpecConfig {
             prefill_width: Some(session.prefill_width),
             schedule: session.schedule,
-            ..common::greedy_spec(4, 8, &tok)
+            ..common::greedy_spec(k, 8, &tok)
         };
         let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
-        assert_matches(&got, &want, &tok, &format!("room {room}"));
+        assert_matches(&got, &want, &tok, &format!("room {room}, {draft:?}"));
     }
 }
 

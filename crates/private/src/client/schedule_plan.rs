@@ -364,7 +364,7 @@ pub fn choose_for_session<T: crate::Transport>(
 /// entries (at least two).
 fn extrapolated(forward_ms: &[f64], t: usize) -> f64 {
     let n = forward_ms.len();
-    match forward_ms.get(t.wrapping_sub(1)) {
+    match t.checked_sub(1).and_then(|i| forward_ms.get(i)) {
         Some(&ms) => ms,
         None => {
             let (a, b) = (forward_ms[n - 2], forward_ms[n - 1]);

@@ -461,17 +461,28 @@ pub fn choose_width_on_costs(
     drafts: DraftLimits,
 ) -> Result<WidthChoice, PrivateError> {
     let alpha = acceptance_prior(space, alpha);
-    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
-    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
-    choose_width(
+    choose_width_priced(
         space,
-        &sizes,
-        link,
         client,
+        link,
         alpha,
         drafts,
         default_fixed_point(alpha),
     )
+}
+
+/// [`choose_width`] at the engine's wire sizes for `space`'s preset.
+fn choose_width_priced(
+    space: &PlanSpace,
+    client: &ClientCosts,
+    link: &LinkProfile,
+    alpha: f64,
+    drafts: DraftLimits,
+    fixed: FixedPoint,
+) -> Result<WidthChoice, PrivateError> {
+    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
+    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
+    choose_width(space, &sizes, link, client, alpha, drafts, fixed)
 }
 
 /// [`choose_width`] with the client's passes timed here.
@@ -483,10 +494,8 @@ fn choose_width_timed(
     drafts: DraftLimits,
     fixed: FixedPoint,
 ) -> Result<WidthChoice, PrivateError> {
-    let ctx = Arc::new(Context::new(CkksParameters::preset(space.preset)?)?);
-    let sizes = crate::schedule_plan::wire_sizes(&ctx)?;
     let client = time_client(model, drafter, drafts.k_max + 1)?;
-    choose_width(space, &sizes, link, &client, alpha, drafts, fixed)
+    choose_width_priced(space, &client, link, alpha, drafts, fixed)
 }
 
 /// How a client with a fixed K (`--k N`) groups its verify session: as the

@@ -58,8 +58,8 @@ pub fn fetch_offer(
 }
 
 /// [`fetch_offer`] for an adapter whose description `info` the client already holds (one
-/// `ListAdapters` serves every offer of an opening: it carries an FFA adapter's lora_A, and the
-/// other adapters' too). Errors: as [`fetch_offer`].
+/// `ListAdapters` serves every offer of an opening: an FFA adapter's carries its lora_A).
+/// Errors: as [`fetch_offer`].
 pub(super) fn fetch_listed_offer(
     client: &mut AdapterClient,
     info: AdapterInfo,
