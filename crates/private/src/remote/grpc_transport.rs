@@ -66,7 +66,6 @@ pub(super) fn fetch_listed_offer(
     t: usize,
     grouping: Grouping,
 ) -> Result<RemoteOffer, PrivateError> {
-    let adapter_id = info.adapter_id.clone();
     let ckks_preset = info
         .ckks_presets
         .first()
@@ -76,7 +75,7 @@ pub(super) fn fetch_listed_offer(
         })?;
     let session = client
         .open_session(SessionParams {
-            adapter_id: adapter_id.to_string(),
+            adapter_id: info.adapter_id.clone(),
             ckks_preset: ckks_preset.clone(),
             public_key: Bytes::new(),
             galois_keys: Bytes::new(),
