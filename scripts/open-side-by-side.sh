@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Opening time of a client's sessions (`generate --prefill-width auto`, offer to sessions open),
 # two builds side by side: per round and build a fresh server of that build, once its encoding at
-# start is done (prewarmed: the verify width's diagonals are still encoded when the client asks),
-# then again after the server kept them (warm). Standard and FFA, 3 rounds, server on core 1,
+# start is done (prewarmed: what the server did not encode at start, the client waits for), then
+# again after the server kept the client's widths (warm). Standard and FFA, 3 rounds, server on core 1,
 # client on core 0, over a simulated link. Run by hand:
 #
 #   scripts/open-side-by-side.sh BEFORE AFTER [LINK]     # LINK defaults to wan20
@@ -33,7 +33,7 @@ for round in 1 2 3; do
             --listen "127.0.0.1:$port" --tls-cert "$D/tls/cert.pem" --tls-key "$D/tls/key.pem" \
             --token-file "$D/token" >"$D/serve.log" 2>&1 &
         server=$!
-        until [ "$(grep -c 'encoded in\|not encoded' "$D/serve.log" 2>/dev/null)" -ge 2 ]; do sleep 1; done
+        until [ "$(grep -c 'prefill width\|prefill diagonals not' "$D/serve.log" 2>/dev/null)" -ge 2 ]; do sleep 1; done
         s1=$(open_s "$bin" general-lora-r16)
         f1=$(open_s "$bin" code-ffa-r16)
         sleep 16 # past the server's 15 s for a detached session: none of the first clients' is left

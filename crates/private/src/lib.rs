@@ -26,7 +26,9 @@ pub use remote::{
     EmbeddedServer, GrpcOpener, GrpcTransport, HeBackend, connect, connect_remote, connect_widths,
 };
 pub use server::cost_cache;
-pub use server::{AdapterGroups, HeAdapter, LayerGroup, ServerSession, SessionMemory, adapter_id};
+pub use server::{
+    AdapterGroups, HeAdapter, LayerGroup, Room, ServerSession, SessionMemory, adapter_id,
+};
 
 pub use cipherlora_helora::Rerandomization;
 pub use cipherlora_proto::v1::{GroupRequest, GroupResponse};

@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cipherlora_model::{
     LoadOptions, LoraAdapter, Model, ModelConfig, Tokenizer, WeightMode, fetch,
 };
-use cipherlora_private::client::choose_prefill_width;
-use cipherlora_private::width_plan::PlanSpace;
+use cipherlora_private::client::{choose_prefill_width, choose_verify_session};
+use cipherlora_private::width_plan::{ClientCosts, PlanSpace};
 use cipherlora_private::{
-    ConnectOptions, DraftLength, Grouping, HeAdapter, HeHook, InProcess, InProcessOpener,
-    PrefillWidth, PrivateError, SessionOpener, connect_with,
+    ConnectOptions, DraftLength, Grouping, HeAdapter, HeBackend, HeHook, InProcess,
+    InProcessOpener, PrefillWidth, PrivateError, Room, SessionMemory, SessionOpener, connect_with,
 };
 use cipherlora_service::LinkProfile;
 use cipherlora_speculative::decode::{self, SpecConfig};
@@ -343,7 +343,9 @@ fn an_auto_prefill_width_without_room_falls_back_to_a_narrower_one() {
 fn diagonals_encoded_before_any_client_serve_its_sessions_exactly() {
     let (model, tok, server, plain) = setup();
     // The verify width's diagonals, encoded with no client keys (as `serve` does at start).
-    let early = server.prewarm(5, Grouping::ByInput).unwrap();
+    let early = server
+        .prewarm(5, Grouping::ByInput, Room::EvictIdle)
+        .unwrap();
     let memory = server.session_memory().clone();
     assert!(early > 0);
     assert_eq!(memory.reserved(), early);
@@ -373,4 +375,97 @@ fn diagonals_encoded_before_any_client_serve_its_sessions_exactly() {
     };
     let got = decode::generate(&model, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
     assert_matches(&got, &want, &tok, "prewarmed verify width");
+}
+
+/// A client's pass times (ms) that grow with the width as a CPU's do.
+fn some_client() -> ClientCosts {
+    ClientCosts {
+        forward_ms: (1..=17).map(|t| 40.0 + 6.0 * t as f64).collect(),
+        draft_ms: 8.0,
+    }
+}
+
+/// The verify session a client with `client`'s costs opens beside `backend`'s `auto` prefill width.
+fn clients_choice(backend: &HeBackend, client: &ClientCosts) -> (usize, Grouping) {
+    let narrowest = backend
+        .server()
+        .offer_grouped(32, Grouping::ByInput)
+        .unwrap();
+    let t = choose_prefill_width(&PlanSpace::of(&narrowest)).unwrap();
+    let space = PlanSpace::of(
+        &backend
+            .server()
+            .offer_grouped(t, Grouping::ByInput)
+            .unwrap(),
+    );
+    choose_verify_session(
+        &space,
+        client,
+        &LinkProfile::WAN20,
+        (None, 16.into()),
+        (None, None),
+    )
+    .unwrap()
+    .0
+}
+
+#[test]
+fn a_servers_guessed_verify_width_opens_without_encoding_and_evicts_nothing() {
+    let path = fetch::ensure_default_model().expect("default model");
+    let config = Model::load(&path).unwrap().config().clone();
+    for name in ["code-ffa-r16", "general-lora-r16"] {
+        let backend = HeBackend::load(name, &adapter_dir(name), &config).unwrap();
+        let client = some_client();
+        let (width, grouping) = clients_choice(&backend, &client);
+        let need = backend
+            .server()
+            .offer_grouped(width, grouping)
+            .unwrap()
+            .diagonal_bytes()
+            .unwrap();
+        let memory = backend.session_memory().clone();
+        let (guess_w, guess_g, bytes) = backend
+            .prewarm_verify(&client, &LinkProfile::WAN20, 16)
+            .unwrap()
+            .expect("a verify width other than the prefill width");
+        assert_eq!((guess_w, guess_g), (width, grouping), "{name}");
+        assert_eq!((bytes, memory.reserved()), (need, need), "{name}");
+        // The client's session of that width holds the warm diagonals: nothing new is reserved.
+        let offer = backend.server().offer_grouped(width, grouping).unwrap();
+        let hook = HeHook::connect(&offer, &config, |keys, _| {
+            Ok(InProcess::new(Arc::new(
+                backend.server().open_session(&offer, keys)?,
+            )))
+        })
+        .unwrap();
+        assert_eq!(memory.reserved(), need, "{name}: opening encoded again");
+        drop(hook);
+    }
+
+    // A guess uses free memory only: with room for the prefill width alone it is refused and the
+    // prefill width's warm diagonals stay.
+    let name = "code-ffa-r16";
+    let load = |memory: SessionMemory| {
+        HeBackend::load(name, &adapter_dir(name), &config)
+            .unwrap()
+            .with_session_memory(memory)
+    };
+    let client = some_client();
+    let unbounded = load(SessionMemory::new(u64::MAX));
+    let (width, grouping) = clients_choice(&unbounded, &client);
+    let need = unbounded
+        .server()
+        .offer_grouped(width, grouping)
+        .unwrap()
+        .diagonal_bytes()
+        .unwrap();
+    let (t, prefill) = unbounded.prewarm_prefill().unwrap();
+    let tight = load(SessionMemory::new(prefill + need - 1));
+    assert_eq!(tight.prewarm_prefill().unwrap(), (t, prefill));
+    let refused = tight.prewarm_verify(&client, &LinkProfile::WAN20, 16);
+    assert!(
+        matches!(refused, Err(PrivateError::MemoryBudget { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(tight.session_memory().reserved(), prefill);
 }

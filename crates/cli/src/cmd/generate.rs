@@ -294,8 +294,8 @@ impl GenerateArgs {
                 .tree
                 .map_or_else(|| "a chain".to_string(), |t| format!("a tree, {t}"));
             eprintln!(
-                "verify width: K = {}, {shape} (modelled {:.2} tok/s at acceptance {:.2})",
-                choice.best.k, choice.best.tok_per_s, choice.alpha
+                "verify width: K = {}, {shape}, requests grouped {:?} (modelled {:.2} tok/s at acceptance {:.2})",
+                choice.best.k, choice.best.grouping, choice.best.tok_per_s, choice.alpha
             );
         }
         let greedy = self.sampling.is_greedy();
@@ -411,6 +411,9 @@ pub fn reexec_with_threads(threads: Option<usize>) -> anyhow::Result<Option<i32>
     }
 }
 
+/// The largest K `--k auto` considers.
+pub const AUTO_K_MAX: usize = 16;
+
 /// `--k`: a fixed K, or `auto` / `autoN` (the verify-width model picks K ≤ 16 / ≤ N).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KArg {
@@ -426,7 +429,7 @@ impl std::str::FromStr for KArg {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = |_| format!("{s:?}: expected a number, `auto` or `autoN`");
         match s.strip_prefix("auto") {
-            Some("") => Ok(KArg::Auto(16)),
+            Some("") => Ok(KArg::Auto(AUTO_K_MAX)),
             Some(n) => match n.parse::<usize>().map_err(bad)? {
                 0 => Err("auto0: K must be at least 1".into()),
                 n => Ok(KArg::Auto(n)),

@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cipherlora_model::{Model, fetch};
+use cipherlora_private::width_plan::{ClientCosts, time_client};
 use cipherlora_private::{HeBackend, SessionMemory};
 use cipherlora_service::auth::TokenSet;
-use cipherlora_service::{AdapterBackend, ServeConfig, TlsConfig};
+use cipherlora_service::{AdapterBackend, LinkProfile, ServeConfig, TlsConfig};
 use clap::Args;
 
+use super::generate::AUTO_K_MAX;
 use super::serve_limits::{LimitArgs, ServeFile};
 
 /// Arguments of `cipherlora serve`.
@@ -37,9 +39,11 @@ pub struct ServeArgs {
     /// flooding noise (2^-20 slot units); one encryption of zero each.
     #[arg(long)]
     circuit_privacy: bool,
-    /// Do not encode each adapter's prefill diagonals at start. By default they are encoded in
-    /// the background for the prefill width a client with `--prefill-width auto` opens, and kept
-    /// within the session memory budget, so its sessions open without waiting for them.
+    /// Do not encode diagonals at start. By default each adapter's are encoded in the background
+    /// for the prefill width a client with `--prefill-width auto` opens and, where free memory
+    /// allows, for the verify width a client with `--k auto` on this machine's CPU and a 20 ms,
+    /// 100 Mbit/s link would choose (a guess: other clients may choose another), and kept within
+    /// the session memory budget, so those sessions open without waiting for them.
     #[arg(long)]
     no_prewarm: bool,
     /// TOML file with a `[limits]` table (any limit flag's name, with `_`) and
@@ -70,6 +74,7 @@ impl ServeArgs {
             memory.limit() >> 20
         );
         let mut backends: Vec<Arc<dyn AdapterBackend>> = Vec::new();
+        let mut prewarm = Vec::new();
         for dir in &self.adapters {
             let id = cipherlora_private::adapter_id(dir)?;
             let mut b = HeBackend::load(&id, dir, model.config())
@@ -85,11 +90,15 @@ impl ServeArgs {
             );
             let b = Arc::new(b);
             if !self.no_prewarm {
-                prewarm_in_background(id, b.clone());
+                prewarm.push((id, b.clone()));
             }
             backends.push(b);
         }
-        drop(model);
+        if prewarm.is_empty() {
+            drop(model);
+        } else {
+            prewarm_in_background(prewarm, model);
+        }
         let mut config = self.security.config(self.listen)?;
         config.limits = limits;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -105,23 +114,50 @@ impl ServeArgs {
     }
 }
 
-/// Encodes `backend`'s prefill diagonals on a thread of its own ([`HeBackend::prewarm_prefill`]);
-/// a failure (the budget has no room) only means the first client encodes them.
-fn prewarm_in_background(id: String, backend: Arc<HeBackend>) {
+/// Encodes the adapters' diagonals on threads of their own: the verify width a client like this
+/// machine would choose ([`HeBackend::prewarm_verify`], on `model`'s passes timed first, before any
+/// encoding competes for the cores), then the prefill width ([`HeBackend::prewarm_prefill`]). A
+/// failure (no room in the budget) only means the first client encodes them.
+fn prewarm_in_background(backends: Vec<(String, Arc<HeBackend>)>, model: Model) {
     std::thread::spawn(move || {
-        let t0 = std::time::Instant::now();
-        match backend.prewarm_prefill() {
-            Ok((width, bytes)) => eprintln!(
-                "adapter {id}: prefill width {width} encoded in {:.1} s ({} MiB, kept warm)",
-                t0.elapsed().as_secs_f64(),
-                bytes >> 20
-            ),
-            Err(e) => {
-                tracing::warn!(adapter = %id, error = %e, "prefill diagonals not encoded at start");
-                eprintln!("adapter {id}: prefill diagonals not encoded at start ({e})");
-            }
+        let client = time_client(&model, &model, AUTO_K_MAX + 1)
+            .inspect_err(|e| tracing::warn!(error = %e, "client passes not timed: no verify width encoded at start"))
+            .ok();
+        drop(model);
+        for (id, backend) in backends {
+            let client = client.clone();
+            std::thread::spawn(move || prewarm(&id, &backend, client.as_ref()));
         }
     });
+}
+
+/// One adapter's encoding at start ([`prewarm_in_background`]).
+fn prewarm(id: &str, backend: &HeBackend, client: Option<&ClientCosts>) {
+    let t0 = std::time::Instant::now();
+    match client.map(|c| backend.prewarm_verify(c, &LinkProfile::WAN20, AUTO_K_MAX)) {
+        Some(Ok(Some((width, grouping, bytes)))) => eprintln!(
+            "adapter {id}: verify width {width} ({grouping:?}) encoded in {:.1} s ({} MiB, kept warm)",
+            t0.elapsed().as_secs_f64(),
+            bytes >> 20
+        ),
+        Some(Err(e)) => {
+            tracing::warn!(adapter = %id, error = %e, "verify diagonals not encoded at start");
+            eprintln!("adapter {id}: verify diagonals not encoded at start ({e})");
+        }
+        Some(Ok(None)) | None => {}
+    }
+    let t0 = std::time::Instant::now();
+    match backend.prewarm_prefill() {
+        Ok((width, bytes)) => eprintln!(
+            "adapter {id}: prefill width {width} encoded in {:.1} s ({} MiB, kept warm)",
+            t0.elapsed().as_secs_f64(),
+            bytes >> 20
+        ),
+        Err(e) => {
+            tracing::warn!(adapter = %id, error = %e, "prefill diagonals not encoded at start");
+            eprintln!("adapter {id}: prefill diagonals not encoded at start ({e})");
+        }
+    }
 }
 
 impl ServeArgs {

@@ -22,7 +22,8 @@ use cipherlora_speculative::tree_draft::TreeParams;
 
 use crate::PrivateError;
 use crate::client::width_plan::{
-    DraftLimits, PlanSpace, WidthChoice, choose_width_on_costs, grouping_for_given_k, time_client,
+    ClientCosts, DraftLimits, PlanSpace, WidthChoice, choose_width_on_costs, grouping_for_given_k,
+    time_client,
 };
 use crate::client::{
     AUTO_CANDIDATES, ByWidth, HeHook, InProcess, PrefillWidth, ScheduleChoice, Transport,
@@ -252,20 +253,13 @@ where
             let client = timed.insert(time_client(model, drafter, k_max + 1)?);
             let (hook, choice) =
                 open_beside_choice(opener, (prefill_width, fallback), config, || {
-                    let choice = choose_width_on_costs(
+                    choose_verify_session(
                         &space,
                         client,
                         &link,
-                        options.acceptance_prior,
-                        DraftLimits { k_max, trees },
-                    )?;
-                    let k = choice.best.k;
-                    // A verify width equal to the prefill width shares the prefill session.
-                    let grouping = match options.grouping {
-                        Some(g) if k + 1 != prefill_width => g,
-                        _ => choice.best.grouping_for(&space, forced.as_ref()),
-                    };
-                    Ok(((k + 1, grouping), choice))
+                        (options.acceptance_prior, DraftLimits { k_max, trees }),
+                        (forced.as_ref(), options.grouping),
+                    )
                 })?;
             let (k, tree) = (choice.best.k, choice.best.tree);
             width_choice = Some(choice);
@@ -319,6 +313,33 @@ where
         width_choice,
         schedule_choice,
     })
+}
+
+/// The verify session a client choosing K (at most `drafts.k_max`) opens beside a prefill
+/// session of `space`'s width: (K + 1, grouping) from the width model on the client's pass times
+/// `client`, the `link` and the acceptance prior (`None`: the adapter's hint, else the default), and
+/// the width model's choice. The grouping is `given` where one is, unless the verify width equals
+/// the prefill width (then the prefill session serves both); otherwise the width model's, or the
+/// one a `forced` schedule needs. [`connect_with`] opens this session, and an adapter server
+/// guesses it to encode its diagonals before the first client asks
+/// ([`crate::HeBackend::prewarm_verify`]).
+///
+/// # Errors
+/// As [`choose_width_on_costs`].
+pub fn choose_verify_session(
+    space: &PlanSpace,
+    client: &ClientCosts,
+    link: &LinkProfile,
+    (acceptance_prior, drafts): (Option<f64>, DraftLimits),
+    (forced, given): (Option<&Schedule>, Option<Grouping>),
+) -> Result<((usize, Grouping), WidthChoice), PrivateError> {
+    let choice = choose_width_on_costs(space, client, link, acceptance_prior, drafts)?;
+    let width = choice.best.k + 1;
+    let grouping = match given {
+        Some(g) if Some(width) != space.width => g,
+        _ => choice.best.grouping_for(space, forced),
+    };
+    Ok(((width, grouping), choice))
 }
 
 /// [`open_widths`] for a verify session `choose` decides while the prefill session of

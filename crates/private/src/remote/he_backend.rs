@@ -10,17 +10,17 @@ use cipherlora_helora::HeloraError;
 use cipherlora_model::ModelConfig;
 use cipherlora_proto::v1::GroupRequest;
 use cipherlora_service::{
-    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape,
+    AdapterBackend, AdapterInfo, BackendError, CiphertextFault, GroupRequestShape, LinkProfile,
     OpenSessionPayload, OpenedSession, ParameterFault, SessionCompute,
 };
 
 use crate::PrivateError;
-use crate::client::width_plan::PlanSpace;
-use crate::client::{AUTO_CANDIDATES, choose_prefill_width};
+use crate::client::width_plan::{ClientCosts, PlanSpace};
+use crate::client::{AUTO_CANDIDATES, choose_prefill_width, choose_verify_session};
 use crate::protocol::{Grouping, LoraKind, SessionOffer};
 use crate::protocol::{PlanRequest, encode_offer, encode_public_a, group_index, preset_name};
 use crate::server::SessionMemory;
-use crate::server::{HeAdapter, ServerSession};
+use crate::server::{HeAdapter, Room, ServerSession};
 
 /// Repetitions per CKKS op when a backend measures its planner costs at load.
 pub const COST_REPS: usize = 15;
@@ -91,11 +91,43 @@ impl HeBackend {
     /// width and the bytes held. Errors: as [`HeAdapter::prewarm`] and
     /// [`crate::client::choose_prefill_width`].
     pub fn prewarm_prefill(&self) -> Result<(usize, u64), PrivateError> {
+        let t = self.auto_prefill_width()?;
+        Ok((
+            t,
+            self.server.prewarm(t, Grouping::ByInput, Room::EvictIdle)?,
+        ))
+    }
+
+    /// Encodes and keeps warm the diagonals of the verify session a client with `--k auto` (K ≤
+    /// `k_max`) and [`crate::client::PrefillWidth::Auto`] would open, guessed from `client`'s pass
+    /// times on `link` ([`choose_verify_session`]), in free memory only ([`Room::Free`]): nothing
+    /// encoded before is let go for a guess. A client whose passes or link differ may choose
+    /// another width, which it then waits for as without this. Returns the width, grouping and
+    /// bytes held; `None` where the verify session would be the prefill session. Errors: as
+    /// [`HeAdapter::prewarm`] and [`choose_verify_session`].
+    pub fn prewarm_verify(
+        &self,
+        client: &ClientCosts,
+        link: &LinkProfile,
+        k_max: usize,
+    ) -> Result<Option<(usize, Grouping, u64)>, PrivateError> {
+        let t = self.auto_prefill_width()?;
+        let space = PlanSpace::of(&self.server.offer_grouped(t, Grouping::ByInput)?);
+        let ((width, grouping), _) =
+            choose_verify_session(&space, client, link, (None, k_max.into()), (None, None))?;
+        if width == t {
+            return Ok(None);
+        }
+        let bytes = self.server.prewarm(width, grouping, Room::Free)?;
+        Ok(Some((width, grouping, bytes)))
+    }
+
+    /// The prefill width a client with [`crate::client::PrefillWidth::Auto`] opens.
+    fn auto_prefill_width(&self) -> Result<usize, PrivateError> {
         let narrowest = self
             .server
             .offer_grouped(AUTO_CANDIDATES[0], Grouping::ByInput)?;
-        let t = choose_prefill_width(&PlanSpace::of(&narrowest))?;
-        Ok((t, self.server.prewarm(t, Grouping::ByInput)?))
+        choose_prefill_width(&PlanSpace::of(&narrowest))
     }
 }
 

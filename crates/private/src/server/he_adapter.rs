@@ -261,27 +261,30 @@ impl HeAdapter {
             )),
         };
         let he = CkksServer::new(&ctx, gks, pk)?;
-        let prepared = self.prepared_offer(offer, &he)?;
+        let prepared = self.prepared_offer(offer, &he, Room::EvictIdle)?;
         Ok(ServerSession { ctx, he, prepared })
     }
 
     /// Encodes the diagonals of the `(t, grouping)` offer now, before any client asks for it, and
     /// keeps them warm ([`SessionMemory`]), so the first session of that offer opens without
-    /// encoding them. Returns their bytes. Errors: as [`HeAdapter::offer_grouped`];
-    /// [`PrivateError::MemoryBudget`] when they do not fit the budget.
-    pub fn prewarm(&self, t: usize, grouping: Grouping) -> Result<u64, PrivateError> {
+    /// encoding them. With [`Room::EvictIdle`] idle warm offers make room, oldest first; with
+    /// [`Room::Free`] only free memory is used. Returns their bytes. Errors: as
+    /// [`HeAdapter::offer_grouped`]; [`PrivateError::MemoryBudget`] when they do not fit.
+    pub fn prewarm(&self, t: usize, grouping: Grouping, room: Room) -> Result<u64, PrivateError> {
         let offer = self.offer_grouped(t, grouping)?;
         let ctx = Context::new(CkksParameters::preset(offer.preset)?)?;
         let encoder_only = CkksServer::new(&ctx, GaloisKeys::none(&ctx), None)?;
-        self.prepared_offer(&offer, &encoder_only)?;
+        self.prepared_offer(&offer, &encoder_only, room)?;
         Ok(offer.diagonal_bytes()?)
     }
 
-    /// The shared diagonals of `offer`, encoded with `he`'s encoder if no open session holds them.
+    /// The shared diagonals of `offer`, encoded with `he`'s encoder if no open session holds them,
+    /// in memory found as `room` says.
     fn prepared_offer(
         &self,
         offer: &SessionOffer,
         he: &CkksServer,
+        room: Room,
     ) -> Result<Arc<PreparedOffer>, PrivateError> {
         let key: OfferKey = (
             offer.t,
@@ -305,14 +308,15 @@ impl HeAdapter {
             return Ok(p);
         }
         let bytes = offer.diagonal_bytes()?;
-        let memory = self
-            .memory
-            .reserve(bytes)
-            .map_err(|got| PrivateError::MemoryBudget {
-                got,
-                need: bytes,
-                limit: self.memory.limit(),
-            })?;
+        let reserved = match room {
+            Room::EvictIdle => self.memory.reserve(bytes),
+            Room::Free => self.memory.try_reserve(bytes),
+        };
+        let memory = reserved.map_err(|got| PrivateError::MemoryBudget {
+            got,
+            need: bytes,
+            limit: self.memory.limit(),
+        })?;
         let (adapter_groups, _) = self.grouped(offer.grouping)?;
         // The groups' diagonals are independent: encode them on every core
         // the server may use (most of a session's opening time).
@@ -339,6 +343,15 @@ impl HeAdapter {
         self.memory.keep_warm(p.clone());
         Ok(p)
     }
+}
+
+/// Where an offer's diagonals may find memory in the budget ([`HeAdapter::prewarm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Free memory, then idle warm offers let go, oldest first (as a session opens).
+    EvictIdle,
+    /// Free memory only: nothing already encoded is let go.
+    Free,
 }
 
 impl SessionOffer {

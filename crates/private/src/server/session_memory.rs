@@ -105,7 +105,9 @@ impl SessionMemory {
         }
     }
 
-    fn try_reserve(&self, bytes: u64) -> Result<Reservation, u64> {
+    /// Reserves `bytes` if they fit beside what is held now, warm offers included, or returns the
+    /// total that would have been held.
+    pub(crate) fn try_reserve(&self, bytes: u64) -> Result<Reservation, u64> {
         let b = &self.0;
         let mut held = b.reserved.load(Ordering::Acquire);
         loop {
