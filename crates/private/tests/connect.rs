@@ -469,3 +469,59 @@ fn a_servers_guessed_verify_width_opens_without_encoding_and_evicts_nothing() {
     );
     assert_eq!(tight.session_memory().reserved(), prefill);
 }
+
+#[test]
+fn a_target_on_quantized_weights_runs_per_group_and_generates_exactly() {
+    let (f32_model, tok, server, plain) = setup();
+    let path = fetch::ensure_default_model().expect("default model");
+    let quantized = Model::load_with(
+        &path,
+        &LoadOptions {
+            weights: WeightMode::Quantized,
+        },
+    )
+    .unwrap();
+    assert_eq!(quantized.weights_held(), "quantized");
+    let options = ConnectOptions {
+        draft: DraftLength::Auto {
+            k_max: 8,
+            trees: None,
+        },
+        acceptance_prior: None,
+        prefill_width: PrefillWidth::Fixed(16),
+        schedule: None,
+        grouping: None,
+        planning_link: None,
+    };
+    let open = |model: &Model| {
+        let mut opener = InProcessOpener {
+            server: server.clone(),
+            link: LinkProfile::WAN80,
+        };
+        connect_with(&mut opener, &options, (model, model)).unwrap()
+    };
+    // On f32 weights the same adapter and link run a fixed point.
+    let on_f32 = open(&f32_model);
+    assert!(
+        matches!(on_f32.schedule, Schedule::FixedPoint(_)),
+        "{:?}",
+        on_f32.schedule
+    );
+    drop(on_f32);
+    let session = open(&quantized);
+    assert_eq!(session.schedule, Schedule::PerGroup);
+    assert_eq!(session.sampled_schedule, Schedule::PerGroup);
+    let choice = session.width_choice.as_ref().expect("auto K is modelled");
+    assert_eq!(choice.best.grouping, Grouping::ByInput);
+    assert_eq!(choice.best.k + 1, session.verify_width);
+    let prompt = tok.encode(common::PROMPTS[1]).unwrap();
+    let want = plaintext_reference(&quantized, &tok, &plain, &prompt, 12);
+    let mut hook = session.hook;
+    let cfg = SpecConfig {
+        prefill_width: Some(16),
+        schedule: session.schedule,
+        ..common::greedy_spec(session.verify_width - 1, 12, &tok)
+    };
+    let got = decode::generate(&quantized, &prompt, &cfg, &mut hook, &mut |_| Ok(())).unwrap();
+    assert_matches(&got, &want, &tok, "quantized weights, per group");
+}

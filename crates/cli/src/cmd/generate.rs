@@ -25,7 +25,8 @@ use crate::cmd::schedule_arg::schedule_report;
 pub enum WeightsArg {
     /// Private mode: f32. Otherwise quantized for Q4_0/Q4_1/Q8_0, else f32 up to 2 GiB.
     Auto,
-    /// Keep quantized tensors quantized (16-bit activations; logits close to f32's).
+    /// Keep quantized tensors quantized (16-bit activations; logits close to f32's). In private
+    /// mode the verify schedule is then per group, exact on any weights.
     Quantized,
     /// Dequantize to f32.
     F32,

@@ -216,7 +216,14 @@ where
     O: SessionOpener + Sync,
     O::Transport: Send,
 {
-    let forced = options.schedule;
+    let forced = options.schedule.or_else(|| exact_only(model));
+    if let (Some(Schedule::FixedPoint(_)), Some(_)) = (options.schedule, exact_only(model)) {
+        tracing::warn!(
+            weights = model.weights_held(),
+            "a fixed point on weights that round their activations: its certification does not \
+             bound their steps, so greedy output may leave the plaintext reference at a near-tie"
+        );
+    }
     let config = model.config();
     let modelled = matches!(options.draft, DraftLength::Auto { .. })
         || forced.is_none()
@@ -315,6 +322,14 @@ where
     })
 }
 
+/// [`Schedule::PerGroup`] for a target whose projections round their activations (quantized or f16
+/// weights): they move in steps, which the fixed point's certification cannot bound
+/// (docs/design/schedules.md, "Whose weights run the passes"), while the per-group schedule is
+/// exact on any weights. `None` for f32 weights.
+fn exact_only(model: &Model) -> Option<Schedule> {
+    (model.weights_held() != "f32").then_some(Schedule::PerGroup)
+}
+
 /// The verify session a client choosing K (at most `drafts.k_max`) opens beside a prefill
 /// session of `space`'s width: (K + 1, grouping) from the width model on the client's pass times
 /// `client`, the `link` and the acceptance prior (`None`: the adapter's hint, else the default), and
@@ -333,7 +348,10 @@ pub fn choose_verify_session(
     (acceptance_prior, drafts): (Option<f64>, DraftLimits),
     (forced, given): (Option<&Schedule>, Option<Grouping>),
 ) -> Result<((usize, Grouping), WidthChoice), PrivateError> {
-    let choice = choose_width_on_costs(space, client, link, acceptance_prior, drafts)?;
+    let mut choice = choose_width_on_costs(space, client, link, acceptance_prior, drafts)?;
+    if forced == Some(&Schedule::PerGroup) {
+        choice = choice.per_group();
+    }
     let width = choice.best.k + 1;
     let grouping = match given {
         Some(g) if Some(width) != space.width => g,

@@ -359,6 +359,30 @@ fn tree_draft_ms(estimate: &TreeEstimate, limits: &TreeParams, client: &ClientCo
             .sum::<f64>()
 }
 
+impl WidthChoice {
+    /// The same candidates priced for the per-group schedule only (forced, or a client whose passes
+    /// the fixed point cannot certify): every round at its per-group time, grouped by input, and the
+    /// best of them.
+    #[must_use]
+    pub fn per_group(mut self) -> Self {
+        for c in &mut self.candidates {
+            c.round_ms = c.schedule.per_group_ms;
+            c.tok_per_s = c.expected_tokens / c.round_ms.max(1e-9) * 1e3;
+            c.grouping = Grouping::ByInput;
+            c.schedule.schedule = Schedule::PerGroup;
+            c.schedule.sampled = Schedule::PerGroup;
+        }
+        if let Some(best) = self
+            .candidates
+            .iter()
+            .max_by(|a, b| a.tok_per_s.total_cmp(&b.tok_per_s))
+        {
+            self.best = *best;
+        }
+        self
+    }
+}
+
 impl WidthCandidate {
     /// The verify session's grouping under `forced` (`--schedule`; `None`: modelled).
     #[must_use]
@@ -605,6 +629,34 @@ mod tests {
             FixedPoint::default(),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn priced_per_group_every_candidate_runs_per_group_and_the_fastest_is_best() {
+        for mode in [Mode::Ffa, Mode::Standard] {
+            let modelled = model(&space(mode), &LinkProfile::WAN80, 0.8);
+            let c = modelled.clone().per_group();
+            assert_eq!(c.candidates.len(), modelled.candidates.len());
+            for (x, m) in c.candidates.iter().zip(&modelled.candidates) {
+                assert_eq!(x.schedule.schedule, Schedule::PerGroup);
+                assert_eq!(x.grouping, Grouping::ByInput);
+                assert_eq!(x.round_ms, m.schedule.per_group_ms);
+                assert!(x.round_ms >= m.round_ms, "{mode:?}, K = {}", x.k);
+            }
+            let fastest = c
+                .candidates
+                .iter()
+                .map(|x| x.tok_per_s)
+                .fold(f64::MIN, f64::max);
+            assert_eq!(c.best.tok_per_s, fastest, "{mode:?}");
+            // At 80 ms the fixed point is cheaper somewhere, so pricing per group changes the rounds.
+            assert!(
+                c.best.tok_per_s < modelled.best.tok_per_s,
+                "{mode:?}: {} vs {}",
+                c.best.tok_per_s,
+                modelled.best.tok_per_s
+            );
+        }
     }
 
     #[test]
