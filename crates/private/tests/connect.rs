@@ -76,6 +76,21 @@ fn setup() -> (Model, Tokenizer, Arc<HeAdapter>, LoraAdapter) {
     (model, tok, server, plain)
 }
 
+/// K and schedule chosen by the models (K ≤ 8), beside a prefill session of width 16.
+fn auto_k() -> ConnectOptions {
+    ConnectOptions {
+        draft: DraftLength::Auto {
+            k_max: 8,
+            trees: None,
+        },
+        acceptance_prior: None,
+        prefill_width: PrefillWidth::Fixed(16),
+        schedule: None,
+        grouping: None,
+        planning_link: None,
+    }
+}
+
 #[test]
 fn auto_k_opens_both_widths_plans_on_the_link_and_generates_exactly() {
     let (model, tok, server, plain) = setup();
@@ -86,18 +101,7 @@ fn auto_k_opens_both_widths_plans_on_the_link_and_generates_exactly() {
             server: server.clone(),
             link,
         };
-        let options = ConnectOptions {
-            draft: DraftLength::Auto {
-                k_max: 8,
-                trees: None,
-            },
-            acceptance_prior: None,
-            prefill_width: PrefillWidth::Fixed(16),
-            schedule: None,
-            grouping: None,
-            planning_link: None,
-        };
-        let session = connect_with(&mut opener, &options, (&model, &model)).unwrap();
+        let session = connect_with(&mut opener, &auto_k(), (&model, &model)).unwrap();
         assert_eq!(session.link, Some(link), "the opener's link is planned on");
         let choice = session.width_choice.as_ref().expect("auto K is modelled");
         assert_eq!(choice.best.k + 1, session.verify_width);
@@ -482,23 +486,12 @@ fn a_target_on_quantized_weights_runs_per_group_and_generates_exactly() {
     )
     .unwrap();
     assert_eq!(quantized.weights_held(), "quantized");
-    let options = ConnectOptions {
-        draft: DraftLength::Auto {
-            k_max: 8,
-            trees: None,
-        },
-        acceptance_prior: None,
-        prefill_width: PrefillWidth::Fixed(16),
-        schedule: None,
-        grouping: None,
-        planning_link: None,
-    };
     let open = |model: &Model| {
         let mut opener = InProcessOpener {
             server: server.clone(),
             link: LinkProfile::WAN80,
         };
-        connect_with(&mut opener, &options, (model, model)).unwrap()
+        connect_with(&mut opener, &auto_k(), (model, model)).unwrap()
     };
     // On f32 weights the same adapter and link run a fixed point.
     let on_f32 = open(&f32_model);

@@ -133,29 +133,35 @@ fn prewarm_in_background(backends: Vec<(String, Arc<HeBackend>)>, model: Model) 
 
 /// One adapter's encoding at start ([`prewarm_in_background`]).
 fn prewarm(id: &str, backend: &HeBackend, client: Option<&ClientCosts>) {
-    let t0 = std::time::Instant::now();
-    match client.map(|c| backend.prewarm_verify(c, &LinkProfile::WAN20, AUTO_K_MAX)) {
-        Some(Ok(Some((width, grouping, bytes)))) => eprintln!(
-            "adapter {id}: verify width {width} ({grouping:?}) encoded in {:.1} s ({} MiB, kept warm)",
-            t0.elapsed().as_secs_f64(),
-            bytes >> 20
-        ),
-        Some(Err(e)) => {
-            tracing::warn!(adapter = %id, error = %e, "verify diagonals not encoded at start");
-            eprintln!("adapter {id}: verify diagonals not encoded at start ({e})");
-        }
-        Some(Ok(None)) | None => {}
+    if let Some(client) = client {
+        report(id, "verify", || {
+            let guessed = backend.prewarm_verify(client, &LinkProfile::WAN20, AUTO_K_MAX)?;
+            Ok(guessed.map(|(w, g, bytes)| (format!("{w} ({g:?})"), bytes)))
+        });
     }
+    report(id, "prefill", || {
+        let (w, bytes) = backend.prewarm_prefill()?;
+        Ok(Some((w.to_string(), bytes)))
+    });
+}
+
+/// Runs one encoding at start and logs its width, time and bytes, or why it did not run.
+fn report(
+    id: &str,
+    session: &str,
+    encode: impl FnOnce() -> Result<Option<(String, u64)>, cipherlora_private::PrivateError>,
+) {
     let t0 = std::time::Instant::now();
-    match backend.prewarm_prefill() {
-        Ok((width, bytes)) => eprintln!(
-            "adapter {id}: prefill width {width} encoded in {:.1} s ({} MiB, kept warm)",
+    match encode() {
+        Ok(Some((width, bytes))) => eprintln!(
+            "adapter {id}: {session} width {width} encoded in {:.1} s ({} MiB, kept warm)",
             t0.elapsed().as_secs_f64(),
             bytes >> 20
         ),
+        Ok(None) => {}
         Err(e) => {
-            tracing::warn!(adapter = %id, error = %e, "prefill diagonals not encoded at start");
-            eprintln!("adapter {id}: prefill diagonals not encoded at start ({e})");
+            tracing::warn!(adapter = %id, error = %e, "{session} diagonals not encoded at start");
+            eprintln!("adapter {id}: {session} diagonals not encoded at start ({e})");
         }
     }
 }
