@@ -60,15 +60,15 @@ impl SessionOpener for Counting {
     }
 }
 
+/// The default model with its weights held as `weights` says.
+fn default_model(weights: WeightMode) -> Model {
+    let path = fetch::ensure_default_model().expect("default model");
+    Model::load_with(&path, &LoadOptions { weights }).unwrap()
+}
+
 fn setup() -> (Model, Tokenizer, Arc<HeAdapter>, LoraAdapter) {
     let path = fetch::ensure_default_model().expect("default model");
-    let model = Model::load_with(
-        &path,
-        &LoadOptions {
-            weights: WeightMode::F32,
-        },
-    )
-    .unwrap();
+    let model = default_model(WeightMode::F32);
     let tok = Tokenizer::for_model(&path).unwrap();
     let dir = adapter_dir("code-ffa-r16");
     let server = Arc::new(HeAdapter::load(&dir, model.config()).unwrap());
@@ -477,14 +477,7 @@ fn a_servers_guessed_verify_width_opens_without_encoding_and_evicts_nothing() {
 #[test]
 fn a_target_on_quantized_weights_runs_per_group_and_generates_exactly() {
     let (f32_model, tok, server, plain) = setup();
-    let path = fetch::ensure_default_model().expect("default model");
-    let quantized = Model::load_with(
-        &path,
-        &LoadOptions {
-            weights: WeightMode::Quantized,
-        },
-    )
-    .unwrap();
+    let quantized = default_model(WeightMode::Quantized);
     assert_eq!(quantized.weights_held(), "quantized");
     let open = |model: &Model| {
         let mut opener = InProcessOpener {
